@@ -1,0 +1,15 @@
+//! DRUM's pure core: the corrected model of DESIGN.md §3, its optimisers and the instance
+//! generator. Nothing here does I/O, spawns threads of its own (rayon aside) or reads clocks, so
+//! the agent, the coordinator and the simulator can all reuse it and tests are deterministic.
+
+pub mod admm;
+pub mod dual;
+pub mod generator;
+pub mod host_step;
+pub mod instance;
+pub mod model;
+pub mod rng;
+pub mod roots;
+pub mod selection;
+pub mod solver;
+pub mod utility;

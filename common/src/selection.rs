@@ -1,0 +1,203 @@
+//! Top-k selection, the slow outer step of DESIGN.md §3, and the weak-duality certificate.
+//!
+//! At current facility prices `π` and host multipliers `μ`, `ν` each pair has a surplus
+//! `L = max_x V(x) − (π·b + μ + ν·a)·x` (V: activation value, see `utility`). A host swaps at most
+//! its worst member for its best outsider per round, only when the outsider's ranking key beats
+//! the member's by a hysteresis margin, and only with probability `p`: undamped re-selection
+//! moves every host onto the same apps at once. Ranking keys discount a pair's surplus by its
+//! recent activity (SDRF-style commitment), so among near-equal apps the long-parked one wins.
+
+use crate::host_step::AppTerm;
+use crate::model::Problem;
+use crate::rng::SplitMix64;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SelectionOptions {
+    /// Probability that a host performs a swap it finds worthwhile.
+    pub swap_prob: f64,
+    /// Relative margin an outsider's key must beat a member's by.
+    pub hysteresis: f64,
+    /// How strongly recent activity discounts a pair's key (0: pure optimisation).
+    pub fairness: f64,
+    /// Discount per round of the activity memory.
+    pub discount: f64,
+    pub seed: u64,
+}
+
+impl Default for SelectionOptions {
+    fn default() -> Self {
+        Self {
+            swap_prob: 0.5,
+            hysteresis: 0.01,
+            fairness: 0.02,
+            discount: 0.9,
+            seed: 1,
+        }
+    }
+}
+
+/// Surplus and maximiser of one pair at a given per-unit charge `c = π·b + μ + ν·a`.
+pub fn surplus(problem: &Problem, pair: usize, charge: f64) -> (f64, f64) {
+    let p = &problem.pairs[pair];
+    let term = AppTerm {
+        u: problem.utility(p),
+        lin: charge,
+        q: 0.0,
+        t: 0.0,
+        hi: p.demand,
+    };
+    let x = term.best_response(0.0, 0.0);
+    (term.u.activation_value(x) - charge * x, x)
+}
+
+/// What one host's evaluation at current prices yields.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostEvaluation {
+    /// The host's share of the weak-duality upper bound: `TopK⁺ L + μQ + νC`.
+    pub bound: f64,
+    /// Proposed swap: (member to park or none, outsider to activate with its starting rate or none).
+    pub swap: Option<Swap>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Swap {
+    pub park: Option<usize>,
+    pub activate: Option<(usize, f64)>,
+}
+
+/// Evaluates host `host` whose active pairs are `active` (ascending global indices), at
+/// facility prices `price`, multipliers `mu`, `nu`, with `activity` the per-pair memory.
+#[allow(clippy::too_many_arguments)]
+pub fn evaluate_host(
+    problem: &Problem,
+    host: usize,
+    active: &[usize],
+    price: impl Fn(u32) -> f64,
+    mu: f64,
+    nu: f64,
+    activity: &[f32],
+    opts: &SelectionOptions,
+    rng: &mut SplitMix64,
+) -> HostEvaluation {
+    let h = &problem.hosts[host];
+    let slots = problem.slots(host);
+    let mut values = Vec::with_capacity(h.pairs.len());
+    // (key, pair, x): the member with the lowest key and the outsider with the highest.
+    let mut worst_member: Option<(f64, usize)> = None;
+    let mut best_outsider: Option<(f64, usize, f64)> = None;
+    let mut next_active = active.iter().peekable();
+    for p in h.pairs.clone() {
+        let pair = &problem.pairs[p];
+        let charge = price(pair.facility) * pair.facility_coeff + mu + nu * pair.cqe_per_wqe;
+        let (l, x) = surplus(problem, p, charge);
+        values.push(l);
+        let key = l * (1.0 - opts.fairness * activity[p] as f64 * l.signum());
+        if next_active.peek() == Some(&&p) {
+            next_active.next();
+            if worst_member.is_none_or(|(k, _)| key < k) {
+                worst_member = Some((key, p));
+            }
+        } else if best_outsider.is_none_or(|(k, _, _)| key > k) {
+            best_outsider = Some((key, p, x));
+        }
+    }
+    let bound = top_k_positive_sum(&mut values, slots) + mu * h.wqe_budget + nu * h.poll_budget;
+
+    let swap = if active.len() < slots {
+        best_outsider.filter(|o| o.0 > 0.0).map(|(_, p, x)| Swap {
+            park: None,
+            activate: Some((p, x)),
+        })
+    } else {
+        match (worst_member, best_outsider) {
+            (Some((wk, _)), _) if wk < 0.0 => Some(Swap {
+                park: worst_member.map(|w| w.1),
+                activate: None,
+            }),
+            (Some((wk, w)), Some((ok, o, x))) if ok > wk + opts.hysteresis * wk.abs().max(f64::MIN_POSITIVE) => {
+                Some(Swap {
+                    park: Some(w),
+                    activate: Some((o, x)),
+                })
+            }
+            _ => None,
+        }
+    };
+    let swap = swap.filter(|_| rng.unit() < opts.swap_prob);
+    HostEvaluation { bound, swap }
+}
+
+/// Sum of the `k` largest positive values (reorders `values`).
+fn top_k_positive_sum(values: &mut [f64], k: usize) -> f64 {
+    if k == 0 || values.is_empty() {
+        return 0.0;
+    }
+    let k = k.min(values.len());
+    values.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
+    values[..k].iter().filter(|v| **v > 0.0).sum()
+}
+
+/// Initial active sets, chosen greedily host by host so they do not herd: every host would
+/// otherwise pick the same heavy apps at zero prices. Each pair is scored by its activation value
+/// at the rate it could expect, `min(x̄, Q/k, Y_f/(b·(members_f + 1)))`, so a facility looks
+/// less attractive as members join; a pair joins only while its facility can still carry every
+/// member at `x_min` (so a feasible allocation always exists).
+pub fn initial_active(problem: &Problem) -> Vec<Vec<usize>> {
+    let x_min = problem.params.x_min;
+    let mut members = vec![0u32; problem.facilities.len()];
+    let mut floor = vec![0.0; problem.facilities.len()];
+    let mut scored: Vec<(f64, usize)> = Vec::new();
+    let mut out = Vec::with_capacity(problem.hosts.len());
+    for (hi, h) in problem.hosts.iter().enumerate() {
+        let fair = h.wqe_budget / problem.slots(hi).max(1) as f64;
+        scored.clear();
+        for p in h.pairs.clone() {
+            let pair = &problem.pairs[p];
+            let f = pair.facility as usize;
+            let cap = problem.facilities[f].capacity;
+            if floor[f] + pair.facility_coeff * x_min > cap {
+                continue;
+            }
+            let share = cap / (pair.facility_coeff * (members[f] + 1) as f64);
+            let x = pair.demand.min(fair).min(share).max(x_min);
+            let v = problem.utility(pair).activation_value(x);
+            if v > 0.0 {
+                scored.push((v, p));
+            }
+        }
+        let slots = problem.slots(hi).min(scored.len());
+        let mut chosen: Vec<usize> = if slots == 0 {
+            Vec::new()
+        } else {
+            scored.select_nth_unstable_by(slots - 1, |a, b| b.0.total_cmp(&a.0));
+            scored[..slots].iter().map(|s| s.1).collect()
+        };
+        chosen.retain(|&p| {
+            let pair = &problem.pairs[p];
+            let f = pair.facility as usize;
+            let need = pair.facility_coeff * x_min;
+            let fits = floor[f] + need <= problem.facilities[f].capacity;
+            if fits {
+                floor[f] += need;
+                members[f] += 1;
+            }
+            fits
+        });
+        chosen.sort_unstable();
+        out.push(chosen);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_k_positive_ignores_negatives() {
+        let mut v = vec![3.0, -1.0, 5.0, 0.5, -2.0];
+        assert_eq!(top_k_positive_sum(&mut v, 2), 8.0);
+        let mut v = vec![-3.0, 1.0];
+        assert_eq!(top_k_positive_sum(&mut v, 2), 1.0);
+    }
+}

@@ -1,0 +1,530 @@
+//! The in-process solver: top-k selection rounds around an inner algorithm (sharing ADMM or the
+//! dual-decomposition baseline), hosts in parallel with rayon. The same host and coordinator
+//! steps run over the network in drum-agent / drum-coordinator.
+
+use crate::admm::{accumulate, Contribution, CoordinatorState, HostState, Residuals};
+use crate::dual::{DualState, DualStep};
+use crate::model::Problem;
+use crate::rng::SplitMix64;
+use crate::selection::{evaluate_host, initial_active, SelectionOptions};
+use rayon::prelude::*;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Algorithm {
+    Admm,
+    Dual(DualStep),
+}
+
+impl Algorithm {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Algorithm::Admm => "admm",
+            Algorithm::Dual(DualStep::Paper) => "dual-paper-step",
+            Algorithm::Dual(DualStep::Normalised { .. }) => "dual",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SolveOptions {
+    pub algorithm: Algorithm,
+    /// ADMM penalty; `None` applies the default rule ([`default_rho`]).
+    pub rho: Option<f64>,
+    /// Cap on inner iterations in total.
+    pub max_iter: usize,
+    /// Cap on inner iterations between two selection rounds.
+    pub iters_per_round: usize,
+    /// Selection rounds (0: keep the initial active sets).
+    pub rounds: usize,
+    pub eps_primal: f64,
+    pub eps_dual: f64,
+    pub selection: SelectionOptions,
+}
+
+impl Default for SolveOptions {
+    fn default() -> Self {
+        Self {
+            algorithm: Algorithm::Admm,
+            rho: None,
+            max_iter: 1000,
+            iters_per_round: 20,
+            rounds: 10,
+            eps_primal: 1e-4,
+            eps_dual: 1e-4,
+            selection: SelectionOptions::default(),
+        }
+    }
+}
+
+/// One inner iteration, for traces and plots.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TraceRow {
+    pub iteration: usize,
+    pub round: usize,
+    pub objective: f64,
+    pub primal_residual: f64,
+    pub dual_residual: f64,
+}
+
+/// The certificate after one selection round.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RoundReport {
+    pub round: usize,
+    pub iterations: usize,
+    /// Activation value of a feasible allocation (the LB).
+    pub lower_bound: f64,
+    /// Weak-duality upper bound on the activation value over all active sets.
+    pub upper_bound: f64,
+    pub swaps: usize,
+}
+
+impl RoundReport {
+    pub fn gap(&self) -> f64 {
+        (self.upper_bound - self.lower_bound).max(0.0)
+    }
+
+    pub fn relative_gap(&self) -> f64 {
+        self.gap() / self.lower_bound.abs().max(f64::MIN_POSITIVE)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Solution {
+    pub algorithm: Algorithm,
+    pub iterations: usize,
+    pub converged: bool,
+    /// `Σ U(x) − Σ G(y)` of the returned (feasible) allocation.
+    pub objective: f64,
+    /// The certified gap of the last round (activation value units = objective units).
+    pub gap: f64,
+    pub relative_gap: f64,
+    pub primal_residual: f64,
+    pub prices: Vec<f64>,
+    /// Per host: active pairs and their feasible rates.
+    pub hosts: Vec<HostState>,
+    pub rounds: Vec<RoundReport>,
+    pub trace: Vec<TraceRow>,
+}
+
+impl Solution {
+    pub fn upper_bound(&self) -> f64 {
+        self.objective + self.gap
+    }
+}
+
+/// Multiple of the median curvature that makes the default penalty (docs/model.md).
+pub const RHO_FACTOR: f64 = 10.0;
+
+/// The default ADMM penalty: [`RHO_FACTOR`] times the median curvature `|U''|/b²` of the pairs
+/// at their fair share `min(x̄, Q/k)`. One rule for every instance; docs/model.md says how it
+/// was chosen.
+pub fn default_rho(problem: &Problem) -> f64 {
+    let mut curv: Vec<f64> = Vec::new();
+    let stride = (problem.pairs.len() / 100_000).max(1);
+    for (hi, h) in problem.hosts.iter().enumerate() {
+        let fair = h.wqe_budget / problem.slots(hi).max(1) as f64;
+        for p in h.pairs.clone().step_by(stride) {
+            let pair = &problem.pairs[p];
+            let x = fair.min(pair.demand).max(problem.params.x_min);
+            curv.push(-problem.utility(pair).d2(x) / (pair.facility_coeff * pair.facility_coeff));
+        }
+    }
+    if curv.is_empty() {
+        return 1.0;
+    }
+    let mid = curv.len() / 2;
+    RHO_FACTOR * *curv.select_nth_unstable_by(mid, f64::total_cmp).1
+}
+
+/// A typical marginal utility, the scale of the normalised dual step.
+pub fn price_reference(problem: &Problem) -> f64 {
+    let rho = default_rho(problem);
+    let h = &problem.hosts[0];
+    rho / RHO_FACTOR * h.wqe_budget / problem.slots(0).max(1) as f64
+}
+
+/// The inner algorithm's state.
+enum Inner {
+    Admm(CoordinatorState),
+    Dual(DualState),
+}
+
+impl Inner {
+    fn price(&self, f: u32) -> f64 {
+        match self {
+            Inner::Admm(c) => c.price(f),
+            Inner::Dual(d) => d.prices[f as usize],
+        }
+    }
+}
+
+/// Inner algorithm plus host states: everything one iteration touches.
+pub struct Engine<'p> {
+    problem: &'p Problem,
+    inner: Inner,
+    pub hosts: Vec<HostState>,
+    sums: Vec<f64>,
+}
+
+impl<'p> Engine<'p> {
+    /// Starts from the given active sets, every host at its best response to zero prices.
+    pub fn new(problem: &'p Problem, algorithm: Algorithm, rho: f64, active: Vec<Vec<usize>>) -> Self {
+        let mut hosts: Vec<HostState> = active
+            .into_iter()
+            .enumerate()
+            .map(|(i, a)| HostState::new(problem, i, a))
+            .collect();
+        let contributions: Vec<Contribution> = hosts.par_iter_mut().map(|h| h.priced_step(problem, |_| 0.0)).collect();
+        let mut sums = vec![0.0; problem.facilities.len()];
+        accumulate(&mut sums, &contributions);
+        let inner = match algorithm {
+            Algorithm::Admm => {
+                let mut c = CoordinatorState::new(rho, problem.facilities.len());
+                c.set_counts(&active_counts(problem, &hosts));
+                c.update(&problem.facilities, &sums);
+                Inner::Admm(c)
+            }
+            Algorithm::Dual(step) => Inner::Dual(DualState::new(step, problem.facilities.len())),
+        };
+        Self {
+            problem,
+            inner,
+            hosts,
+            sums,
+        }
+    }
+
+    pub fn price(&self, f: u32) -> f64 {
+        self.inner.price(f)
+    }
+
+    pub fn prices(&self) -> Vec<f64> {
+        (0..self.problem.facilities.len() as u32).map(|f| self.price(f)).collect()
+    }
+
+    /// One inner iteration: all host steps in parallel, the Allreduce, the coordinator step.
+    pub fn step(&mut self) -> Residuals {
+        let problem = self.problem;
+        let contributions: Vec<Contribution> = match &self.inner {
+            Inner::Admm(c) => {
+                let rho = c.rho;
+                self.hosts.par_iter_mut().map(|h| h.admm_step(problem, rho, |f| c.d(f))).collect()
+            }
+            Inner::Dual(d) => self
+                .hosts
+                .par_iter_mut()
+                .map(|h| h.priced_step(problem, |f| d.prices[f as usize]))
+                .collect(),
+        };
+        self.sums.iter_mut().for_each(|s| *s = 0.0);
+        accumulate(&mut self.sums, &contributions);
+        match &mut self.inner {
+            Inner::Admm(c) => c.update(&problem.facilities, &self.sums),
+            Inner::Dual(d) => {
+                let dual = d.update(&problem.facilities, &self.sums);
+                Residuals {
+                    primal: excess_norm(problem, &self.sums),
+                    dual,
+                }
+            }
+        }
+    }
+
+    /// `Σ U(x) − Σ G(s)` of the current (possibly slightly infeasible) iterate.
+    pub fn objective(&self) -> f64 {
+        objective(self.problem, &self.hosts)
+    }
+
+    /// Facility sums of the current iterate.
+    pub fn sums(&self) -> &[f64] {
+        &self.sums
+    }
+
+    /// Applies a selection round's swaps; returns how many were applied.
+    fn apply_swaps(&mut self, swaps: Vec<(usize, crate::selection::Swap)>) -> usize {
+        let problem = self.problem;
+        let x_min = problem.params.x_min;
+        // Floor usage per facility: a pair may join only if the facility can still carry every
+        // member at x_min, so the feasible projection always exists.
+        let mut floor = vec![0.0; problem.facilities.len()];
+        for h in &self.hosts {
+            for &p in &h.active {
+                let pair = &problem.pairs[p];
+                floor[pair.facility as usize] += pair.facility_coeff * x_min;
+            }
+        }
+        let mut applied = 0;
+        for (host, swap) in swaps {
+            let h = &mut self.hosts[host];
+            if let Some(out) = swap.park {
+                let pos = h.active.iter().position(|&p| p == out).expect("parked pair is active");
+                h.active.remove(pos);
+                h.x.remove(pos);
+                let pair = &problem.pairs[out];
+                floor[pair.facility as usize] -= pair.facility_coeff * x_min;
+            }
+            if let Some((inp, x)) = swap.activate {
+                let pair = &problem.pairs[inp];
+                let f = pair.facility as usize;
+                let need = pair.facility_coeff * x_min;
+                if floor[f] + need <= problem.facilities[f].capacity {
+                    floor[f] += need;
+                    let pos = h.active.partition_point(|&p| p < inp);
+                    h.active.insert(pos, inp);
+                    h.x.insert(pos, x);
+                }
+            }
+            applied += 1;
+        }
+        let contributions: Vec<Contribution> = self.hosts.iter().map(|h| h.contribution(problem)).collect();
+        self.sums.iter_mut().for_each(|s| *s = 0.0);
+        accumulate(&mut self.sums, &contributions);
+        if let Inner::Admm(c) = &mut self.inner {
+            c.set_counts(&active_counts(problem, &self.hosts));
+            c.set_sums(&self.sums);
+        }
+        applied
+    }
+}
+
+fn active_counts(problem: &Problem, hosts: &[HostState]) -> Vec<u32> {
+    let mut n = vec![0u32; problem.facilities.len()];
+    for h in hosts {
+        for &p in &h.active {
+            n[problem.pairs[p].facility as usize] += 1;
+        }
+    }
+    n
+}
+
+/// `‖(s − Y)⁺‖ / (1 + ‖Y‖)`: how far facility usage exceeds capacity.
+fn excess_norm(problem: &Problem, sums: &[f64]) -> f64 {
+    let (mut e2, mut y2) = (0.0, 0.0);
+    for (f, &s) in problem.facilities.iter().zip(sums) {
+        e2 += (s - f.capacity).max(0.0).powi(2);
+        y2 += f.capacity * f.capacity;
+    }
+    e2.sqrt() / (1.0 + y2.sqrt())
+}
+
+/// `Σ U(x) − Σ G(s)` of an allocation.
+pub fn objective(problem: &Problem, hosts: &[HostState]) -> f64 {
+    let mut sums = vec![0.0; problem.facilities.len()];
+    let mut total = 0.0;
+    for h in hosts {
+        for (&p, &x) in h.active.iter().zip(&h.x) {
+            let pair = &problem.pairs[p];
+            total += problem.utility(pair).value(x);
+            sums[pair.facility as usize] += pair.facility_coeff * x;
+        }
+    }
+    total - problem.facilities.iter().zip(&sums).map(|(f, &s)| f.cost_of(s)).sum::<f64>()
+}
+
+/// `Σ_active U(x) − V(x)`: the constant between objective and activation value.
+fn activation_offset(problem: &Problem, hosts: &[HostState]) -> f64 {
+    hosts
+        .iter()
+        .flat_map(|h| h.active.iter())
+        .map(|&p| problem.utility(&problem.pairs[p]).activation_offset())
+        .sum()
+}
+
+/// The allocation made feasible: in each facility whose usage exceeds its capacity, every
+/// member's rate above `x_min` shrinks by the same factor, so host budgets and boxes still hold.
+pub fn feasible(problem: &Problem, hosts: &[HostState]) -> Vec<HostState> {
+    let x_min = problem.params.x_min;
+    let (mut floor, mut above) = (vec![0.0; problem.facilities.len()], vec![0.0; problem.facilities.len()]);
+    for h in hosts {
+        for (&p, &x) in h.active.iter().zip(&h.x) {
+            let pair = &problem.pairs[p];
+            floor[pair.facility as usize] += pair.facility_coeff * x_min;
+            above[pair.facility as usize] += pair.facility_coeff * (x - x_min);
+        }
+    }
+    let theta: Vec<f64> = problem
+        .facilities
+        .iter()
+        .enumerate()
+        .map(|(f, spec)| {
+            if floor[f] + above[f] <= spec.capacity || above[f] <= 0.0 {
+                1.0
+            } else {
+                ((spec.capacity - floor[f]) / above[f]).clamp(0.0, 1.0)
+            }
+        })
+        .collect();
+    hosts
+        .iter()
+        .map(|h| {
+            let mut out = h.clone();
+            for (&p, x) in out.active.iter().zip(out.x.iter_mut()) {
+                let t = theta[problem.pairs[p].facility as usize];
+                *x = x_min + (*x - x_min) * t;
+            }
+            out
+        })
+        .collect()
+}
+
+/// Runs the inner algorithm until both residuals are small or `budget` iterations pass.
+fn run_inner(
+    engine: &mut Engine,
+    budget: usize,
+    opts: &SolveOptions,
+    round: usize,
+    trace: &mut Vec<TraceRow>,
+) -> bool {
+    for _ in 0..budget {
+        let r = engine.step();
+        trace.push(TraceRow {
+            iteration: trace.len() + 1,
+            round,
+            objective: engine.objective(),
+            primal_residual: r.primal,
+            dual_residual: r.dual,
+        });
+        if r.primal <= opts.eps_primal && r.dual <= opts.eps_dual {
+            return true;
+        }
+    }
+    false
+}
+
+/// Evaluates every host at current prices (one selection round's work); returns the
+/// weak-duality bound and the proposed swaps.
+pub fn evaluate(
+    engine: &Engine,
+    activity: &[f32],
+    opts: &SelectionOptions,
+    round: usize,
+) -> (f64, Vec<(usize, crate::selection::Swap)>) {
+    let problem = engine.problem;
+    let prices = engine.prices();
+    let evals: Vec<_> = engine
+        .hosts
+        .par_iter()
+        .map(|h| {
+            let mut rng = SplitMix64::fork(opts.seed ^ (round as u64) << 32, h.host as u64);
+            let e = evaluate_host(
+                problem,
+                h.host,
+                &h.active,
+                |f| prices[f as usize],
+                h.multipliers.mu,
+                h.multipliers.nu,
+                activity,
+                opts,
+                &mut rng,
+            );
+            (h.host, e)
+        })
+        .collect();
+    let facility_part: f64 = problem.facilities.iter().zip(&prices).map(|(f, &p)| f.conjugate(p)).sum();
+    let bound = facility_part + evals.iter().map(|(_, e)| e.bound).sum::<f64>();
+    let swaps = evals.into_iter().filter_map(|(h, e)| e.swap.map(|s| (h, s))).collect();
+    (bound, swaps)
+}
+
+/// Solves with selection rounds (see the module docs of `selection`).
+pub fn solve(problem: &Problem, opts: &SolveOptions) -> Solution {
+    solve_from(problem, initial_active(problem), opts)
+}
+
+/// Solves starting from the given active sets.
+pub fn solve_from(problem: &Problem, active: Vec<Vec<usize>>, opts: &SolveOptions) -> Solution {
+    let rho = opts.rho.unwrap_or_else(|| default_rho(problem));
+    let mut engine = Engine::new(problem, opts.algorithm, rho, active);
+    let mut activity = vec![0.0f32; problem.pairs.len()];
+    let mut trace = Vec::new();
+    let mut rounds = Vec::new();
+    let mut converged = false;
+    for round in 0..=opts.rounds {
+        let budget = if round == opts.rounds {
+            opts.max_iter.saturating_sub(trace.len())
+        } else {
+            opts.iters_per_round.min(opts.max_iter.saturating_sub(trace.len()))
+        };
+        converged = run_inner(&mut engine, budget, opts, round, &mut trace);
+        let selecting = round < opts.rounds;
+        let sel = SelectionOptions {
+            swap_prob: if selecting { opts.selection.swap_prob } else { 0.0 },
+            ..opts.selection
+        };
+        let (upper_bound, swaps) = evaluate(&engine, &activity, &sel, round);
+        let feasible_hosts = feasible(problem, &engine.hosts);
+        let lower_bound = objective(problem, &feasible_hosts) - activation_offset(problem, &feasible_hosts);
+        let swaps_n = swaps.len();
+        if selecting {
+            decay_activity(&mut activity, &engine.hosts, opts.selection.discount);
+            engine.apply_swaps(swaps);
+        }
+        rounds.push(RoundReport {
+            round,
+            iterations: trace.len(),
+            lower_bound,
+            upper_bound,
+            swaps: if selecting { swaps_n } else { 0 },
+        });
+    }
+    let last = *rounds.last().expect("at least one round");
+    let hosts = feasible(problem, &engine.hosts);
+    let primal_residual = trace.last().map_or(0.0, |t| t.primal_residual);
+    Solution {
+        algorithm: opts.algorithm,
+        iterations: trace.len(),
+        converged,
+        objective: objective(problem, &hosts),
+        gap: last.gap(),
+        relative_gap: last.relative_gap(),
+        primal_residual,
+        prices: engine.prices(),
+        hosts,
+        rounds,
+        trace,
+    }
+}
+
+fn decay_activity(activity: &mut [f32], hosts: &[HostState], discount: f64) {
+    let d = discount as f32;
+    activity.par_iter_mut().for_each(|a| *a *= d);
+    for h in hosts {
+        for &p in &h.active {
+            activity[p] += 1.0 - d;
+        }
+    }
+}
+
+/// Runs the inner algorithm on fixed active sets from a cold start for `iterations`
+/// iterations, or until both residuals are below `eps`.
+pub fn fixed_set_trace(
+    problem: &Problem,
+    active: Vec<Vec<usize>>,
+    algorithm: Algorithm,
+    rho: f64,
+    iterations: usize,
+    eps: f64,
+) -> (Vec<TraceRow>, Vec<HostState>) {
+    let mut engine = Engine::new(problem, algorithm, rho, active);
+    let opts = SolveOptions {
+        eps_primal: eps,
+        eps_dual: eps,
+        ..SolveOptions::default()
+    };
+    let mut trace = Vec::with_capacity(iterations);
+    run_inner(&mut engine, iterations, &opts, 0, &mut trace);
+    (trace, engine.hosts)
+}
+
+/// The first iteration from which on every iterate is within `tol` of `reference` (relative
+/// objective error) with a primal residual at most `tol`; `None` if the trace never settles.
+pub fn iterations_to_accuracy(trace: &[TraceRow], reference: f64, tol: f64) -> Option<usize> {
+    let ok = |t: &TraceRow| (t.objective - reference).abs() <= tol * reference.abs() && t.primal_residual <= tol;
+    let last_bad = trace.iter().rposition(|t| !ok(t));
+    match last_bad {
+        None if !trace.is_empty() => Some(1),
+        None => None,
+        Some(i) if i + 1 < trace.len() => Some(trace[i + 1].iteration),
+        Some(_) => None,
+    }
+}

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# All of DRUM's checks: formatting, lints, and every test of the workspace.
+# Tests that need privileges (namespaces) detect whether they have them and say when they skip.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+export CARGO_TERM_COLOR=never
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --release -- -D warnings
+cargo test --workspace --release
