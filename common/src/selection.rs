@@ -36,15 +36,28 @@ impl Default for SelectionOptions {
     }
 }
 
-/// Surplus and maximiser of one pair at a given per-unit charge `c = π·b + μ + ν·a`.
-pub fn surplus(problem: &Problem, pair: usize, charge: f64) -> (f64, f64) {
+/// Surplus and maximiser of one pair of host `host` at a per-unit charge `c = π·b + μ + ν·a`.
+///
+/// The rate is capped by everything a single pair can use on its own — its demand, its
+/// facility's capacity, its host's budgets — since every feasible allocation respects those
+/// caps; keeping them in the relaxation tightens the bound and stops a host from valuing an idle
+/// facility at more than it could ever carry.
+pub fn surplus(problem: &Problem, host: usize, pair: usize, charge: f64) -> (f64, f64) {
     let p = &problem.pairs[pair];
+    let h = &problem.hosts[host];
+    let cap = problem.facilities[p.facility as usize].capacity / p.facility_coeff;
+    let hi = p
+        .demand
+        .min(cap)
+        .min(h.wqe_budget)
+        .min(h.poll_budget / p.cqe_per_wqe)
+        .max(problem.params.x_min);
     let term = AppTerm {
         u: problem.utility(p),
         lin: charge,
         q: 0.0,
         t: 0.0,
-        hi: p.demand,
+        hi,
     };
     let x = term.best_response(0.0, 0.0);
     (term.u.activation_value(x) - charge * x, x)
@@ -89,7 +102,7 @@ pub fn evaluate_host(
     for p in h.pairs.clone() {
         let pair = &problem.pairs[p];
         let charge = price(pair.facility) * pair.facility_coeff + mu + nu * pair.cqe_per_wqe;
-        let (l, x) = surplus(problem, p, charge);
+        let (l, x) = surplus(problem, host, p, charge);
         values.push(l);
         let key = l * (1.0 - opts.fairness * activity[p] as f64 * l.signum());
         if next_active.peek() == Some(&&p) {

@@ -1,0 +1,151 @@
+//! What the emulated device reports: names, identifiers, limits and the GID encoding.
+//!
+//! The limits are the ones the engine enforces; features the engine does not implement yet
+//! (atomics, SRQ, UD address handles, memory windows) are reported as absent (zero).
+
+use std::net::Ipv4Addr;
+
+use crate::ffi::{consts::*, IbvDeviceAttr, IbvPortAttr};
+
+/// Kernel-side name of the device (as in /sys/class/infiniband).
+pub const IBDEV_NAME: &str = "softrnic0";
+/// Name of the uverbs node (as in /sys/class/infiniband_verbs and /dev/infiniband).
+pub const UVERBS_NAME: &str = "uverbs0";
+/// uverbs ABI version written to sysfs (rdma-core 44 accepts the provider's min..max).
+pub const UVERBS_ABI: u32 = 6;
+/// The UDP port the engines listen on (RoCEv2's port, on the emulated hosts' addresses).
+pub const ENGINE_UDP_PORT: u16 = 4791;
+/// Version string reported as the firmware version.
+pub const FW_VER: &str = concat!("softrnic ", env!("CARGO_PKG_VERSION"));
+
+pub const MAX_QP: u32 = 4096;
+pub const MAX_QP_WR: u32 = 16384;
+pub const MAX_SGE: u32 = 32;
+pub const MAX_CQ: u32 = 4096;
+pub const MAX_CQE: u32 = 65536;
+pub const MAX_MR: u32 = 65536;
+pub const MAX_PD: u32 = 4096;
+pub const MAX_RD_ATOM: u32 = 16;
+pub const MAX_INLINE: u32 = 256;
+/// Largest message (bytes) the port accepts: 2 GiB - 1, as rxe and mlx5 report.
+pub const MAX_MSG_SZ: u32 = 0x7fff_ffff;
+
+/// IPv4-mapped GID (`::ffff:a.b.c.d`), as RoCEv2 devices report for IPv4 addresses.
+pub fn gid_for(ip: Ipv4Addr) -> [u8; 16] {
+    let mut g = [0u8; 16];
+    g[10] = 0xff;
+    g[11] = 0xff;
+    g[12..].copy_from_slice(&ip.octets());
+    g
+}
+
+/// The IPv4 address in an IPv4-mapped GID.
+pub fn ip_of_gid(g: &[u8; 16]) -> Option<Ipv4Addr> {
+    if g[..10].iter().all(|b| *b == 0) && g[10] == 0xff && g[11] == 0xff {
+        Some(Ipv4Addr::new(g[12], g[13], g[14], g[15]))
+    } else {
+        None
+    }
+}
+
+/// GID in the sysfs text form (`0000:0000:...`, eight groups of four hex digits).
+pub fn gid_sysfs(g: &[u8; 16]) -> String {
+    g.chunks(2)
+        .map(|c| format!("{:02x}{:02x}", c[0], c[1]))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// Parse the sysfs text form of a GID.
+pub fn parse_gid_sysfs(s: &str) -> Option<[u8; 16]> {
+    let parts: Vec<&str> = s.trim().split(':').collect();
+    if parts.len() != 8 {
+        return None;
+    }
+    let mut g = [0u8; 16];
+    for (i, p) in parts.iter().enumerate() {
+        let v = u16::from_str_radix(p, 16).ok()?;
+        g[2 * i] = (v >> 8) as u8;
+        g[2 * i + 1] = v as u8;
+    }
+    Some(g)
+}
+
+/// Node GUID derived from the host address (EUI-64 style, locally administered).
+pub fn node_guid(ip: Ipv4Addr) -> u64 {
+    let o = ip.octets();
+    u64::from_be_bytes([0x02, 0x53, 0x52, 0xff, o[0], o[1], o[2], o[3]])
+}
+
+/// sysfs form of a GUID (`xxxx:xxxx:xxxx:xxxx`).
+pub fn guid_sysfs(guid: u64) -> String {
+    let b = guid.to_be_bytes();
+    b.chunks(2)
+        .map(|c| format!("{:02x}{:02x}", c[0], c[1]))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// Fill `ibv_device_attr` (the caller has zeroed it).
+pub fn fill_device_attr(a: &mut IbvDeviceAttr, guid: u64) {
+    for (d, s) in a.fw_ver.iter_mut().zip(FW_VER.bytes()) {
+        *d = s as libc::c_char;
+    }
+    // __be64 fields hold the GUID in network byte order.
+    a.node_guid = guid.to_be();
+    a.sys_image_guid = guid.to_be();
+    a.max_mr_size = u64::MAX >> 1;
+    a.page_size_cap = 0xffff_f000;
+    a.vendor_id = 0x5352; // "SR"; no IEEE OUI: this is a software device
+    a.vendor_part_id = 1;
+    a.hw_ver = 1;
+    a.max_qp = MAX_QP as i32;
+    a.max_qp_wr = MAX_QP_WR as i32;
+    // IBV_DEVICE_RC_RNR_NAK_GEN: the responder generates RNR NAKs.
+    a.device_cap_flags = 1 << 12;
+    a.max_sge = MAX_SGE as i32;
+    a.max_sge_rd = MAX_SGE as i32;
+    a.max_cq = MAX_CQ as i32;
+    a.max_cqe = MAX_CQE as i32;
+    a.max_mr = MAX_MR as i32;
+    a.max_pd = MAX_PD as i32;
+    a.max_qp_rd_atom = MAX_RD_ATOM as i32;
+    a.max_res_rd_atom = (MAX_RD_ATOM * MAX_QP) as i32;
+    a.max_qp_init_rd_atom = MAX_RD_ATOM as i32;
+    a.atomic_cap = 0; // IBV_ATOMIC_NONE: atomics are not implemented yet
+    a.max_pkeys = 1;
+    a.local_ca_ack_delay = 15;
+    a.phys_port_cnt = 1;
+}
+
+/// Fill `ibv_port_attr` for port 1 (the caller has zeroed it).
+pub fn fill_port_attr(p: &mut IbvPortAttr) {
+    p.state = IBV_PORT_ACTIVE;
+    p.max_mtu = IBV_MTU_4096;
+    p.active_mtu = IBV_MTU_4096;
+    p.gid_tbl_len = 1;
+    p.max_msg_sz = MAX_MSG_SZ;
+    p.pkey_tbl_len = 1;
+    p.max_vl_num = 1;
+    p.active_width = 1; // 1X
+    p.active_speed = 32; // EDR (25 Gb/s per lane)
+    p.phys_state = 5; // LinkUp
+    p.link_layer = IBV_LINK_LAYER_ETHERNET;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gid_roundtrip() {
+        let ip = Ipv4Addr::new(10, 77, 0, 2);
+        let g = gid_for(ip);
+        assert_eq!(ip_of_gid(&g), Some(ip));
+        let s = gid_sysfs(&g);
+        assert_eq!(s, "0000:0000:0000:0000:0000:ffff:0a4d:0002");
+        assert_eq!(parse_gid_sysfs(&s), Some(g));
+        assert_eq!(ip_of_gid(&[0; 16]), None);
+        assert_eq!(guid_sysfs(node_guid(ip)), "0253:52ff:0a4d:0002");
+    }
+}

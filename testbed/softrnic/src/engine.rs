@@ -1,0 +1,2547 @@
+//! The NIC engine of one emulated host: owns every PD, MR, CQ and QP of the host, serves the
+//! providers of the host's applications over a Unix socket, moves data with
+//! `process_vm_readv/writev`, and runs the RC transport over UDP with peer engines.
+//!
+//! Threads: one per provider connection (verbs requests), one UDP receiver, one transmitter
+//! (round-robin over QPs with work, one packet per QP per turn, retransmission timers). All
+//! state sits behind one mutex; the transmitter sleeps on a condition variable.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+
+use crate::device;
+use crate::faults::{FaultConfig, LinkInjector};
+use crate::ffi::consts::*;
+use crate::ffi::{mtu_bytes, IbvWc};
+use crate::proto::{self, Caps, QpAttrs, RecvWr, Req, Resp, SendWr, Sge};
+use crate::wire::{self, psn_add, psn_diff, Packet};
+
+/// Most packets a QP keeps unacknowledged.
+const WINDOW: usize = 128;
+/// A requester asks for an ACK at least every this many packets.
+const ACKREQ_EVERY: u32 = 16;
+/// Transmitter tick when idle (bounds timer latency).
+const TICK: Duration = Duration::from_millis(1);
+/// The stats file is rewritten at most this often (and only when a counter changed).
+const STATS_EVERY: Duration = Duration::from_millis(200);
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub host: String,
+    pub ip: Ipv4Addr,
+    pub udp_port: u16,
+    pub socket: PathBuf,
+    /// Fault injection on this engine's egress (see [`crate::faults`]).
+    pub faults: FaultConfig,
+    /// Where the counters are written (about every 200 ms while they change).
+    pub stats: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counters {
+    pub rx_packets: u64,
+    pub rx_dropped_malformed: u64,
+    pub rx_dropped_unknown_qp: u64,
+    /// Valid packets for a known QP that were stale or outside the window (duplicates,
+    /// replays): re-acknowledged or ignored, never applied twice.
+    pub rx_duplicate: u64,
+    pub rx_stale: u64,
+    pub rx_handler_panics: u64,
+    pub tx_packets: u64,
+    pub retransmits: u64,
+    pub fault_dropped: u64,
+    pub fault_duplicated: u64,
+    pub fault_reordered: u64,
+    pub fault_delayed: u64,
+}
+
+impl Counters {
+    /// `name value` lines (the stats file, `softrnic stats`).
+    pub fn encode(&self) -> String {
+        let mut s = String::new();
+        for (k, v) in [
+            ("rx_packets", self.rx_packets),
+            ("rx_dropped_malformed", self.rx_dropped_malformed),
+            ("rx_dropped_unknown_qp", self.rx_dropped_unknown_qp),
+            ("rx_duplicate", self.rx_duplicate),
+            ("rx_stale", self.rx_stale),
+            ("rx_handler_panics", self.rx_handler_panics),
+            ("tx_packets", self.tx_packets),
+            ("retransmits", self.retransmits),
+            ("fault_dropped", self.fault_dropped),
+            ("fault_duplicated", self.fault_duplicated),
+            ("fault_reordered", self.fault_reordered),
+            ("fault_delayed", self.fault_delayed),
+        ] {
+            s.push_str(&format!("{k} {v}\n"));
+        }
+        s
+    }
+}
+
+/// A packet held back by fault injection until `at`.
+struct Held {
+    at: Instant,
+    seq: u64,
+    dst: SocketAddr,
+    bytes: Vec<u8>,
+}
+
+impl PartialEq for Held {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Held {}
+impl PartialOrd for Held {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Held {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
+}
+
+/// Egress fault injection: one injector per destination, and the held packets.
+struct Injection {
+    cfg: FaultConfig,
+    host: String,
+    links: HashMap<SocketAddr, LinkInjector>,
+    held: BinaryHeap<Reverse<Held>>,
+    seq: u64,
+}
+
+struct Mr {
+    conn: u64,
+    pid: i32,
+    pd: u32,
+    addr: u64,
+    len: u64,
+    access: u32,
+}
+
+struct Cq {
+    conn: u64,
+    cap: usize,
+    q: VecDeque<IbvWc>,
+    /// Completion channel (0: none), the application's `ibv_cq *`, and whether armed.
+    channel: u32,
+    user: u64,
+    armed: bool,
+}
+
+/// A completion channel: the event stream is a second connection of the owning process.
+struct Channel {
+    conn: u64,
+    pid: i32,
+    token: u64,
+    sink: Option<UnixStream>,
+}
+
+struct SqWqe {
+    wr: SendWr,
+    len: u32,
+    signaled: bool,
+    /// Set once all the WQE's packets have been built.
+    packetized: bool,
+    first_psn: u32,
+    last_psn: u32,
+    /// READ: next response PSN expected, and whether all data arrived.
+    resp_next: u32,
+    read_done: bool,
+    /// Local segments (process address, length), resolved at packetization.
+    segs: Vec<(u64, u64)>,
+}
+
+struct Inflight {
+    psn: u32,
+    last_psn: u32,
+    is_read: bool,
+    bytes: Vec<u8>,
+}
+
+struct CurRecv {
+    wr_id: u64,
+    segs: Vec<(u64, u64)>,
+    is_write_imm: bool,
+}
+
+struct Qp {
+    conn: u64,
+    pid: i32,
+    pd: u32,
+    send_cq: u32,
+    recv_cq: u32,
+    sq_sig_all: bool,
+    cap: Caps,
+    attr: QpAttrs,
+    state: i32,
+    remote: Option<SocketAddr>,
+    mtu: u32,
+    // requester
+    sq: VecDeque<SqWqe>,
+    sq_next: usize,
+    sq_off: u32,
+    next_psn: u32,
+    inflight: VecDeque<Inflight>,
+    resend: Option<usize>,
+    last_progress: Instant,
+    retries: u32,
+    rnr_retries: u32,
+    rnr_until: Option<Instant>,
+    // responder
+    rq: VecDeque<RecvWr>,
+    epsn: u32,
+    cur_recv: Option<CurRecv>,
+    nak_sent: bool,
+}
+
+impl Qp {
+    fn timeout(&self) -> Duration {
+        // 4.096 µs * 2^timeout, clamped to something useful on a software link.
+        let t = self.attr.timeout.min(31) as u32;
+        let us = 4.096f64 * f64::from(1u32 << t.min(31));
+        Duration::from_micros(us as u64).clamp(Duration::from_millis(5), Duration::from_secs(2))
+    }
+}
+
+struct State {
+    next_handle: u32,
+    next_qpn: u32,
+    next_key: u32,
+    pds: HashMap<u32, u64>,
+    mrs: HashMap<u32, Mr>,
+    cqs: HashMap<u32, Cq>,
+    channels: HashMap<u32, Channel>,
+    qps: HashMap<u32, Qp>,
+    rr: VecDeque<u32>,
+    counters: Counters,
+    /// Packets waiting to be sent (built under the lock, sent by whoever holds it).
+    out: Vec<(SocketAddr, Vec<u8>)>,
+    /// Fault injection, when configured.
+    inject: Option<Injection>,
+}
+
+struct Shared {
+    st: Mutex<State>,
+    cv: Condvar,
+    udp: UdpSocket,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn flush_out(&self, st: &mut State) {
+        let st = &mut *st;
+        let Some(inj) = st.inject.as_mut() else {
+            for (dst, b) in st.out.drain(..) {
+                if self.udp.send_to(&b, dst).is_ok() {
+                    st.counters.tx_packets += 1;
+                }
+            }
+            return;
+        };
+        let now = Instant::now();
+        let c = &mut st.counters;
+        for (dst, b) in st.out.drain(..) {
+            let link = inj.links.entry(dst).or_insert_with(|| {
+                let ip = match dst {
+                    SocketAddr::V4(a) => *a.ip(),
+                    SocketAddr::V6(_) => Ipv4Addr::UNSPECIFIED,
+                };
+                LinkInjector::new(&inj.cfg, &inj.host, ip)
+            });
+            let fate = link.fate();
+            c.fault_dropped += fate.dropped as u64;
+            c.fault_duplicated += fate.duplicated as u64;
+            c.fault_reordered += fate.reordered as u64;
+            for d in fate.sends {
+                if d.is_zero() {
+                    if self.udp.send_to(&b, dst).is_ok() {
+                        c.tx_packets += 1;
+                    }
+                } else {
+                    c.fault_delayed += 1;
+                    inj.seq += 1;
+                    inj.held.push(Reverse(Held {
+                        at: now + d,
+                        seq: inj.seq,
+                        dst,
+                        bytes: b.clone(),
+                    }));
+                }
+            }
+        }
+        self.flush_held(st, now);
+    }
+
+    /// Send the held packets that are due; returns when the next one is due.
+    fn flush_held(&self, st: &mut State, now: Instant) -> Option<Instant> {
+        let inj = st.inject.as_mut()?;
+        while let Some(Reverse(h)) = inj.held.peek() {
+            if h.at > now {
+                return Some(h.at);
+            }
+            let Reverse(h) = inj.held.pop().unwrap();
+            if self.udp.send_to(&h.bytes, h.dst).is_ok() {
+                st.counters.tx_packets += 1;
+            }
+        }
+        None
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory access of other processes
+// ---------------------------------------------------------------------------------------------
+
+fn read_mem(pid: i32, addr: u64, buf: &mut [u8]) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < buf.len() {
+        let local = libc::iovec {
+            iov_base: buf[done..].as_mut_ptr() as *mut libc::c_void,
+            iov_len: buf.len() - done,
+        };
+        let remote = libc::iovec {
+            iov_base: (addr as usize + done) as *mut libc::c_void,
+            iov_len: buf.len() - done,
+        };
+        // SAFETY: local points into `buf` (valid, writable, iov_len bytes); the remote range is
+        // only accessed by the kernel on the target process, which checks it.
+        let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n == 0 {
+            return Err(io::Error::from_raw_os_error(libc::EFAULT));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
+fn write_mem(pid: i32, addr: u64, data: &[u8]) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < data.len() {
+        let local = libc::iovec {
+            iov_base: data[done..].as_ptr() as *mut libc::c_void,
+            iov_len: data.len() - done,
+        };
+        let remote = libc::iovec {
+            iov_base: (addr as usize + done) as *mut libc::c_void,
+            iov_len: data.len() - done,
+        };
+        // SAFETY: local points into `data` (valid for reads); the kernel checks the remote
+        // range against the target's address space.
+        let n = unsafe { libc::process_vm_writev(pid, &local, 1, &remote, 1, 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n == 0 {
+            return Err(io::Error::from_raw_os_error(libc::EFAULT));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
+/// Copy `data` into the segment list at byte `offset`.
+fn scatter(pid: i32, segs: &[(u64, u64)], mut offset: u64, mut data: &[u8]) -> io::Result<()> {
+    for &(addr, len) in segs {
+        if data.is_empty() {
+            break;
+        }
+        if offset >= len {
+            offset -= len;
+            continue;
+        }
+        let n = ((len - offset) as usize).min(data.len());
+        write_mem(pid, addr + offset, &data[..n])?;
+        data = &data[n..];
+        offset = 0;
+    }
+    if data.is_empty() {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(libc::EMSGSIZE))
+    }
+}
+
+/// Read `buf.len()` bytes from the segment list starting at byte `offset`.
+fn gather(pid: i32, segs: &[(u64, u64)], mut offset: u64, buf: &mut [u8]) -> io::Result<()> {
+    let mut pos = 0usize;
+    for &(addr, len) in segs {
+        if pos == buf.len() {
+            break;
+        }
+        if offset >= len {
+            offset -= len;
+            continue;
+        }
+        let n = ((len - offset) as usize).min(buf.len() - pos);
+        read_mem(pid, addr + offset, &mut buf[pos..pos + n])?;
+        pos += n;
+        offset = 0;
+    }
+    if pos == buf.len() {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(libc::EFAULT))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Verbs (requests from providers)
+// ---------------------------------------------------------------------------------------------
+
+fn err(errno: i32) -> Resp {
+    Resp::Err {
+        errno,
+        bad_index: 0,
+    }
+}
+
+impl State {
+    fn new() -> Self {
+        State {
+            next_handle: 1,
+            next_qpn: 0x11,
+            next_key: 0x100,
+            pds: HashMap::new(),
+            mrs: HashMap::new(),
+            cqs: HashMap::new(),
+            channels: HashMap::new(),
+            qps: HashMap::new(),
+            rr: VecDeque::new(),
+            counters: Counters::default(),
+            out: Vec::new(),
+            inject: None,
+        }
+    }
+
+    fn handle(&mut self) -> u32 {
+        let h = self.next_handle;
+        self.next_handle = self.next_handle.wrapping_add(1).max(1);
+        h
+    }
+
+    fn push_cqe(&mut self, cq: u32, wc: IbvWc) {
+        if let Some(c) = self.cqs.get_mut(&cq) {
+            if c.q.len() < c.cap {
+                c.q.push_back(wc);
+            } else {
+                eprintln!("softrnic engine: CQ {cq} overflow, completion lost");
+                return;
+            }
+            if c.armed && c.channel != 0 {
+                c.armed = false;
+                let ev = c.user.to_ne_bytes();
+                if let Some(sink) = self
+                    .channels
+                    .get(&c.channel)
+                    .and_then(|ch| ch.sink.as_ref())
+                {
+                    // SAFETY: sends 8 bytes from a live buffer on a socket we own; MSG_DONTWAIT
+                    // so a process that does not read its events cannot stall the engine.
+                    let n = unsafe {
+                        libc::send(
+                            sink.as_raw_fd(),
+                            ev.as_ptr() as *const libc::c_void,
+                            ev.len(),
+                            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                        )
+                    };
+                    if n != ev.len() as isize {
+                        eprintln!("softrnic engine: completion event for CQ {cq} lost");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Make `s` the event stream of channel `id` (owned by process `pid`, proven by `token`).
+    fn attach_channel(&mut self, pid: i32, id: u32, token: u64, s: UnixStream) -> Resp {
+        match self.channels.get_mut(&id) {
+            Some(ch) if ch.pid == pid && ch.token == token && ch.sink.is_none() => {
+                ch.sink = Some(s);
+                Resp::Unit
+            }
+            _ => err(libc::EINVAL),
+        }
+    }
+
+    fn request(&mut self, conn: u64, pid: i32, req: Req) -> Resp {
+        match req {
+            Req::AllocPd => {
+                if self.pds.len() >= device::MAX_PD as usize {
+                    return err(libc::ENOMEM);
+                }
+                let h = self.handle();
+                self.pds.insert(h, conn);
+                Resp::Handle(h)
+            }
+            Req::DeallocPd { pd } => {
+                if self.pds.get(&pd) != Some(&conn) {
+                    return err(libc::EINVAL);
+                }
+                let busy =
+                    self.mrs.values().any(|m| m.pd == pd) || self.qps.values().any(|q| q.pd == pd);
+                if busy {
+                    return err(libc::EBUSY);
+                }
+                self.pds.remove(&pd);
+                Resp::Unit
+            }
+            Req::RegMr {
+                pd,
+                addr,
+                len,
+                access,
+            } => {
+                if self.pds.get(&pd) != Some(&conn) {
+                    return err(libc::EINVAL);
+                }
+                // Remote write/atomic access requires local write (as the kernel enforces).
+                if access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC) != 0
+                    && access & IBV_ACCESS_LOCAL_WRITE == 0
+                {
+                    return err(libc::EINVAL);
+                }
+                if len == 0 || addr.checked_add(len).is_none() {
+                    return err(libc::EINVAL);
+                }
+                if self.mrs.len() >= device::MAX_MR as usize {
+                    return err(libc::ENOMEM);
+                }
+                // The pages must exist in the registering process (as pinning would require).
+                let mut probe = [0u8; 1];
+                if read_mem(pid, addr, &mut probe).is_err()
+                    || read_mem(pid, addr + len - 1, &mut probe).is_err()
+                {
+                    return err(libc::EFAULT);
+                }
+                // key = index << 8 | 8-bit key; keys are never reused within an engine run.
+                let key = self.next_key;
+                self.next_key = self.next_key.wrapping_add(0x101);
+                self.mrs.insert(
+                    key,
+                    Mr {
+                        conn,
+                        pid,
+                        pd,
+                        addr,
+                        len,
+                        access,
+                    },
+                );
+                Resp::Mr {
+                    lkey: key,
+                    rkey: key,
+                }
+            }
+            Req::DeregMr { lkey } => match self.mrs.get(&lkey) {
+                Some(m) if m.conn == conn => {
+                    self.mrs.remove(&lkey);
+                    Resp::Unit
+                }
+                _ => err(libc::EINVAL),
+            },
+            Req::CreateCq { cqe, channel, user } => {
+                if cqe == 0 || cqe > device::MAX_CQE {
+                    return err(libc::EINVAL);
+                }
+                if channel != 0
+                    && self
+                        .channels
+                        .get(&channel)
+                        .is_none_or(|c| c.conn != conn || c.sink.is_none())
+                {
+                    return err(libc::EINVAL);
+                }
+                if self.cqs.len() >= device::MAX_CQ as usize {
+                    return err(libc::ENOMEM);
+                }
+                let h = self.handle();
+                self.cqs.insert(
+                    h,
+                    Cq {
+                        conn,
+                        cap: cqe as usize,
+                        q: VecDeque::new(),
+                        channel,
+                        user,
+                        armed: false,
+                    },
+                );
+                Resp::Cq { handle: h, cqe }
+            }
+            Req::CreateChannel => {
+                let id = self.handle();
+                self.channels.insert(
+                    id,
+                    Channel {
+                        conn,
+                        pid,
+                        token: random_u64(),
+                        sink: None,
+                    },
+                );
+                Resp::Channel {
+                    id,
+                    token: self.channels[&id].token,
+                }
+            }
+            // Only valid as the first request of its own connection (see serve_conn).
+            Req::AttachChannel { .. } => err(libc::EINVAL),
+            // Solicited-only is treated as "any completion": an extra event is harmless (the
+            // application polls), a missing one would hang it.
+            Req::ReqNotifyCq { cq, .. } => match self.cqs.get_mut(&cq) {
+                Some(c) if c.conn == conn && c.channel != 0 => {
+                    c.armed = true;
+                    Resp::Unit
+                }
+                _ => err(libc::EINVAL),
+            },
+            Req::DestroyCq { cq } => {
+                if self.cqs.get(&cq).map(|c| c.conn) != Some(conn) {
+                    return err(libc::EINVAL);
+                }
+                if self
+                    .qps
+                    .values()
+                    .any(|q| q.send_cq == cq || q.recv_cq == cq)
+                {
+                    return err(libc::EBUSY);
+                }
+                self.cqs.remove(&cq);
+                Resp::Unit
+            }
+            Req::PollCq { cq, max } => match self.cqs.get_mut(&cq) {
+                Some(c) if c.conn == conn => {
+                    let n = (max as usize).min(c.q.len());
+                    Resp::Wcs(c.q.drain(..n).collect())
+                }
+                _ => err(libc::EINVAL),
+            },
+            Req::CreateQp {
+                pd,
+                send_cq,
+                recv_cq,
+                qp_type,
+                sq_sig_all,
+                cap,
+            } => {
+                if qp_type != IBV_QPT_RC {
+                    return err(libc::EOPNOTSUPP);
+                }
+                if self.pds.get(&pd) != Some(&conn)
+                    || self.cqs.get(&send_cq).map(|c| c.conn) != Some(conn)
+                    || self.cqs.get(&recv_cq).map(|c| c.conn) != Some(conn)
+                {
+                    return err(libc::EINVAL);
+                }
+                if cap.max_send_wr > device::MAX_QP_WR
+                    || cap.max_recv_wr > device::MAX_QP_WR
+                    || cap.max_send_sge > device::MAX_SGE
+                    || cap.max_recv_sge > device::MAX_SGE
+                    || cap.max_inline_data > device::MAX_INLINE
+                {
+                    return err(libc::EINVAL);
+                }
+                if self.qps.len() >= device::MAX_QP as usize {
+                    return err(libc::ENOMEM);
+                }
+                let cap = Caps {
+                    max_send_wr: cap.max_send_wr.max(1),
+                    max_recv_wr: cap.max_recv_wr.max(1),
+                    max_send_sge: cap.max_send_sge.max(1),
+                    max_recv_sge: cap.max_recv_sge.max(1),
+                    max_inline_data: device::MAX_INLINE,
+                };
+                let qpn = self.next_qpn;
+                self.next_qpn = psn_add(self.next_qpn, 1).max(0x11);
+                self.qps.insert(
+                    qpn,
+                    Qp {
+                        conn,
+                        pid,
+                        pd,
+                        send_cq,
+                        recv_cq,
+                        sq_sig_all,
+                        cap,
+                        attr: QpAttrs::default(),
+                        state: IBV_QPS_RESET,
+                        remote: None,
+                        mtu: 1024,
+                        sq: VecDeque::new(),
+                        sq_next: 0,
+                        sq_off: 0,
+                        next_psn: 0,
+                        inflight: VecDeque::new(),
+                        resend: None,
+                        last_progress: Instant::now(),
+                        retries: 0,
+                        rnr_retries: 0,
+                        rnr_until: None,
+                        rq: VecDeque::new(),
+                        epsn: 0,
+                        cur_recv: None,
+                        nak_sent: false,
+                    },
+                );
+                self.rr.push_back(qpn);
+                Resp::Qp { qpn, cap }
+            }
+            Req::ModifyQp { qpn, mask, attr } => {
+                if self.qps.get(&qpn).map(|q| q.conn) != Some(conn) {
+                    return err(libc::EINVAL);
+                }
+                match self.modify_qp(qpn, mask, &attr) {
+                    Ok(()) => Resp::Unit,
+                    Err(e) => err(e),
+                }
+            }
+            Req::QueryQp { qpn } => match self.qps.get(&qpn) {
+                Some(q) if q.conn == conn => {
+                    let mut a = q.attr;
+                    a.qp_state = q.state;
+                    a.cur_qp_state = q.state;
+                    Resp::QpAttr {
+                        attr: a,
+                        cap: q.cap,
+                        qp_type: IBV_QPT_RC,
+                        sq_sig_all: q.sq_sig_all,
+                    }
+                }
+                _ => err(libc::EINVAL),
+            },
+            Req::DestroyQp { qpn } => {
+                if self.qps.get(&qpn).map(|q| q.conn) != Some(conn) {
+                    return err(libc::EINVAL);
+                }
+                self.qps.remove(&qpn);
+                self.rr.retain(|q| *q != qpn);
+                Resp::Unit
+            }
+            Req::PostSend { qpn, wrs } => self.post_send(conn, qpn, wrs),
+            Req::PostRecv { qpn, wrs } => self.post_recv(conn, qpn, wrs),
+        }
+    }
+
+    fn modify_qp(&mut self, qpn: u32, mask: i32, a: &QpAttrs) -> Result<(), i32> {
+        let q = self.qps.get_mut(&qpn).ok_or(libc::EINVAL)?;
+        let cur = q.state;
+        if mask & IBV_QP_CUR_STATE != 0 && a.cur_qp_state != cur {
+            return Err(libc::EINVAL);
+        }
+        let new = if mask & IBV_QP_STATE != 0 {
+            a.qp_state
+        } else {
+            cur
+        };
+        let has = |m: i32| mask & m == m;
+        let (required, optional) = match (cur, new) {
+            (_, IBV_QPS_RESET) | (_, IBV_QPS_ERR) => (0, 0),
+            (IBV_QPS_RESET, IBV_QPS_INIT) => {
+                (IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0)
+            }
+            (IBV_QPS_INIT, IBV_QPS_INIT) => {
+                (0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)
+            }
+            (IBV_QPS_INIT, IBV_QPS_RTR) => (
+                IBV_QP_AV
+                    | IBV_QP_PATH_MTU
+                    | IBV_QP_DEST_QPN
+                    | IBV_QP_RQ_PSN
+                    | IBV_QP_MAX_DEST_RD_ATOMIC
+                    | IBV_QP_MIN_RNR_TIMER,
+                IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS,
+            ),
+            (IBV_QPS_RTR, IBV_QPS_RTS) => (
+                IBV_QP_SQ_PSN
+                    | IBV_QP_TIMEOUT
+                    | IBV_QP_RETRY_CNT
+                    | IBV_QP_RNR_RETRY
+                    | IBV_QP_MAX_QP_RD_ATOMIC,
+                IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER,
+            ),
+            (IBV_QPS_RTS, IBV_QPS_RTS) => (0, IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER),
+            _ => return Err(libc::EINVAL),
+        };
+        if !has(required) {
+            return Err(libc::EINVAL);
+        }
+        let allowed = required | optional | IBV_QP_STATE | IBV_QP_CUR_STATE;
+        if new != IBV_QPS_RESET && new != IBV_QPS_ERR && mask & !allowed != 0 {
+            return Err(libc::EINVAL);
+        }
+        // Validate before applying anything.
+        if has(IBV_QP_PORT) && a.port_num != 1 {
+            return Err(libc::EINVAL);
+        }
+        if has(IBV_QP_PKEY_INDEX) && a.pkey_index != 0 {
+            return Err(libc::EINVAL);
+        }
+        let mut mtu = q.mtu;
+        if has(IBV_QP_PATH_MTU) {
+            mtu = match mtu_bytes(a.path_mtu) {
+                Some(m) => m,
+                None => return Err(libc::EINVAL),
+            };
+        }
+        let mut remote = q.remote;
+        if has(IBV_QP_AV) {
+            // RoCE-style port: a GRH with an IPv4-mapped destination GID is required.
+            if a.is_global == 0 || a.sgid_index != 0 {
+                return Err(libc::EINVAL);
+            }
+            let ip = device::ip_of_gid(&a.dgid).ok_or(libc::EINVAL)?;
+            remote = Some(SocketAddr::V4(SocketAddrV4::new(
+                ip,
+                device::ENGINE_UDP_PORT,
+            )));
+        }
+        if has(IBV_QP_MAX_QP_RD_ATOMIC) && a.max_rd_atomic as u32 > device::MAX_RD_ATOM {
+            return Err(libc::EINVAL);
+        }
+        if has(IBV_QP_MAX_DEST_RD_ATOMIC) && a.max_dest_rd_atomic as u32 > device::MAX_RD_ATOM {
+            return Err(libc::EINVAL);
+        }
+        // Apply.
+        q.mtu = mtu;
+        q.remote = remote;
+        let t = &mut q.attr;
+        if has(IBV_QP_ACCESS_FLAGS) {
+            t.access_flags = a.access_flags;
+        }
+        if has(IBV_QP_PKEY_INDEX) {
+            t.pkey_index = a.pkey_index;
+        }
+        if has(IBV_QP_PORT) {
+            t.port_num = a.port_num;
+        }
+        if has(IBV_QP_PATH_MTU) {
+            t.path_mtu = a.path_mtu;
+        }
+        if has(IBV_QP_AV) {
+            t.dgid = a.dgid;
+            t.sgid_index = a.sgid_index;
+            t.hop_limit = a.hop_limit;
+            t.is_global = a.is_global;
+            t.dlid = a.dlid;
+            t.sl = a.sl;
+            t.ah_port_num = a.ah_port_num;
+        }
+        if has(IBV_QP_DEST_QPN) {
+            t.dest_qp_num = a.dest_qp_num & wire::PSN_MASK;
+        }
+        if has(IBV_QP_RQ_PSN) {
+            t.rq_psn = a.rq_psn & wire::PSN_MASK;
+            q.epsn = t.rq_psn;
+        }
+        if has(IBV_QP_SQ_PSN) {
+            t.sq_psn = a.sq_psn & wire::PSN_MASK;
+            q.next_psn = t.sq_psn;
+        }
+        if has(IBV_QP_MAX_DEST_RD_ATOMIC) {
+            t.max_dest_rd_atomic = a.max_dest_rd_atomic;
+        }
+        if has(IBV_QP_MAX_QP_RD_ATOMIC) {
+            t.max_rd_atomic = a.max_rd_atomic;
+        }
+        if has(IBV_QP_MIN_RNR_TIMER) {
+            t.min_rnr_timer = a.min_rnr_timer;
+        }
+        if has(IBV_QP_TIMEOUT) {
+            t.timeout = a.timeout;
+        }
+        if has(IBV_QP_RETRY_CNT) {
+            t.retry_cnt = a.retry_cnt;
+        }
+        if has(IBV_QP_RNR_RETRY) {
+            t.rnr_retry = a.rnr_retry;
+        }
+        q.state = new;
+        match new {
+            IBV_QPS_RESET => {
+                q.sq.clear();
+                q.rq.clear();
+                q.inflight.clear();
+                q.sq_next = 0;
+                q.sq_off = 0;
+                q.resend = None;
+                q.cur_recv = None;
+                q.remote = None;
+                q.attr = QpAttrs::default();
+            }
+            IBV_QPS_ERR => self.flush_qp(qpn),
+            IBV_QPS_RTS if cur == IBV_QPS_RTR => q.last_progress = Instant::now(),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Move a QP to the error state and complete everything outstanding with WR_FLUSH_ERR.
+    fn flush_qp(&mut self, qpn: u32) {
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        q.state = IBV_QPS_ERR;
+        let (scq, rcq) = (q.send_cq, q.recv_cq);
+        let sq: Vec<SqWqe> = q.sq.drain(..).collect();
+        let mut rq: Vec<u64> = q.rq.drain(..).map(|r| r.wr_id).collect();
+        if let Some(c) = q.cur_recv.take() {
+            rq.insert(0, c.wr_id);
+        }
+        q.inflight.clear();
+        q.sq_next = 0;
+        q.sq_off = 0;
+        q.resend = None;
+        for w in sq {
+            let wc = IbvWc {
+                wr_id: w.wr.wr_id,
+                status: IBV_WC_WR_FLUSH_ERR,
+                opcode: send_wc_opcode(w.wr.opcode),
+                qp_num: qpn,
+                ..Default::default()
+            };
+            self.push_cqe(scq, wc);
+        }
+        for id in rq {
+            let wc = IbvWc {
+                wr_id: id,
+                status: IBV_WC_WR_FLUSH_ERR,
+                opcode: IBV_WC_RECV,
+                qp_num: qpn,
+                ..Default::default()
+            };
+            self.push_cqe(rcq, wc);
+        }
+    }
+
+    /// Complete the head send WQE with an error and move the QP to the error state.
+    fn fail_head(&mut self, qpn: u32, status: i32) {
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        if let Some(w) = q.sq.pop_front() {
+            let wc = IbvWc {
+                wr_id: w.wr.wr_id,
+                status,
+                opcode: send_wc_opcode(w.wr.opcode),
+                qp_num: qpn,
+                ..Default::default()
+            };
+            let scq = q.send_cq;
+            self.push_cqe(scq, wc);
+        }
+        self.flush_qp(qpn);
+    }
+
+    fn post_send(&mut self, conn: u64, qpn: u32, wrs: Vec<SendWr>) -> Resp {
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return err(libc::EINVAL);
+        };
+        if q.conn != conn {
+            return err(libc::EINVAL);
+        }
+        let bad = |i: usize, e: i32| Resp::Err {
+            errno: e,
+            bad_index: i as u32,
+        };
+        if q.state != IBV_QPS_RTS && q.state != IBV_QPS_ERR {
+            return bad(0, libc::EINVAL);
+        }
+        let mut accepted = Vec::with_capacity(wrs.len());
+        for (i, w) in wrs.into_iter().enumerate() {
+            let supported = matches!(
+                w.opcode,
+                IBV_WR_SEND
+                    | IBV_WR_SEND_WITH_IMM
+                    | IBV_WR_RDMA_WRITE
+                    | IBV_WR_RDMA_WRITE_WITH_IMM
+                    | IBV_WR_RDMA_READ
+            );
+            if !supported {
+                return self.finish_post(qpn, accepted, Some(bad(i, libc::EINVAL)));
+            }
+            if w.sges.len() > q.cap.max_send_sge as usize {
+                return self.finish_post(qpn, accepted, Some(bad(i, libc::EINVAL)));
+            }
+            if w.opcode == IBV_WR_RDMA_READ && w.inline.is_some() {
+                return self.finish_post(qpn, accepted, Some(bad(i, libc::EINVAL)));
+            }
+            if q.sq.len() + accepted.len() >= q.cap.max_send_wr as usize {
+                return self.finish_post(qpn, accepted, Some(bad(i, libc::ENOMEM)));
+            }
+            let len: u64 = match &w.inline {
+                Some(b) => b.len() as u64,
+                None => w.sges.iter().map(|s| s.length as u64).sum(),
+            };
+            if len > device::MAX_MSG_SZ as u64 {
+                return self.finish_post(qpn, accepted, Some(bad(i, libc::EINVAL)));
+            }
+            let signaled = q.sq_sig_all || w.flags & IBV_SEND_SIGNALED != 0;
+            accepted.push(SqWqe {
+                wr: w,
+                len: len as u32,
+                signaled,
+                packetized: false,
+                first_psn: 0,
+                last_psn: 0,
+                resp_next: 0,
+                read_done: false,
+                segs: Vec::new(),
+            });
+        }
+        self.finish_post(qpn, accepted, None)
+    }
+
+    fn finish_post(&mut self, qpn: u32, wqes: Vec<SqWqe>, result: Option<Resp>) -> Resp {
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return err(libc::EINVAL);
+        };
+        let in_error = q.state == IBV_QPS_ERR;
+        q.sq.extend(wqes);
+        if in_error {
+            self.flush_qp(qpn);
+        }
+        result.unwrap_or(Resp::Unit)
+    }
+
+    fn post_recv(&mut self, conn: u64, qpn: u32, wrs: Vec<RecvWr>) -> Resp {
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return err(libc::EINVAL);
+        };
+        if q.conn != conn {
+            return err(libc::EINVAL);
+        }
+        if q.state == IBV_QPS_RESET {
+            return Resp::Err {
+                errno: libc::EINVAL,
+                bad_index: 0,
+            };
+        }
+        let mut result = Resp::Unit;
+        for (i, w) in wrs.into_iter().enumerate() {
+            if w.sges.len() > q.cap.max_recv_sge as usize {
+                result = Resp::Err {
+                    errno: libc::EINVAL,
+                    bad_index: i as u32,
+                };
+                break;
+            }
+            if q.rq.len() >= q.cap.max_recv_wr as usize {
+                result = Resp::Err {
+                    errno: libc::ENOMEM,
+                    bad_index: i as u32,
+                };
+                break;
+            }
+            q.rq.push_back(w);
+        }
+        if q.state == IBV_QPS_ERR {
+            self.flush_qp(qpn);
+        }
+        result
+    }
+
+    /// Resolve local SGEs against MRs: same process, same PD, in bounds, access.
+    fn resolve_local(
+        &self,
+        conn: u64,
+        pd: u32,
+        sges: &[Sge],
+        need_write: bool,
+    ) -> Option<Vec<(u64, u64)>> {
+        let mut v = Vec::with_capacity(sges.len());
+        for s in sges {
+            if s.length == 0 {
+                continue;
+            }
+            let m = self.mrs.get(&s.lkey)?;
+            if m.conn != conn || m.pd != pd {
+                return None;
+            }
+            if need_write && m.access & IBV_ACCESS_LOCAL_WRITE == 0 {
+                return None;
+            }
+            let end = s.addr.checked_add(s.length as u64)?;
+            if s.addr < m.addr || end > m.addr + m.len {
+                return None;
+            }
+            v.push((s.addr, s.length as u64));
+        }
+        Some(v)
+    }
+
+    /// Check a remote access against an MR: rkey, PD of the target QP, bounds, access bit.
+    fn check_remote(&self, pd: u32, rkey: u32, addr: u64, len: u64, access: u32) -> Option<i32> {
+        let m = self.mrs.get(&rkey)?;
+        if m.pd != pd || m.access & access == 0 {
+            return None;
+        }
+        let end = addr.checked_add(len)?;
+        if addr < m.addr || end > m.addr + m.len {
+            return None;
+        }
+        Some(m.pid)
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Requester: building packets
+    // -----------------------------------------------------------------------------------------
+
+    /// Next packet of a QP (retransmission first, then new data), or None.
+    fn next_packet(&mut self, qpn: u32, now: Instant) -> Option<(SocketAddr, Vec<u8>)> {
+        let q = self.qps.get_mut(&qpn)?;
+        if q.state != IBV_QPS_RTS {
+            return None;
+        }
+        let dst = q.remote?;
+        if let Some(t) = q.rnr_until {
+            if now < t {
+                return None;
+            }
+            q.rnr_until = None;
+            q.resend = Some(0);
+        }
+        if let Some(i) = q.resend {
+            if i < q.inflight.len() {
+                q.resend = Some(i + 1);
+                self.counters.retransmits += 1;
+                return Some((dst, q.inflight[i].bytes.clone()));
+            }
+            q.resend = None;
+        }
+        if q.inflight.len() >= WINDOW || q.sq_next >= q.sq.len() {
+            return None;
+        }
+        // Resolve the local buffers of a WQE when its first packet is built.
+        let idx = q.sq_next;
+        if q.sq_off == 0 && !q.sq[idx].packetized && q.sq[idx].wr.inline.is_none() {
+            let (conn, pd) = (q.conn, q.pd);
+            let need_write = q.sq[idx].wr.opcode == IBV_WR_RDMA_READ;
+            let sges = q.sq[idx].wr.sges.clone();
+            match self.resolve_local(conn, pd, &sges, need_write) {
+                Some(segs) => {
+                    let q = self.qps.get_mut(&qpn)?;
+                    q.sq[idx].segs = segs;
+                }
+                None => {
+                    self.fail_wqe_local(qpn, idx, IBV_WC_LOC_PROT_ERR);
+                    return None;
+                }
+            }
+        }
+        let q = self.qps.get_mut(&qpn)?;
+        let mtu = q.mtu;
+        let psn = q.next_psn;
+        let dest_qpn = q.attr.dest_qp_num;
+        let pid = q.pid;
+        let w = &mut q.sq[idx];
+        let mut p = Packet {
+            dst_qpn: dest_qpn,
+            src_qpn: qpn,
+            psn,
+            msg_len: w.len,
+            offset: q.sq_off,
+            imm: w.wr.imm,
+            remote_addr: w.wr.remote_addr,
+            rkey: w.wr.rkey,
+            ..Default::default()
+        };
+        if w.wr.opcode == IBV_WR_RDMA_READ {
+            let n = w.len.div_ceil(mtu).max(1);
+            p.op = wire::OP_READ_REQ;
+            p.flags = wire::F_FIRST | wire::F_LAST | wire::F_ACKREQ;
+            w.first_psn = psn;
+            w.last_psn = psn_add(psn, n - 1);
+            w.resp_next = psn;
+            w.packetized = true;
+            q.next_psn = psn_add(psn, n);
+            q.sq_next += 1;
+            let bytes = p.encode();
+            let last = w.last_psn;
+            q.inflight.push_back(Inflight {
+                psn,
+                last_psn: last,
+                is_read: true,
+                bytes: bytes.clone(),
+            });
+            return Some((dst, bytes));
+        }
+        let off = q.sq_off;
+        let chunk = (w.len - off).min(mtu);
+        let mut payload = vec![0u8; chunk as usize];
+        if let Some(b) = &w.wr.inline {
+            payload.copy_from_slice(&b[off as usize..(off + chunk) as usize]);
+        } else if gather(pid, &w.segs, off as u64, &mut payload).is_err() {
+            self.fail_wqe_local(qpn, idx, IBV_WC_LOC_PROT_ERR);
+            return None;
+        }
+        let q = self.qps.get_mut(&qpn)?;
+        let w = &mut q.sq[idx];
+        p.op = match w.wr.opcode {
+            IBV_WR_SEND | IBV_WR_SEND_WITH_IMM => wire::OP_SEND,
+            _ => wire::OP_WRITE,
+        };
+        if matches!(
+            w.wr.opcode,
+            IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE_WITH_IMM
+        ) {
+            p.flags |= wire::F_IMM;
+        }
+        if off == 0 {
+            p.flags |= wire::F_FIRST;
+            w.first_psn = psn;
+        }
+        let last = off + chunk >= w.len;
+        if last || psn % ACKREQ_EVERY == 0 {
+            p.flags |= wire::F_ACKREQ;
+        }
+        if last {
+            p.flags |= wire::F_LAST;
+            w.last_psn = psn;
+            w.packetized = true;
+            q.sq_next += 1;
+            q.sq_off = 0;
+        } else {
+            q.sq_off = off + chunk;
+        }
+        p.payload = payload;
+        q.next_psn = psn_add(psn, 1);
+        let bytes = p.encode();
+        q.inflight.push_back(Inflight {
+            psn,
+            last_psn: psn,
+            is_read: false,
+            bytes: bytes.clone(),
+        });
+        Some((dst, bytes))
+    }
+
+    /// A local error while building a WQE: complete it with `status`, QP to error.
+    fn fail_wqe_local(&mut self, qpn: u32, idx: usize, status: i32) {
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        // Everything before idx completes normally only once acknowledged; a local error
+        // moves the QP to the error state, which flushes them (as hardware does).
+        let w = q.sq.remove(idx);
+        let scq = q.send_cq;
+        if let Some(w) = w {
+            let wc = IbvWc {
+                wr_id: w.wr.wr_id,
+                status,
+                opcode: send_wc_opcode(w.wr.opcode),
+                qp_num: qpn,
+                ..Default::default()
+            };
+            self.push_cqe(scq, wc);
+        }
+        self.flush_qp(qpn);
+    }
+
+    /// Pop completed WQEs from the head of the send queue, in order.
+    fn complete_sends(&mut self, qpn: u32, acked: u32) {
+        let mut cqes = Vec::new();
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        while let Some(w) = q.sq.front() {
+            if !w.packetized {
+                break;
+            }
+            let done = if w.wr.opcode == IBV_WR_RDMA_READ {
+                w.read_done
+            } else {
+                psn_diff(acked, w.last_psn) >= 0
+            };
+            if !done {
+                break;
+            }
+            let w = q.sq.pop_front().unwrap();
+            q.sq_next -= 1;
+            if w.signaled {
+                cqes.push(IbvWc {
+                    wr_id: w.wr.wr_id,
+                    status: IBV_WC_SUCCESS,
+                    opcode: send_wc_opcode(w.wr.opcode),
+                    byte_len: if w.wr.opcode == IBV_WR_RDMA_READ {
+                        w.len
+                    } else {
+                        0
+                    },
+                    qp_num: qpn,
+                    ..Default::default()
+                });
+            }
+        }
+        let scq = q.send_cq;
+        for c in cqes {
+            self.push_cqe(scq, c);
+        }
+    }
+
+    /// Cumulative acknowledgement up to `psn` (inclusive).
+    fn on_ack(&mut self, qpn: u32, psn: u32, now: Instant) {
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        let before = q.inflight.len();
+        q.inflight
+            .retain(|f| f.is_read || psn_diff(psn, f.last_psn) < 0);
+        if q.inflight.len() != before {
+            q.last_progress = now;
+            q.retries = 0;
+            q.rnr_retries = 0;
+            if let Some(r) = q.resend {
+                q.resend = Some(r.saturating_sub(before - q.inflight.len()));
+            }
+        }
+        self.complete_sends(qpn, psn);
+    }
+
+    /// Timers: retransmission on timeout, retry exhaustion.
+    fn timers(&mut self, now: Instant) {
+        let qpns: Vec<u32> = self.qps.keys().copied().collect();
+        for qpn in qpns {
+            let Some(q) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
+            if q.state != IBV_QPS_RTS || q.inflight.is_empty() || q.rnr_until.is_some() {
+                continue;
+            }
+            if now.duration_since(q.last_progress) < q.timeout() {
+                continue;
+            }
+            q.retries += 1;
+            q.last_progress = now;
+            if q.retries > q.attr.retry_cnt as u32 {
+                self.fail_head(qpn, IBV_WC_RETRY_EXC_ERR);
+            } else {
+                q.resend = Some(0);
+            }
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Packets from the wire
+    // -----------------------------------------------------------------------------------------
+
+    fn on_packet(&mut self, from: SocketAddr, p: Packet, now: Instant) {
+        let Some(q) = self.qps.get(&p.dst_qpn) else {
+            self.counters.rx_dropped_unknown_qp += 1;
+            return;
+        };
+        // Only the connected peer may talk to an RC QP.
+        if q.remote != Some(from) || q.attr.dest_qp_num != p.src_qpn {
+            self.counters.rx_dropped_unknown_qp += 1;
+            return;
+        }
+        match p.op {
+            wire::OP_ACK | wire::OP_NAK | wire::OP_READ_RESP => self.requester_rx(p, now),
+            _ => self.responder_rx(from, p),
+        }
+    }
+
+    fn reply(&mut self, to: SocketAddr, qpn: u32, dst: u32, op: u8, syndrome: u8, psn: u32) {
+        let p = Packet {
+            op,
+            syndrome,
+            dst_qpn: dst,
+            src_qpn: qpn,
+            psn,
+            ..Default::default()
+        };
+        self.out.push((to, p.encode()));
+    }
+
+    fn responder_rx(&mut self, from: SocketAddr, p: Packet) {
+        let qpn = p.dst_qpn;
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        if q.state != IBV_QPS_RTR && q.state != IBV_QPS_RTS {
+            return;
+        }
+        let peer = p.src_qpn;
+        let d = psn_diff(p.psn, q.epsn);
+        if p.op == wire::OP_READ_REQ && d < 0 {
+            // Duplicate read request: execute it again (reads are idempotent).
+            self.counters.rx_duplicate += 1;
+            self.do_read(from, &p);
+            return;
+        }
+        if d < 0 {
+            self.counters.rx_duplicate += 1;
+            let e = psn_add(q.epsn, wire::PSN_MASK); // epsn - 1
+            self.reply(from, qpn, peer, wire::OP_ACK, 0, e);
+            return;
+        }
+        if d > 0 {
+            if !q.nak_sent {
+                q.nak_sent = true;
+                let e = q.epsn;
+                self.reply(from, qpn, peer, wire::OP_NAK, wire::NAK_SEQ, e);
+            }
+            return;
+        }
+        // In order.
+        let status = match p.op {
+            wire::OP_SEND => self.rx_send(qpn, &p),
+            wire::OP_WRITE => self.rx_write(qpn, &p),
+            wire::OP_READ_REQ => {
+                if self.do_read(from, &p) {
+                    let n = p.msg_len.div_ceil(self.qps[&qpn].mtu).max(1);
+                    Ok(n)
+                } else {
+                    Err(wire::NAK_REM_ACCESS)
+                }
+            }
+            _ => return,
+        };
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        match status {
+            Ok(n) => {
+                q.epsn = psn_add(q.epsn, n);
+                q.nak_sent = false;
+                if p.op != wire::OP_READ_REQ && p.flags & wire::F_ACKREQ != 0 {
+                    let e = psn_add(q.epsn, wire::PSN_MASK);
+                    self.reply(from, qpn, peer, wire::OP_ACK, 0, e);
+                }
+            }
+            Err(syn) => {
+                if !q.nak_sent || syn != wire::NAK_RNR {
+                    q.nak_sent = true;
+                    let mut n = Packet {
+                        op: wire::OP_NAK,
+                        syndrome: syn,
+                        dst_qpn: peer,
+                        src_qpn: qpn,
+                        psn: p.psn,
+                        ..Default::default()
+                    };
+                    n.imm = q.attr.min_rnr_timer as u32;
+                    self.out.push((from, n.encode()));
+                }
+                if syn == wire::NAK_REM_INVALID || syn == wire::NAK_REM_OP {
+                    // Responder errors of class C: the responder QP goes to error as well.
+                    self.flush_qp(qpn);
+                }
+            }
+        }
+    }
+
+    /// SEND packet in order. Ok(psns consumed) or Err(NAK syndrome).
+    fn rx_send(&mut self, qpn: u32, p: &Packet) -> Result<u32, u8> {
+        let q = self.qps.get_mut(&qpn).ok_or(wire::NAK_REM_OP)?;
+        if p.flags & wire::F_FIRST != 0 {
+            let Some(r) = q.rq.pop_front() else {
+                return Err(wire::NAK_RNR);
+            };
+            let (conn, pd, rcq) = (q.conn, q.pd, q.recv_cq);
+            let total: u64 = r.sges.iter().map(|s| s.length as u64).sum();
+            let segs = self.resolve_local(conn, pd, &r.sges, true);
+            let bad = match segs {
+                None => Some((IBV_WC_LOC_PROT_ERR, wire::NAK_REM_OP)),
+                Some(_) if (p.msg_len as u64) > total => {
+                    Some((IBV_WC_LOC_LEN_ERR, wire::NAK_REM_INVALID))
+                }
+                _ => None,
+            };
+            if let Some((st, syn)) = bad {
+                self.push_cqe(
+                    rcq,
+                    IbvWc {
+                        wr_id: r.wr_id,
+                        status: st,
+                        opcode: IBV_WC_RECV,
+                        qp_num: qpn,
+                        ..Default::default()
+                    },
+                );
+                return Err(syn);
+            }
+            let q = self.qps.get_mut(&qpn).ok_or(wire::NAK_REM_OP)?;
+            q.cur_recv = Some(CurRecv {
+                wr_id: r.wr_id,
+                segs: segs.unwrap_or_default(),
+                is_write_imm: false,
+            });
+        }
+        let q = self.qps.get_mut(&qpn).ok_or(wire::NAK_REM_OP)?;
+        let pid = q.pid;
+        let Some(cur) = q.cur_recv.as_ref() else {
+            return Err(wire::NAK_REM_INVALID);
+        };
+        if scatter(pid, &cur.segs, p.offset as u64, &p.payload).is_err() {
+            return Err(wire::NAK_REM_OP);
+        }
+        if p.flags & wire::F_LAST != 0 {
+            let cur = q.cur_recv.take().unwrap();
+            let rcq = q.recv_cq;
+            let mut wc = IbvWc {
+                wr_id: cur.wr_id,
+                status: IBV_WC_SUCCESS,
+                opcode: IBV_WC_RECV,
+                byte_len: p.msg_len,
+                qp_num: qpn,
+                src_qp: p.src_qpn,
+                ..Default::default()
+            };
+            if p.flags & wire::F_IMM != 0 {
+                wc.wc_flags |= IBV_WC_WITH_IMM;
+                wc.imm_data = p.imm;
+            }
+            let _ = cur.is_write_imm;
+            self.push_cqe(rcq, wc);
+        }
+        Ok(1)
+    }
+
+    fn rx_write(&mut self, qpn: u32, p: &Packet) -> Result<u32, u8> {
+        let q = self.qps.get(&qpn).ok_or(wire::NAK_REM_OP)?;
+        if q.attr.access_flags & IBV_ACCESS_REMOTE_WRITE == 0 {
+            return Err(wire::NAK_REM_ACCESS);
+        }
+        let pd = q.pd;
+        if p.flags & wire::F_FIRST != 0
+            && self
+                .check_remote(
+                    pd,
+                    p.rkey,
+                    p.remote_addr,
+                    p.msg_len as u64,
+                    IBV_ACCESS_REMOTE_WRITE,
+                )
+                .is_none()
+        {
+            return Err(wire::NAK_REM_ACCESS);
+        }
+        let addr = p
+            .remote_addr
+            .checked_add(p.offset as u64)
+            .ok_or(wire::NAK_REM_ACCESS)?;
+        let pid = self
+            .check_remote(
+                pd,
+                p.rkey,
+                addr,
+                p.payload.len() as u64,
+                IBV_ACCESS_REMOTE_WRITE,
+            )
+            .ok_or(wire::NAK_REM_ACCESS)?;
+        let imm_last = p.flags & wire::F_IMM != 0 && p.flags & wire::F_LAST != 0;
+        if imm_last && self.qps[&qpn].rq.is_empty() {
+            return Err(wire::NAK_RNR);
+        }
+        if !p.payload.is_empty() && write_mem(pid, addr, &p.payload).is_err() {
+            return Err(wire::NAK_REM_ACCESS);
+        }
+        if imm_last {
+            let q = self.qps.get_mut(&qpn).ok_or(wire::NAK_REM_OP)?;
+            let r = q.rq.pop_front().unwrap();
+            let rcq = q.recv_cq;
+            self.push_cqe(
+                rcq,
+                IbvWc {
+                    wr_id: r.wr_id,
+                    status: IBV_WC_SUCCESS,
+                    opcode: IBV_WC_RECV_RDMA_WITH_IMM,
+                    byte_len: p.msg_len,
+                    imm_data: p.imm,
+                    wc_flags: IBV_WC_WITH_IMM,
+                    qp_num: qpn,
+                    src_qp: p.src_qpn,
+                    ..Default::default()
+                },
+            );
+        }
+        Ok(1)
+    }
+
+    /// Execute a read request: send the response packets. false if access is refused.
+    fn do_read(&mut self, to: SocketAddr, p: &Packet) -> bool {
+        let qpn = p.dst_qpn;
+        let Some(q) = self.qps.get(&qpn) else {
+            return false;
+        };
+        if q.attr.access_flags & IBV_ACCESS_REMOTE_READ == 0 {
+            return false;
+        }
+        let (pd, mtu) = (q.pd, q.mtu);
+        let len = p.msg_len as u64;
+        let pid = if len == 0 {
+            0
+        } else {
+            match self.check_remote(pd, p.rkey, p.remote_addr, len, IBV_ACCESS_REMOTE_READ) {
+                Some(pid) => pid,
+                None => return false,
+            }
+        };
+        let n = p.msg_len.div_ceil(mtu).max(1);
+        for i in 0..n {
+            let off = i * mtu;
+            let chunk = (p.msg_len - off).min(mtu);
+            let mut payload = vec![0u8; chunk as usize];
+            if chunk > 0 && read_mem(pid, p.remote_addr + off as u64, &mut payload).is_err() {
+                return false;
+            }
+            let r = Packet {
+                op: wire::OP_READ_RESP,
+                flags: if i + 1 == n { wire::F_LAST } else { 0 },
+                dst_qpn: p.src_qpn,
+                src_qpn: qpn,
+                psn: psn_add(p.psn, i),
+                msg_len: p.msg_len,
+                offset: off,
+                payload,
+                ..Default::default()
+            };
+            self.out.push((to, r.encode()));
+        }
+        true
+    }
+
+    fn requester_rx(&mut self, p: Packet, now: Instant) {
+        let qpn = p.dst_qpn;
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        if q.state != IBV_QPS_RTS {
+            return;
+        }
+        // Ignore anything outside [oldest unacked, next_psn).
+        let Some(oldest) = q.inflight.front().map(|f| f.psn) else {
+            self.counters.rx_stale += 1;
+            return;
+        };
+        if psn_diff(p.psn, oldest) < 0 || psn_diff(p.psn, q.next_psn) >= 0 {
+            self.counters.rx_stale += 1;
+            return;
+        }
+        match p.op {
+            wire::OP_ACK => self.on_ack(qpn, p.psn, now),
+            wire::OP_READ_RESP => {
+                // Find the read WQE this response belongs to.
+                let Some(idx) = q.sq.iter().position(|w| {
+                    w.packetized
+                        && w.wr.opcode == IBV_WR_RDMA_READ
+                        && psn_diff(p.psn, w.first_psn) >= 0
+                        && psn_diff(p.psn, w.last_psn) <= 0
+                }) else {
+                    return;
+                };
+                let pid = q.pid;
+                let w = &mut q.sq[idx];
+                if p.psn != w.resp_next || w.read_done {
+                    self.counters.rx_stale += 1;
+                    return; // duplicate or out of order: the timer recovers
+                }
+                if scatter(pid, &w.segs, p.offset as u64, &p.payload).is_err() {
+                    self.fail_head(qpn, IBV_WC_LOC_PROT_ERR);
+                    return;
+                }
+                w.resp_next = psn_add(p.psn, 1);
+                let first = w.first_psn;
+                let done = p.psn == w.last_psn;
+                if done {
+                    w.read_done = true;
+                    q.inflight.retain(|f| f.psn != first);
+                }
+                q.last_progress = now;
+                q.retries = 0;
+                // A response implicitly acknowledges everything before the read; the last
+                // one completes the read itself.
+                let acked = if done {
+                    p.psn
+                } else {
+                    psn_add(first, wire::PSN_MASK)
+                };
+                self.on_ack(qpn, acked, now);
+            }
+            wire::OP_NAK => {
+                let acked = psn_add(p.psn, wire::PSN_MASK);
+                match p.syndrome {
+                    wire::NAK_SEQ => {
+                        self.on_ack(qpn, acked, now);
+                        if let Some(q) = self.qps.get_mut(&qpn) {
+                            q.resend = Some(0);
+                        }
+                    }
+                    wire::NAK_RNR => {
+                        self.on_ack(qpn, acked, now);
+                        let Some(q) = self.qps.get_mut(&qpn) else {
+                            return;
+                        };
+                        q.rnr_retries += 1;
+                        if q.attr.rnr_retry != 7 && q.rnr_retries > q.attr.rnr_retry as u32 {
+                            self.fail_head(qpn, IBV_WC_RNR_RETRY_EXC_ERR);
+                            return;
+                        }
+                        q.rnr_until = Some(now + rnr_delay(p.imm as u8));
+                        q.last_progress = now;
+                    }
+                    syn => {
+                        self.on_ack(qpn, acked, now);
+                        let status = match syn {
+                            wire::NAK_REM_ACCESS => IBV_WC_REM_ACCESS_ERR,
+                            wire::NAK_REM_INVALID => IBV_WC_REM_INV_REQ_ERR,
+                            _ => IBV_WC_REM_OP_ERR,
+                        };
+                        self.fail_head(qpn, status);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn drop_conn(&mut self, conn: u64) {
+        let qpns: Vec<u32> = self
+            .qps
+            .iter()
+            .filter(|(_, q)| q.conn == conn)
+            .map(|(k, _)| *k)
+            .collect();
+        for q in &qpns {
+            self.qps.remove(q);
+        }
+        self.rr.retain(|q| !qpns.contains(q));
+        self.mrs.retain(|_, m| m.conn != conn);
+        self.cqs.retain(|_, c| c.conn != conn);
+        self.channels.retain(|_, c| c.conn != conn);
+        self.pds.retain(|_, c| *c != conn);
+    }
+}
+
+/// RNR NAK timer values (IBTA table, in ms; 0 means 655.36 ms).
+fn rnr_delay(code: u8) -> Duration {
+    const US: [u64; 32] = [
+        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560,
+        3_840, 5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880,
+        163_840, 245_760, 327_680, 491_520,
+    ];
+    Duration::from_micros(US[(code & 31) as usize])
+}
+
+fn send_wc_opcode(wr_opcode: i32) -> i32 {
+    match wr_opcode {
+        IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM => IBV_WC_RDMA_WRITE,
+        IBV_WR_RDMA_READ => IBV_WC_RDMA_READ,
+        _ => IBV_WC_SEND,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Threads
+// ---------------------------------------------------------------------------------------------
+
+fn peer_pid(s: &UnixStream) -> io::Result<i32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: cred and len are valid out-parameters of the sizes passed.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred.pid)
+}
+
+fn serve_conn(sh: Arc<Shared>, mut s: UnixStream, conn: u64) {
+    let pid = match peer_pid(&s) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("softrnic engine: SO_PEERCRED: {e}");
+            return;
+        }
+    };
+    let mut first = true;
+    while let Ok(body) = proto::read_frame(&mut s) {
+        if std::mem::take(&mut first) {
+            if let Ok(Req::AttachChannel { id, token }) = Req::decode(&body) {
+                serve_channel(&sh, s, pid, id, token);
+                return;
+            }
+        }
+        let resp = match Req::decode(&body) {
+            Ok(req) => {
+                let mut st = sh.lock();
+                let r = st.request(conn, pid, req);
+                sh.flush_out(&mut st);
+                drop(st);
+                sh.cv.notify_one();
+                r
+            }
+            Err(_) => err(libc::EINVAL),
+        };
+        if proto::write_frame(&mut s, &resp.encode()).is_err() {
+            break;
+        }
+    }
+    sh.lock().drop_conn(conn);
+}
+
+/// A channel's event connection: attach it, then wait for the process to close it.
+fn serve_channel(sh: &Shared, mut s: UnixStream, pid: i32, id: u32, token: u64) {
+    let resp = match s.try_clone() {
+        Ok(sink) => sh.lock().attach_channel(pid, id, token, sink),
+        Err(_) => err(libc::ENOMEM),
+    };
+    let ok = resp == Resp::Unit;
+    if proto::write_frame(&mut s, &resp.encode()).is_err() || !ok {
+        return;
+    }
+    // Nothing more is sent on this connection; EOF means the channel was destroyed.
+    while proto::read_frame(&mut s).is_ok() {}
+    let mut st = sh.lock();
+    st.channels.remove(&id);
+    for c in st.cqs.values_mut().filter(|c| c.channel == id) {
+        c.channel = 0;
+        c.armed = false;
+    }
+}
+
+/// A secret that only the process that created a channel learns.
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most b.len() bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, b.len(), 0) };
+    if n == 8 {
+        return u64::from_ne_bytes(b);
+    }
+    // No getrandom: the clock's nanoseconds, mixed (the socket is root-only anyway).
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    crate::faults::Rng::new(t ^ u64::from(std::process::id())).next_u64()
+}
+
+fn rx_loop(sh: Arc<Shared>) {
+    let mut buf = vec![0u8; 65536];
+    loop {
+        let (n, from) = match sh.udp.recv_from(&mut buf) {
+            Ok(v) => v,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                eprintln!("softrnic engine: udp receive: {e}");
+                std::thread::sleep(TICK);
+                continue;
+            }
+        };
+        let mut st = sh.lock();
+        st.counters.rx_packets += 1;
+        match Packet::decode(&buf[..n]) {
+            Some(p) => {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    st.on_packet(from, p, Instant::now())
+                }));
+                if r.is_err() {
+                    st.counters.rx_handler_panics += 1;
+                    eprintln!("softrnic engine: BUG: panic while handling a packet (dropped)");
+                }
+            }
+            None => st.counters.rx_dropped_malformed += 1,
+        }
+        sh.flush_out(&mut st);
+        drop(st);
+        sh.cv.notify_one();
+    }
+}
+
+fn tx_loop(sh: Arc<Shared>, stats: Option<PathBuf>) {
+    let mut st = sh.lock();
+    let mut written = Counters::default();
+    let mut last_write = Instant::now();
+    loop {
+        let now = Instant::now();
+        st.timers(now);
+        let next_held = sh.flush_held(&mut st, now);
+        if let Some(path) = &stats {
+            if now.duration_since(last_write) >= STATS_EVERY && st.counters != written {
+                written = st.counters;
+                last_write = now;
+                write_stats(path, &written);
+            }
+        }
+        let mut sent = 0usize;
+        // One packet per QP per round, round robin, a bounded number of rounds per wakeup.
+        for _round in 0..8 {
+            let n = st.rr.len();
+            let mut any = false;
+            for _ in 0..n {
+                let Some(qpn) = st.rr.pop_front() else { break };
+                st.rr.push_back(qpn);
+                if let Some(pkt) = st.next_packet(qpn, now) {
+                    st.out.push(pkt);
+                    any = true;
+                    sent += 1;
+                }
+            }
+            sh.flush_out(&mut st);
+            if !any {
+                break;
+            }
+        }
+        if sent == 0 {
+            let wait = next_held
+                .map(|t| t.saturating_duration_since(now).min(TICK))
+                .unwrap_or(TICK);
+            st = sh
+                .cv
+                .wait_timeout(st, wait)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        } else {
+            // Let receivers and verbs in between bursts.
+            drop(st);
+            std::thread::yield_now();
+            st = sh.lock();
+        }
+    }
+}
+
+/// Write the counters atomically (temporary file, then rename).
+fn write_stats(path: &std::path::Path, c: &Counters) {
+    let tmp = path.with_extension("tmp");
+    if std::fs::write(&tmp, c.encode()).is_ok() {
+        let _ = std::fs::rename(&tmp, path);
+    }
+}
+
+/// Large socket buffers: a window of full-MTU packets from several QPs must fit.
+fn set_buffers(udp: &UdpSocket, bytes: libc::c_int) {
+    for (force, plain) in [
+        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+    ] {
+        for opt in [force, plain] {
+            // SAFETY: setsockopt reads sizeof(c_int) bytes from a valid c_int.
+            let r = unsafe {
+                libc::setsockopt(
+                    udp.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    &bytes as *const libc::c_int as *const libc::c_void,
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if r == 0 {
+                break;
+            }
+        }
+    }
+}
+
+/// Run the engine until killed.
+pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
+    let udp = UdpSocket::bind((cfg.ip, cfg.udp_port))
+        .with_context(|| format!("binding UDP {}:{}", cfg.ip, cfg.udp_port))?;
+    set_buffers(&udp, 16 << 20);
+    let _ = std::fs::remove_file(&cfg.socket);
+    let listener = UnixListener::bind(&cfg.socket)
+        .with_context(|| format!("binding {}", cfg.socket.display()))?;
+    let mut state = State::new();
+    if !cfg.faults.is_none() {
+        state.inject = Some(Injection {
+            cfg: cfg.faults.clone(),
+            host: cfg.host.clone(),
+            links: HashMap::new(),
+            held: BinaryHeap::new(),
+            seq: 0,
+        });
+    }
+    if let Some(p) = &cfg.stats {
+        write_stats(p, &state.counters);
+    }
+    let sh = Arc::new(Shared {
+        st: Mutex::new(state),
+        cv: Condvar::new(),
+        udp,
+    });
+    {
+        let sh = sh.clone();
+        std::thread::Builder::new()
+            .name("rx".into())
+            .spawn(move || rx_loop(sh))?;
+    }
+    {
+        let sh = sh.clone();
+        let stats = cfg.stats.clone();
+        std::thread::Builder::new()
+            .name("tx".into())
+            .spawn(move || tx_loop(sh, stats))?;
+    }
+    eprintln!(
+        "softrnic engine for {} on {}:{} ({})",
+        cfg.host,
+        cfg.ip,
+        cfg.udp_port,
+        cfg.socket.display()
+    );
+    if !cfg.faults.is_none() {
+        eprint!("fault injection (egress):\n{}", cfg.faults.encode());
+    }
+    let mut next_conn = 1u64;
+    for s in listener.incoming() {
+        match s {
+            Ok(s) => {
+                let sh = sh.clone();
+                let conn = next_conn;
+                next_conn += 1;
+                std::thread::Builder::new()
+                    .name(format!("conn{conn}"))
+                    .spawn(move || serve_conn(sh, s, conn))?;
+            }
+            Err(e) => eprintln!("softrnic engine: accept: {e}"),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An armed CQ with a channel sends exactly one event (its `ibv_cq *`) per arming.
+    #[test]
+    fn completion_events_are_one_shot_per_arming() {
+        use std::io::Read;
+        let mut st = State::new();
+        let pid = std::process::id() as i32;
+        let Resp::Channel { id, token } = st.request(1, pid, Req::CreateChannel) else {
+            panic!()
+        };
+        let (app, engine_end) = UnixStream::pair().unwrap();
+        // A CQ cannot use a channel before it is attached, nor another connection's.
+        let cq_req = Req::CreateCq {
+            cqe: 8,
+            channel: id,
+            user: 0xabcd,
+        };
+        assert!(matches!(
+            st.request(1, pid, cq_req.clone()),
+            Resp::Err { .. }
+        ));
+        assert!(matches!(
+            st.attach_channel(pid, id, token ^ 1, engine_end.try_clone().unwrap()),
+            Resp::Err { .. }
+        ));
+        assert_eq!(st.attach_channel(pid, id, token, engine_end), Resp::Unit);
+        assert!(matches!(
+            st.request(2, pid, cq_req.clone()),
+            Resp::Err { .. }
+        ));
+        let Resp::Cq { handle: cq, .. } = st.request(1, pid, cq_req) else {
+            panic!()
+        };
+        app.set_nonblocking(true).unwrap();
+        let mut b = [0u8; 16];
+        let wc = IbvWc::default();
+        st.push_cqe(cq, wc); // not armed: no event
+        assert!((&app).read(&mut b).is_err());
+        let arm = Req::ReqNotifyCq {
+            cq,
+            solicited_only: false,
+        };
+        assert_eq!(st.request(1, pid, arm.clone()), Resp::Unit);
+        st.push_cqe(cq, wc);
+        st.push_cqe(cq, wc); // one event per arming
+        assert_eq!((&app).read(&mut b).unwrap(), 8);
+        assert_eq!(u64::from_ne_bytes(b[..8].try_into().unwrap()), 0xabcd);
+        assert!((&app).read(&mut b).is_err());
+        // Another connection cannot arm it; the owner's connection closing removes the channel.
+        assert!(matches!(st.request(2, pid, arm), Resp::Err { .. }));
+        st.drop_conn(1);
+        assert!(st.channels.is_empty());
+    }
+
+    #[test]
+    fn rnr_table() {
+        assert_eq!(rnr_delay(0), Duration::from_micros(655_360));
+        assert_eq!(rnr_delay(12), Duration::from_micros(640));
+    }
+
+    #[test]
+    fn scatter_gather_own_memory() {
+        let pid = std::process::id() as i32;
+        let mut a = vec![0u8; 8];
+        let mut b = vec![0u8; 8];
+        let segs = vec![(a.as_mut_ptr() as u64, 8u64), (b.as_mut_ptr() as u64, 8u64)];
+        let data: Vec<u8> = (0..12).collect();
+        scatter(pid, &segs, 2, &data).unwrap();
+        assert_eq!(a, [0, 0, 0, 1, 2, 3, 4, 5]);
+        assert_eq!(b, [6, 7, 8, 9, 10, 11, 0, 0]);
+        let mut back = vec![0u8; 12];
+        gather(pid, &segs, 2, &mut back).unwrap();
+        assert_eq!(back, data);
+        assert!(scatter(pid, &segs, 10, &data).is_err());
+    }
+
+    #[test]
+    fn qp_state_machine_checks() {
+        let mut st = State::new();
+        let pid = std::process::id() as i32;
+        let Resp::Handle(pd) = st.request(1, pid, Req::AllocPd) else {
+            panic!()
+        };
+        let Resp::Cq { handle: cq, .. } = st.request(
+            1,
+            pid,
+            Req::CreateCq {
+                cqe: 16,
+                channel: 0,
+                user: 0,
+            },
+        ) else {
+            panic!()
+        };
+        let Resp::Qp { qpn, .. } = st.request(
+            1,
+            pid,
+            Req::CreateQp {
+                pd,
+                send_cq: cq,
+                recv_cq: cq,
+                qp_type: IBV_QPT_RC,
+                sq_sig_all: false,
+                cap: Caps {
+                    max_send_wr: 4,
+                    max_recv_wr: 4,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+            },
+        ) else {
+            panic!()
+        };
+        // RESET -> RTR is illegal.
+        let a = QpAttrs {
+            qp_state: IBV_QPS_RTR,
+            ..Default::default()
+        };
+        assert!(st.modify_qp(qpn, IBV_QP_STATE, &a).is_err());
+        // RESET -> INIT needs pkey, port, access.
+        let mut a = QpAttrs {
+            qp_state: IBV_QPS_INIT,
+            port_num: 1,
+            ..Default::default()
+        };
+        assert!(st.modify_qp(qpn, IBV_QP_STATE | IBV_QP_PORT, &a).is_err());
+        let m = IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS;
+        st.modify_qp(qpn, m, &a).unwrap();
+        // post_send before RTS is refused.
+        let wr = SendWr {
+            wr_id: 1,
+            opcode: IBV_WR_SEND,
+            flags: 0,
+            imm: 0,
+            remote_addr: 0,
+            rkey: 0,
+            sges: vec![],
+            inline: None,
+        };
+        assert!(matches!(
+            st.post_send(1, qpn, vec![wr]),
+            Resp::Err { errno, .. } if errno == libc::EINVAL
+        ));
+        // INIT -> RTR requires an AV with an IPv4-mapped GID.
+        a.qp_state = IBV_QPS_RTR;
+        a.path_mtu = 3;
+        a.is_global = 1;
+        let rtr = IBV_QP_STATE
+            | IBV_QP_AV
+            | IBV_QP_PATH_MTU
+            | IBV_QP_DEST_QPN
+            | IBV_QP_RQ_PSN
+            | IBV_QP_MAX_DEST_RD_ATOMIC
+            | IBV_QP_MIN_RNR_TIMER;
+        assert!(st.modify_qp(qpn, rtr, &a).is_err());
+        a.dgid = device::gid_for(Ipv4Addr::LOCALHOST);
+        st.modify_qp(qpn, rtr, &a).unwrap();
+        // A receive posted, then ERR flushes it.
+        let r = RecvWr {
+            wr_id: 9,
+            sges: vec![],
+        };
+        assert_eq!(st.post_recv(1, qpn, vec![r]), Resp::Unit);
+        a.qp_state = IBV_QPS_ERR;
+        st.modify_qp(qpn, IBV_QP_STATE, &a).unwrap();
+        let Resp::Wcs(w) = st.request(1, pid, Req::PollCq { cq, max: 4 }) else {
+            panic!()
+        };
+        assert_eq!(w.len(), 1);
+        assert_eq!(w[0].wr_id, 9);
+        assert_eq!(w[0].status, IBV_WC_WR_FLUSH_ERR);
+        // Another connection cannot touch this QP.
+        assert!(matches!(
+            st.request(2, pid, Req::DestroyQp { qpn }),
+            Resp::Err { .. }
+        ));
+    }
+
+    #[test]
+    fn mr_access_rules() {
+        let mut st = State::new();
+        let pid = std::process::id() as i32;
+        let buf = vec![0u8; 4096];
+        let Resp::Handle(pd) = st.request(1, pid, Req::AllocPd) else {
+            panic!()
+        };
+        // Remote write without local write is refused.
+        let r = st.request(
+            1,
+            pid,
+            Req::RegMr {
+                pd,
+                addr: buf.as_ptr() as u64,
+                len: 4096,
+                access: IBV_ACCESS_REMOTE_WRITE,
+            },
+        );
+        assert!(matches!(r, Resp::Err { errno, .. } if errno == libc::EINVAL));
+        let Resp::Mr { rkey, .. } = st.request(
+            1,
+            pid,
+            Req::RegMr {
+                pd,
+                addr: buf.as_ptr() as u64,
+                len: 4096,
+                access: IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ,
+            },
+        ) else {
+            panic!()
+        };
+        let a = buf.as_ptr() as u64;
+        assert!(st
+            .check_remote(pd, rkey, a, 4096, IBV_ACCESS_REMOTE_READ)
+            .is_some());
+        assert!(st
+            .check_remote(pd, rkey, a + 1, 4096, IBV_ACCESS_REMOTE_READ)
+            .is_none());
+        assert!(st
+            .check_remote(pd, rkey, a, 16, IBV_ACCESS_REMOTE_WRITE)
+            .is_none());
+        assert!(st
+            .check_remote(pd, rkey ^ 0x100, a, 16, IBV_ACCESS_REMOTE_READ)
+            .is_none());
+        assert!(st
+            .check_remote(pd + 1, rkey, a, 16, IBV_ACCESS_REMOTE_READ)
+            .is_none());
+    }
+
+    /// Hostile packets against a live QP: arbitrary headers and payloads aimed at a QP that
+    /// has receives posted and sends, writes and reads in flight. The handler must never panic
+    /// and never write outside the registered MR (guard pages around it stay untouched).
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        const GUARD: usize = 4096;
+        const MR_LEN: usize = 8192;
+        const PEER_QPN: u32 = 0x77;
+
+        struct Rig {
+            st: State,
+            qpn: u32,
+            rkey: u32,
+            mr_addr: u64,
+            buf: Vec<u8>,
+            peer: SocketAddr,
+        }
+
+        fn rig() -> Rig {
+            let mut buf = vec![0xa5u8; GUARD + MR_LEN + GUARD];
+            let mut st = State::new();
+            let pid = std::process::id() as i32;
+            let Resp::Handle(pd) = st.request(1, pid, Req::AllocPd) else {
+                panic!()
+            };
+            let mr_addr = buf.as_mut_ptr() as u64 + GUARD as u64;
+            let Resp::Mr { lkey, rkey, .. } = st.request(
+                1,
+                pid,
+                Req::RegMr {
+                    pd,
+                    addr: mr_addr,
+                    len: MR_LEN as u64,
+                    access: IBV_ACCESS_LOCAL_WRITE
+                        | IBV_ACCESS_REMOTE_WRITE
+                        | IBV_ACCESS_REMOTE_READ,
+                },
+            ) else {
+                panic!()
+            };
+            let Resp::Cq { handle: cq, .. } = st.request(
+                1,
+                pid,
+                Req::CreateCq {
+                    cqe: 256,
+                    channel: 0,
+                    user: 0,
+                },
+            ) else {
+                panic!()
+            };
+            let Resp::Qp { qpn, .. } = st.request(
+                1,
+                pid,
+                Req::CreateQp {
+                    pd,
+                    send_cq: cq,
+                    recv_cq: cq,
+                    qp_type: IBV_QPT_RC,
+                    sq_sig_all: true,
+                    cap: Caps {
+                        max_send_wr: 16,
+                        max_recv_wr: 16,
+                        max_send_sge: 1,
+                        max_recv_sge: 1,
+                        max_inline_data: 0,
+                    },
+                },
+            ) else {
+                panic!()
+            };
+            let mut a = QpAttrs {
+                qp_state: IBV_QPS_INIT,
+                port_num: 1,
+                access_flags: IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+                ..Default::default()
+            };
+            let m = IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS;
+            st.modify_qp(qpn, m, &a).unwrap();
+            a.qp_state = IBV_QPS_RTR;
+            a.path_mtu = 1; // 256-byte packets: multi-packet messages
+            a.is_global = 1;
+            a.dgid = device::gid_for(Ipv4Addr::LOCALHOST);
+            a.dest_qp_num = PEER_QPN;
+            a.rq_psn = 1000;
+            a.min_rnr_timer = 1;
+            let rtr = IBV_QP_STATE
+                | IBV_QP_AV
+                | IBV_QP_PATH_MTU
+                | IBV_QP_DEST_QPN
+                | IBV_QP_RQ_PSN
+                | IBV_QP_MAX_DEST_RD_ATOMIC
+                | IBV_QP_MIN_RNR_TIMER;
+            st.modify_qp(qpn, rtr, &a).unwrap();
+            a.qp_state = IBV_QPS_RTS;
+            a.sq_psn = 5000;
+            a.timeout = 14;
+            a.retry_cnt = 7;
+            a.rnr_retry = 7;
+            let rts = IBV_QP_STATE
+                | IBV_QP_TIMEOUT
+                | IBV_QP_RETRY_CNT
+                | IBV_QP_RNR_RETRY
+                | IBV_QP_SQ_PSN
+                | IBV_QP_MAX_QP_RD_ATOMIC;
+            st.modify_qp(qpn, rts, &a).unwrap();
+            let sge = |off: u64, len: u32| Sge {
+                addr: mr_addr + off,
+                length: len,
+                lkey,
+            };
+            let recvs = (0..4)
+                .map(|i| RecvWr {
+                    wr_id: 100 + i,
+                    sges: vec![sge(i * 1024, 1024)],
+                })
+                .collect();
+            assert_eq!(st.post_recv(1, qpn, recvs), Resp::Unit);
+            let wr = |id: u64, opcode: i32, off: u64, len: u32| SendWr {
+                wr_id: id,
+                opcode,
+                flags: IBV_SEND_SIGNALED,
+                imm: 0,
+                remote_addr: 0x10_0000,
+                rkey: 9,
+                sges: vec![sge(off, len)],
+                inline: None,
+            };
+            let wrs = vec![
+                wr(1, IBV_WR_SEND, 4096, 600),
+                wr(2, IBV_WR_RDMA_WRITE, 5000, 300),
+                wr(3, IBV_WR_RDMA_READ, 6000, 700),
+            ];
+            assert!(matches!(st.post_send(1, qpn, wrs), Resp::Unit));
+            let now = Instant::now();
+            while st.next_packet(qpn, now).is_some() {}
+            st.out.clear();
+            let peer = SocketAddr::V4(SocketAddrV4::new(
+                Ipv4Addr::LOCALHOST,
+                device::ENGINE_UDP_PORT,
+            ));
+            Rig {
+                st,
+                qpn,
+                rkey,
+                mr_addr,
+                buf,
+                peer,
+            }
+        }
+
+        /// A header biased towards what the QP accepts (right QPNs, PSNs near the windows,
+        /// addresses near the MR), with arbitrary values mixed in.
+        fn hostile() -> impl Strategy<Value = (u8, Packet)> {
+            (
+                (1u8..=6, any::<u8>(), 0u8..8, 0u8..10),
+                (any::<u32>(), -140i32..140, any::<bool>(), any::<u32>()),
+                (0u32..3000, 0u32..3000, any::<u32>(), any::<bool>()),
+                (-5000i64..13000, any::<u64>(), 0u8..10, any::<u32>()),
+                proptest::collection::vec(any::<u8>(), 0..600),
+            )
+                .prop_map(
+                    |(
+                        (op, flags, syndrome, who),
+                        (qpn_any, dpsn, near_rq, psn_any),
+                        (msg_len, offset, len_any, small),
+                        (daddr, addr_any, key_pick, key_any),
+                        payload,
+                    )| {
+                        let base = if near_rq { 1000 } else { 5000 };
+                        let p = Packet {
+                            op,
+                            flags,
+                            syndrome,
+                            dst_qpn: qpn_any,
+                            src_qpn: PEER_QPN,
+                            psn: if dpsn == 139 {
+                                psn_any & wire::PSN_MASK
+                            } else {
+                                psn_add(base, dpsn as u32)
+                            },
+                            msg_len: if small { msg_len } else { len_any },
+                            offset,
+                            imm: 0,
+                            remote_addr: if key_pick == 0 {
+                                addr_any
+                            } else {
+                                daddr as u64
+                            },
+                            rkey: if key_pick == 1 { key_any } else { 0 },
+                            payload,
+                        };
+                        (who, p)
+                    },
+                )
+        }
+
+        /// The rig is live: an in-order WRITE from the peer lands in the MR and is ACKed, a
+        /// replay of it is only re-ACKed, and the same WRITE from a stranger is dropped.
+        #[test]
+        fn rig_accepts_valid_packets_and_counts_replays_and_strangers() {
+            let mut r = rig();
+            let w = Packet {
+                op: wire::OP_WRITE,
+                flags: wire::F_FIRST | wire::F_LAST | wire::F_ACKREQ,
+                dst_qpn: r.qpn,
+                src_qpn: PEER_QPN,
+                psn: 1000,
+                msg_len: 3,
+                remote_addr: r.mr_addr + 10,
+                rkey: r.rkey,
+                payload: vec![1, 2, 3],
+                ..Default::default()
+            };
+            let now = Instant::now();
+            r.st.on_packet(r.peer, w.clone(), now);
+            assert_eq!(&r.buf[GUARD + 10..GUARD + 13], &[1, 2, 3]);
+            assert_eq!(r.st.out.len(), 1, "ACKed");
+            let mut replay = w.clone();
+            replay.payload = vec![9, 9, 9];
+            r.st.on_packet(r.peer, replay, now);
+            assert_eq!(
+                &r.buf[GUARD + 10..GUARD + 13],
+                &[1, 2, 3],
+                "replay not applied"
+            );
+            assert_eq!(r.st.counters.rx_duplicate, 1);
+            let stranger = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(10, 9, 9, 9), 4791));
+            let mut next = w;
+            next.psn = 1001;
+            next.payload = vec![7, 7, 7];
+            r.st.on_packet(stranger, next, now);
+            assert_eq!(&r.buf[GUARD + 10..GUARD + 13], &[1, 2, 3]);
+            assert_eq!(r.st.counters.rx_dropped_unknown_qp, 1);
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+            #[test]
+            fn hostile_packets_never_panic_or_escape_the_mr(
+                pkts in proptest::collection::vec(hostile(), 1..40)
+            ) {
+                let mut r = rig();
+                let t0 = Instant::now();
+                for (i, (who, mut p)) in pkts.into_iter().enumerate() {
+                    // Mostly the QP from its peer; sometimes a stranger or another QPN.
+                    if who != 0 {
+                        p.dst_qpn = r.qpn;
+                    }
+                    if p.remote_addr < 13000 {
+                        p.remote_addr = r.mr_addr.wrapping_add(p.remote_addr).wrapping_sub(5000);
+                    }
+                    if p.rkey == 0 {
+                        p.rkey = r.rkey;
+                    }
+                    let from = if who == 1 {
+                        SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(10, 9, 9, 9), 4791))
+                    } else {
+                        r.peer
+                    };
+                    // Through the wire format, as the receive thread sees it.
+                    let b = p.encode();
+                    let p = Packet::decode(&b).expect("valid encoding");
+                    let now = t0 + Duration::from_millis(i as u64 * 30);
+                    r.st.on_packet(from, p, now);
+                    r.st.timers(now);
+                    for _ in 0..4 {
+                        let _ = r.st.next_packet(r.qpn, now);
+                    }
+                    r.st.out.clear();
+                }
+                prop_assert!(r.buf[..GUARD].iter().all(|&b| b == 0xa5), "front guard written");
+                prop_assert!(
+                    r.buf[GUARD + MR_LEN..].iter().all(|&b| b == 0xa5),
+                    "back guard written"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,807 @@
+//! C structures shared with libibverbs (rdma-core 44, provider ABI `IBVERBS_PRIVATE_34`).
+//!
+//! The public structures mirror `<infiniband/verbs.h>`; their layout is checked by the test
+//! `layout_matches_public_headers`, which compiles a C probe against the installed headers.
+//! The private structures (`driver.h`, not shipped by Debian) are declared here from the
+//! rdma-core 44 sources; their layout is checked against numbers obtained by compiling
+//! rdma-core 44's own definitions (see docs/softrnic.md, "Private ABI").
+//!
+//! Only the fields the provider reads or writes are named; the rest are opaque padding of the
+//! exact size.
+
+use libc::{c_char, c_int, c_void, pthread_cond_t, pthread_mutex_t};
+
+pub const IBV_SYSFS_NAME_MAX: usize = 64;
+pub const IBV_SYSFS_PATH_MAX: usize = 256;
+
+// ---------------------------------------------------------------------------------------------
+// Public structures (verbs.h)
+// ---------------------------------------------------------------------------------------------
+
+#[repr(C)]
+pub struct IbvDevice {
+    pub _ops: [*mut c_void; 2],
+    pub node_type: c_int,
+    pub transport_type: c_int,
+    pub name: [c_char; IBV_SYSFS_NAME_MAX],
+    pub dev_name: [c_char; IBV_SYSFS_NAME_MAX],
+    pub dev_path: [c_char; IBV_SYSFS_PATH_MAX],
+    pub ibdev_path: [c_char; IBV_SYSFS_PATH_MAX],
+}
+
+/// `struct ibv_context`; its 32 legacy op pointers are filled by libibverbs' `verbs_set_ops`.
+#[repr(C)]
+pub struct IbvContext {
+    pub device: *mut IbvDevice,
+    pub ops: [*mut c_void; 32],
+    pub cmd_fd: c_int,
+    pub async_fd: c_int,
+    pub num_comp_vectors: c_int,
+    pub mutex: pthread_mutex_t,
+    pub abi_compat: *mut c_void,
+}
+
+/// `struct verbs_context`: extended ops, then `priv`, then more ops, `sz`, and the
+/// `ibv_context` last.
+#[repr(C)]
+pub struct VerbsContext {
+    pub ops_head: [*mut c_void; 26],
+    pub priv_: *mut c_void,
+    pub ops_tail: [*mut c_void; 11],
+    pub _abi_placeholder3: u64,
+    pub sz: usize,
+    pub context: IbvContext,
+}
+
+#[repr(C)]
+pub struct IbvPd {
+    pub context: *mut IbvContext,
+    pub handle: u32,
+}
+
+#[repr(C)]
+pub struct IbvMr {
+    pub context: *mut IbvContext,
+    pub pd: *mut IbvPd,
+    pub addr: *mut c_void,
+    pub length: usize,
+    pub handle: u32,
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+#[repr(C)]
+pub struct IbvCq {
+    pub context: *mut IbvContext,
+    pub channel: *mut c_void,
+    pub cq_context: *mut c_void,
+    pub handle: u32,
+    pub cqe: c_int,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub comp_events_completed: u32,
+    pub async_events_completed: u32,
+}
+
+/// `struct ibv_comp_channel` (allocated with `malloc`: libibverbs `free`s it).
+#[repr(C)]
+pub struct IbvCompChannel {
+    pub context: *mut IbvContext,
+    pub fd: c_int,
+    pub refcnt: c_int,
+}
+
+#[repr(C)]
+pub struct IbvQp {
+    pub context: *mut IbvContext,
+    pub qp_context: *mut c_void,
+    pub pd: *mut IbvPd,
+    pub send_cq: *mut IbvCq,
+    pub recv_cq: *mut IbvCq,
+    pub srq: *mut c_void,
+    pub handle: u32,
+    pub qp_num: u32,
+    pub state: c_int,
+    pub qp_type: c_int,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub events_completed: u32,
+}
+
+/// Size of `struct ibv_qp_ex` (it starts with `struct ibv_qp qp_base`).
+pub const IBV_QP_EX_SIZE: usize = 352;
+
+#[repr(C)]
+pub struct IbvSge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+#[repr(C)]
+pub struct IbvSendWr {
+    pub wr_id: u64,
+    pub next: *mut IbvSendWr,
+    pub sg_list: *mut IbvSge,
+    pub num_sge: c_int,
+    pub opcode: c_int,
+    pub send_flags: u32,
+    /// `imm_data` (network order) / `invalidate_rkey`.
+    pub imm_data: u32,
+    /// union `wr`: rdma {remote_addr, rkey}, atomic {remote_addr, compare_add, swap, rkey},
+    /// ud {ah, remote_qpn, remote_qkey}.
+    pub wr: [u64; 4],
+    pub qp_type_xrc_remote_srqn: u32,
+    pub _pad: u32,
+    /// union {bind_mw, tso}
+    pub _bind_mw_tso: [u64; 6],
+}
+
+#[repr(C)]
+pub struct IbvRecvWr {
+    pub wr_id: u64,
+    pub next: *mut IbvRecvWr,
+    pub sg_list: *mut IbvSge,
+    pub num_sge: c_int,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IbvWc {
+    pub wr_id: u64,
+    pub status: c_int,
+    pub opcode: c_int,
+    pub vendor_err: u32,
+    pub byte_len: u32,
+    pub imm_data: u32,
+    pub qp_num: u32,
+    pub src_qp: u32,
+    pub wc_flags: u32,
+    pub pkey_index: u16,
+    pub slid: u16,
+    pub sl: u8,
+    pub dlid_path_bits: u8,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IbvQpCap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+#[repr(C)]
+pub struct IbvQpInitAttr {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut IbvCq,
+    pub recv_cq: *mut IbvCq,
+    pub srq: *mut c_void,
+    pub cap: IbvQpCap,
+    pub qp_type: c_int,
+    pub sq_sig_all: c_int,
+}
+
+/// `union ibv_gid` holds two `__be64`, so the route (and everything containing it) is 8-byte
+/// aligned.
+#[repr(C, align(8))]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IbvGlobalRoute {
+    pub dgid: [u8; 16],
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IbvAhAttr {
+    pub grh: IbvGlobalRoute,
+    pub dlid: u16,
+    pub sl: u8,
+    pub src_path_bits: u8,
+    pub static_rate: u8,
+    pub is_global: u8,
+    pub port_num: u8,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IbvQpAttr {
+    pub qp_state: c_int,
+    pub cur_qp_state: c_int,
+    pub path_mtu: c_int,
+    pub path_mig_state: c_int,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub qp_access_flags: u32,
+    pub cap: IbvQpCap,
+    pub ah_attr: IbvAhAttr,
+    pub alt_ah_attr: IbvAhAttr,
+    pub pkey_index: u16,
+    pub alt_pkey_index: u16,
+    pub en_sqd_async_notify: u8,
+    pub sq_draining: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub port_num: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub alt_port_num: u8,
+    pub alt_timeout: u8,
+    pub rate_limit: u32,
+}
+
+#[repr(C)]
+pub struct IbvPortAttr {
+    pub state: c_int,
+    pub max_mtu: c_int,
+    pub active_mtu: c_int,
+    pub gid_tbl_len: c_int,
+    pub port_cap_flags: u32,
+    pub max_msg_sz: u32,
+    pub bad_pkey_cntr: u32,
+    pub qkey_viol_cntr: u32,
+    pub pkey_tbl_len: u16,
+    pub lid: u16,
+    pub sm_lid: u16,
+    pub lmc: u8,
+    pub max_vl_num: u8,
+    pub sm_sl: u8,
+    pub subnet_timeout: u8,
+    pub init_type_reply: u8,
+    pub active_width: u8,
+    pub active_speed: u8,
+    pub phys_state: u8,
+    pub link_layer: u8,
+    pub flags: u8,
+    pub port_cap_flags2: u16,
+}
+
+#[repr(C)]
+pub struct IbvDeviceAttr {
+    pub fw_ver: [c_char; 64],
+    pub node_guid: u64,
+    pub sys_image_guid: u64,
+    pub max_mr_size: u64,
+    pub page_size_cap: u64,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub hw_ver: u32,
+    pub max_qp: c_int,
+    pub max_qp_wr: c_int,
+    pub device_cap_flags: u32,
+    pub max_sge: c_int,
+    pub max_sge_rd: c_int,
+    pub max_cq: c_int,
+    pub max_cqe: c_int,
+    pub max_mr: c_int,
+    pub max_pd: c_int,
+    pub max_qp_rd_atom: c_int,
+    pub max_ee_rd_atom: c_int,
+    pub max_res_rd_atom: c_int,
+    pub max_qp_init_rd_atom: c_int,
+    pub max_ee_init_rd_atom: c_int,
+    pub atomic_cap: c_int,
+    pub max_ee: c_int,
+    pub max_rdd: c_int,
+    pub max_mw: c_int,
+    pub max_raw_ipv6_qp: c_int,
+    pub max_raw_ethy_qp: c_int,
+    pub max_mcast_grp: c_int,
+    pub max_mcast_qp_attach: c_int,
+    pub max_total_mcast_qp_attach: c_int,
+    pub max_ah: c_int,
+    pub max_fmr: c_int,
+    pub max_map_per_fmr: c_int,
+    pub max_srq: c_int,
+    pub max_srq_wr: c_int,
+    pub max_srq_sge: c_int,
+    pub max_pkeys: u16,
+    pub local_ca_ack_delay: u8,
+    pub phys_port_cnt: u8,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Private structures (driver.h of rdma-core 44, PABI 34)
+// ---------------------------------------------------------------------------------------------
+
+#[repr(C)]
+pub struct ListNode {
+    pub next: *mut ListNode,
+    pub prev: *mut ListNode,
+}
+
+#[repr(C)]
+pub struct VerbsMatchEnt {
+    pub driver_data: *mut c_void,
+    /// union { const char *modalias; uint64_t driver_id; }
+    pub u: u64,
+    pub vendor: u16,
+    pub device: u16,
+    pub kind: u8,
+}
+
+#[repr(C)]
+pub struct VerbsSysfsDev {
+    pub entry: ListNode,
+    pub provider_data: *mut c_void,
+    pub match_: *const VerbsMatchEnt,
+    pub flags: u32,
+    pub sysfs_name: [c_char; IBV_SYSFS_NAME_MAX],
+    pub sysfs_cdev: libc::dev_t,
+    pub ibdev_name: [c_char; IBV_SYSFS_NAME_MAX],
+    pub ibdev_path: [c_char; IBV_SYSFS_PATH_MAX],
+    pub modalias: [c_char; 512],
+    pub node_guid: u64,
+    pub driver_id: u32,
+    pub node_type: c_int,
+    pub ibdev_idx: c_int,
+    pub num_ports: u32,
+    pub abi_ver: u32,
+    pub time_created: libc::timespec,
+}
+
+pub type AllocContextFn =
+    unsafe extern "C" fn(*mut IbvDevice, c_int, *mut c_void) -> *mut VerbsContext;
+pub type AllocDeviceFn = unsafe extern "C" fn(*mut VerbsSysfsDev) -> *mut VerbsDevice;
+pub type UninitDeviceFn = unsafe extern "C" fn(*mut VerbsDevice);
+pub type MatchDeviceFn = unsafe extern "C" fn(*mut VerbsSysfsDev) -> bool;
+
+#[repr(C)]
+pub struct VerbsDeviceOps {
+    pub name: *const c_char,
+    pub match_min_abi_version: u32,
+    pub match_max_abi_version: u32,
+    pub match_table: *const VerbsMatchEnt,
+    pub static_providers: *const *const VerbsDeviceOps,
+    pub match_device: Option<MatchDeviceFn>,
+    pub alloc_context: Option<AllocContextFn>,
+    pub import_context: *const c_void,
+    pub alloc_device: Option<AllocDeviceFn>,
+    pub uninit_device: Option<UninitDeviceFn>,
+}
+
+#[repr(C)]
+pub struct VerbsDevice {
+    pub device: IbvDevice,
+    pub ops: *const VerbsDeviceOps,
+    pub refcount: c_int,
+    pub entry: ListNode,
+    pub sysfs: *mut VerbsSysfsDev,
+    pub core_support: u64,
+}
+
+/// `struct verbs_mr`: what `reg_mr` must return (libibverbs' `ibv_dereg_mr` reads past the
+/// `ibv_mr`).
+#[repr(C)]
+pub struct VerbsMr {
+    pub ibv_mr: IbvMr,
+    pub mr_type: c_int,
+    pub access: c_int,
+}
+
+/// `struct verbs_qp`: `ibv_qp_to_qp_ex` reads `comp_mask` behind the `ibv_qp_ex` union.
+#[repr(C)]
+pub struct VerbsQp {
+    pub qp: IbvQp,
+    pub _qp_ex_rest: [u8; IBV_QP_EX_SIZE - std::mem::size_of::<IbvQp>()],
+    pub comp_mask: u32,
+    pub xrcd: *mut c_void,
+}
+
+/// Names of the 76 entries of `struct verbs_context_ops`, in declaration order.
+pub const VERBS_CONTEXT_OPS: [&str; 76] = [
+    "advise_mr",
+    "alloc_dm",
+    "alloc_mw",
+    "alloc_null_mr",
+    "alloc_parent_domain",
+    "alloc_pd",
+    "alloc_td",
+    "async_event",
+    "attach_counters_point_flow",
+    "attach_mcast",
+    "bind_mw",
+    "close_xrcd",
+    "cq_event",
+    "create_ah",
+    "create_counters",
+    "create_cq",
+    "create_cq_ex",
+    "create_flow",
+    "create_flow_action_esp",
+    "create_qp",
+    "create_qp_ex",
+    "create_rwq_ind_table",
+    "create_srq",
+    "create_srq_ex",
+    "create_wq",
+    "dealloc_mw",
+    "dealloc_pd",
+    "dealloc_td",
+    "dereg_mr",
+    "destroy_ah",
+    "destroy_counters",
+    "destroy_cq",
+    "destroy_flow",
+    "destroy_flow_action",
+    "destroy_qp",
+    "destroy_rwq_ind_table",
+    "destroy_srq",
+    "destroy_wq",
+    "detach_mcast",
+    "free_context",
+    "free_dm",
+    "get_srq_num",
+    "import_dm",
+    "import_mr",
+    "import_pd",
+    "modify_cq",
+    "modify_flow_action_esp",
+    "modify_qp",
+    "modify_qp_rate_limit",
+    "modify_srq",
+    "modify_wq",
+    "open_qp",
+    "open_xrcd",
+    "poll_cq",
+    "post_recv",
+    "post_send",
+    "post_srq_ops",
+    "post_srq_recv",
+    "query_device_ex",
+    "query_ece",
+    "query_port",
+    "query_qp",
+    "query_qp_data_in_order",
+    "query_rt_values",
+    "query_srq",
+    "read_counters",
+    "reg_dm_mr",
+    "reg_dmabuf_mr",
+    "reg_mr",
+    "req_notify_cq",
+    "rereg_mr",
+    "resize_cq",
+    "set_ece",
+    "unimport_dm",
+    "unimport_mr",
+    "unimport_pd",
+];
+
+/// `struct verbs_context_ops`: 76 function pointers in the order of [`VERBS_CONTEXT_OPS`].
+#[repr(C)]
+pub struct VerbsContextOps {
+    pub ops: [*const c_void; 76],
+}
+
+impl VerbsContextOps {
+    /// Index of an op by its rdma-core name.
+    pub fn index(name: &str) -> usize {
+        VERBS_CONTEXT_OPS
+            .iter()
+            .position(|n| *n == name)
+            .unwrap_or_else(|| panic!("unknown verbs_context_ops entry {name}"))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Constants of the verbs API used by provider and engine
+// ---------------------------------------------------------------------------------------------
+
+pub mod consts {
+    pub const IBV_QPS_RESET: i32 = 0;
+    pub const IBV_QPS_INIT: i32 = 1;
+    pub const IBV_QPS_RTR: i32 = 2;
+    pub const IBV_QPS_RTS: i32 = 3;
+    pub const IBV_QPS_SQD: i32 = 4;
+    pub const IBV_QPS_SQE: i32 = 5;
+    pub const IBV_QPS_ERR: i32 = 6;
+
+    pub const IBV_QPT_RC: i32 = 2;
+
+    pub const IBV_QP_STATE: i32 = 1;
+    pub const IBV_QP_CUR_STATE: i32 = 1 << 1;
+    pub const IBV_QP_ACCESS_FLAGS: i32 = 1 << 3;
+    pub const IBV_QP_PKEY_INDEX: i32 = 1 << 4;
+    pub const IBV_QP_PORT: i32 = 1 << 5;
+    pub const IBV_QP_AV: i32 = 1 << 7;
+    pub const IBV_QP_PATH_MTU: i32 = 1 << 8;
+    pub const IBV_QP_TIMEOUT: i32 = 1 << 9;
+    pub const IBV_QP_RETRY_CNT: i32 = 1 << 10;
+    pub const IBV_QP_RNR_RETRY: i32 = 1 << 11;
+    pub const IBV_QP_RQ_PSN: i32 = 1 << 12;
+    pub const IBV_QP_MAX_QP_RD_ATOMIC: i32 = 1 << 13;
+    pub const IBV_QP_MIN_RNR_TIMER: i32 = 1 << 15;
+    pub const IBV_QP_SQ_PSN: i32 = 1 << 16;
+    pub const IBV_QP_MAX_DEST_RD_ATOMIC: i32 = 1 << 17;
+    pub const IBV_QP_CAP: i32 = 1 << 19;
+    pub const IBV_QP_DEST_QPN: i32 = 1 << 20;
+
+    pub const IBV_ACCESS_LOCAL_WRITE: u32 = 1;
+    pub const IBV_ACCESS_REMOTE_WRITE: u32 = 2;
+    pub const IBV_ACCESS_REMOTE_READ: u32 = 4;
+    pub const IBV_ACCESS_REMOTE_ATOMIC: u32 = 8;
+
+    pub const IBV_WR_RDMA_WRITE: i32 = 0;
+    pub const IBV_WR_RDMA_WRITE_WITH_IMM: i32 = 1;
+    pub const IBV_WR_SEND: i32 = 2;
+    pub const IBV_WR_SEND_WITH_IMM: i32 = 3;
+    pub const IBV_WR_RDMA_READ: i32 = 4;
+
+    pub const IBV_SEND_SIGNALED: u32 = 2;
+    pub const IBV_SEND_INLINE: u32 = 8;
+
+    pub const IBV_WC_SUCCESS: i32 = 0;
+    pub const IBV_WC_LOC_LEN_ERR: i32 = 1;
+    pub const IBV_WC_LOC_QP_OP_ERR: i32 = 2;
+    pub const IBV_WC_LOC_PROT_ERR: i32 = 4;
+    pub const IBV_WC_WR_FLUSH_ERR: i32 = 5;
+    pub const IBV_WC_REM_INV_REQ_ERR: i32 = 9;
+    pub const IBV_WC_REM_ACCESS_ERR: i32 = 10;
+    pub const IBV_WC_REM_OP_ERR: i32 = 11;
+    pub const IBV_WC_RETRY_EXC_ERR: i32 = 12;
+    pub const IBV_WC_RNR_RETRY_EXC_ERR: i32 = 13;
+
+    pub const IBV_WC_SEND: i32 = 0;
+    pub const IBV_WC_RDMA_WRITE: i32 = 1;
+    pub const IBV_WC_RDMA_READ: i32 = 2;
+    pub const IBV_WC_RECV: i32 = 128;
+    pub const IBV_WC_RECV_RDMA_WITH_IMM: i32 = 129;
+
+    pub const IBV_WC_WITH_IMM: u32 = 2;
+
+    pub const IBV_PORT_ACTIVE: i32 = 4;
+    pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;
+    pub const IBV_MTU_4096: i32 = 5;
+}
+
+/// Bytes of an `ibv_mtu` enum value (1 = 256 … 5 = 4096).
+pub fn mtu_bytes(mtu: i32) -> Option<u32> {
+    match mtu {
+        1..=5 => Some(128u32 << mtu),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    /// Compile a C probe against the installed `<infiniband/verbs.h>` and compare every size
+    /// and offset it prints with the Rust declaration.
+    #[test]
+    fn layout_matches_public_headers() {
+        let checks: Vec<(&str, usize)> = vec![
+            ("sizeof ibv_device", size_of::<IbvDevice>()),
+            ("ibv_device.name", offset_of!(IbvDevice, name)),
+            ("ibv_device.ibdev_path", offset_of!(IbvDevice, ibdev_path)),
+            ("sizeof ibv_context_ops", size_of::<[*mut c_void; 32]>()),
+            ("sizeof ibv_context", size_of::<IbvContext>()),
+            ("ibv_context.cmd_fd", offset_of!(IbvContext, cmd_fd)),
+            ("ibv_context.async_fd", offset_of!(IbvContext, async_fd)),
+            ("ibv_context.mutex", offset_of!(IbvContext, mutex)),
+            ("ibv_context.abi_compat", offset_of!(IbvContext, abi_compat)),
+            ("sizeof verbs_context", size_of::<VerbsContext>()),
+            ("verbs_context.priv", offset_of!(VerbsContext, priv_)),
+            (
+                "verbs_context.query_device_ex",
+                offset_of!(VerbsContext, ops_tail),
+            ),
+            ("verbs_context.sz", offset_of!(VerbsContext, sz)),
+            ("verbs_context.context", offset_of!(VerbsContext, context)),
+            ("sizeof ibv_pd", size_of::<IbvPd>()),
+            ("sizeof ibv_mr", size_of::<IbvMr>()),
+            ("ibv_mr.lkey", offset_of!(IbvMr, lkey)),
+            ("ibv_mr.rkey", offset_of!(IbvMr, rkey)),
+            ("sizeof ibv_comp_channel", size_of::<IbvCompChannel>()),
+            ("ibv_comp_channel.fd", offset_of!(IbvCompChannel, fd)),
+            (
+                "ibv_comp_channel.refcnt",
+                offset_of!(IbvCompChannel, refcnt),
+            ),
+            ("sizeof ibv_cq", size_of::<IbvCq>()),
+            ("ibv_cq.cqe", offset_of!(IbvCq, cqe)),
+            ("ibv_cq.cond", offset_of!(IbvCq, cond)),
+            (
+                "ibv_cq.async_events_completed",
+                offset_of!(IbvCq, async_events_completed),
+            ),
+            ("sizeof ibv_qp", size_of::<IbvQp>()),
+            ("ibv_qp.qp_num", offset_of!(IbvQp, qp_num)),
+            ("ibv_qp.qp_type", offset_of!(IbvQp, qp_type)),
+            (
+                "ibv_qp.events_completed",
+                offset_of!(IbvQp, events_completed),
+            ),
+            ("sizeof ibv_qp_ex", IBV_QP_EX_SIZE),
+            ("sizeof ibv_sge", size_of::<IbvSge>()),
+            ("sizeof ibv_send_wr", size_of::<IbvSendWr>()),
+            ("ibv_send_wr.opcode", offset_of!(IbvSendWr, opcode)),
+            ("ibv_send_wr.send_flags", offset_of!(IbvSendWr, send_flags)),
+            ("ibv_send_wr.imm_data", offset_of!(IbvSendWr, imm_data)),
+            ("ibv_send_wr.wr.rdma.remote_addr", offset_of!(IbvSendWr, wr)),
+            ("ibv_send_wr.wr.rdma.rkey", offset_of!(IbvSendWr, wr) + 8),
+            ("ibv_send_wr.wr.atomic.rkey", offset_of!(IbvSendWr, wr) + 24),
+            (
+                "ibv_send_wr.qp_type",
+                offset_of!(IbvSendWr, qp_type_xrc_remote_srqn),
+            ),
+            ("ibv_send_wr.bind_mw", offset_of!(IbvSendWr, _bind_mw_tso)),
+            ("sizeof ibv_recv_wr", size_of::<IbvRecvWr>()),
+            ("sizeof ibv_wc", size_of::<IbvWc>()),
+            ("ibv_wc.byte_len", offset_of!(IbvWc, byte_len)),
+            ("ibv_wc.imm_data", offset_of!(IbvWc, imm_data)),
+            ("ibv_wc.wc_flags", offset_of!(IbvWc, wc_flags)),
+            ("ibv_wc.dlid_path_bits", offset_of!(IbvWc, dlid_path_bits)),
+            ("sizeof ibv_qp_init_attr", size_of::<IbvQpInitAttr>()),
+            ("ibv_qp_init_attr.cap", offset_of!(IbvQpInitAttr, cap)),
+            (
+                "ibv_qp_init_attr.sq_sig_all",
+                offset_of!(IbvQpInitAttr, sq_sig_all),
+            ),
+            ("sizeof ibv_qp_attr", size_of::<IbvQpAttr>()),
+            ("ibv_qp_attr.cap", offset_of!(IbvQpAttr, cap)),
+            ("ibv_qp_attr.ah_attr", offset_of!(IbvQpAttr, ah_attr)),
+            ("ibv_qp_attr.pkey_index", offset_of!(IbvQpAttr, pkey_index)),
+            ("ibv_qp_attr.timeout", offset_of!(IbvQpAttr, timeout)),
+            ("ibv_qp_attr.rate_limit", offset_of!(IbvQpAttr, rate_limit)),
+            ("sizeof ibv_ah_attr", size_of::<IbvAhAttr>()),
+            ("sizeof ibv_global_route", size_of::<IbvGlobalRoute>()),
+            ("ibv_ah_attr.dlid", offset_of!(IbvAhAttr, dlid)),
+            ("ibv_ah_attr.is_global", offset_of!(IbvAhAttr, is_global)),
+            (
+                "ibv_ah_attr.grh.sgid_index",
+                offset_of!(IbvGlobalRoute, sgid_index),
+            ),
+            ("sizeof ibv_port_attr", size_of::<IbvPortAttr>()),
+            (
+                "ibv_port_attr.link_layer",
+                offset_of!(IbvPortAttr, link_layer),
+            ),
+            (
+                "ibv_port_attr.port_cap_flags2",
+                offset_of!(IbvPortAttr, port_cap_flags2),
+            ),
+            ("sizeof ibv_device_attr", size_of::<IbvDeviceAttr>()),
+            (
+                "ibv_device_attr.node_guid",
+                offset_of!(IbvDeviceAttr, node_guid),
+            ),
+            ("ibv_device_attr.max_qp", offset_of!(IbvDeviceAttr, max_qp)),
+            (
+                "ibv_device_attr.max_pkeys",
+                offset_of!(IbvDeviceAttr, max_pkeys),
+            ),
+            (
+                "ibv_device_attr.phys_port_cnt",
+                offset_of!(IbvDeviceAttr, phys_port_cnt),
+            ),
+        ];
+        let mut c = String::from(
+            "#include <infiniband/verbs.h>\n#include <stdio.h>\n#include <stddef.h>\nint main(void){\n",
+        );
+        for (name, _) in &checks {
+            let expr = if let Some(t) = name.strip_prefix("sizeof ") {
+                format!("sizeof(struct {t})")
+            } else {
+                let (s, f) = name.split_once('.').unwrap();
+                format!("offsetof(struct {s}, {f})")
+            };
+            c.push_str(&format!("printf(\"%zu\\n\", (size_t){expr});\n"));
+        }
+        c.push_str("return 0;}\n");
+        let dir = std::env::temp_dir().join(format!("softrnic-probe-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("probe.c");
+        let bin = dir.join("probe");
+        std::fs::write(&src, c).unwrap();
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+        let st = std::process::Command::new(&cc)
+            .arg("-o")
+            .arg(&bin)
+            .arg(&src)
+            .status()
+            .expect("a C compiler (cc) is needed for the layout probe");
+        assert!(
+            st.success(),
+            "probe failed to compile (is libibverbs-dev installed?)"
+        );
+        let out = std::process::Command::new(&bin).output().unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let got: Vec<usize> = text.lines().map(|l| l.parse().unwrap()).collect();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(got.len(), checks.len());
+        let mut bad = Vec::new();
+        for ((name, rust), c) in checks.iter().zip(got) {
+            if *rust != c {
+                bad.push(format!("{name}: rust {rust} != C {c}"));
+            }
+        }
+        assert!(bad.is_empty(), "layout mismatches:\n{}", bad.join("\n"));
+    }
+
+    /// Private ABI (driver.h is not installed): numbers obtained by compiling rdma-core 44's
+    /// own definitions of these structures on x86_64 (see docs/softrnic.md).
+    #[test]
+    fn layout_matches_rdma_core_44_private_abi() {
+        assert_eq!(size_of::<VerbsMatchEnt>(), 24);
+        assert_eq!(offset_of!(VerbsMatchEnt, u), 8);
+        assert_eq!(offset_of!(VerbsMatchEnt, vendor), 16);
+        assert_eq!(offset_of!(VerbsMatchEnt, kind), 20);
+
+        assert_eq!(size_of::<VerbsSysfsDev>(), 992);
+        assert_eq!(offset_of!(VerbsSysfsDev, match_), 24);
+        assert_eq!(offset_of!(VerbsSysfsDev, sysfs_name), 36);
+        assert_eq!(offset_of!(VerbsSysfsDev, sysfs_cdev), 104);
+        assert_eq!(offset_of!(VerbsSysfsDev, ibdev_name), 112);
+        assert_eq!(offset_of!(VerbsSysfsDev, ibdev_path), 176);
+        assert_eq!(offset_of!(VerbsSysfsDev, modalias), 432);
+        assert_eq!(offset_of!(VerbsSysfsDev, node_guid), 944);
+        assert_eq!(offset_of!(VerbsSysfsDev, driver_id), 952);
+        assert_eq!(offset_of!(VerbsSysfsDev, node_type), 956);
+        assert_eq!(offset_of!(VerbsSysfsDev, ibdev_idx), 960);
+        assert_eq!(offset_of!(VerbsSysfsDev, num_ports), 964);
+        assert_eq!(offset_of!(VerbsSysfsDev, abi_ver), 968);
+        assert_eq!(offset_of!(VerbsSysfsDev, time_created), 976);
+
+        assert_eq!(size_of::<VerbsDeviceOps>(), 72);
+        assert_eq!(offset_of!(VerbsDeviceOps, match_min_abi_version), 8);
+        assert_eq!(offset_of!(VerbsDeviceOps, match_table), 16);
+        assert_eq!(offset_of!(VerbsDeviceOps, match_device), 32);
+        assert_eq!(offset_of!(VerbsDeviceOps, alloc_context), 40);
+        assert_eq!(offset_of!(VerbsDeviceOps, alloc_device), 56);
+        assert_eq!(offset_of!(VerbsDeviceOps, uninit_device), 64);
+
+        assert_eq!(size_of::<VerbsDevice>(), 712);
+        assert_eq!(offset_of!(VerbsDevice, ops), 664);
+        assert_eq!(offset_of!(VerbsDevice, refcount), 672);
+        assert_eq!(offset_of!(VerbsDevice, entry), 680);
+        assert_eq!(offset_of!(VerbsDevice, sysfs), 696);
+        assert_eq!(offset_of!(VerbsDevice, core_support), 704);
+
+        assert_eq!(size_of::<VerbsMr>(), 56);
+        assert_eq!(offset_of!(VerbsMr, mr_type), 48);
+        assert_eq!(offset_of!(VerbsMr, access), 52);
+
+        assert_eq!(size_of::<VerbsQp>(), 368);
+        assert_eq!(offset_of!(VerbsQp, comp_mask), 352);
+
+        assert_eq!(size_of::<VerbsContextOps>(), 608);
+        let off = |n: &str| VerbsContextOps::index(n) * 8;
+        assert_eq!(off("alloc_pd"), 40);
+        assert_eq!(off("create_cq"), 120);
+        assert_eq!(off("create_qp"), 152);
+        assert_eq!(off("dealloc_pd"), 208);
+        assert_eq!(off("dereg_mr"), 224);
+        assert_eq!(off("destroy_cq"), 248);
+        assert_eq!(off("destroy_qp"), 272);
+        assert_eq!(off("free_context"), 312);
+        assert_eq!(off("modify_qp"), 376);
+        assert_eq!(off("poll_cq"), 424);
+        assert_eq!(off("post_recv"), 432);
+        assert_eq!(off("post_send"), 440);
+        assert_eq!(off("query_device_ex"), 464);
+        assert_eq!(off("query_port"), 480);
+        assert_eq!(off("query_qp"), 488);
+        assert_eq!(off("reg_mr"), 544);
+        assert_eq!(off("req_notify_cq"), 552);
+        assert_eq!(off("unimport_pd"), 600);
+    }
+
+    #[test]
+    fn mtu_enum() {
+        assert_eq!(mtu_bytes(1), Some(256));
+        assert_eq!(mtu_bytes(5), Some(4096));
+        assert_eq!(mtu_bytes(0), None);
+    }
+}

@@ -1,0 +1,677 @@
+//! Emulated hosts: the run directory, `up`, `down`, `exec` and `addr`.
+//!
+//! Layout of a run directory:
+//! ```text
+//! <run>/state                      hosts, mode, namespace names, engine pids
+//! <run>/lib/libsoftrnic-rdmav34.so symlink to the provider next to the softrnic binary
+//! <run>/hosts/<h>/sys/...          the generated sysfs tree of host <h> (SYSFS_PATH)
+//! <run>/hosts/<h>/engine.sock      the engine's verbs socket
+//! <run>/hosts/<h>/engine.log       the engine's output
+//! <run>/hosts/<h>/stats            the engine's counters (`name value` lines)
+//! <run>/faults                     fault injection settings read by the engines
+//! ```
+
+use std::ffi::CString;
+use std::fs;
+use std::net::Ipv4Addr;
+use std::os::unix::fs::symlink;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use crate::device;
+use crate::faults::{FaultConfig, Faults, LinkSpec};
+
+/// Where /dev/infiniband users are counted (one file per run directory using it).
+const DEVDIR_USERS: &str = "/run/softrnic.devdir-users";
+const DEVDIR: &str = "/dev/infiniband";
+const SUBNET: [u8; 3] = [10, 77, 0];
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Host {
+    pub name: String,
+    pub ip: Ipv4Addr,
+    /// Network namespace name (under /run/netns), or None in loopback mode.
+    pub netns: Option<String>,
+    pub engine_pid: i32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunState {
+    pub tag: String,
+    pub hosts: Vec<Host>,
+    pub switch_netns: Option<String>,
+}
+
+impl RunState {
+    pub fn encode(&self) -> String {
+        let mut s = format!("tag {}\n", self.tag);
+        if let Some(sw) = &self.switch_netns {
+            s.push_str(&format!("switch {sw}\n"));
+        }
+        for h in &self.hosts {
+            s.push_str(&format!(
+                "host {} {} {} {}\n",
+                h.name,
+                h.ip,
+                h.netns.as_deref().unwrap_or("-"),
+                h.engine_pid
+            ));
+        }
+        s
+    }
+
+    pub fn decode(s: &str) -> Result<Self> {
+        let mut st = RunState {
+            tag: String::new(),
+            hosts: Vec::new(),
+            switch_netns: None,
+        };
+        for line in s.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            match f.as_slice() {
+                ["tag", t] => st.tag = t.to_string(),
+                ["switch", s] => st.switch_netns = Some(s.to_string()),
+                ["host", n, ip, ns, pid] => st.hosts.push(Host {
+                    name: n.to_string(),
+                    ip: ip.parse()?,
+                    netns: (*ns != "-").then(|| ns.to_string()),
+                    engine_pid: pid.parse()?,
+                }),
+                [] => {}
+                _ => bail!("bad state line: {line}"),
+            }
+        }
+        Ok(st)
+    }
+}
+
+/// The run directory: --run-dir, else $SOFTRNIC_RUN_DIR, else /run/softrnic.
+pub fn run_dir(arg: Option<PathBuf>) -> PathBuf {
+    arg.or_else(|| std::env::var_os("SOFTRNIC_RUN_DIR").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("/run/softrnic"))
+}
+
+/// Short tag unique to a run directory (names its namespaces and loopback addresses).
+pub fn tag_for(run: &Path) -> String {
+    let abs = std::path::absolute(run).unwrap_or_else(|_| run.to_path_buf());
+    // FNV-1a, 24 bits shown.
+    let mut h: u32 = 0x811c_9dc5;
+    for b in abs.as_os_str().as_encoded_bytes() {
+        h ^= *b as u32;
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    format!("{:06x}", h & 0xff_ffff)
+}
+
+/// Loopback address of host `i` (1-based) in loopback mode: 127.a.b.i, a/b from the tag.
+fn loopback_ip(tag: &str, i: usize) -> Ipv4Addr {
+    let v = u32::from_str_radix(tag, 16).unwrap_or(1);
+    let a = ((v >> 8) & 0xff) as u8 | 1; // never 127.0.x.x (127.0.0.1 is often special)
+    let b = (v & 0xff) as u8;
+    Ipv4Addr::new(127, a, b, i as u8)
+}
+
+fn state_path(run: &Path) -> PathBuf {
+    run.join("state")
+}
+
+pub fn load_state(run: &Path) -> Result<RunState> {
+    let p = state_path(run);
+    let s = fs::read_to_string(&p)
+        .with_context(|| format!("{} (is `softrnic up` running?)", p.display()))?;
+    RunState::decode(&s)
+}
+
+fn sh(cmd: &str, args: &[&str]) -> Result<()> {
+    let out = Command::new(cmd)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {cmd}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Whether this process may create network namespaces and veth links.
+pub fn can_netns() -> bool {
+    is_root() && Path::new("/run").exists() && which("ip")
+}
+
+fn which(cmd: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(cmd).is_file()))
+        .unwrap_or(false)
+}
+
+/// The provider library next to the running binary.
+fn provider_lib() -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let p = exe
+        .parent()
+        .ok_or_else(|| anyhow!("binary has no directory"))?
+        .join("libsoftrnic.so");
+    if !p.exists() {
+        bail!(
+            "provider {} not found (build with `cargo build -p softrnic`)",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+/// Write the sysfs tree libibverbs reads for one host.
+pub fn write_sysfs(root: &Path, ip: Ipv4Addr, engine_socket: &Path) -> Result<()> {
+    let verbs = root.join("class/infiniband_verbs");
+    let uv = verbs.join(device::UVERBS_NAME);
+    let ib = root.join("class/infiniband").join(device::IBDEV_NAME);
+    let port = ib.join("ports/1");
+    for d in [
+        &uv,
+        &port.join("gids"),
+        &port.join("gid_attrs/types"),
+        &port.join("pkeys"),
+    ] {
+        fs::create_dir_all(d)?;
+    }
+    let w = |p: PathBuf, s: &str| fs::write(&p, s).with_context(|| p.display().to_string());
+    w(
+        verbs.join("abi_version"),
+        &format!("{}\n", device::UVERBS_ABI),
+    )?;
+    w(uv.join("ibdev"), &format!("{}\n", device::IBDEV_NAME))?;
+    // dev 0:0: libibverbs then accepts whatever character device /dev/infiniband/uverbs0 is.
+    w(uv.join("dev"), "0:0\n")?;
+    w(uv.join("abi_version"), &format!("{}\n", device::UVERBS_ABI))?;
+    w(ib.join("node_type"), "1: CA\n")?;
+    let guid = device::guid_sysfs(device::node_guid(ip));
+    w(ib.join("node_guid"), &format!("{guid}\n"))?;
+    w(ib.join("sys_image_guid"), &format!("{guid}\n"))?;
+    w(ib.join("fw_ver"), &format!("{}\n", device::FW_VER))?;
+    w(ib.join("hca_type"), "softrnic\n")?;
+    w(ib.join("board_id"), "SOFTRNIC-0001\n")?;
+    w(
+        ib.join("softrnic_engine_socket"),
+        &format!("{}\n", engine_socket.display()),
+    )?;
+    let gid = device::gid_sysfs(&device::gid_for(ip));
+    w(port.join("gids/0"), &format!("{gid}\n"))?;
+    w(port.join("gid_attrs/types/0"), "RoCE v2\n")?;
+    w(port.join("pkeys/0"), "0xffff\n")?;
+    w(port.join("state"), "4: ACTIVE\n")?;
+    w(port.join("phys_state"), "5: LinkUp\n")?;
+    w(port.join("link_layer"), "Ethernet\n")?;
+    w(port.join("lid"), "0x0\n")?;
+    w(port.join("rate"), "25 Gb/sec (1X EDR)\n")?;
+    Ok(())
+}
+
+fn pid_is_our_engine(pid: i32, run: &Path) -> bool {
+    if pid <= 0 {
+        return false;
+    }
+    match fs::read(format!("/proc/{pid}/cmdline")) {
+        Ok(c) => {
+            let s = String::from_utf8_lossy(&c);
+            s.contains("engine") && s.contains(&*run.to_string_lossy())
+        }
+        Err(_) => false,
+    }
+}
+
+fn kill_engine(pid: i32, run: &Path) {
+    if !pid_is_our_engine(pid, run) {
+        return;
+    }
+    // SAFETY: kill has no memory-safety preconditions; pid was checked to be our engine.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let t = Instant::now();
+    while pid_is_our_engine(pid, run) && t.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if pid_is_our_engine(pid, run) {
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
+
+/// Tear down everything of a run directory, including leftovers of a crashed run.
+pub fn down(run: &Path) -> Result<()> {
+    let run = &std::path::absolute(run)?;
+    let tag = tag_for(run);
+    if let Ok(st) = load_state(run) {
+        for h in &st.hosts {
+            kill_engine(h.engine_pid, run);
+        }
+    }
+    // Engines whose pid never made it into the state file (crash during up).
+    if let Ok(rd) = fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            if let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() {
+                if pid != std::process::id() as i32 && pid_is_our_engine(pid, run) {
+                    kill_engine(pid, run);
+                }
+            }
+        }
+    }
+    // Namespaces named after this run's tag (veths die with their namespaces).
+    if let Ok(rd) = fs::read_dir("/run/netns") {
+        for e in rd.flatten() {
+            let n = e.file_name().to_string_lossy().to_string();
+            if n.starts_with(&format!("srn{tag}-")) {
+                let _ = sh("ip", &["netns", "del", &n]);
+            }
+        }
+    }
+    release_devdir(&tag);
+    if run.exists() {
+        fs::remove_dir_all(run).with_context(|| format!("removing {}", run.display()))?;
+    }
+    Ok(())
+}
+
+/// Make sure the mount point /dev/infiniband exists while any run uses it.
+fn acquire_devdir(tag: &str) -> Result<()> {
+    fs::create_dir_all(DEVDIR_USERS)?;
+    if !Path::new(DEVDIR).exists() {
+        fs::create_dir(DEVDIR).context("creating /dev/infiniband")?;
+        fs::write(Path::new(DEVDIR_USERS).join(".created"), "")?;
+    }
+    fs::write(Path::new(DEVDIR_USERS).join(tag), "")?;
+    Ok(())
+}
+
+fn release_devdir(tag: &str) {
+    let users = Path::new(DEVDIR_USERS);
+    let _ = fs::remove_file(users.join(tag));
+    let others = fs::read_dir(users)
+        .map(|rd| {
+            rd.flatten()
+                .any(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        })
+        .unwrap_or(false);
+    if !others && users.join(".created").exists() {
+        // Only an empty directory we created ourselves is removed.
+        let _ = fs::remove_dir(DEVDIR);
+        let _ = fs::remove_file(users.join(".created"));
+        let _ = fs::remove_dir(users);
+    } else if !others {
+        let _ = fs::remove_dir(users);
+    }
+}
+
+/// Fault injection requested at `up`: a seed, the faults of every link, per-link overrides
+/// (by host name).
+#[derive(Debug, Clone, Default)]
+pub struct UpFaults {
+    pub seed: u64,
+    pub default: Faults,
+    pub links: Vec<LinkSpec>,
+}
+
+/// Resolve link overrides given by host names to the engines' (host, address) form.
+fn resolve_faults(f: &UpFaults, hosts: &[Host]) -> Result<FaultConfig> {
+    let ip_of = |n: &str| {
+        hosts
+            .iter()
+            .find(|h| h.name == n)
+            .map(|h| h.ip)
+            .ok_or_else(|| anyhow!("--link-faults names unknown host {n}"))
+    };
+    let mut c = FaultConfig {
+        seed: f.seed,
+        default: f.default,
+        links: Vec::new(),
+    };
+    for l in &f.links {
+        ip_of(&l.src)?;
+        c.links.push((l.src.clone(), ip_of(&l.dst)?, l.faults));
+    }
+    Ok(c)
+}
+
+pub fn stats_path(run: &Path, host: &str) -> PathBuf {
+    run.join("hosts").join(host).join("stats")
+}
+
+/// The counters of host `name`'s engine.
+pub fn stats(run: &Path, name: &str) -> Result<String> {
+    let st = load_state(run)?;
+    if !st.hosts.iter().any(|h| h.name == name) {
+        bail!("no host {name} (hosts: {})", host_names(&st));
+    }
+    let p = stats_path(run, name);
+    fs::read_to_string(&p).with_context(|| format!("{}", p.display()))
+}
+
+/// Bring up `n` hosts. `loopback` forces loopback mode even when namespaces are possible.
+pub fn up(run: &Path, n: usize, loopback: bool, faults: &UpFaults) -> Result<RunState> {
+    if n == 0 || n > 200 {
+        bail!("--hosts must be between 1 and 200");
+    }
+    for l in &faults.links {
+        for h in [&l.src, &l.dst] {
+            let ok = h
+                .strip_prefix('h')
+                .and_then(|i| i.parse::<usize>().ok())
+                .is_some_and(|i| (1..=n).contains(&i));
+            if !ok {
+                bail!("--link-faults names unknown host {h} (hosts are h1..h{n})");
+            }
+        }
+    }
+    if !is_root() {
+        bail!("softrnic needs root (mount namespaces for /dev/infiniband; network namespaces)");
+    }
+    down(run)?;
+    let run = std::path::absolute(run)?;
+    let tag = tag_for(&run);
+    fs::create_dir_all(run.join("lib"))?;
+    fs::create_dir_all(run.join("hosts"))?;
+    let lib = provider_lib()?;
+    symlink(&lib, run.join("lib/libsoftrnic-rdmav34.so"))?;
+    let use_netns = !loopback && can_netns();
+    let mut st = RunState {
+        tag: tag.clone(),
+        hosts: Vec::new(),
+        switch_netns: None,
+    };
+    let res = (|| -> Result<()> {
+        acquire_devdir(&tag)?;
+        if use_netns {
+            let sw = format!("srn{tag}-sw");
+            sh("ip", &["netns", "add", &sw])?;
+            st.switch_netns = Some(sw.clone());
+            sh("ip", &["-n", &sw, "link", "add", "br0", "type", "bridge"])?;
+            sh("ip", &["-n", &sw, "link", "set", "br0", "up"])?;
+            for i in 1..=n {
+                let name = format!("h{i}");
+                let ns = format!("srn{tag}-{name}");
+                let ip = Ipv4Addr::new(SUBNET[0], SUBNET[1], SUBNET[2], i as u8);
+                sh("ip", &["netns", "add", &ns])?;
+                let port = format!("p{i}");
+                sh(
+                    "ip",
+                    &[
+                        "-n", &sw, "link", "add", &port, "mtu", "9000", "type", "veth", "peer",
+                        "name", "eth0", "mtu", "9000", "netns", &ns,
+                    ],
+                )?;
+                sh("ip", &["-n", &sw, "link", "set", &port, "master", "br0"])?;
+                sh("ip", &["-n", &sw, "link", "set", &port, "up"])?;
+                sh(
+                    "ip",
+                    &["-n", &ns, "addr", "add", &format!("{ip}/24"), "dev", "eth0"],
+                )?;
+                sh("ip", &["-n", &ns, "link", "set", "eth0", "up"])?;
+                sh("ip", &["-n", &ns, "link", "set", "lo", "up"])?;
+                st.hosts.push(Host {
+                    name,
+                    ip,
+                    netns: Some(ns),
+                    engine_pid: 0,
+                });
+            }
+        } else {
+            for i in 1..=n {
+                st.hosts.push(Host {
+                    name: format!("h{i}"),
+                    ip: loopback_ip(&tag, i),
+                    netns: None,
+                    engine_pid: 0,
+                });
+            }
+        }
+        let faults_file = run.join("faults");
+        fs::write(&faults_file, resolve_faults(faults, &st.hosts)?.encode())?;
+        let exe = std::env::current_exe()?;
+        for i in 0..st.hosts.len() {
+            let h = st.hosts[i].clone();
+            let dir = run.join("hosts").join(&h.name);
+            fs::create_dir_all(&dir)?;
+            let sock = dir.join("engine.sock");
+            write_sysfs(&dir.join("sys"), h.ip, &sock)?;
+            let log = fs::File::create(dir.join("engine.log"))?;
+            let mut cmd = Command::new(&exe);
+            cmd.arg("--run-dir")
+                .arg(&run)
+                .arg("engine")
+                .arg("--host")
+                .arg(&h.name)
+                .arg("--ip")
+                .arg(h.ip.to_string())
+                .arg("--socket")
+                .arg(&sock)
+                .arg("--faults")
+                .arg(&faults_file)
+                .arg("--stats")
+                .arg(stats_path(&run, &h.name));
+            if let Some(ns) = &h.netns {
+                cmd.arg("--netns").arg(ns);
+            }
+            cmd.stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log);
+            // SAFETY: setsid is async-signal-safe; the engine leaves our session so that it
+            // outlives `up` and is not hit by the terminal's signals.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::setsid();
+                    Ok(())
+                });
+            }
+            let child = cmd.spawn().context("starting engine")?;
+            st.hosts[i].engine_pid = child.id() as i32;
+            fs::write(state_path(&run), st.encode())?;
+            let t = Instant::now();
+            while !sock.exists() {
+                if t.elapsed() > Duration::from_secs(10) {
+                    let log = fs::read_to_string(dir.join("engine.log")).unwrap_or_default();
+                    bail!("engine of {} did not start: {log}", h.name);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        fs::write(state_path(&run), st.encode())?;
+        Ok(())
+    })();
+    if let Err(e) = res {
+        let _ = fs::write(state_path(&run), st.encode());
+        let _ = down(&run);
+        return Err(e);
+    }
+    Ok(st)
+}
+
+fn enter_netns(ns: &str) -> Result<()> {
+    let p = CString::new(format!("/run/netns/{ns}"))?;
+    // SAFETY: p is a valid C string; the fd is closed after setns.
+    unsafe {
+        let fd = libc::open(p.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            bail!("opening netns {ns}: {}", std::io::Error::last_os_error());
+        }
+        let r = libc::setns(fd, libc::CLONE_NEWNET);
+        let e = std::io::Error::last_os_error();
+        libc::close(fd);
+        if r != 0 {
+            bail!("setns {ns}: {e}");
+        }
+    }
+    Ok(())
+}
+
+/// Enter a host's network namespace (engine side).
+pub fn enter_host_netns(ns: &str) -> Result<()> {
+    enter_netns(ns)
+}
+
+/// Private mount namespace with a tmpfs on /dev/infiniband holding `uverbs0`.
+fn private_devdir() -> Result<()> {
+    let none = CString::new("none")?;
+    let root = CString::new("/")?;
+    let dev = CString::new(DEVDIR)?;
+    let tmpfs = CString::new("tmpfs")?;
+    let opts = CString::new("mode=0755,size=64k")?;
+    let node = CString::new(format!("{DEVDIR}/{}", device::UVERBS_NAME))?;
+    // SAFETY: plain syscalls with valid NUL-terminated strings; this runs single-threaded
+    // before exec, and only affects this process's own new mount namespace.
+    unsafe {
+        if libc::unshare(libc::CLONE_NEWNS) != 0 {
+            bail!("unshare(CLONE_NEWNS): {}", std::io::Error::last_os_error());
+        }
+        if libc::mount(
+            none.as_ptr(),
+            root.as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ) != 0
+        {
+            bail!("making / private: {}", std::io::Error::last_os_error());
+        }
+        if libc::mount(
+            tmpfs.as_ptr(),
+            dev.as_ptr(),
+            tmpfs.as_ptr(),
+            libc::MS_NOSUID | libc::MS_NOEXEC,
+            opts.as_ptr() as *const libc::c_void,
+        ) != 0
+        {
+            bail!(
+                "mounting tmpfs on {DEVDIR}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        // Character device 1:7 (the kernel's "full" device): opening succeeds, ioctl() fails
+        // with ENOTTY so libibverbs falls back to its sysfs paths, and any kernel command it
+        // would write() fails loudly (ENOSPC) instead of silently succeeding.
+        if libc::mknod(node.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 7)) != 0 {
+            bail!(
+                "mknod {DEVDIR}/uverbs0: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Replace this process with `cmd` running "on" host `name`.
+pub fn exec(run: &Path, name: &str, cmd: &[String]) -> Result<()> {
+    if cmd.is_empty() {
+        bail!("no command given");
+    }
+    let run = std::path::absolute(run)?;
+    let st = load_state(&run)?;
+    let h = st
+        .hosts
+        .iter()
+        .find(|h| h.name == name)
+        .ok_or_else(|| anyhow!("no host {name} (hosts: {})", host_names(&st)))?;
+    if let Some(ns) = &h.netns {
+        enter_netns(ns)?;
+    }
+    private_devdir()?;
+    let dir = run.join("hosts").join(&h.name);
+    // Preloaded so that its ibv_create_comp_channel interposes libibverbs' kernel command (the
+    // same object libibverbs later loads as the provider).
+    let provider = run.join("lib/libsoftrnic-rdmav34.so");
+    let preload = match std::env::var("LD_PRELOAD") {
+        Ok(p) if !p.is_empty() => format!("{} {p}", provider.display()),
+        _ => provider.display().to_string(),
+    };
+    let err = Command::new(&cmd[0])
+        .args(&cmd[1..])
+        .env("LD_PRELOAD", preload)
+        .env("SYSFS_PATH", dir.join("sys"))
+        .env("RDMAV_DRIVERS", run.join("lib/libsoftrnic"))
+        .env("SOFTRNIC_HOST", &h.name)
+        .env("SOFTRNIC_HOST_IP", h.ip.to_string())
+        .exec();
+    Err(anyhow!("exec {}: {err}", cmd[0]))
+}
+
+fn host_names(st: &RunState) -> String {
+    st.hosts
+        .iter()
+        .map(|h| h.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub fn addr(run: &Path, name: &str) -> Result<Ipv4Addr> {
+    let st = load_state(run)?;
+    st.hosts
+        .iter()
+        .find(|h| h.name == name)
+        .map(|h| h.ip)
+        .ok_or_else(|| anyhow!("no host {name} (hosts: {})", host_names(&st)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_roundtrip() {
+        let st = RunState {
+            tag: "abc123".into(),
+            switch_netns: Some("srnabc123-sw".into()),
+            hosts: vec![
+                Host {
+                    name: "h1".into(),
+                    ip: Ipv4Addr::new(10, 77, 0, 1),
+                    netns: Some("srnabc123-h1".into()),
+                    engine_pid: 42,
+                },
+                Host {
+                    name: "h2".into(),
+                    ip: Ipv4Addr::new(127, 1, 2, 2),
+                    netns: None,
+                    engine_pid: 43,
+                },
+            ],
+        };
+        assert_eq!(RunState::decode(&st.encode()).unwrap(), st);
+    }
+
+    #[test]
+    fn tags_and_loopback_addresses() {
+        let a = tag_for(Path::new("/tmp/a"));
+        let b = tag_for(Path::new("/tmp/b"));
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 6);
+        let ip = loopback_ip(&a, 3);
+        assert_eq!(ip.octets()[0], 127);
+        assert_eq!(ip.octets()[3], 3);
+        assert_ne!(ip.octets()[1], 0);
+    }
+
+    #[test]
+    fn sysfs_tree() {
+        let d = std::env::temp_dir().join(format!("softrnic-sysfs-{}", std::process::id()));
+        write_sysfs(&d, Ipv4Addr::new(10, 77, 0, 1), Path::new("/x/engine.sock")).unwrap();
+        let r = |p: &str| fs::read_to_string(d.join(p)).unwrap();
+        assert_eq!(r("class/infiniband_verbs/abi_version"), "6\n");
+        assert_eq!(r("class/infiniband_verbs/uverbs0/ibdev"), "softrnic0\n");
+        assert_eq!(
+            r("class/infiniband/softrnic0/ports/1/gids/0"),
+            "0000:0000:0000:0000:0000:ffff:0a4d:0001\n"
+        );
+        fs::remove_dir_all(&d).unwrap();
+    }
+}

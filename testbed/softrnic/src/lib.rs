@@ -1,0 +1,19 @@
+//! softrnic: a software RDMA NIC for the stock rdma-core user space.
+//!
+//! - [`provider`]: the libibverbs provider (this crate's cdylib, `libsoftrnic.so`);
+//! - [`engine`]: the NIC engine of one emulated host;
+//! - [`faults`]: seeded per-link fault injection (loss, duplication, reordering, delay);
+//! - [`hosts`]: emulated hosts (namespaces or loopback), `up`/`down`/`exec`/`addr`;
+//! - [`ffi`], [`proto`], [`wire`], [`device`]: C layouts, the provider-engine protocol, the
+//!   engine-engine packet format, and what the device reports.
+//!
+//! See docs/softrnic.md.
+
+pub mod device;
+pub mod engine;
+pub mod faults;
+pub mod ffi;
+pub mod hosts;
+pub mod proto;
+pub mod provider;
+pub mod wire;

@@ -1,0 +1,176 @@
+//! The `softrnic` command: bring emulated hosts with software RDMA NICs up and down, and run
+//! unmodified verbs programs on them.
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+use softrnic::{engine, faults, hosts};
+
+#[derive(Parser)]
+#[command(
+    name = "softrnic",
+    version,
+    about = "A software RDMA NIC for stock rdma-core"
+)]
+struct Cli {
+    /// Run directory (default: $SOFTRNIC_RUN_DIR, else /run/softrnic).
+    #[arg(long, global = true)]
+    run_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Create hosts h1..hN, each with a NIC engine (tears down an earlier run first).
+    Up {
+        #[arg(long, default_value_t = 2)]
+        hosts: usize,
+        /// Use loopback addresses even where network namespaces could be created.
+        #[arg(long)]
+        loopback: bool,
+        /// Fault injection on every link: probability that a packet is lost.
+        #[arg(long, default_value_t = 0.0, value_parser = probability)]
+        loss: f64,
+        /// Probability that a packet is duplicated (the copy arrives up to 2 ms later).
+        #[arg(long, default_value_t = 0.0, value_parser = probability)]
+        dup: f64,
+        /// Probability that a packet is held back 0.2-2 ms (later packets overtake it).
+        #[arg(long, default_value_t = 0.0, value_parser = probability)]
+        reorder: f64,
+        /// Delay added to every packet, in microseconds.
+        #[arg(long, default_value_t = 0)]
+        delay_us: u64,
+        /// Seed of the fault injection's pseudo-random streams (one per link).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Faults of one link direction, overriding the above: SRC:DST:key=value,...
+        /// (keys loss, dup, reorder, delay_us), e.g. h1:h2:loss=0.05,delay_us=200.
+        #[arg(long = "link-faults")]
+        link_faults: Vec<faults::LinkSpec>,
+    },
+    /// Print the counters of host NAME's engine (packets, drops, duplicates, faults).
+    Stats { name: String },
+    /// Run a program as if on host NAME, with its softrnic device visible.
+    Exec {
+        #[arg(long)]
+        host: String,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        cmd: Vec<String>,
+    },
+    /// Print the IP address of host NAME.
+    Addr { name: String },
+    /// List the hosts of the current run.
+    Status,
+    /// Tear everything down (engines, namespaces, run directory).
+    Down,
+    /// Run the NIC engine of one host (started by `up`).
+    #[command(hide = true)]
+    Engine {
+        #[arg(long)]
+        host: String,
+        #[arg(long)]
+        ip: Ipv4Addr,
+        #[arg(long)]
+        socket: PathBuf,
+        #[arg(long)]
+        netns: Option<String>,
+        #[arg(long)]
+        faults: Option<PathBuf>,
+        #[arg(long)]
+        stats: Option<PathBuf>,
+    },
+}
+
+fn probability(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
+        _ => Err(format!("{s:?} is not a probability between 0 and 1")),
+    }
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let run = hosts::run_dir(cli.run_dir);
+    match cli.cmd {
+        Cmd::Up {
+            hosts: n,
+            loopback,
+            loss,
+            dup,
+            reorder,
+            delay_us,
+            seed,
+            link_faults,
+        } => {
+            let f = hosts::UpFaults {
+                seed,
+                default: faults::Faults {
+                    loss,
+                    dup,
+                    reorder,
+                    delay_us,
+                },
+                links: link_faults,
+            };
+            let st = hosts::up(&run, n, loopback, &f)?;
+            for h in &st.hosts {
+                println!(
+                    "{} {} {}",
+                    h.name,
+                    h.ip,
+                    h.netns.as_deref().unwrap_or("(loopback)")
+                );
+            }
+        }
+        Cmd::Exec { host, cmd } => hosts::exec(&run, &host, &cmd)?,
+        Cmd::Addr { name } => println!("{}", hosts::addr(&run, &name)?),
+        Cmd::Status => {
+            let st = hosts::load_state(&run)?;
+            for h in &st.hosts {
+                println!(
+                    "{} {} {} engine pid {}",
+                    h.name,
+                    h.ip,
+                    h.netns.as_deref().unwrap_or("(loopback)"),
+                    h.engine_pid
+                );
+            }
+        }
+        Cmd::Stats { name } => print!("{}", hosts::stats(&run, &name)?),
+        Cmd::Down => hosts::down(&run)?,
+        Cmd::Engine {
+            host,
+            ip,
+            socket,
+            netns,
+            faults: faults_file,
+            stats,
+        } => {
+            if let Some(ns) = netns {
+                hosts::enter_host_netns(&ns)?;
+            }
+            let faults = match faults_file {
+                Some(p) => {
+                    let s = std::fs::read_to_string(&p)
+                        .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+                    faults::FaultConfig::decode(&s)
+                        .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?
+                }
+                None => faults::FaultConfig::default(),
+            };
+            engine::run(engine::EngineConfig {
+                host,
+                ip,
+                udp_port: softrnic::device::ENGINE_UDP_PORT,
+                socket,
+                faults,
+                stats,
+            })?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,766 @@
+//! The verbs protocol between the provider (inside the application) and its host's NIC engine.
+//!
+//! Transport: a Unix stream socket per opened device context; every message is a frame
+//! `u32 length (LE) | body`. A request body is `u32 opcode | fields`, a response body is
+//! `i32 errno (0 = ok) | fields`. All integers are little endian.
+
+use std::io::{self, Read, Write};
+
+use thiserror::Error;
+
+use crate::ffi::IbvWc;
+
+/// Largest frame either side accepts (inline data is bounded far below this).
+pub const MAX_FRAME: usize = 1 << 20;
+
+#[derive(Debug, Error)]
+pub enum WireError {
+    #[error("message truncated")]
+    Truncated,
+    #[error("unknown opcode {0}")]
+    Opcode(u32),
+    #[error("frame too large: {0} bytes")]
+    TooLarge(usize),
+    #[error("io: {0}")]
+    Io(#[from] io::Error),
+}
+
+pub fn write_frame(w: &mut impl Write, body: &[u8]) -> io::Result<()> {
+    let mut buf = Vec::with_capacity(body.len() + 4);
+    buf.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    buf.extend_from_slice(body);
+    w.write_all(&buf)
+}
+
+pub fn read_frame(r: &mut impl Read) -> Result<Vec<u8>, WireError> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len)?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(WireError::TooLarge(len));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body)?;
+    Ok(body)
+}
+
+#[derive(Default)]
+pub struct Enc(pub Vec<u8>);
+
+impl Enc {
+    pub fn u8(&mut self, v: u8) -> &mut Self {
+        self.0.push(v);
+        self
+    }
+    pub fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn i32(&mut self, v: i32) -> &mut Self {
+        self.u32(v as u32)
+    }
+    pub fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn bytes(&mut self, v: &[u8]) -> &mut Self {
+        self.u32(v.len() as u32);
+        self.0.extend_from_slice(v);
+        self
+    }
+}
+
+pub struct Dec<'a>(pub &'a [u8]);
+
+impl<'a> Dec<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        if self.0.len() < n {
+            return Err(WireError::Truncated);
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    pub fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.take(1)?[0])
+    }
+    pub fn u32(&mut self) -> Result<u32, WireError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+    pub fn i32(&mut self) -> Result<i32, WireError> {
+        Ok(self.u32()? as i32)
+    }
+    pub fn u64(&mut self) -> Result<u64, WireError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+    pub fn bytes(&mut self) -> Result<&'a [u8], WireError> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+}
+
+/// QP capabilities as negotiated by create_qp.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Caps {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+impl Caps {
+    fn enc(&self, e: &mut Enc) {
+        e.u32(self.max_send_wr)
+            .u32(self.max_recv_wr)
+            .u32(self.max_send_sge)
+            .u32(self.max_recv_sge)
+            .u32(self.max_inline_data);
+    }
+    fn dec(d: &mut Dec) -> Result<Self, WireError> {
+        Ok(Caps {
+            max_send_wr: d.u32()?,
+            max_recv_wr: d.u32()?,
+            max_send_sge: d.u32()?,
+            max_recv_sge: d.u32()?,
+            max_inline_data: d.u32()?,
+        })
+    }
+}
+
+/// The subset of `ibv_qp_attr` the engine implements.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QpAttrs {
+    pub qp_state: i32,
+    pub cur_qp_state: i32,
+    pub path_mtu: i32,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub access_flags: u32,
+    pub pkey_index: u16,
+    pub port_num: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub dgid: [u8; 16],
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub is_global: u8,
+    pub dlid: u16,
+    pub sl: u8,
+    pub ah_port_num: u8,
+}
+
+impl QpAttrs {
+    fn enc(&self, e: &mut Enc) {
+        e.i32(self.qp_state)
+            .i32(self.cur_qp_state)
+            .i32(self.path_mtu)
+            .u32(self.qkey)
+            .u32(self.rq_psn)
+            .u32(self.sq_psn)
+            .u32(self.dest_qp_num)
+            .u32(self.access_flags)
+            .u32(self.pkey_index as u32)
+            .u8(self.port_num)
+            .u8(self.max_rd_atomic)
+            .u8(self.max_dest_rd_atomic)
+            .u8(self.min_rnr_timer)
+            .u8(self.timeout)
+            .u8(self.retry_cnt)
+            .u8(self.rnr_retry);
+        e.0.extend_from_slice(&self.dgid);
+        e.u8(self.sgid_index)
+            .u8(self.hop_limit)
+            .u8(self.is_global)
+            .u32(self.dlid as u32)
+            .u8(self.sl)
+            .u8(self.ah_port_num);
+    }
+    fn dec(d: &mut Dec) -> Result<Self, WireError> {
+        let mut a = QpAttrs {
+            qp_state: d.i32()?,
+            cur_qp_state: d.i32()?,
+            path_mtu: d.i32()?,
+            qkey: d.u32()?,
+            rq_psn: d.u32()?,
+            sq_psn: d.u32()?,
+            dest_qp_num: d.u32()?,
+            access_flags: d.u32()?,
+            pkey_index: d.u32()? as u16,
+            port_num: d.u8()?,
+            max_rd_atomic: d.u8()?,
+            max_dest_rd_atomic: d.u8()?,
+            min_rnr_timer: d.u8()?,
+            timeout: d.u8()?,
+            retry_cnt: d.u8()?,
+            rnr_retry: d.u8()?,
+            ..Default::default()
+        };
+        a.dgid.copy_from_slice(d.take(16)?);
+        a.sgid_index = d.u8()?;
+        a.hop_limit = d.u8()?;
+        a.is_global = d.u8()?;
+        a.dlid = d.u32()? as u16;
+        a.sl = d.u8()?;
+        a.ah_port_num = d.u8()?;
+        Ok(a)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendWr {
+    pub wr_id: u64,
+    pub opcode: i32,
+    pub flags: u32,
+    /// Immediate data, in the byte order the application gave it (network order).
+    pub imm: u32,
+    pub remote_addr: u64,
+    pub rkey: u32,
+    pub sges: Vec<Sge>,
+    /// Data copied at post time for `IBV_SEND_INLINE` (then `sges` is empty).
+    pub inline: Option<Vec<u8>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecvWr {
+    pub wr_id: u64,
+    pub sges: Vec<Sge>,
+}
+
+fn enc_sges(e: &mut Enc, s: &[Sge]) {
+    e.u32(s.len() as u32);
+    for g in s {
+        e.u64(g.addr).u32(g.length).u32(g.lkey);
+    }
+}
+
+fn dec_sges(d: &mut Dec) -> Result<Vec<Sge>, WireError> {
+    let n = d.u32()? as usize;
+    if n > 1024 {
+        return Err(WireError::TooLarge(n));
+    }
+    (0..n)
+        .map(|_| {
+            Ok(Sge {
+                addr: d.u64()?,
+                length: d.u32()?,
+                lkey: d.u32()?,
+            })
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Req {
+    AllocPd,
+    DeallocPd {
+        pd: u32,
+    },
+    RegMr {
+        pd: u32,
+        addr: u64,
+        len: u64,
+        access: u32,
+    },
+    DeregMr {
+        lkey: u32,
+    },
+    /// `channel`: a completion channel of this connection (0: none); `user`: the application's
+    /// `struct ibv_cq *`, which completion events carry.
+    CreateCq {
+        cqe: u32,
+        channel: u32,
+        user: u64,
+    },
+    DestroyCq {
+        cq: u32,
+    },
+    PollCq {
+        cq: u32,
+        max: u32,
+    },
+    CreateQp {
+        pd: u32,
+        send_cq: u32,
+        recv_cq: u32,
+        qp_type: i32,
+        sq_sig_all: bool,
+        cap: Caps,
+    },
+    ModifyQp {
+        qpn: u32,
+        mask: i32,
+        attr: QpAttrs,
+    },
+    QueryQp {
+        qpn: u32,
+    },
+    DestroyQp {
+        qpn: u32,
+    },
+    PostSend {
+        qpn: u32,
+        wrs: Vec<SendWr>,
+    },
+    PostRecv {
+        qpn: u32,
+        wrs: Vec<RecvWr>,
+    },
+    /// A completion channel; answered with its id and a secret for [`Req::AttachChannel`].
+    CreateChannel,
+    /// First and only request on a second connection of the same process: this connection
+    /// becomes the channel's event stream (8-byte `cq_handle` records, as the kernel's
+    /// `struct ib_uverbs_comp_event_desc`); closing it destroys the channel.
+    AttachChannel {
+        id: u32,
+        token: u64,
+    },
+    /// Arm a CQ: the next completion added to it sends one event on its channel.
+    ReqNotifyCq {
+        cq: u32,
+        solicited_only: bool,
+    },
+}
+
+impl Req {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Enc::default();
+        match self {
+            Req::AllocPd => {
+                e.u32(1);
+            }
+            Req::DeallocPd { pd } => {
+                e.u32(2).u32(*pd);
+            }
+            Req::RegMr {
+                pd,
+                addr,
+                len,
+                access,
+            } => {
+                e.u32(3).u32(*pd).u64(*addr).u64(*len).u32(*access);
+            }
+            Req::DeregMr { lkey } => {
+                e.u32(4).u32(*lkey);
+            }
+            Req::CreateCq { cqe, channel, user } => {
+                e.u32(5).u32(*cqe).u32(*channel).u64(*user);
+            }
+            Req::DestroyCq { cq } => {
+                e.u32(6).u32(*cq);
+            }
+            Req::PollCq { cq, max } => {
+                e.u32(7).u32(*cq).u32(*max);
+            }
+            Req::CreateQp {
+                pd,
+                send_cq,
+                recv_cq,
+                qp_type,
+                sq_sig_all,
+                cap,
+            } => {
+                e.u32(8)
+                    .u32(*pd)
+                    .u32(*send_cq)
+                    .u32(*recv_cq)
+                    .i32(*qp_type)
+                    .u8(*sq_sig_all as u8);
+                cap.enc(&mut e);
+            }
+            Req::ModifyQp { qpn, mask, attr } => {
+                e.u32(9).u32(*qpn).i32(*mask);
+                attr.enc(&mut e);
+            }
+            Req::QueryQp { qpn } => {
+                e.u32(10).u32(*qpn);
+            }
+            Req::DestroyQp { qpn } => {
+                e.u32(11).u32(*qpn);
+            }
+            Req::PostSend { qpn, wrs } => {
+                e.u32(12).u32(*qpn).u32(wrs.len() as u32);
+                for w in wrs {
+                    e.u64(w.wr_id)
+                        .i32(w.opcode)
+                        .u32(w.flags)
+                        .u32(w.imm)
+                        .u64(w.remote_addr)
+                        .u32(w.rkey);
+                    enc_sges(&mut e, &w.sges);
+                    match &w.inline {
+                        Some(b) => {
+                            e.u8(1).bytes(b);
+                        }
+                        None => {
+                            e.u8(0);
+                        }
+                    }
+                }
+            }
+            Req::PostRecv { qpn, wrs } => {
+                e.u32(13).u32(*qpn).u32(wrs.len() as u32);
+                for w in wrs {
+                    e.u64(w.wr_id);
+                    enc_sges(&mut e, &w.sges);
+                }
+            }
+            Req::CreateChannel => {
+                e.u32(14);
+            }
+            Req::AttachChannel { id, token } => {
+                e.u32(15).u32(*id).u64(*token);
+            }
+            Req::ReqNotifyCq { cq, solicited_only } => {
+                e.u32(16).u32(*cq).u8(*solicited_only as u8);
+            }
+        }
+        e.0
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Self, WireError> {
+        let mut d = Dec(b);
+        let op = d.u32()?;
+        Ok(match op {
+            1 => Req::AllocPd,
+            2 => Req::DeallocPd { pd: d.u32()? },
+            3 => Req::RegMr {
+                pd: d.u32()?,
+                addr: d.u64()?,
+                len: d.u64()?,
+                access: d.u32()?,
+            },
+            4 => Req::DeregMr { lkey: d.u32()? },
+            5 => Req::CreateCq {
+                cqe: d.u32()?,
+                channel: d.u32()?,
+                user: d.u64()?,
+            },
+            6 => Req::DestroyCq { cq: d.u32()? },
+            7 => Req::PollCq {
+                cq: d.u32()?,
+                max: d.u32()?,
+            },
+            8 => Req::CreateQp {
+                pd: d.u32()?,
+                send_cq: d.u32()?,
+                recv_cq: d.u32()?,
+                qp_type: d.i32()?,
+                sq_sig_all: d.u8()? != 0,
+                cap: Caps::dec(&mut d)?,
+            },
+            9 => Req::ModifyQp {
+                qpn: d.u32()?,
+                mask: d.i32()?,
+                attr: QpAttrs::dec(&mut d)?,
+            },
+            10 => Req::QueryQp { qpn: d.u32()? },
+            11 => Req::DestroyQp { qpn: d.u32()? },
+            12 => {
+                let qpn = d.u32()?;
+                let n = d.u32()? as usize;
+                let mut wrs = Vec::with_capacity(n.min(1024));
+                for _ in 0..n {
+                    let wr_id = d.u64()?;
+                    let opcode = d.i32()?;
+                    let flags = d.u32()?;
+                    let imm = d.u32()?;
+                    let remote_addr = d.u64()?;
+                    let rkey = d.u32()?;
+                    let sges = dec_sges(&mut d)?;
+                    let inline = if d.u8()? != 0 {
+                        Some(d.bytes()?.to_vec())
+                    } else {
+                        None
+                    };
+                    wrs.push(SendWr {
+                        wr_id,
+                        opcode,
+                        flags,
+                        imm,
+                        remote_addr,
+                        rkey,
+                        sges,
+                        inline,
+                    });
+                }
+                Req::PostSend { qpn, wrs }
+            }
+            13 => {
+                let qpn = d.u32()?;
+                let n = d.u32()? as usize;
+                let mut wrs = Vec::with_capacity(n.min(1024));
+                for _ in 0..n {
+                    wrs.push(RecvWr {
+                        wr_id: d.u64()?,
+                        sges: dec_sges(&mut d)?,
+                    });
+                }
+                Req::PostRecv { qpn, wrs }
+            }
+            14 => Req::CreateChannel,
+            15 => Req::AttachChannel {
+                id: d.u32()?,
+                token: d.u64()?,
+            },
+            16 => Req::ReqNotifyCq {
+                cq: d.u32()?,
+                solicited_only: d.u8()? != 0,
+            },
+            o => return Err(WireError::Opcode(o)),
+        })
+    }
+}
+
+/// Response payloads (the request determines which one follows the errno).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resp {
+    /// errno != 0; for post_send/post_recv the index of the first rejected WR follows.
+    Err {
+        errno: i32,
+        bad_index: u32,
+    },
+    Unit,
+    Handle(u32),
+    Mr {
+        lkey: u32,
+        rkey: u32,
+    },
+    Cq {
+        handle: u32,
+        cqe: u32,
+    },
+    Qp {
+        qpn: u32,
+        cap: Caps,
+    },
+    QpAttr {
+        attr: QpAttrs,
+        cap: Caps,
+        qp_type: i32,
+        sq_sig_all: bool,
+    },
+    Wcs(Vec<IbvWc>),
+    Channel {
+        id: u32,
+        token: u64,
+    },
+}
+
+impl Resp {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Enc::default();
+        match self {
+            Resp::Err { errno, bad_index } => {
+                e.i32(*errno).u32(*bad_index);
+            }
+            Resp::Unit => {
+                e.i32(0);
+            }
+            Resp::Handle(h) => {
+                e.i32(0).u32(*h);
+            }
+            Resp::Mr { lkey, rkey } => {
+                e.i32(0).u32(*lkey).u32(*rkey);
+            }
+            Resp::Cq { handle, cqe } => {
+                e.i32(0).u32(*handle).u32(*cqe);
+            }
+            Resp::Channel { id, token } => {
+                e.i32(0).u32(*id).u64(*token);
+            }
+            Resp::Qp { qpn, cap } => {
+                e.i32(0).u32(*qpn);
+                cap.enc(&mut e);
+            }
+            Resp::QpAttr {
+                attr,
+                cap,
+                qp_type,
+                sq_sig_all,
+            } => {
+                e.i32(0);
+                attr.enc(&mut e);
+                cap.enc(&mut e);
+                e.i32(*qp_type).u8(*sq_sig_all as u8);
+            }
+            Resp::Wcs(wcs) => {
+                e.i32(0).u32(wcs.len() as u32);
+                for w in wcs {
+                    e.u64(w.wr_id)
+                        .i32(w.status)
+                        .i32(w.opcode)
+                        .u32(w.vendor_err)
+                        .u32(w.byte_len)
+                        .u32(w.imm_data)
+                        .u32(w.qp_num)
+                        .u32(w.src_qp)
+                        .u32(w.wc_flags);
+                }
+            }
+        }
+        e.0
+    }
+
+    /// Decode a response to `req`.
+    pub fn decode(req: &Req, b: &[u8]) -> Result<Self, WireError> {
+        let mut d = Dec(b);
+        let errno = d.i32()?;
+        if errno != 0 {
+            let bad_index = d.u32().unwrap_or(0);
+            return Ok(Resp::Err { errno, bad_index });
+        }
+        Ok(match req {
+            Req::AllocPd => Resp::Handle(d.u32()?),
+            Req::RegMr { .. } => Resp::Mr {
+                lkey: d.u32()?,
+                rkey: d.u32()?,
+            },
+            Req::CreateCq { .. } => Resp::Cq {
+                handle: d.u32()?,
+                cqe: d.u32()?,
+            },
+            Req::CreateChannel => Resp::Channel {
+                id: d.u32()?,
+                token: d.u64()?,
+            },
+            Req::CreateQp { .. } => Resp::Qp {
+                qpn: d.u32()?,
+                cap: Caps::dec(&mut d)?,
+            },
+            Req::QueryQp { .. } => Resp::QpAttr {
+                attr: QpAttrs::dec(&mut d)?,
+                cap: Caps::dec(&mut d)?,
+                qp_type: d.i32()?,
+                sq_sig_all: d.u8()? != 0,
+            },
+            Req::PollCq { .. } => {
+                let n = d.u32()? as usize;
+                let mut v = Vec::with_capacity(n.min(4096));
+                for _ in 0..n {
+                    v.push(IbvWc {
+                        wr_id: d.u64()?,
+                        status: d.i32()?,
+                        opcode: d.i32()?,
+                        vendor_err: d.u32()?,
+                        byte_len: d.u32()?,
+                        imm_data: d.u32()?,
+                        qp_num: d.u32()?,
+                        src_qp: d.u32()?,
+                        wc_flags: d.u32()?,
+                        ..Default::default()
+                    });
+                }
+                Resp::Wcs(v)
+            }
+            _ => Resp::Unit,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_roundtrip() {
+        let reqs = vec![
+            Req::AllocPd,
+            Req::CreateCq {
+                cqe: 9,
+                channel: 2,
+                user: 0x7fff_0000_1234,
+            },
+            Req::CreateChannel,
+            Req::AttachChannel {
+                id: 5,
+                token: 0x1122_3344_5566_7788,
+            },
+            Req::ReqNotifyCq {
+                cq: 4,
+                solicited_only: true,
+            },
+            Req::RegMr {
+                pd: 3,
+                addr: 0xdead_beef,
+                len: 4096,
+                access: 7,
+            },
+            Req::ModifyQp {
+                qpn: 17,
+                mask: 0x1234,
+                attr: QpAttrs {
+                    qp_state: 3,
+                    dgid: [7; 16],
+                    dlid: 300,
+                    ..Default::default()
+                },
+            },
+            Req::PostSend {
+                qpn: 9,
+                wrs: vec![SendWr {
+                    wr_id: 42,
+                    opcode: 2,
+                    flags: 10,
+                    imm: 5,
+                    remote_addr: 1,
+                    rkey: 2,
+                    sges: vec![Sge {
+                        addr: 1,
+                        length: 2,
+                        lkey: 3,
+                    }],
+                    inline: Some(vec![1, 2, 3]),
+                }],
+            },
+            Req::PostRecv {
+                qpn: 9,
+                wrs: vec![RecvWr {
+                    wr_id: 1,
+                    sges: vec![],
+                }],
+            },
+        ];
+        for r in reqs {
+            assert_eq!(Req::decode(&r.encode()).unwrap(), r);
+        }
+    }
+
+    #[test]
+    fn response_roundtrip_and_truncation() {
+        let req = Req::PollCq { cq: 1, max: 4 };
+        let wc = IbvWc {
+            wr_id: 9,
+            byte_len: 100,
+            qp_num: 17,
+            ..Default::default()
+        };
+        let r = Resp::Wcs(vec![wc, wc]);
+        let enc = r.encode();
+        assert_eq!(Resp::decode(&req, &enc).unwrap(), r);
+        for cut in 0..enc.len() - 1 {
+            assert!(Resp::decode(&req, &enc[..cut]).is_err() || cut == 0);
+        }
+        for cut in 0..8 {
+            let _ = Req::decode(&Req::AllocPd.encode()[..cut.min(4)]);
+        }
+        let r = Resp::Channel {
+            id: 3,
+            token: u64::MAX - 5,
+        };
+        assert_eq!(Resp::decode(&Req::CreateChannel, &r.encode()).unwrap(), r);
+    }
+}

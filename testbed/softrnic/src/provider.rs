@@ -1,0 +1,1017 @@
+//! The libibverbs provider (`libsoftrnic-rdmav34.so`).
+//!
+//! libibverbs dlopens this library (through `RDMAV_DRIVERS`); its ELF constructor registers a
+//! `verbs_device_ops` with `verbs_register_driver_34`. Every verb is forwarded to the host's
+//! NIC engine over a Unix socket whose path the generated sysfs tree carries
+//! (`<ibdev_path>/softrnic_engine_socket`). No panic unwinds into C: every entry point runs in
+//! `catch_unwind` and turns a panic into an error return.
+
+use std::collections::HashMap;
+use std::ffi::{CStr, CString};
+use std::mem::{offset_of, size_of};
+use std::os::fd::IntoRawFd;
+use std::os::unix::net::UnixStream;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr::{null, null_mut};
+use std::sync::{Mutex, OnceLock};
+
+use libc::{c_char, c_int, c_void};
+
+use crate::device;
+use crate::ffi::consts::*;
+use crate::ffi::*;
+use crate::proto::{self, Caps, QpAttrs, RecvWr, Req, Resp, SendWr, Sge};
+
+/// rdma-core's provider ABI version this provider is written for.
+pub const PABI_VERSION: &CStr = c"IBVERBS_PRIVATE_34";
+
+type InitAndAllocFn =
+    unsafe extern "C" fn(*mut IbvDevice, c_int, usize, *mut VerbsContext, u32) -> *mut c_void;
+type UninitFn = unsafe extern "C" fn(*mut VerbsContext);
+type SetOpsFn = unsafe extern "C" fn(*mut VerbsContext, *const VerbsContextOps);
+type RegisterFn = unsafe extern "C" fn(*const VerbsDeviceOps);
+
+struct LibFns {
+    init_and_alloc: InitAndAllocFn,
+    uninit: UninitFn,
+    set_ops: SetOpsFn,
+}
+
+static LIB: OnceLock<LibFns> = OnceLock::new();
+
+struct SyncOps(VerbsDeviceOps);
+// SAFETY: the ops table is immutable after construction and only holds pointers to static data
+// and functions, so sharing it between threads is sound.
+unsafe impl Sync for SyncOps {}
+
+static DEVICE_OPS: SyncOps = SyncOps(VerbsDeviceOps {
+    name: c"softrnic".as_ptr(),
+    match_min_abi_version: device::UVERBS_ABI,
+    match_max_abi_version: device::UVERBS_ABI,
+    match_table: null(),
+    static_providers: null(),
+    match_device: Some(match_device),
+    alloc_context: Some(alloc_context),
+    import_context: null(),
+    alloc_device: Some(alloc_device),
+    uninit_device: Some(uninit_device),
+});
+
+struct SyncCtxOps(VerbsContextOps);
+// SAFETY: immutable table of function pointers.
+unsafe impl Sync for SyncCtxOps {}
+// SAFETY: see above; the table is only read.
+unsafe impl Send for SyncCtxOps {}
+
+static CTX_OPS: OnceLock<SyncCtxOps> = OnceLock::new();
+
+fn ctx_ops() -> &'static VerbsContextOps {
+    &CTX_OPS
+        .get_or_init(|| {
+            let mut t = VerbsContextOps { ops: [null(); 76] };
+            let mut set = |name: &str, f: *const c_void| t.ops[VerbsContextOps::index(name)] = f;
+            set("query_device_ex", query_device_ex as *const c_void);
+            set("query_port", query_port as *const c_void);
+            set("alloc_pd", alloc_pd as *const c_void);
+            set("dealloc_pd", dealloc_pd as *const c_void);
+            set("reg_mr", reg_mr as *const c_void);
+            set("dereg_mr", dereg_mr as *const c_void);
+            set("create_cq", create_cq as *const c_void);
+            set("destroy_cq", destroy_cq as *const c_void);
+            set("poll_cq", poll_cq as *const c_void);
+            set("req_notify_cq", req_notify_cq as *const c_void);
+            set("create_qp", create_qp as *const c_void);
+            set("modify_qp", modify_qp as *const c_void);
+            set("query_qp", query_qp as *const c_void);
+            set("destroy_qp", destroy_qp as *const c_void);
+            set("post_send", post_send as *const c_void);
+            set("post_recv", post_recv as *const c_void);
+            set("free_context", free_context as *const c_void);
+            SyncCtxOps(t)
+        })
+        .0
+}
+
+/// ELF constructor: runs when libibverbs dlopens the provider.
+#[used]
+#[link_section = ".init_array"]
+static REGISTER: extern "C" fn() = register;
+
+extern "C" fn register() {
+    let _ = catch_unwind(|| {
+        // SAFETY: dlopen with RTLD_NOLOAD only returns a handle if libibverbs is already loaded
+        // in this process (it is, when it is the one loading us); the names are NUL-terminated.
+        let h = unsafe {
+            libc::dlopen(
+                c"libibverbs.so.1".as_ptr(),
+                libc::RTLD_NOW | libc::RTLD_NOLOAD,
+            )
+        };
+        if h.is_null() {
+            return; // not loaded by libibverbs (e.g. linked into the softrnic command)
+        }
+        let sym = |name: &CStr| {
+            // SAFETY: h is a valid handle; name and version are NUL-terminated strings.
+            unsafe { libc::dlvsym(h, name.as_ptr(), PABI_VERSION.as_ptr()) }
+        };
+        let reg = sym(c"verbs_register_driver_34");
+        let init = sym(c"_verbs_init_and_alloc_context");
+        let uninit = sym(c"verbs_uninit_context");
+        let set_ops = sym(c"verbs_set_ops");
+        if reg.is_null() || init.is_null() || uninit.is_null() || set_ops.is_null() {
+            eprintln!(
+                "softrnic: this libibverbs does not export the {} provider ABI; device disabled",
+                PABI_VERSION.to_string_lossy()
+            );
+            return;
+        }
+        // SAFETY: the symbols were found with the exact private ABI version whose prototypes
+        // the type aliases above declare (rdma-core 44's driver.h).
+        unsafe {
+            let _ = LIB.set(LibFns {
+                init_and_alloc: std::mem::transmute::<*mut c_void, InitAndAllocFn>(init),
+                uninit: std::mem::transmute::<*mut c_void, UninitFn>(uninit),
+                set_ops: std::mem::transmute::<*mut c_void, SetOpsFn>(set_ops),
+            });
+            let reg = std::mem::transmute::<*mut c_void, RegisterFn>(reg);
+            reg(&DEVICE_OPS.0);
+        }
+    });
+}
+
+fn set_errno(e: c_int) {
+    // SAFETY: __errno_location always returns the valid thread-local errno slot.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// Run `f`, turning a panic into `on_panic` (never unwind into C).
+fn guard<R>(on_panic: R, f: impl FnOnce() -> R) -> R {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or(on_panic)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device
+// ---------------------------------------------------------------------------------------------
+
+#[repr(C)]
+struct SrDevice {
+    vdev: VerbsDevice,
+    engine_socket: CString,
+    guid: u64,
+}
+
+fn cstr_field(b: &[c_char]) -> String {
+    let bytes: Vec<u8> = b
+        .iter()
+        .take_while(|c| **c != 0)
+        .map(|c| *c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+unsafe extern "C" fn match_device(sysfs: *mut VerbsSysfsDev) -> bool {
+    guard(false, || {
+        // SAFETY: libibverbs passes a valid, initialised sysfs device.
+        let s = unsafe { &*sysfs };
+        cstr_field(&s.ibdev_name).starts_with("softrnic")
+    })
+}
+
+unsafe extern "C" fn alloc_device(sysfs: *mut VerbsSysfsDev) -> *mut VerbsDevice {
+    guard(null_mut(), || {
+        // SAFETY: libibverbs passes a valid, initialised sysfs device.
+        let s = unsafe { &*sysfs };
+        let path = cstr_field(&s.ibdev_path);
+        let sock = match std::fs::read_to_string(format!("{path}/softrnic_engine_socket")) {
+            Ok(v) => v.trim().to_string(),
+            Err(e) => {
+                eprintln!("softrnic: {path}: no engine socket: {e}");
+                return null_mut();
+            }
+        };
+        let guid = std::fs::read_to_string(format!("{path}/node_guid"))
+            .ok()
+            .and_then(|g| u64::from_str_radix(&g.trim().replace(':', ""), 16).ok())
+            .unwrap_or(0);
+        let Ok(engine_socket) = CString::new(sock) else {
+            return null_mut();
+        };
+        let dev = Box::new(SrDevice {
+            // SAFETY: VerbsDevice is plain C data (integers, arrays, raw pointers) for which
+            // all-zero is the state libibverbs expects from a fresh allocation.
+            vdev: unsafe { std::mem::zeroed() },
+            engine_socket,
+            guid,
+        });
+        Box::into_raw(dev) as *mut VerbsDevice
+    })
+}
+
+unsafe extern "C" fn uninit_device(vdev: *mut VerbsDevice) {
+    guard((), || {
+        // SAFETY: vdev was created by alloc_device as the first field of a boxed SrDevice.
+        drop(unsafe { Box::from_raw(vdev as *mut SrDevice) });
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Context
+// ---------------------------------------------------------------------------------------------
+
+struct CtxState {
+    conn: Mutex<UnixStream>,
+    guid: u64,
+    socket: String,
+}
+
+/// Contexts made by this provider (`ibv_context *`), so that the interposed
+/// `ibv_create_comp_channel` knows which ones are softrnic's.
+static CONTEXTS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+/// Completion channels made by `ibv_create_comp_channel` below: `ibv_comp_channel *` → id.
+static CHANNELS: Mutex<Option<HashMap<usize, u32>>> = Mutex::new(None);
+
+fn is_our_context(ctx: *mut IbvContext) -> bool {
+    CONTEXTS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains(&(ctx as usize))
+}
+
+fn channel_id(ch: *mut c_void) -> Option<u32> {
+    CHANNELS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()?
+        .get(&(ch as usize))
+        .copied()
+}
+
+type CreateCompChannelFn = unsafe extern "C" fn(*mut IbvContext) -> *mut IbvCompChannel;
+
+/// libibverbs' own `ibv_create_comp_channel` (a kernel command), for other devices.
+fn real_create_comp_channel() -> Option<CreateCompChannelFn> {
+    // SAFETY: RTLD_NOLOAD only finds an already loaded libibverbs; names are NUL-terminated.
+    unsafe {
+        let h = libc::dlopen(
+            c"libibverbs.so.1".as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_NOLOAD,
+        );
+        if h.is_null() {
+            return None;
+        }
+        let f = libc::dlvsym(
+            h,
+            c"ibv_create_comp_channel".as_ptr(),
+            c"IBVERBS_1.0".as_ptr(),
+        );
+        (!f.is_null()).then(|| std::mem::transmute::<*mut c_void, CreateCompChannelFn>(f))
+    }
+}
+
+/// Interposes libibverbs' `ibv_create_comp_channel` (`softrnic exec` preloads this library).
+///
+/// The kernel's version sends CREATE_COMP_CHANNEL on the uverbs fd and gets back a file
+/// descriptor that yields 8-byte `cq_handle` records; libibverbs' `ibv_get_cq_event` reads
+/// them, `ibv_destroy_comp_channel` closes the fd. For a softrnic context the fd is instead a
+/// second connection to the host's engine, which writes the same records (the CQ's
+/// `ibv_cq *`) when an armed CQ gets a completion. Other contexts go to libibverbs.
+///
+/// # Safety
+/// `context` must be a context returned by `ibv_open_device`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut IbvContext) -> *mut IbvCompChannel {
+    guard(null_mut(), || {
+        if !is_our_context(context) {
+            return match real_create_comp_channel() {
+                // SAFETY: libibverbs' own function, called with the caller's argument.
+                Some(f) => unsafe { f(context) },
+                None => {
+                    set_errno(libc::ENOSYS);
+                    null_mut()
+                }
+            };
+        }
+        // SAFETY: context is ours (checked above).
+        let st = unsafe { state(context) };
+        let (id, token) = match st.call(&Req::CreateChannel) {
+            Ok(Resp::Channel { id, token }) => (id, token),
+            Ok(_) => {
+                set_errno(libc::EIO);
+                return null_mut();
+            }
+            Err(e) => {
+                set_errno(e);
+                return null_mut();
+            }
+        };
+        let attach = || -> Result<UnixStream, c_int> {
+            let mut s = UnixStream::connect(&st.socket).map_err(|_| libc::ENODEV)?;
+            let req = Req::AttachChannel { id, token };
+            proto::write_frame(&mut s, &req.encode()).map_err(|_| libc::EIO)?;
+            let body = proto::read_frame(&mut s).map_err(|_| libc::EIO)?;
+            match Resp::decode(&req, &body) {
+                Ok(Resp::Unit) => Ok(s),
+                Ok(Resp::Err { errno, .. }) => Err(errno),
+                _ => Err(libc::EIO),
+            }
+        };
+        let s = match attach() {
+            Ok(s) => s,
+            Err(e) => {
+                set_errno(e);
+                return null_mut();
+            }
+        };
+        // SAFETY: malloc'ed because ibv_destroy_comp_channel free()s it.
+        let ch = unsafe { libc::malloc(size_of::<IbvCompChannel>()) } as *mut IbvCompChannel;
+        if ch.is_null() {
+            set_errno(libc::ENOMEM);
+            return null_mut();
+        }
+        // SAFETY: ch points to enough writable memory for an IbvCompChannel.
+        unsafe {
+            ch.write(IbvCompChannel {
+                context,
+                fd: s.into_raw_fd(),
+                refcnt: 0,
+            })
+        };
+        CHANNELS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert_with(HashMap::new)
+            .insert(ch as usize, id);
+        ch
+    })
+}
+
+impl CtxState {
+    /// One request/response exchange with the engine. Err(errno).
+    fn call(&self, req: &Req) -> Result<Resp, c_int> {
+        let mut c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let res: Result<Resp, proto::WireError> = (|| {
+            proto::write_frame(&mut *c, &req.encode())?;
+            let body = proto::read_frame(&mut *c)?;
+            Resp::decode(req, &body)
+        })();
+        match res {
+            Ok(Resp::Err { errno, .. }) => Err(errno),
+            Ok(r) => Ok(r),
+            Err(e) => {
+                eprintln!("softrnic: lost the NIC engine: {e}");
+                Err(libc::EIO)
+            }
+        }
+    }
+
+    fn call_post(&self, req: &Req) -> Result<(), (c_int, usize)> {
+        let mut c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let res: Result<Resp, proto::WireError> = (|| {
+            proto::write_frame(&mut *c, &req.encode())?;
+            let body = proto::read_frame(&mut *c)?;
+            Resp::decode(req, &body)
+        })();
+        match res {
+            Ok(Resp::Err { errno, bad_index }) => Err((errno, bad_index as usize)),
+            Ok(_) => Ok(()),
+            Err(_) => Err((libc::EIO, 0)),
+        }
+    }
+}
+
+/// Layout of the allocation made by `_verbs_init_and_alloc_context`.
+#[repr(C)]
+struct SrContext {
+    vctx: VerbsContext,
+    state: *mut CtxState,
+}
+
+/// # Safety
+/// `ctx` must be a context created by [`alloc_context`].
+unsafe fn state<'a>(ctx: *mut IbvContext) -> &'a CtxState {
+    let vctx = (ctx as *mut u8).sub(offset_of!(VerbsContext, context)) as *mut SrContext;
+    &*(*vctx).state
+}
+
+unsafe extern "C" fn alloc_context(
+    ibdev: *mut IbvDevice,
+    cmd_fd: c_int,
+    _private: *mut c_void,
+) -> *mut VerbsContext {
+    guard(null_mut(), || {
+        let Some(lib) = LIB.get() else {
+            // SAFETY: we own cmd_fd on failure (provider contract).
+            unsafe { libc::close(cmd_fd) };
+            set_errno(libc::ENOSYS);
+            return null_mut();
+        };
+        // SAFETY: ibdev is the device allocated by alloc_device (first field of SrDevice).
+        let dev = unsafe { &*(ibdev as *const SrDevice) };
+        let conn = match UnixStream::connect(dev.engine_socket.to_string_lossy().as_ref()) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!(
+                    "softrnic: cannot reach the NIC engine at {}: {e}",
+                    dev.engine_socket.to_string_lossy()
+                );
+                // SAFETY: we own cmd_fd on failure.
+                unsafe { libc::close(cmd_fd) };
+                set_errno(libc::ENODEV);
+                return null_mut();
+            }
+        };
+        // SAFETY: libibverbs callocs size_of::<SrContext>() bytes, puts the verbs_context at
+        // offset 0 (offset of `vctx`) and initialises it; on failure it closes cmd_fd.
+        let p =
+            unsafe { (lib.init_and_alloc)(ibdev, cmd_fd, size_of::<SrContext>(), null_mut(), 0) }
+                as *mut SrContext;
+        if p.is_null() {
+            return null_mut();
+        }
+        let st = Box::new(CtxState {
+            conn: Mutex::new(conn),
+            guid: dev.guid,
+            socket: dev.engine_socket.to_string_lossy().into_owned(),
+        });
+        // SAFETY: p points to a zeroed, initialised SrContext owned by us until free_context.
+        unsafe {
+            (*p).state = Box::into_raw(st);
+            // No kernel: async events never arrive, so an eventfd that is never signalled is
+            // the async fd (libibverbs would otherwise ask the kernel for one).
+            (*p).vctx.context.async_fd = libc::eventfd(0, libc::EFD_CLOEXEC);
+            (*p).vctx.context.num_comp_vectors = 1;
+            (lib.set_ops)(&mut (*p).vctx, ctx_ops());
+            CONTEXTS
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(&mut (*p).vctx.context as *mut IbvContext as usize);
+            &mut (*p).vctx
+        }
+    })
+}
+
+unsafe extern "C" fn free_context(ctx: *mut IbvContext) {
+    guard((), || {
+        let Some(lib) = LIB.get() else { return };
+        CONTEXTS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|c| *c != ctx as usize);
+        // SAFETY: ctx is the ibv_context inside an SrContext made by alloc_context.
+        unsafe {
+            let p = (ctx as *mut u8).sub(offset_of!(VerbsContext, context)) as *mut SrContext;
+            drop(Box::from_raw((*p).state));
+            (lib.uninit)(&mut (*p).vctx);
+            libc::free(p as *mut c_void);
+        }
+    })
+}
+
+unsafe extern "C" fn query_device_ex(
+    ctx: *mut IbvContext,
+    _input: *const c_void,
+    attr: *mut IbvDeviceAttr,
+    attr_size: usize,
+) -> c_int {
+    guard(libc::EIO, || {
+        if attr_size < size_of::<IbvDeviceAttr>() {
+            return libc::EINVAL;
+        }
+        // SAFETY: the caller provides attr_size writable bytes at attr; ctx is ours.
+        unsafe {
+            std::ptr::write_bytes(attr as *mut u8, 0, attr_size);
+            device::fill_device_attr(&mut *attr, state(ctx).guid);
+        }
+        0
+    })
+}
+
+unsafe extern "C" fn query_port(ctx: *mut IbvContext, port: u8, attr: *mut IbvPortAttr) -> c_int {
+    let _ = ctx;
+    guard(libc::EIO, || {
+        if port != 1 {
+            return libc::EINVAL;
+        }
+        // SAFETY: libibverbs passes a full-size, zeroed ibv_port_attr.
+        unsafe {
+            std::ptr::write_bytes(attr, 0, 1);
+            device::fill_port_attr(&mut *attr);
+        }
+        0
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// PD, MR, CQ
+// ---------------------------------------------------------------------------------------------
+
+unsafe extern "C" fn alloc_pd(ctx: *mut IbvContext) -> *mut IbvPd {
+    guard(null_mut(), || {
+        // SAFETY: ctx is ours.
+        let st = unsafe { state(ctx) };
+        match st.call(&Req::AllocPd) {
+            Ok(Resp::Handle(h)) => Box::into_raw(Box::new(IbvPd {
+                context: ctx,
+                handle: h,
+            })),
+            Ok(_) => {
+                set_errno(libc::EIO);
+                null_mut()
+            }
+            Err(e) => {
+                set_errno(e);
+                null_mut()
+            }
+        }
+    })
+}
+
+unsafe extern "C" fn dealloc_pd(pd: *mut IbvPd) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: pd was made by alloc_pd.
+        let (st, h) = unsafe { (state((*pd).context), (*pd).handle) };
+        match st.call(&Req::DeallocPd { pd: h }) {
+            Ok(_) => {
+                // SAFETY: allocated by alloc_pd with Box; no longer used by the caller.
+                drop(unsafe { Box::from_raw(pd) });
+                0
+            }
+            Err(e) => e,
+        }
+    })
+}
+
+unsafe extern "C" fn reg_mr(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    length: usize,
+    hca_va: u64,
+    access: c_int,
+) -> *mut IbvMr {
+    guard(null_mut(), || {
+        if hca_va != addr as u64 {
+            // MRs whose IO virtual address differs from the process address: not yet.
+            set_errno(libc::EOPNOTSUPP);
+            return null_mut();
+        }
+        // SAFETY: pd was made by alloc_pd.
+        let (st, h, ctx) = unsafe { (state((*pd).context), (*pd).handle, (*pd).context) };
+        let req = Req::RegMr {
+            pd: h,
+            addr: addr as u64,
+            len: length as u64,
+            access: access as u32,
+        };
+        match st.call(&req) {
+            Ok(Resp::Mr { lkey, rkey }) => {
+                let mr = Box::new(VerbsMr {
+                    ibv_mr: IbvMr {
+                        context: ctx,
+                        pd,
+                        addr,
+                        length,
+                        handle: lkey,
+                        lkey,
+                        rkey,
+                    },
+                    mr_type: 0, // IBV_MR_TYPE_MR
+                    access,
+                });
+                Box::into_raw(mr) as *mut IbvMr
+            }
+            Ok(_) => {
+                set_errno(libc::EIO);
+                null_mut()
+            }
+            Err(e) => {
+                set_errno(e);
+                null_mut()
+            }
+        }
+    })
+}
+
+unsafe extern "C" fn dereg_mr(vmr: *mut VerbsMr) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: vmr was made by reg_mr.
+        let (st, lkey) = unsafe { (state((*vmr).ibv_mr.context), (*vmr).ibv_mr.lkey) };
+        match st.call(&Req::DeregMr { lkey }) {
+            Ok(_) => {
+                // SAFETY: allocated by reg_mr with Box.
+                drop(unsafe { Box::from_raw(vmr) });
+                0
+            }
+            Err(e) => e,
+        }
+    })
+}
+
+unsafe extern "C" fn create_cq(
+    ctx: *mut IbvContext,
+    cqe: c_int,
+    channel: *mut c_void,
+    _comp_vector: c_int,
+) -> *mut IbvCq {
+    guard(null_mut(), || {
+        let channel_id = if channel.is_null() {
+            0
+        } else {
+            match channel_id(channel) {
+                Some(id) => id,
+                None => {
+                    // Not made by our ibv_create_comp_channel (is the library preloaded?).
+                    set_errno(libc::EINVAL);
+                    return null_mut();
+                }
+            }
+        };
+        if cqe < 1 {
+            set_errno(libc::EINVAL);
+            return null_mut();
+        }
+        // SAFETY: ctx is ours.
+        let st = unsafe { state(ctx) };
+        // SAFETY: ibv_cq is plain C data; all-zero is a valid initial state for its pointers,
+        // counters, and glibc's pthread mutex/cond (static initialisers are all-zero).
+        // libibverbs' verbs_init_cq fills the rest.
+        let cq = Box::into_raw(Box::new(unsafe { std::mem::zeroed::<IbvCq>() }));
+        let req = Req::CreateCq {
+            cqe: cqe as u32,
+            channel: channel_id,
+            user: cq as u64,
+        };
+        let fail = |e| {
+            // SAFETY: allocated just above and not handed out.
+            drop(unsafe { Box::from_raw(cq) });
+            set_errno(e);
+            null_mut()
+        };
+        match st.call(&req) {
+            Ok(Resp::Cq { handle, cqe }) => {
+                // SAFETY: cq is a valid, exclusively owned allocation.
+                unsafe {
+                    (*cq).context = ctx;
+                    (*cq).handle = handle;
+                    (*cq).cqe = cqe as c_int;
+                }
+                cq
+            }
+            Ok(_) => fail(libc::EIO),
+            Err(e) => fail(e),
+        }
+    })
+}
+
+unsafe extern "C" fn destroy_cq(cq: *mut IbvCq) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: cq was made by create_cq.
+        let (st, h) = unsafe { (state((*cq).context), (*cq).handle) };
+        match st.call(&Req::DestroyCq { cq: h }) {
+            Ok(_) => {
+                // SAFETY: allocated by create_cq with Box.
+                drop(unsafe { Box::from_raw(cq) });
+                0
+            }
+            Err(e) => e,
+        }
+    })
+}
+
+unsafe extern "C" fn poll_cq(cq: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c_int {
+    guard(-1, || {
+        if n <= 0 {
+            return 0;
+        }
+        // SAFETY: cq was made by create_cq.
+        let (st, h) = unsafe { (state((*cq).context), (*cq).handle) };
+        match st.call(&Req::PollCq {
+            cq: h,
+            max: n as u32,
+        }) {
+            Ok(Resp::Wcs(v)) => {
+                let k = v.len().min(n as usize);
+                // SAFETY: the caller provides n writable ibv_wc entries at wc.
+                unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), wc, k) };
+                k as c_int
+            }
+            _ => -1,
+        }
+    })
+}
+
+unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, solicited_only: c_int) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: cq was made by create_cq.
+        if unsafe { (*cq).channel.is_null() } {
+            // Arming a CQ without a completion channel has no observable effect.
+            return 0;
+        }
+        // SAFETY: cq was made by create_cq.
+        let (st, h) = unsafe { (state((*cq).context), (*cq).handle) };
+        match st.call(&Req::ReqNotifyCq {
+            cq: h,
+            solicited_only: solicited_only != 0,
+        }) {
+            Ok(_) => 0,
+            Err(e) => e,
+        }
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// QP
+// ---------------------------------------------------------------------------------------------
+
+unsafe extern "C" fn create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> *mut IbvQp {
+    guard(null_mut(), || {
+        // SAFETY: pd is ours; attr is a valid init attr from the caller.
+        let (ctx, pdh, a) = unsafe { ((*pd).context, (*pd).handle, &mut *attr) };
+        if a.qp_type != IBV_QPT_RC || !a.srq.is_null() {
+            // Only RC QPs without SRQ so far.
+            set_errno(libc::EOPNOTSUPP);
+            return null_mut();
+        }
+        if a.send_cq.is_null() || a.recv_cq.is_null() {
+            set_errno(libc::EINVAL);
+            return null_mut();
+        }
+        // SAFETY: ctx is ours; CQs were made by create_cq.
+        let (st, scq, rcq) = unsafe { (state(ctx), (*a.send_cq).handle, (*a.recv_cq).handle) };
+        let req = Req::CreateQp {
+            pd: pdh,
+            send_cq: scq,
+            recv_cq: rcq,
+            qp_type: a.qp_type,
+            sq_sig_all: a.sq_sig_all != 0,
+            cap: Caps {
+                max_send_wr: a.cap.max_send_wr,
+                max_recv_wr: a.cap.max_recv_wr,
+                max_send_sge: a.cap.max_send_sge,
+                max_recv_sge: a.cap.max_recv_sge,
+                max_inline_data: a.cap.max_inline_data,
+            },
+        };
+        match st.call(&req) {
+            Ok(Resp::Qp { qpn, cap }) => {
+                a.cap = IbvQpCap {
+                    max_send_wr: cap.max_send_wr,
+                    max_recv_wr: cap.max_recv_wr,
+                    max_send_sge: cap.max_send_sge,
+                    max_recv_sge: cap.max_recv_sge,
+                    max_inline_data: cap.max_inline_data,
+                };
+                // SAFETY: verbs_qp is plain C data; all-zero is valid (see create_cq).
+                let mut q: Box<VerbsQp> = Box::new(unsafe { std::mem::zeroed() });
+                q.qp.context = ctx;
+                q.qp.qp_context = a.qp_context;
+                q.qp.pd = pd;
+                q.qp.send_cq = a.send_cq;
+                q.qp.recv_cq = a.recv_cq;
+                q.qp.handle = qpn;
+                q.qp.qp_num = qpn;
+                q.qp.state = IBV_QPS_RESET;
+                q.qp.qp_type = a.qp_type;
+                Box::into_raw(q) as *mut IbvQp
+            }
+            Ok(_) => {
+                set_errno(libc::EIO);
+                null_mut()
+            }
+            Err(e) => {
+                set_errno(e);
+                null_mut()
+            }
+        }
+    })
+}
+
+unsafe extern "C" fn modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, mask: c_int) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: qp is ours; attr is valid for the fields named in mask (we copy all).
+        let (st, qpn, a) = unsafe { (state((*qp).context), (*qp).qp_num, &*attr) };
+        let w = QpAttrs {
+            qp_state: a.qp_state,
+            cur_qp_state: a.cur_qp_state,
+            path_mtu: a.path_mtu,
+            qkey: a.qkey,
+            rq_psn: a.rq_psn,
+            sq_psn: a.sq_psn,
+            dest_qp_num: a.dest_qp_num,
+            access_flags: a.qp_access_flags,
+            pkey_index: a.pkey_index,
+            port_num: a.port_num,
+            max_rd_atomic: a.max_rd_atomic,
+            max_dest_rd_atomic: a.max_dest_rd_atomic,
+            min_rnr_timer: a.min_rnr_timer,
+            timeout: a.timeout,
+            retry_cnt: a.retry_cnt,
+            rnr_retry: a.rnr_retry,
+            dgid: a.ah_attr.grh.dgid,
+            sgid_index: a.ah_attr.grh.sgid_index,
+            hop_limit: a.ah_attr.grh.hop_limit,
+            is_global: a.ah_attr.is_global,
+            dlid: a.ah_attr.dlid,
+            sl: a.ah_attr.sl,
+            ah_port_num: a.ah_attr.port_num,
+        };
+        match st.call(&Req::ModifyQp { qpn, mask, attr: w }) {
+            Ok(_) => 0,
+            Err(e) => e,
+        }
+    })
+}
+
+unsafe extern "C" fn query_qp(
+    qp: *mut IbvQp,
+    attr: *mut IbvQpAttr,
+    _mask: c_int,
+    init: *mut IbvQpInitAttr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: qp is ours.
+        let (st, qpn) = unsafe { (state((*qp).context), (*qp).qp_num) };
+        match st.call(&Req::QueryQp { qpn }) {
+            Ok(Resp::QpAttr {
+                attr: w,
+                cap,
+                qp_type,
+                sq_sig_all,
+            }) => {
+                let c = IbvQpCap {
+                    max_send_wr: cap.max_send_wr,
+                    max_recv_wr: cap.max_recv_wr,
+                    max_send_sge: cap.max_send_sge,
+                    max_recv_sge: cap.max_recv_sge,
+                    max_inline_data: cap.max_inline_data,
+                };
+                // SAFETY: attr and init are valid out-parameters from the caller; qp is ours.
+                unsafe {
+                    let a = &mut *attr;
+                    *a = IbvQpAttr::default();
+                    a.qp_state = w.qp_state;
+                    a.cur_qp_state = w.qp_state;
+                    a.path_mtu = w.path_mtu;
+                    a.qkey = w.qkey;
+                    a.rq_psn = w.rq_psn;
+                    a.sq_psn = w.sq_psn;
+                    a.dest_qp_num = w.dest_qp_num;
+                    a.qp_access_flags = w.access_flags;
+                    a.cap = c;
+                    a.ah_attr.grh.dgid = w.dgid;
+                    a.ah_attr.grh.sgid_index = w.sgid_index;
+                    a.ah_attr.grh.hop_limit = w.hop_limit;
+                    a.ah_attr.is_global = w.is_global;
+                    a.ah_attr.dlid = w.dlid;
+                    a.ah_attr.sl = w.sl;
+                    a.ah_attr.port_num = w.ah_port_num;
+                    a.pkey_index = w.pkey_index;
+                    a.port_num = w.port_num;
+                    a.max_rd_atomic = w.max_rd_atomic;
+                    a.max_dest_rd_atomic = w.max_dest_rd_atomic;
+                    a.min_rnr_timer = w.min_rnr_timer;
+                    a.timeout = w.timeout;
+                    a.retry_cnt = w.retry_cnt;
+                    a.rnr_retry = w.rnr_retry;
+                    let i = &mut *init;
+                    i.qp_context = (*qp).qp_context;
+                    i.send_cq = (*qp).send_cq;
+                    i.recv_cq = (*qp).recv_cq;
+                    i.srq = (*qp).srq;
+                    i.cap = c;
+                    i.qp_type = qp_type;
+                    i.sq_sig_all = sq_sig_all as c_int;
+                }
+                0
+            }
+            Ok(_) => libc::EIO,
+            Err(e) => e,
+        }
+    })
+}
+
+unsafe extern "C" fn destroy_qp(qp: *mut IbvQp) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: qp is ours.
+        let (st, qpn) = unsafe { (state((*qp).context), (*qp).qp_num) };
+        match st.call(&Req::DestroyQp { qpn }) {
+            Ok(_) => {
+                // SAFETY: allocated by create_qp as a boxed VerbsQp.
+                drop(unsafe { Box::from_raw(qp as *mut VerbsQp) });
+                0
+            }
+            Err(e) => e,
+        }
+    })
+}
+
+/// # Safety
+/// `sg` must point to `n` valid SGEs (or be unused when `n == 0`).
+unsafe fn sges(sg: *const IbvSge, n: c_int) -> Vec<Sge> {
+    if n <= 0 || sg.is_null() {
+        return Vec::new();
+    }
+    std::slice::from_raw_parts(sg, n as usize)
+        .iter()
+        .map(|s| Sge {
+            addr: s.addr,
+            length: s.length,
+            lkey: s.lkey,
+        })
+        .collect()
+}
+
+unsafe extern "C" fn post_send(
+    qp: *mut IbvQp,
+    wr: *mut IbvSendWr,
+    bad: *mut *mut IbvSendWr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: qp is ours; wr is the caller's NULL-terminated list of valid WRs.
+        unsafe {
+            let st = state((*qp).context);
+            let mut list = Vec::new();
+            let mut ptrs = Vec::new();
+            let mut w = wr;
+            while !w.is_null() {
+                let r = &*w;
+                let g = sges(r.sg_list, r.num_sge);
+                let inline = if r.send_flags & IBV_SEND_INLINE != 0 {
+                    let total: u64 = g.iter().map(|s| s.length as u64).sum();
+                    if total > device::MAX_INLINE as u64 {
+                        *bad = w;
+                        return libc::EINVAL;
+                    }
+                    let mut data = Vec::with_capacity(total as usize);
+                    for s in &g {
+                        // SAFETY: inline data is read from the caller's buffers at post time,
+                        // as the verbs API specifies; the caller guarantees they are valid.
+                        data.extend_from_slice(std::slice::from_raw_parts(
+                            s.addr as *const u8,
+                            s.length as usize,
+                        ));
+                    }
+                    Some(data)
+                } else {
+                    None
+                };
+                list.push(SendWr {
+                    wr_id: r.wr_id,
+                    opcode: r.opcode,
+                    flags: r.send_flags,
+                    imm: r.imm_data,
+                    remote_addr: r.wr[0],
+                    rkey: r.wr[1] as u32,
+                    sges: if inline.is_some() { Vec::new() } else { g },
+                    inline,
+                });
+                ptrs.push(w);
+                w = r.next;
+            }
+            match st.call_post(&Req::PostSend {
+                qpn: (*qp).qp_num,
+                wrs: list,
+            }) {
+                Ok(()) => 0,
+                Err((e, i)) => {
+                    *bad = ptrs.get(i).copied().unwrap_or(wr);
+                    e
+                }
+            }
+        }
+    })
+}
+
+unsafe extern "C" fn post_recv(
+    qp: *mut IbvQp,
+    wr: *mut IbvRecvWr,
+    bad: *mut *mut IbvRecvWr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: qp is ours; wr is the caller's NULL-terminated list of valid WRs.
+        unsafe {
+            let st = state((*qp).context);
+            let mut list = Vec::new();
+            let mut ptrs = Vec::new();
+            let mut w = wr;
+            while !w.is_null() {
+                let r = &*w;
+                list.push(RecvWr {
+                    wr_id: r.wr_id,
+                    sges: sges(r.sg_list, r.num_sge),
+                });
+                ptrs.push(w);
+                w = r.next;
+            }
+            match st.call_post(&Req::PostRecv {
+                qpn: (*qp).qp_num,
+                wrs: list,
+            }) {
+                Ok(()) => 0,
+                Err((e, i)) => {
+                    *bad = ptrs.get(i).copied().unwrap_or(wr);
+                    e
+                }
+            }
+        }
+    })
+}

@@ -1,0 +1,765 @@
+//! Unmodified Debian verbs programs (`ibv_devices`, `ibv_devinfo`, `ibv_rc_pingpong`) run over
+//! softrnic through the real `softrnic` binary.
+//!
+//! These tests need root (mount and network namespaces); without it they print why and skip.
+//! Each test uses its own run directory, and a guard runs `softrnic down` even on failure.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_softrnic");
+
+fn privileged() -> Result<(), String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("not root: mount/network namespaces unavailable".into());
+    }
+    let ok = Command::new("unshare")
+        .args(["-m", "-n", "true"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        return Err("cannot create mount/network namespaces here".into());
+    }
+    for tool in ["ibv_devices", "ibv_devinfo", "ibv_rc_pingpong", "ip"] {
+        let found = std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+            .unwrap_or(false);
+        if !found {
+            return Err(format!(
+                "{tool} not installed (apt-get install ibverbs-utils iproute2)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+macro_rules! require_privileges {
+    () => {
+        if let Err(why) = privileged() {
+            eprintln!("SKIPPED: {why}");
+            return;
+        }
+    };
+}
+
+/// A run directory that is torn down (`softrnic down`) when dropped.
+struct Run {
+    dir: PathBuf,
+}
+
+impl Run {
+    fn new(name: &str) -> Run {
+        let dir = std::env::temp_dir().join(format!("softrnic-test-{}-{name}", std::process::id()));
+        Run { dir }
+    }
+
+    fn cmd(&self) -> Command {
+        let mut c = Command::new(BIN);
+        c.arg("--run-dir").arg(&self.dir);
+        c
+    }
+
+    fn up(&self, args: &[&str]) -> String {
+        let out = run_timeout(self.cmd().arg("up").args(args), Duration::from_secs(60));
+        assert!(out.status.success(), "up failed: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn addr(&self, host: &str) -> String {
+        let out = run_timeout(self.cmd().args(["addr", host]), Duration::from_secs(10));
+        assert!(out.status.success(), "addr failed: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    fn exec(&self, host: &str, prog: &[&str]) -> Command {
+        let mut c = self.cmd();
+        c.args(["exec", "--host", host, "--"]).args(prog);
+        c
+    }
+
+    fn stats(&self, host: &str) -> std::collections::HashMap<String, u64> {
+        let out = run_timeout(self.cmd().args(["stats", host]), Duration::from_secs(10));
+        assert!(out.status.success(), "stats failed: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                Some((k.to_string(), v.parse().ok()?))
+            })
+            .collect()
+    }
+
+    fn state(&self) -> String {
+        std::fs::read_to_string(self.dir.join("state")).unwrap_or_default()
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        let out = run_timeout(self.cmd().arg("down"), Duration::from_secs(30));
+        if !out.status.success() {
+            eprintln!("softrnic down failed: {}", text(&out));
+        }
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn spawn(c: &mut Command) -> Child {
+    c.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn")
+}
+
+/// Wait for a child with a deadline; kill it when the deadline passes.
+fn wait_timeout(mut child: Child, limit: Duration) -> Output {
+    let t = Instant::now();
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let ro = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let re = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            break child.wait().expect("wait after kill");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Output {
+        status,
+        stdout: ro.join().unwrap(),
+        stderr: re.join().unwrap(),
+    }
+}
+
+fn run_timeout(c: &mut Command, limit: Duration) -> Output {
+    wait_timeout(spawn(c), limit)
+}
+
+/// Server on h1, client on h2; retries the client while the server is not listening yet.
+fn pingpong(run: &Run, extra: &[&str]) -> (Output, Output) {
+    let mut args = vec!["ibv_rc_pingpong", "-g", "0"];
+    args.extend_from_slice(extra);
+    pair(run, &args)
+}
+
+/// Run `args` as a server on h1 and as a client (`args` + h1's address) on h2.
+fn pair(run: &Run, sargs: &[&str]) -> (Output, Output) {
+    let server_ip = run.addr("h1");
+    let server = spawn(&mut run.exec("h1", sargs));
+    let mut cargs = sargs.to_vec();
+    cargs.push(&server_ip);
+    let mut client;
+    let t = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        client = run_timeout(&mut run.exec("h2", &cargs), Duration::from_secs(60));
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&client.stdout),
+            String::from_utf8_lossy(&client.stderr)
+        );
+        let refused = all.contains("Couldn't connect") || all.contains("Unable to init the socket");
+        if !refused || t.elapsed() > Duration::from_secs(10) {
+            break;
+        }
+    }
+    let server = wait_timeout(server, Duration::from_secs(60));
+    (server, client)
+}
+
+#[test]
+fn devices_visible_to_unmodified_ibv_devices_and_devinfo() {
+    require_privileges!();
+    let run = Run::new("devinfo");
+    run.up(&["--hosts", "1"]);
+    let out = run_timeout(
+        &mut run.exec("h1", &["ibv_devices"]),
+        Duration::from_secs(20),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(s.contains("softrnic0"), "{s}");
+    assert!(s.contains("025352ff0a4d0001"), "{s}");
+
+    let out = run_timeout(
+        &mut run.exec("h1", &["ibv_devinfo", "-v"]),
+        Duration::from_secs(20),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let s = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "hca_id:\tsoftrnic0",
+        "PORT_ACTIVE (4)",
+        "active_mtu:\t\t4096 (5)",
+        "link_layer:\t\tEthernet",
+        "::ffff:10.77.0.1, RoCE v2",
+        "max_qp:\t\t\t\t4096",
+        "max_cqe:\t\t\t65536",
+        "phys_port_cnt:\t\t\t1",
+    ] {
+        assert!(s.contains(want), "missing {want:?} in:\n{s}");
+    }
+}
+
+#[test]
+fn device_is_invisible_outside_exec() {
+    require_privileges!();
+    let run = Run::new("invisible");
+    run.up(&["--hosts", "1"]);
+    assert!(!Path::new("/dev/infiniband/uverbs0").exists());
+    let out = run_timeout(
+        Command::new("ibv_devices").env_remove("SYSFS_PATH"),
+        Duration::from_secs(20),
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("softrnic"));
+}
+
+#[test]
+fn rc_pingpong_between_namespaces_checks_data_1b_to_1mb() {
+    require_privileges!();
+    let run = Run::new("pingpong-ns");
+    let up = run.up(&["--hosts", "2"]);
+    assert!(up.contains("h1 10.77.0.1"), "{up}");
+    for (size, iters) in [
+        ("1", "50"),
+        ("4096", "50"),
+        ("65536", "20"),
+        ("1048576", "5"),
+    ] {
+        let (server, client) = pingpong(&run, &["-c", "-s", size, "-n", iters]);
+        assert!(
+            server.status.success(),
+            "size {size} server: {}",
+            text(&server)
+        );
+        assert!(
+            client.status.success(),
+            "size {size} client: {}",
+            text(&client)
+        );
+        let c = String::from_utf8_lossy(&client.stdout);
+        assert!(c.contains(&format!("{iters} iters in")), "{c}");
+    }
+}
+
+#[test]
+fn rc_pingpong_event_mode_with_completion_channels_1b_to_1mb() {
+    require_privileges!();
+    let run = Run::new("pingpong-events");
+    run.up(&["--hosts", "2"]);
+    for (size, iters) in [
+        ("1", "100"),
+        ("4096", "50"),
+        ("65536", "20"),
+        ("1048576", "5"),
+    ] {
+        let (server, client) = pingpong(&run, &["-e", "-c", "-s", size, "-n", iters]);
+        assert!(
+            server.status.success(),
+            "size {size} server: {}",
+            text(&server)
+        );
+        assert!(
+            client.status.success(),
+            "size {size} client: {}",
+            text(&client)
+        );
+        let c = String::from_utf8_lossy(&client.stdout);
+        assert!(c.contains(&format!("{iters} iters in")), "{c}");
+    }
+    // Programs that do not use libibverbs are unaffected by the preloaded provider.
+    let out = run_timeout(
+        &mut run.exec("h1", &["sh", "-c", "echo ok"]),
+        Duration::from_secs(10),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+    assert!(out.stderr.is_empty(), "{}", text(&out));
+}
+
+#[test]
+fn rc_pingpong_over_loopback_addresses_with_mtu_4096() {
+    require_privileges!();
+    let run = Run::new("pingpong-lo");
+    let up = run.up(&["--hosts", "2", "--loopback"]);
+    assert!(up.contains("(loopback)"), "{up}");
+    assert!(run.addr("h1").starts_with("127."));
+    // A port of its own: loopback-mode hosts share the root network namespace.
+    let port = format!("{}", 20000 + std::process::id() % 20000);
+    let (server, client) = pingpong(
+        &run,
+        &["-c", "-s", "100000", "-n", "20", "-m", "4096", "-p", &port],
+    );
+    assert!(server.status.success(), "server: {}", text(&server));
+    assert!(client.status.success(), "client: {}", text(&client));
+}
+
+#[test]
+fn up_recovers_from_a_crashed_run_and_down_removes_everything() {
+    require_privileges!();
+    let run = Run::new("crash");
+    run.up(&["--hosts", "2"]);
+    // Simulate a crash: kill the engines without `down`.
+    let pids: Vec<i32> = run
+        .state()
+        .lines()
+        .filter(|l| l.starts_with("host "))
+        .map(|l| l.split_whitespace().last().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(pids.len(), 2);
+    for p in &pids {
+        // SAFETY: kill on pids of engines this test started.
+        unsafe { libc::kill(*p, libc::SIGKILL) };
+    }
+    // up again over the debris, and it works.
+    run.up(&["--hosts", "2"]);
+    let (server, client) = pingpong(&run, &["-n", "10"]);
+    assert!(
+        server.status.success() && client.status.success(),
+        "{}",
+        text(&client)
+    );
+    let tag_ns: Vec<String> = run
+        .state()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(3).map(String::from))
+        .filter(|n| n.starts_with("srn"))
+        .collect();
+    assert_eq!(tag_ns.len(), 2);
+    let engines: Vec<i32> = run
+        .state()
+        .lines()
+        .filter(|l| l.starts_with("host "))
+        .map(|l| l.split_whitespace().last().unwrap().parse().unwrap())
+        .collect();
+    let out = run_timeout(run.cmd().arg("down"), Duration::from_secs(30));
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!run.dir.exists());
+    for ns in tag_ns {
+        assert!(
+            !Path::new("/run/netns").join(&ns).exists(),
+            "{ns} left behind"
+        );
+    }
+    for p in engines {
+        assert!(
+            !Path::new(&format!("/proc/{p}")).exists() || is_zombie(p),
+            "engine {p} alive"
+        );
+    }
+}
+
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.split_whitespace().nth(2) == Some("Z"))
+        .unwrap_or(true)
+}
+
+#[test]
+fn perftest_write_bw_send_lat_read_lat_between_namespaces() {
+    require_privileges!();
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join("ib_write_bw").is_file()))
+        .unwrap_or(false);
+    if !found {
+        eprintln!("SKIPPED: perftest not installed (apt-get install perftest)");
+        return;
+    }
+    let run = Run::new("perftest");
+    run.up(&["--hosts", "2"]);
+    for args in [
+        &["ib_write_bw", "-x", "0", "-s", "65536", "-n", "200"][..],
+        &["ib_send_lat", "-x", "0", "-n", "200"][..],
+        &["ib_read_lat", "-x", "0", "-n", "200"][..],
+        &["ib_read_bw", "-x", "0", "-s", "65536", "-n", "100"][..],
+    ] {
+        let (server, client) = pair(&run, args);
+        assert!(
+            server.status.success(),
+            "{args:?} server: {}",
+            text(&server)
+        );
+        assert!(
+            client.status.success(),
+            "{args:?} client: {}",
+            text(&client)
+        );
+        let c = String::from_utf8_lossy(&client.stdout);
+        assert!(c.contains("#bytes"), "{args:?}: no result table:\n{c}");
+    }
+}
+
+/// Counters are rewritten about every 200 ms; wait until they have settled.
+fn settled_stats(run: &Run, host: &str) -> std::collections::HashMap<String, u64> {
+    std::thread::sleep(Duration::from_millis(450));
+    run.stats(host)
+}
+
+#[test]
+fn rc_pingpong_survives_loss_duplication_and_reordering() {
+    require_privileges!();
+    let run = Run::new("faults");
+    run.up(&[
+        "--hosts",
+        "2",
+        "--loss",
+        "0.01",
+        "--dup",
+        "0.01",
+        "--reorder",
+        "0.01",
+        "--seed",
+        "7",
+    ]);
+    let faults = std::fs::read_to_string(run.dir.join("faults")).unwrap();
+    assert!(
+        faults.contains("default loss 0.01 dup 0.01 reorder 0.01"),
+        "{faults}"
+    );
+    for (size, iters) in [
+        ("1", "300"),
+        ("4096", "100"),
+        ("65536", "20"),
+        ("1048576", "4"),
+    ] {
+        let (server, client) = pingpong(&run, &["-c", "-s", size, "-n", iters]);
+        assert!(
+            server.status.success(),
+            "size {size} server: {}",
+            text(&server)
+        );
+        assert!(
+            client.status.success(),
+            "size {size} client: {}",
+            text(&client)
+        );
+        let c = String::from_utf8_lossy(&client.stdout);
+        assert!(c.contains(&format!("{iters} iters in")), "{c}");
+    }
+    // Event mode (completion channels) under the same faults.
+    let (server, client) = pingpong(&run, &["-e", "-c", "-s", "4096", "-n", "100"]);
+    assert!(
+        server.status.success(),
+        "event mode server: {}",
+        text(&server)
+    );
+    assert!(
+        client.status.success(),
+        "event mode client: {}",
+        text(&client)
+    );
+    // The faults really happened, and the transport recovered from them.
+    let (h1, h2) = (settled_stats(&run, "h1"), run.stats("h2"));
+    eprintln!("h1 {h1:?}\nh2 {h2:?}");
+    for k in ["fault_dropped", "fault_duplicated", "fault_reordered"] {
+        assert!(h1[k] + h2[k] > 0, "no {k}: h1 {h1:?} h2 {h2:?}");
+    }
+    assert!(h1["retransmits"] + h2["retransmits"] > 0, "{h1:?} {h2:?}");
+    assert!(h1["rx_duplicate"] + h2["rx_duplicate"] > 0, "{h1:?} {h2:?}");
+}
+
+#[test]
+fn link_faults_delay_one_direction_and_bad_settings_are_refused() {
+    require_privileges!();
+    let run = Run::new("linkfaults");
+    // Bad settings fail with a clear error and start nothing.
+    for (args, want) in [
+        (&["--hosts", "2", "--loss", "1.5"][..], "probability"),
+        (
+            &["--hosts", "2", "--link-faults", "h1:h9:loss=0.1"][..],
+            "unknown host h9",
+        ),
+        (
+            &["--hosts", "2", "--link-faults", "h1:h2:jitter=3"][..],
+            "jitter",
+        ),
+    ] {
+        let out = run_timeout(run.cmd().arg("up").args(args), Duration::from_secs(30));
+        assert!(!out.status.success(), "{args:?} accepted");
+        assert!(text(&out).contains(want), "{args:?}: {}", text(&out));
+    }
+    // 3 ms on h2 -> h1 only: every round trip of a 1-byte pingpong takes at least 3 ms.
+    run.up(&["--hosts", "2", "--link-faults", "h2:h1:delay_us=3000"]);
+    let faults = std::fs::read_to_string(run.dir.join("faults")).unwrap();
+    assert!(
+        faults.contains("link h2 10.77.0.1 loss 0 dup 0 reorder 0 delay_us 3000"),
+        "{faults}"
+    );
+    let (server, client) = pingpong(&run, &["-c", "-s", "1", "-n", "20"]);
+    assert!(server.status.success(), "server: {}", text(&server));
+    assert!(client.status.success(), "client: {}", text(&client));
+    let c = String::from_utf8_lossy(&client.stdout);
+    // "... usec/iter"
+    let usec: f64 = c
+        .lines()
+        .find(|l| l.contains("usec/iter"))
+        .and_then(|l| l.split_whitespace().rev().nth(1)?.parse().ok())
+        .unwrap_or_else(|| panic!("no usec/iter in {c}"));
+    assert!(usec >= 3000.0, "{usec} usec/iter with a 3 ms link delay");
+    let (h1, h2) = (settled_stats(&run, "h1"), run.stats("h2"));
+    assert_eq!(h1["fault_delayed"], 0, "{h1:?}");
+    assert!(h2["fault_delayed"] >= 40, "{h2:?}");
+    assert_eq!(h2["fault_dropped"], 0, "{h2:?}");
+}
+
+/// Sends hostile datagrams at the engines of a namespace-mode run until told to stop:
+/// garbage and truncated copies of real packets (from a socket in h1's namespace), real packets
+/// from that stranger's address, and exact replays of real packets from their true source:
+/// frames captured with an AF_PACKET socket in the switch namespace as they leave a bridge port
+/// towards a host, and sent out of the same port again. Counts what it sent.
+#[derive(Default, Debug)]
+struct Hostile {
+    rounds: u64,
+    malformed_sent: std::collections::HashMap<std::net::Ipv4Addr, u64>,
+    strangers_sent: u64,
+    replayed: u64,
+}
+
+/// Move the calling thread into a named network namespace (network namespaces are per thread).
+fn thread_setns(ns: &str) {
+    let f = std::fs::File::open(format!("/run/netns/{ns}")).expect("open netns");
+    use std::os::fd::AsRawFd;
+    // SAFETY: setns on a valid namespace fd; affects only this thread's network namespace.
+    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(r, 0, "setns {ns}: {}", std::io::Error::last_os_error());
+}
+
+fn hostile_sender(
+    engines: Vec<std::net::Ipv4Addr>,
+    host_ns: String,
+    switch_ns: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Hostile {
+    use std::net::{Ipv4Addr, UdpSocket};
+    use std::sync::atomic::Ordering;
+    let mut h = Hostile::default();
+    thread_setns(&host_ns);
+    let udp = UdpSocket::bind((engines[0], 0)).expect("udp");
+    thread_setns(&switch_ns);
+    // SAFETY (all libc calls below): socket calls on a fd we own, with zeroed structures of
+    // the sizes passed and buffers that outlive the calls.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_PACKET,
+            libc::SOCK_RAW,
+            (libc::ETH_P_ALL as u16).to_be() as i32,
+        )
+    };
+    assert!(
+        fd >= 0,
+        "AF_PACKET socket: {}",
+        std::io::Error::last_os_error()
+    );
+    let sll_len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+    let tv = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 20_000,
+    };
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            &tv as *const _ as *const libc::c_void,
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    let mut rng: u64 = 0x5eed;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut frame = vec![0u8; 65536];
+    while !stop.load(Ordering::Relaxed) {
+        // Capture up to 64 engine-to-engine frames leaving a bridge port (Ethernet, IPv4, UDP).
+        let mut captured: Vec<(Vec<u8>, usize, Ipv4Addr, libc::sockaddr_ll)> = Vec::new();
+        let t = Instant::now();
+        while captured.len() < 64 && t.elapsed() < Duration::from_millis(300) {
+            let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+            let mut flen = sll_len;
+            let n = unsafe {
+                libc::recvfrom(
+                    fd,
+                    frame.as_mut_ptr() as *mut libc::c_void,
+                    frame.len(),
+                    0,
+                    &mut from as *mut _ as *mut libc::sockaddr,
+                    &mut flen,
+                )
+            };
+            if n <= 0 || from.sll_pkttype != libc::PACKET_OUTGOING {
+                continue;
+            }
+            let f = &frame[..n as usize];
+            if f.len() < 14 + 20 + 8 || f[12..14] != [0x08, 0x00] || f[14 + 9] != 17 {
+                continue;
+            }
+            let ihl = (f[14] & 0x0f) as usize * 4;
+            let udp_off = 14 + ihl;
+            let src = Ipv4Addr::new(f[14 + 12], f[14 + 13], f[14 + 14], f[14 + 15]);
+            let dst = Ipv4Addr::new(f[14 + 16], f[14 + 17], f[14 + 18], f[14 + 19]);
+            let sport = u16::from_be_bytes([f[udp_off], f[udp_off + 1]]);
+            let dport = u16::from_be_bytes([f[udp_off + 2], f[udp_off + 3]]);
+            // Only packets between engines (not our own hostile ones).
+            if sport == 4791
+                && dport == 4791
+                && engines.contains(&src)
+                && engines.contains(&dst)
+                && f.len() > udp_off + 8
+            {
+                captured.push((f.to_vec(), udp_off, dst, from));
+            }
+        }
+        for (f, udp_off, dst, port) in &captured {
+            let payload = &f[udp_off + 8..];
+            // Truncated copy (always malformed: too short, or its length field disagrees).
+            let cut = (next() as usize) % payload.len();
+            let _ = udp.send_to(&payload[..cut], (*dst, 4791));
+            *h.malformed_sent.entry(*dst).or_default() += 1;
+            // Garbage of random length (never starts with the magic).
+            let len = (next() % 1500) as usize;
+            let mut g: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            if g.len() >= 4 {
+                g[0] = 0;
+            }
+            let _ = udp.send_to(&g, (*dst, 4791));
+            *h.malformed_sent.entry(*dst).or_default() += 1;
+            // The real packet from a stranger's address.
+            let _ = udp.send_to(payload, (*dst, 4791));
+            h.strangers_sent += 1;
+            // Exact replay from the true source out of the same port; UDP checksum zeroed
+            // (a captured one may be an offload's partial sum).
+            let mut rf = f.clone();
+            rf[udp_off + 6] = 0;
+            rf[udp_off + 7] = 0;
+            let mut to = *port;
+            to.sll_protocol = (libc::ETH_P_IP as u16).to_be();
+            let n = unsafe {
+                libc::sendto(
+                    fd,
+                    rf.as_ptr() as *const libc::c_void,
+                    rf.len(),
+                    0,
+                    &to as *const _ as *const libc::sockaddr,
+                    sll_len,
+                )
+            };
+            if n == rf.len() as isize {
+                h.replayed += 1;
+            }
+        }
+        if !captured.is_empty() {
+            h.rounds += 1;
+        }
+    }
+    unsafe { libc::close(fd) };
+    h
+}
+
+#[test]
+fn hostile_packets_are_dropped_and_counted_while_pingpong_runs() {
+    require_privileges!();
+    let run = Run::new("hostile");
+    run.up(&["--hosts", "2"]);
+    let engines: Vec<std::net::Ipv4Addr> = ["h1", "h2"]
+        .iter()
+        .map(|h| run.addr(h).parse().unwrap())
+        .collect();
+    let state = run.state();
+    let field = |l: &str, i: usize| l.split_whitespace().nth(i).unwrap().to_string();
+    let hosts: Vec<&str> = state.lines().filter(|l| l.starts_with("host ")).collect();
+    let pids: Vec<i32> = hosts.iter().map(|l| field(l, 4).parse().unwrap()).collect();
+    let host_ns = field(hosts[0], 3);
+    let switch_ns = state
+        .lines()
+        .find(|l| l.starts_with("switch "))
+        .map(|l| field(l, 1))
+        .expect("namespace mode");
+    let before: Vec<_> = ["h1", "h2"].iter().map(|h| run.stats(h)).collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sender = {
+        let (e, s) = (engines.clone(), stop.clone());
+        std::thread::spawn(move || hostile_sender(e, host_ns, switch_ns, s))
+    };
+    let t = Instant::now();
+    let mut runs = 0;
+    // Pingpongs (data checked) while the sender works against live QPs.
+    while runs < 2 || (t.elapsed() < Duration::from_secs(3) && runs < 10) {
+        let (server, client) = pingpong(&run, &["-c", "-s", "4096", "-n", "300"]);
+        assert!(server.status.success(), "server: {}", text(&server));
+        assert!(client.status.success(), "client: {}", text(&client));
+        runs += 1;
+        if sender.is_finished() {
+            break;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let h = sender.join().expect("hostile sender");
+    eprintln!("{runs} pingpongs; sent {h:?}");
+    assert!(h.rounds >= 1 && h.replayed > 0, "{h:?}");
+    let after: Vec<_> = ["h1", "h2"]
+        .iter()
+        .map(|n| settled_stats(&run, n))
+        .collect();
+    let (mut strangers, mut replay_seen) = (0, 0);
+    for (i, ip) in engines.iter().enumerate() {
+        let (b, a) = (&before[i], &after[i]);
+        let d = |k: &str| a[k] - b[k];
+        eprintln!("h{}: {a:?}", i + 1);
+        assert_eq!(
+            d("rx_dropped_malformed"),
+            h.malformed_sent.get(ip).copied().unwrap_or(0),
+            "every garbage/truncated datagram counted as malformed"
+        );
+        assert_eq!(a["rx_handler_panics"], 0);
+        strangers += d("rx_dropped_unknown_qp");
+        replay_seen += d("rx_duplicate") + d("rx_stale");
+        assert!(
+            Path::new(&format!("/proc/{}", pids[i])).exists() && !is_zombie(pids[i]),
+            "engine of h{} died",
+            i + 1
+        );
+    }
+    // Strangers' packets are all dropped (replays of packets for QPs already destroyed are
+    // dropped the same way); replays for live QPs are re-ACKed or ignored as stale.
+    assert!(
+        strangers >= h.strangers_sent,
+        "{strangers} < {}",
+        h.strangers_sent
+    );
+    assert!(replay_seen > 0, "no replay reached a live QP");
+    // The engines still work after all that.
+    let (server, client) = pingpong(&run, &["-c", "-s", "65536", "-n", "20"]);
+    assert!(
+        server.status.success() && client.status.success(),
+        "{}",
+        text(&client)
+    );
+}
