@@ -11,7 +11,10 @@ fn sizes() -> Vec<(usize, usize)> {
     let spec = std::env::var("DRUM_BENCH_SIZES").unwrap_or_else(|_| "1000x500".into());
     spec.split(',')
         .map(|s| {
-            let (n, m) = s.trim().split_once('x').expect("DRUM_BENCH_SIZES entries look like 1000x500");
+            let (n, m) = s
+                .trim()
+                .split_once('x')
+                .expect("DRUM_BENCH_SIZES entries look like 1000x500");
             (n.parse().expect("hosts"), m.parse().expect("apps"))
         })
         .collect()
@@ -41,14 +44,16 @@ fn iteration_and_selection(c: &mut Criterion) {
         for _ in 0..5 {
             engine.step();
         }
-        group.bench_function(BenchmarkId::new("admm_iteration", format!("n={n},m={m}")), |b| {
-            b.iter(|| black_box(engine.step()))
-        });
+        group.bench_function(
+            BenchmarkId::new("admm_iteration", format!("n={n},m={m}")),
+            |b| b.iter(|| black_box(engine.step())),
+        );
         let activity = vec![0.0f32; p.pairs.len()];
         let opts = SelectionOptions::default();
-        group.bench_function(BenchmarkId::new("selection_round", format!("n={n},m={m}")), |b| {
-            b.iter(|| black_box(evaluate(&engine, &activity, &opts, 0)))
-        });
+        group.bench_function(
+            BenchmarkId::new("selection_round", format!("n={n},m={m}")),
+            |b| b.iter(|| black_box(evaluate(&engine, &activity, &opts, 0))),
+        );
     }
     group.finish();
 }

@@ -63,14 +63,30 @@ impl HostState {
 
     /// Solves the host's problem for terms built per active pair by `term`.
     fn solve(&mut self, problem: &Problem, term: impl Fn(usize, f64) -> AppTerm) -> Contribution {
-        let terms: Vec<AppTerm> = self.active.iter().zip(&self.x).map(|(&p, &x)| term(p, x)).collect();
+        let terms: Vec<AppTerm> = self
+            .active
+            .iter()
+            .zip(&self.x)
+            .map(|(&p, &x)| term(p, x))
+            .collect();
         let host = &problem.hosts[self.host];
-        self.multipliers = solve_host(&terms, host.wqe_budget, host.poll_budget, &mut self.x, self.multipliers);
+        self.multipliers = solve_host(
+            &terms,
+            host.wqe_budget,
+            host.poll_budget,
+            &mut self.x,
+            self.multipliers,
+        );
         self.contribution(problem)
     }
 
     /// ADMM x-step: `d(f)` is the coordinator's `(u_f + s_f − y_f)/n_f` for facility `f`.
-    pub fn admm_step(&mut self, problem: &Problem, rho: f64, d: impl Fn(u32) -> f64) -> Contribution {
+    pub fn admm_step(
+        &mut self,
+        problem: &Problem,
+        rho: f64,
+        d: impl Fn(u32) -> f64,
+    ) -> Contribution {
         self.solve(problem, |p, x_old| {
             let pair = &problem.pairs[p];
             let b = pair.facility_coeff;
@@ -170,7 +186,11 @@ impl CoordinatorState {
             let price = self.price(f as u32);
             let st = &mut self.facilities[f];
             st.n = n;
-            st.u = if n == 0 { 0.0 } else { price * n as f64 / self.rho };
+            st.u = if n == 0 {
+                0.0
+            } else {
+                price * n as f64 / self.rho
+            };
         }
     }
 

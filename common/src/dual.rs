@@ -65,7 +65,13 @@ mod tests {
                 cost: 0.0,
             },
         ];
-        let mut d = DualState::new(DualStep::Normalised { eta: 0.5, price_ref: 2.0 }, 2);
+        let mut d = DualState::new(
+            DualStep::Normalised {
+                eta: 0.5,
+                price_ref: 2.0,
+            },
+            2,
+        );
         d.update(&fac, &[2.0, 0.0]);
         assert_eq!(d.prices, vec![1.0, 0.0]);
         let mut d = DualState::new(DualStep::Paper, 1);

@@ -44,9 +44,14 @@ const POLL_BUDGET: (f64, f64) = (2.5, 4.5);
 const CAPACITY_FRACTION: (f64, f64) = (0.3, 0.8);
 
 pub fn generate(cfg: &GeneratorConfig) -> Problem {
-    assert!(cfg.hosts > 0 && cfg.apps > 0 && cfg.k > 0, "generator needs hosts, apps and k > 0");
+    assert!(
+        cfg.hosts > 0 && cfg.apps > 0 && cfg.k > 0,
+        "generator needs hosts, apps and k > 0"
+    );
     let mut rng = SplitMix64::new(cfg.seed);
-    let app_weight: Vec<f64> = (0..cfg.apps).map(|_| rng.range(APP_WEIGHT.0, APP_WEIGHT.1)).collect();
+    let app_weight: Vec<f64> = (0..cfg.apps)
+        .map(|_| rng.range(APP_WEIGHT.0, APP_WEIGHT.1))
+        .collect();
     let slots = cfg.k.min(cfg.apps) as f64;
     let active_per_facility = cfg.hosts as f64 * slots / cfg.apps as f64;
     let mean_rate = 0.5 * (WQE_BUDGET.0 + WQE_BUDGET.1) / slots;
@@ -82,19 +87,22 @@ pub fn generate(cfg: &GeneratorConfig) -> Problem {
         };
         cfg.hosts * cfg.apps
     ];
-    pairs.par_chunks_mut(cfg.apps).enumerate().for_each(|(i, chunk)| {
-        let mut rng = SplitMix64::fork(cfg.seed, i as u64 + 1);
-        for (j, pair) in chunk.iter_mut().enumerate() {
-            *pair = Pair {
-                app: j as u32,
-                weight: app_weight[j] * rng.range(HOST_WEIGHT_JITTER.0, HOST_WEIGHT_JITTER.1),
-                cqe_per_wqe: rng.range(CQE_PER_WQE.0, CQE_PER_WQE.1),
-                demand: rng.range(DEMAND.0, DEMAND.1).max(cfg.x_min),
-                facility: j as u32,
-                facility_coeff: rng.range(FACILITY_COEFF.0, FACILITY_COEFF.1),
-            };
-        }
-    });
+    pairs
+        .par_chunks_mut(cfg.apps)
+        .enumerate()
+        .for_each(|(i, chunk)| {
+            let mut rng = SplitMix64::fork(cfg.seed, i as u64 + 1);
+            for (j, pair) in chunk.iter_mut().enumerate() {
+                *pair = Pair {
+                    app: j as u32,
+                    weight: app_weight[j] * rng.range(HOST_WEIGHT_JITTER.0, HOST_WEIGHT_JITTER.1),
+                    cqe_per_wqe: rng.range(CQE_PER_WQE.0, CQE_PER_WQE.1),
+                    demand: rng.range(DEMAND.0, DEMAND.1).max(cfg.x_min),
+                    facility: j as u32,
+                    facility_coeff: rng.range(FACILITY_COEFF.0, FACILITY_COEFF.1),
+                };
+            }
+        });
     Problem {
         params: Params {
             alpha: cfg.alpha,
@@ -119,7 +127,9 @@ mod tests {
         let cfg = GeneratorConfig::new(30, 40);
         let p = generate(&cfg);
         assert_eq!(p, generate(&cfg));
-        let again = Instance::from_problem(&p).into_problem().expect("generated instance validates");
+        let again = Instance::from_problem(&p)
+            .into_problem()
+            .expect("generated instance validates");
         assert_eq!(again, p);
         assert_ne!(generate(&GeneratorConfig { seed: 2, ..cfg }), p);
     }

@@ -167,7 +167,12 @@ mod tests {
     use crate::utility::Shape;
     use proptest::prelude::*;
 
-    fn term(w: f64, a: f64, hi: f64, q: f64, t: f64, lin: f64, alpha: f64, beta: f64) -> AppTerm {
+    /// An app from `(w, a, x̄, q, t, lin)` with the given utility shape.
+    fn term(
+        (w, a, hi, q, t, lin): (f64, f64, f64, f64, f64, f64),
+        alpha: f64,
+        beta: f64,
+    ) -> AppTerm {
         AppTerm {
             u: Utility {
                 w,
@@ -189,12 +194,32 @@ mod tests {
     fn assert_kkt(terms: &[AppTerm], q_budget: f64, c_budget: f64, x: &[f64], m: Multipliers) {
         let sum: f64 = x.iter().sum();
         let poll: f64 = terms.iter().zip(x).map(|(t, x)| t.u.a * x).sum();
-        assert!(sum <= q_budget * (1.0 + 1e-9), "WQE budget: {sum} > {q_budget}");
-        assert!(poll <= c_budget * (1.0 + 1e-9), "poll budget: {poll} > {c_budget}");
+        assert!(
+            sum <= q_budget * (1.0 + 1e-9),
+            "WQE budget: {sum} > {q_budget}"
+        );
+        assert!(
+            poll <= c_budget * (1.0 + 1e-9),
+            "poll budget: {poll} > {c_budget}"
+        );
         assert!(m.mu >= 0.0 && m.nu >= 0.0);
-        let scale = terms.iter().zip(x).map(|(t, &x)| t.u.d1(x).abs()).fold(1.0, f64::max);
-        assert!(m.mu * (q_budget - sum) <= 1e-6 * scale * q_budget, "μ slack: μ={} slack={}", m.mu, q_budget - sum);
-        assert!(m.nu * (c_budget - poll) <= 1e-6 * scale * c_budget, "ν slack: ν={} slack={}", m.nu, c_budget - poll);
+        let scale = terms
+            .iter()
+            .zip(x)
+            .map(|(t, &x)| t.u.d1(x).abs())
+            .fold(1.0, f64::max);
+        assert!(
+            m.mu * (q_budget - sum) <= 1e-6 * scale * q_budget,
+            "μ slack: μ={} slack={}",
+            m.mu,
+            q_budget - sum
+        );
+        assert!(
+            m.nu * (c_budget - poll) <= 1e-6 * scale * c_budget,
+            "ν slack: ν={} slack={}",
+            m.nu,
+            c_budget - poll
+        );
         for (t, &xj) in terms.iter().zip(x) {
             let lo = t.u.shape.x_min;
             assert!(xj >= lo && xj <= t.hi, "box: {xj} not in [{lo}, {}]", t.hi);
@@ -212,7 +237,7 @@ mod tests {
 
     #[test]
     fn slack_budgets_give_unconstrained_optimum() {
-        let terms = [term(1.0, 1.0, 0.9, 0.0, 0.0, 4.0, 1.0, 0.0)];
+        let terms = [term((1.0, 1.0, 0.9, 0.0, 0.0, 4.0), 1.0, 0.0)];
         let mut x = [0.0];
         let m = solve_host(&terms, 10.0, 10.0, &mut x, Multipliers::default());
         assert!((x[0] - 0.25).abs() < 1e-12);
@@ -222,7 +247,10 @@ mod tests {
     #[test]
     fn both_budgets_binding() {
         let terms: Vec<_> = (0..5)
-            .map(|j| term(1.0 + j as f64, 1.0 + j as f64, 0.8, 0.0, 0.0, 0.1, 1.0, 1e-4))
+            .map(|j| {
+                let w = 1.0 + j as f64;
+                term((w, w, 0.8, 0.0, 0.0, 0.1), 1.0, 1e-4)
+            })
             .collect();
         // With only the WQE budget binding, usage of the polling budget is 1.82.
         let mut x = vec![0.0; 5];
@@ -242,7 +270,7 @@ mod tests {
         ) {
             let terms: Vec<_> = apps
                 .iter()
-                .map(|&(w, a, hi, q, t, lin)| term(w, a, hi, q, t, lin, alpha, beta))
+                .map(|&app| term(app, alpha, beta))
                 .collect();
             // Keep the instance floor-feasible, as validation guarantees.
             let floor_poll: f64 = terms.iter().map(|t| t.u.a * 0.01).sum();

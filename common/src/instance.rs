@@ -96,10 +96,16 @@ impl Instance {
     pub fn into_problem(self) -> Result<Problem, InstanceError> {
         let alpha = positive("instance", "alpha", self.alpha)?;
         if !(self.beta.is_finite() && (0.0..=MAX_MAGNITUDE).contains(&self.beta)) {
-            return Err(invalid("instance.beta", format!("must be finite and ≥ 0, got {}", self.beta)));
+            return Err(invalid(
+                "instance.beta",
+                format!("must be finite and ≥ 0, got {}", self.beta),
+            ));
         }
         if self.k == 0 || self.k > 1_000_000 {
-            return Err(invalid("instance.k", format!("must be in 1..=1000000, got {}", self.k)));
+            return Err(invalid(
+                "instance.k",
+                format!("must be in 1..=1000000, got {}", self.k),
+            ));
         }
         let x_min = positive("instance", "x_min", self.x_min)?;
         let params = Params {
@@ -118,9 +124,15 @@ impl Instance {
             }
             let capacity = positive(&at, "capacity", f.capacity)?;
             if !(f.cost.is_finite() && (0.0..=MAX_MAGNITUDE).contains(&f.cost)) {
-                return Err(invalid(format!("{at}.cost"), format!("must be finite and ≥ 0, got {}", f.cost)));
+                return Err(invalid(
+                    format!("{at}.cost"),
+                    format!("must be finite and ≥ 0, got {}", f.cost),
+                ));
             }
-            if facility_index.insert(f.id.clone(), facilities.len() as u32).is_some() {
+            if facility_index
+                .insert(f.id.clone(), facilities.len() as u32)
+                .is_some()
+            {
                 return Err(invalid(at, "duplicate facility id"));
             }
             facilities.push(Facility {
@@ -166,7 +178,10 @@ impl Instance {
                 }
                 let facility_coeff = positive(&at, "facility_coeff", app.facility_coeff)?;
                 let facility = *facility_index.get(&app.facility).ok_or_else(|| {
-                    invalid(format!("{at}.facility"), format!("no facility with id {:?}", app.facility))
+                    invalid(
+                        format!("{at}.facility"),
+                        format!("no facility with id {:?}", app.facility),
+                    )
                 })?;
                 let cap = facilities[facility as usize].capacity;
                 if facility_coeff * x_min > cap {
@@ -310,20 +325,34 @@ mod tests {
         let mut inst = sample();
         inst.hosts[0].apps[0].weight = -1.0;
         let e = inst.into_problem().unwrap_err().to_string();
-        assert!(e.contains("hosts[0] (id \"h1\").apps[0] (id \"a\").weight"), "{e}");
+        assert!(
+            e.contains("hosts[0] (id \"h1\").apps[0] (id \"a\").weight"),
+            "{e}"
+        );
 
         let mut inst = sample();
         inst.hosts[0].apps[0].facility = "nope".into();
-        assert!(inst.into_problem().unwrap_err().to_string().contains("no facility"));
+        assert!(inst
+            .into_problem()
+            .unwrap_err()
+            .to_string()
+            .contains("no facility"));
 
         let mut inst = sample();
         inst.hosts[0].wqe_budget = 0.001;
         let e = inst.into_problem().unwrap_err().to_string();
-        assert!(e.contains("host \"h1\" is infeasible") && e.contains("wqe_budget"), "{e}");
+        assert!(
+            e.contains("host \"h1\" is infeasible") && e.contains("wqe_budget"),
+            "{e}"
+        );
 
-        let e = Instance::from_json(r#"{"alpha": 1}"#).unwrap_err().to_string();
+        let e = Instance::from_json(r#"{"alpha": 1}"#)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("missing field"), "{e}");
-        let e = Instance::from_json(r#"{"alpha": 1, "betta": 2}"#).unwrap_err().to_string();
+        let e = Instance::from_json(r#"{"alpha": 1, "betta": 2}"#)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unknown field"), "{e}");
     }
 }

@@ -55,6 +55,9 @@ mod tests {
             assert!(a.below(10) < 10);
             b.below(10);
         }
-        assert_ne!(SplitMix64::fork(7, 1).next_u64(), SplitMix64::fork(7, 2).next_u64());
+        assert_ne!(
+            SplitMix64::fork(7, 1).next_u64(),
+            SplitMix64::fork(7, 2).next_u64()
+        );
     }
 }

@@ -31,7 +31,8 @@ pub fn newton_decreasing(
             hi = x;
         }
         let newton = x - v / dv;
-        let dx = if dv < 0.0 && newton > lo && newton < hi && (2.0 * v).abs() <= (dx_old * dv).abs() {
+        let dx = if dv < 0.0 && newton > lo && newton < hi && (2.0 * v).abs() <= (dx_old * dv).abs()
+        {
             newton - x
         } else {
             0.5 * (lo + hi) - x
@@ -53,7 +54,12 @@ mod tests {
     fn newton_finds_roots_of_steep_functions() {
         let r = newton_decreasing(|x| (1.0 / x - 4.0, -1.0 / (x * x)), 1e-6, 10.0, 5.0);
         assert!((r - 0.25).abs() < 1e-12);
-        let r = newton_decreasing(|x| (1.0 / (x * x * x) - 8.0, -3.0 / x.powi(4)), 1e-3, 1.0, 0.9);
+        let r = newton_decreasing(
+            |x| (1.0 / (x * x * x) - 8.0, -3.0 / x.powi(4)),
+            1e-3,
+            1.0,
+            0.9,
+        );
         assert!((r - 0.5).abs() < 1e-12);
     }
 }

@@ -127,7 +127,9 @@ pub fn evaluate_host(
                 park: worst_member.map(|w| w.1),
                 activate: None,
             }),
-            (Some((wk, w)), Some((ok, o, x))) if ok > wk + opts.hysteresis * wk.abs().max(f64::MIN_POSITIVE) => {
+            (Some((wk, w)), Some((ok, o, x)))
+                if ok > wk + opts.hysteresis * wk.abs().max(f64::MIN_POSITIVE) =>
+            {
                 Some(Swap {
                     park: Some(w),
                     activate: Some((o, x)),

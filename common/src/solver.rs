@@ -168,13 +168,21 @@ pub struct Engine<'p> {
 
 impl<'p> Engine<'p> {
     /// Starts from the given active sets, every host at its best response to zero prices.
-    pub fn new(problem: &'p Problem, algorithm: Algorithm, rho: f64, active: Vec<Vec<usize>>) -> Self {
+    pub fn new(
+        problem: &'p Problem,
+        algorithm: Algorithm,
+        rho: f64,
+        active: Vec<Vec<usize>>,
+    ) -> Self {
         let mut hosts: Vec<HostState> = active
             .into_iter()
             .enumerate()
             .map(|(i, a)| HostState::new(problem, i, a))
             .collect();
-        let contributions: Vec<Contribution> = hosts.par_iter_mut().map(|h| h.priced_step(problem, |_| 0.0)).collect();
+        let contributions: Vec<Contribution> = hosts
+            .par_iter_mut()
+            .map(|h| h.priced_step(problem, |_| 0.0))
+            .collect();
         let mut sums = vec![0.0; problem.facilities.len()];
         accumulate(&mut sums, &contributions);
         let inner = match algorithm {
@@ -199,7 +207,9 @@ impl<'p> Engine<'p> {
     }
 
     pub fn prices(&self) -> Vec<f64> {
-        (0..self.problem.facilities.len() as u32).map(|f| self.price(f)).collect()
+        (0..self.problem.facilities.len() as u32)
+            .map(|f| self.price(f))
+            .collect()
     }
 
     /// One inner iteration: all host steps in parallel, the Allreduce, the coordinator step.
@@ -208,7 +218,10 @@ impl<'p> Engine<'p> {
         let contributions: Vec<Contribution> = match &self.inner {
             Inner::Admm(c) => {
                 let rho = c.rho;
-                self.hosts.par_iter_mut().map(|h| h.admm_step(problem, rho, |f| c.d(f))).collect()
+                self.hosts
+                    .par_iter_mut()
+                    .map(|h| h.admm_step(problem, rho, |f| c.d(f)))
+                    .collect()
             }
             Inner::Dual(d) => self
                 .hosts
@@ -257,7 +270,11 @@ impl<'p> Engine<'p> {
         for (host, swap) in swaps {
             let h = &mut self.hosts[host];
             if let Some(out) = swap.park {
-                let pos = h.active.iter().position(|&p| p == out).expect("parked pair is active");
+                let pos = h
+                    .active
+                    .iter()
+                    .position(|&p| p == out)
+                    .expect("parked pair is active");
                 h.active.remove(pos);
                 h.x.remove(pos);
                 let pair = &problem.pairs[out];
@@ -276,7 +293,8 @@ impl<'p> Engine<'p> {
             }
             applied += 1;
         }
-        let contributions: Vec<Contribution> = self.hosts.iter().map(|h| h.contribution(problem)).collect();
+        let contributions: Vec<Contribution> =
+            self.hosts.iter().map(|h| h.contribution(problem)).collect();
         self.sums.iter_mut().for_each(|s| *s = 0.0);
         accumulate(&mut self.sums, &contributions);
         if let Inner::Admm(c) = &mut self.inner {
@@ -318,7 +336,13 @@ pub fn objective(problem: &Problem, hosts: &[HostState]) -> f64 {
             sums[pair.facility as usize] += pair.facility_coeff * x;
         }
     }
-    total - problem.facilities.iter().zip(&sums).map(|(f, &s)| f.cost_of(s)).sum::<f64>()
+    total
+        - problem
+            .facilities
+            .iter()
+            .zip(&sums)
+            .map(|(f, &s)| f.cost_of(s))
+            .sum::<f64>()
 }
 
 /// `Σ_active U(x) − V(x)`: the constant between objective and activation value.
@@ -334,7 +358,10 @@ fn activation_offset(problem: &Problem, hosts: &[HostState]) -> f64 {
 /// member's rate above `x_min` shrinks by the same factor, so host budgets and boxes still hold.
 pub fn feasible(problem: &Problem, hosts: &[HostState]) -> Vec<HostState> {
     let x_min = problem.params.x_min;
-    let (mut floor, mut above) = (vec![0.0; problem.facilities.len()], vec![0.0; problem.facilities.len()]);
+    let (mut floor, mut above) = (
+        vec![0.0; problem.facilities.len()],
+        vec![0.0; problem.facilities.len()],
+    );
     for h in hosts {
         for (&p, &x) in h.active.iter().zip(&h.x) {
             let pair = &problem.pairs[p];
@@ -420,9 +447,17 @@ pub fn evaluate(
             (h.host, e)
         })
         .collect();
-    let facility_part: f64 = problem.facilities.iter().zip(&prices).map(|(f, &p)| f.conjugate(p)).sum();
+    let facility_part: f64 = problem
+        .facilities
+        .iter()
+        .zip(&prices)
+        .map(|(f, &p)| f.conjugate(p))
+        .sum();
     let bound = facility_part + evals.iter().map(|(_, e)| e.bound).sum::<f64>();
-    let swaps = evals.into_iter().filter_map(|(h, e)| e.swap.map(|s| (h, s))).collect();
+    let swaps = evals
+        .into_iter()
+        .filter_map(|(h, e)| e.swap.map(|s| (h, s)))
+        .collect();
     (bound, swaps)
 }
 
@@ -443,17 +478,23 @@ pub fn solve_from(problem: &Problem, active: Vec<Vec<usize>>, opts: &SolveOption
         let budget = if round == opts.rounds {
             opts.max_iter.saturating_sub(trace.len())
         } else {
-            opts.iters_per_round.min(opts.max_iter.saturating_sub(trace.len()))
+            opts.iters_per_round
+                .min(opts.max_iter.saturating_sub(trace.len()))
         };
         converged = run_inner(&mut engine, budget, opts, round, &mut trace);
         let selecting = round < opts.rounds;
         let sel = SelectionOptions {
-            swap_prob: if selecting { opts.selection.swap_prob } else { 0.0 },
+            swap_prob: if selecting {
+                opts.selection.swap_prob
+            } else {
+                0.0
+            },
             ..opts.selection
         };
         let (upper_bound, swaps) = evaluate(&engine, &activity, &sel, round);
         let feasible_hosts = feasible(problem, &engine.hosts);
-        let lower_bound = objective(problem, &feasible_hosts) - activation_offset(problem, &feasible_hosts);
+        let lower_bound =
+            objective(problem, &feasible_hosts) - activation_offset(problem, &feasible_hosts);
         let swaps_n = swaps.len();
         if selecting {
             decay_activity(&mut activity, &engine.hosts, opts.selection.discount);
@@ -519,7 +560,9 @@ pub fn fixed_set_trace(
 /// The first iteration from which on every iterate is within `tol` of `reference` (relative
 /// objective error) with a primal residual at most `tol`; `None` if the trace never settles.
 pub fn iterations_to_accuracy(trace: &[TraceRow], reference: f64, tol: f64) -> Option<usize> {
-    let ok = |t: &TraceRow| (t.objective - reference).abs() <= tol * reference.abs() && t.primal_residual <= tol;
+    let ok = |t: &TraceRow| {
+        (t.objective - reference).abs() <= tol * reference.abs() && t.primal_residual <= tol
+    };
     let last_bad = trace.iter().rposition(|t| !ok(t));
     match last_bad {
         None if !trace.is_empty() => Some(1),

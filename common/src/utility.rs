@@ -103,9 +103,15 @@ mod tests {
             };
             for &x in &[0.02, 0.1, 0.5, 0.9] {
                 let d1 = numeric_derivative(|x| u.value(x), x);
-                assert!((d1 - u.d1(x)).abs() <= 1e-5 * u.d1(x).abs(), "α={alpha} x={x}");
+                assert!(
+                    (d1 - u.d1(x)).abs() <= 1e-5 * u.d1(x).abs(),
+                    "α={alpha} x={x}"
+                );
                 let d2 = numeric_derivative(|x| u.d1(x), x);
-                assert!((d2 - u.d2(x)).abs() <= 1e-5 * u.d2(x).abs(), "α={alpha} x={x}");
+                assert!(
+                    (d2 - u.d2(x)).abs() <= 1e-5 * u.d2(x).abs(),
+                    "α={alpha} x={x}"
+                );
                 assert!(u.d1(x) > 0.0 && u.d2(x) < 0.0);
             }
             let floor = u.shape.x_min;

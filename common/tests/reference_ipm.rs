@@ -30,7 +30,11 @@ fn clarabel_optimum(p: &Problem) -> (f64, Vec<f64>) {
     for h in &p.hosts {
         let e: Vec<_> = h.pairs.clone().map(|j| (xi(j), 1.0)).collect();
         push(&mut rows, &mut b, &e, h.wqe_budget);
-        let e: Vec<_> = h.pairs.clone().map(|j| (xi(j), p.pairs[j].cqe_per_wqe)).collect();
+        let e: Vec<_> = h
+            .pairs
+            .clone()
+            .map(|j| (xi(j), p.pairs[j].cqe_per_wqe))
+            .collect();
         push(&mut rows, &mut b, &e, h.poll_budget);
     }
     for (f, fac) in p.facilities.iter().enumerate() {
@@ -82,10 +86,14 @@ fn clarabel_optimum(p: &Problem) -> (f64, Vec<f64>) {
         max_iter: 500,
         ..DefaultSettings::default()
     };
-    let mut solver = DefaultSolver::new(&pm, &q, &a, &b, &cones, settings).expect("valid conic problem");
+    let mut solver =
+        DefaultSolver::new(&pm, &q, &a, &b, &cones, settings).expect("valid conic problem");
     solver.solve();
     assert!(
-        matches!(solver.solution.status, SolverStatus::Solved | SolverStatus::AlmostSolved),
+        matches!(
+            solver.solution.status,
+            SolverStatus::Solved | SolverStatus::AlmostSolved
+        ),
         "clarabel: {:?}",
         solver.solution.status
     );
@@ -114,11 +122,18 @@ fn check(cfg: GeneratorConfig) {
             .sum();
         used >= fac.capacity * (1.0 - 1e-6)
     });
-    assert!(binding, "{cfg:?}: no facility binds, the test would not exercise the prices");
+    assert!(
+        binding,
+        "{cfg:?}: no facility binds, the test would not exercise the prices"
+    );
     let scale = ref_x.iter().fold(0.0f64, |m, v| m.max(v.abs()));
     for h in &hosts {
         for (&j, &x) in h.active.iter().zip(&h.x) {
-            assert!((x - ref_x[j]).abs() <= 1e-3 * scale, "{cfg:?}: pair {j}: {x} vs {}", ref_x[j]);
+            assert!(
+                (x - ref_x[j]).abs() <= 1e-3 * scale,
+                "{cfg:?}: pair {j}: {x} vs {}",
+                ref_x[j]
+            );
         }
     }
 }

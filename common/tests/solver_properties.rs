@@ -5,7 +5,8 @@ use drum_common::dual::DualStep;
 use drum_common::generator::{generate, GeneratorConfig};
 use drum_common::model::Problem;
 use drum_common::solver::{
-    default_rho, feasible, fixed_set_trace, objective, price_reference, solve, Algorithm, Solution, SolveOptions,
+    default_rho, feasible, fixed_set_trace, objective, price_reference, solve, Algorithm, Solution,
+    SolveOptions,
 };
 use proptest::prelude::*;
 
@@ -13,25 +14,57 @@ fn assert_feasible(p: &Problem, s: &Solution) {
     let mut usage = vec![0.0; p.facilities.len()];
     for h in &s.hosts {
         let host = &p.hosts[h.host];
-        assert!(h.active.len() <= p.params.k, "host {} has {} active > k", host.id, h.active.len());
+        assert!(
+            h.active.len() <= p.params.k,
+            "host {} has {} active > k",
+            host.id,
+            h.active.len()
+        );
         let (mut sum, mut poll) = (0.0, 0.0);
         for (&j, &x) in h.active.iter().zip(&h.x) {
-            assert!(host.pairs.contains(&j), "pair {j} is not on host {}", host.id);
+            assert!(
+                host.pairs.contains(&j),
+                "pair {j} is not on host {}",
+                host.id
+            );
             let pair = &p.pairs[j];
-            assert!(x >= p.params.x_min * (1.0 - 1e-12) && x <= pair.demand * (1.0 + 1e-12), "rate {x} outside its box");
+            assert!(
+                x >= p.params.x_min * (1.0 - 1e-12) && x <= pair.demand * (1.0 + 1e-12),
+                "rate {x} outside its box"
+            );
             sum += x;
             poll += pair.cqe_per_wqe * x;
             usage[pair.facility as usize] += pair.facility_coeff * x;
         }
-        assert!(sum <= host.wqe_budget * (1.0 + 1e-9), "host {}: WQE {sum} > {}", host.id, host.wqe_budget);
-        assert!(poll <= host.poll_budget * (1.0 + 1e-9), "host {}: poll {poll} > {}", host.id, host.poll_budget);
+        assert!(
+            sum <= host.wqe_budget * (1.0 + 1e-9),
+            "host {}: WQE {sum} > {}",
+            host.id,
+            host.wqe_budget
+        );
+        assert!(
+            poll <= host.poll_budget * (1.0 + 1e-9),
+            "host {}: poll {poll} > {}",
+            host.id,
+            host.poll_budget
+        );
     }
     for (f, fac) in p.facilities.iter().enumerate() {
-        assert!(usage[f] <= fac.capacity * (1.0 + 1e-9), "facility {}: {} > {}", fac.id, usage[f], fac.capacity);
+        assert!(
+            usage[f] <= fac.capacity * (1.0 + 1e-9),
+            "facility {}: {} > {}",
+            fac.id,
+            usage[f],
+            fac.capacity
+        );
     }
     assert!(s.gap >= 0.0 && s.upper_bound() >= s.objective);
     for r in &s.rounds {
-        assert!(r.upper_bound >= r.lower_bound - 1e-9 * r.lower_bound.abs(), "round {}: UB < LB", r.round);
+        assert!(
+            r.upper_bound >= r.lower_bound - 1e-9 * r.lower_bound.abs(),
+            "round {}: UB < LB",
+            r.round
+        );
     }
 }
 
@@ -65,20 +98,30 @@ fn dual_decomposition_reaches_the_admm_optimum() {
     assert_feasible(&p, &s);
     let active: Vec<Vec<usize>> = s.hosts.iter().map(|h| h.active.clone()).collect();
     let rho = default_rho(&p);
-    let (admm_trace, admm_hosts) = fixed_set_trace(&p, active.clone(), Algorithm::Admm, rho, 3000, 1e-10);
+    let (admm_trace, admm_hosts) =
+        fixed_set_trace(&p, active.clone(), Algorithm::Admm, rho, 3000, 1e-10);
     let step = DualStep::Normalised {
         eta: 0.3,
         price_ref: price_reference(&p),
     };
-    let (dual_trace, dual_hosts) = fixed_set_trace(&p, active, Algorithm::Dual(step), rho, 3000, 0.0);
+    let (dual_trace, dual_hosts) =
+        fixed_set_trace(&p, active, Algorithm::Dual(step), rho, 3000, 0.0);
     let admm = objective(&p, &feasible(&p, &admm_hosts));
     let dual = objective(&p, &feasible(&p, &dual_hosts));
-    assert!((admm - dual).abs() <= 1e-3 * admm.abs(), "ADMM {admm} vs dual {dual}");
+    assert!(
+        (admm - dual).abs() <= 1e-3 * admm.abs(),
+        "ADMM {admm} vs dual {dual}"
+    );
     // ...and ADMM gets there much sooner.
     let within = |t: &[drum_common::solver::TraceRow]| {
         drum_common::solver::iterations_to_accuracy(t, admm, 0.005).unwrap_or(usize::MAX)
     };
-    assert!(within(&admm_trace) < within(&dual_trace), "ADMM {} vs dual {}", within(&admm_trace), within(&dual_trace));
+    assert!(
+        within(&admm_trace) < within(&dual_trace),
+        "ADMM {} vs dual {}",
+        within(&admm_trace),
+        within(&dual_trace)
+    );
 }
 
 #[test]
@@ -87,6 +130,11 @@ fn selection_improves_on_the_initial_sets() {
     let s = solve(&p, &SolveOptions::default());
     let first = s.rounds.first().unwrap();
     let last = s.rounds.last().unwrap();
-    assert!(last.lower_bound > first.lower_bound, "{} → {}", first.lower_bound, last.lower_bound);
+    assert!(
+        last.lower_bound > first.lower_bound,
+        "{} → {}",
+        first.lower_bound,
+        last.lower_bound
+    );
     assert!(last.relative_gap() < first.relative_gap());
 }

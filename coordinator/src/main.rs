@@ -17,7 +17,11 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(Parser)]
-#[command(name = "drum-coordinator", version, about = "DRUM coordinator: solve and simulate the NUM problem")]
+#[command(
+    name = "drum-coordinator",
+    version,
+    about = "DRUM coordinator: solve and simulate the NUM problem"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -131,7 +135,8 @@ fn run(cli: Cli) -> Result<()> {
             solver,
             json,
         } => {
-            let text = std::fs::read_to_string(&instance).with_context(|| format!("reading {}", instance.display()))?;
+            let text = std::fs::read_to_string(&instance)
+                .with_context(|| format!("reading {}", instance.display()))?;
             let problem = Instance::from_json(&text)
                 .and_then(Instance::into_problem)
                 .with_context(|| format!("in {}", instance.display()))?;
@@ -143,10 +148,17 @@ fn run(cli: Cli) -> Result<()> {
                 }),
             };
             let opts = options(&solver, algorithm)?;
-            let rho = matches!(algorithm, Algorithm::Admm).then(|| solver.rho.unwrap_or_else(|| default_rho(&problem)));
+            let rho = matches!(algorithm, Algorithm::Admm)
+                .then(|| solver.rho.unwrap_or_else(|| default_rho(&problem)));
             let t = Instant::now();
             let solution = solve(&problem, &SolveOptions { rho, ..opts });
-            let report = SolutionReport::new(&problem, &solution, t.elapsed().as_secs_f64() * 1e3, rho, true);
+            let report = SolutionReport::new(
+                &problem,
+                &solution,
+                t.elapsed().as_secs_f64() * 1e3,
+                rho,
+                true,
+            );
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -207,7 +219,13 @@ fn run(cli: Cli) -> Result<()> {
                 pairs: hosts * apps,
                 generate_ms: sim.generate_ms,
                 peak_rss_mib: peak_rss_mib(),
-                admm: SolutionReport::new(&sim.problem, &sim.solution, sim.solve_ms, Some(sim.rho), !no_hosts),
+                admm: SolutionReport::new(
+                    &sim.problem,
+                    &sim.solution,
+                    sim.solve_ms,
+                    Some(sim.rho),
+                    !no_hosts,
+                ),
                 comparison: sim.comparison,
             };
             if json {
@@ -237,7 +255,11 @@ struct SimulateReport {
 impl SimulateReport {
     fn summary(&self) -> String {
         let c = &self.comparison;
-        let it = |v: Option<usize>| v.map_or(format!("not within {} iterations", c.cap), |n| n.to_string());
+        let it = |v: Option<usize>| {
+            v.map_or(format!("not within {} iterations", c.cap), |n| {
+                n.to_string()
+            })
+        };
         let mut out = format!(
             "instance: {} hosts × {} apps (k = {}, seed {}), generated in {:.0} ms\n",
             self.hosts, self.apps, self.k, self.seed, self.generate_ms

@@ -26,14 +26,21 @@ fn register_font() -> Result<()> {
         };
         let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
         if plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_err() {
-            result = Err(anyhow::anyhow!("the font file is not a usable TrueType font"));
+            result = Err(anyhow::anyhow!(
+                "the font file is not a usable TrueType font"
+            ));
         }
     });
     result
 }
 
 /// Draws `series` (name, trace) into a PNG with two panels: objective and primal residual.
-pub fn convergence_png(path: &Path, title: &str, reference: f64, series: &[(&str, &[TraceRow])]) -> Result<()> {
+pub fn convergence_png(
+    path: &Path,
+    title: &str,
+    reference: f64,
+    series: &[(&str, &[TraceRow])],
+) -> Result<()> {
     register_font()?;
     if series.iter().all(|(_, t)| t.is_empty()) {
         bail!("nothing to plot: the traces are empty");
@@ -42,8 +49,17 @@ pub fn convergence_png(path: &Path, title: &str, reference: f64, series: &[(&str
     root.fill(&WHITE)?;
     let root = root.titled(title, ("sans-serif", 24))?;
     let (top, bottom) = root.split_vertically(440);
-    let max_iter = series.iter().map(|(_, t)| t.len()).max().unwrap_or(1).max(2);
-    let colours = [RGBColor(0, 90, 181), RGBColor(220, 50, 32), RGBColor(0, 140, 70)];
+    let max_iter = series
+        .iter()
+        .map(|(_, t)| t.len())
+        .max()
+        .unwrap_or(1)
+        .max(2);
+    let colours = [
+        RGBColor(0, 90, 181),
+        RGBColor(220, 50, 32),
+        RGBColor(0, 140, 70),
+    ];
 
     // Objective as relative error to the reference optimum, on a log scale: the raw objective
     // spans too little to tell the methods apart after a few iterations.
@@ -56,7 +72,10 @@ pub fn convergence_png(path: &Path, title: &str, reference: f64, series: &[(&str
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(80)
-        .caption("relative objective error |f − f*| / |f*|", ("sans-serif", 18))
+        .caption(
+            "relative objective error |f − f*| / |f*|",
+            ("sans-serif", 18),
+        )
         .build_cartesian_2d(1..max_iter, (1e-9..max_err * 2.0).log_scale())?;
     chart
         .configure_mesh()
@@ -66,11 +85,18 @@ pub fn convergence_png(path: &Path, title: &str, reference: f64, series: &[(&str
     for (i, (name, trace)) in series.iter().enumerate() {
         let c = colours[i % colours.len()];
         chart
-            .draw_series(LineSeries::new(trace.iter().map(|t| (t.iteration, err(t))), c.stroke_width(2)))?
+            .draw_series(LineSeries::new(
+                trace.iter().map(|t| (t.iteration, err(t))),
+                c.stroke_width(2),
+            ))?
             .label(*name)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
     }
-    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
 
     let res = |t: &TraceRow| t.primal_residual.max(1e-12);
     let max_res = series
@@ -91,11 +117,19 @@ pub fn convergence_png(path: &Path, title: &str, reference: f64, series: &[(&str
     for (i, (name, trace)) in series.iter().enumerate() {
         let c = colours[i % colours.len()];
         chart
-            .draw_series(LineSeries::new(trace.iter().map(|t| (t.iteration, res(t))), c.stroke_width(2)))?
+            .draw_series(LineSeries::new(
+                trace.iter().map(|t| (t.iteration, res(t))),
+                c.stroke_width(2),
+            ))?
             .label(*name)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
     }
-    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
-    root.present().with_context(|| format!("writing {}", path.display()))?;
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }

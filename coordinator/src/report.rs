@@ -47,7 +47,13 @@ pub struct AppRow {
 }
 
 impl SolutionReport {
-    pub fn new(problem: &Problem, s: &Solution, wall_ms: f64, rho: Option<f64>, with_hosts: bool) -> Self {
+    pub fn new(
+        problem: &Problem,
+        s: &Solution,
+        wall_ms: f64,
+        rho: Option<f64>,
+        with_hosts: bool,
+    ) -> Self {
         let hosts = if with_hosts {
             s.hosts
                 .iter()
@@ -113,7 +119,11 @@ impl SolutionReport {
     }
 
     pub fn summary(&self) -> String {
-        let active: usize = self.hosts.iter().map(|h| h.apps.iter().filter(|a| a.active).count()).sum();
+        let active: usize = self
+            .hosts
+            .iter()
+            .map(|h| h.apps.iter().filter(|a| a.active).count())
+            .sum();
         let mut out = format!(
             "{}: {} iterations ({}), objective {:.6}, certified gap {:.4} ({:.3}% of the activation value), primal residual {:.2e}, {:.1} ms\n",
             self.algorithm,
@@ -126,12 +136,20 @@ impl SolutionReport {
             self.wall_ms
         );
         if !self.hosts.is_empty() {
-            out += &format!("{} hosts, {} active (host, app) pairs\n", self.hosts.len(), active);
+            out += &format!(
+                "{} hosts, {} active (host, app) pairs\n",
+                self.hosts.len(),
+                active
+            );
         }
         let mut prices: Vec<_> = self.prices.iter().filter(|(_, p)| **p > 0.0).collect();
         prices.sort_by(|a, b| b.1.total_cmp(a.1));
         if !prices.is_empty() {
-            let shown: Vec<String> = prices.iter().take(5).map(|(f, p)| format!("{f}={p:.4}")).collect();
+            let shown: Vec<String> = prices
+                .iter()
+                .take(5)
+                .map(|(f, p)| format!("{f}={p:.4}"))
+                .collect();
             out += &format!(
                 "{} facilities priced; highest: {}\n",
                 prices.len(),

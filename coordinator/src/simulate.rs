@@ -5,8 +5,8 @@ use drum_common::dual::DualStep;
 use drum_common::generator::{generate, GeneratorConfig};
 use drum_common::model::Problem;
 use drum_common::solver::{
-    default_rho, fixed_set_trace, iterations_to_accuracy, price_reference, solve, Algorithm, Solution, SolveOptions,
-    TraceRow,
+    default_rho, fixed_set_trace, iterations_to_accuracy, price_reference, solve, Algorithm,
+    Solution, SolveOptions, TraceRow,
 };
 use serde::Serialize;
 use std::time::Instant;
@@ -49,11 +49,24 @@ pub fn run(cfg: &GeneratorConfig, opts: &SolveOptions, cap: usize) -> Simulation
     let generate_ms = ms(t);
     let rho = opts.rho.unwrap_or_else(|| default_rho(&problem));
     let t = Instant::now();
-    let solution = solve(&problem, &SolveOptions { rho: Some(rho), ..*opts });
+    let solution = solve(
+        &problem,
+        &SolveOptions {
+            rho: Some(rho),
+            ..*opts
+        },
+    );
     let solve_ms = ms(t);
 
     let active: Vec<Vec<usize>> = solution.hosts.iter().map(|h| h.active.clone()).collect();
-    let (reference_trace, _) = fixed_set_trace(&problem, active.clone(), Algorithm::Admm, rho, REFERENCE_ITERS, 1e-9);
+    let (reference_trace, _) = fixed_set_trace(
+        &problem,
+        active.clone(),
+        Algorithm::Admm,
+        rho,
+        REFERENCE_ITERS,
+        1e-9,
+    );
     let reference_objective = reference_trace.last().map_or(0.0, |t| t.objective);
 
     let t = Instant::now();
@@ -64,15 +77,33 @@ pub fn run(cfg: &GeneratorConfig, opts: &SolveOptions, cap: usize) -> Simulation
         price_ref: price_reference(&problem),
     };
     let t = Instant::now();
-    let (dual_trace, _) = fixed_set_trace(&problem, active.clone(), Algorithm::Dual(step), rho, cap, 0.0);
+    let (dual_trace, _) = fixed_set_trace(
+        &problem,
+        active.clone(),
+        Algorithm::Dual(step),
+        rho,
+        cap,
+        0.0,
+    );
     let dual_ms = ms(t) / cap.max(1) as f64;
-    let (paper_trace, _) = fixed_set_trace(&problem, active, Algorithm::Dual(DualStep::Paper), rho, cap, 0.0);
+    let (paper_trace, _) = fixed_set_trace(
+        &problem,
+        active,
+        Algorithm::Dual(DualStep::Paper),
+        rho,
+        cap,
+        0.0,
+    );
     let comparison = Comparison {
         reference_objective,
         accuracy: ACCURACY,
         admm_iterations: iterations_to_accuracy(&admm_trace, reference_objective, ACCURACY),
         dual_iterations: iterations_to_accuracy(&dual_trace, reference_objective, ACCURACY),
-        dual_paper_step_iterations: iterations_to_accuracy(&paper_trace, reference_objective, ACCURACY),
+        dual_paper_step_iterations: iterations_to_accuracy(
+            &paper_trace,
+            reference_objective,
+            ACCURACY,
+        ),
         cap,
         admm_ms_per_iteration: admm_ms,
         dual_ms_per_iteration: dual_ms,

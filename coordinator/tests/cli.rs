@@ -11,7 +11,11 @@ fn run(args: &[&str]) -> Output {
 }
 
 fn json(out: &Output) -> serde_json::Value {
-    assert!(out.status.success(), "failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).expect("stdout is JSON")
 }
 
@@ -23,22 +27,55 @@ fn simulate_writes_instance_trace_and_plot_then_solve_reads_it() {
     let trace = dir.path().join("trace.csv");
     let p = |x: &Path| x.to_str().unwrap().to_string();
     let out = run(&[
-        "simulate", "--hosts", "30", "--apps", "20", "--k", "5", "--json", "--compare-iters", "80",
-        "--write-instance", &p(&inst), "--plot", &p(&plot), "--trace", &p(&trace),
+        "simulate",
+        "--hosts",
+        "30",
+        "--apps",
+        "20",
+        "--k",
+        "5",
+        "--json",
+        "--compare-iters",
+        "80",
+        "--write-instance",
+        &p(&inst),
+        "--plot",
+        &p(&plot),
+        "--trace",
+        &p(&trace),
     ]);
     let v = json(&out);
     assert_eq!(v["pairs"], 600);
-    assert!(v["comparison"]["admm_iterations"].as_u64().is_some(), "{}", v["comparison"]);
+    assert!(
+        v["comparison"]["admm_iterations"].as_u64().is_some(),
+        "{}",
+        v["comparison"]
+    );
     assert_eq!(&std::fs::read(&plot).unwrap()[..4], b"\x89PNG");
     let csv = std::fs::read_to_string(&trace).unwrap();
     assert!(csv.starts_with("algorithm,iteration,objective,primal_residual,dual_residual\n"));
     assert!(csv.lines().filter(|l| l.starts_with("admm,")).count() == 80);
 
     for algorithm in ["admm", "dual"] {
-        let v = json(&run(&["solve", "--instance", &p(&inst), "--algorithm", algorithm, "--json"]));
+        let v = json(&run(&[
+            "solve",
+            "--instance",
+            &p(&inst),
+            "--algorithm",
+            algorithm,
+            "--json",
+        ]));
         for field in [
-            "algorithm", "iterations", "converged", "objective", "upper_bound", "gap", "primal_residual", "wall_ms",
-            "prices", "hosts",
+            "algorithm",
+            "iterations",
+            "converged",
+            "objective",
+            "upper_bound",
+            "gap",
+            "primal_residual",
+            "wall_ms",
+            "prices",
+            "hosts",
         ] {
             assert!(!v[field].is_null(), "{algorithm}: missing {field}");
         }
@@ -76,7 +113,11 @@ fn bad_input_is_refused_with_a_clear_error() {
     let out = run(&["solve", "--instance", bad.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("hosts[0] (id \"h1\").apps[0] (id \"a\").facility") && err.contains("no facility"), "{err}");
+    assert!(
+        err.contains("hosts[0] (id \"h1\").apps[0] (id \"a\").facility")
+            && err.contains("no facility"),
+        "{err}"
+    );
 
     std::fs::write(&bad, "{\"alpha\": 1, \"beta\"").unwrap();
     let out = run(&["solve", "--instance", bad.to_str().unwrap()]);
