@@ -8,4 +8,6 @@ bash scripts/setup.sh
 export CARGO_TERM_COLOR=never
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
+# The softrnic provider is a cdylib that `cargo test` does not build; its tests load it.
+cargo build --workspace --release
 cargo test --workspace --release

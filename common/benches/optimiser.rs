@@ -23,7 +23,7 @@ fn sizes() -> Vec<(usize, usize)> {
 fn host_step(c: &mut Criterion) {
     // One host with m = 5000 apps present and k = 20 active.
     let p = generate(&GeneratorConfig::new(1, 5000));
-    let active = initial_active(&p);
+    let active = initial_active(&p, &vec![0.0; p.facilities.len()]);
     let rho = default_rho(&p);
     let mut engine = Engine::new(&p, Algorithm::Admm, rho, active);
     c.bench_function("host_step/m=5000,k=20", |b| {
@@ -40,7 +40,12 @@ fn iteration_and_selection(c: &mut Criterion) {
     for (n, m) in sizes() {
         let p = generate(&GeneratorConfig::new(n, m));
         let rho = default_rho(&p);
-        let mut engine = Engine::new(&p, Algorithm::Admm, rho, initial_active(&p));
+        let mut engine = Engine::new(
+            &p,
+            Algorithm::Admm,
+            rho,
+            initial_active(&p, &vec![0.0; p.facilities.len()]),
+        );
         for _ in 0..5 {
             engine.step();
         }

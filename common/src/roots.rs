@@ -30,7 +30,12 @@ pub fn newton_decreasing(
         } else {
             hi = x;
         }
-        let newton = x - v / dv;
+        let step = v / dv;
+        if dv < 0.0 && step.abs() <= 1e-14 * x.abs() {
+            // Converged to rounding: the Newton step no longer moves x.
+            return x - step;
+        }
+        let newton = x - step;
         let dx = if dv < 0.0 && newton > lo && newton < hi && (2.0 * v).abs() <= (dx_old * dv).abs()
         {
             newton - x

@@ -142,6 +142,56 @@ pub fn evaluate_host(
     HostEvaluation { bound, swap }
 }
 
+/// A host's Lagrangian relaxation at given prices and multipliers: its `k` best pairs by surplus
+/// (positive ones only), what they would use, and the host's share of the weak-duality bound.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Relaxed {
+    pub bound: f64,
+    pub wqe: f64,
+    pub poll: f64,
+    /// `(facility, b·x)` of the chosen pairs.
+    pub usage: Vec<(u32, f64)>,
+}
+
+pub fn relax_host(
+    problem: &Problem,
+    host: usize,
+    price: impl Fn(u32) -> f64,
+    mu: f64,
+    nu: f64,
+) -> Relaxed {
+    let h = &problem.hosts[host];
+    let mut scored: Vec<(f64, usize, f64)> = h
+        .pairs
+        .clone()
+        .map(|p| {
+            let pair = &problem.pairs[p];
+            let charge = price(pair.facility) * pair.facility_coeff + mu + nu * pair.cqe_per_wqe;
+            let (l, x) = surplus(problem, host, p, charge);
+            (l, p, x)
+        })
+        .collect();
+    let k = problem.slots(host).min(scored.len());
+    let mut out = Relaxed {
+        bound: mu * h.wqe_budget + nu * h.poll_budget,
+        wqe: 0.0,
+        poll: 0.0,
+        usage: Vec::with_capacity(k),
+    };
+    if k == 0 {
+        return out;
+    }
+    scored.select_nth_unstable_by(k - 1, |a, b| b.0.total_cmp(&a.0));
+    for &(l, p, x) in scored[..k].iter().filter(|s| s.0 > 0.0) {
+        let pair = &problem.pairs[p];
+        out.bound += l;
+        out.wqe += x;
+        out.poll += pair.cqe_per_wqe * x;
+        out.usage.push((pair.facility, pair.facility_coeff * x));
+    }
+    out
+}
+
 /// Sum of the `k` largest positive values (reorders `values`).
 fn top_k_positive_sum(values: &mut [f64], k: usize) -> f64 {
     if k == 0 || values.is_empty() {
@@ -153,11 +203,11 @@ fn top_k_positive_sum(values: &mut [f64], k: usize) -> f64 {
 }
 
 /// Initial active sets, chosen greedily host by host so they do not herd: every host would
-/// otherwise pick the same heavy apps at zero prices. Each pair is scored by its activation value
-/// at the rate it could expect, `min(x̄, Q/k, Y_f/(b·(members_f + 1)))`, so a facility looks
-/// less attractive as members join; a pair joins only while its facility can still carry every
-/// member at `x_min` (so a feasible allocation always exists).
-pub fn initial_active(problem: &Problem) -> Vec<Vec<usize>> {
+/// otherwise pick the same heavy apps at zero prices. Each pair is scored by its surplus at the
+/// given facility prices and at the rate it could expect, `min(x̄, Q/k, Y_f/(b·(members_f + 1)))`,
+/// so a facility looks less attractive as members join; a pair joins only while its facility can
+/// still carry every member at `x_min` (so a feasible allocation always exists).
+pub fn initial_active(problem: &Problem, prices: &[f64]) -> Vec<Vec<usize>> {
     let x_min = problem.params.x_min;
     let mut members = vec![0u32; problem.facilities.len()];
     let mut floor = vec![0.0; problem.facilities.len()];
@@ -175,7 +225,7 @@ pub fn initial_active(problem: &Problem) -> Vec<Vec<usize>> {
             }
             let share = cap / (pair.facility_coeff * (members[f] + 1) as f64);
             let x = pair.demand.min(fair).min(share).max(x_min);
-            let v = problem.utility(pair).activation_value(x);
+            let v = problem.utility(pair).activation_value(x) - prices[f] * pair.facility_coeff * x;
             if v > 0.0 {
                 scored.push((v, p));
             }

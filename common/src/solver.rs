@@ -6,7 +6,7 @@ use crate::admm::{accumulate, Contribution, CoordinatorState, HostState, Residua
 use crate::dual::{DualState, DualStep};
 use crate::model::Problem;
 use crate::rng::SplitMix64;
-use crate::selection::{evaluate_host, initial_active, SelectionOptions};
+use crate::selection::{evaluate_host, initial_active, relax_host, SelectionOptions};
 use rayon::prelude::*;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -39,6 +39,11 @@ pub struct SolveOptions {
     pub eps_primal: f64,
     pub eps_dual: f64,
     pub selection: SelectionOptions,
+    /// Choose the initial active sets twice: greedily at zero prices, then again at half the
+    /// prices `iters_per_round` iterations on the first sets produced (docs/model.md).
+    pub priced_start: bool,
+    /// Subgradient steps on the relaxed dual that tighten the final certificate (0: none).
+    pub certificate_iters: usize,
 }
 
 impl Default for SolveOptions {
@@ -52,6 +57,8 @@ impl Default for SolveOptions {
             eps_primal: 1e-4,
             eps_dual: 1e-4,
             selection: SelectionOptions::default(),
+            priced_start: true,
+            certificate_iters: 30,
         }
     }
 }
@@ -463,7 +470,108 @@ pub fn evaluate(
 
 /// Solves with selection rounds (see the module docs of `selection`).
 pub fn solve(problem: &Problem, opts: &SolveOptions) -> Solution {
-    solve_from(problem, initial_active(problem), opts)
+    let mut prices = vec![0.0; problem.facilities.len()];
+    let mut active = initial_active(problem, &prices);
+    if opts.priced_start {
+        let rho = opts.rho.unwrap_or_else(|| default_rho(problem));
+        let mut engine = Engine::new(problem, opts.algorithm, rho, active);
+        for _ in 0..opts.iters_per_round {
+            engine.step();
+        }
+        // Half the prices: the first sets overload some facilities, and at full prices every
+        // host would flee them at once.
+        for (p, q) in prices.iter_mut().zip(engine.prices()) {
+            *p = 0.5 * q;
+        }
+        active = initial_active(problem, &prices);
+    }
+    solve_from(problem, active, opts)
+}
+
+/// Tightens the weak-duality bound by projected subgradient steps on the Lagrangian relaxation,
+/// moving facility prices and host multipliers together from the given ones. The step is
+/// Polyak's, `θ·(UB − LB)/‖g‖²` with the feasible value `lower_bound` as the target, so it needs
+/// no scale; `θ` halves after 5 steps without improvement. Any prices and multipliers give a
+/// valid bound, so this only ever improves the certificate. Returns the least bound seen.
+pub fn refine_bound(
+    problem: &Problem,
+    hosts: &[HostState],
+    prices: &[f64],
+    lower_bound: f64,
+    iterations: usize,
+) -> f64 {
+    let mut prices = prices.to_vec();
+    let mut mult: Vec<(f64, f64)> = hosts
+        .iter()
+        .map(|h| (h.multipliers.mu, h.multipliers.nu))
+        .collect();
+    let (mut best, mut theta, mut stale) = (f64::INFINITY, 2.0, 0);
+    for _ in 0..iterations {
+        let relaxed: Vec<_> = hosts
+            .par_iter()
+            .zip(&mult)
+            .map(|(h, &(mu, nu))| relax_host(problem, h.host, |f| prices[f as usize], mu, nu))
+            .collect();
+        let mut usage = vec![0.0; problem.facilities.len()];
+        for r in &relaxed {
+            for &(f, v) in &r.usage {
+                usage[f as usize] += v;
+            }
+        }
+        let facility_part: f64 = problem
+            .facilities
+            .iter()
+            .zip(&prices)
+            .map(|(f, &p)| f.conjugate(p))
+            .sum();
+        let bound = facility_part + relaxed.iter().map(|r| r.bound).sum::<f64>();
+        if bound < best {
+            best = bound;
+            stale = 0;
+        } else {
+            stale += 1;
+            if stale >= 3 {
+                theta *= 0.5;
+                stale = 0;
+            }
+        }
+        // Subgradient (the direction that raises the bound's violated constraints' prices),
+        // with components that would push a zero price or multiplier negative dropped.
+        let projected = |value: f64, g: f64| if value <= 0.0 && g < 0.0 { 0.0 } else { g };
+        let g_fac: Vec<f64> = problem
+            .facilities
+            .iter()
+            .zip(&usage)
+            .zip(&prices)
+            .map(|((spec, u), &p)| projected(p, u - spec.capacity))
+            .collect();
+        let g_host: Vec<(f64, f64)> = hosts
+            .iter()
+            .zip(&relaxed)
+            .zip(&mult)
+            .map(|((h, r), &(mu, nu))| {
+                let host = &problem.hosts[h.host];
+                (
+                    projected(mu, r.wqe - host.wqe_budget),
+                    projected(nu, r.poll - host.poll_budget),
+                )
+            })
+            .collect();
+        let norm2: f64 = g_fac.iter().map(|g| g * g).sum::<f64>()
+            + g_host.iter().map(|(a, b)| a * a + b * b).sum::<f64>();
+        if norm2 <= 0.0 || bound <= lower_bound {
+            break;
+        }
+        let t = theta * (bound - lower_bound) / norm2;
+        for (p, g) in prices.iter_mut().zip(&g_fac) {
+            *p = (*p + t * g).max(0.0);
+        }
+        for (m, g) in mult.iter_mut().zip(&g_host) {
+            m.0 = (m.0 + t * g.0).max(0.0);
+            m.1 = (m.1 + t * g.1).max(0.0);
+        }
+    }
+    best
 }
 
 /// Solves starting from the given active sets.
@@ -507,6 +615,18 @@ pub fn solve_from(problem: &Problem, active: Vec<Vec<usize>>, opts: &SolveOption
             upper_bound,
             swaps: if selecting { swaps_n } else { 0 },
         });
+    }
+    if opts.certificate_iters > 0 {
+        let lower = rounds.last().expect("at least one round").lower_bound;
+        let refined = refine_bound(
+            problem,
+            &engine.hosts,
+            &engine.prices(),
+            lower,
+            opts.certificate_iters,
+        );
+        let last = rounds.last_mut().expect("at least one round");
+        last.upper_bound = last.upper_bound.min(refined);
     }
     let last = *rounds.last().expect("at least one round");
     let hosts = feasible(problem, &engine.hosts);

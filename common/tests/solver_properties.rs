@@ -138,3 +138,58 @@ fn selection_improves_on_the_initial_sets() {
     );
     assert!(last.relative_gap() < first.relative_gap());
 }
+
+/// Brute force over every choice of active sets on a tiny instance: the certificate's bounds
+/// must bracket the true optimum of the activation value.
+#[test]
+fn certificate_brackets_the_brute_force_optimum() {
+    let p = generate(&GeneratorConfig {
+        k: 2,
+        seed: 5,
+        ..GeneratorConfig::new(2, 4)
+    });
+    let subsets = |host: usize| -> Vec<Vec<usize>> {
+        let pairs: Vec<usize> = p.hosts[host].pairs.clone().collect();
+        let mut out = vec![vec![]];
+        for (i, &a) in pairs.iter().enumerate() {
+            out.push(vec![a]);
+            for &b in &pairs[i + 1..] {
+                out.push(vec![a, b]);
+            }
+        }
+        out
+    };
+    let rho = default_rho(&p);
+    let offset = |hosts: &[drum_common::admm::HostState]| -> f64 {
+        hosts
+            .iter()
+            .flat_map(|h| h.active.iter())
+            .map(|&j| p.utility(&p.pairs[j]).activation_offset())
+            .sum()
+    };
+    let mut best = f64::NEG_INFINITY;
+    for s0 in subsets(0) {
+        for s1 in subsets(1) {
+            let (_, hosts) =
+                fixed_set_trace(&p, vec![s0.clone(), s1], Algorithm::Admm, rho, 4000, 1e-11);
+            let hosts = feasible(&p, &hosts);
+            best = best.max(objective(&p, &hosts) - offset(&hosts));
+        }
+    }
+    let s = solve(&p, &SolveOptions::default());
+    let tol = 1e-6 * best.abs();
+    for r in &s.rounds {
+        assert!(
+            r.lower_bound <= best + tol,
+            "round {}: LB {} above the optimum {best}",
+            r.round,
+            r.lower_bound
+        );
+        assert!(
+            r.upper_bound >= best - tol,
+            "round {}: UB {} below the optimum {best}",
+            r.round,
+            r.upper_bound
+        );
+    }
+}

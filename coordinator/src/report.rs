@@ -13,7 +13,10 @@ pub struct SolutionReport {
     pub objective: f64,
     pub upper_bound: f64,
     pub gap: f64,
+    /// Gap over the activation value of the allocation (the strict measure).
     pub relative_gap: f64,
+    /// Gap over |objective| (the objective, which includes every app's floor utility).
+    pub relative_gap_objective: f64,
     pub primal_residual: f64,
     pub wall_ms: f64,
     pub rho: Option<f64>,
@@ -93,6 +96,7 @@ impl SolutionReport {
             upper_bound: s.upper_bound(),
             gap: s.gap,
             relative_gap: s.relative_gap,
+            relative_gap_objective: s.gap / s.objective.abs().max(f64::MIN_POSITIVE),
             primal_residual: s.primal_residual,
             wall_ms,
             rho,
@@ -125,13 +129,14 @@ impl SolutionReport {
             .map(|h| h.apps.iter().filter(|a| a.active).count())
             .sum();
         let mut out = format!(
-            "{}: {} iterations ({}), objective {:.6}, certified gap {:.4} ({:.3}% of the activation value), primal residual {:.2e}, {:.1} ms\n",
+            "{}: {} iterations ({}), objective {:.6}, certified gap {:.4} ({:.3}% of the activation value, {:.3}% of |objective|), primal residual {:.2e}, {:.1} ms\n",
             self.algorithm,
             self.iterations,
             if self.converged { "converged" } else { "iteration cap reached" },
             self.objective,
             self.gap,
             100.0 * self.relative_gap,
+            100.0 * self.relative_gap_objective,
             self.primal_residual,
             self.wall_ms
         );
