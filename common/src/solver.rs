@@ -123,7 +123,7 @@ impl Solution {
 pub const RHO_FACTOR: f64 = 10.0;
 
 /// The default ADMM penalty: [`RHO_FACTOR`] times the median curvature `|U''|/b²` of the pairs
-/// at their fair share `min(x̄, Q/k)`. One rule for every instance; docs/model.md says how it
+/// at their fair share `min(x̄, Q/k, Y_f/b)`. One rule for every instance; docs/model.md says how it
 /// was chosen.
 pub fn default_rho(problem: &Problem) -> f64 {
     let mut curv: Vec<f64> = Vec::new();
@@ -132,7 +132,8 @@ pub fn default_rho(problem: &Problem) -> f64 {
         let fair = h.wqe_budget / problem.slots(hi).max(1) as f64;
         for p in h.pairs.clone().step_by(stride) {
             let pair = &problem.pairs[p];
-            let x = fair.min(pair.demand).max(problem.params.x_min);
+            let alone = problem.facilities[pair.facility as usize].capacity / pair.facility_coeff;
+            let x = fair.min(pair.demand).min(alone).max(problem.params.x_min);
             curv.push(-problem.utility(pair).d2(x) / (pair.facility_coeff * pair.facility_coeff));
         }
     }
