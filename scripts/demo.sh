@@ -11,9 +11,8 @@ mkdir -p out
 
 echo "== drum-coordinator simulate: 1000 hosts x 500 apps, k = 20"
 ./target/release/drum-coordinator simulate --hosts 1000 --apps 500 --no-hosts \
-    --plot out/convergence.png --trace out/convergence.csv --json > out/simulate.json
-./target/release/drum-coordinator simulate --hosts 1000 --apps 500 --no-hosts
-echo "   (plot: out/convergence.png, trace: out/convergence.csv, JSON: out/simulate.json)"
+    --plot out/convergence.png --trace out/convergence.csv --write-instance out/instance.json
+echo "   (plot: out/convergence.png, trace: out/convergence.csv, instance: out/instance.json)"
 
 echo
 echo "== softrnic: unmodified ibverbs programs between two emulated hosts"
