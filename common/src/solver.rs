@@ -426,6 +426,16 @@ fn run_inner(
     false
 }
 
+/// The facilities' share of the weak-duality bound at the given prices.
+fn facility_bound(problem: &Problem, prices: &[f64]) -> f64 {
+    problem
+        .facilities
+        .iter()
+        .zip(prices)
+        .map(|(f, &p)| f.conjugate(p))
+        .sum()
+}
+
 /// Evaluates every host at current prices (one selection round's work); returns the
 /// weak-duality bound and the proposed swaps.
 pub fn evaluate(
@@ -455,12 +465,7 @@ pub fn evaluate(
             (h.host, e)
         })
         .collect();
-    let facility_part: f64 = problem
-        .facilities
-        .iter()
-        .zip(&prices)
-        .map(|(f, &p)| f.conjugate(p))
-        .sum();
+    let facility_part = facility_bound(problem, &prices);
     let bound = facility_part + evals.iter().map(|(_, e)| e.bound).sum::<f64>();
     let swaps = evals
         .into_iter()
@@ -519,12 +524,7 @@ pub fn refine_bound(
                 usage[f as usize] += v;
             }
         }
-        let facility_part: f64 = problem
-            .facilities
-            .iter()
-            .zip(&prices)
-            .map(|(f, &p)| f.conjugate(p))
-            .sum();
+        let facility_part = facility_bound(problem, &prices);
         let bound = facility_part + relaxed.iter().map(|r| r.bound).sum::<f64>();
         if bound < best {
             best = bound;
