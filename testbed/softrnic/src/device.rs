@@ -118,11 +118,12 @@ pub fn fill_device_attr(a: &mut IbvDeviceAttr, guid: u64) {
     a.phys_port_cnt = 1;
 }
 
-/// Fill `ibv_port_attr` for port 1 (the caller has zeroed it).
-pub fn fill_port_attr(p: &mut IbvPortAttr) {
+/// Fill `ibv_port_attr` for port 1 (the caller has zeroed it); `active_mtu` is the NIC
+/// model's MTU (an `IBV_MTU_*` value).
+pub fn fill_port_attr(p: &mut IbvPortAttr, active_mtu: i32) {
     p.state = IBV_PORT_ACTIVE;
     p.max_mtu = IBV_MTU_4096;
-    p.active_mtu = IBV_MTU_4096;
+    p.active_mtu = active_mtu;
     p.gid_tbl_len = 1;
     p.max_msg_sz = MAX_MSG_SZ;
     p.pkey_tbl_len = 1;

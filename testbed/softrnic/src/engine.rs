@@ -2,9 +2,11 @@
 //! providers of the host's applications over a Unix socket, moves data with
 //! `process_vm_readv/writev`, and runs the RC transport over UDP with peer engines.
 //!
-//! Threads: one per provider connection (verbs requests), one UDP receiver, one transmitter
-//! (round-robin over QPs with work, one packet per QP per turn, retransmission timers). All
-//! state sits behind one mutex; the transmitter sleeps on a condition variable.
+//! Threads: one per provider connection (control verbs), one UDP receiver, one transmitter
+//! (round-robin over QPs with work, one packet per QP per turn, paced by the NIC model
+//! ([`crate::nic`]), retransmission timers). Work requests and completions travel through
+//! rings shared with the applications ([`crate::ring`]); the transmitter takes new work
+//! requests from them and sleeps on the engine's doorbell. All state sits behind one mutex.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -13,7 +15,8 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -22,15 +25,21 @@ use crate::device;
 use crate::faults::{FaultConfig, LinkInjector};
 use crate::ffi::consts::*;
 use crate::ffi::{mtu_bytes, IbvWc};
+use crate::nic::{NicConfig, Pipeline};
 use crate::proto::{self, Caps, QpAttrs, RecvWr, Req, Resp, SendWr, Sge};
+use crate::ring::{self, Doorbell, Map, QpLayout, Ring};
 use crate::wire::{self, psn_add, psn_diff, Packet};
 
+/// How long a destroyed QP still acknowledges duplicates of what it had received.
+const TOMBSTONE: Duration = Duration::from_secs(3);
 /// Most packets a QP keeps unacknowledged.
-const WINDOW: usize = 128;
+const WINDOW: usize = 512;
 /// A requester asks for an ACK at least every this many packets.
 const ACKREQ_EVERY: u32 = 16;
 /// Transmitter tick when idle (bounds timer latency).
 const TICK: Duration = Duration::from_millis(1);
+/// Most packets the transmitter sends per wakeup before letting other threads in.
+const TX_BURST: usize = 64;
 /// The stats file is rewritten at most this often (and only when a counter changed).
 const STATS_EVERY: Duration = Duration::from_millis(200);
 
@@ -44,6 +53,11 @@ pub struct EngineConfig {
     pub faults: FaultConfig,
     /// Where the counters are written (about every 200 ms while they change).
     pub stats: Option<PathBuf>,
+    /// The NIC model (see [`crate::nic`]).
+    pub nic: NicConfig,
+    /// Batch same-size packets into UDP GSO sends and receive with UDP GRO (a host-side
+    /// optimisation: every packet stays a packet for the model, faults and peers).
+    pub gso: bool,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +76,18 @@ pub struct Counters {
     pub fault_duplicated: u64,
     pub fault_reordered: u64,
     pub fault_delayed: u64,
+    /// QP-context cache of the NIC model: lookups that hit and that missed.
+    pub qp_cache_hits: u64,
+    pub qp_cache_misses: u64,
+    /// Work requests fetched by the transmitter (each costs `wqe_fetch_ns`).
+    pub wqe_fetches: u64,
+    /// Work requests taken from shared rings (send, receive), completions written to rings,
+    /// and posts/polls that came over the socket instead (programs whose rings could not be
+    /// set up, and tests).
+    pub ring_send_wqes: u64,
+    pub ring_recv_wqes: u64,
+    pub ring_cqes: u64,
+    pub socket_posts_polls: u64,
 }
 
 impl Counters {
@@ -81,6 +107,13 @@ impl Counters {
             ("fault_duplicated", self.fault_duplicated),
             ("fault_reordered", self.fault_reordered),
             ("fault_delayed", self.fault_delayed),
+            ("qp_cache_hits", self.qp_cache_hits),
+            ("qp_cache_misses", self.qp_cache_misses),
+            ("wqe_fetches", self.wqe_fetches),
+            ("ring_send_wqes", self.ring_send_wqes),
+            ("ring_recv_wqes", self.ring_recv_wqes),
+            ("ring_cqes", self.ring_cqes),
+            ("socket_posts_polls", self.socket_posts_polls),
         ] {
             s.push_str(&format!("{k} {v}\n"));
         }
@@ -139,6 +172,8 @@ struct Cq {
     channel: u32,
     user: u64,
     armed: bool,
+    /// Completion ring shared with the application (then `q` stays empty).
+    ring: Option<(Map, Ring)>,
 }
 
 /// A completion channel: the event stream is a second connection of the owning process.
@@ -205,6 +240,17 @@ struct Qp {
     epsn: u32,
     cur_recv: Option<CurRecv>,
     nak_sent: bool,
+    /// Work-request rings shared with the application.
+    rings: Option<QpRings>,
+}
+
+/// A QP's send and receive rings, and how far the engine has consumed them.
+struct QpRings {
+    map: Map,
+    sq: Ring,
+    rq: Ring,
+    sq_cons: u32,
+    rq_cons: u32,
 }
 
 impl Qp {
@@ -231,11 +277,27 @@ struct State {
     out: Vec<(SocketAddr, Vec<u8>)>,
     /// Fault injection, when configured.
     inject: Option<Injection>,
+    /// The NIC model: pipeline clock and QP-context cache.
+    nic: Pipeline,
+    /// Destroyed QPs that still re-acknowledge their peer's duplicates for a while.
+    tombstones: HashMap<u32, Tombstone>,
+}
+
+/// What is left of a destroyed connected QP (see [`TOMBSTONE`]).
+struct Tombstone {
+    peer: SocketAddr,
+    peer_qpn: u32,
+    epsn: u32,
+    until: Instant,
 }
 
 struct Shared {
     st: Mutex<State>,
-    cv: Condvar,
+    /// Wakes the transmitter: rung by providers after posting and by the engine's own threads.
+    db: Doorbell,
+    /// Hand runs of same-size packets to the kernel as one UDP GSO send (see [`send_batched`]);
+    /// the receiver enables UDP GRO and splits what it gets back into packets.
+    gso: bool,
     udp: UdpSocket,
 }
 
@@ -244,9 +306,17 @@ impl Shared {
         self.st.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn kick(&self) {
+        self.db.ring();
+    }
+
     fn flush_out(&self, st: &mut State) {
         let st = &mut *st;
         let Some(inj) = st.inject.as_mut() else {
+            if self.gso {
+                st.counters.tx_packets += send_batched(&self.udp, &mut st.out);
+                return;
+            }
             for (dst, b) in st.out.drain(..) {
                 if self.udp.send_to(&b, dst).is_ok() {
                     st.counters.tx_packets += 1;
@@ -415,7 +485,12 @@ fn err(errno: i32) -> Resp {
 }
 
 impl State {
+    #[cfg(test)]
     fn new() -> Self {
+        Self::with_nic(NicConfig::default())
+    }
+
+    fn with_nic(nic: NicConfig) -> Self {
         State {
             next_handle: 1,
             next_qpn: 0x11,
@@ -429,7 +504,94 @@ impl State {
             counters: Counters::default(),
             out: Vec::new(),
             inject: None,
+            nic: Pipeline::new(nic),
+            tombstones: HashMap::new(),
         }
+    }
+
+    /// Remove a QP. A connected one leaves a tombstone: when the last ACK to its peer was
+    /// lost and the application destroyed the QP right after its last receive (as
+    /// `ibv_rc_pingpong` does), the peer's retransmissions are still acknowledged instead of
+    /// ending in a retry-exceeded error — the TIME_WAIT of this transport. Nothing is delivered
+    /// to anyone; only duplicates of packets already received are answered.
+    fn remove_qp(&mut self, qpn: u32) {
+        if let Some(q) = self.qps.remove(&qpn) {
+            if let (Some(peer), IBV_QPS_RTR | IBV_QPS_RTS) = (q.remote, q.state) {
+                self.tombstones.insert(
+                    qpn,
+                    Tombstone {
+                        peer,
+                        peer_qpn: q.attr.dest_qp_num,
+                        epsn: q.epsn,
+                        until: Instant::now() + TOMBSTONE,
+                    },
+                );
+            }
+        }
+        self.rr.retain(|q| *q != qpn);
+        self.nic.cache.remove(qpn);
+    }
+
+    /// A packet for a QP that no longer exists: re-acknowledge a duplicate from the peer of a
+    /// tombstone. Returns whether it was answered.
+    fn tombstone_rx(&mut self, from: SocketAddr, p: &Packet, now: Instant) -> bool {
+        let Some(t) = self.tombstones.get(&p.dst_qpn) else {
+            return false;
+        };
+        let request = matches!(p.op, wire::OP_SEND | wire::OP_WRITE);
+        if now > t.until
+            || t.peer != from
+            || t.peer_qpn != p.src_qpn
+            || !request
+            || psn_diff(p.psn, t.epsn) >= 0
+        {
+            return false;
+        }
+        let e = psn_add(t.epsn, wire::PSN_MASK);
+        self.counters.rx_duplicate += 1;
+        self.reply(from, p.dst_qpn, p.src_qpn, wire::OP_ACK, 0, e);
+        true
+    }
+
+    /// Queue a packet for sending; it occupies the line for its wire time.
+    fn emit(&mut self, dst: SocketAddr, bytes: Vec<u8>) {
+        let ns = self.nic.cfg.wire_ns(bytes.len());
+        self.nic.charge(Instant::now(), ns);
+        self.out.push((dst, bytes));
+    }
+
+    /// Look a QP's context up in the NIC's cache; a miss costs `qp_miss_ns`.
+    fn touch_qp(&mut self, qpn: u32, now: Instant) {
+        if self.nic.cache.access(qpn) {
+            self.counters.qp_cache_hits += 1;
+        } else {
+            self.counters.qp_cache_misses += 1;
+            let ns = self.nic.cfg.qp_miss_ns;
+            self.nic.charge(now, ns);
+        }
+    }
+
+    /// Transmit arbitration: the next QP in round-robin order that has a packet to send
+    /// (retransmission or new data) sends exactly one; it then goes to the back of the order.
+    /// Returns the QP that sent, or None when no QP has anything to send.
+    fn tx_one(&mut self, now: Instant) -> Option<u32> {
+        for _ in 0..self.rr.len() {
+            let qpn = self.rr.pop_front()?;
+            self.rr.push_back(qpn);
+            self.pull_sq(qpn);
+            if self.qps.get(&qpn).is_some_and(|q| q.state == IBV_QPS_ERR) {
+                // Receives posted to a QP in the error state are flushed.
+                self.pull_rq(qpn);
+            }
+            let pkt = self.next_packet(qpn, now);
+            self.sync_done(qpn);
+            if let Some(pkt) = pkt {
+                self.touch_qp(qpn, now);
+                self.emit(pkt.0, pkt.1);
+                return Some(qpn);
+            }
+        }
+        None
     }
 
     fn handle(&mut self) -> u32 {
@@ -439,8 +601,21 @@ impl State {
     }
 
     fn push_cqe(&mut self, cq: u32, wc: IbvWc) {
+        // The QP's retired work requests are published before its completion, so that an
+        // application that posts again after polling finds the room.
+        self.sync_done(wc.qp_num);
         if let Some(c) = self.cqs.get_mut(&cq) {
-            if c.q.len() < c.cap {
+            if let Some((m, r)) = &c.ring {
+                let prod = r.prod(m).load(Ordering::Relaxed);
+                let cons = r.cons(m).load(Ordering::Acquire);
+                if prod.wrapping_sub(cons) >= r.n {
+                    eprintln!("softrnic engine: CQ {cq} overflow, completion lost");
+                    return;
+                }
+                m.write(r.slot_off(prod), &ring::wc_bytes(&wc));
+                r.prod(m).store(prod.wrapping_add(1), Ordering::Release);
+                self.counters.ring_cqes += 1;
+            } else if c.q.len() < c.cap {
                 c.q.push_back(wc);
             } else {
                 eprintln!("softrnic engine: CQ {cq} overflow, completion lost");
@@ -484,6 +659,12 @@ impl State {
     }
 
     fn request(&mut self, conn: u64, pid: i32, req: Req) -> Resp {
+        if matches!(
+            req,
+            Req::PostSend { .. } | Req::PostRecv { .. } | Req::PollCq { .. }
+        ) {
+            self.counters.socket_posts_polls += 1;
+        }
         match req {
             Req::AllocPd => {
                 if self.pds.len() >= device::MAX_PD as usize {
@@ -584,6 +765,7 @@ impl State {
                         channel,
                         user,
                         armed: false,
+                        ring: None,
                     },
                 );
                 Resp::Cq { handle: h, cqe }
@@ -701,19 +883,23 @@ impl State {
                         epsn: 0,
                         cur_recv: None,
                         nak_sent: false,
+                        rings: None,
                     },
                 );
                 self.rr.push_back(qpn);
+                self.tombstones.remove(&qpn);
                 Resp::Qp { qpn, cap }
             }
             Req::ModifyQp { qpn, mask, attr } => {
                 if self.qps.get(&qpn).map(|q| q.conn) != Some(conn) {
                     return err(libc::EINVAL);
                 }
-                match self.modify_qp(qpn, mask, &attr) {
+                let r = match self.modify_qp(qpn, mask, &attr) {
                     Ok(()) => Resp::Unit,
                     Err(e) => err(e),
-                }
+                };
+                self.sync_done(qpn);
+                r
             }
             Req::QueryQp { qpn } => match self.qps.get(&qpn) {
                 Some(q) if q.conn == conn => {
@@ -733,16 +919,270 @@ impl State {
                 if self.qps.get(&qpn).map(|q| q.conn) != Some(conn) {
                     return err(libc::EINVAL);
                 }
-                self.qps.remove(&qpn);
-                self.rr.retain(|q| *q != qpn);
+                self.remove_qp(qpn);
                 Resp::Unit
             }
             Req::PostSend { qpn, wrs } => self.post_send(conn, qpn, wrs),
             Req::PostRecv { qpn, wrs } => self.post_recv(conn, qpn, wrs),
+            Req::AttachRing {
+                kind,
+                handle,
+                fd,
+                len,
+            } => match self.attach_ring(conn, pid, kind, handle, fd, len) {
+                Ok(()) => Resp::Unit,
+                Err(e) => err(e),
+            },
         }
     }
 
+    /// Map the application's memfd `fd` as the completion ring of a CQ or the work-request
+    /// rings of a QP.
+    fn attach_ring(
+        &mut self,
+        conn: u64,
+        pid: i32,
+        kind: u8,
+        handle: u32,
+        fd: i32,
+        len: u64,
+    ) -> Result<(), i32> {
+        let need = match kind {
+            0 => match self.cqs.get(&handle) {
+                Some(c) if c.conn == conn && c.ring.is_none() && c.q.is_empty() => {
+                    ring::cq_len(c.cap as u32)
+                }
+                _ => return Err(libc::EINVAL),
+            },
+            1 => match self.qps.get(&handle) {
+                Some(q) if q.conn == conn && q.rings.is_none() && q.state == IBV_QPS_RESET => {
+                    QpLayout::new(&q.cap).len
+                }
+                _ => return Err(libc::EINVAL),
+            },
+            _ => return Err(libc::EINVAL),
+        };
+        if len != need as u64 || fd < 0 {
+            return Err(libc::EINVAL);
+        }
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{pid}/fd/{fd}"))
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::EBADF))?;
+        let size = f.metadata().map_err(|_| libc::EBADF)?.len();
+        if size < need as u64 {
+            return Err(libc::EINVAL);
+        }
+        let map =
+            Map::new(f.as_raw_fd(), need).map_err(|e| e.raw_os_error().unwrap_or(libc::ENOMEM))?;
+        match kind {
+            0 => {
+                let c = self.cqs.get_mut(&handle).ok_or(libc::EINVAL)?;
+                let r = Ring {
+                    off: 0,
+                    n: c.cap as u32,
+                    slot: ring::WC_SIZE,
+                };
+                c.ring = Some((map, r));
+            }
+            _ => {
+                let q = self.qps.get_mut(&handle).ok_or(libc::EINVAL)?;
+                let l = QpLayout::new(&q.cap);
+                q.rings = Some(QpRings {
+                    map,
+                    sq: Ring {
+                        off: 0,
+                        n: l.sq_n,
+                        slot: l.sq_slot,
+                    },
+                    rq: Ring {
+                        off: l.rq_off,
+                        n: l.rq_n,
+                        slot: l.rq_slot,
+                    },
+                    sq_cons: 0,
+                    rq_cons: 0,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Publish how many work requests of a QP have left the engine (completed or flushed).
+    fn sync_done(&mut self, qpn: u32) {
+        let Some(q) = self.qps.get(&qpn) else { return };
+        let Some(r) = &q.rings else { return };
+        let sq_done = r.sq_cons.wrapping_sub(q.sq.len() as u32);
+        let in_rq = q.rq.len() as u32 + q.cur_recv.is_some() as u32;
+        let rq_done = r.rq_cons.wrapping_sub(in_rq);
+        r.sq.done(&r.map).store(sq_done, Ordering::Release);
+        r.rq.done(&r.map).store(rq_done, Ordering::Release);
+    }
+
+    /// Take the work requests the application wrote into a QP's send ring. An entry that does
+    /// not validate completes with `IBV_WC_LOC_QP_OP_ERR` and moves the QP to the error state.
+    fn pull_sq(&mut self, qpn: u32) {
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        let Some(r) = q.rings.as_mut() else { return };
+        let prod = r.sq.prod(&r.map).load(Ordering::Acquire);
+        if prod == r.sq_cons {
+            return;
+        }
+        let avail = prod.wrapping_sub(r.sq_cons);
+        let max_sge = q.cap.max_send_sge as usize;
+        let mut slot = vec![0u8; r.sq.slot];
+        let mut accepted = Vec::new();
+        let mut bad: Option<u64> = None;
+        for _ in 0..avail.min(r.sq.n) {
+            r.map.read(r.sq.slot_off(r.sq_cons), &mut slot);
+            r.sq_cons = r.sq_cons.wrapping_add(1);
+            let wr_id = ring::get_u64(&slot, 0);
+            let opcode = ring::get_u32(&slot, 8) as i32;
+            let nsge = ring::get_u32(&slot, 20) as usize;
+            let inline_len = ring::get_u32(&slot, 36);
+            let inline_cap = r.sq.slot - ring::SQ_SGE_OFF - 16 * max_sge;
+            let supported = matches!(
+                opcode,
+                IBV_WR_SEND
+                    | IBV_WR_SEND_WITH_IMM
+                    | IBV_WR_RDMA_WRITE
+                    | IBV_WR_RDMA_WRITE_WITH_IMM
+                    | IBV_WR_RDMA_READ
+            );
+            let inline_ok = inline_len == ring::NOT_INLINE
+                || (inline_len as usize <= inline_cap && opcode != IBV_WR_RDMA_READ);
+            if !supported || nsge > max_sge || !inline_ok {
+                bad = Some(wr_id);
+                break;
+            }
+            let sges: Vec<Sge> = (0..nsge)
+                .map(|i| {
+                    let o = ring::SQ_SGE_OFF + 16 * i;
+                    Sge {
+                        addr: ring::get_u64(&slot, o),
+                        length: ring::get_u32(&slot, o + 8),
+                        lkey: ring::get_u32(&slot, o + 12),
+                    }
+                })
+                .collect();
+            let inline = (inline_len != ring::NOT_INLINE).then(|| {
+                let o = ring::SQ_SGE_OFF + 16 * max_sge;
+                slot[o..o + inline_len as usize].to_vec()
+            });
+            let len: u64 = match &inline {
+                Some(b) => b.len() as u64,
+                None => sges.iter().map(|s| s.length as u64).sum(),
+            };
+            if len > device::MAX_MSG_SZ as u64 {
+                bad = Some(wr_id);
+                break;
+            }
+            let flags = ring::get_u32(&slot, 12);
+            let wr = SendWr {
+                wr_id,
+                opcode,
+                flags,
+                imm: ring::get_u32(&slot, 16),
+                remote_addr: ring::get_u64(&slot, 24),
+                rkey: ring::get_u32(&slot, 32),
+                sges: if inline.is_some() { Vec::new() } else { sges },
+                inline,
+            };
+            accepted.push(SqWqe {
+                signaled: q.sq_sig_all || flags & IBV_SEND_SIGNALED != 0,
+                wr,
+                len: len as u32,
+                packetized: false,
+                first_psn: 0,
+                last_psn: 0,
+                resp_next: 0,
+                read_done: false,
+                segs: Vec::new(),
+            });
+        }
+        let in_error = q.state == IBV_QPS_ERR || q.state == IBV_QPS_RESET;
+        self.counters.ring_send_wqes += accepted.len() as u64;
+        q.sq.extend(accepted);
+        if let Some(wr_id) = bad {
+            let scq = q.send_cq;
+            self.push_cqe(
+                scq,
+                IbvWc {
+                    wr_id,
+                    status: IBV_WC_LOC_QP_OP_ERR,
+                    opcode: IBV_WC_SEND,
+                    qp_num: qpn,
+                    ..Default::default()
+                },
+            );
+            self.flush_qp(qpn);
+        } else if in_error {
+            self.flush_qp(qpn);
+        }
+        self.sync_done(qpn);
+    }
+
+    /// Take the receive requests the application wrote into a QP's receive ring.
+    fn pull_rq(&mut self, qpn: u32) {
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        let Some(r) = q.rings.as_mut() else { return };
+        let prod = r.rq.prod(&r.map).load(Ordering::Acquire);
+        if prod == r.rq_cons {
+            return;
+        }
+        let avail = prod.wrapping_sub(r.rq_cons);
+        let max_sge = q.cap.max_recv_sge as usize;
+        let mut slot = vec![0u8; r.rq.slot];
+        let mut bad = None;
+        for _ in 0..avail.min(r.rq.n) {
+            r.map.read(r.rq.slot_off(r.rq_cons), &mut slot);
+            r.rq_cons = r.rq_cons.wrapping_add(1);
+            let wr_id = ring::get_u64(&slot, 0);
+            let nsge = ring::get_u32(&slot, 8) as usize;
+            if nsge > max_sge {
+                bad = Some(wr_id);
+                break;
+            }
+            let sges = (0..nsge)
+                .map(|i| {
+                    let o = 16 + 16 * i;
+                    Sge {
+                        addr: ring::get_u64(&slot, o),
+                        length: ring::get_u32(&slot, o + 8),
+                        lkey: ring::get_u32(&slot, o + 12),
+                    }
+                })
+                .collect();
+            q.rq.push_back(RecvWr { wr_id, sges });
+            self.counters.ring_recv_wqes += 1;
+        }
+        let in_error = q.state == IBV_QPS_ERR;
+        if let Some(wr_id) = bad {
+            let rcq = q.recv_cq;
+            self.push_cqe(
+                rcq,
+                IbvWc {
+                    wr_id,
+                    status: IBV_WC_LOC_QP_OP_ERR,
+                    opcode: IBV_WC_RECV,
+                    qp_num: qpn,
+                    ..Default::default()
+                },
+            );
+            self.flush_qp(qpn);
+        } else if in_error {
+            self.flush_qp(qpn);
+        }
+        self.sync_done(qpn);
+    }
+
     fn modify_qp(&mut self, qpn: u32, mask: i32, a: &QpAttrs) -> Result<(), i32> {
+        let nic_mtu = self.nic.cfg.mtu;
         let q = self.qps.get_mut(&qpn).ok_or(libc::EINVAL)?;
         let cur = q.state;
         if mask & IBV_QP_CUR_STATE != 0 && a.cur_qp_state != cur {
@@ -799,7 +1239,8 @@ impl State {
         let mut mtu = q.mtu;
         if has(IBV_QP_PATH_MTU) {
             mtu = match mtu_bytes(a.path_mtu) {
-                Some(m) => m,
+                // The path MTU is bounded by the port's (the NIC model's) MTU.
+                Some(m) => m.min(nic_mtu),
                 None => return Err(libc::EINVAL),
             };
         }
@@ -887,8 +1328,18 @@ impl State {
                 q.cur_recv = None;
                 q.remote = None;
                 q.attr = QpAttrs::default();
+                // Work requests still in the rings are discarded too (as a reset does).
+                if let Some(r) = q.rings.as_mut() {
+                    r.sq_cons = r.sq.prod(&r.map).load(Ordering::Acquire);
+                    r.rq_cons = r.rq.prod(&r.map).load(Ordering::Acquire);
+                }
             }
-            IBV_QPS_ERR => self.flush_qp(qpn),
+            IBV_QPS_ERR => {
+                self.flush_qp(qpn);
+                // Whatever the application had posted is flushed too.
+                self.pull_sq(qpn);
+                self.pull_rq(qpn);
+            }
             IBV_QPS_RTS if cur == IBV_QPS_RTR => q.last_progress = Instant::now(),
             _ => {}
         }
@@ -1131,8 +1582,15 @@ impl State {
         if q.inflight.len() >= WINDOW || q.sq_next >= q.sq.len() {
             return None;
         }
-        // Resolve the local buffers of a WQE when its first packet is built.
         let idx = q.sq_next;
+        if q.sq_off == 0 && !q.sq[idx].packetized {
+            // The NIC fetches the work request when it starts on it.
+            self.counters.wqe_fetches += 1;
+            let ns = self.nic.cfg.wqe_fetch_ns;
+            self.nic.charge(now, ns);
+        }
+        let q = self.qps.get_mut(&qpn)?;
+        // Resolve the local buffers of a WQE when its first packet is built.
         if q.sq_off == 0 && !q.sq[idx].packetized && q.sq[idx].wr.inline.is_none() {
             let (conn, pd) = (q.conn, q.pd);
             let need_write = q.sq[idx].wr.opcode == IBV_WR_RDMA_READ;
@@ -1319,6 +1777,9 @@ impl State {
 
     /// Timers: retransmission on timeout, retry exhaustion.
     fn timers(&mut self, now: Instant) {
+        if !self.tombstones.is_empty() {
+            self.tombstones.retain(|_, t| t.until > now);
+        }
         let qpns: Vec<u32> = self.qps.keys().copied().collect();
         for qpn in qpns {
             let Some(q) = self.qps.get_mut(&qpn) else {
@@ -1346,7 +1807,9 @@ impl State {
 
     fn on_packet(&mut self, from: SocketAddr, p: Packet, now: Instant) {
         let Some(q) = self.qps.get(&p.dst_qpn) else {
-            self.counters.rx_dropped_unknown_qp += 1;
+            if !self.tombstone_rx(from, &p, now) {
+                self.counters.rx_dropped_unknown_qp += 1;
+            }
             return;
         };
         // Only the connected peer may talk to an RC QP.
@@ -1354,10 +1817,13 @@ impl State {
             self.counters.rx_dropped_unknown_qp += 1;
             return;
         }
+        self.touch_qp(p.dst_qpn, now);
+        let qpn = p.dst_qpn;
         match p.op {
             wire::OP_ACK | wire::OP_NAK | wire::OP_READ_RESP => self.requester_rx(p, now),
             _ => self.responder_rx(from, p),
         }
+        self.sync_done(qpn);
     }
 
     fn reply(&mut self, to: SocketAddr, qpn: u32, dst: u32, op: u8, syndrome: u8, psn: u32) {
@@ -1369,7 +1835,7 @@ impl State {
             psn,
             ..Default::default()
         };
-        self.out.push((to, p.encode()));
+        self.emit(to, p.encode());
     }
 
     fn responder_rx(&mut self, from: SocketAddr, p: Packet) {
@@ -1440,7 +1906,7 @@ impl State {
                         ..Default::default()
                     };
                     n.imm = q.attr.min_rnr_timer as u32;
-                    self.out.push((from, n.encode()));
+                    self.emit(from, n.encode());
                 }
                 if syn == wire::NAK_REM_INVALID || syn == wire::NAK_REM_OP {
                     // Responder errors of class C: the responder QP goes to error as well.
@@ -1452,6 +1918,9 @@ impl State {
 
     /// SEND packet in order. Ok(psns consumed) or Err(NAK syndrome).
     fn rx_send(&mut self, qpn: u32, p: &Packet) -> Result<u32, u8> {
+        if p.flags & wire::F_FIRST != 0 {
+            self.pull_rq(qpn);
+        }
         let q = self.qps.get_mut(&qpn).ok_or(wire::NAK_REM_OP)?;
         if p.flags & wire::F_FIRST != 0 {
             let Some(r) = q.rq.pop_front() else {
@@ -1550,6 +2019,9 @@ impl State {
             )
             .ok_or(wire::NAK_REM_ACCESS)?;
         let imm_last = p.flags & wire::F_IMM != 0 && p.flags & wire::F_LAST != 0;
+        if imm_last {
+            self.pull_rq(qpn);
+        }
         if imm_last && self.qps[&qpn].rq.is_empty() {
             return Err(wire::NAK_RNR);
         }
@@ -1616,7 +2088,7 @@ impl State {
                 payload,
                 ..Default::default()
             };
-            self.out.push((to, r.encode()));
+            self.emit(to, r.encode());
         }
         true
     }
@@ -1723,9 +2195,8 @@ impl State {
             .map(|(k, _)| *k)
             .collect();
         for q in &qpns {
-            self.qps.remove(q);
+            self.remove_qp(*q);
         }
-        self.rr.retain(|q| !qpns.contains(q));
         self.mrs.retain(|_, m| m.conn != conn);
         self.cqs.retain(|_, c| c.conn != conn);
         self.channels.retain(|_, c| c.conn != conn);
@@ -1800,7 +2271,7 @@ fn serve_conn(sh: Arc<Shared>, mut s: UnixStream, conn: u64) {
                 let r = st.request(conn, pid, req);
                 sh.flush_out(&mut st);
                 drop(st);
-                sh.cv.notify_one();
+                sh.kick();
                 r
             }
             Err(_) => err(libc::EINVAL),
@@ -1851,7 +2322,12 @@ fn random_u64() -> u64 {
 fn rx_loop(sh: Arc<Shared>) {
     let mut buf = vec![0u8; 65536];
     loop {
-        let (n, from) = match sh.udp.recv_from(&mut buf) {
+        let got = if sh.gso {
+            recv_gro(&sh.udp, &mut buf)
+        } else {
+            sh.udp.recv_from(&mut buf).map(|(n, f)| (n, f, None))
+        };
+        let (n, from, seg) = match got {
             Ok(v) => v,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => {
@@ -1861,22 +2337,37 @@ fn rx_loop(sh: Arc<Shared>) {
             }
         };
         let mut st = sh.lock();
-        st.counters.rx_packets += 1;
-        match Packet::decode(&buf[..n]) {
-            Some(p) => {
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    st.on_packet(from, p, Instant::now())
-                }));
-                if r.is_err() {
-                    st.counters.rx_handler_panics += 1;
-                    eprintln!("softrnic engine: BUG: panic while handling a packet (dropped)");
+        // Only requester-side packets (ACK, NAK, READ response) can give the transmitter
+        // something to do (a window opens, a resend is due); a responder answers by itself.
+        let mut wake = false;
+        // With GRO the kernel may have coalesced datagrams of one size (the last may be
+        // shorter): each is one packet.
+        let seg = seg.unwrap_or(n).max(1);
+        let mut off = 0;
+        // (A zero-length datagram is one packet too: malformed.)
+        while off < n || (n == 0 && off == 0) {
+            let d = &buf[off..(off + seg).min(n)];
+            off += seg;
+            st.counters.rx_packets += 1;
+            match Packet::decode(d) {
+                Some(p) => {
+                    wake |= matches!(p.op, wire::OP_ACK | wire::OP_NAK | wire::OP_READ_RESP);
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        st.on_packet(from, p, Instant::now())
+                    }));
+                    if r.is_err() {
+                        st.counters.rx_handler_panics += 1;
+                        eprintln!("softrnic engine: BUG: panic while handling a packet (dropped)");
+                    }
                 }
+                None => st.counters.rx_dropped_malformed += 1,
             }
-            None => st.counters.rx_dropped_malformed += 1,
         }
         sh.flush_out(&mut st);
         drop(st);
-        sh.cv.notify_one();
+        if wake {
+            sh.kick();
+        }
     }
 }
 
@@ -1885,6 +2376,8 @@ fn tx_loop(sh: Arc<Shared>, stats: Option<PathBuf>) {
     let mut written = Counters::default();
     let mut last_write = Instant::now();
     loop {
+        // Read before scanning the rings: a post after this makes the wait below return.
+        let seen = sh.db.seq();
         let now = Instant::now();
         st.timers(now);
         let next_held = sh.flush_held(&mut st, now);
@@ -1896,33 +2389,32 @@ fn tx_loop(sh: Arc<Shared>, stats: Option<PathBuf>) {
             }
         }
         let mut sent = 0usize;
-        // One packet per QP per round, round robin, a bounded number of rounds per wakeup.
-        for _round in 0..8 {
-            let n = st.rr.len();
-            let mut any = false;
-            for _ in 0..n {
-                let Some(qpn) = st.rr.pop_front() else { break };
-                st.rr.push_back(qpn);
-                if let Some(pkt) = st.next_packet(qpn, now) {
-                    st.out.push(pkt);
-                    any = true;
-                    sent += 1;
-                }
-            }
-            sh.flush_out(&mut st);
-            if !any {
+        let mut paced = None;
+        // One packet at a time, round robin over the QPs with work, while the NIC model's
+        // pipeline clock allows; a bounded burst per wakeup.
+        for _ in 0..TX_BURST {
+            let now = Instant::now();
+            if let Some(w) = st.nic.wait(now) {
+                paced = Some(w);
                 break;
             }
+            if st.tx_one(now).is_none() {
+                break;
+            }
+            sent += 1;
         }
+        sh.flush_out(&mut st);
         if sent == 0 {
             let wait = next_held
                 .map(|t| t.saturating_duration_since(now).min(TICK))
                 .unwrap_or(TICK);
-            st = sh
-                .cv
-                .wait_timeout(st, wait)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            drop(st);
+            match paced {
+                // Work is waiting for the NIC model's clock: nothing can go out before then.
+                Some(p) => std::thread::sleep(wait.min(p.max(Duration::from_micros(10)))),
+                None => sh.db.wait(seen, wait),
+            }
+            st = sh.lock();
         } else {
             // Let receivers and verbs in between bursts.
             drop(st);
@@ -1930,6 +2422,146 @@ fn tx_loop(sh: Arc<Shared>, stats: Option<PathBuf>) {
             st = sh.lock();
         }
     }
+}
+
+const SOL_UDP: libc::c_int = 17;
+const UDP_SEGMENT: libc::c_int = 103;
+const UDP_GRO: libc::c_int = 104;
+/// Most bytes and segments in one GSO send.
+const GSO_MAX_BYTES: usize = 60_000;
+const GSO_MAX_SEGS: usize = 64;
+
+/// Send `out` (drained), handing each run of consecutive packets to the same destination
+/// whose sizes are equal (the last may be shorter) to the kernel as one `sendmsg` with
+/// `UDP_SEGMENT`: the kernel cuts it back into exactly these datagrams (or passes it whole to
+/// a receiver with UDP GRO, which splits it at the same boundaries). Returns packets sent.
+fn send_batched(udp: &UdpSocket, out: &mut Vec<(SocketAddr, Vec<u8>)>) -> u64 {
+    let mut sent = 0u64;
+    let mut i = 0;
+    while i < out.len() {
+        let (dst, seg) = (out[i].0, out[i].1.len());
+        let mut j = i + 1;
+        let mut bytes = seg;
+        while j < out.len()
+            && j - i < GSO_MAX_SEGS
+            && out[j].0 == dst
+            && out[j].1.len() <= seg
+            && bytes + out[j].1.len() <= GSO_MAX_BYTES
+            && out[j - 1].1.len() == seg
+        {
+            bytes += out[j].1.len();
+            j += 1;
+        }
+        if j - i == 1 || !send_gso(udp, dst, seg, &out[i..j]) {
+            for (d, b) in &out[i..j] {
+                if udp.send_to(b, *d).is_ok() {
+                    sent += 1;
+                }
+            }
+        } else {
+            sent += (j - i) as u64;
+        }
+        i = j;
+    }
+    out.clear();
+    sent
+}
+
+/// One `sendmsg` of `pkts` (all to `dst`) with `UDP_SEGMENT = seg`. false if it failed.
+fn send_gso(udp: &UdpSocket, dst: SocketAddr, seg: usize, pkts: &[(SocketAddr, Vec<u8>)]) -> bool {
+    let SocketAddr::V4(d) = dst else { return false };
+    let mut iov: Vec<libc::iovec> = pkts
+        .iter()
+        .map(|(_, b)| libc::iovec {
+            iov_base: b.as_ptr() as *mut libc::c_void,
+            iov_len: b.len(),
+        })
+        .collect();
+    // SAFETY: sockaddr_in and msghdr are plain C data for which all-zero is valid.
+    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    sa.sin_family = libc::AF_INET as libc::sa_family_t;
+    sa.sin_port = d.port().to_be();
+    sa.sin_addr.s_addr = u32::from_ne_bytes(d.ip().octets());
+    // SAFETY: CMSG_SPACE is a pure computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<u16>() as u32) } as usize;
+    let mut cbuf = vec![0u64; space.div_ceil(8)];
+    // SAFETY: as above.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = &mut sa as *mut _ as *mut libc::c_void;
+    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = iov.len();
+    msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = space;
+    // SAFETY: msg points to live buffers (address, iovecs into `pkts`, control buffer of
+    // `space` bytes); the cmsg macros stay within the control buffer.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = SOL_UDP;
+        (*c).cmsg_type = UDP_SEGMENT;
+        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<u16>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, seg as u16);
+        libc::sendmsg(udp.as_raw_fd(), &msg, 0) >= 0
+    }
+}
+
+/// Turn UDP GRO on (the kernel may then deliver several same-size datagrams of a flow as one
+/// buffer with their size in a control message). false if the kernel refuses.
+fn enable_gro(udp: &UdpSocket) -> bool {
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt reads sizeof(c_int) bytes from a valid c_int.
+    unsafe {
+        libc::setsockopt(
+            udp.as_raw_fd(),
+            SOL_UDP,
+            UDP_GRO,
+            &one as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        ) == 0
+    }
+}
+
+/// Receive one buffer: (bytes, sender, GRO segment size if the kernel coalesced datagrams).
+fn recv_gro(udp: &UdpSocket, buf: &mut [u8]) -> io::Result<(usize, SocketAddr, Option<usize>)> {
+    // SAFETY: sockaddr_in and msghdr are plain C data for which all-zero is valid.
+    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: as above.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = &mut sa as *mut _ as *mut libc::c_void;
+    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = std::mem::size_of_val(&cbuf);
+    // SAFETY: msg points to live buffers of the sizes given.
+    let n = unsafe { libc::recvmsg(udp.as_raw_fd(), &mut msg, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let from = SocketAddr::V4(SocketAddrV4::new(
+        Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)),
+        u16::from_be(sa.sin_port),
+    ));
+    let mut seg = None;
+    // SAFETY: walking the control messages the kernel wrote into cbuf.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == SOL_UDP && (*c).cmsg_type == UDP_GRO {
+                let v = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::c_int);
+                if v > 0 {
+                    seg = Some(v as usize);
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok((n as usize, from, seg))
 }
 
 /// Write the counters atomically (temporary file, then rename).
@@ -1972,7 +2604,7 @@ pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&cfg.socket);
     let listener = UnixListener::bind(&cfg.socket)
         .with_context(|| format!("binding {}", cfg.socket.display()))?;
-    let mut state = State::new();
+    let mut state = State::with_nic(cfg.nic);
     if !cfg.faults.is_none() {
         state.inject = Some(Injection {
             cfg: cfg.faults.clone(),
@@ -1985,9 +2617,14 @@ pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
     if let Some(p) = &cfg.stats {
         write_stats(p, &state.counters);
     }
+    let db_path = cfg.socket.with_file_name("doorbell");
+    let db = Doorbell::open(&db_path, true)
+        .with_context(|| format!("creating the doorbell {}", db_path.display()))?;
+    let gso = cfg.gso && enable_gro(&udp);
     let sh = Arc::new(Shared {
         st: Mutex::new(state),
-        cv: Condvar::new(),
+        db,
+        gso,
         udp,
     });
     {
@@ -2009,6 +2646,11 @@ pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
         cfg.ip,
         cfg.udp_port,
         cfg.socket.display()
+    );
+    eprint!("NIC model: {}", cfg.nic.encode());
+    eprintln!(
+        "host transport: UDP GSO/GRO {}",
+        if gso { "on" } else { "off" }
     );
     if !cfg.faults.is_none() {
         eprint!("fault injection (egress):\n{}", cfg.faults.encode());
@@ -2265,6 +2907,417 @@ mod tests {
     /// Hostile packets against a live QP: arbitrary headers and payloads aimed at a QP that
     /// has receives posted and sends, writes and reads in flight. The handler must never panic
     /// and never write outside the registered MR (guard pages around it stay untouched).
+    /// `n` RC QPs in RTS on one PD/CQ/MR, each with `wrs` signalled 3-packet WRITEs queued
+    /// (256-byte path MTU unless `path_mtu` says otherwise); the MR lives in `buf`.
+    fn nic_rig(cfg: NicConfig, n: usize, wrs: usize) -> (State, Vec<u32>, Vec<u8>) {
+        nic_rig_mtu(cfg, n, wrs, 1)
+    }
+
+    fn nic_rig_mtu(
+        cfg: NicConfig,
+        n: usize,
+        wrs: usize,
+        path_mtu: i32,
+    ) -> (State, Vec<u32>, Vec<u8>) {
+        let mut buf = vec![7u8; 4096];
+        let mut st = State::with_nic(cfg);
+        let pid = std::process::id() as i32;
+        let Resp::Handle(pd) = st.request(1, pid, Req::AllocPd) else {
+            panic!()
+        };
+        let addr = buf.as_mut_ptr() as u64;
+        let Resp::Mr { lkey, .. } = st.request(
+            1,
+            pid,
+            Req::RegMr {
+                pd,
+                addr,
+                len: 4096,
+                access: IBV_ACCESS_LOCAL_WRITE,
+            },
+        ) else {
+            panic!()
+        };
+        let Resp::Cq { handle: cq, .. } = st.request(
+            1,
+            pid,
+            Req::CreateCq {
+                cqe: 4096,
+                channel: 0,
+                user: 0,
+            },
+        ) else {
+            panic!()
+        };
+        let mut qpns = Vec::new();
+        for i in 0..n {
+            let Resp::Qp { qpn, .. } = st.request(
+                1,
+                pid,
+                Req::CreateQp {
+                    pd,
+                    send_cq: cq,
+                    recv_cq: cq,
+                    qp_type: IBV_QPT_RC,
+                    sq_sig_all: true,
+                    cap: Caps {
+                        max_send_wr: 64,
+                        max_recv_wr: 1,
+                        max_send_sge: 1,
+                        max_recv_sge: 1,
+                        max_inline_data: 0,
+                    },
+                },
+            ) else {
+                panic!()
+            };
+            let mut a = QpAttrs {
+                qp_state: IBV_QPS_INIT,
+                port_num: 1,
+                ..Default::default()
+            };
+            let m = IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS;
+            st.modify_qp(qpn, m, &a).unwrap();
+            a.qp_state = IBV_QPS_RTR;
+            a.path_mtu = path_mtu;
+            a.is_global = 1;
+            a.dgid = device::gid_for(Ipv4Addr::LOCALHOST);
+            a.dest_qp_num = 0x100 + i as u32;
+            let rtr = IBV_QP_STATE
+                | IBV_QP_AV
+                | IBV_QP_PATH_MTU
+                | IBV_QP_DEST_QPN
+                | IBV_QP_RQ_PSN
+                | IBV_QP_MAX_DEST_RD_ATOMIC
+                | IBV_QP_MIN_RNR_TIMER;
+            st.modify_qp(qpn, rtr, &a).unwrap();
+            a.qp_state = IBV_QPS_RTS;
+            a.timeout = 14;
+            let rts = IBV_QP_STATE
+                | IBV_QP_TIMEOUT
+                | IBV_QP_RETRY_CNT
+                | IBV_QP_RNR_RETRY
+                | IBV_QP_SQ_PSN
+                | IBV_QP_MAX_QP_RD_ATOMIC;
+            st.modify_qp(qpn, rts, &a).unwrap();
+            let list = (0..wrs)
+                .map(|k| SendWr {
+                    wr_id: k as u64,
+                    opcode: IBV_WR_RDMA_WRITE,
+                    flags: IBV_SEND_SIGNALED,
+                    imm: 0,
+                    remote_addr: 0x10_0000,
+                    rkey: 9,
+                    sges: vec![Sge {
+                        addr,
+                        length: 700,
+                        lkey,
+                    }],
+                    inline: None,
+                })
+                .collect();
+            assert_eq!(st.post_send(1, qpn, list), Resp::Unit);
+            qpns.push(qpn);
+        }
+        (st, qpns, buf)
+    }
+
+    /// Arbitration is round robin at packet granularity: QPs with multi-packet messages
+    /// queued take turns packet by packet, not message by message.
+    #[test]
+    fn tx_arbitration_is_round_robin_per_packet() {
+        let (mut st, qpns, _buf) = nic_rig(NicConfig::default(), 3, 2);
+        let now = Instant::now();
+        let order: Vec<u32> = std::iter::from_fn(|| st.tx_one(now)).collect();
+        // 3 QPs x 2 WRITEs x 3 packets (700 bytes at 256-byte MTU).
+        assert_eq!(order.len(), 18);
+        for (i, q) in order.iter().enumerate() {
+            assert_eq!(*q, qpns[i % 3], "packet {i}: {order:?}");
+        }
+        // Packet sizes: every QP's packets alternate 256, 256, 188 payload bytes.
+        assert_eq!(st.out.len(), 18);
+        assert_eq!(st.counters.wqe_fetches, 6);
+        // One QP drained: the others keep alternating.
+        let (mut st, qpns, _buf) = nic_rig(NicConfig::default(), 2, 1);
+        st.qps.get_mut(&qpns[0]).unwrap().sq.clear();
+        let order: Vec<u32> = std::iter::from_fn(|| st.tx_one(now)).collect();
+        assert_eq!(order, vec![qpns[1]; 3]);
+    }
+
+    /// The QP-context cache: as many active QPs as entries hit after the cold misses; one more
+    /// and round-robin arbitration makes every packet miss (the knee of the DRUM paper's
+    /// Fig. 2c), and each miss costs `qp_miss_ns` on the pipeline clock.
+    #[test]
+    fn qp_cache_thrashes_beyond_its_size_and_misses_cost_time() {
+        let cfg = NicConfig {
+            line_rate_gbps: 0.0,
+            qp_cache: 4,
+            qp_miss_ns: 1_000_000,
+            wqe_fetch_ns: 0,
+            ..Default::default()
+        };
+        let now = Instant::now();
+        let (mut st, _q, _buf) = nic_rig(cfg, 4, 4);
+        while st.tx_one(now).is_some() {}
+        assert_eq!(st.counters.qp_cache_misses, 4);
+        assert_eq!(st.counters.qp_cache_hits, 4 * 4 * 3 - 4);
+        // 4 ms of misses on the clock.
+        let w = st.nic.wait(now).unwrap();
+        assert!(w > Duration::from_millis(3), "{w:?}");
+        let (mut st, _q, _buf) = nic_rig(cfg, 5, 4);
+        while st.tx_one(now).is_some() {}
+        assert_eq!(st.counters.qp_cache_misses, 5 * 4 * 3);
+        assert_eq!(st.counters.qp_cache_hits, 0);
+        // Unlimited cache: no misses at all.
+        let (mut st, _q, _buf) = nic_rig(NicConfig { qp_cache: 0, ..cfg }, 50, 1);
+        while st.tx_one(now).is_some() {}
+        assert_eq!(st.counters.qp_cache_misses, 0);
+    }
+
+    /// Path MTUs are clamped to the NIC model's MTU.
+    #[test]
+    fn path_mtu_is_clamped_to_the_port_mtu() {
+        let cfg = NicConfig {
+            mtu: 256,
+            ..Default::default()
+        };
+        // The application asks for 4096 (IBV_MTU_4096); the port has 256.
+        let (mut st, qpns, _buf) = nic_rig_mtu(cfg, 1, 1, IBV_MTU_4096);
+        assert_eq!(st.qps[&qpns[0]].mtu, 256);
+        let (st2, qpns2, _b) = nic_rig_mtu(NicConfig::default(), 1, 1, IBV_MTU_4096);
+        assert_eq!(st2.qps[&qpns2[0]].mtu, 4096);
+        let now = Instant::now();
+        while st.tx_one(now).is_some() {}
+        assert_eq!(st.out.len(), 3);
+    }
+
+    /// The shared rings: work requests written by "the application" (this process, through
+    /// its own memfds, as the provider does) are taken by the engine, completions land in the
+    /// CQ ring, `done` is published before the completion, and malformed entries complete
+    /// with an error and move the QP to the error state instead of being trusted.
+    #[test]
+    fn shared_rings_carry_work_requests_and_completions() {
+        let (mut st, qpns, mut buf) = nic_rig(NicConfig::default(), 1, 0);
+        let qpn = qpns[0];
+        let pid = std::process::id() as i32;
+        let cap = st.qps[&qpn].cap;
+        let lkey = *st.mrs.keys().next().unwrap();
+        // A ring can only be attached to a fresh QP (RESET) of the same connection.
+        let l = QpLayout::new(&cap);
+        let (qmap, qfd) = Map::create("t", l.len).unwrap();
+        assert_eq!(
+            st.attach_ring(1, pid, 1, qpn, qfd, l.len as u64),
+            Err(libc::EINVAL)
+        );
+        let Resp::Cq { handle: cq2, .. } = st.request(
+            1,
+            pid,
+            Req::CreateCq {
+                cqe: 8,
+                channel: 0,
+                user: 0,
+            },
+        ) else {
+            panic!()
+        };
+        let (cmap, cfd) = Map::create("t", ring::cq_len(8)).unwrap();
+        assert_eq!(
+            st.attach_ring(2, pid, 0, cq2, cfd, ring::cq_len(8) as u64),
+            Err(libc::EINVAL),
+            "another connection's CQ"
+        );
+        assert_eq!(
+            st.attach_ring(1, pid, 0, cq2, cfd, 100),
+            Err(libc::EINVAL),
+            "wrong length"
+        );
+        assert_eq!(
+            st.attach_ring(1, pid, 0, cq2, cfd, ring::cq_len(8) as u64),
+            Ok(())
+        );
+        // Reset the rig's QP so that its rings can be attached, then bring it back to RTS.
+        let Resp::Qp { qpn: q2, cap } = st.request(
+            1,
+            pid,
+            Req::CreateQp {
+                pd: st.qps[&qpn].pd,
+                send_cq: cq2,
+                recv_cq: cq2,
+                qp_type: IBV_QPT_RC,
+                sq_sig_all: false,
+                cap,
+            },
+        ) else {
+            panic!()
+        };
+        let l = QpLayout::new(&cap);
+        drop(qmap);
+        // SAFETY: our own fd.
+        unsafe { libc::close(qfd) };
+        let (qmap, qfd) = Map::create("t", l.len).unwrap();
+        assert_eq!(st.attach_ring(1, pid, 1, q2, qfd, l.len as u64), Ok(()));
+        // SAFETY: our own fds; the engine has its own mappings.
+        unsafe {
+            libc::close(qfd);
+            libc::close(cfd);
+        }
+        let sq = Ring {
+            off: 0,
+            n: l.sq_n,
+            slot: l.sq_slot,
+        };
+        let cqr = Ring {
+            off: 0,
+            n: 8,
+            slot: ring::WC_SIZE,
+        };
+        // Post a signalled WRITE of 300 bytes in RESET->...->RTS: move q2 to RTS first.
+        {
+            let a = st.qps[&qpn].attr;
+            let mut b = QpAttrs {
+                qp_state: IBV_QPS_INIT,
+                port_num: 1,
+                ..Default::default()
+            };
+            st.modify_qp(
+                q2,
+                IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS,
+                &b,
+            )
+            .unwrap();
+            b = a;
+            b.qp_state = IBV_QPS_RTR;
+            st.modify_qp(
+                q2,
+                IBV_QP_STATE
+                    | IBV_QP_AV
+                    | IBV_QP_PATH_MTU
+                    | IBV_QP_DEST_QPN
+                    | IBV_QP_RQ_PSN
+                    | IBV_QP_MAX_DEST_RD_ATOMIC
+                    | IBV_QP_MIN_RNR_TIMER,
+                &b,
+            )
+            .unwrap();
+            b.qp_state = IBV_QPS_RTS;
+            st.modify_qp(
+                q2,
+                IBV_QP_STATE
+                    | IBV_QP_TIMEOUT
+                    | IBV_QP_RETRY_CNT
+                    | IBV_QP_RNR_RETRY
+                    | IBV_QP_SQ_PSN
+                    | IBV_QP_MAX_QP_RD_ATOMIC,
+                &b,
+            )
+            .unwrap();
+        }
+        let buf_addr = buf.as_mut_ptr() as u64;
+        let write_slot = |i: u32, wr_id: u64, opcode: i32, nsge: u32| {
+            let mut b = vec![0u8; sq.slot];
+            ring::put_u64(&mut b, 0, wr_id);
+            ring::put_u32(&mut b, 8, opcode as u32);
+            ring::put_u32(&mut b, 12, IBV_SEND_SIGNALED);
+            ring::put_u32(&mut b, 20, nsge);
+            ring::put_u32(&mut b, 36, ring::NOT_INLINE);
+            ring::put_u64(&mut b, 64, buf_addr);
+            ring::put_u32(&mut b, 72, 300);
+            ring::put_u32(&mut b, 76, lkey);
+            qmap.write(sq.slot_off(i), &b);
+        };
+        write_slot(0, 41, IBV_WR_RDMA_WRITE, 1);
+        sq.prod(&qmap).store(1, Ordering::Release);
+        let now = Instant::now();
+        while st.tx_one(now).is_some() {}
+        assert_eq!(st.counters.ring_send_wqes, 1);
+        assert_eq!(st.out.len(), 2, "300 bytes at 256-byte MTU");
+        assert_eq!(
+            sq.done(&qmap).load(Ordering::Acquire),
+            0,
+            "not acknowledged yet"
+        );
+        // The peer acknowledges both packets: done is published, then the completion.
+        let last = st.qps[&q2].next_psn;
+        st.on_ack(q2, psn_add(last, wire::PSN_MASK), now);
+        st.sync_done(q2);
+        assert_eq!(sq.done(&qmap).load(Ordering::Acquire), 1);
+        assert_eq!(cqr.prod(&cmap).load(Ordering::Acquire), 1);
+        let mut b = [0u8; ring::WC_SIZE];
+        cmap.read(cqr.slot_off(0), &mut b);
+        let wc = ring::wc_from(&b);
+        assert_eq!((wc.wr_id, wc.status, wc.opcode), (41, 0, IBV_WC_RDMA_WRITE));
+        assert_eq!(st.counters.ring_cqes, 1);
+        // A malformed entry (too many SGEs): error completion, QP in error, and what follows
+        // is flushed.
+        write_slot(1, 42, IBV_WR_RDMA_WRITE, 99);
+        write_slot(2, 43, IBV_WR_SEND, 1);
+        sq.prod(&qmap).store(3, Ordering::Release);
+        st.pull_sq(q2);
+        assert_eq!(st.qps[&q2].state, IBV_QPS_ERR);
+        assert_eq!(sq.done(&qmap).load(Ordering::Acquire), 2);
+        cmap.read(cqr.slot_off(1), &mut b);
+        let wc = ring::wc_from(&b);
+        assert_eq!((wc.wr_id, wc.status), (42, IBV_WC_LOC_QP_OP_ERR));
+        // The entry after the bad one was not consumed yet; the next scan flushes it.
+        st.pull_sq(q2);
+        assert_eq!(sq.done(&qmap).load(Ordering::Acquire), 3);
+        cmap.read(cqr.slot_off(2), &mut b);
+        let wc = ring::wc_from(&b);
+        assert_eq!((wc.wr_id, wc.status), (43, IBV_WC_WR_FLUSH_ERR));
+        // A lying producer index (far beyond the ring) is bounded by the ring size.
+        sq.prod(&qmap).store(1_000_000, Ordering::Release);
+        st.pull_sq(q2);
+        assert!(st.counters.ring_send_wqes < 100);
+    }
+
+    /// A destroyed connected QP re-acknowledges its peer's duplicates for a while (so a lost
+    /// final ACK does not fail the peer), and nothing else: strangers, new data and READ
+    /// requests are dropped as for an unknown QP.
+    #[test]
+    fn destroyed_qp_tombstone_only_reacknowledges_duplicates() {
+        let (mut st, qpns, _buf) = nic_rig(NicConfig::default(), 1, 0);
+        let qpn = qpns[0];
+        let peer = st.qps[&qpn].remote.unwrap();
+        let peer_qpn = st.qps[&qpn].attr.dest_qp_num;
+        let epsn = st.qps[&qpn].epsn;
+        assert_eq!(st.request(1, 1, Req::DestroyQp { qpn }), Resp::Unit);
+        let now = Instant::now();
+        let pkt = |op: u8, psn: u32, src: u32| Packet {
+            op,
+            flags: wire::F_FIRST | wire::F_LAST | wire::F_ACKREQ,
+            dst_qpn: qpn,
+            src_qpn: src,
+            psn,
+            ..Default::default()
+        };
+        let dup = psn_add(epsn, wire::PSN_MASK);
+        st.on_packet(peer, pkt(wire::OP_SEND, dup, peer_qpn), now);
+        assert_eq!(st.counters.rx_duplicate, 1);
+        assert_eq!(st.out.len(), 1);
+        let ack = Packet::decode(&st.out[0].1).unwrap();
+        assert_eq!(
+            (ack.op, ack.psn, ack.dst_qpn),
+            (wire::OP_ACK, dup, peer_qpn)
+        );
+        st.out.clear();
+        for (from, p) in [
+            (peer, pkt(wire::OP_SEND, epsn, peer_qpn)),    // new data
+            (peer, pkt(wire::OP_READ_REQ, dup, peer_qpn)), // a read needs the memory
+            (peer, pkt(wire::OP_SEND, dup, peer_qpn + 1)), // another QP of the peer
+        ] {
+            st.on_packet(from, p, now);
+        }
+        let stranger = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(127, 9, 9, 9), 4791));
+        st.on_packet(stranger, pkt(wire::OP_SEND, dup, peer_qpn), now);
+        assert!(st.out.is_empty());
+        assert_eq!(st.counters.rx_dropped_unknown_qp, 4);
+        // Expired: dropped too.
+        let later = now + TOMBSTONE + Duration::from_secs(1);
+        st.timers(later);
+        st.on_packet(peer, pkt(wire::OP_SEND, dup, peer_qpn), later);
+        assert_eq!(st.counters.rx_dropped_unknown_qp, 5);
+    }
+
     mod fuzz {
         use super::*;
         use proptest::prelude::*;

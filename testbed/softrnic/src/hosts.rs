@@ -6,9 +6,11 @@
 //! <run>/lib/libsoftrnic-rdmav34.so symlink to the provider next to the softrnic binary
 //! <run>/hosts/<h>/sys/...          the generated sysfs tree of host <h> (SYSFS_PATH)
 //! <run>/hosts/<h>/engine.sock      the engine's verbs socket
+//! <run>/hosts/<h>/doorbell         the engine's doorbell page (see crate::ring)
 //! <run>/hosts/<h>/engine.log       the engine's output
 //! <run>/hosts/<h>/stats            the engine's counters (`name value` lines)
 //! <run>/faults                     fault injection settings read by the engines
+//! <run>/nic                        NIC model settings read by the engines
 //! ```
 
 use std::ffi::CString;
@@ -24,6 +26,7 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use crate::device;
 use crate::faults::{FaultConfig, Faults, LinkSpec};
+use crate::nic::NicConfig;
 
 /// Where /dev/infiniband users are counted (one file per run directory using it).
 const DEVDIR_USERS: &str = "/run/softrnic.devdir-users";
@@ -175,7 +178,7 @@ fn provider_lib() -> Result<PathBuf> {
 }
 
 /// Write the sysfs tree libibverbs reads for one host.
-pub fn write_sysfs(root: &Path, ip: Ipv4Addr, engine_socket: &Path) -> Result<()> {
+pub fn write_sysfs(root: &Path, ip: Ipv4Addr, engine_socket: &Path, mtu: u32) -> Result<()> {
     let verbs = root.join("class/infiniband_verbs");
     let uv = verbs.join(device::UVERBS_NAME);
     let ib = root.join("class/infiniband").join(device::IBDEV_NAME);
@@ -209,6 +212,8 @@ pub fn write_sysfs(root: &Path, ip: Ipv4Addr, engine_socket: &Path) -> Result<()
         &format!("{}\n", engine_socket.display()),
     )?;
     let gid = device::gid_sysfs(&device::gid_for(ip));
+    // The port MTU of the NIC model (bytes), reported by query_port as the active MTU.
+    w(ib.join("softrnic_mtu"), &format!("{mtu}\n"))?;
     w(port.join("gids/0"), &format!("{gid}\n"))?;
     w(port.join("gid_attrs/types/0"), "RoCE v2\n")?;
     w(port.join("pkeys/0"), "0xffff\n")?;
@@ -284,8 +289,20 @@ pub fn down(run: &Path) -> Result<()> {
     Ok(())
 }
 
+/// An exclusive `flock` on the directory `/run` (released when dropped; nothing is created):
+/// concurrent runs (tests run in parallel) must not interleave counting /dev/infiniband's
+/// users, or one could remove the directory while another is adding itself.
+fn devdir_lock() -> Option<fs::File> {
+    use std::os::fd::AsRawFd;
+    let f = fs::File::open("/run").ok()?;
+    // SAFETY: flock on a file descriptor we own; released when the file is closed.
+    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+    Some(f)
+}
+
 /// Make sure the mount point /dev/infiniband exists while any run uses it.
 fn acquire_devdir(tag: &str) -> Result<()> {
+    let _lock = devdir_lock();
     fs::create_dir_all(DEVDIR_USERS)?;
     if !Path::new(DEVDIR).exists() {
         fs::create_dir(DEVDIR).context("creating /dev/infiniband")?;
@@ -296,6 +313,7 @@ fn acquire_devdir(tag: &str) -> Result<()> {
 }
 
 fn release_devdir(tag: &str) {
+    let _lock = devdir_lock();
     let users = Path::new(DEVDIR_USERS);
     let _ = fs::remove_file(users.join(tag));
     let others = fs::read_dir(users)
@@ -359,10 +377,18 @@ pub fn stats(run: &Path, name: &str) -> Result<String> {
 }
 
 /// Bring up `n` hosts. `loopback` forces loopback mode even when namespaces are possible.
-pub fn up(run: &Path, n: usize, loopback: bool, faults: &UpFaults) -> Result<RunState> {
+pub fn up(
+    run: &Path,
+    n: usize,
+    loopback: bool,
+    faults: &UpFaults,
+    nic: &NicConfig,
+    gso: bool,
+) -> Result<RunState> {
     if n == 0 || n > 200 {
         bail!("--hosts must be between 1 and 200");
     }
+    nic.validate()?;
     for l in &faults.links {
         for h in [&l.src, &l.dst] {
             let ok = h
@@ -438,13 +464,15 @@ pub fn up(run: &Path, n: usize, loopback: bool, faults: &UpFaults) -> Result<Run
         }
         let faults_file = run.join("faults");
         fs::write(&faults_file, resolve_faults(faults, &st.hosts)?.encode())?;
+        let nic_file = run.join("nic");
+        fs::write(&nic_file, nic.encode())?;
         let exe = std::env::current_exe()?;
         for i in 0..st.hosts.len() {
             let h = st.hosts[i].clone();
             let dir = run.join("hosts").join(&h.name);
             fs::create_dir_all(&dir)?;
             let sock = dir.join("engine.sock");
-            write_sysfs(&dir.join("sys"), h.ip, &sock)?;
+            write_sysfs(&dir.join("sys"), h.ip, &sock, nic.mtu)?;
             let log = fs::File::create(dir.join("engine.log"))?;
             let mut cmd = Command::new(&exe);
             cmd.arg("--run-dir")
@@ -459,9 +487,14 @@ pub fn up(run: &Path, n: usize, loopback: bool, faults: &UpFaults) -> Result<Run
                 .arg("--faults")
                 .arg(&faults_file)
                 .arg("--stats")
-                .arg(stats_path(&run, &h.name));
+                .arg(stats_path(&run, &h.name))
+                .arg("--nic")
+                .arg(&nic_file);
             if let Some(ns) = &h.netns {
                 cmd.arg("--netns").arg(ns);
+            }
+            if !gso {
+                cmd.arg("--no-gso");
             }
             cmd.stdin(Stdio::null())
                 .stdout(log.try_clone()?)
@@ -664,10 +697,17 @@ mod tests {
     #[test]
     fn sysfs_tree() {
         let d = std::env::temp_dir().join(format!("softrnic-sysfs-{}", std::process::id()));
-        write_sysfs(&d, Ipv4Addr::new(10, 77, 0, 1), Path::new("/x/engine.sock")).unwrap();
+        write_sysfs(
+            &d,
+            Ipv4Addr::new(10, 77, 0, 1),
+            Path::new("/x/engine.sock"),
+            2048,
+        )
+        .unwrap();
         let r = |p: &str| fs::read_to_string(d.join(p)).unwrap();
         assert_eq!(r("class/infiniband_verbs/abi_version"), "6\n");
         assert_eq!(r("class/infiniband_verbs/uverbs0/ibdev"), "softrnic0\n");
+        assert_eq!(r("class/infiniband/softrnic0/softrnic_mtu"), "2048\n");
         assert_eq!(
             r("class/infiniband/softrnic0/ports/1/gids/0"),
             "0000:0000:0000:0000:0000:ffff:0a4d:0001\n"

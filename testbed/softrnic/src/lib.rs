@@ -3,7 +3,9 @@
 //! - [`provider`]: the libibverbs provider (this crate's cdylib, `libsoftrnic.so`);
 //! - [`engine`]: the NIC engine of one emulated host;
 //! - [`faults`]: seeded per-link fault injection (loss, duplication, reordering, delay);
+//! - [`nic`]: the NIC model (line rate, MTU, QP-context cache, WQE fetch cost);
 //! - [`hosts`]: emulated hosts (namespaces or loopback), `up`/`down`/`exec`/`addr`;
+//! - [`ring`]: shared-memory work-request and completion rings, and the engine's doorbell;
 //! - [`ffi`], [`proto`], [`wire`], [`device`]: C layouts, the provider-engine protocol, the
 //!   engine-engine packet format, and what the device reports.
 //!
@@ -14,6 +16,8 @@ pub mod engine;
 pub mod faults;
 pub mod ffi;
 pub mod hosts;
+pub mod nic;
 pub mod proto;
 pub mod provider;
+pub mod ring;
 pub mod wire;

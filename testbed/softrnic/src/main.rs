@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
-use softrnic::{engine, faults, hosts};
+use softrnic::{engine, faults, hosts, nic};
 
 #[derive(Parser)]
 #[command(
@@ -51,6 +51,24 @@ enum Cmd {
         /// (keys loss, dup, reorder, delay_us), e.g. h1:h2:loss=0.05,delay_us=200.
         #[arg(long = "link-faults")]
         link_faults: Vec<faults::LinkSpec>,
+        /// NIC model: line rate in Gb/s (0: unlimited).
+        #[arg(long, default_value_t = nic::NicConfig::default().line_rate_gbps)]
+        line_rate_gbps: f64,
+        /// NIC model: port MTU in bytes (256, 512, 1024, 2048 or 4096); path MTUs are clamped to it.
+        #[arg(long, default_value_t = nic::NicConfig::default().mtu)]
+        mtu: u32,
+        /// NIC model: QP contexts in the NIC's LRU cache (0: unlimited).
+        #[arg(long, default_value_t = nic::NicConfig::default().qp_cache)]
+        qp_cache: usize,
+        /// NIC model: cost of a QP-context cache miss, in ns.
+        #[arg(long, default_value_t = nic::NicConfig::default().qp_miss_ns)]
+        qp_miss_ns: u64,
+        /// NIC model: cost of fetching a work request, in ns.
+        #[arg(long, default_value_t = nic::NicConfig::default().wqe_fetch_ns)]
+        wqe_fetch_ns: u64,
+        /// Send every packet with its own sendto (no UDP GSO batching between engines).
+        #[arg(long)]
+        no_gso: bool,
     },
     /// Print the counters of host NAME's engine (packets, drops, duplicates, faults).
     Stats { name: String },
@@ -82,6 +100,10 @@ enum Cmd {
         faults: Option<PathBuf>,
         #[arg(long)]
         stats: Option<PathBuf>,
+        #[arg(long)]
+        nic: Option<PathBuf>,
+        #[arg(long)]
+        no_gso: bool,
     },
 }
 
@@ -105,7 +127,20 @@ fn main() -> Result<()> {
             delay_us,
             seed,
             link_faults,
+            line_rate_gbps,
+            mtu,
+            qp_cache,
+            qp_miss_ns,
+            wqe_fetch_ns,
+            no_gso,
         } => {
+            let nic = nic::NicConfig {
+                line_rate_gbps,
+                mtu,
+                qp_cache,
+                qp_miss_ns,
+                wqe_fetch_ns,
+            };
             let f = hosts::UpFaults {
                 seed,
                 default: faults::Faults {
@@ -116,7 +151,7 @@ fn main() -> Result<()> {
                 },
                 links: link_faults,
             };
-            let st = hosts::up(&run, n, loopback, &f)?;
+            let st = hosts::up(&run, n, loopback, &f, &nic, !no_gso)?;
             for h in &st.hosts {
                 println!(
                     "{} {} {}",
@@ -149,6 +184,8 @@ fn main() -> Result<()> {
             netns,
             faults: faults_file,
             stats,
+            nic: nic_file,
+            no_gso,
         } => {
             if let Some(ns) = netns {
                 hosts::enter_host_netns(&ns)?;
@@ -162,7 +199,18 @@ fn main() -> Result<()> {
                 }
                 None => faults::FaultConfig::default(),
             };
+            let nic = match nic_file {
+                Some(p) => {
+                    let s = std::fs::read_to_string(&p)
+                        .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+                    nic::NicConfig::decode(&s)
+                        .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?
+                }
+                None => nic::NicConfig::default(),
+            };
             engine::run(engine::EngineConfig {
+                nic,
+                gso: !no_gso,
                 host,
                 ip,
                 udp_port: softrnic::device::ENGINE_UDP_PORT,

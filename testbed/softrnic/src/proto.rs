@@ -333,6 +333,16 @@ pub enum Req {
         cq: u32,
         solicited_only: bool,
     },
+    /// Share a ring (see [`crate::ring`]): the requesting process's file descriptor `fd` (a
+    /// memfd of at least `len` bytes), which the engine opens through `/proc/PID/fd`, becomes
+    /// the completion ring of CQ `handle` (`kind` 0) or the work-request rings of QP `handle`
+    /// (`kind` 1).
+    AttachRing {
+        kind: u8,
+        handle: u32,
+        fd: i32,
+        len: u64,
+    },
 }
 
 impl Req {
@@ -427,6 +437,14 @@ impl Req {
             Req::ReqNotifyCq { cq, solicited_only } => {
                 e.u32(16).u32(*cq).u8(*solicited_only as u8);
             }
+            Req::AttachRing {
+                kind,
+                handle,
+                fd,
+                len,
+            } => {
+                e.u32(17).u8(*kind).u32(*handle).i32(*fd).u64(*len);
+            }
         }
         e.0
     }
@@ -519,6 +537,12 @@ impl Req {
             16 => Req::ReqNotifyCq {
                 cq: d.u32()?,
                 solicited_only: d.u8()? != 0,
+            },
+            17 => Req::AttachRing {
+                kind: d.u8()?,
+                handle: d.u32()?,
+                fd: d.i32()?,
+                len: d.u64()?,
             },
             o => return Err(WireError::Opcode(o)),
         })
@@ -692,6 +716,12 @@ mod tests {
             Req::ReqNotifyCq {
                 cq: 4,
                 solicited_only: true,
+            },
+            Req::AttachRing {
+                kind: 1,
+                handle: 7,
+                fd: 12,
+                len: 1 << 20,
             },
             Req::RegMr {
                 pd: 3,

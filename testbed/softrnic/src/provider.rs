@@ -21,6 +21,8 @@ use crate::device;
 use crate::ffi::consts::*;
 use crate::ffi::*;
 use crate::proto::{self, Caps, QpAttrs, RecvWr, Req, Resp, SendWr, Sge};
+use crate::ring::{self, Doorbell, Map, QpLayout, Ring};
+use std::sync::atomic::Ordering;
 
 /// rdma-core's provider ABI version this provider is written for.
 pub const PABI_VERSION: &CStr = c"IBVERBS_PRIVATE_34";
@@ -158,6 +160,8 @@ struct SrDevice {
     vdev: VerbsDevice,
     engine_socket: CString,
     guid: u64,
+    /// Active MTU of the port (`IBV_MTU_*`), from the NIC model's settings.
+    active_mtu: i32,
 }
 
 fn cstr_field(b: &[c_char]) -> String {
@@ -193,6 +197,10 @@ unsafe extern "C" fn alloc_device(sysfs: *mut VerbsSysfsDev) -> *mut VerbsDevice
             .ok()
             .and_then(|g| u64::from_str_radix(&g.trim().replace(':', ""), 16).ok())
             .unwrap_or(0);
+        let active_mtu = std::fs::read_to_string(format!("{path}/softrnic_mtu"))
+            .ok()
+            .and_then(|m| crate::nic::mtu_enum(m.trim().parse().ok()?))
+            .unwrap_or(IBV_MTU_4096);
         let Ok(engine_socket) = CString::new(sock) else {
             return null_mut();
         };
@@ -202,6 +210,7 @@ unsafe extern "C" fn alloc_device(sysfs: *mut VerbsSysfsDev) -> *mut VerbsDevice
             vdev: unsafe { std::mem::zeroed() },
             engine_socket,
             guid,
+            active_mtu,
         });
         Box::into_raw(dev) as *mut VerbsDevice
     })
@@ -222,6 +231,61 @@ struct CtxState {
     conn: Mutex<UnixStream>,
     guid: u64,
     socket: String,
+    /// The engine's doorbell (None: the engine offers none; the socket path is used).
+    db: Option<Doorbell>,
+}
+
+/// A CQ: libibverbs' `ibv_cq` first, then the completion ring (if the engine mapped it).
+#[repr(C)]
+struct SrCq {
+    cq: IbvCq,
+    ring: Option<(Map, Ring)>,
+    poll: Mutex<()>,
+    /// Empty polls in a row, and when (coarse monotonic ms) the engine was last checked.
+    empty: std::sync::atomic::AtomicU32,
+    checked_ms: std::sync::atomic::AtomicU64,
+}
+
+/// CLOCK_MONOTONIC_COARSE in milliseconds (a vDSO read, no system call).
+fn coarse_ms() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: t is a valid out-parameter.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut t) };
+    t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000
+}
+
+/// A QP: libibverbs' `verbs_qp` first, then its rings (if the engine mapped them).
+#[repr(C)]
+struct SrQp {
+    vqp: VerbsQp,
+    rings: Option<ProvQpRings>,
+}
+
+struct ProvQpRings {
+    map: Map,
+    sq: Ring,
+    rq: Ring,
+    cap: Caps,
+    post_send: Mutex<()>,
+    post_recv: Mutex<()>,
+}
+
+/// Create a memfd of `len` bytes, have the engine map it as ring(s) of object `handle`.
+fn share_ring(st: &CtxState, kind: u8, handle: u32, len: usize) -> Option<Map> {
+    st.db.as_ref()?;
+    let (map, fd) = Map::create("softrnic-ring", len).ok()?;
+    let r = st.call(&Req::AttachRing {
+        kind,
+        handle,
+        fd,
+        len: len as u64,
+    });
+    // SAFETY: fd is ours; the engine has its own mapping now (or refused).
+    unsafe { libc::close(fd) };
+    r.ok().map(|_| map)
 }
 
 /// Contexts made by this provider (`ibv_context *`), so that the interposed
@@ -346,6 +410,25 @@ pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut IbvContext) -> *m
 }
 
 impl CtxState {
+    /// Whether the engine's end of the context's socket is still open (a vanished engine
+    /// would otherwise leave a program polling an empty ring forever).
+    fn engine_alive(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        let c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let mut p = libc::pollfd {
+            fd: c.as_raw_fd(),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no timeout.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        let dead = n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0;
+        if dead {
+            eprintln!("softrnic: lost the NIC engine (poll_cq fails)");
+        }
+        !dead
+    }
+
     /// One request/response exchange with the engine. Err(errno).
     fn call(&self, req: &Req) -> Result<Resp, c_int> {
         let mut c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
@@ -432,6 +515,9 @@ unsafe extern "C" fn alloc_context(
             conn: Mutex::new(conn),
             guid: dev.guid,
             socket: dev.engine_socket.to_string_lossy().into_owned(),
+            db: std::path::Path::new(dev.engine_socket.to_string_lossy().as_ref())
+                .parent()
+                .and_then(|d| Doorbell::open(&d.join("doorbell"), false).ok()),
         });
         // SAFETY: p points to a zeroed, initialised SrContext owned by us until free_context.
         unsafe {
@@ -487,15 +573,16 @@ unsafe extern "C" fn query_device_ex(
 }
 
 unsafe extern "C" fn query_port(ctx: *mut IbvContext, port: u8, attr: *mut IbvPortAttr) -> c_int {
-    let _ = ctx;
     guard(libc::EIO, || {
         if port != 1 {
             return libc::EINVAL;
         }
-        // SAFETY: libibverbs passes a full-size, zeroed ibv_port_attr.
+        // SAFETY: ctx is ours, so its device is the SrDevice made by alloc_device;
+        // libibverbs passes a full-size ibv_port_attr.
         unsafe {
+            let dev = &*((*ctx).device as *const SrDevice);
             std::ptr::write_bytes(attr, 0, 1);
-            device::fill_port_attr(&mut *attr);
+            device::fill_port_attr(&mut *attr, dev.active_mtu);
         }
         0
     })
@@ -634,7 +721,13 @@ unsafe extern "C" fn create_cq(
         // SAFETY: ibv_cq is plain C data; all-zero is a valid initial state for its pointers,
         // counters, and glibc's pthread mutex/cond (static initialisers are all-zero).
         // libibverbs' verbs_init_cq fills the rest.
-        let cq = Box::into_raw(Box::new(unsafe { std::mem::zeroed::<IbvCq>() }));
+        let cq = Box::into_raw(Box::new(SrCq {
+            cq: unsafe { std::mem::zeroed::<IbvCq>() },
+            ring: None,
+            poll: Mutex::new(()),
+            empty: std::sync::atomic::AtomicU32::new(0),
+            checked_ms: std::sync::atomic::AtomicU64::new(coarse_ms()),
+        })) as *mut IbvCq;
         let req = Req::CreateCq {
             cqe: cqe as u32,
             channel: channel_id,
@@ -642,7 +735,7 @@ unsafe extern "C" fn create_cq(
         };
         let fail = |e| {
             // SAFETY: allocated just above and not handed out.
-            drop(unsafe { Box::from_raw(cq) });
+            drop(unsafe { Box::from_raw(cq as *mut SrCq) });
             set_errno(e);
             null_mut()
         };
@@ -653,6 +746,16 @@ unsafe extern "C" fn create_cq(
                     (*cq).context = ctx;
                     (*cq).handle = handle;
                     (*cq).cqe = cqe as c_int;
+                    if let Some(m) = share_ring(st, 0, handle, ring::cq_len(cqe)) {
+                        (*(cq as *mut SrCq)).ring = Some((
+                            m,
+                            Ring {
+                                off: 0,
+                                n: cqe,
+                                slot: ring::WC_SIZE,
+                            },
+                        ));
+                    }
                 }
                 cq
             }
@@ -668,8 +771,8 @@ unsafe extern "C" fn destroy_cq(cq: *mut IbvCq) -> c_int {
         let (st, h) = unsafe { (state((*cq).context), (*cq).handle) };
         match st.call(&Req::DestroyCq { cq: h }) {
             Ok(_) => {
-                // SAFETY: allocated by create_cq with Box.
-                drop(unsafe { Box::from_raw(cq) });
+                // SAFETY: allocated by create_cq as a boxed SrCq.
+                drop(unsafe { Box::from_raw(cq as *mut SrCq) });
                 0
             }
             Err(e) => e,
@@ -681,6 +784,44 @@ unsafe extern "C" fn poll_cq(cq: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c_int 
     guard(-1, || {
         if n <= 0 {
             return 0;
+        }
+        // SAFETY: cq was made by create_cq, as an SrCq.
+        let sr = unsafe { &*(cq as *const SrCq) };
+        if let Some((m, r)) = &sr.ring {
+            // Local memory only: copy what the engine published, then release the slots.
+            let _g = sr.poll.lock().unwrap_or_else(|p| p.into_inner());
+            let cons = r.cons(m).load(Ordering::Relaxed);
+            let prod = r.prod(m).load(Ordering::Acquire);
+            let k = prod.wrapping_sub(cons).min(r.n).min(n as u32);
+            let mut b = [0u8; ring::WC_SIZE];
+            for i in 0..k {
+                m.read(r.slot_off(cons.wrapping_add(i)), &mut b);
+                // SAFETY: the caller provides n >= k writable ibv_wc entries at wc.
+                unsafe { wc.add(i as usize).write(ring::wc_from(&b)) };
+            }
+            r.cons(m).store(cons.wrapping_add(k), Ordering::Release);
+            if k == 0 {
+                // The "NIC" is threads of the engine process sharing these CPUs: a program
+                // spinning on an empty CQ gives them the CPU (a real NIC needs none).
+                // SAFETY: sched_yield has no preconditions.
+                unsafe { libc::sched_yield() };
+                // Every 64 empty polls, and at most every 200 ms, check that the engine is
+                // still there.
+                let e = sr.empty.fetch_add(1, Ordering::Relaxed);
+                if e % 64 == 63 {
+                    let now = coarse_ms();
+                    if now.saturating_sub(sr.checked_ms.load(Ordering::Relaxed)) >= 200 {
+                        sr.checked_ms.store(now, Ordering::Relaxed);
+                        // SAFETY: cq was made by create_cq; its context is ours.
+                        if !unsafe { state((*cq).context) }.engine_alive() {
+                            return -1;
+                        }
+                    }
+                }
+            } else {
+                sr.empty.store(0, Ordering::Relaxed);
+            }
+            return k as c_int;
         }
         // SAFETY: cq was made by create_cq.
         let (st, h) = unsafe { (state((*cq).context), (*cq).handle) };
@@ -761,16 +902,37 @@ unsafe extern "C" fn create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> *mut
                     max_inline_data: cap.max_inline_data,
                 };
                 // SAFETY: verbs_qp is plain C data; all-zero is valid (see create_cq).
-                let mut q: Box<VerbsQp> = Box::new(unsafe { std::mem::zeroed() });
-                q.qp.context = ctx;
-                q.qp.qp_context = a.qp_context;
-                q.qp.pd = pd;
-                q.qp.send_cq = a.send_cq;
-                q.qp.recv_cq = a.recv_cq;
-                q.qp.handle = qpn;
-                q.qp.qp_num = qpn;
-                q.qp.state = IBV_QPS_RESET;
-                q.qp.qp_type = a.qp_type;
+                let mut q: Box<SrQp> = Box::new(SrQp {
+                    vqp: unsafe { std::mem::zeroed() },
+                    rings: None,
+                });
+                let l = QpLayout::new(&cap);
+                q.rings = share_ring(st, 1, qpn, l.len).map(|map| ProvQpRings {
+                    map,
+                    sq: Ring {
+                        off: 0,
+                        n: l.sq_n,
+                        slot: l.sq_slot,
+                    },
+                    rq: Ring {
+                        off: l.rq_off,
+                        n: l.rq_n,
+                        slot: l.rq_slot,
+                    },
+                    cap,
+                    post_send: Mutex::new(()),
+                    post_recv: Mutex::new(()),
+                });
+                let qp = &mut q.vqp.qp;
+                qp.context = ctx;
+                qp.qp_context = a.qp_context;
+                qp.pd = pd;
+                qp.send_cq = a.send_cq;
+                qp.recv_cq = a.recv_cq;
+                qp.handle = qpn;
+                qp.qp_num = qpn;
+                qp.state = IBV_QPS_RESET;
+                qp.qp_type = a.qp_type;
                 Box::into_raw(q) as *mut IbvQp
             }
             Ok(_) => {
@@ -895,8 +1057,8 @@ unsafe extern "C" fn destroy_qp(qp: *mut IbvQp) -> c_int {
         let (st, qpn) = unsafe { (state((*qp).context), (*qp).qp_num) };
         match st.call(&Req::DestroyQp { qpn }) {
             Ok(_) => {
-                // SAFETY: allocated by create_qp as a boxed VerbsQp.
-                drop(unsafe { Box::from_raw(qp as *mut VerbsQp) });
+                // SAFETY: allocated by create_qp as a boxed SrQp.
+                drop(unsafe { Box::from_raw(qp as *mut SrQp) });
                 0
             }
             Err(e) => e,
@@ -926,6 +1088,10 @@ unsafe extern "C" fn post_send(
     bad: *mut *mut IbvSendWr,
 ) -> c_int {
     guard(libc::EIO, || {
+        // SAFETY: qp was made by create_qp (an SrQp); wr is the caller's list of valid WRs.
+        if let Some(rings) = unsafe { &(*(qp as *const SrQp)).rings } {
+            return unsafe { post_send_ring(qp, rings, wr, bad) };
+        }
         // SAFETY: qp is ours; wr is the caller's NULL-terminated list of valid WRs.
         unsafe {
             let st = state((*qp).context);
@@ -987,6 +1153,10 @@ unsafe extern "C" fn post_recv(
     bad: *mut *mut IbvRecvWr,
 ) -> c_int {
     guard(libc::EIO, || {
+        // SAFETY: qp was made by create_qp (an SrQp); wr is the caller's list of valid WRs.
+        if let Some(rings) = unsafe { &(*(qp as *const SrQp)).rings } {
+            return unsafe { post_recv_ring(qp, rings, wr, bad) };
+        }
         // SAFETY: qp is ours; wr is the caller's NULL-terminated list of valid WRs.
         unsafe {
             let st = state((*qp).context);
@@ -1014,4 +1184,161 @@ unsafe extern "C" fn post_recv(
             }
         }
     })
+}
+
+/// `post_send` through the QP's send ring: validate, write the slots, publish, ring the
+/// doorbell. No request to the engine.
+///
+/// # Safety
+/// `qp` is an SrQp made by create_qp with `rings`; `wr` is the caller's NULL-terminated list of
+/// valid work requests; `bad` is writable.
+unsafe fn post_send_ring(
+    qp: *mut IbvQp,
+    rings: &ProvQpRings,
+    wr: *mut IbvSendWr,
+    bad: *mut *mut IbvSendWr,
+) -> c_int {
+    let qstate = (*qp).state;
+    if qstate != IBV_QPS_RTS && qstate != IBV_QPS_ERR {
+        *bad = wr;
+        return libc::EINVAL;
+    }
+    let (m, r, cap) = (&rings.map, &rings.sq, &rings.cap);
+    let _g = rings.post_send.lock().unwrap_or_else(|p| p.into_inner());
+    let start = r.prod(m).load(Ordering::Relaxed);
+    let mut prod = start;
+    let mut slot = vec![0u8; r.slot];
+    let mut ret = 0;
+    let mut w = wr;
+    while !w.is_null() {
+        let x = &*w;
+        let supported = matches!(
+            x.opcode,
+            IBV_WR_SEND
+                | IBV_WR_SEND_WITH_IMM
+                | IBV_WR_RDMA_WRITE
+                | IBV_WR_RDMA_WRITE_WITH_IMM
+                | IBV_WR_RDMA_READ
+        );
+        let inline = x.send_flags & IBV_SEND_INLINE != 0;
+        if !supported
+            || x.num_sge < 0
+            || x.num_sge as u32 > cap.max_send_sge
+            || (inline && x.opcode == IBV_WR_RDMA_READ)
+        {
+            ret = libc::EINVAL;
+            break;
+        }
+        if prod.wrapping_sub(r.done(m).load(Ordering::Acquire)) >= r.n {
+            ret = libc::ENOMEM;
+            break;
+        }
+        let g = sges(x.sg_list, x.num_sge);
+        let total: u64 = g.iter().map(|s| s.length as u64).sum();
+        if total > device::MAX_MSG_SZ as u64 || (inline && total > cap.max_inline_data as u64) {
+            ret = libc::EINVAL;
+            break;
+        }
+        slot.fill(0);
+        ring::put_u64(&mut slot, 0, x.wr_id);
+        ring::put_u32(&mut slot, 8, x.opcode as u32);
+        ring::put_u32(&mut slot, 12, x.send_flags);
+        ring::put_u32(&mut slot, 16, x.imm_data);
+        ring::put_u32(&mut slot, 20, g.len() as u32);
+        ring::put_u64(&mut slot, 24, x.wr[0]);
+        ring::put_u32(&mut slot, 32, x.wr[1] as u32);
+        if inline {
+            // Inline data is read from the caller's buffers at post time, as the verbs API
+            // specifies; the caller guarantees they are valid.
+            ring::put_u32(&mut slot, 36, total as u32);
+            let mut o = ring::SQ_SGE_OFF + 16 * cap.max_send_sge as usize;
+            for s in &g {
+                let src = std::slice::from_raw_parts(s.addr as *const u8, s.length as usize);
+                slot[o..o + src.len()].copy_from_slice(src);
+                o += src.len();
+            }
+        } else {
+            ring::put_u32(&mut slot, 36, ring::NOT_INLINE);
+            for (i, s) in g.iter().enumerate() {
+                let o = ring::SQ_SGE_OFF + 16 * i;
+                ring::put_u64(&mut slot, o, s.addr);
+                ring::put_u32(&mut slot, o + 8, s.length);
+                ring::put_u32(&mut slot, o + 12, s.lkey);
+            }
+        }
+        m.write(r.slot_off(prod), &slot);
+        prod = prod.wrapping_add(1);
+        w = x.next;
+    }
+    if prod != start {
+        r.prod(m).store(prod, Ordering::Release);
+        if let Some(db) = &state((*qp).context).db {
+            db.ring();
+        }
+    }
+    if ret != 0 {
+        *bad = w;
+    }
+    ret
+}
+
+/// `post_recv` through the QP's receive ring (the engine takes receives when a message
+/// arrives, so no doorbell unless the QP is in the error state and they must be flushed).
+///
+/// # Safety
+/// As [`post_send_ring`].
+unsafe fn post_recv_ring(
+    qp: *mut IbvQp,
+    rings: &ProvQpRings,
+    wr: *mut IbvRecvWr,
+    bad: *mut *mut IbvRecvWr,
+) -> c_int {
+    let qstate = (*qp).state;
+    if qstate == IBV_QPS_RESET {
+        *bad = wr;
+        return libc::EINVAL;
+    }
+    let (m, r, cap) = (&rings.map, &rings.rq, &rings.cap);
+    let _g = rings.post_recv.lock().unwrap_or_else(|p| p.into_inner());
+    let start = r.prod(m).load(Ordering::Relaxed);
+    let mut prod = start;
+    let mut slot = vec![0u8; r.slot];
+    let mut ret = 0;
+    let mut w = wr;
+    while !w.is_null() {
+        let x = &*w;
+        if x.num_sge < 0 || x.num_sge as u32 > cap.max_recv_sge {
+            ret = libc::EINVAL;
+            break;
+        }
+        if prod.wrapping_sub(r.done(m).load(Ordering::Acquire)) >= r.n {
+            ret = libc::ENOMEM;
+            break;
+        }
+        let g = sges(x.sg_list, x.num_sge);
+        slot.fill(0);
+        ring::put_u64(&mut slot, 0, x.wr_id);
+        ring::put_u32(&mut slot, 8, g.len() as u32);
+        for (i, s) in g.iter().enumerate() {
+            let o = 16 + 16 * i;
+            ring::put_u64(&mut slot, o, s.addr);
+            ring::put_u32(&mut slot, o + 8, s.length);
+            ring::put_u32(&mut slot, o + 12, s.lkey);
+        }
+        m.write(r.slot_off(prod), &slot);
+        prod = prod.wrapping_add(1);
+        w = x.next;
+    }
+    if prod != start {
+        r.prod(m).store(prod, Ordering::Release);
+        if qstate == IBV_QPS_ERR {
+            if let Some(db) = &state((*qp).context).db {
+                db.ring();
+            }
+        }
+    }
+    if ret != 0 {
+        *bad = w;
+    }
+    ret
 }
