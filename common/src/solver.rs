@@ -210,6 +210,52 @@ impl<'p> Engine<'p> {
         }
     }
 
+    /// Starts from a previous allocation and its prices (after an instance's numbers changed, or
+    /// to continue a solve): hosts keep their active sets, rates and multipliers, facilities their
+    /// prices. At a converged previous solution the first step's `d` is then exactly `π/ρ`.
+    pub fn warm(
+        problem: &'p Problem,
+        algorithm: Algorithm,
+        rho: f64,
+        hosts: Vec<HostState>,
+        prices: &[f64],
+    ) -> Self {
+        let contributions: Vec<Contribution> =
+            hosts.iter().map(|h| h.contribution(problem)).collect();
+        let mut sums = vec![0.0; problem.facilities.len()];
+        accumulate(&mut sums, &contributions);
+        let inner = match algorithm {
+            Algorithm::Admm => {
+                let mut c = CoordinatorState::new(rho, problem.facilities.len());
+                c.set_counts(&active_counts(problem, &hosts));
+                for ((st, spec), (&s, &price)) in c
+                    .facilities
+                    .iter_mut()
+                    .zip(&problem.facilities)
+                    .zip(sums.iter().zip(prices))
+                {
+                    st.s = s;
+                    st.y = s.clamp(0.0, spec.capacity);
+                    if st.n > 0 {
+                        st.u = price * st.n as f64 / rho;
+                    }
+                }
+                Inner::Admm(c)
+            }
+            Algorithm::Dual(step) => {
+                let mut d = DualState::new(step, problem.facilities.len());
+                d.prices.copy_from_slice(prices);
+                Inner::Dual(d)
+            }
+        };
+        Self {
+            problem,
+            inner,
+            hosts,
+            sums,
+        }
+    }
+
     pub fn price(&self, f: u32) -> f64 {
         self.inner.price(f)
     }
@@ -578,7 +624,70 @@ pub fn refine_bound(
 /// Solves starting from the given active sets.
 pub fn solve_from(problem: &Problem, active: Vec<Vec<usize>>, opts: &SolveOptions) -> Solution {
     let rho = opts.rho.unwrap_or_else(|| default_rho(problem));
-    let mut engine = Engine::new(problem, opts.algorithm, rho, active);
+    run_rounds(
+        problem,
+        Engine::new(problem, opts.algorithm, rho, active),
+        opts,
+    )
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum WarmStartError {
+    #[error("the previous solution has {previous} hosts, the instance {now}")]
+    Hosts { previous: usize, now: usize },
+    #[error("host {host:?}: the previous solution's active pair {pair} is not one of its apps")]
+    Pair { host: String, pair: usize },
+    #[error("the previous solution has {previous} facility prices, the instance {now} facilities")]
+    Prices { previous: usize, now: usize },
+}
+
+/// Solves warm-started from `previous`, a solution of an instance with the same hosts, apps and
+/// facilities whose numbers (weights, demands, budgets, capacities) may since have changed.
+pub fn solve_warm(
+    problem: &Problem,
+    previous: &Solution,
+    opts: &SolveOptions,
+) -> Result<Solution, WarmStartError> {
+    if previous.hosts.len() != problem.hosts.len() {
+        return Err(WarmStartError::Hosts {
+            previous: previous.hosts.len(),
+            now: problem.hosts.len(),
+        });
+    }
+    if previous.prices.len() != problem.facilities.len() {
+        return Err(WarmStartError::Prices {
+            previous: previous.prices.len(),
+            now: problem.facilities.len(),
+        });
+    }
+    for (i, h) in previous.hosts.iter().enumerate() {
+        let host = &problem.hosts[i];
+        if let Some(&pair) = h
+            .active
+            .iter()
+            .find(|&&p| h.host != i || !host.pairs.contains(&p))
+        {
+            return Err(WarmStartError::Pair {
+                host: host.id.clone(),
+                pair,
+            });
+        }
+    }
+    let rho = opts.rho.unwrap_or_else(|| default_rho(problem));
+    let mut hosts = previous.hosts.clone();
+    for h in &mut hosts {
+        // Demands may have shrunk below a previous rate; the x-step expects its guess in the box.
+        for (&p, x) in h.active.iter().zip(h.x.iter_mut()) {
+            *x = x.clamp(problem.params.x_min, problem.pairs[p].demand);
+        }
+    }
+    let engine = Engine::warm(problem, opts.algorithm, rho, hosts, &previous.prices);
+    Ok(run_rounds(problem, engine, opts))
+}
+
+/// Selection rounds, each after up to `iters_per_round` inner iterations, then the inner
+/// algorithm to convergence; the certificate at the end.
+fn run_rounds(problem: &Problem, mut engine: Engine, opts: &SolveOptions) -> Solution {
     let mut activity = vec![0.0f32; problem.pairs.len()];
     let mut trace = Vec::new();
     let mut rounds = Vec::new();

@@ -193,3 +193,47 @@ fn certificate_brackets_the_brute_force_optimum() {
         );
     }
 }
+
+#[test]
+fn warm_start_reconverges_faster_after_a_change() {
+    use drum_common::solver::{iterations_to_accuracy, solve_from, solve_warm, WarmStartError};
+    let p = generate(&GeneratorConfig::new(60, 40));
+    let opts = SolveOptions {
+        eps_primal: 1e-6,
+        eps_dual: 1e-6,
+        max_iter: 3000,
+        ..SolveOptions::default()
+    };
+    let first = solve(&p, &opts);
+    let mut changed = p.clone();
+    for (i, f) in changed.facilities.iter_mut().enumerate() {
+        f.capacity *= if i % 2 == 0 { 1.1 } else { 0.9 };
+    }
+    let fixed = SolveOptions { rounds: 0, ..opts };
+    let active = first.hosts.iter().map(|h| h.active.clone()).collect();
+    let cold = solve_from(&changed, active, &fixed);
+    let warm = solve_warm(&changed, &first, &fixed).unwrap();
+    assert!(cold.converged && warm.converged);
+    // The tail to 1e-6 takes as long either way; what a warm start saves is the transient.
+    let settle = |s: &Solution| iterations_to_accuracy(&s.trace, cold.objective, 1e-3).unwrap();
+    assert!(
+        settle(&warm) < settle(&cold),
+        "to 0.1%: warm {} vs cold {} iterations",
+        settle(&warm),
+        settle(&cold)
+    );
+    // Restarting on the unchanged instance is already converged.
+    let again = solve_warm(&p, &first, &fixed).unwrap();
+    assert!(again.iterations <= 2, "{} iterations", again.iterations);
+    assert!((warm.objective - cold.objective).abs() <= 1e-4 * cold.objective.abs());
+    assert_feasible(&changed, &warm);
+
+    let other = generate(&GeneratorConfig::new(61, 40));
+    assert!(matches!(
+        solve_warm(&other, &first, &fixed),
+        Err(WarmStartError::Hosts {
+            previous: 60,
+            now: 61
+        })
+    ));
+}
