@@ -8,6 +8,7 @@ pub mod generator;
 pub mod host_step;
 pub mod instance;
 pub mod model;
+pub mod protocol;
 pub mod rng;
 pub mod roots;
 pub mod selection;

@@ -1,4 +1,5 @@
-//! drum-coordinator: offline `solve` and `simulate` (this crate will also carry the service).
+//! drum-coordinator: offline `solve` and `simulate`, the control-plane service (`serve`), and
+//! operator commands (`dev-certs`, `status`, `set-capacity`); docs/control-plane.md.
 
 mod plot;
 mod report;
@@ -20,7 +21,7 @@ use std::time::Instant;
 #[command(
     name = "drum-coordinator",
     version,
-    about = "DRUM coordinator: solve and simulate the NUM problem"
+    about = "DRUM coordinator: solve and simulate the NUM problem, or serve the control plane"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -96,6 +97,50 @@ enum Command {
         /// Leave the per-host allocation out of the JSON (large instances).
         #[arg(long)]
         no_hosts: bool,
+    },
+    /// Run the control-plane service: Allreduce and price update for the agents over QUIC.
+    Serve {
+        /// TOML configuration (docs/control-plane.md).
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Create a throw-away CA and certificates for a test cluster.
+    DevCerts {
+        #[arg(long)]
+        out: PathBuf,
+        /// Names and addresses the coordinator's certificate is valid for.
+        #[arg(long, value_delimiter = ',', default_value = "localhost,127.0.0.1")]
+        san: Vec<String>,
+        /// Agent names; one client certificate `agent-NAME.pem` each.
+        #[arg(long, value_delimiter = ',', default_value = "agent")]
+        agents: Vec<String>,
+    },
+    /// Show a running coordinator's members, facilities, iteration, residuals and prices.
+    Status {
+        /// The coordinator's admin endpoint (`admin_listen` in its config).
+        #[arg(long, default_value = "127.0.0.1:9464")]
+        admin: std::net::SocketAddr,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Take a host out of the optimisation (its agent keeps its last rates) until `undrain-host`.
+    DrainHost {
+        host: String,
+        #[arg(long, default_value = "127.0.0.1:9464")]
+        admin: std::net::SocketAddr,
+    },
+    /// Let a drained host join again.
+    UndrainHost {
+        host: String,
+        #[arg(long, default_value = "127.0.0.1:9464")]
+        admin: std::net::SocketAddr,
+    },
+    /// Change a facility's capacity on a running coordinator.
+    SetCapacity {
+        facility: String,
+        capacity: f64,
+        #[arg(long, default_value = "127.0.0.1:9464")]
+        admin: std::net::SocketAddr,
     },
 }
 
@@ -234,9 +279,170 @@ fn run(cli: Cli) -> Result<()> {
                 print!("{}", report.summary());
             }
         }
+        Command::Serve { config } => serve(&config)?,
+        Command::DevCerts { out, san, agents } => {
+            for a in &agents {
+                if a.is_empty()
+                    || !a
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+                {
+                    bail!("agent name {a:?} may only hold letters, digits, '-', '_' and '.'");
+                }
+            }
+            let certs = drum_coordinator::net::dev_certs(&out, &san, &agents)?;
+            println!("CA: {}", certs.ca.display());
+            println!(
+                "coordinator: {} {}",
+                certs.coordinator.cert.display(),
+                certs.coordinator.key.display()
+            );
+            for (name, f) in &certs.agents {
+                println!("agent {name}: {} {}", f.cert.display(), f.key.display());
+            }
+        }
+        Command::Status { admin, json } => {
+            let body = admin_call(admin, "GET", "/status")?;
+            if json {
+                print!("{body}");
+            } else {
+                print!("{}", status_table(&body)?);
+            }
+        }
+        Command::SetCapacity {
+            facility,
+            capacity,
+            admin,
+        } => {
+            let target = format!(
+                "/set-capacity?facility={}&value={capacity}",
+                drum_coordinator::admin::percent_encode(&facility)
+            );
+            print!("{}", admin_call(admin, "POST", &target)?);
+        }
+        Command::DrainHost { host, admin } => {
+            let target = format!(
+                "/drain?host={}",
+                drum_coordinator::admin::percent_encode(&host)
+            );
+            print!("{}", admin_call(admin, "POST", &target)?);
+        }
+        Command::UndrainHost { host, admin } => {
+            let target = format!(
+                "/undrain?host={}",
+                drum_coordinator::admin::percent_encode(&host)
+            );
+            print!("{}", admin_call(admin, "POST", &target)?);
+        }
     }
     std::io::stdout().flush()?;
     Ok(())
+}
+
+fn serve(config: &std::path::Path) -> Result<()> {
+    init_logging();
+    let settings = drum_coordinator::server::ServeSettings::load(config)?;
+    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    rt.block_on(async {
+        let server = drum_coordinator::server::Server::bind(settings).await?;
+        if let Some(a) = server.admin_addr() {
+            tracing::info!(admin = %a, "admin endpoint listening");
+        }
+        server.run(shutdown_signal()).await
+    })
+}
+
+/// SIGINT or SIGTERM (systemd's stop).
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("DRUM_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
+fn admin_call(admin: std::net::SocketAddr, method: &str, target: &str) -> Result<String> {
+    let (code, body) = drum_coordinator::admin::request(admin, method, target)
+        .with_context(|| format!("asking the coordinator's admin endpoint at {admin}"))?;
+    if code != 200 {
+        bail!("coordinator answered {code}: {}", body.trim());
+    }
+    Ok(body)
+}
+
+fn status_table(json: &str) -> Result<String> {
+    let v: serde_json::Value = serde_json::from_str(json).context("status reply is not JSON")?;
+    let num = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
+    let mut out = format!(
+        "epoch {}  iteration {}  rho {:.4}  primal residual {:.3e}  dual residual {:.3e}\n",
+        v["epoch"],
+        v["iteration"],
+        num(&v["rho"]),
+        num(&v["primal_residual"]),
+        num(&v["dual_residual"])
+    );
+    let members = v["members"].as_array().cloned().unwrap_or_default();
+    out += &format!(
+        "hosts ({}):\n  {:<24} {:>8} {:>10} {:>14} {:>6}\n",
+        members.len(),
+        "host",
+        "member",
+        "facilities",
+        "last iteration",
+        "stale"
+    );
+    for m in &members {
+        out += &format!(
+            "  {:<24} {:>8} {:>10} {:>14} {:>6}\n",
+            m["host"].as_str().unwrap_or("?"),
+            // serde_json's Display ignores width; format the text instead.
+            m["member"].to_string(),
+            m["facilities"].to_string(),
+            m["last_iteration"].to_string(),
+            m["stale"].to_string()
+        );
+    }
+    let facilities = v["facilities"].as_array().cloned().unwrap_or_default();
+    out += &format!(
+        "facilities ({}):\n  {:<24} {:>10} {:>6} {:>12} {:>12}\n",
+        facilities.len(),
+        "facility",
+        "capacity",
+        "pairs",
+        "usage",
+        "price"
+    );
+    for f in &facilities {
+        out += &format!(
+            "  {:<24} {:>10.4} {:>6} {:>12.6} {:>12.6}\n",
+            f["id"].as_str().unwrap_or("?"),
+            num(&f["capacity"]),
+            f["pairs"].to_string(),
+            num(&f["usage"]),
+            num(&f["price"])
+        );
+    }
+    if let Some(d) = v["drained"].as_array().filter(|d| !d.is_empty()) {
+        let names: Vec<&str> = d.iter().filter_map(|h| h.as_str()).collect();
+        out += &format!("drained: {}\n", names.join(", "));
+    }
+    let c = &v["counters"];
+    out += &format!(
+        "rounds {}  stale reuses {}  late {}  duplicates {}  timeouts {}  refused {}\n",
+        c["rounds"], c["stale_reuses"], c["late"], c["duplicates"], c["timeouts"], c["refused"]
+    );
+    Ok(out)
 }
 
 #[derive(Serialize)]

@@ -1,0 +1,593 @@
+//! A coordinator (the service code, in this process, on real QUIC sockets) and real
+//! `drum-agent` processes on 127.0.0.1: convergence to the in-process solver, refusals of bad
+//! peers and frames, an agent killed, the coordinator stopped and restarted. Every process and
+//! server a test starts is stopped by a Drop guard; every wait is bounded.
+
+use drum_agent::rate_table::{LinkState, RateTable, TableFile};
+use drum_common::generator::{generate, GeneratorConfig};
+use drum_common::instance::Instance;
+use drum_common::model::Problem;
+use drum_common::protocol::wire::{encode, MAGIC, PROTOCOL_VERSION};
+use drum_common::protocol::AgentMsg;
+use drum_common::solver::{default_rho, fixed_set_trace, Algorithm};
+use drum_coordinator::net::{self, TlsFiles};
+use drum_coordinator::server::{ServeSettings, Server};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Log lines of the in-process coordinators (all tests share the subscriber).
+fn logs() -> Arc<Mutex<Vec<u8>>> {
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let writer = buf.clone();
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || LogWriter(writer.clone()))
+            .init();
+        buf
+    })
+    .clone()
+}
+
+struct LogWriter(Arc<Mutex<Vec<u8>>>);
+
+impl Write for LogWriter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn log_text() -> String {
+    String::from_utf8_lossy(&logs().lock().unwrap()).into_owned()
+}
+
+struct Cluster {
+    dir: tempfile::TempDir,
+    problem: Problem,
+    instance: PathBuf,
+    coordinator_tls: TlsFiles,
+}
+
+impl Cluster {
+    fn new(hosts: usize, apps: usize, k: usize, seed: u64) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let problem = generate(&GeneratorConfig {
+            k,
+            seed,
+            ..GeneratorConfig::new(hosts, apps)
+        });
+        let instance = dir.path().join("instance.json");
+        std::fs::write(&instance, Instance::from_problem(&problem).to_json()).unwrap();
+        let names: Vec<String> = problem.hosts.iter().map(|h| h.id.clone()).collect();
+        let certs = net::dev_certs(
+            &dir.path().join("certs"),
+            &["localhost".into(), "127.0.0.1".into()],
+            &names,
+        )
+        .unwrap();
+        Self {
+            dir,
+            problem,
+            instance,
+            coordinator_tls: certs.coordinator,
+        }
+    }
+
+    fn settings(&self, listen: SocketAddr) -> ServeSettings {
+        ServeSettings {
+            listen,
+            instance: self.instance.clone(),
+            tls: self.coordinator_tls.clone(),
+            admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+            rho: None,
+            min_members: 1,
+            round_deadline_ms: 200,
+            max_staleness: 3,
+            round_interval_ms: 2,
+            heartbeat_ms: 100,
+            member_timeout_ms: 800,
+            max_iterations: None,
+            bind_host_to_certificate: true,
+        }
+    }
+
+    fn rate_path(&self, host: usize) -> PathBuf {
+        self.dir.path().join(format!("rates-{host}.json"))
+    }
+
+    /// Starts `drum-agent` for host index `host`; `tls` overrides its certificate.
+    fn agent(&self, host: usize, coordinator: SocketAddr, tls: Option<TlsFiles>) -> Agent {
+        self.agent_tagged(&host.to_string(), host, coordinator, tls, "")
+    }
+
+    /// As [`Self::agent`], with its config, log and rate table named by `tag`.
+    fn agent_tagged(
+        &self,
+        tag: &str,
+        host: usize,
+        coordinator: SocketAddr,
+        tls: Option<TlsFiles>,
+        extra: &str,
+    ) -> Agent {
+        let id = &self.problem.hosts[host].id;
+        let certs = self.dir.path().join("certs");
+        let tls = tls.unwrap_or(TlsFiles {
+            ca: certs.join("ca.pem"),
+            cert: certs.join(format!("agent-{id}.pem")),
+            key: certs.join(format!("agent-{id}.key")),
+        });
+        let config = self.dir.path().join(format!("agent-{tag}.toml"));
+        let toml = format!(
+            "host = {id:?}\ninstance = {:?}\ncoordinator = \"{coordinator}\"\nrate_table = {:?}\n\
+             heartbeat_ms = 100\ncoordinator_timeout_ms = 800\nbackoff_min_ms = 50\nbackoff_max_ms = 400\n\
+             {extra}\n[tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
+            self.instance,
+            self.dir.path().join(format!("rates-{tag}.json")),
+            tls.ca,
+            tls.cert,
+            tls.key
+        );
+        std::fs::write(&config, toml).unwrap();
+        let log = self.dir.path().join(format!("agent-{tag}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_drum-agent"))
+            .arg("--config")
+            .arg(&config)
+            .env("DRUM_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start drum-agent");
+        Agent { child, log }
+    }
+
+    fn table(&self, host: usize) -> Option<TableFile> {
+        RateTable::read(&self.rate_path(host)).ok()
+    }
+}
+
+struct Agent {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Agent {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A coordinator service on its own runtime thread; stopped on drop.
+struct Coord {
+    addr: SocketAddr,
+    admin: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Coord {
+    fn start(settings: ServeSettings) -> Self {
+        logs();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(async move {
+                let server = Server::bind(settings).await.unwrap();
+                ready_tx
+                    .send((server.local_addr().unwrap(), server.admin_addr().unwrap()))
+                    .unwrap();
+                server
+                    .run(async {
+                        let _ = stop_rx.await;
+                    })
+                    .await
+                    .unwrap();
+            });
+        });
+        let (addr, admin) = ready_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        Self {
+            addr,
+            admin,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let (code, body) = drum_coordinator::admin::request(self.admin, "GET", "/status").unwrap();
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    }
+
+    fn metrics(&self) -> String {
+        drum_coordinator::admin::request(self.admin, "GET", "/metrics")
+            .unwrap()
+            .1
+    }
+}
+
+impl Drop for Coord {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !ok() {
+        assert!(
+            t.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no metric {name} in\n{text}"))
+}
+
+fn localhost() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+#[test]
+fn agents_converge_to_the_in_process_allocation() {
+    let c = Cluster::new(4, 6, 2, 11);
+    let iterations = 120;
+    let coord = Coord::start(ServeSettings {
+        min_members: 4,
+        max_iterations: Some(iterations),
+        round_interval_ms: 0,
+        // Synchronous rounds: the iterates must equal the in-process ones exactly.
+        max_staleness: 0,
+        ..c.settings(localhost())
+    });
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let metrics_addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut agents: Vec<Agent> = (1..4).map(|h| c.agent(h, coord.addr, None)).collect();
+    agents.push(c.agent_tagged(
+        "0",
+        0,
+        coord.addr,
+        None,
+        &format!("metrics_listen = \"{metrics_addr}\""),
+    ));
+    wait_for(
+        "every agent at the last iteration",
+        Duration::from_secs(20),
+        || (0..4).all(|h| c.table(h).is_some_and(|t| t.iteration == iterations)),
+    );
+    let active = drum_common::protocol::fixed_active_sets(&c.problem);
+    let rho = default_rho(&c.problem);
+    let (_, reference) = fixed_set_trace(
+        &c.problem,
+        active,
+        Algorithm::Admm,
+        rho,
+        iterations as usize,
+        0.0,
+    );
+    for (h, r) in reference.iter().enumerate() {
+        let t = c.table(h).unwrap();
+        assert_eq!(t.state, LinkState::Live);
+        let pairs = c.problem.hosts[h].pairs.clone();
+        for (app, p) in t.apps.iter().zip(pairs) {
+            let want = r.active.binary_search(&p).map_or(0.0, |i| r.x[i]);
+            assert!(
+                (app.rate - want).abs() <= 1e-6,
+                "host {h} app {}: {} vs in-process {want}",
+                app.app,
+                app.rate
+            );
+            assert_eq!(app.active, want > 0.0);
+        }
+    }
+    let s = coord.status();
+    assert_eq!(s["iteration"], iterations);
+    assert_eq!(s["counters"]["stale_reuses"], 0);
+    let (code, m) = drum_coordinator::admin::request(metrics_addr, "GET", "/metrics").unwrap();
+    assert_eq!(code, 200);
+    let host0 = &c.problem.hosts[0].id;
+    assert!(
+        m.contains(&format!(
+            "drum_agent_rounds_total{{host=\"{host0}\"}} {iterations}"
+        )),
+        "{m}"
+    );
+    assert!(
+        m.contains(&format!("drum_agent_live{{host=\"{host0}\"}} 1")),
+        "{m}"
+    );
+    assert_eq!(s["members"].as_array().unwrap().len(), 4);
+}
+
+/// A QUIC client with a valid certificate that sends raw bytes on its stream.
+fn raw_client(c: &Cluster, coordinator: SocketAddr, bytes: Vec<u8>) {
+    let id = &c.problem.hosts[0].id;
+    let certs = c.dir.path().join("certs");
+    let tls = TlsFiles {
+        ca: certs.join("ca.pem"),
+        cert: certs.join(format!("agent-{id}.pem")),
+        key: certs.join(format!("agent-{id}.key")),
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let ep = net::client_endpoint(&tls, Duration::from_secs(2)).unwrap();
+        let conn = ep.connect(coordinator, "localhost").unwrap().await.unwrap();
+        let (mut send, _recv) = conn.open_bi().await.unwrap();
+        send.write_all(&bytes).await.unwrap();
+        let _ = send.finish();
+        // The coordinator closes the connection on a bad frame.
+        let _ = tokio::time::timeout(Duration::from_secs(3), conn.closed()).await;
+        ep.close(0u32.into(), b"");
+    });
+}
+
+#[test]
+fn bad_peers_and_frames_are_refused_without_disturbing_rounds() {
+    let c = Cluster::new(2, 4, 2, 12);
+    let coord = Coord::start(ServeSettings {
+        min_members: 2,
+        ..c.settings(localhost())
+    });
+    let _agents: Vec<Agent> = (0..2).map(|h| c.agent(h, coord.addr, None)).collect();
+    wait_for("rounds running", Duration::from_secs(15), || {
+        coord.status()["iteration"].as_u64().unwrap() > 5
+    });
+    let epoch = coord.status()["epoch"].clone();
+
+    // 1. An agent whose certificate comes from another CA.
+    let other = net::dev_certs(&c.dir.path().join("other-ca"), &[], &["intruder".into()]).unwrap();
+    let mut intruder_tls = other.agents[0].1.clone();
+    intruder_tls.ca = c.dir.path().join("certs/ca.pem");
+    let intruder = c.agent_tagged("intruder", 0, coord.addr, Some(intruder_tls), "");
+    wait_for("the handshake refusal", Duration::from_secs(10), || {
+        metric(
+            &coord.metrics(),
+            "drum_coordinator_refused_handshakes_total",
+        ) >= 1.0
+    });
+    wait_for(
+        "the intruder's own log line",
+        Duration::from_secs(5),
+        // TLS 1.3: the client's handshake completes before the server has checked the
+        // client's certificate, so the refusal reaches the agent as the connection's end.
+        || {
+            let l = intruder.log();
+            l.contains("handshake failed") && l.contains("invalid peer certificate")
+        },
+    );
+    drop(intruder);
+
+    // 1b. A valid certificate of host 0 claiming to be host 1.
+    let certs = c.dir.path().join("certs");
+    let h0 = &c.problem.hosts[0].id;
+    let impostor_tls = TlsFiles {
+        ca: certs.join("ca.pem"),
+        cert: certs.join(format!("agent-{h0}.pem")),
+        key: certs.join(format!("agent-{h0}.key")),
+    };
+    let impostor = c.agent_tagged("impostor", 1, coord.addr, Some(impostor_tls), "");
+    wait_for("the impostor refused", Duration::from_secs(10), || {
+        impostor.log().contains("not issued to host")
+    });
+    drop(impostor);
+    assert!(metric(&coord.metrics(), "drum_coordinator_refused_joins_total") >= 1.0);
+
+    // 2. Frames: garbage, an unknown version, an oversized length, a truncated frame.
+    let mut unknown_version = encode(&AgentMsg::Leave).unwrap();
+    unknown_version[2..4].copy_from_slice(&(PROTOCOL_VERSION + 1).to_be_bytes());
+    let mut oversized = Vec::from(MAGIC);
+    oversized.extend_from_slice(&PROTOCOL_VERSION.to_be_bytes());
+    oversized.extend_from_slice(&u32::MAX.to_be_bytes());
+    let mut truncated = encode(&AgentMsg::Heartbeat { seq: 1 }).unwrap();
+    truncated.pop();
+    for bytes in [
+        b"GET / HTTP/1.1\r\n\r\n".to_vec(),
+        unknown_version,
+        oversized,
+        truncated,
+    ] {
+        raw_client(&c, coord.addr, bytes);
+    }
+    wait_for("four refused frames", Duration::from_secs(10), || {
+        metric(&coord.metrics(), "drum_coordinator_refused_frames_total") >= 4.0
+    });
+
+    // 3. A plain UDP client: not QUIC, dropped by the endpoint.
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    for _ in 0..20 {
+        udp.send_to(b"hello, are you DNS?", coord.addr).unwrap();
+    }
+
+    // Rounds went on with both members and no membership change.
+    let before = coord.status()["iteration"].as_u64().unwrap();
+    wait_for("more rounds", Duration::from_secs(10), || {
+        coord.status()["iteration"].as_u64().unwrap() > before + 20
+    });
+    let s = coord.status();
+    assert_eq!(s["members"].as_array().unwrap().len(), 2);
+    assert_eq!(s["epoch"], epoch, "membership never changed");
+    let logs = log_text();
+    assert!(logs.contains("refused connection"), "{logs}");
+    assert!(
+        logs.contains("refused join: the client certificate is not issued to host"),
+        "{logs}"
+    );
+    assert!(logs.contains("unsupported protocol version"), "{logs}");
+    assert!(logs.contains("exceeds the limit"), "{logs}");
+    assert!(logs.contains("bad magic"), "{logs}");
+    assert!(logs.contains("stream ended inside a frame"), "{logs}");
+}
+
+#[test]
+fn killed_agent_is_dropped_after_the_timeout() {
+    let c = Cluster::new(3, 4, 2, 13);
+    let coord = Coord::start(ServeSettings {
+        min_members: 3,
+        ..c.settings(localhost())
+    });
+    let mut agents: Vec<Agent> = (0..3).map(|h| c.agent(h, coord.addr, None)).collect();
+    wait_for("three members in rounds", Duration::from_secs(15), || {
+        coord.status()["iteration"].as_u64().unwrap() > 5
+    });
+    let pairs = |s: &serde_json::Value| -> u64 {
+        s["facilities"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["pairs"].as_u64().unwrap())
+            .sum()
+    };
+    let before = pairs(&coord.status());
+    let killed = Instant::now();
+    agents[2].kill();
+    wait_for("the dead agent dropped", Duration::from_secs(5), || {
+        coord.status()["members"].as_array().unwrap().len() == 2
+    });
+    // Not before the member timeout (800 ms) less a heartbeat: silence, not luck, removed it.
+    assert!(
+        killed.elapsed() >= Duration::from_millis(600),
+        "{:?}",
+        killed.elapsed()
+    );
+    let s = coord.status();
+    assert!(pairs(&s) < before, "its pairs left the facility counts");
+    assert!(s["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|m| m["host"] != c.problem.hosts[2].id.as_str()));
+    // The survivors keep iterating.
+    let it = s["iteration"].as_u64().unwrap();
+    wait_for("rounds after the drop", Duration::from_secs(5), || {
+        coord.status()["iteration"].as_u64().unwrap() > it + 10
+    });
+    assert!(agents[0].log().contains("joined the coordinator"));
+
+    // An operator drains host 1: removed at once, its agent keeps its rates, its rejoins refused.
+    let host1 = c.problem.hosts[1].id.clone();
+    let (code, body) = drum_coordinator::admin::request(
+        coord.admin,
+        "POST",
+        &format!(
+            "/drain?host={}",
+            drum_coordinator::admin::percent_encode(&host1)
+        ),
+    )
+    .unwrap();
+    assert_eq!(code, 200, "{body}");
+    let s = coord.status();
+    assert_eq!(s["members"].as_array().unwrap().len(), 1, "{s:#}");
+    assert_eq!(s["drained"][0], host1.as_str());
+    wait_for(
+        "the drained agent fail-static",
+        Duration::from_secs(5),
+        || c.table(1).is_some_and(|t| t.state == LinkState::FailStatic),
+    );
+    wait_for("a refused rejoin", Duration::from_secs(5), || {
+        agents[1].log().contains("is drained")
+    });
+    assert_eq!(coord.status()["members"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn coordinator_loss_is_fail_static_and_agents_rejoin_a_restarted_one() {
+    let c = Cluster::new(2, 4, 2, 14);
+    let settings = ServeSettings {
+        min_members: 2,
+        ..c.settings(localhost())
+    };
+    let coord = Coord::start(settings.clone());
+    let addr = coord.addr;
+    let _agents: Vec<Agent> = (0..2).map(|h| c.agent(h, addr, None)).collect();
+    wait_for("rounds running", Duration::from_secs(15), || {
+        coord.status()["iteration"].as_u64().unwrap() > 20
+    });
+    let prices = |s: &serde_json::Value| -> Vec<f64> {
+        s["facilities"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["price"].as_f64().unwrap())
+            .collect()
+    };
+    let before = prices(&coord.status());
+    drop(coord);
+    wait_for("both agents fail-static", Duration::from_secs(5), || {
+        (0..2).all(|h| c.table(h).is_some_and(|t| t.state == LinkState::FailStatic))
+    });
+    let frozen: Vec<TableFile> = (0..2).map(|h| c.table(h).unwrap()).collect();
+    assert!(frozen.iter().all(|t| t.apps.iter().any(|a| a.rate > 0.0)));
+    std::thread::sleep(Duration::from_millis(600));
+    for (h, f) in frozen.iter().enumerate() {
+        let now = c.table(h).unwrap();
+        let rates = |t: &TableFile| t.apps.iter().map(|a| a.rate).collect::<Vec<_>>();
+        assert_eq!(
+            rates(&now),
+            rates(f),
+            "rates are kept while the coordinator is away"
+        );
+    }
+    // A new coordinator on the same address: agents rejoin with their rates and numbering.
+    let coord = Coord::start(ServeSettings {
+        listen: addr,
+        ..settings
+    });
+    wait_for("both agents rejoined", Duration::from_secs(10), || {
+        coord.status()["members"].as_array().unwrap().len() == 2
+    });
+    // The duals were rebuilt from the agents' last d: prices did not restart from zero.
+    let after = prices(&coord.status());
+    let (f, &top) = before
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .unwrap();
+    assert!(top > 0.0, "some facility is priced: {before:?}");
+    assert!(
+        after[f] >= 0.5 * top && after[f] <= 2.0 * top,
+        "price of facility {f}: {top} before the restart, {} after",
+        after[f]
+    );
+    wait_for("both agents live again", Duration::from_secs(10), || {
+        (0..2).all(|h| c.table(h).is_some_and(|t| t.state == LinkState::Live))
+    });
+    wait_for("rounds after the restart", Duration::from_secs(10), || {
+        let s = coord.status();
+        s["members"].as_array().unwrap().len() == 2
+            && s["iteration"].as_u64().unwrap() > frozen[0].iteration + 10
+    });
+}

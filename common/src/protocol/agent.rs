@@ -1,0 +1,562 @@
+//! The agent's state machine: join, one host x-step per round, heartbeats, fail-static.
+//!
+//! Phases: `Disconnected` (waiting for the next connection attempt, exponential backoff with
+//! jitter) → `Joining` (connected, `Join` sent) → `Member` (rounds flow). Losing the
+//! coordinator — the transport reports it, or nothing is heard for `coordinator_timeout` —
+//! returns to `Disconnected` and the host **keeps its last rates** (fail-static): the rates are
+//! a feasible point of the host's own budgets, and freezing them is safer than either dropping
+//! to the floor or running unthrottled. A rejoin reports the current rates, so the coordinator
+//! resumes warm.
+
+use super::facility_digest;
+use super::wire::{AgentMsg, ContributionMsg, CoordMsg, Join};
+use crate::admm::{Contribution, HostState};
+use crate::model::Problem;
+use crate::rng::SplitMix64;
+use std::time::Duration;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct AgentConfig {
+    pub heartbeat_interval: Duration,
+    /// Silence from the coordinator after which the agent goes fail-static and reconnects.
+    pub coordinator_timeout: Duration,
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Phase {
+    Disconnected { retry_at: Duration, attempts: u32 },
+    Joining { since: Duration },
+    Member { epoch: u64 },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum AgentAction {
+    Send(AgentMsg),
+    /// Drop the connection (the phase is already `Disconnected`).
+    Disconnect(String),
+    /// Rates or liveness changed: rewrite the rate table.
+    Publish,
+    Event(AgentEvent),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum AgentEvent {
+    Welcomed {
+        epoch: u64,
+        iteration: u64,
+    },
+    Refused(String),
+    /// The coordinator is gone; rates are frozen until a rejoin.
+    FailStatic(String),
+    IgnoredRound {
+        epoch: u64,
+        iteration: u64,
+    },
+}
+
+pub struct AgentCore {
+    cfg: AgentConfig,
+    state: HostState,
+    digest: u64,
+    phase: Phase,
+    epoch: u64,
+    iteration: u64,
+    rho: f64,
+    /// `(epoch, iteration)` of the last round stepped: rounds are taken in that order only.
+    last_step: (u64, u64),
+    last_heard: Duration,
+    next_heartbeat: Duration,
+    heartbeat_seq: u64,
+    /// Connection failures and refusals since the last `Welcome`; sets the backoff.
+    failures: u32,
+    /// `d` of the last round stepped, reported on rejoin.
+    last_d: Vec<(u32, f64)>,
+    jitter: SplitMix64,
+}
+
+impl AgentCore {
+    /// A fresh agent: its host starts at its best response to zero prices, as the in-process
+    /// engine's cold start does.
+    pub fn new(problem: &Problem, mut state: HostState, cfg: AgentConfig) -> Self {
+        state.priced_step(problem, |_| 0.0);
+        let jitter = SplitMix64::fork(0x5eed, state.host as u64);
+        Self {
+            cfg,
+            state,
+            digest: facility_digest(problem),
+            phase: Phase::Disconnected {
+                retry_at: Duration::ZERO,
+                attempts: 0,
+            },
+            epoch: 0,
+            iteration: 0,
+            rho: 0.0,
+            last_step: (0, 0),
+            last_heard: Duration::ZERO,
+            next_heartbeat: Duration::ZERO,
+            heartbeat_seq: 0,
+            failures: 0,
+            last_d: Vec::new(),
+            jitter,
+        }
+    }
+
+    pub fn state(&self) -> &HostState {
+        &self.state
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    pub fn iteration(&self) -> u64 {
+        self.iteration
+    }
+
+    pub fn is_member(&self) -> bool {
+        matches!(self.phase, Phase::Member { .. })
+    }
+
+    /// Whether the driver should try to connect now.
+    pub fn connect_due(&self, now: Duration) -> bool {
+        matches!(self.phase, Phase::Disconnected { retry_at, .. } if now >= retry_at)
+    }
+
+    pub fn join_msg(&self, problem: &Problem) -> AgentMsg {
+        let mut pairs: Vec<(u32, u32)> = Vec::new();
+        for &p in &self.state.active {
+            let f = problem.pairs[p].facility;
+            match pairs.binary_search_by_key(&f, |e| e.0) {
+                Ok(i) => pairs[i].1 += 1,
+                Err(i) => pairs.insert(i, (f, 1)),
+            }
+        }
+        AgentMsg::Join(Join {
+            host: problem.hosts[self.state.host].id.clone(),
+            facility_digest: self.digest,
+            pairs,
+            entries: self.state.contribution(problem).entries,
+            last_iteration: self.iteration,
+            last_d: self.last_d.clone(),
+        })
+    }
+
+    pub fn on_connected(&mut self, now: Duration, problem: &Problem) -> Vec<AgentAction> {
+        self.phase = Phase::Joining { since: now };
+        self.last_heard = now;
+        vec![AgentAction::Send(self.join_msg(problem))]
+    }
+
+    /// A connection attempt failed: wait longer before the next one.
+    pub fn on_connect_failed(&mut self, now: Duration) {
+        self.failures += 1;
+        let attempts = self.failures;
+        self.phase = Phase::Disconnected {
+            retry_at: now + self.backoff(attempts),
+            attempts,
+        };
+    }
+
+    /// The transport lost the coordinator.
+    pub fn on_disconnected(&mut self, now: Duration, reason: &str) -> Vec<AgentAction> {
+        if matches!(self.phase, Phase::Disconnected { .. }) {
+            return Vec::new();
+        }
+        self.go_fail_static(now, reason.to_string(), false)
+    }
+
+    fn go_fail_static(&mut self, now: Duration, reason: String, drop: bool) -> Vec<AgentAction> {
+        // Failures since the last welcome: a coordinator that keeps refusing us (e.g. a drained
+        // host) is asked ever less often, like an unreachable one.
+        let attempts = self.failures;
+        self.failures += 1;
+        self.phase = Phase::Disconnected {
+            retry_at: now + self.backoff(attempts),
+            attempts,
+        };
+        let mut out = vec![
+            AgentAction::Event(AgentEvent::FailStatic(reason.clone())),
+            AgentAction::Publish,
+        ];
+        if drop {
+            out.push(AgentAction::Disconnect(reason));
+        }
+        out
+    }
+
+    /// `backoff_min · 2^attempts`, capped, times a jitter in [1, 1.5) so a fleet that lost its
+    /// coordinator together does not reconnect in lock step.
+    fn backoff(&mut self, attempts: u32) -> Duration {
+        let base = self
+            .cfg
+            .backoff_min
+            .saturating_mul(1u32 << attempts.min(20))
+            .min(self.cfg.backoff_max);
+        base.mul_f64(1.0 + 0.5 * self.jitter.unit())
+    }
+
+    /// The ρ of the last round (0 before any).
+    pub fn rho(&self) -> f64 {
+        self.rho
+    }
+
+    /// Heartbeats and the coordinator-silence timeout.
+    pub fn tick(&mut self, now: Duration) -> Vec<AgentAction> {
+        match self.phase {
+            Phase::Joining { since } if now >= since + self.cfg.coordinator_timeout => {
+                self.go_fail_static(now, "no answer to join".into(), true)
+            }
+            Phase::Member { .. } if now >= self.last_heard + self.cfg.coordinator_timeout => {
+                let silent = now - self.last_heard;
+                self.go_fail_static(now, format!("coordinator silent for {silent:?}"), true)
+            }
+            Phase::Member { .. } if now >= self.next_heartbeat => {
+                self.next_heartbeat = now + self.cfg.heartbeat_interval;
+                self.heartbeat_seq += 1;
+                vec![AgentAction::Send(AgentMsg::Heartbeat {
+                    seq: self.heartbeat_seq,
+                })]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// When [`Self::tick`] (or a connection attempt) is next due.
+    pub fn next_wakeup(&self) -> Duration {
+        match self.phase {
+            Phase::Disconnected { retry_at, .. } => retry_at,
+            Phase::Joining { since } => since + self.cfg.coordinator_timeout,
+            Phase::Member { .. } => self
+                .next_heartbeat
+                .min(self.last_heard + self.cfg.coordinator_timeout),
+        }
+    }
+
+    pub fn on_message(
+        &mut self,
+        now: Duration,
+        problem: &Problem,
+        msg: CoordMsg,
+    ) -> Vec<AgentAction> {
+        self.last_heard = now;
+        match msg {
+            CoordMsg::Welcome {
+                epoch,
+                iteration,
+                heartbeat_ms,
+            } => {
+                self.phase = Phase::Member { epoch };
+                self.failures = 0;
+                // A new session: its rounds are new whatever their numbers, even when a
+                // restarted coordinator counts epochs from 1 again.
+                self.last_step = (0, 0);
+                self.epoch = epoch;
+                self.iteration = self.iteration.max(iteration);
+                if heartbeat_ms > 0 {
+                    self.cfg.heartbeat_interval = Duration::from_millis(heartbeat_ms);
+                }
+                self.next_heartbeat = now + self.cfg.heartbeat_interval;
+                vec![
+                    AgentAction::Event(AgentEvent::Welcomed { epoch, iteration }),
+                    AgentAction::Publish,
+                ]
+            }
+            CoordMsg::Refused { reason } => {
+                let mut out = vec![AgentAction::Event(AgentEvent::Refused(reason.clone()))];
+                out.extend(self.go_fail_static(now, format!("refused: {reason}"), true));
+                out
+            }
+            CoordMsg::HeartbeatAck { .. } => Vec::new(),
+            CoordMsg::Round {
+                epoch,
+                iteration,
+                rho,
+                d,
+            } => self.round(now, problem, epoch, iteration, rho, d),
+        }
+    }
+
+    fn round(
+        &mut self,
+        now: Duration,
+        problem: &Problem,
+        epoch: u64,
+        iteration: u64,
+        rho: f64,
+        d: Vec<(u32, f64)>,
+    ) -> Vec<AgentAction> {
+        if !self.is_member() || epoch < self.epoch || (epoch, iteration) <= self.last_step {
+            return vec![AgentAction::Event(AgentEvent::IgnoredRound {
+                epoch,
+                iteration,
+            })];
+        }
+        if !(rho.is_finite() && rho > 0.0) || d.iter().any(|e| !e.1.is_finite()) {
+            return self.go_fail_static(
+                now,
+                format!("round {iteration} carries non-finite values"),
+                true,
+            );
+        }
+        let facilities: Vec<u32> = self
+            .state
+            .active
+            .iter()
+            .map(|&p| problem.pairs[p].facility)
+            .collect();
+        if let Some(f) = facilities
+            .iter()
+            .find(|&&f| d.binary_search_by_key(&f, |e| e.0).is_err())
+        {
+            return self.go_fail_static(
+                now,
+                format!("round {iteration} lacks d for facility {f}"),
+                true,
+            );
+        }
+        self.epoch = epoch;
+        self.phase = Phase::Member { epoch };
+        self.rho = rho;
+        let Contribution { entries } = self.state.admm_step(problem, rho, |f| {
+            d[d.binary_search_by_key(&f, |e| e.0).expect("checked")].1
+        });
+        self.iteration = iteration;
+        self.last_step = (epoch, iteration);
+        self.last_d = d;
+        vec![
+            AgentAction::Send(AgentMsg::Contribution(ContributionMsg {
+                epoch,
+                iteration,
+                entries,
+            })),
+            AgentAction::Publish,
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generator::{generate, GeneratorConfig};
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn setup() -> (Problem, AgentCore) {
+        let problem = generate(&GeneratorConfig {
+            k: 2,
+            seed: 3,
+            ..GeneratorConfig::new(2, 4)
+        });
+        let active = crate::protocol::fixed_active_sets(&problem);
+        let state = HostState::new(&problem, 0, active[0].clone());
+        let cfg = AgentConfig {
+            heartbeat_interval: 100 * MS,
+            coordinator_timeout: 300 * MS,
+            backoff_min: 10 * MS,
+            backoff_max: 400 * MS,
+        };
+        let core = AgentCore::new(&problem, state, cfg);
+        (problem, core)
+    }
+
+    fn d_for(problem: &Problem, core: &AgentCore, v: f64) -> Vec<(u32, f64)> {
+        let mut d: Vec<(u32, f64)> = core
+            .state()
+            .active
+            .iter()
+            .map(|&p| (problem.pairs[p].facility, v))
+            .collect();
+        d.sort_by_key(|e| e.0);
+        d.dedup_by_key(|e| e.0);
+        d
+    }
+
+    fn welcome(core: &mut AgentCore, problem: &Problem, now: Duration) {
+        core.on_connected(now, problem);
+        core.on_message(
+            now,
+            problem,
+            CoordMsg::Welcome {
+                epoch: 1,
+                iteration: 0,
+                heartbeat_ms: 100,
+            },
+        );
+    }
+
+    #[test]
+    fn rounds_are_stepped_once_and_in_order() {
+        let (problem, mut core) = setup();
+        welcome(&mut core, &problem, Duration::ZERO);
+        let round = |it, d: Vec<(u32, f64)>| CoordMsg::Round {
+            epoch: 1,
+            iteration: it,
+            rho: 1.0,
+            d,
+        };
+        let d = d_for(&problem, &core, 0.01);
+        let out = core.on_message(MS, &problem, round(1, d.clone()));
+        assert!(matches!(
+            out[0],
+            AgentAction::Send(AgentMsg::Contribution(_))
+        ));
+        let x = core.state().x.clone();
+        // The same round again, and an older one, change nothing.
+        for it in [1, 0] {
+            let out = core.on_message(MS, &problem, round(it, d.clone()));
+            assert!(matches!(
+                out[0],
+                AgentAction::Event(AgentEvent::IgnoredRound { .. })
+            ));
+        }
+        assert_eq!(core.state().x, x);
+        // A restarted round under a newer epoch is taken.
+        let out = core.on_message(
+            MS,
+            &problem,
+            CoordMsg::Round {
+                epoch: 2,
+                iteration: 1,
+                rho: 1.0,
+                d,
+            },
+        );
+        assert!(matches!(
+            out[0],
+            AgentAction::Send(AgentMsg::Contribution(_))
+        ));
+    }
+
+    #[test]
+    fn rounds_of_a_restarted_coordinator_are_taken_despite_lower_epochs() {
+        let (problem, mut core) = setup();
+        welcome(&mut core, &problem, Duration::ZERO);
+        let d = d_for(&problem, &core, 0.01);
+        let round = |epoch, iteration| CoordMsg::Round {
+            epoch,
+            iteration,
+            rho: 1.0,
+            d: d.clone(),
+        };
+        core.on_message(MS, &problem, round(7, 10));
+        assert_eq!(core.iteration(), 10);
+        core.on_disconnected(2 * MS, "coordinator restarted");
+        core.on_connected(3 * MS, &problem);
+        core.on_message(
+            3 * MS,
+            &problem,
+            CoordMsg::Welcome {
+                epoch: 1,
+                iteration: 10,
+                heartbeat_ms: 100,
+            },
+        );
+        let out = core.on_message(4 * MS, &problem, round(1, 11));
+        assert!(matches!(
+            out[0],
+            AgentAction::Send(AgentMsg::Contribution(_))
+        ));
+        assert_eq!(core.iteration(), 11);
+    }
+
+    #[test]
+    fn round_without_the_hosts_facilities_is_refused() {
+        let (problem, mut core) = setup();
+        welcome(&mut core, &problem, Duration::ZERO);
+        let x = core.state().x.clone();
+        let out = core.on_message(
+            MS,
+            &problem,
+            CoordMsg::Round {
+                epoch: 1,
+                iteration: 1,
+                rho: 1.0,
+                d: vec![],
+            },
+        );
+        assert!(out.iter().any(|a| matches!(a, AgentAction::Disconnect(_))));
+        assert_eq!(core.state().x, x);
+    }
+
+    #[test]
+    fn silence_means_fail_static_then_backoff_and_rejoin_with_current_rates() {
+        let (problem, mut core) = setup();
+        welcome(&mut core, &problem, Duration::ZERO);
+        let d = d_for(&problem, &core, 0.02);
+        core.on_message(
+            MS,
+            &problem,
+            CoordMsg::Round {
+                epoch: 1,
+                iteration: 1,
+                rho: 2.0,
+                d,
+            },
+        );
+        let x = core.state().x.clone();
+        // Heartbeats go out while the coordinator is silent, then the timeout fires.
+        let out = core.tick(100 * MS);
+        assert!(matches!(
+            out[0],
+            AgentAction::Send(AgentMsg::Heartbeat { seq: 1 })
+        ));
+        let out = core.tick(301 * MS);
+        assert!(out
+            .iter()
+            .any(|a| matches!(a, AgentAction::Event(AgentEvent::FailStatic(_)))));
+        assert!(!core.is_member());
+        assert_eq!(core.state().x, x, "rates are kept");
+        // Backoff grows with each failed attempt and stays under the cap (with jitter ≤ 1.5).
+        let mut now = 301 * MS;
+        let mut waits = Vec::new();
+        for _ in 0..6 {
+            now = core.next_wakeup();
+            assert!(core.connect_due(now));
+            core.on_connect_failed(now);
+            waits.push(core.next_wakeup() - now);
+        }
+        assert!(waits[1] > waits[0] && waits[2] > waits[1]);
+        assert!(waits.iter().all(|w| *w <= 600 * MS));
+        // The rejoin reports the current rates and the last iteration.
+        let out = core.on_connected(now, &problem);
+        let AgentAction::Send(AgentMsg::Join(j)) = &out[0] else {
+            panic!("{out:?}")
+        };
+        assert_eq!(j.entries, core.state().contribution(&problem).entries);
+        assert_eq!(j.last_iteration, 1);
+        assert_eq!(j.last_d, d_for(&problem, &core, 0.02));
+    }
+
+    #[test]
+    fn refusal_disconnects_and_keeps_rates() {
+        let (problem, mut core) = setup();
+        core.on_connected(Duration::ZERO, &problem);
+        let x = core.state().x.clone();
+        let out = core.on_message(
+            MS,
+            &problem,
+            CoordMsg::Refused {
+                reason: "facility list differs".into(),
+            },
+        );
+        assert!(out.iter().any(|a| matches!(a, AgentAction::Disconnect(_))));
+        assert_eq!(core.state().x, x);
+        // Repeated refusals (a drained host) are retried ever less often.
+        let t1 = core.next_wakeup();
+        core.on_connected(t1, &problem);
+        core.on_message(
+            t1,
+            &problem,
+            CoordMsg::Refused {
+                reason: "drained".into(),
+            },
+        );
+        assert!(core.next_wakeup() - t1 > t1 - MS);
+    }
+}

@@ -1,0 +1,40 @@
+//! The control-plane protocol between `drum-agent` and `drum-coordinator` as pure code: wire
+//! messages and their framing ([`wire`]), and the two state machines ([`coordinator`],
+//! [`agent`]). No sockets, threads or clocks: time comes in as an explicit `now` (a
+//! [`Duration`](std::time::Duration) since an arbitrary origin), so every behaviour — timeouts,
+//! round deadlines, bounded staleness, fail-static — is unit-tested deterministically and the
+//! same machines run under QUIC in the daemons and in-process in simulations
+//! (docs/control-plane.md).
+
+pub mod agent;
+pub mod coordinator;
+pub mod wire;
+
+pub use wire::{AgentMsg, CoordMsg, FrameDecoder, WireError, MAX_FRAME, PROTOCOL_VERSION};
+
+use crate::model::Problem;
+
+/// The active sets of this version of the control plane, which keeps them fixed: the greedy
+/// initial selection at zero prices. It is deterministic, so every agent computes the same sets
+/// from the shared instance without a selection protocol (docs/control-plane.md).
+pub fn fixed_active_sets(problem: &Problem) -> Vec<Vec<usize>> {
+    crate::selection::initial_active(problem, &vec![0.0; problem.facilities.len()])
+}
+
+/// Identifies the facility numbering both sides index by: FNV-1a over the facility ids in
+/// order. Agents and coordinator load their facilities from configuration; a mismatch would
+/// silently mix up facilities, so a join with a different digest is refused.
+pub fn facility_digest(problem: &Problem) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |b: u8| {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    };
+    for f in &problem.facilities {
+        for b in f.id.bytes() {
+            eat(b);
+        }
+        eat(0xff);
+    }
+    h
+}

@@ -1,0 +1,457 @@
+//! `drum-coordinator serve`: the pure coordinator state machine under QUIC.
+//!
+//! One task owns the state machine and a timer; one task per connection reads frames into it
+//! and one writes its answers out. Transport failures that do not concern the rounds (a
+//! handshake refused, a bad frame) close only the offending connection, with a log line.
+
+use crate::admin::{self, AdminRequest, Metrics, Reply};
+use crate::net::{self, FramedRecv, NetError, TlsFiles};
+use anyhow::{bail, Context, Result};
+use drum_common::instance::Instance;
+use drum_common::model::Problem;
+use drum_common::protocol::coordinator::{Action, Coordinator, CoordinatorConfig, Event, MemberId};
+use drum_common::protocol::{facility_digest, AgentMsg, CoordMsg};
+use drum_common::solver::default_rho;
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, info, warn};
+
+/// `serve --config FILE` (TOML); docs/control-plane.md lists every key.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ServeSettings {
+    /// UDP address for QUIC.
+    pub listen: SocketAddr,
+    /// Instance file (JSON): the facilities and, unless `rho` is set, the default penalty.
+    pub instance: PathBuf,
+    pub tls: TlsFiles,
+    /// TCP address of the admin endpoint (`/metrics`, `/status`, `/set-capacity`); keep it on
+    /// loopback, it is not authenticated.
+    #[serde(default)]
+    pub admin_listen: Option<SocketAddr>,
+    #[serde(default)]
+    pub rho: Option<f64>,
+    #[serde(default = "one")]
+    pub min_members: usize,
+    #[serde(default = "d_round_deadline")]
+    pub round_deadline_ms: u64,
+    #[serde(default = "d_staleness")]
+    pub max_staleness: u32,
+    #[serde(default = "d_interval")]
+    pub round_interval_ms: u64,
+    #[serde(default = "d_heartbeat")]
+    pub heartbeat_ms: u64,
+    #[serde(default = "d_timeout")]
+    pub member_timeout_ms: u64,
+    #[serde(default)]
+    pub max_iterations: Option<u64>,
+    /// Accept a join only if the client certificate carries the joining host id as a DNS
+    /// name (as `dev-certs` issues them); otherwise any certificate from the CA may join as
+    /// any host.
+    #[serde(default = "yes")]
+    pub bind_host_to_certificate: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn one() -> usize {
+    1
+}
+fn d_round_deadline() -> u64 {
+    50
+}
+fn d_staleness() -> u32 {
+    3
+}
+fn d_interval() -> u64 {
+    10
+}
+fn d_heartbeat() -> u64 {
+    500
+}
+fn d_timeout() -> u64 {
+    3000
+}
+
+impl ServeSettings {
+    pub fn load(path: &Path) -> Result<Self> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut s: Self =
+            toml::from_str(&text).with_context(|| format!("in {}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        s.instance = base.join(&s.instance);
+        s.tls.ca = base.join(&s.tls.ca);
+        s.tls.cert = base.join(&s.tls.cert);
+        s.tls.key = base.join(&s.tls.key);
+        s.validate()?;
+        Ok(s)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if let Some(rho) = self.rho {
+            if !(rho.is_finite() && rho > 0.0) {
+                bail!("rho must be positive and finite, got {rho}");
+            }
+        }
+        if self.heartbeat_ms == 0 || self.member_timeout_ms <= self.heartbeat_ms {
+            bail!(
+                "member_timeout_ms ({}) must exceed heartbeat_ms ({}), which must be positive",
+                self.member_timeout_ms,
+                self.heartbeat_ms
+            );
+        }
+        if self.round_deadline_ms == 0 {
+            bail!("round_deadline_ms must be positive");
+        }
+        Ok(())
+    }
+}
+
+pub fn load_problem(path: &Path) -> Result<Problem> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Instance::from_json(&text)
+        .and_then(Instance::into_problem)
+        .with_context(|| format!("in {}", path.display()))
+}
+
+/// What a connection task sends to the state machine.
+enum Input {
+    Connected(MemberId, SocketAddr, mpsc::UnboundedSender<Outgoing>),
+    Msg(MemberId, AgentMsg),
+    Closed(MemberId),
+    Admin(AdminRequest, oneshot::Sender<Reply>),
+}
+
+enum Outgoing {
+    Msg(CoordMsg),
+    Close(u32, String),
+}
+
+/// A bound, not yet running coordinator.
+pub struct Server {
+    settings: ServeSettings,
+    problem: Problem,
+    endpoint: quinn::Endpoint,
+    admin: Option<tokio::net::TcpListener>,
+}
+
+impl Server {
+    pub async fn bind(settings: ServeSettings) -> Result<Self> {
+        let problem = load_problem(&settings.instance)?;
+        let idle = Duration::from_millis(settings.member_timeout_ms);
+        let endpoint = net::server_endpoint(&settings.tls, settings.listen, idle)
+            .with_context(|| format!("binding QUIC on {}", settings.listen))?;
+        let admin = match settings.admin_listen {
+            Some(a) => Some(
+                tokio::net::TcpListener::bind(a)
+                    .await
+                    .with_context(|| format!("binding admin endpoint on {a}"))?,
+            ),
+            None => None,
+        };
+        Ok(Self {
+            settings,
+            problem,
+            endpoint,
+            admin,
+        })
+    }
+
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        Ok(self.endpoint.local_addr()?)
+    }
+
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().and_then(|a| a.local_addr().ok())
+    }
+
+    /// Runs until `shutdown` resolves.
+    pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
+        let Server {
+            settings,
+            problem,
+            endpoint,
+            admin,
+        } = self;
+        let rho = settings.rho.unwrap_or_else(|| default_rho(&problem));
+        let cfg = CoordinatorConfig {
+            rho,
+            facility_digest: facility_digest(&problem),
+            heartbeat_interval: Duration::from_millis(settings.heartbeat_ms),
+            member_timeout: Duration::from_millis(settings.member_timeout_ms),
+            round_deadline: Duration::from_millis(settings.round_deadline_ms),
+            max_staleness: settings.max_staleness,
+            round_interval: Duration::from_millis(settings.round_interval_ms),
+            min_members: settings.min_members,
+            max_iterations: settings.max_iterations,
+        };
+        info!(
+            listen = %endpoint.local_addr()?,
+            facilities = problem.facilities.len(),
+            rho,
+            "coordinator serving"
+        );
+        let metrics = Arc::new(Metrics::default());
+        let (tx, rx) = mpsc::unbounded_channel();
+        if let Some(listener) = admin {
+            let tx = tx.clone();
+            tokio::spawn(admin::serve(listener, move |req| {
+                let tx = tx.clone();
+                async move {
+                    let (reply, answer) = oneshot::channel();
+                    tx.send(Input::Admin(req, reply)).ok()?;
+                    answer.await.ok()
+                }
+            }));
+        }
+        let policy = ConnPolicy {
+            join_timeout: Duration::from_millis(settings.member_timeout_ms),
+            bind_host: settings.bind_host_to_certificate,
+        };
+        let accept = tokio::spawn(accept_loop(endpoint.clone(), tx, metrics.clone(), policy));
+        let core = Coordinator::new(cfg, problem.facilities.clone());
+        tokio::select! {
+            r = core_loop(core, rx, metrics) => r?,
+            _ = shutdown => info!("coordinator shutting down"),
+        }
+        accept.abort();
+        endpoint.close(net::CLOSE_NORMAL.into(), b"coordinator shutting down");
+        Ok(())
+    }
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// What a connection must do before the state machine hears of it.
+#[derive(Clone, Copy, Debug)]
+struct ConnPolicy {
+    join_timeout: Duration,
+    bind_host: bool,
+}
+
+async fn accept_loop(
+    endpoint: quinn::Endpoint,
+    tx: mpsc::UnboundedSender<Input>,
+    metrics: Arc<Metrics>,
+    policy: ConnPolicy,
+) {
+    while let Some(incoming) = endpoint.accept().await {
+        let tx = tx.clone();
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let remote = incoming.remote_address();
+            let conn = match incoming.await {
+                Ok(c) => c,
+                Err(e) => {
+                    metrics.refused_handshakes.fetch_add(1, Ordering::Relaxed);
+                    warn!(%remote, "refused connection: {e}");
+                    return;
+                }
+            };
+            if let Err(e) = connection(conn, remote, tx, &metrics, policy).await {
+                debug!(%remote, "connection ended: {e}");
+            }
+        });
+    }
+}
+
+async fn connection(
+    conn: quinn::Connection,
+    remote: SocketAddr,
+    tx: mpsc::UnboundedSender<Input>,
+    metrics: &Metrics,
+    policy: ConnPolicy,
+) -> Result<(), NetError> {
+    let join_timeout = policy.join_timeout;
+    let (mut send, recv) = conn.accept_bi().await?;
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    let (out_tx, mut out_rx) = mpsc::unbounded_channel();
+    let refuse_tx = out_tx.clone();
+    if tx.send(Input::Connected(id, remote, out_tx)).is_err() {
+        return Ok(());
+    }
+    let writer_conn = conn.clone();
+    let writer = tokio::spawn(async move {
+        while let Some(o) = out_rx.recv().await {
+            match o {
+                Outgoing::Msg(m) => {
+                    if net::send_msg(&mut send, &m).await.is_err() {
+                        break;
+                    }
+                }
+                Outgoing::Close(code, reason) => {
+                    // Let a last message (e.g. `Refused`) reach the peer before the close,
+                    // which would discard unacknowledged stream data.
+                    if send.finish().is_ok() {
+                        let _ =
+                            tokio::time::timeout(Duration::from_millis(500), send.stopped()).await;
+                    }
+                    writer_conn.close(code.into(), reason.as_bytes());
+                    break;
+                }
+            }
+        }
+    });
+    let mut framed = FramedRecv::new(recv);
+    let mut joined = false;
+    let result = loop {
+        // A peer that connects but never joins would hold a connection forever.
+        let next = if joined {
+            framed.next::<AgentMsg>().await
+        } else {
+            match tokio::time::timeout(join_timeout, framed.next::<AgentMsg>()).await {
+                Ok(r) => r,
+                Err(_) => {
+                    warn!(%remote, "no join within {join_timeout:?}; closing the connection");
+                    conn.close(net::CLOSE_PROTOCOL.into(), b"no join");
+                    break Ok(());
+                }
+            }
+        };
+        joined = true;
+        match next {
+            Ok(Some(AgentMsg::Join(j)))
+                if policy.bind_host && !net::certificate_names(&conn, &j.host) =>
+            {
+                metrics.refused_joins.fetch_add(1, Ordering::Relaxed);
+                let reason = format!(
+                    "the client certificate is not issued to host {:?} (no such DNS name)",
+                    j.host
+                );
+                warn!(%remote, member = id, "refused join: {reason}");
+                let _ = refuse_tx.send(Outgoing::Msg(CoordMsg::Refused {
+                    reason: reason.clone(),
+                }));
+                let _ = refuse_tx.send(Outgoing::Close(net::CLOSE_PROTOCOL, reason));
+                // The writer closes the connection once the refusal is delivered.
+                let _ = tokio::time::timeout(Duration::from_secs(1), conn.closed()).await;
+                break Ok(());
+            }
+            Ok(Some(m)) => {
+                if tx.send(Input::Msg(id, m)).is_err() {
+                    break Ok(());
+                }
+            }
+            Ok(None) => break Ok(()),
+            Err(NetError::Wire(e)) => {
+                metrics.refused_frames.fetch_add(1, Ordering::Relaxed);
+                warn!(%remote, member = id, "refused frame: {e}; closing the connection");
+                conn.close(net::CLOSE_PROTOCOL.into(), e.to_string().as_bytes());
+                break Ok(());
+            }
+            Err(e) => break Err(e),
+        }
+    };
+    let _ = tx.send(Input::Closed(id));
+    writer.abort();
+    result
+}
+
+async fn core_loop(
+    mut core: Coordinator,
+    mut rx: mpsc::UnboundedReceiver<Input>,
+    metrics: Arc<Metrics>,
+) -> Result<()> {
+    let origin = Instant::now();
+    let mut writers: HashMap<MemberId, (SocketAddr, mpsc::UnboundedSender<Outgoing>)> =
+        HashMap::new();
+    let mut closing: std::collections::HashSet<MemberId> = std::collections::HashSet::new();
+    loop {
+        let wake = core
+            .next_wakeup()
+            .map(|w| tokio::time::Instant::from_std(origin + w));
+        let actions = tokio::select! {
+            input = rx.recv() => {
+                let Some(input) = input else { return Ok(()) };
+                let now = origin.elapsed();
+                match input {
+                    Input::Connected(id, addr, w) => {
+                        writers.insert(id, (addr, w));
+                        Vec::new()
+                    }
+                    // A connection being closed may still deliver frames: ignore them.
+                    Input::Msg(id, _) if closing.contains(&id) => Vec::new(),
+                    Input::Msg(id, m) => core.on_message(now, id, m),
+                    Input::Closed(id) => {
+                        writers.remove(&id);
+                        closing.remove(&id);
+                        core.on_disconnect(now, id)
+                    }
+                    Input::Admin(req, reply) => {
+                        let (answer, actions) = admin::answer(&mut core, &metrics, req, now);
+                        let _ = reply.send(answer);
+                        actions
+                    }
+                }
+            }
+            _ = sleep_until(wake) => core.tick(origin.elapsed()),
+        };
+        for a in actions {
+            match a {
+                Action::Send(id, m) => {
+                    if let Some((_, w)) = writers.get(&id) {
+                        let _ = w.send(Outgoing::Msg(m));
+                    }
+                }
+                Action::Close(id, reason) => {
+                    if let Some((addr, w)) = writers.remove(&id) {
+                        closing.insert(id);
+                        info!(member = id, remote = %addr, "closing connection: {reason}");
+                        let _ = w.send(Outgoing::Close(net::CLOSE_PROTOCOL, reason));
+                    }
+                }
+                Action::Event(e) => log_event(&e, &metrics),
+            }
+        }
+    }
+}
+
+async fn sleep_until(t: Option<tokio::time::Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn log_event(e: &Event, metrics: &Metrics) {
+    match e {
+        Event::Joined {
+            member,
+            host,
+            epoch,
+        } => info!(member, host, epoch, "host joined"),
+        Event::Left { member, host, why } => info!(member, host, ?why, "host left"),
+        Event::Refused { member, reason } => warn!(member, "refused: {reason}"),
+        Event::RoundDone {
+            epoch,
+            iteration,
+            residuals,
+            stale,
+            took,
+        } => {
+            metrics.record_round(*took, *stale);
+            debug!(
+                epoch,
+                iteration,
+                primal = residuals.primal,
+                dual = residuals.dual,
+                stale,
+                "round done"
+            );
+        }
+        Event::Late { member, iteration } => debug!(member, iteration, "late contribution"),
+        Event::Duplicate { member, iteration } => {
+            debug!(member, iteration, "duplicate contribution")
+        }
+    }
+}
