@@ -11,3 +11,5 @@ cargo clippy --workspace --all-targets --release -- -D warnings
 # The softrnic provider is a cdylib that `cargo test` does not build; its tests load it.
 cargo build --workspace --release
 cargo test --workspace --release
+# The systemd units against the binaries just built (skips where systemd-analyze is missing).
+bash deploy/verify.sh
