@@ -230,9 +230,13 @@ fn pid_is_our_engine(pid: i32, run: &Path) -> bool {
         return false;
     }
     match fs::read(format!("/proc/{pid}/cmdline")) {
+        // Whole arguments, not substrings: run directories may be prefixes of one another
+        // (`…/pingpong` and `…/pingpong-events`), and `down` must not kill a neighbour's engines.
         Ok(c) => {
-            let s = String::from_utf8_lossy(&c);
-            s.contains("engine") && s.contains(&*run.to_string_lossy())
+            let args: Vec<&[u8]> = c.split(|&b| b == 0).collect();
+            let run = run.as_os_str().as_encoded_bytes();
+            args.windows(3)
+                .any(|w| w[0] == b"--run-dir" && w[1] == run && w[2] == b"engine")
         }
         Err(_) => false,
     }

@@ -1,0 +1,222 @@
+//! In-memory counters of what an application does through the governed verbs: per context
+//! and per QP. Lock-free (relaxed atomics), because they are updated on the data path by
+//! whichever threads post and poll; a later step will expose them to the agent.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Counters of one context (or of all closed contexts together).
+#[derive(Default)]
+pub struct Counters {
+    pub send_wqes: AtomicU64,
+    pub send_bytes: AtomicU64,
+    pub recv_wqes: AtomicU64,
+    pub srq_recv_wqes: AtomicU64,
+    pub completions: AtomicU64,
+    pub completion_errors: AtomicU64,
+    pub poll_calls: AtomicU64,
+    pub notify_arms: AtomicU64,
+}
+
+impl Counters {
+    pub const fn new() -> Counters {
+        Counters {
+            send_wqes: AtomicU64::new(0),
+            send_bytes: AtomicU64::new(0),
+            recv_wqes: AtomicU64::new(0),
+            srq_recv_wqes: AtomicU64::new(0),
+            completions: AtomicU64::new(0),
+            completion_errors: AtomicU64::new(0),
+            poll_calls: AtomicU64::new(0),
+            notify_arms: AtomicU64::new(0),
+        }
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            send_wqes: self.send_wqes.load(Relaxed),
+            send_bytes: self.send_bytes.load(Relaxed),
+            recv_wqes: self.recv_wqes.load(Relaxed),
+            srq_recv_wqes: self.srq_recv_wqes.load(Relaxed),
+            completions: self.completions.load(Relaxed),
+            completion_errors: self.completion_errors.load(Relaxed),
+            poll_calls: self.poll_calls.load(Relaxed),
+            notify_arms: self.notify_arms.load(Relaxed),
+        }
+    }
+
+    /// Folds `s` in (a context being closed adds its counts to the closed totals).
+    pub fn add(&self, s: &Snapshot) {
+        self.send_wqes.fetch_add(s.send_wqes, Relaxed);
+        self.send_bytes.fetch_add(s.send_bytes, Relaxed);
+        self.recv_wqes.fetch_add(s.recv_wqes, Relaxed);
+        self.srq_recv_wqes.fetch_add(s.srq_recv_wqes, Relaxed);
+        self.completions.fetch_add(s.completions, Relaxed);
+        self.completion_errors
+            .fetch_add(s.completion_errors, Relaxed);
+        self.poll_calls.fetch_add(s.poll_calls, Relaxed);
+        self.notify_arms.fetch_add(s.notify_arms, Relaxed);
+    }
+}
+
+/// A plain copy of [`Counters`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub send_wqes: u64,
+    pub send_bytes: u64,
+    pub recv_wqes: u64,
+    pub srq_recv_wqes: u64,
+    pub completions: u64,
+    pub completion_errors: u64,
+    pub poll_calls: u64,
+    pub notify_arms: u64,
+}
+
+impl Snapshot {
+    pub fn merge(&mut self, o: &Snapshot) {
+        self.send_wqes += o.send_wqes;
+        self.send_bytes += o.send_bytes;
+        self.recv_wqes += o.recv_wqes;
+        self.srq_recv_wqes += o.srq_recv_wqes;
+        self.completions += o.completions;
+        self.completion_errors += o.completion_errors;
+        self.poll_calls += o.poll_calls;
+        self.notify_arms += o.notify_arms;
+    }
+}
+
+/// Counters of one QP, keyed by its QP number.
+#[derive(Default)]
+pub struct QpCounters {
+    /// QP number + 1; 0 = free slot (QP number 0 exists in IB, so it cannot be the marker).
+    key: AtomicU64,
+    pub send_wqes: AtomicU64,
+    pub send_bytes: AtomicU64,
+    pub recv_wqes: AtomicU64,
+    pub completions: AtomicU64,
+}
+
+/// Per-QP counters in a fixed open-addressing table, so that the data path never takes a
+/// lock or allocates. QPs beyond its capacity are counted only in the context's totals
+/// (`overflow()` says how often that happened). QP numbers reused after `ibv_destroy_qp`
+/// share a slot; QP destruction is not interposed yet.
+pub struct QpTable {
+    slots: Box<[QpCounters]>,
+    overflow: AtomicU64,
+}
+
+impl QpTable {
+    pub fn with_capacity(n: usize) -> QpTable {
+        let n = n.max(1).next_power_of_two();
+        QpTable {
+            slots: (0..n).map(|_| QpCounters::default()).collect(),
+            overflow: AtomicU64::new(0),
+        }
+    }
+
+    /// The counters of QP `qpn`, claiming a slot on first use; `None` when the table is full.
+    pub fn get(&self, qpn: u32) -> Option<&QpCounters> {
+        let key = u64::from(qpn) + 1;
+        let mask = self.slots.len() - 1;
+        // Fibonacci hashing spreads the (often consecutive) QP numbers.
+        let start = (u64::from(qpn).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & mask;
+        for i in 0..self.slots.len() {
+            let slot = &self.slots[(start + i) & mask];
+            let k = slot.key.load(Relaxed);
+            if k == key {
+                return Some(slot);
+            }
+            if k == 0 {
+                match slot.key.compare_exchange(0, key, Relaxed, Relaxed) {
+                    Ok(_) => return Some(slot),
+                    Err(other) if other == key => return Some(slot),
+                    Err(_) => continue,
+                }
+            }
+        }
+        self.overflow.fetch_add(1, Relaxed);
+        None
+    }
+
+    /// Every QP seen so far: (QP number, send WQEs, send bytes, recv WQEs, completions).
+    pub fn entries(&self) -> Vec<(u32, u64, u64, u64, u64)> {
+        self.slots
+            .iter()
+            .filter_map(|s| {
+                let k = s.key.load(Relaxed);
+                (k != 0).then(|| {
+                    (
+                        (k - 1) as u32,
+                        s.send_wqes.load(Relaxed),
+                        s.send_bytes.load(Relaxed),
+                        s.recv_wqes.load(Relaxed),
+                        s.completions.load(Relaxed),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    pub fn overflow(&self) -> u64 {
+        self.overflow.load(Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn qp_table_finds_claims_and_overflows() {
+        let t = QpTable::with_capacity(4);
+        for q in [0u32, 7, 0xFF_FFFF, 42] {
+            t.get(q)
+                .unwrap()
+                .send_wqes
+                .fetch_add(u64::from(q) + 1, Relaxed);
+        }
+        assert!(t.get(5).is_none(), "fifth QP in a 4-slot table");
+        assert_eq!(t.overflow(), 1);
+        let mut e = t.entries();
+        e.sort();
+        let got: Vec<(u32, u64)> = e.iter().map(|e| (e.0, e.1)).collect();
+        assert_eq!(got, vec![(0, 1), (7, 8), (42, 43), (0xFF_FFFF, 0x100_0000)]);
+        // An existing QP is still found when the table is full.
+        assert_eq!(t.get(7).unwrap().send_wqes.load(Relaxed), 8);
+    }
+
+    #[test]
+    fn qp_table_is_consistent_under_concurrent_first_use() {
+        let t = Arc::new(QpTable::with_capacity(64));
+        let hs: Vec<_> = (0..4)
+            .map(|_| {
+                let t = t.clone();
+                std::thread::spawn(move || {
+                    for i in 0..10_000u32 {
+                        t.get(i % 32).unwrap().send_wqes.fetch_add(1, Relaxed);
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        let e = t.entries();
+        assert_eq!(e.len(), 32, "each QP claimed exactly one slot");
+        assert_eq!(e.iter().map(|e| e.1).sum::<u64>(), 40_000);
+    }
+
+    #[test]
+    fn counters_fold_into_totals() {
+        let a = Counters::new();
+        a.send_wqes.fetch_add(3, Relaxed);
+        a.completions.fetch_add(2, Relaxed);
+        let total = Counters::new();
+        total.add(&a.snapshot());
+        total.add(&a.snapshot());
+        let mut s = total.snapshot();
+        assert_eq!((s.send_wqes, s.completions), (6, 4));
+        s.merge(&a.snapshot());
+        assert_eq!(s.send_wqes, 9);
+    }
+}

@@ -1,0 +1,220 @@
+//! The parts of `<infiniband/verbs.h>` (rdma-core 44) the shim reads or writes, declared by
+//! hand so the shim does not link libibverbs (it finds it at run time, see `lib.rs`).
+//!
+//! Only the fields the shim touches are named; the rest are opaque padding of the exact size.
+//! `layout_matches_public_headers` compiles a C probe against the installed headers and
+//! compares every size and offset used here.
+
+use libc::{c_int, c_void, pthread_mutex_t};
+
+pub type PostSendFn =
+    unsafe extern "C" fn(qp: *mut IbvQp, wr: *mut IbvSendWr, bad: *mut *mut IbvSendWr) -> c_int;
+pub type PostRecvFn =
+    unsafe extern "C" fn(qp: *mut IbvQp, wr: *mut IbvRecvWr, bad: *mut *mut IbvRecvWr) -> c_int;
+pub type PostSrqRecvFn =
+    unsafe extern "C" fn(srq: *mut IbvSrq, wr: *mut IbvRecvWr, bad: *mut *mut IbvRecvWr) -> c_int;
+pub type PollCqFn = unsafe extern "C" fn(cq: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c_int;
+pub type ReqNotifyCqFn = unsafe extern "C" fn(cq: *mut IbvCq, solicited_only: c_int) -> c_int;
+
+/// `struct ibv_context_ops`: 32 pointers; the inline data-path verbs (`ibv_post_send`,
+/// `ibv_post_recv`, `ibv_post_srq_recv`, `ibv_poll_cq`, `ibv_req_notify_cq`) call through
+/// the five named ones.
+#[repr(C)]
+pub struct IbvContextOps {
+    pub _head: [*mut c_void; 11],
+    pub poll_cq: Option<PollCqFn>,
+    pub req_notify_cq: Option<ReqNotifyCqFn>,
+    pub _mid1: [*mut c_void; 7],
+    pub post_srq_recv: Option<PostSrqRecvFn>,
+    pub _mid2: [*mut c_void; 4],
+    pub post_send: Option<PostSendFn>,
+    pub post_recv: Option<PostRecvFn>,
+    pub _tail: [*mut c_void; 5],
+}
+
+#[repr(C)]
+pub struct IbvContext {
+    pub device: *mut c_void,
+    pub ops: IbvContextOps,
+    pub cmd_fd: c_int,
+    pub async_fd: c_int,
+    pub num_comp_vectors: c_int,
+    pub mutex: pthread_mutex_t,
+    pub abi_compat: *mut c_void,
+}
+
+/// Prefix of `struct ibv_qp` (the shim never allocates one).
+#[repr(C)]
+pub struct IbvQp {
+    pub context: *mut IbvContext,
+    pub qp_context: *mut c_void,
+    pub pd: *mut c_void,
+    pub send_cq: *mut IbvCq,
+    pub recv_cq: *mut IbvCq,
+    pub srq: *mut IbvSrq,
+    pub handle: u32,
+    pub qp_num: u32,
+}
+
+/// Prefix of `struct ibv_cq`.
+#[repr(C)]
+pub struct IbvCq {
+    pub context: *mut IbvContext,
+}
+
+/// Prefix of `struct ibv_srq`.
+#[repr(C)]
+pub struct IbvSrq {
+    pub context: *mut IbvContext,
+}
+
+#[repr(C)]
+pub struct IbvSge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+#[repr(C)]
+pub struct IbvSendWr {
+    pub wr_id: u64,
+    pub next: *mut IbvSendWr,
+    pub sg_list: *mut IbvSge,
+    pub num_sge: c_int,
+    pub opcode: c_int,
+    pub send_flags: u32,
+    pub imm_data: u32,
+    /// union `wr` (rdma / atomic / ud)
+    pub wr: [u64; 4],
+    pub qp_type_xrc_remote_srqn: u32,
+    pub _pad: u32,
+    /// union {bind_mw, tso}
+    pub _bind_mw_tso: [u64; 6],
+}
+
+#[repr(C)]
+pub struct IbvRecvWr {
+    pub wr_id: u64,
+    pub next: *mut IbvRecvWr,
+    pub sg_list: *mut IbvSge,
+    pub num_sge: c_int,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IbvWc {
+    pub wr_id: u64,
+    pub status: c_int,
+    pub opcode: c_int,
+    pub vendor_err: u32,
+    pub byte_len: u32,
+    pub imm_data: u32,
+    pub qp_num: u32,
+    pub src_qp: u32,
+    pub wc_flags: u32,
+    pub pkey_index: u16,
+    pub slid: u16,
+    pub sl: u8,
+    pub dlid_path_bits: u8,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    #[test]
+    fn layout_matches_public_headers() {
+        let checks: Vec<(&str, usize)> = vec![
+            ("sizeof ibv_context_ops", size_of::<IbvContextOps>()),
+            (
+                "ibv_context_ops.poll_cq",
+                offset_of!(IbvContextOps, poll_cq),
+            ),
+            (
+                "ibv_context_ops.req_notify_cq",
+                offset_of!(IbvContextOps, req_notify_cq),
+            ),
+            (
+                "ibv_context_ops.post_srq_recv",
+                offset_of!(IbvContextOps, post_srq_recv),
+            ),
+            (
+                "ibv_context_ops.post_send",
+                offset_of!(IbvContextOps, post_send),
+            ),
+            (
+                "ibv_context_ops.post_recv",
+                offset_of!(IbvContextOps, post_recv),
+            ),
+            ("sizeof ibv_context", size_of::<IbvContext>()),
+            ("ibv_context.ops", offset_of!(IbvContext, ops)),
+            ("ibv_context.cmd_fd", offset_of!(IbvContext, cmd_fd)),
+            ("ibv_context.mutex", offset_of!(IbvContext, mutex)),
+            ("ibv_context.abi_compat", offset_of!(IbvContext, abi_compat)),
+            ("ibv_qp.context", offset_of!(IbvQp, context)),
+            ("ibv_qp.srq", offset_of!(IbvQp, srq)),
+            ("ibv_qp.qp_num", offset_of!(IbvQp, qp_num)),
+            ("ibv_cq.context", offset_of!(IbvCq, context)),
+            ("ibv_srq.context", offset_of!(IbvSrq, context)),
+            ("sizeof ibv_sge", size_of::<IbvSge>()),
+            ("ibv_sge.length", offset_of!(IbvSge, length)),
+            ("sizeof ibv_send_wr", size_of::<IbvSendWr>()),
+            ("ibv_send_wr.next", offset_of!(IbvSendWr, next)),
+            ("ibv_send_wr.sg_list", offset_of!(IbvSendWr, sg_list)),
+            ("ibv_send_wr.num_sge", offset_of!(IbvSendWr, num_sge)),
+            ("ibv_send_wr.opcode", offset_of!(IbvSendWr, opcode)),
+            ("ibv_send_wr.wr", offset_of!(IbvSendWr, wr)),
+            ("sizeof ibv_recv_wr", size_of::<IbvRecvWr>()),
+            ("ibv_recv_wr.next", offset_of!(IbvRecvWr, next)),
+            ("ibv_recv_wr.sg_list", offset_of!(IbvRecvWr, sg_list)),
+            ("ibv_recv_wr.num_sge", offset_of!(IbvRecvWr, num_sge)),
+            ("sizeof ibv_wc", size_of::<IbvWc>()),
+            ("ibv_wc.status", offset_of!(IbvWc, status)),
+            ("ibv_wc.opcode", offset_of!(IbvWc, opcode)),
+            ("ibv_wc.byte_len", offset_of!(IbvWc, byte_len)),
+            ("ibv_wc.qp_num", offset_of!(IbvWc, qp_num)),
+        ];
+        let mut c = String::from(
+            "#include <infiniband/verbs.h>\n#include <stdio.h>\n#include <stddef.h>\nint main(void){\n",
+        );
+        for (name, _) in &checks {
+            let expr = if let Some(t) = name.strip_prefix("sizeof ") {
+                format!("sizeof(struct {t})")
+            } else {
+                let (s, f) = name.split_once('.').unwrap();
+                format!("offsetof(struct {s}, {f})")
+            };
+            c.push_str(&format!("printf(\"%zu\\n\", (size_t){expr});\n"));
+        }
+        c.push_str("return 0;}\n");
+        let dir = std::env::temp_dir().join(format!("drum-shim-probe-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("probe.c");
+        let bin = dir.join("probe");
+        std::fs::write(&src, c).unwrap();
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+        let st = std::process::Command::new(&cc)
+            .arg("-o")
+            .arg(&bin)
+            .arg(&src)
+            .status()
+            .expect("a C compiler (cc) is needed for the layout probe");
+        assert!(
+            st.success(),
+            "probe failed to compile (is libibverbs-dev installed?)"
+        );
+        let out = std::process::Command::new(&bin).output().unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let got: Vec<usize> = text.lines().map(|l| l.parse().unwrap()).collect();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(got.len(), checks.len());
+        let mut bad = Vec::new();
+        for ((name, rust), c) in checks.iter().zip(got) {
+            if *rust != c {
+                bad.push(format!("{name}: rust {rust} != C {c}"));
+            }
+        }
+        assert!(bad.is_empty(), "layout mismatches:\n{}", bad.join("\n"));
+    }
+}

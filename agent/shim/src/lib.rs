@@ -1,0 +1,914 @@
+//! `libdrum_shim.so`: DRUM's data-plane shim, loaded into unmodified verbs applications with
+//! `LD_PRELOAD`.
+//!
+//! The data-path verbs (`ibv_post_send`, `ibv_post_recv`, `ibv_post_srq_recv`, `ibv_poll_cq`,
+//! `ibv_req_notify_cq`) are `static inline` in `<infiniband/verbs.h>` and call through
+//! `ctx->ops`, so no symbol of theirs can be interposed. The shim instead exports the
+//! (unversioned) `ibv_open_device` and `ibv_close_device`, which bind the application's
+//! versioned references; it forwards to the real ones found with
+//! `dlvsym(RTLD_NEXT, name, "IBVERBS_1.1")` and swaps the governed op pointers of every
+//! context returned. The originals live in a per-context entry that is immutable once
+//! published; the data path finds it with atomic loads only (see [`lookup`]).
+//!
+//! Failure policy: nothing may unwind into C and nothing may crash the application. Every
+//! entry point runs its own logic under `catch_unwind`; on trouble the context (or the
+//! counting) falls back to pass-through and one line on stderr says so.
+//!
+//! This first slice counts (WQEs, bytes, completions per context and QP) and can pace
+//! `ibv_post_send` to a fixed WQE rate from `DRUM_SHIM_RATE_WQE_PER_S` by delaying the
+//! posting thread; no agent, queueing, gating or dedicated CQ yet. See docs/shim.md.
+
+pub mod counters;
+pub mod ffi;
+pub mod pacer;
+
+use counters::{Counters, QpTable, Snapshot};
+use ffi::*;
+use libc::{c_int, c_void};
+use std::ffi::CStr;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr;
+use std::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize,
+    Ordering::{Acquire, Relaxed, Release},
+};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Contexts governed at once; more are left pass-through (and reported).
+const MAX_CONTEXTS: usize = 64;
+/// Per-QP counter slots per context; QPs beyond count only in the context totals.
+const QPS_PER_CONTEXT: usize = 1024;
+
+/// The original ops of one context, as the provider and libibverbs set them.
+#[derive(Clone, Copy)]
+struct Orig {
+    post_send: Option<PostSendFn>,
+    post_recv: Option<PostRecvFn>,
+    post_srq_recv: Option<PostSrqRecvFn>,
+    poll_cq: Option<PollCqFn>,
+    req_notify_cq: Option<ReqNotifyCqFn>,
+}
+
+/// Everything the shim keeps per context. Immutable after publication except the atomics.
+struct ContextState {
+    orig: Orig,
+    counters: Counters,
+    qps: QpTable,
+}
+
+/// One context slot: the context's address as key, and its state. The key is compared
+/// before the state is touched, so a lookup for one context never dereferences the state
+/// of another that is being closed concurrently.
+struct Slot {
+    key: AtomicUsize,
+    state: AtomicPtr<ContextState>,
+}
+
+static SLOTS: [Slot; MAX_CONTEXTS] = [const {
+    Slot {
+        key: AtomicUsize::new(0),
+        state: AtomicPtr::new(ptr::null_mut()),
+    }
+}; MAX_CONTEXTS];
+/// Slots ever used: bounds the data path's scan.
+static HIGH: AtomicUsize = AtomicUsize::new(0);
+/// Serialises the cold paths (open, close, the exit summary), never taken on the data path.
+static COLD: ColdLock = ColdLock(AtomicBool::new(false));
+
+/// A minimal lock that `fork` handlers can take and release without a guard object: held
+/// across `fork` by the forking thread, so a child never inherits it locked by a thread that
+/// does not exist in the child (it would hang the child's next open, close or exit summary).
+struct ColdLock(AtomicBool);
+
+struct ColdGuard(&'static ColdLock);
+
+impl ColdLock {
+    fn lock(&'static self) -> ColdGuard {
+        self.acquire();
+        ColdGuard(self)
+    }
+
+    fn acquire(&self) {
+        while self
+            .0
+            .compare_exchange_weak(false, true, Acquire, Relaxed)
+            .is_err()
+        {
+            // Held only for short, non-blocking sections.
+            std::thread::yield_now();
+        }
+    }
+
+    fn release(&self) {
+        self.0.store(false, Release);
+    }
+}
+
+impl Drop for ColdGuard {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+extern "C" fn fork_prepare() {
+    COLD.acquire();
+}
+
+extern "C" fn fork_release() {
+    COLD.release();
+}
+
+extern "C" fn at_load() {
+    // SAFETY: registers plain functions that only touch an atomic; no unwinding possible.
+    unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_release), Some(fork_release)) };
+}
+
+/// Runs when the library is loaded, before the application's `main`.
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = at_load;
+
+static CLOSED: Counters = Counters::new();
+static CLOSED_QPS: AtomicU64 = AtomicU64::new(0);
+static GOVERNED: AtomicU64 = AtomicU64::new(0);
+static PASS_THROUGH: AtomicU64 = AtomicU64::new(0);
+static COUNTING_STOPPED: AtomicBool = AtomicBool::new(false);
+
+/// The process's WQE pacer (`DRUM_SHIM_RATE_WQE_PER_S`), read once when the first context is
+/// governed; `None` = not pacing.
+static PACER: OnceLock<Option<pacer::Gcra>> = OnceLock::new();
+/// The pacer's theoretical arrival time, ns since `EPOCH`: all of its state, so posting
+/// threads share it with compare-and-swap instead of a lock.
+static TAT: AtomicU64 = AtomicU64::new(0);
+static EPOCH: OnceLock<Instant> = OnceLock::new();
+static PACED_POSTS: AtomicU64 = AtomicU64::new(0);
+static PACED_WAIT_NS: AtomicU64 = AtomicU64::new(0);
+
+static REAL_OPEN: AtomicUsize = AtomicUsize::new(0);
+static REAL_CLOSE: AtomicUsize = AtomicUsize::new(0);
+
+type OpenFn = unsafe extern "C" fn(*mut c_void) -> *mut IbvContext;
+type CloseFn = unsafe extern "C" fn(*mut IbvContext) -> c_int;
+
+/// Kinds of trouble, each reported once per process.
+#[derive(Debug, Clone, Copy)]
+enum Trouble {
+    NoRealSymbol = 1,
+    Install = 2,
+    TableFull = 4,
+    AlreadySwapped = 8,
+    Counting = 16,
+    CloseFailed = 32,
+    Uninstall = 64,
+    PacerConfig = 128,
+}
+
+static WARNED: AtomicU32 = AtomicU32::new(0);
+
+fn warn_once(kind: Trouble, msg: &str) {
+    let bit = kind as u32;
+    if WARNED.fetch_or(bit, Relaxed) & bit == 0 {
+        write_stderr(&format!("drum-shim: {msg}\n"));
+    }
+}
+
+/// Writes with `write(2)` directly: usable from the exit-time destructor, takes no Rust lock.
+fn write_stderr(s: &str) {
+    let mut b = s.as_bytes();
+    while !b.is_empty() {
+        // SAFETY: `b` is a valid byte slice for the duration of the call.
+        let n = unsafe { libc::write(2, b.as_ptr().cast(), b.len()) };
+        if n <= 0 {
+            return;
+        }
+        b = &b[n as usize..];
+    }
+}
+
+/// Resolves the real libibverbs function `name` once and caches its address.
+fn resolve(name: &CStr, cache: &AtomicUsize) -> usize {
+    let c = cache.load(Acquire);
+    if c != 0 {
+        return c;
+    }
+    // SAFETY: dlvsym/dlsym take NUL-terminated names and are thread-safe; RTLD_NEXT searches
+    // the objects loaded after this one (libibverbs), so it never returns our own export.
+    let p = unsafe {
+        let p = libc::dlvsym(libc::RTLD_NEXT, name.as_ptr(), c"IBVERBS_1.1".as_ptr());
+        if p.is_null() {
+            libc::dlsym(libc::RTLD_NEXT, name.as_ptr())
+        } else {
+            p
+        }
+    };
+    cache.store(p as usize, Release);
+    p as usize
+}
+
+/// The governed state of `ctx`, found without locks.
+///
+/// The returned reference is valid until `ibv_close_device(ctx)`; using a context after or
+/// during its close is already undefined behaviour for the application.
+fn lookup(ctx: *mut IbvContext) -> Option<&'static ContextState> {
+    let key = ctx as usize;
+    let n = HIGH.load(Acquire);
+    for slot in SLOTS.iter().take(n) {
+        if slot.key.load(Acquire) == key {
+            let p = slot.state.load(Acquire);
+            // SAFETY: a state is published (Release) before its key and freed only after the
+            // key is cleared, under the cold lock, by `ibv_close_device` of this very context.
+            return unsafe { p.as_ref() };
+        }
+    }
+    None
+}
+
+/// Runs counting code; a panic stops all counting for the process (the data path then only
+/// forwards) instead of unwinding into C.
+#[inline]
+fn count<F: FnOnce()>(f: F) {
+    if COUNTING_STOPPED.load(Relaxed) {
+        return;
+    }
+    if catch_unwind(AssertUnwindSafe(f)).is_err() {
+        COUNTING_STOPPED.store(true, Relaxed);
+        warn_once(
+            Trouble::Counting,
+            "internal error while counting; counting stopped, the application runs unchanged",
+        );
+    }
+}
+
+fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() = e };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exported entry points
+// ---------------------------------------------------------------------------------------------
+
+/// Interposes libibverbs' `ibv_open_device`: opens through the real one, then governs the
+/// returned context (or leaves it pass-through and says why).
+///
+/// # Safety
+/// Called by C code with a device from `ibv_get_device_list`, as the real function is.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_open_device(device: *mut c_void) -> *mut IbvContext {
+    let real = catch_unwind(|| resolve(c"ibv_open_device", &REAL_OPEN)).unwrap_or(0);
+    if real == 0 {
+        warn_once(
+            Trouble::NoRealSymbol,
+            "libibverbs' ibv_open_device not found (libibverbs not loaded?); no device opened",
+        );
+        set_errno(libc::ENOSYS);
+        return ptr::null_mut();
+    }
+    // SAFETY: `real` is libibverbs' ibv_open_device@IBVERBS_1.1, which has this signature.
+    let real: OpenFn = unsafe { std::mem::transmute::<usize, OpenFn>(real) };
+    // SAFETY: forwarding the caller's argument unchanged.
+    let ctx = unsafe { real(device) };
+    if ctx.is_null() {
+        return ctx;
+    }
+    match catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: `ctx` was just returned by the real ibv_open_device and is not yet visible
+        // to any other thread of the application.
+        unsafe { install(ctx) }
+    })) {
+        Ok(Ok(())) => {
+            GOVERNED.fetch_add(1, Relaxed);
+        }
+        Ok(Err((kind, why))) => {
+            PASS_THROUGH.fetch_add(1, Relaxed);
+            warn_once(kind, &format!("{why}; this context runs ungoverned"));
+        }
+        Err(_) => {
+            PASS_THROUGH.fetch_add(1, Relaxed);
+            warn_once(
+                Trouble::Install,
+                "internal error while governing a context; it runs ungoverned",
+            );
+        }
+    }
+    ctx
+}
+
+/// Interposes `ibv_close_device`: restores the context's original ops, folds its counters
+/// into the process totals, then closes through the real function.
+///
+/// # Safety
+/// Called by C code with a context from `ibv_open_device`, as the real function is.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_close_device(ctx: *mut IbvContext) -> c_int {
+    let real = catch_unwind(|| resolve(c"ibv_close_device", &REAL_CLOSE)).unwrap_or(0);
+    if real == 0 {
+        warn_once(
+            Trouble::NoRealSymbol,
+            "libibverbs' ibv_close_device not found; context not closed",
+        );
+        return libc::ENOSYS;
+    }
+    if !ctx.is_null()
+        && catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: `ctx` is an open context the application is closing; no other thread
+            // may use it now.
+            unsafe { uninstall(ctx) }
+        }))
+        .is_err()
+    {
+        warn_once(
+            Trouble::Uninstall,
+            "internal error while releasing a context",
+        );
+    }
+    // SAFETY: `real` is libibverbs' ibv_close_device@IBVERBS_1.1.
+    let real: CloseFn = unsafe { std::mem::transmute::<usize, CloseFn>(real) };
+    // SAFETY: forwarding the caller's argument unchanged.
+    let rc = unsafe { real(ctx) };
+    if rc != 0 {
+        warn_once(
+            Trouble::CloseFailed,
+            "ibv_close_device failed; that context stays open but ungoverned",
+        );
+    }
+    rc
+}
+
+/// Publishes the context's state, then swaps its ops.
+///
+/// # Safety
+/// `ctx` is a valid open context no other thread uses yet.
+unsafe fn install(ctx: *mut IbvContext) -> Result<(), (Trouble, &'static str)> {
+    let _g = COLD.lock();
+    init_pacer();
+    // SAFETY: valid per the contract; `addr_of_mut!` avoids a reference into C memory.
+    let ops = unsafe { &mut *ptr::addr_of_mut!((*ctx).ops) };
+    let ours = ops.post_send.map(|f| f as usize) == Some(drum_post_send as *const () as usize)
+        || ops.poll_cq.map(|f| f as usize) == Some(drum_poll_cq as *const () as usize);
+    if ours {
+        // Forwarding to ourselves would recurse forever.
+        return Err((
+            Trouble::AlreadySwapped,
+            "context ops already point into the shim (loaded twice?)",
+        ));
+    }
+    let slot = SLOTS
+        .iter()
+        .position(|s| s.key.load(Relaxed) == 0 && s.state.load(Relaxed).is_null())
+        .ok_or((Trouble::TableFull, "more than 64 open contexts"))?;
+    let orig = Orig {
+        post_send: ops.post_send,
+        post_recv: ops.post_recv,
+        post_srq_recv: ops.post_srq_recv,
+        poll_cq: ops.poll_cq,
+        req_notify_cq: ops.req_notify_cq,
+    };
+    let state = Box::into_raw(Box::new(ContextState {
+        orig,
+        counters: Counters::new(),
+        qps: QpTable::with_capacity(QPS_PER_CONTEXT),
+    }));
+    SLOTS[slot].state.store(state, Release);
+    SLOTS[slot].key.store(ctx as usize, Release);
+    HIGH.fetch_max(slot + 1, Release);
+    // Only ops that exist are swapped: a wrapper always has an original to forward to.
+    if orig.post_send.is_some() {
+        ops.post_send = Some(drum_post_send);
+    }
+    if orig.post_recv.is_some() {
+        ops.post_recv = Some(drum_post_recv);
+    }
+    if orig.post_srq_recv.is_some() {
+        ops.post_srq_recv = Some(drum_post_srq_recv);
+    }
+    if orig.poll_cq.is_some() {
+        ops.poll_cq = Some(drum_poll_cq);
+    }
+    if orig.req_notify_cq.is_some() {
+        ops.req_notify_cq = Some(drum_req_notify_cq);
+    }
+    Ok(())
+}
+
+/// Reads the pacer settings from the environment (once per process).
+fn init_pacer() {
+    PACER.get_or_init(|| {
+        EPOCH.get_or_init(Instant::now);
+        let rate = std::env::var("DRUM_SHIM_RATE_WQE_PER_S").ok();
+        let burst = std::env::var("DRUM_SHIM_BURST_WQE").ok();
+        match pacer::from_env_values(rate.as_deref(), burst.as_deref()) {
+            Ok(g) => g,
+            Err(why) => {
+                warn_once(Trouble::PacerConfig, &format!("{why}; not pacing"));
+                None
+            }
+        }
+    });
+}
+
+/// Delays the calling thread until `n` more WQEs conform to the process's rate.
+///
+/// The posting thread itself waits: this slice has no software send queue or engine thread
+/// yet (docs/shim.md), so pacing blocks `ibv_post_send` instead of queueing.
+fn pace(g: &pacer::Gcra, n: u64) {
+    let Some(epoch) = EPOCH.get() else {
+        return;
+    };
+    let now = epoch.elapsed().as_nanos() as u64;
+    let mut tat = TAT.load(Relaxed);
+    let wait = loop {
+        let a = g.admit(tat, now, n);
+        match TAT.compare_exchange_weak(tat, a.tat, Relaxed, Relaxed) {
+            Ok(_) => break a.wait_ns,
+            Err(t) => tat = t,
+        }
+    };
+    if wait > 0 {
+        PACED_POSTS.fetch_add(1, Relaxed);
+        PACED_WAIT_NS.fetch_add(wait, Relaxed);
+        std::thread::sleep(Duration::from_nanos(wait));
+    }
+}
+
+/// Restores the original ops and releases the context's state.
+///
+/// # Safety
+/// `ctx` is a valid open context that no other thread uses any more.
+unsafe fn uninstall(ctx: *mut IbvContext) {
+    let _g = COLD.lock();
+    let Some(slot) = SLOTS.iter().find(|s| s.key.load(Relaxed) == ctx as usize) else {
+        return; // a pass-through context
+    };
+    let p = slot.state.load(Acquire);
+    // SAFETY: published by `install` and freed only here, under the same lock.
+    let Some(st) = (unsafe { p.as_ref() }) else {
+        return;
+    };
+    // SAFETY: valid per the contract.
+    let ops = unsafe { &mut *ptr::addr_of_mut!((*ctx).ops) };
+    ops.post_send = st.orig.post_send;
+    ops.post_recv = st.orig.post_recv;
+    ops.post_srq_recv = st.orig.post_srq_recv;
+    ops.poll_cq = st.orig.poll_cq;
+    ops.req_notify_cq = st.orig.req_notify_cq;
+    slot.key.store(0, Release);
+    slot.state.store(ptr::null_mut(), Release);
+    CLOSED.add(&st.counters.snapshot());
+    CLOSED_QPS.fetch_add(st.qps.entries().len() as u64, Relaxed);
+    // SAFETY: `p` came from Box::into_raw in `install`; its key is cleared, so no lookup can
+    // reach it any more (a concurrent use of this context would be the app's own bug).
+    drop(unsafe { Box::from_raw(p) });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Governed ops (reached through ctx->ops from the inline verbs)
+// ---------------------------------------------------------------------------------------------
+
+/// Sums the scatter/gather lengths of one work request.
+///
+/// # Safety
+/// `sg` points to `n` valid entries when `n > 0` and it is not null.
+unsafe fn sge_bytes(sg: *const IbvSge, n: c_int) -> u64 {
+    if sg.is_null() || n <= 0 {
+        return 0;
+    }
+    // SAFETY: per the contract (the provider reads the same entries).
+    let s = unsafe { std::slice::from_raw_parts(sg, n as usize) };
+    s.iter().map(|e| u64::from(e.length)).sum()
+}
+
+unsafe extern "C" fn drum_post_send(
+    qp: *mut IbvQp,
+    wr: *mut IbvSendWr,
+    bad: *mut *mut IbvSendWr,
+) -> c_int {
+    // SAFETY: the inline ibv_post_send reached us through qp->context->ops, so qp is valid.
+    let ctx = unsafe { (*qp).context };
+    let Some(st) = lookup(ctx) else {
+        return libc::EINVAL;
+    };
+    let Some(f) = st.orig.post_send else {
+        return libc::EOPNOTSUPP;
+    };
+    if let Some(g) = PACER.get().copied().flatten() {
+        count(|| {
+            let mut n = 0u64;
+            let mut w = wr;
+            while !w.is_null() {
+                n += 1;
+                // SAFETY: the application's WR list, handed to us for posting.
+                w = unsafe { (*w).next };
+            }
+            pace(&g, n);
+        });
+    }
+    // SAFETY: forwarding the application's arguments unchanged to the original op.
+    let rc = unsafe { f(qp, wr, bad) };
+    count(|| {
+        // On failure the provider points `bad` at the first WR it did not take.
+        let stop = if rc == 0 {
+            ptr::null_mut()
+        } else if bad.is_null() {
+            return;
+        } else {
+            // SAFETY: `bad` is the caller's out-pointer, just written by the provider.
+            let b = unsafe { *bad };
+            if b.is_null() {
+                return;
+            }
+            b
+        };
+        let (mut n, mut bytes) = (0u64, 0u64);
+        let mut w = wr;
+        while !w.is_null() && w != stop {
+            // SAFETY: the application's WR list, which the provider has just walked.
+            let r = unsafe { &*w };
+            // SAFETY: the WR's own scatter/gather list.
+            bytes += unsafe { sge_bytes(r.sg_list, r.num_sge) };
+            n += 1;
+            w = r.next;
+        }
+        st.counters.send_wqes.fetch_add(n, Relaxed);
+        st.counters.send_bytes.fetch_add(bytes, Relaxed);
+        // SAFETY: qp is valid (above).
+        if let Some(q) = st.qps.get(unsafe { (*qp).qp_num }) {
+            q.send_wqes.fetch_add(n, Relaxed);
+            q.send_bytes.fetch_add(bytes, Relaxed);
+        }
+    });
+    rc
+}
+
+/// Number of receive WRs the provider accepted.
+///
+/// # Safety
+/// `wr` is the list just posted, `bad` the caller's out-pointer.
+unsafe fn accepted_recv(wr: *mut IbvRecvWr, rc: c_int, bad: *mut *mut IbvRecvWr) -> u64 {
+    let stop = if rc == 0 {
+        ptr::null_mut()
+    } else {
+        let b = if bad.is_null() {
+            ptr::null_mut()
+        } else {
+            // SAFETY: the caller's out-pointer, just written by the provider on failure.
+            unsafe { *bad }
+        };
+        if b.is_null() {
+            return 0;
+        }
+        b
+    };
+    let mut n = 0;
+    let mut w = wr;
+    while !w.is_null() && w != stop {
+        n += 1;
+        // SAFETY: the application's WR list, which the provider has just walked.
+        w = unsafe { (*w).next };
+    }
+    n
+}
+
+unsafe extern "C" fn drum_post_recv(
+    qp: *mut IbvQp,
+    wr: *mut IbvRecvWr,
+    bad: *mut *mut IbvRecvWr,
+) -> c_int {
+    // SAFETY: reached through qp->context->ops, so qp is valid.
+    let ctx = unsafe { (*qp).context };
+    let Some(st) = lookup(ctx) else {
+        return libc::EINVAL;
+    };
+    let Some(f) = st.orig.post_recv else {
+        return libc::EOPNOTSUPP;
+    };
+    // SAFETY: forwarding unchanged.
+    let rc = unsafe { f(qp, wr, bad) };
+    count(|| {
+        // SAFETY: the list just posted and the caller's out-pointer.
+        let n = unsafe { accepted_recv(wr, rc, bad) };
+        st.counters.recv_wqes.fetch_add(n, Relaxed);
+        // SAFETY: qp is valid.
+        if let Some(q) = st.qps.get(unsafe { (*qp).qp_num }) {
+            q.recv_wqes.fetch_add(n, Relaxed);
+        }
+    });
+    rc
+}
+
+unsafe extern "C" fn drum_post_srq_recv(
+    srq: *mut IbvSrq,
+    wr: *mut IbvRecvWr,
+    bad: *mut *mut IbvRecvWr,
+) -> c_int {
+    // SAFETY: reached through srq->context->ops, so srq is valid.
+    let ctx = unsafe { (*srq).context };
+    let Some(st) = lookup(ctx) else {
+        return libc::EINVAL;
+    };
+    let Some(f) = st.orig.post_srq_recv else {
+        return libc::EOPNOTSUPP;
+    };
+    // SAFETY: forwarding unchanged.
+    let rc = unsafe { f(srq, wr, bad) };
+    count(|| {
+        // SAFETY: the list just posted and the caller's out-pointer.
+        let n = unsafe { accepted_recv(wr, rc, bad) };
+        st.counters.srq_recv_wqes.fetch_add(n, Relaxed);
+    });
+    rc
+}
+
+unsafe extern "C" fn drum_poll_cq(cq: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c_int {
+    // SAFETY: reached through cq->context->ops, so cq is valid.
+    let ctx = unsafe { (*cq).context };
+    let Some(st) = lookup(ctx) else {
+        return -1;
+    };
+    let Some(f) = st.orig.poll_cq else {
+        return -1;
+    };
+    // SAFETY: forwarding unchanged.
+    let rc = unsafe { f(cq, n, wc) };
+    count(|| {
+        st.counters.poll_calls.fetch_add(1, Relaxed);
+        if rc <= 0 || wc.is_null() {
+            return;
+        }
+        // SAFETY: the provider has just written `rc` completions into the caller's array.
+        let done = unsafe { std::slice::from_raw_parts(wc, rc as usize) };
+        let errors = done.iter().filter(|w| w.status != 0).count() as u64;
+        st.counters
+            .completions
+            .fetch_add(done.len() as u64, Relaxed);
+        st.counters.completion_errors.fetch_add(errors, Relaxed);
+        for w in done {
+            if let Some(q) = st.qps.get(w.qp_num) {
+                q.completions.fetch_add(1, Relaxed);
+            }
+        }
+    });
+    rc
+}
+
+unsafe extern "C" fn drum_req_notify_cq(cq: *mut IbvCq, solicited_only: c_int) -> c_int {
+    // SAFETY: reached through cq->context->ops, so cq is valid.
+    let ctx = unsafe { (*cq).context };
+    let Some(st) = lookup(ctx) else {
+        return libc::EINVAL;
+    };
+    let Some(f) = st.orig.req_notify_cq else {
+        return libc::EOPNOTSUPP;
+    };
+    // SAFETY: forwarding unchanged.
+    let rc = unsafe { f(cq, solicited_only) };
+    if rc == 0 {
+        count(|| {
+            st.counters.notify_arms.fetch_add(1, Relaxed);
+        });
+    }
+    rc
+}
+
+// ---------------------------------------------------------------------------------------------
+// Totals and the exit summary
+// ---------------------------------------------------------------------------------------------
+
+/// Process-wide totals: every live context plus everything closed so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub governed_contexts: u64,
+    pub pass_through_contexts: u64,
+    pub live_contexts: u64,
+    pub qps: u64,
+    pub qp_table_overflow: u64,
+    pub counts: Snapshot,
+    pub counting_stopped: bool,
+    /// 0 when not pacing.
+    pub pacer_interval_ns: u64,
+    pub paced_posts: u64,
+    pub paced_wait_ns: u64,
+}
+
+/// Reads the totals (a cold path: takes the lock that open and close take).
+pub fn totals() -> Totals {
+    let _g = COLD.lock();
+    let mut t = Totals {
+        governed_contexts: GOVERNED.load(Relaxed),
+        pass_through_contexts: PASS_THROUGH.load(Relaxed),
+        qps: CLOSED_QPS.load(Relaxed),
+        counts: CLOSED.snapshot(),
+        counting_stopped: COUNTING_STOPPED.load(Relaxed),
+        pacer_interval_ns: PACER
+            .get()
+            .copied()
+            .flatten()
+            .map_or(0, |g| g.interval_ns()),
+        paced_posts: PACED_POSTS.load(Relaxed),
+        paced_wait_ns: PACED_WAIT_NS.load(Relaxed),
+        ..Totals::default()
+    };
+    for slot in SLOTS.iter().take(HIGH.load(Acquire)) {
+        // SAFETY: states are freed only under the lock held here.
+        if let Some(st) = unsafe { slot.state.load(Acquire).as_ref() } {
+            t.live_contexts += 1;
+            t.qps += st.qps.entries().len() as u64;
+            t.qp_table_overflow += st.qps.overflow();
+            t.counts.merge(&st.counters.snapshot());
+        }
+    }
+    t
+}
+
+/// The one-line summary printed at exit with `DRUM_SHIM_LOG=1`.
+pub fn summary_line(pid: u32, t: &Totals) -> String {
+    let c = &t.counts;
+    format!(
+        "drum-shim: pid={pid} governed_contexts={} pass_through_contexts={} live_contexts={} \
+         qps={} send_wqes={} send_bytes={} recv_wqes={} srq_recv_wqes={} completions={} \
+         completion_errors={} poll_calls={} notify_arms={} qp_table_overflow={} counting={} \
+         pacer_interval_ns={} paced_posts={} paced_wait_us={}\n",
+        t.governed_contexts,
+        t.pass_through_contexts,
+        t.live_contexts,
+        t.qps,
+        c.send_wqes,
+        c.send_bytes,
+        c.recv_wqes,
+        c.srq_recv_wqes,
+        c.completions,
+        c.completion_errors,
+        c.poll_calls,
+        c.notify_arms,
+        t.qp_table_overflow,
+        if t.counting_stopped { "stopped" } else { "on" },
+        t.pacer_interval_ns,
+        t.paced_posts,
+        t.paced_wait_ns / 1000,
+    )
+}
+
+extern "C" fn at_exit() {
+    let _ = catch_unwind(|| {
+        if std::env::var_os("DRUM_SHIM_LOG").is_some_and(|v| v == "1") {
+            write_stderr(&summary_line(std::process::id(), &totals()));
+        }
+    });
+}
+
+/// Runs at `exit` (after the application's `atexit` handlers, so everything it did is
+/// counted); a destructor rather than `atexit` so that it needs no registration call.
+#[used]
+#[link_section = ".fini_array"]
+static FINI: extern "C" fn() = at_exit;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_is_one_parsable_line() {
+        let t = Totals {
+            governed_contexts: 1,
+            qps: 2,
+            counts: Snapshot {
+                send_wqes: 5,
+                send_bytes: 20480,
+                ..Snapshot::default()
+            },
+            ..Totals::default()
+        };
+        let s = summary_line(7, &t);
+        assert!(s.ends_with('\n') && s.matches('\n').count() == 1, "{s}");
+        assert!(
+            s.starts_with("drum-shim: pid=7 governed_contexts=1 "),
+            "{s}"
+        );
+        assert!(s.contains(" send_wqes=5 send_bytes=20480 "), "{s}");
+        assert!(s.contains(" counting=on pacer_interval_ns=0 "), "{s}");
+    }
+
+    unsafe extern "C" fn fake_post_send(
+        qp: *mut IbvQp,
+        wr: *mut IbvSendWr,
+        bad: *mut *mut IbvSendWr,
+    ) -> c_int {
+        // SAFETY: test fixtures below; the fake provider refuses WRs whose wr_id is 99.
+        unsafe {
+            let mut w = wr;
+            while !w.is_null() {
+                if (*w).wr_id == 99 {
+                    *bad = w;
+                    return libc::ENOMEM;
+                }
+                w = (*w).next;
+            }
+            (*qp).handle += 1;
+        }
+        0
+    }
+
+    unsafe extern "C" fn fake_poll_cq(_cq: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c_int {
+        let k = n.min(3);
+        for i in 0..k {
+            // SAFETY: the caller's array holds n entries.
+            unsafe {
+                *wc.add(i as usize) = IbvWc {
+                    qp_num: 0x11,
+                    status: if i == 2 { 5 } else { 0 },
+                    ..IbvWc::default()
+                }
+            };
+        }
+        k
+    }
+
+    /// A context whose ops are fakes: install swaps them, the swapped ops forward and count,
+    /// uninstall restores the originals and keeps the counts in the closed totals.
+    #[test]
+    fn install_forwards_counts_and_uninstall_restores() {
+        // SAFETY: an all-zero ibv_context is a valid value for these plain C fields.
+        let mut ctx: Box<IbvContext> = Box::new(unsafe { std::mem::zeroed() });
+        ctx.ops.post_send = Some(fake_post_send);
+        ctx.ops.poll_cq = Some(fake_poll_cq);
+        let cp: *mut IbvContext = &mut *ctx;
+        // SAFETY: cp is valid and used by this thread only.
+        unsafe { install(cp) }.unwrap();
+        assert_eq!(
+            ctx.ops.post_send.map(|f| f as usize),
+            Some(drum_post_send as *const () as usize)
+        );
+        assert!(ctx.ops.post_recv.is_none(), "absent ops stay absent");
+        assert!(
+            // SAFETY: as above.
+            unsafe { install(cp) }.is_err(),
+            "a second install would recurse"
+        );
+
+        let mut qp = IbvQp {
+            context: cp,
+            qp_context: ptr::null_mut(),
+            pd: ptr::null_mut(),
+            send_cq: ptr::null_mut(),
+            recv_cq: ptr::null_mut(),
+            srq: ptr::null_mut(),
+            handle: 0,
+            qp_num: 0x11,
+        };
+        let mut sge = [
+            IbvSge {
+                addr: 0,
+                length: 100,
+                lkey: 0,
+            },
+            IbvSge {
+                addr: 0,
+                length: 28,
+                lkey: 0,
+            },
+        ];
+        // SAFETY: an all-zero send WR is valid.
+        let mut w2: IbvSendWr = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut w1: IbvSendWr = unsafe { std::mem::zeroed() };
+        w1.sg_list = sge.as_mut_ptr();
+        w1.num_sge = 2;
+        let w2p: *mut IbvSendWr = &mut w2;
+        w1.next = w2p;
+        let mut bad = ptr::null_mut();
+        let post = ctx.ops.post_send.unwrap();
+        // SAFETY: valid fixtures.
+        assert_eq!(unsafe { post(&mut qp, &mut w1, &mut bad) }, 0);
+        assert_eq!(qp.handle, 1, "forwarded to the original");
+        // SAFETY: w2p points to w2, alive until the end of the test.
+        unsafe { (*w2p).wr_id = 99 };
+        // SAFETY: valid fixtures; the fake refuses w2, so only w1 counts.
+        assert_eq!(unsafe { post(&mut qp, &mut w1, &mut bad) }, libc::ENOMEM);
+
+        let mut cq = IbvCq { context: cp };
+        let mut wc = [IbvWc::default(); 8];
+        let poll = ctx.ops.poll_cq.unwrap();
+        // SAFETY: valid fixtures.
+        assert_eq!(unsafe { poll(&mut cq, 8, wc.as_mut_ptr()) }, 3);
+
+        let st = lookup(cp).unwrap();
+        let s = st.counters.snapshot();
+        assert_eq!((s.send_wqes, s.send_bytes), (3, 256));
+        assert_eq!(
+            (s.completions, s.completion_errors, s.poll_calls),
+            (3, 1, 1)
+        );
+        assert_eq!(st.qps.entries(), vec![(0x11, 3, 256, 0, 3)]);
+
+        let before = CLOSED.snapshot();
+        // SAFETY: as above.
+        unsafe { uninstall(cp) };
+        assert_eq!(
+            ctx.ops.post_send.map(|f| f as usize),
+            Some(fake_post_send as *const () as usize)
+        );
+        assert!(lookup(cp).is_none());
+        assert_eq!(CLOSED.snapshot().send_wqes - before.send_wqes, 3);
+    }
+}
