@@ -71,15 +71,9 @@ fn d_backoff_max() -> u64 {
 
 impl AgentSettings {
     pub fn load(path: &Path) -> Result<Self> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let mut s: Self =
-            toml::from_str(&text).with_context(|| format!("in {}", path.display()))?;
-        let base = path.parent().unwrap_or(Path::new("."));
+        let (mut s, base): (Self, _) = net::load_config(path)?;
         s.instance = base.join(&s.instance);
-        s.tls.ca = base.join(&s.tls.ca);
-        s.tls.cert = base.join(&s.tls.cert);
-        s.tls.key = base.join(&s.tls.key);
+        s.tls.rebase(&base);
         s.rate_table = s.rate_table.map(|p| base.join(p));
         if s.heartbeat_ms == 0 || s.coordinator_timeout_ms <= s.heartbeat_ms {
             bail!(

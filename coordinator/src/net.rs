@@ -57,6 +57,27 @@ pub struct TlsFiles {
     pub key: PathBuf,
 }
 
+impl TlsFiles {
+    /// Resolves relative paths against `base`, the directory of the config file naming them.
+    pub fn rebase(&mut self, base: &Path) {
+        for p in [&mut self.ca, &mut self.cert, &mut self.key] {
+            *p = base.join(&*p);
+        }
+    }
+}
+
+/// Reads a daemon's TOML config; returns it with the directory its relative paths are relative to.
+pub fn load_config<T: DeserializeOwned>(path: &Path) -> anyhow::Result<(T, PathBuf)> {
+    use anyhow::Context;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let config = toml::from_str(&text).with_context(|| format!("in {}", path.display()))?;
+    Ok((
+        config,
+        path.parent().unwrap_or(Path::new(".")).to_path_buf(),
+    ))
+}
+
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }

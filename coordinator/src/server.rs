@@ -83,15 +83,9 @@ fn d_timeout() -> u64 {
 
 impl ServeSettings {
     pub fn load(path: &Path) -> Result<Self> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let mut s: Self =
-            toml::from_str(&text).with_context(|| format!("in {}", path.display()))?;
-        let base = path.parent().unwrap_or(Path::new("."));
+        let (mut s, base): (Self, _) = net::load_config(path)?;
         s.instance = base.join(&s.instance);
-        s.tls.ca = base.join(&s.tls.ca);
-        s.tls.cert = base.join(&s.tls.cert);
-        s.tls.key = base.join(&s.tls.key);
+        s.tls.rebase(&base);
         s.validate()?;
         Ok(s)
     }
