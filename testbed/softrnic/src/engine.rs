@@ -378,20 +378,41 @@ impl Shared {
 // Memory access of other processes
 // ---------------------------------------------------------------------------------------------
 
-fn read_mem(pid: i32, addr: u64, buf: &mut [u8]) -> io::Result<()> {
+type CrossMemoryFn = unsafe extern "C" fn(
+    libc::pid_t,
+    *const libc::iovec,
+    libc::c_ulong,
+    *const libc::iovec,
+    libc::c_ulong,
+    libc::c_ulong,
+) -> libc::ssize_t;
+
+/// Moves `len` bytes between `local` in this process and `addr` in `pid` with `op`
+/// (`process_vm_readv` or `process_vm_writev`), looping over partial transfers.
+///
+/// # Safety
+/// `local` must be valid for `len` bytes in the direction `op` uses it (written by readv, read by
+/// writev); the kernel checks the remote range against the target's address space.
+unsafe fn cross_memory(
+    op: CrossMemoryFn,
+    pid: i32,
+    addr: u64,
+    local: *mut u8,
+    len: usize,
+) -> io::Result<()> {
     let mut done = 0usize;
-    while done < buf.len() {
+    while done < len {
         let local = libc::iovec {
-            iov_base: buf[done..].as_mut_ptr() as *mut libc::c_void,
-            iov_len: buf.len() - done,
+            // SAFETY: done < len, so the offset stays inside the caller's buffer.
+            iov_base: unsafe { local.add(done) } as *mut libc::c_void,
+            iov_len: len - done,
         };
         let remote = libc::iovec {
             iov_base: (addr as usize + done) as *mut libc::c_void,
-            iov_len: buf.len() - done,
+            iov_len: len - done,
         };
-        // SAFETY: local points into `buf` (valid, writable, iov_len bytes); the remote range is
-        // only accessed by the kernel on the target process, which checks it.
-        let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+        // SAFETY: the local iovec lies inside the caller's buffer (see the function's contract).
+        let n = unsafe { op(pid, &local, 1, &remote, 1, 0) };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -403,29 +424,30 @@ fn read_mem(pid: i32, addr: u64, buf: &mut [u8]) -> io::Result<()> {
     Ok(())
 }
 
-fn write_mem(pid: i32, addr: u64, data: &[u8]) -> io::Result<()> {
-    let mut done = 0usize;
-    while done < data.len() {
-        let local = libc::iovec {
-            iov_base: data[done..].as_ptr() as *mut libc::c_void,
-            iov_len: data.len() - done,
-        };
-        let remote = libc::iovec {
-            iov_base: (addr as usize + done) as *mut libc::c_void,
-            iov_len: data.len() - done,
-        };
-        // SAFETY: local points into `data` (valid for reads); the kernel checks the remote
-        // range against the target's address space.
-        let n = unsafe { libc::process_vm_writev(pid, &local, 1, &remote, 1, 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if n == 0 {
-            return Err(io::Error::from_raw_os_error(libc::EFAULT));
-        }
-        done += n as usize;
+fn read_mem(pid: i32, addr: u64, buf: &mut [u8]) -> io::Result<()> {
+    // SAFETY: `buf` is valid and writable for its whole length.
+    unsafe {
+        cross_memory(
+            libc::process_vm_readv,
+            pid,
+            addr,
+            buf.as_mut_ptr(),
+            buf.len(),
+        )
     }
-    Ok(())
+}
+
+fn write_mem(pid: i32, addr: u64, data: &[u8]) -> io::Result<()> {
+    // SAFETY: `data` is valid for reads for its whole length, and writev only reads it.
+    unsafe {
+        cross_memory(
+            libc::process_vm_writev,
+            pid,
+            addr,
+            data.as_ptr() as *mut u8,
+            data.len(),
+        )
+    }
 }
 
 /// Copy `data` into the segment list at byte `offset`.

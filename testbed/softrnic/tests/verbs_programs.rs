@@ -161,6 +161,28 @@ fn run_timeout(c: &mut Command, limit: Duration) -> Output {
 }
 
 /// Server on h1, client on h2; retries the client while the server is not listening yet.
+/// `ibv_rc_pingpong -c` (data check) at each (size, iterations), both sides must succeed and the
+/// client must report every iteration.
+fn pingpong_sizes(run: &Run, mode: &[&str], cases: &[(&str, &str)]) {
+    for &(size, iters) in cases {
+        let mut args = mode.to_vec();
+        args.extend(["-c", "-s", size, "-n", iters]);
+        let (server, client) = pingpong(run, &args);
+        assert!(
+            server.status.success(),
+            "size {size} server: {}",
+            text(&server)
+        );
+        assert!(
+            client.status.success(),
+            "size {size} client: {}",
+            text(&client)
+        );
+        let c = String::from_utf8_lossy(&client.stdout);
+        assert!(c.contains(&format!("{iters} iters in")), "{c}");
+    }
+}
+
 fn pingpong(run: &Run, extra: &[&str]) -> (Output, Output) {
     let mut args = vec!["ibv_rc_pingpong", "-g", "0"];
     args.extend_from_slice(extra);
@@ -245,26 +267,16 @@ fn rc_pingpong_between_namespaces_checks_data_1b_to_1mb() {
     let run = Run::new("pingpong-ns");
     let up = run.up(&["--hosts", "2"]);
     assert!(up.contains("h1 10.77.0.1"), "{up}");
-    for (size, iters) in [
-        ("1", "50"),
-        ("4096", "50"),
-        ("65536", "20"),
-        ("1048576", "5"),
-    ] {
-        let (server, client) = pingpong(&run, &["-c", "-s", size, "-n", iters]);
-        assert!(
-            server.status.success(),
-            "size {size} server: {}",
-            text(&server)
-        );
-        assert!(
-            client.status.success(),
-            "size {size} client: {}",
-            text(&client)
-        );
-        let c = String::from_utf8_lossy(&client.stdout);
-        assert!(c.contains(&format!("{iters} iters in")), "{c}");
-    }
+    pingpong_sizes(
+        &run,
+        &[],
+        &[
+            ("1", "50"),
+            ("4096", "50"),
+            ("65536", "20"),
+            ("1048576", "5"),
+        ],
+    );
 }
 
 #[test]
@@ -272,26 +284,16 @@ fn rc_pingpong_event_mode_with_completion_channels_1b_to_1mb() {
     require_privileges!();
     let run = Run::new("pingpong-events");
     run.up(&["--hosts", "2"]);
-    for (size, iters) in [
-        ("1", "100"),
-        ("4096", "50"),
-        ("65536", "20"),
-        ("1048576", "5"),
-    ] {
-        let (server, client) = pingpong(&run, &["-e", "-c", "-s", size, "-n", iters]);
-        assert!(
-            server.status.success(),
-            "size {size} server: {}",
-            text(&server)
-        );
-        assert!(
-            client.status.success(),
-            "size {size} client: {}",
-            text(&client)
-        );
-        let c = String::from_utf8_lossy(&client.stdout);
-        assert!(c.contains(&format!("{iters} iters in")), "{c}");
-    }
+    pingpong_sizes(
+        &run,
+        &["-e"],
+        &[
+            ("1", "100"),
+            ("4096", "50"),
+            ("65536", "20"),
+            ("1048576", "5"),
+        ],
+    );
     // Programs that do not use libibverbs are unaffected by the preloaded provider.
     let out = run_timeout(
         &mut run.exec("h1", &["sh", "-c", "echo ok"]),
@@ -450,26 +452,16 @@ fn rc_pingpong_survives_loss_duplication_and_reordering() {
         faults.contains("default loss 0.01 dup 0.01 reorder 0.01"),
         "{faults}"
     );
-    for (size, iters) in [
-        ("1", "300"),
-        ("4096", "100"),
-        ("65536", "20"),
-        ("1048576", "4"),
-    ] {
-        let (server, client) = pingpong(&run, &["-c", "-s", size, "-n", iters]);
-        assert!(
-            server.status.success(),
-            "size {size} server: {}",
-            text(&server)
-        );
-        assert!(
-            client.status.success(),
-            "size {size} client: {}",
-            text(&client)
-        );
-        let c = String::from_utf8_lossy(&client.stdout);
-        assert!(c.contains(&format!("{iters} iters in")), "{c}");
-    }
+    pingpong_sizes(
+        &run,
+        &[],
+        &[
+            ("1", "300"),
+            ("4096", "100"),
+            ("65536", "20"),
+            ("1048576", "4"),
+        ],
+    );
     // Event mode (completion channels) under the same faults.
     let (server, client) = pingpong(&run, &["-e", "-c", "-s", "4096", "-n", "100"]);
     assert!(
