@@ -1,7 +1,7 @@
 //! What the emulated device reports: names, identifiers, limits and the GID encoding.
 //!
-//! The limits are the ones the engine enforces; features the engine does not implement yet
-//! (atomics, SRQ, UD address handles, memory windows) are reported as absent (zero).
+//! The limits are the ones the engine (or, for address handles, the provider) enforces;
+//! features not implemented (memory windows, XRC) are reported as absent (zero).
 
 use std::net::Ipv4Addr;
 
@@ -26,6 +26,10 @@ pub const MAX_CQE: u32 = 65536;
 pub const MAX_MR: u32 = 65536;
 pub const MAX_PD: u32 = 4096;
 pub const MAX_RD_ATOM: u32 = 16;
+pub const MAX_SRQ: u32 = 4096;
+/// Address handles per process (they live in the provider: an AH is an address).
+pub const MAX_AH: u32 = 65536;
+pub const MAX_SRQ_WR: u32 = 16384;
 pub const MAX_INLINE: u32 = 256;
 /// Largest message (bytes) the port accepts: 2 GiB - 1, as rxe and mlx5 report.
 pub const MAX_MSG_SZ: u32 = 0x7fff_ffff;
@@ -112,7 +116,13 @@ pub fn fill_device_attr(a: &mut IbvDeviceAttr, guid: u64) {
     a.max_qp_rd_atom = MAX_RD_ATOM as i32;
     a.max_res_rd_atom = (MAX_RD_ATOM * MAX_QP) as i32;
     a.max_qp_init_rd_atom = MAX_RD_ATOM as i32;
-    a.atomic_cap = 0; // IBV_ATOMIC_NONE: atomics are not implemented yet
+    // IBV_ATOMIC_HCA: atomics are atomic against other atomics through this NIC (the engine
+    // serialises them), not against the target process's own CPU accesses.
+    a.atomic_cap = 1;
+    a.max_ah = MAX_AH as i32;
+    a.max_srq = MAX_SRQ as i32;
+    a.max_srq_wr = MAX_SRQ_WR as i32;
+    a.max_srq_sge = MAX_SGE as i32;
     a.max_pkeys = 1;
     a.local_ca_ack_delay = 15;
     a.phys_port_cnt = 1;

@@ -42,6 +42,11 @@ const TICK: Duration = Duration::from_millis(1);
 const TX_BURST: usize = 64;
 /// The stats file is rewritten at most this often (and only when a counter changed).
 const STATS_EVERY: Duration = Duration::from_millis(200);
+/// Atomic results a responder QP remembers by PSN, so that a retransmitted atomic request is
+/// answered from here instead of being executed twice (IBTA's responder resources). Twice the
+/// most any requester may have outstanding (`max_rd_atomic` ≤ [`device::MAX_RD_ATOM`]): every
+/// request a requester can still retransmit is among the last this many executed.
+const ATOMIC_CACHE: usize = 2 * device::MAX_RD_ATOM as usize;
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -88,6 +93,12 @@ pub struct Counters {
     pub ring_recv_wqes: u64,
     pub ring_cqes: u64,
     pub socket_posts_polls: u64,
+    /// UD datagrams dropped for a wrong Q_Key, and UD/UC messages dropped because no
+    /// receive was posted (those transports have no RNR: the message is lost).
+    pub rx_dropped_qkey: u64,
+    pub rx_dropped_no_recv: u64,
+    /// UC packets dropped because an earlier packet of their message was lost.
+    pub rx_uc_broken: u64,
 }
 
 impl Counters {
@@ -114,6 +125,9 @@ impl Counters {
             ("ring_recv_wqes", self.ring_recv_wqes),
             ("ring_cqes", self.ring_cqes),
             ("socket_posts_polls", self.socket_posts_polls),
+            ("rx_dropped_qkey", self.rx_dropped_qkey),
+            ("rx_dropped_no_recv", self.rx_dropped_no_recv),
+            ("rx_uc_broken", self.rx_uc_broken),
         ] {
             s.push_str(&format!("{k} {v}\n"));
         }
@@ -192,9 +206,9 @@ struct SqWqe {
     packetized: bool,
     first_psn: u32,
     last_psn: u32,
-    /// READ: next response PSN expected, and whether all data arrived.
+    /// READ: next response PSN expected; READ and atomics: whether the response arrived.
     resp_next: u32,
-    read_done: bool,
+    resp_done: bool,
     /// Local segments (process address, length), resolved at packetization.
     segs: Vec<(u64, u64)>,
 }
@@ -202,8 +216,17 @@ struct SqWqe {
 struct Inflight {
     psn: u32,
     last_psn: u32,
-    is_read: bool,
+    needs_resp: bool,
     bytes: Vec<u8>,
+}
+
+/// A shared receive queue: receives any of its QPs may consume, resolved against its PD.
+struct Srq {
+    conn: u64,
+    pd: u32,
+    max_wr: u32,
+    max_sge: u32,
+    q: VecDeque<RecvWr>,
 }
 
 struct CurRecv {
@@ -218,6 +241,12 @@ struct Qp {
     pd: u32,
     send_cq: u32,
     recv_cq: u32,
+    /// Shared receive queue the QP takes its receives from (0: its own `rq`).
+    srq: u32,
+    /// Transport: `IBV_QPT_RC`, `IBV_QPT_UC` or `IBV_QPT_UD`.
+    qpt: i32,
+    /// UC responder: discarding the rest of a message one of whose packets was lost.
+    uc_broken: bool,
     sq_sig_all: bool,
     cap: Caps,
     attr: QpAttrs,
@@ -240,6 +269,8 @@ struct Qp {
     epsn: u32,
     cur_recv: Option<CurRecv>,
     nak_sent: bool,
+    /// (PSN, original value) of the last [`ATOMIC_CACHE`] atomics executed, oldest first.
+    atomic_cache: VecDeque<(u32, u64)>,
     /// Work-request rings shared with the application.
     rings: Option<QpRings>,
 }
@@ -254,6 +285,37 @@ struct QpRings {
 }
 
 impl Qp {
+    /// Atomics sent and not yet completed. One whose response came early (the response to an
+    /// earlier atomic was lost) still counts until it completes in order: otherwise the QP
+    /// would go on issuing atomics behind the lost one, and by the time that one is resent
+    /// the responder's result cache would no longer hold it.
+    fn atomics_outstanding(&self) -> usize {
+        self.sq
+            .iter()
+            .take(self.sq_next)
+            .filter(|w| proto::is_atomic_wr(w.wr.opcode))
+            .count()
+    }
+
+    /// Drop the in-flight copy of a request whose response arrived, keeping a retransmission
+    /// pass that is under way on the entries after it.
+    fn remove_inflight(&mut self, psn: u32) {
+        if let Some(i) = self.inflight.iter().position(|f| f.psn == psn) {
+            self.inflight.remove(i);
+            if let Some(r) = self.resend.as_mut() {
+                if i < *r {
+                    *r -= 1;
+                }
+            }
+        }
+    }
+
+    /// How many atomics may wait for responses at once: the QP's `max_rd_atomic` (at least
+    /// one, so a QP configured with 0 still makes progress).
+    fn atomic_limit(&self) -> usize {
+        (self.attr.max_rd_atomic as usize).max(1)
+    }
+
     fn timeout(&self) -> Duration {
         // 4.096 µs * 2^timeout, clamped to something useful on a software link.
         let t = self.attr.timeout.min(31) as u32;
@@ -271,6 +333,9 @@ struct State {
     cqs: HashMap<u32, Cq>,
     channels: HashMap<u32, Channel>,
     qps: HashMap<u32, Qp>,
+    srqs: HashMap<u32, Srq>,
+    /// This host's address (the destination in the GRH of received UD datagrams).
+    my_ip: Ipv4Addr,
     rr: VecDeque<u32>,
     counters: Counters,
     /// Packets waiting to be sent (built under the lock, sent by whoever holds it).
@@ -522,6 +587,8 @@ impl State {
             cqs: HashMap::new(),
             channels: HashMap::new(),
             qps: HashMap::new(),
+            srqs: HashMap::new(),
+            my_ip: Ipv4Addr::LOCALHOST,
             rr: VecDeque::new(),
             counters: Counters::default(),
             out: Vec::new(),
@@ -538,7 +605,8 @@ impl State {
     /// to anyone; only duplicates of packets already received are answered.
     fn remove_qp(&mut self, qpn: u32) {
         if let Some(q) = self.qps.remove(&qpn) {
-            if let (Some(peer), IBV_QPS_RTR | IBV_QPS_RTS) = (q.remote, q.state) {
+            if let (Some(peer), IBV_QPS_RTR | IBV_QPS_RTS, IBV_QPT_RC) = (q.remote, q.state, q.qpt)
+            {
                 self.tombstones.insert(
                     qpn,
                     Tombstone {
@@ -700,8 +768,9 @@ impl State {
                 if self.pds.get(&pd) != Some(&conn) {
                     return err(libc::EINVAL);
                 }
-                let busy =
-                    self.mrs.values().any(|m| m.pd == pd) || self.qps.values().any(|q| q.pd == pd);
+                let busy = self.mrs.values().any(|m| m.pd == pd)
+                    || self.qps.values().any(|q| q.pd == pd)
+                    || self.srqs.values().any(|q| q.pd == pd);
                 if busy {
                     return err(libc::EBUSY);
                 }
@@ -844,16 +913,18 @@ impl State {
                 pd,
                 send_cq,
                 recv_cq,
+                srq,
                 qp_type,
                 sq_sig_all,
                 cap,
             } => {
-                if qp_type != IBV_QPT_RC {
+                if !matches!(qp_type, IBV_QPT_RC | IBV_QPT_UC | IBV_QPT_UD) {
                     return err(libc::EOPNOTSUPP);
                 }
                 if self.pds.get(&pd) != Some(&conn)
                     || self.cqs.get(&send_cq).map(|c| c.conn) != Some(conn)
                     || self.cqs.get(&recv_cq).map(|c| c.conn) != Some(conn)
+                    || (srq != 0 && self.srqs.get(&srq).map(|s| s.conn) != Some(conn))
                 {
                     return err(libc::EINVAL);
                 }
@@ -885,6 +956,9 @@ impl State {
                         pd,
                         send_cq,
                         recv_cq,
+                        srq,
+                        qpt: qp_type,
+                        uc_broken: false,
                         sq_sig_all,
                         cap,
                         attr: QpAttrs::default(),
@@ -905,6 +979,7 @@ impl State {
                         epsn: 0,
                         cur_recv: None,
                         nak_sent: false,
+                        atomic_cache: VecDeque::new(),
                         rings: None,
                     },
                 );
@@ -931,7 +1006,7 @@ impl State {
                     Resp::QpAttr {
                         attr: a,
                         cap: q.cap,
-                        qp_type: IBV_QPT_RC,
+                        qp_type: q.qpt,
                         sq_sig_all: q.sq_sig_all,
                     }
                 }
@@ -946,6 +1021,38 @@ impl State {
             }
             Req::PostSend { qpn, wrs } => self.post_send(conn, qpn, wrs),
             Req::PostRecv { qpn, wrs } => self.post_recv(conn, qpn, wrs),
+            Req::CreateSrq {
+                pd,
+                max_wr,
+                max_sge,
+            } => self.create_srq(conn, pd, max_wr, max_sge),
+            Req::ModifySrq {
+                srq,
+                mask,
+                max_wr,
+                srq_limit,
+            } => self.modify_srq(conn, srq, mask, max_wr, srq_limit),
+            Req::QuerySrq { srq } => match self.srqs.get(&srq) {
+                Some(s) if s.conn == conn => Resp::Srq {
+                    handle: srq,
+                    max_wr: s.max_wr,
+                    max_sge: s.max_sge,
+                    srq_limit: 0,
+                },
+                _ => err(libc::EINVAL),
+            },
+            Req::DestroySrq { srq } => {
+                if self.srqs.get(&srq).map(|s| s.conn) != Some(conn) {
+                    return err(libc::EINVAL);
+                }
+                if self.qps.values().any(|q| q.srq == srq) {
+                    return err(libc::EBUSY);
+                }
+                // Receives still queued are dropped with it, as destroying an SRQ does.
+                self.srqs.remove(&srq);
+                Resp::Unit
+            }
+            Req::PostSrqRecv { srq, wrs } => self.post_srq_recv(conn, srq, wrs),
             Req::AttachRing {
                 kind,
                 handle,
@@ -1066,17 +1173,8 @@ impl State {
             let nsge = ring::get_u32(&slot, 20) as usize;
             let inline_len = ring::get_u32(&slot, 36);
             let inline_cap = r.sq.slot - ring::SQ_SGE_OFF - 16 * max_sge;
-            let supported = matches!(
-                opcode,
-                IBV_WR_SEND
-                    | IBV_WR_SEND_WITH_IMM
-                    | IBV_WR_RDMA_WRITE
-                    | IBV_WR_RDMA_WRITE_WITH_IMM
-                    | IBV_WR_RDMA_READ
-            );
-            let inline_ok = inline_len == ring::NOT_INLINE
-                || (inline_len as usize <= inline_cap && opcode != IBV_WR_RDMA_READ);
-            if !supported || nsge > max_sge || !inline_ok {
+            let inline_ok = inline_len == ring::NOT_INLINE || inline_len as usize <= inline_cap;
+            if nsge > max_sge || !inline_ok {
                 bad = Some(wr_id);
                 break;
             }
@@ -1098,7 +1196,7 @@ impl State {
                 Some(b) => b.len() as u64,
                 None => sges.iter().map(|s| s.length as u64).sum(),
             };
-            if len > device::MAX_MSG_SZ as u64 {
+            if proto::check_send_wr(q.qpt, opcode, inline.is_some(), len).is_err() {
                 bad = Some(wr_id);
                 break;
             }
@@ -1110,6 +1208,8 @@ impl State {
                 imm: ring::get_u32(&slot, 16),
                 remote_addr: ring::get_u64(&slot, 24),
                 rkey: ring::get_u32(&slot, 32),
+                compare_add: ring::get_u64(&slot, ring::SQ_COMPARE_ADD_OFF),
+                swap: ring::get_u64(&slot, ring::SQ_SWAP_OFF),
                 sges: if inline.is_some() { Vec::new() } else { sges },
                 inline,
             };
@@ -1121,7 +1221,7 @@ impl State {
                 first_psn: 0,
                 last_psn: 0,
                 resp_next: 0,
-                read_done: false,
+                resp_done: false,
                 segs: Vec::new(),
             });
         }
@@ -1216,34 +1316,12 @@ impl State {
             cur
         };
         let has = |m: i32| mask & m == m;
-        let (required, optional) = match (cur, new) {
-            (_, IBV_QPS_RESET) | (_, IBV_QPS_ERR) => (0, 0),
-            (IBV_QPS_RESET, IBV_QPS_INIT) => {
-                (IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0)
-            }
-            (IBV_QPS_INIT, IBV_QPS_INIT) => {
-                (0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)
-            }
-            (IBV_QPS_INIT, IBV_QPS_RTR) => (
-                IBV_QP_AV
-                    | IBV_QP_PATH_MTU
-                    | IBV_QP_DEST_QPN
-                    | IBV_QP_RQ_PSN
-                    | IBV_QP_MAX_DEST_RD_ATOMIC
-                    | IBV_QP_MIN_RNR_TIMER,
-                IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS,
-            ),
-            (IBV_QPS_RTR, IBV_QPS_RTS) => (
-                IBV_QP_SQ_PSN
-                    | IBV_QP_TIMEOUT
-                    | IBV_QP_RETRY_CNT
-                    | IBV_QP_RNR_RETRY
-                    | IBV_QP_MAX_QP_RD_ATOMIC,
-                IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER,
-            ),
-            (IBV_QPS_RTS, IBV_QPS_RTS) => (0, IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER),
-            _ => return Err(libc::EINVAL),
-        };
+        let (required, optional) = match q.qpt {
+            IBV_QPT_RC => rc_masks(cur, new),
+            IBV_QPT_UC => uc_masks(cur, new),
+            _ => ud_masks(cur, new),
+        }
+        .ok_or(libc::EINVAL)?;
         if !has(required) {
             return Err(libc::EINVAL);
         }
@@ -1293,6 +1371,9 @@ impl State {
         }
         if has(IBV_QP_PKEY_INDEX) {
             t.pkey_index = a.pkey_index;
+        }
+        if has(IBV_QP_QKEY) {
+            t.qkey = a.qkey;
         }
         if has(IBV_QP_PORT) {
             t.port_num = a.port_num;
@@ -1348,6 +1429,7 @@ impl State {
                 q.sq_off = 0;
                 q.resend = None;
                 q.cur_recv = None;
+                q.atomic_cache.clear();
                 q.remote = None;
                 q.attr = QpAttrs::default();
                 // Work requests still in the rings are discarded too (as a reset does).
@@ -1441,32 +1523,18 @@ impl State {
         }
         let mut accepted = Vec::with_capacity(wrs.len());
         for (i, w) in wrs.into_iter().enumerate() {
-            let supported = matches!(
-                w.opcode,
-                IBV_WR_SEND
-                    | IBV_WR_SEND_WITH_IMM
-                    | IBV_WR_RDMA_WRITE
-                    | IBV_WR_RDMA_WRITE_WITH_IMM
-                    | IBV_WR_RDMA_READ
-            );
-            if !supported {
-                return self.finish_post(qpn, accepted, Some(bad(i, libc::EINVAL)));
-            }
             if w.sges.len() > q.cap.max_send_sge as usize {
                 return self.finish_post(qpn, accepted, Some(bad(i, libc::EINVAL)));
-            }
-            if w.opcode == IBV_WR_RDMA_READ && w.inline.is_some() {
-                return self.finish_post(qpn, accepted, Some(bad(i, libc::EINVAL)));
-            }
-            if q.sq.len() + accepted.len() >= q.cap.max_send_wr as usize {
-                return self.finish_post(qpn, accepted, Some(bad(i, libc::ENOMEM)));
             }
             let len: u64 = match &w.inline {
                 Some(b) => b.len() as u64,
                 None => w.sges.iter().map(|s| s.length as u64).sum(),
             };
-            if len > device::MAX_MSG_SZ as u64 {
-                return self.finish_post(qpn, accepted, Some(bad(i, libc::EINVAL)));
+            if let Err(e) = proto::check_send_wr(q.qpt, w.opcode, w.inline.is_some(), len) {
+                return self.finish_post(qpn, accepted, Some(bad(i, e)));
+            }
+            if q.sq.len() + accepted.len() >= q.cap.max_send_wr as usize {
+                return self.finish_post(qpn, accepted, Some(bad(i, libc::ENOMEM)));
             }
             let signaled = q.sq_sig_all || w.flags & IBV_SEND_SIGNALED != 0;
             accepted.push(SqWqe {
@@ -1477,7 +1545,7 @@ impl State {
                 first_psn: 0,
                 last_psn: 0,
                 resp_next: 0,
-                read_done: false,
+                resp_done: false,
                 segs: Vec::new(),
             });
         }
@@ -1503,7 +1571,8 @@ impl State {
         if q.conn != conn {
             return err(libc::EINVAL);
         }
-        if q.state == IBV_QPS_RESET {
+        // A QP with an SRQ has no receive queue of its own.
+        if q.state == IBV_QPS_RESET || q.srq != 0 {
             return Resp::Err {
                 errno: libc::EINVAL,
                 bad_index: 0,
@@ -1531,6 +1600,107 @@ impl State {
             self.flush_qp(qpn);
         }
         result
+    }
+
+    fn create_srq(&mut self, conn: u64, pd: u32, max_wr: u32, max_sge: u32) -> Resp {
+        if self.pds.get(&pd) != Some(&conn) {
+            return err(libc::EINVAL);
+        }
+        if max_wr == 0 || max_wr > device::MAX_SRQ_WR || max_sge > device::MAX_SGE {
+            return err(libc::EINVAL);
+        }
+        if self.srqs.len() >= device::MAX_SRQ as usize {
+            return err(libc::ENOMEM);
+        }
+        let handle = self.next_handle;
+        self.next_handle += 1;
+        let max_sge = max_sge.max(1);
+        self.srqs.insert(
+            handle,
+            Srq {
+                conn,
+                pd,
+                max_wr,
+                max_sge,
+                q: VecDeque::new(),
+            },
+        );
+        Resp::Srq {
+            handle,
+            max_wr,
+            max_sge,
+            srq_limit: 0,
+        }
+    }
+
+    /// Resize an SRQ (`IBV_SRQ_MAX_WR`; not below what it holds). Arming the limit event
+    /// (`IBV_SRQ_LIMIT` with a non-zero limit) is refused: the device raises no asynchronous
+    /// events, so the event could never come.
+    fn modify_srq(&mut self, conn: u64, srq: u32, mask: i32, max_wr: u32, limit: u32) -> Resp {
+        const IBV_SRQ_MAX_WR: i32 = 1;
+        const IBV_SRQ_LIMIT: i32 = 2;
+        let Some(s) = self.srqs.get_mut(&srq).filter(|s| s.conn == conn) else {
+            return err(libc::EINVAL);
+        };
+        if mask & !(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT) != 0 {
+            return err(libc::EINVAL);
+        }
+        if mask & IBV_SRQ_LIMIT != 0 && limit != 0 {
+            return err(libc::EOPNOTSUPP);
+        }
+        if mask & IBV_SRQ_MAX_WR != 0 {
+            if max_wr == 0 || max_wr > device::MAX_SRQ_WR || (max_wr as usize) < s.q.len() {
+                return err(libc::EINVAL);
+            }
+            s.max_wr = max_wr;
+        }
+        Resp::Unit
+    }
+
+    fn post_srq_recv(&mut self, conn: u64, srq: u32, wrs: Vec<RecvWr>) -> Resp {
+        let Some(s) = self.srqs.get_mut(&srq).filter(|s| s.conn == conn) else {
+            return err(libc::EINVAL);
+        };
+        for (i, w) in wrs.into_iter().enumerate() {
+            let errno = if w.sges.len() > s.max_sge as usize {
+                libc::EINVAL
+            } else if s.q.len() >= s.max_wr as usize {
+                libc::ENOMEM
+            } else {
+                s.q.push_back(w);
+                continue;
+            };
+            return Resp::Err {
+                errno,
+                bad_index: i as u32,
+            };
+        }
+        Resp::Unit
+    }
+
+    /// Whether a receive is available to a QP (from its SRQ or its own queue).
+    fn has_recv(&mut self, qpn: u32) -> bool {
+        let Some(q) = self.qps.get(&qpn) else {
+            return false;
+        };
+        if q.srq != 0 {
+            return self.srqs.get(&q.srq).is_some_and(|s| !s.q.is_empty());
+        }
+        self.pull_rq(qpn);
+        !self.qps[&qpn].rq.is_empty()
+    }
+
+    /// Take the next receive for a QP, with the PD its buffers are checked against (the
+    /// SRQ's for a QP with an SRQ).
+    fn take_recv(&mut self, qpn: u32) -> Option<(RecvWr, u32)> {
+        let q = self.qps.get(&qpn)?;
+        if q.srq != 0 {
+            let s = self.srqs.get_mut(&q.srq)?;
+            return Some((s.q.pop_front()?, s.pd));
+        }
+        self.pull_rq(qpn);
+        let q = self.qps.get_mut(&qpn)?;
+        Some((q.rq.pop_front()?, q.pd))
     }
 
     /// Resolve local SGEs against MRs: same process, same PD, in bounds, access.
@@ -1585,6 +1755,9 @@ impl State {
         if q.state != IBV_QPS_RTS {
             return None;
         }
+        if q.qpt == IBV_QPT_UD {
+            return self.next_ud_packet(qpn, now);
+        }
         let dst = q.remote?;
         if let Some(t) = q.rnr_until {
             if now < t {
@@ -1605,6 +1778,11 @@ impl State {
             return None;
         }
         let idx = q.sq_next;
+        if proto::is_atomic_wr(q.sq[idx].wr.opcode) && q.atomics_outstanding() >= q.atomic_limit() {
+            // As on hardware, at most max_rd_atomic atomics wait for their responses; this
+            // also keeps each of them within the responder's result cache.
+            return None;
+        }
         if q.sq_off == 0 && !q.sq[idx].packetized {
             // The NIC fetches the work request when it starts on it.
             self.counters.wqe_fetches += 1;
@@ -1615,7 +1793,9 @@ impl State {
         // Resolve the local buffers of a WQE when its first packet is built.
         if q.sq_off == 0 && !q.sq[idx].packetized && q.sq[idx].wr.inline.is_none() {
             let (conn, pd) = (q.conn, q.pd);
-            let need_write = q.sq[idx].wr.opcode == IBV_WR_RDMA_READ;
+            // READ and atomics write the local buffer (the data, the original value).
+            let op = q.sq[idx].wr.opcode;
+            let need_write = op == IBV_WR_RDMA_READ || proto::is_atomic_wr(op);
             let sges = q.sq[idx].wr.sges.clone();
             match self.resolve_local(conn, pd, &sges, need_write) {
                 Some(segs) => {
@@ -1645,9 +1825,21 @@ impl State {
             rkey: w.wr.rkey,
             ..Default::default()
         };
-        if w.wr.opcode == IBV_WR_RDMA_READ {
-            let n = w.len.div_ceil(mtu).max(1);
-            p.op = wire::OP_READ_REQ;
+        if w.wr.opcode == IBV_WR_RDMA_READ || proto::is_atomic_wr(w.wr.opcode) {
+            // One request packet answered by response packets (READ: one PSN per response
+            // packet; atomic: one PSN, one 8-byte response).
+            let n = if w.wr.opcode == IBV_WR_RDMA_READ {
+                p.op = wire::OP_READ_REQ;
+                w.len.div_ceil(mtu).max(1)
+            } else {
+                p.op = if w.wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP {
+                    wire::OP_CMP_SWAP
+                } else {
+                    wire::OP_FETCH_ADD
+                };
+                p.payload = atomic_operands(w.wr.compare_add, w.wr.swap);
+                1
+            };
             p.flags = wire::F_FIRST | wire::F_LAST | wire::F_ACKREQ;
             w.first_psn = psn;
             w.last_psn = psn_add(psn, n - 1);
@@ -1660,7 +1852,7 @@ impl State {
             q.inflight.push_back(Inflight {
                 psn,
                 last_psn: last,
-                is_read: true,
+                needs_resp: true,
                 bytes: bytes.clone(),
             });
             return Some((dst, bytes));
@@ -1706,13 +1898,94 @@ impl State {
         p.payload = payload;
         q.next_psn = psn_add(psn, 1);
         let bytes = p.encode();
+        if q.qpt == IBV_QPT_UC {
+            // UC: nothing is acknowledged or resent; a message is complete once sent.
+            if last {
+                self.complete_sends(qpn, psn);
+            }
+            return Some((dst, bytes));
+        }
         q.inflight.push_back(Inflight {
             psn,
             last_psn: psn,
-            is_read: false,
+            needs_resp: false,
             bytes: bytes.clone(),
         });
         Some((dst, bytes))
+    }
+
+    /// Next datagram of a UD QP: one work request is one packet to the destination its
+    /// address handle named, complete once sent (UD has no acknowledgement). A message longer
+    /// than the port MTU is a local length error, as on hardware.
+    fn next_ud_packet(&mut self, qpn: u32, now: Instant) -> Option<(SocketAddr, Vec<u8>)> {
+        let q = self.qps.get(&qpn)?;
+        if q.sq_next >= q.sq.len() {
+            return None;
+        }
+        let idx = q.sq_next;
+        self.counters.wqe_fetches += 1;
+        let ns = self.nic.cfg.wqe_fetch_ns;
+        self.nic.charge(now, ns);
+        let mtu = self.nic.cfg.mtu;
+        let q = self.qps.get(&qpn)?;
+        let w = &q.sq[idx];
+        if w.len > mtu {
+            self.fail_wqe_local(qpn, idx, IBV_WC_LOC_LEN_ERR);
+            return None;
+        }
+        // The provider always puts an address handle's IPv4 address here; the ring is
+        // application memory, so anything else is refused rather than sent somewhere.
+        if w.wr.remote_addr == 0 || w.wr.remote_addr > u64::from(u32::MAX) {
+            self.fail_wqe_local(qpn, idx, IBV_WC_LOC_QP_OP_ERR);
+            return None;
+        }
+        let mut payload = vec![0u8; w.len as usize];
+        if let Some(b) = &w.wr.inline {
+            payload.copy_from_slice(b);
+        } else {
+            let gathered = self
+                .resolve_local(q.conn, q.pd, &w.wr.sges, false)
+                .and_then(|segs| gather(q.pid, &segs, 0, &mut payload).ok());
+            if gathered.is_none() {
+                self.fail_wqe_local(qpn, idx, IBV_WC_LOC_PROT_ERR);
+                return None;
+            }
+        }
+        let q = self.qps.get_mut(&qpn)?;
+        let w = &mut q.sq[idx];
+        // A Q_Key with the high bit set means "use the QP's own" (IBTA 10.2.5).
+        let wr_qkey = w.wr.compare_add as u32;
+        let qkey = if wr_qkey & 0x8000_0000 != 0 {
+            q.attr.qkey
+        } else {
+            wr_qkey
+        };
+        let psn = q.next_psn;
+        let mut flags = wire::F_FIRST | wire::F_LAST;
+        if w.wr.opcode == IBV_WR_SEND_WITH_IMM {
+            flags |= wire::F_IMM;
+        }
+        let p = Packet {
+            op: wire::OP_UD_SEND,
+            flags,
+            dst_qpn: w.wr.rkey & wire::PSN_MASK,
+            src_qpn: qpn,
+            psn,
+            msg_len: w.len,
+            imm: w.wr.imm,
+            rkey: qkey,
+            payload,
+            ..Default::default()
+        };
+        let ip = Ipv4Addr::from(w.wr.remote_addr as u32);
+        w.packetized = true;
+        w.first_psn = psn;
+        w.last_psn = psn;
+        q.sq_next += 1;
+        q.next_psn = psn_add(psn, 1);
+        self.complete_sends(qpn, psn);
+        let dst = SocketAddr::V4(SocketAddrV4::new(ip, device::ENGINE_UDP_PORT));
+        Some((dst, p.encode()))
     }
 
     /// A local error while building a WQE: complete it with `status`, QP to error.
@@ -1747,8 +2020,8 @@ impl State {
             if !w.packetized {
                 break;
             }
-            let done = if w.wr.opcode == IBV_WR_RDMA_READ {
-                w.read_done
+            let done = if w.wr.opcode == IBV_WR_RDMA_READ || proto::is_atomic_wr(w.wr.opcode) {
+                w.resp_done
             } else {
                 psn_diff(acked, w.last_psn) >= 0
             };
@@ -1762,7 +2035,9 @@ impl State {
                     wr_id: w.wr.wr_id,
                     status: IBV_WC_SUCCESS,
                     opcode: send_wc_opcode(w.wr.opcode),
-                    byte_len: if w.wr.opcode == IBV_WR_RDMA_READ {
+                    // READ: the bytes read; atomics: the 8 bytes of the original value.
+                    byte_len: if w.wr.opcode == IBV_WR_RDMA_READ || proto::is_atomic_wr(w.wr.opcode)
+                    {
                         w.len
                     } else {
                         0
@@ -1785,7 +2060,7 @@ impl State {
         };
         let before = q.inflight.len();
         q.inflight
-            .retain(|f| f.is_read || psn_diff(psn, f.last_psn) < 0);
+            .retain(|f| f.needs_resp || psn_diff(psn, f.last_psn) < 0);
         if q.inflight.len() != before {
             q.last_progress = now;
             q.retries = 0;
@@ -1834,15 +2109,34 @@ impl State {
             }
             return;
         };
-        // Only the connected peer may talk to an RC QP.
+        // UD QPs take datagrams from anyone (the Q_Key decides), and nothing else.
+        if q.qpt == IBV_QPT_UD || p.op == wire::OP_UD_SEND {
+            if q.qpt == IBV_QPT_UD && p.op == wire::OP_UD_SEND {
+                self.touch_qp(p.dst_qpn, now);
+                self.ud_rx(from, &p);
+            } else {
+                self.counters.rx_dropped_unknown_qp += 1;
+            }
+            return;
+        }
+        // Only the connected peer may talk to an RC or UC QP.
         if q.remote != Some(from) || q.attr.dest_qp_num != p.src_qpn {
             self.counters.rx_dropped_unknown_qp += 1;
             return;
         }
         self.touch_qp(p.dst_qpn, now);
         let qpn = p.dst_qpn;
+        let uc = self.qps[&qpn].qpt == IBV_QPT_UC;
         match p.op {
-            wire::OP_ACK | wire::OP_NAK | wire::OP_READ_RESP => self.requester_rx(p, now),
+            // UC has no acknowledgements or responses: such packets are stale by definition.
+            wire::OP_ACK | wire::OP_NAK | wire::OP_READ_RESP | wire::OP_ATOMIC_RESP if uc => {
+                self.counters.rx_stale += 1
+            }
+            wire::OP_ACK | wire::OP_NAK | wire::OP_READ_RESP | wire::OP_ATOMIC_RESP => {
+                self.requester_rx(p, now)
+            }
+            wire::OP_SEND | wire::OP_WRITE if uc => self.uc_rx(p),
+            _ if uc => self.counters.rx_dropped_malformed += 1,
             _ => self.responder_rx(from, p),
         }
         self.sync_done(qpn);
@@ -1876,6 +2170,12 @@ impl State {
             self.do_read(from, &p);
             return;
         }
+        if is_atomic_op(p.op) && d < 0 {
+            // Duplicate atomic: answer from the result cache, never execute it again.
+            self.counters.rx_duplicate += 1;
+            self.replay_atomic(from, &p);
+            return;
+        }
         if d < 0 {
             self.counters.rx_duplicate += 1;
             let e = psn_add(q.epsn, wire::PSN_MASK); // epsn - 1
@@ -1894,6 +2194,7 @@ impl State {
         let status = match p.op {
             wire::OP_SEND => self.rx_send(qpn, &p),
             wire::OP_WRITE => self.rx_write(qpn, &p),
+            wire::OP_CMP_SWAP | wire::OP_FETCH_ADD => self.rx_atomic(from, &p),
             wire::OP_READ_REQ => {
                 if self.do_read(from, &p) {
                     let n = p.msg_len.div_ceil(self.qps[&qpn].mtu).max(1);
@@ -1911,7 +2212,9 @@ impl State {
             Ok(n) => {
                 q.epsn = psn_add(q.epsn, n);
                 q.nak_sent = false;
-                if p.op != wire::OP_READ_REQ && p.flags & wire::F_ACKREQ != 0 {
+                // READ and atomic requests are acknowledged by their responses.
+                let answered = p.op == wire::OP_READ_REQ || is_atomic_op(p.op);
+                if !answered && p.flags & wire::F_ACKREQ != 0 {
                     let e = psn_add(q.epsn, wire::PSN_MASK);
                     self.reply(from, qpn, peer, wire::OP_ACK, 0, e);
                 }
@@ -1938,17 +2241,147 @@ impl State {
         }
     }
 
+    /// A packet for a UC QP. In order: applied like RC, but never acknowledged. A gap (a lost
+    /// packet) drops the rest of its message: packets are discarded until the first packet of
+    /// a later message, where the PSN is resynchronised (the receive the broken SEND had taken
+    /// serves that next message). Packets from before the expected PSN (duplicates) are
+    /// dropped, never applied twice. Errors (no receive, access) drop the message silently,
+    /// as UC cannot tell the requester.
+    fn uc_rx(&mut self, p: Packet) {
+        let qpn = p.dst_qpn;
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        if q.state != IBV_QPS_RTR && q.state != IBV_QPS_RTS {
+            return;
+        }
+        let first = p.flags & wire::F_FIRST != 0;
+        let d = psn_diff(p.psn, q.epsn);
+        if d < 0 {
+            self.counters.rx_duplicate += 1;
+            return;
+        }
+        if d > 0 || q.uc_broken {
+            if !first {
+                q.uc_broken = true;
+                self.counters.rx_uc_broken += 1;
+                return;
+            }
+            q.uc_broken = false;
+            q.epsn = p.psn;
+        }
+        let status = match p.op {
+            wire::OP_SEND => self.rx_send(qpn, &p),
+            _ => self.rx_write(qpn, &p),
+        };
+        let last = p.flags & wire::F_LAST != 0;
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        q.epsn = psn_add(p.psn, 1);
+        match status {
+            Ok(_) => {}
+            Err(wire::NAK_RNR) => {
+                self.counters.rx_dropped_no_recv += 1;
+                q.uc_broken = !last;
+            }
+            Err(wire::NAK_REM_INVALID | wire::NAK_REM_OP) => self.flush_qp(qpn),
+            Err(_) => q.uc_broken = !last,
+        }
+    }
+
+    /// A UD datagram for one of our UD QPs: Q_Key checked, then placed after a 40-byte GRH in
+    /// the next receive (byte_len counts the GRH, as on hardware). Without a receive posted
+    /// the datagram is lost (UD has no RNR).
+    fn ud_rx(&mut self, from: SocketAddr, p: &Packet) {
+        let qpn = p.dst_qpn;
+        let Some(q) = self.qps.get(&qpn) else {
+            return;
+        };
+        if q.state != IBV_QPS_RTR && q.state != IBV_QPS_RTS {
+            self.counters.rx_dropped_unknown_qp += 1;
+            return;
+        }
+        let whole = p.flags & (wire::F_FIRST | wire::F_LAST) == wire::F_FIRST | wire::F_LAST;
+        if !whole || p.payload.len() != p.msg_len as usize {
+            self.counters.rx_dropped_malformed += 1;
+            return;
+        }
+        if p.rkey != q.attr.qkey {
+            self.counters.rx_dropped_qkey += 1;
+            return;
+        }
+        let (conn, pid, rcq) = (q.conn, q.pid, q.recv_cq);
+        let Some((r, pd)) = self.take_recv(qpn) else {
+            self.counters.rx_dropped_no_recv += 1;
+            return;
+        };
+        let mut wc = IbvWc {
+            wr_id: r.wr_id,
+            status: IBV_WC_SUCCESS,
+            opcode: IBV_WC_RECV,
+            byte_len: GRH_LEN as u32 + p.msg_len,
+            qp_num: qpn,
+            src_qp: p.src_qpn,
+            wc_flags: IBV_WC_GRH,
+            ..Default::default()
+        };
+        if p.flags & wire::F_IMM != 0 {
+            wc.wc_flags |= IBV_WC_WITH_IMM;
+            wc.imm_data = p.imm;
+        }
+        let total: u64 = r.sges.iter().map(|s| s.length as u64).sum();
+        match self.resolve_local(conn, pd, &r.sges, true) {
+            None => wc.status = IBV_WC_LOC_PROT_ERR,
+            Some(_) if total < GRH_LEN as u64 + p.msg_len as u64 => wc.status = IBV_WC_LOC_LEN_ERR,
+            Some(segs) => {
+                let src = match from {
+                    SocketAddr::V4(a) => *a.ip(),
+                    SocketAddr::V6(_) => Ipv4Addr::UNSPECIFIED,
+                };
+                let grh = grh_ipv4(src, self.my_ip, p.msg_len);
+                if scatter(pid, &segs, 0, &grh).is_err()
+                    || scatter(pid, &segs, GRH_LEN as u64, &p.payload).is_err()
+                {
+                    wc.status = IBV_WC_LOC_PROT_ERR;
+                }
+            }
+        }
+        if wc.status != IBV_WC_SUCCESS {
+            wc.byte_len = 0;
+            wc.wc_flags = 0;
+        }
+        self.push_cqe(rcq, wc);
+    }
+
     /// SEND packet in order. Ok(psns consumed) or Err(NAK syndrome).
     fn rx_send(&mut self, qpn: u32, p: &Packet) -> Result<u32, u8> {
-        if p.flags & wire::F_FIRST != 0 {
-            self.pull_rq(qpn);
-        }
-        let q = self.qps.get_mut(&qpn).ok_or(wire::NAK_REM_OP)?;
-        if p.flags & wire::F_FIRST != 0 {
-            let Some(r) = q.rq.pop_front() else {
+        let first = p.flags & wire::F_FIRST != 0;
+        let unfinished = first && self.qps.get(&qpn).is_some_and(|q| q.cur_recv.is_some());
+        if unfinished {
+            // The previous message never finished (UC: its rest was lost): its receive
+            // serves this one, as the receive queue's head on hardware would.
+            let q = self.qps.get_mut(&qpn).ok_or(wire::NAK_REM_OP)?;
+            let total: u64 = q.cur_recv.iter().flat_map(|c| &c.segs).map(|s| s.1).sum();
+            if p.msg_len as u64 > total {
+                let wr_id = q.cur_recv.take().map_or(0, |c| c.wr_id);
+                let wc = IbvWc {
+                    wr_id,
+                    status: IBV_WC_LOC_LEN_ERR,
+                    opcode: IBV_WC_RECV,
+                    qp_num: qpn,
+                    ..Default::default()
+                };
+                let rcq = q.recv_cq;
+                self.push_cqe(rcq, wc);
+                return Err(wire::NAK_REM_INVALID);
+            }
+        } else if p.flags & wire::F_FIRST != 0 {
+            let Some((r, pd)) = self.take_recv(qpn) else {
                 return Err(wire::NAK_RNR);
             };
-            let (conn, pd, rcq) = (q.conn, q.pd, q.recv_cq);
+            let q = self.qps.get(&qpn).ok_or(wire::NAK_REM_OP)?;
+            let (conn, rcq) = (q.conn, q.recv_cq);
             let total: u64 = r.sges.iter().map(|s| s.length as u64).sum();
             let segs = self.resolve_local(conn, pd, &r.sges, true);
             let bad = match segs {
@@ -2041,19 +2474,15 @@ impl State {
             )
             .ok_or(wire::NAK_REM_ACCESS)?;
         let imm_last = p.flags & wire::F_IMM != 0 && p.flags & wire::F_LAST != 0;
-        if imm_last {
-            self.pull_rq(qpn);
-        }
-        if imm_last && self.qps[&qpn].rq.is_empty() {
+        if imm_last && !self.has_recv(qpn) {
             return Err(wire::NAK_RNR);
         }
         if !p.payload.is_empty() && write_mem(pid, addr, &p.payload).is_err() {
             return Err(wire::NAK_REM_ACCESS);
         }
         if imm_last {
-            let q = self.qps.get_mut(&qpn).ok_or(wire::NAK_REM_OP)?;
-            let r = q.rq.pop_front().unwrap();
-            let rcq = q.recv_cq;
+            let (r, _) = self.take_recv(qpn).ok_or(wire::NAK_RNR)?;
+            let rcq = self.qps.get(&qpn).ok_or(wire::NAK_REM_OP)?.recv_cq;
             self.push_cqe(
                 rcq,
                 IbvWc {
@@ -2070,6 +2499,73 @@ impl State {
             );
         }
         Ok(1)
+    }
+
+    /// Execute an in-order atomic request and answer it with the original value. Every atomic
+    /// of this host's NICs runs under the engine's one state lock, so atomics from any number
+    /// of requesters on one target are serialised (atomicity `IBV_ATOMIC_HCA`: against other
+    /// atomics through this NIC, not against the target process's own CPU stores).
+    fn rx_atomic(&mut self, from: SocketAddr, p: &Packet) -> Result<u32, u8> {
+        let qpn = p.dst_qpn;
+        let q = self.qps.get(&qpn).ok_or(wire::NAK_REM_OP)?;
+        if q.attr.access_flags & IBV_ACCESS_REMOTE_ATOMIC == 0 {
+            return Err(wire::NAK_REM_ACCESS);
+        }
+        // The target must be a naturally aligned 8-byte word (IBTA o9-19: otherwise an
+        // invalid request).
+        if p.payload.len() != 16 || p.remote_addr % 8 != 0 {
+            return Err(wire::NAK_REM_INVALID);
+        }
+        let pid = self
+            .check_remote(q.pd, p.rkey, p.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC)
+            .ok_or(wire::NAK_REM_ACCESS)?;
+        let operand = u64::from_le_bytes(p.payload[..8].try_into().unwrap());
+        let swap = u64::from_le_bytes(p.payload[8..].try_into().unwrap());
+        let mut word = [0u8; 8];
+        read_mem(pid, p.remote_addr, &mut word).map_err(|_| wire::NAK_REM_ACCESS)?;
+        // The target word is in the target host's byte order (as rxe and siw do).
+        let orig = u64::from_ne_bytes(word);
+        let new = match p.op {
+            wire::OP_CMP_SWAP => (orig == operand).then_some(swap),
+            _ => Some(orig.wrapping_add(operand)),
+        };
+        if let Some(v) = new {
+            write_mem(pid, p.remote_addr, &v.to_ne_bytes()).map_err(|_| wire::NAK_REM_ACCESS)?;
+        }
+        let q = self.qps.get_mut(&qpn).ok_or(wire::NAK_REM_OP)?;
+        if q.atomic_cache.len() >= ATOMIC_CACHE {
+            q.atomic_cache.pop_front();
+        }
+        q.atomic_cache.push_back((p.psn, orig));
+        self.atomic_resp(from, qpn, p.src_qpn, p.psn, orig);
+        Ok(1)
+    }
+
+    /// A duplicate atomic request: resend the cached response. One no longer cached is
+    /// dropped: its requester cannot still be waiting for it (see [`ATOMIC_CACHE`]), so this
+    /// is a late copy or a replay.
+    fn replay_atomic(&mut self, from: SocketAddr, p: &Packet) {
+        let Some(q) = self.qps.get(&p.dst_qpn) else {
+            return;
+        };
+        let cached = q.atomic_cache.iter().find(|(psn, _)| *psn == p.psn);
+        if let Some(&(_, orig)) = cached {
+            self.atomic_resp(from, p.dst_qpn, p.src_qpn, p.psn, orig);
+        }
+    }
+
+    fn atomic_resp(&mut self, to: SocketAddr, qpn: u32, dst: u32, psn: u32, orig: u64) {
+        let r = Packet {
+            op: wire::OP_ATOMIC_RESP,
+            flags: wire::F_FIRST | wire::F_LAST,
+            dst_qpn: dst,
+            src_qpn: qpn,
+            psn,
+            msg_len: 8,
+            payload: orig.to_le_bytes().to_vec(),
+            ..Default::default()
+        };
+        self.emit(to, r.encode());
     }
 
     /// Execute a read request: send the response packets. false if access is refused.
@@ -2134,6 +2630,7 @@ impl State {
         }
         match p.op {
             wire::OP_ACK => self.on_ack(qpn, p.psn, now),
+            wire::OP_ATOMIC_RESP => self.on_atomic_resp(qpn, &p, now),
             wire::OP_READ_RESP => {
                 // Find the read WQE this response belongs to.
                 let Some(idx) = q.sq.iter().position(|w| {
@@ -2146,7 +2643,7 @@ impl State {
                 };
                 let pid = q.pid;
                 let w = &mut q.sq[idx];
-                if p.psn != w.resp_next || w.read_done {
+                if p.psn != w.resp_next || w.resp_done {
                     self.counters.rx_stale += 1;
                     return; // duplicate or out of order: the timer recovers
                 }
@@ -2158,8 +2655,8 @@ impl State {
                 let first = w.first_psn;
                 let done = p.psn == w.last_psn;
                 if done {
-                    w.read_done = true;
-                    q.inflight.retain(|f| f.psn != first);
+                    w.resp_done = true;
+                    q.remove_inflight(first);
                 }
                 q.last_progress = now;
                 q.retries = 0;
@@ -2209,6 +2706,38 @@ impl State {
         }
     }
 
+    /// The response to one of our atomics: write the original value into the WQE's local
+    /// buffer; the WQE is complete, and so is everything before it (implicit ACK).
+    fn on_atomic_resp(&mut self, qpn: u32, p: &Packet, now: Instant) {
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        let pid = q.pid;
+        let found = q
+            .sq
+            .iter()
+            .position(|w| w.packetized && proto::is_atomic_wr(w.wr.opcode) && w.first_psn == p.psn);
+        let Some(idx) = found else {
+            self.counters.rx_stale += 1;
+            return;
+        };
+        let w = &mut q.sq[idx];
+        if w.resp_done || p.payload.len() != 8 {
+            self.counters.rx_stale += 1;
+            return; // a duplicate response (or a malformed one: the timer recovers)
+        }
+        let orig = u64::from_le_bytes(p.payload[..].try_into().unwrap());
+        if scatter(pid, &w.segs, 0, &orig.to_ne_bytes()).is_err() {
+            self.fail_head(qpn, IBV_WC_LOC_PROT_ERR);
+            return;
+        }
+        w.resp_done = true;
+        q.remove_inflight(p.psn);
+        q.last_progress = now;
+        q.retries = 0;
+        self.on_ack(qpn, p.psn, now);
+    }
+
     fn drop_conn(&mut self, conn: u64) {
         let qpns: Vec<u32> = self
             .qps
@@ -2219,11 +2748,70 @@ impl State {
         for q in &qpns {
             self.remove_qp(*q);
         }
+        self.srqs.retain(|_, s| s.conn != conn);
         self.mrs.retain(|_, m| m.conn != conn);
         self.cqs.retain(|_, c| c.conn != conn);
         self.channels.retain(|_, c| c.conn != conn);
         self.pds.retain(|_, c| *c != conn);
     }
+}
+
+/// Required and optional attribute masks of an RC QP's transition (IBTA).
+fn rc_masks(cur: i32, new: i32) -> Option<(i32, i32)> {
+    Some(match (cur, new) {
+        (_, IBV_QPS_RESET) | (_, IBV_QPS_ERR) => (0, 0),
+        (IBV_QPS_RESET, IBV_QPS_INIT) => (IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0),
+        (IBV_QPS_INIT, IBV_QPS_INIT) => (0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS),
+        (IBV_QPS_INIT, IBV_QPS_RTR) => (
+            IBV_QP_AV
+                | IBV_QP_PATH_MTU
+                | IBV_QP_DEST_QPN
+                | IBV_QP_RQ_PSN
+                | IBV_QP_MAX_DEST_RD_ATOMIC
+                | IBV_QP_MIN_RNR_TIMER,
+            IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS,
+        ),
+        (IBV_QPS_RTR, IBV_QPS_RTS) => (
+            IBV_QP_SQ_PSN
+                | IBV_QP_TIMEOUT
+                | IBV_QP_RETRY_CNT
+                | IBV_QP_RNR_RETRY
+                | IBV_QP_MAX_QP_RD_ATOMIC,
+            IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER,
+        ),
+        (IBV_QPS_RTS, IBV_QPS_RTS) => (0, IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER),
+        _ => return None,
+    })
+}
+/// Required and optional attribute masks of a UC QP's transition (IBTA: no acknowledgement,
+/// hence no timeout, retry, RNR or RDMA READ/atomic attributes).
+fn uc_masks(cur: i32, new: i32) -> Option<(i32, i32)> {
+    Some(match (cur, new) {
+        (_, IBV_QPS_RESET) | (_, IBV_QPS_ERR) => (0, 0),
+        (IBV_QPS_RESET, IBV_QPS_INIT) => (IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0),
+        (IBV_QPS_INIT, IBV_QPS_INIT) => (0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS),
+        (IBV_QPS_INIT, IBV_QPS_RTR) => (
+            IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN,
+            IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS,
+        ),
+        (IBV_QPS_RTR, IBV_QPS_RTS) => (IBV_QP_SQ_PSN, IBV_QP_ACCESS_FLAGS),
+        (IBV_QPS_RTS, IBV_QPS_RTS) => (0, IBV_QP_ACCESS_FLAGS),
+        _ => return None,
+    })
+}
+
+/// Required and optional attribute masks of a UD QP's transition (IBTA: a Q_Key instead of
+/// access flags; no address, MTU or remote QPN — every send names its destination).
+fn ud_masks(cur: i32, new: i32) -> Option<(i32, i32)> {
+    Some(match (cur, new) {
+        (_, IBV_QPS_RESET) | (_, IBV_QPS_ERR) => (0, 0),
+        (IBV_QPS_RESET, IBV_QPS_INIT) => (IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY, 0),
+        (IBV_QPS_INIT, IBV_QPS_INIT) => (0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY),
+        (IBV_QPS_INIT, IBV_QPS_RTR) => (0, IBV_QP_PKEY_INDEX | IBV_QP_QKEY),
+        (IBV_QPS_RTR, IBV_QPS_RTS) => (IBV_QP_SQ_PSN, IBV_QP_QKEY),
+        (IBV_QPS_RTS, IBV_QPS_RTS) => (0, IBV_QP_QKEY),
+        _ => return None,
+    })
 }
 
 /// RNR NAK timer values (IBTA table, in ms; 0 means 655.36 ms).
@@ -2236,10 +2824,55 @@ fn rnr_delay(code: u8) -> Duration {
     Duration::from_micros(US[(code & 31) as usize])
 }
 
+/// Bytes of the GRH in front of every UD receive.
+const GRH_LEN: usize = 40;
+
+/// The 40-byte GRH area of a UD receive for RoCE v2 over IPv4: as on hardware, the first 20
+/// bytes are unused and the last 20 hold the IPv4 header of the datagram (version 4, TTL 64,
+/// protocol UDP, source and destination, header checksum), which is what
+/// `ibv_init_ah_from_wc` parses.
+fn grh_ipv4(src: Ipv4Addr, dst: Ipv4Addr, payload_len: u32) -> [u8; GRH_LEN] {
+    let mut g = [0u8; GRH_LEN];
+    let h = &mut g[20..];
+    // IPv4 + UDP + BTH + DETH + payload + ICRC, as the datagram would be on the wire.
+    let total = (20 + 8 + 12 + 8 + 4 + payload_len).min(u16::MAX as u32) as u16;
+    h[0] = 0x45;
+    h[2..4].copy_from_slice(&total.to_be_bytes());
+    h[6] = 0x40; // don't fragment
+    h[8] = 64;
+    h[9] = 17;
+    h[12..16].copy_from_slice(&src.octets());
+    h[16..20].copy_from_slice(&dst.octets());
+    let mut sum: u32 = h
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    h[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    g
+}
+
+/// Whether a wire op is an atomic request.
+fn is_atomic_op(op: u8) -> bool {
+    matches!(op, wire::OP_CMP_SWAP | wire::OP_FETCH_ADD)
+}
+
+/// Payload of an atomic request: the compare/add operand and the swap value, little endian.
+fn atomic_operands(compare_add: u64, swap: u64) -> Vec<u8> {
+    let mut v = Vec::with_capacity(16);
+    v.extend_from_slice(&compare_add.to_le_bytes());
+    v.extend_from_slice(&swap.to_le_bytes());
+    v
+}
+
 fn send_wc_opcode(wr_opcode: i32) -> i32 {
     match wr_opcode {
         IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM => IBV_WC_RDMA_WRITE,
         IBV_WR_RDMA_READ => IBV_WC_RDMA_READ,
+        IBV_WR_ATOMIC_CMP_AND_SWP => IBV_WC_COMP_SWAP,
+        IBV_WR_ATOMIC_FETCH_AND_ADD => IBV_WC_FETCH_ADD,
         _ => IBV_WC_SEND,
     }
 }
@@ -2373,7 +3006,10 @@ fn rx_loop(sh: Arc<Shared>) {
             st.counters.rx_packets += 1;
             match Packet::decode(d) {
                 Some(p) => {
-                    wake |= matches!(p.op, wire::OP_ACK | wire::OP_NAK | wire::OP_READ_RESP);
+                    wake |= matches!(
+                        p.op,
+                        wire::OP_ACK | wire::OP_NAK | wire::OP_READ_RESP | wire::OP_ATOMIC_RESP
+                    );
                     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         st.on_packet(from, p, Instant::now())
                     }));
@@ -2627,6 +3263,7 @@ pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
     let listener = UnixListener::bind(&cfg.socket)
         .with_context(|| format!("binding {}", cfg.socket.display()))?;
     let mut state = State::with_nic(cfg.nic);
+    state.my_ip = cfg.ip;
     if !cfg.faults.is_none() {
         state.inject = Some(Injection {
             cfg: cfg.faults.clone(),
@@ -2798,6 +3435,7 @@ mod tests {
                 pd,
                 send_cq: cq,
                 recv_cq: cq,
+                srq: 0,
                 qp_type: IBV_QPT_RC,
                 sq_sig_all: false,
                 cap: Caps {
@@ -2834,6 +3472,8 @@ mod tests {
             imm: 0,
             remote_addr: 0,
             rkey: 0,
+            compare_add: 0,
+            swap: 0,
             sges: vec![],
             inline: None,
         };
@@ -2980,6 +3620,7 @@ mod tests {
                     pd,
                     send_cq: cq,
                     recv_cq: cq,
+                    srq: 0,
                     qp_type: IBV_QPT_RC,
                     sq_sig_all: true,
                     cap: Caps {
@@ -3030,6 +3671,8 @@ mod tests {
                     imm: 0,
                     remote_addr: 0x10_0000,
                     rkey: 9,
+                    compare_add: 0,
+                    swap: 0,
                     sges: vec![Sge {
                         addr,
                         length: 700,
@@ -3165,6 +3808,7 @@ mod tests {
                 pd: st.qps[&qpn].pd,
                 send_cq: cq2,
                 recv_cq: cq2,
+                srq: 0,
                 qp_type: IBV_QPT_RC,
                 sq_sig_all: false,
                 cap,
@@ -3347,10 +3991,13 @@ mod tests {
         const GUARD: usize = 4096;
         const MR_LEN: usize = 8192;
         const PEER_QPN: u32 = 0x77;
+        const UD_QKEY: u32 = 0x1111_1111;
 
         struct Rig {
             st: State,
             qpn: u32,
+            cq: u32,
+            lkey: u32,
             rkey: u32,
             mr_addr: u64,
             buf: Vec<u8>,
@@ -3358,6 +4005,18 @@ mod tests {
         }
 
         fn rig() -> Rig {
+            rig_with(true)
+        }
+
+        /// An RTS QP connected to PEER_QPN with receives posted and, if `busy`, a SEND, a
+        /// WRITE and a READ in flight.
+        fn rig_with(busy: bool) -> Rig {
+            rig_typed(busy, IBV_QPT_RC)
+        }
+
+        /// The rig with a QP of transport `qpt`, brought to RTS with that transport's masks
+        /// (UD: Q_Key 0x11111111, no peer).
+        fn rig_typed(busy: bool, qpt: i32) -> Rig {
             let mut buf = vec![0xa5u8; GUARD + MR_LEN + GUARD];
             let mut st = State::new();
             let pid = std::process::id() as i32;
@@ -3374,7 +4033,8 @@ mod tests {
                     len: MR_LEN as u64,
                     access: IBV_ACCESS_LOCAL_WRITE
                         | IBV_ACCESS_REMOTE_WRITE
-                        | IBV_ACCESS_REMOTE_READ,
+                        | IBV_ACCESS_REMOTE_READ
+                        | IBV_ACCESS_REMOTE_ATOMIC,
                 },
             ) else {
                 panic!()
@@ -3397,7 +4057,8 @@ mod tests {
                     pd,
                     send_cq: cq,
                     recv_cq: cq,
-                    qp_type: IBV_QPT_RC,
+                    srq: 0,
+                    qp_type: qpt,
                     sq_sig_all: true,
                     cap: Caps {
                         max_send_wr: 16,
@@ -3413,11 +4074,25 @@ mod tests {
             let mut a = QpAttrs {
                 qp_state: IBV_QPS_INIT,
                 port_num: 1,
-                access_flags: IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+                access_flags: IBV_ACCESS_REMOTE_WRITE
+                    | IBV_ACCESS_REMOTE_READ
+                    | IBV_ACCESS_REMOTE_ATOMIC,
                 ..Default::default()
             };
+            if qpt == IBV_QPT_UD {
+                a.qkey = UD_QKEY;
+                let m = IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX | IBV_QP_QKEY;
+                st.modify_qp(qpn, m, &a).unwrap();
+                a.qp_state = IBV_QPS_RTR;
+                st.modify_qp(qpn, IBV_QP_STATE, &a).unwrap();
+                a.qp_state = IBV_QPS_RTS;
+                a.sq_psn = 5000;
+                st.modify_qp(qpn, IBV_QP_STATE | IBV_QP_SQ_PSN, &a).unwrap();
+            }
             let m = IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS;
-            st.modify_qp(qpn, m, &a).unwrap();
+            if qpt != IBV_QPT_UD {
+                st.modify_qp(qpn, m, &a).unwrap();
+            }
             a.qp_state = IBV_QPS_RTR;
             a.path_mtu = 1; // 256-byte packets: multi-packet messages
             a.is_global = 1;
@@ -3425,14 +4100,21 @@ mod tests {
             a.dest_qp_num = PEER_QPN;
             a.rq_psn = 1000;
             a.min_rnr_timer = 1;
-            let rtr = IBV_QP_STATE
-                | IBV_QP_AV
-                | IBV_QP_PATH_MTU
-                | IBV_QP_DEST_QPN
-                | IBV_QP_RQ_PSN
-                | IBV_QP_MAX_DEST_RD_ATOMIC
-                | IBV_QP_MIN_RNR_TIMER;
-            st.modify_qp(qpn, rtr, &a).unwrap();
+            let uc_rtr =
+                IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+            let rtr = uc_rtr | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+            match qpt {
+                IBV_QPT_RC => st.modify_qp(qpn, rtr, &a).unwrap(),
+                IBV_QPT_UC => {
+                    assert_eq!(
+                        st.modify_qp(qpn, rtr, &a),
+                        Err(libc::EINVAL),
+                        "RC-only mask"
+                    );
+                    st.modify_qp(qpn, uc_rtr, &a).unwrap();
+                }
+                _ => {}
+            }
             a.qp_state = IBV_QPS_RTS;
             a.sq_psn = 5000;
             a.timeout = 14;
@@ -3444,7 +4126,11 @@ mod tests {
                 | IBV_QP_RNR_RETRY
                 | IBV_QP_SQ_PSN
                 | IBV_QP_MAX_QP_RD_ATOMIC;
-            st.modify_qp(qpn, rts, &a).unwrap();
+            match qpt {
+                IBV_QPT_RC => st.modify_qp(qpn, rts, &a).unwrap(),
+                IBV_QPT_UC => st.modify_qp(qpn, IBV_QP_STATE | IBV_QP_SQ_PSN, &a).unwrap(),
+                _ => {}
+            }
             let sge = |off: u64, len: u32| Sge {
                 addr: mr_addr + off,
                 length: len,
@@ -3464,6 +4150,8 @@ mod tests {
                 imm: 0,
                 remote_addr: 0x10_0000,
                 rkey: 9,
+                compare_add: 0,
+                swap: 0,
                 sges: vec![sge(off, len)],
                 inline: None,
             };
@@ -3472,7 +4160,15 @@ mod tests {
                 wr(2, IBV_WR_RDMA_WRITE, 5000, 300),
                 wr(3, IBV_WR_RDMA_READ, 6000, 700),
             ];
-            assert!(matches!(st.post_send(1, qpn, wrs), Resp::Unit));
+            // In flight: what the transport allows of a SEND, a WRITE and a READ.
+            let q = st.qps[&qpn].qpt;
+            let wrs: Vec<SendWr> = wrs
+                .into_iter()
+                .filter(|w| proto::check_send_wr(q, w.opcode, false, 8).is_ok())
+                .collect();
+            if busy {
+                assert!(matches!(st.post_send(1, qpn, wrs), Resp::Unit));
+            }
             let now = Instant::now();
             while st.next_packet(qpn, now).is_some() {}
             st.out.clear();
@@ -3483,6 +4179,8 @@ mod tests {
             Rig {
                 st,
                 qpn,
+                cq,
+                lkey,
                 rkey,
                 mr_addr,
                 buf,
@@ -3494,7 +4192,7 @@ mod tests {
         /// addresses near the MR), with arbitrary values mixed in.
         fn hostile() -> impl Strategy<Value = (u8, Packet)> {
             (
-                (1u8..=6, any::<u8>(), 0u8..8, 0u8..10),
+                (1u8..=wire::OP_MAX, any::<u8>(), 0u8..8, 0u8..10),
                 (any::<u32>(), -140i32..140, any::<bool>(), any::<u32>()),
                 (0u32..3000, 0u32..3000, any::<u32>(), any::<bool>()),
                 (-5000i64..13000, any::<u64>(), 0u8..10, any::<u32>()),
@@ -3534,6 +4232,556 @@ mod tests {
                         (who, p)
                     },
                 )
+        }
+
+        fn atomic_req(r: &Rig, op: u8, psn: u32, off: u64, operand: u64, swap: u64) -> Packet {
+            Packet {
+                op,
+                flags: wire::F_FIRST | wire::F_LAST | wire::F_ACKREQ,
+                dst_qpn: r.qpn,
+                src_qpn: PEER_QPN,
+                psn,
+                msg_len: 8,
+                remote_addr: r.mr_addr + off,
+                rkey: r.rkey,
+                payload: atomic_operands(operand, swap),
+                ..Default::default()
+            }
+        }
+
+        fn word(r: &Rig, off: usize) -> u64 {
+            u64::from_ne_bytes(r.buf[GUARD + off..GUARD + off + 8].try_into().unwrap())
+        }
+
+        /// The only packet the engine queued: an atomic response (PSN, original value).
+        fn take_atomic_resp(st: &mut State) -> (u32, u64) {
+            assert_eq!(st.out.len(), 1, "one response");
+            let p = Packet::decode(&st.out.remove(0).1).unwrap();
+            assert_eq!(p.op, wire::OP_ATOMIC_RESP);
+            (p.psn, u64::from_le_bytes(p.payload[..].try_into().unwrap()))
+        }
+
+        /// Responder: FETCH_ADD and CMP_SWAP act on the target word and return its original
+        /// value; a retransmitted request is answered from the result cache without being
+        /// executed again (even with different operands, as a replay would carry); a failed
+        /// compare leaves the word alone; a misaligned target is an invalid request.
+        #[test]
+        fn atomics_execute_once_and_duplicates_are_answered_from_the_cache() {
+            let mut r = rig_with(false);
+            r.buf[GUARD + 64..GUARD + 72].copy_from_slice(&5u64.to_ne_bytes());
+            let now = Instant::now();
+            let fa = atomic_req(&r, wire::OP_FETCH_ADD, 1000, 64, 3, 0);
+            r.st.on_packet(r.peer, fa.clone(), now);
+            assert_eq!(take_atomic_resp(&mut r.st), (1000, 5));
+            assert_eq!(word(&r, 64), 8);
+            let mut replay = fa;
+            replay.payload = atomic_operands(1000, 0);
+            r.st.on_packet(r.peer, replay, now);
+            assert_eq!(take_atomic_resp(&mut r.st), (1000, 5), "cached result");
+            assert_eq!(word(&r, 64), 8, "not executed twice");
+            assert_eq!(r.st.counters.rx_duplicate, 1);
+            let cas = atomic_req(&r, wire::OP_CMP_SWAP, 1001, 64, 8, u64::MAX - 1);
+            r.st.on_packet(r.peer, cas, now);
+            assert_eq!(take_atomic_resp(&mut r.st), (1001, 8));
+            assert_eq!(word(&r, 64), u64::MAX - 1);
+            let miss = atomic_req(&r, wire::OP_CMP_SWAP, 1002, 64, 8, 1);
+            r.st.on_packet(r.peer, miss, now);
+            assert_eq!(take_atomic_resp(&mut r.st), (1002, u64::MAX - 1));
+            assert_eq!(word(&r, 64), u64::MAX - 1, "compare failed: unchanged");
+            let wrap = atomic_req(&r, wire::OP_FETCH_ADD, 1003, 64, 3, 0);
+            r.st.on_packet(r.peer, wrap, now);
+            assert_eq!(take_atomic_resp(&mut r.st), (1003, u64::MAX - 1));
+            assert_eq!(word(&r, 64), 1, "64-bit wrap-around");
+            // Older results stay answerable while newer ones push into the cache.
+            for i in 0..(ATOMIC_CACHE as u32 - 1) {
+                let p = atomic_req(&r, wire::OP_FETCH_ADD, 1004 + i, 128, 1, 0);
+                r.st.on_packet(r.peer, p, now);
+                r.st.out.clear();
+            }
+            let old = atomic_req(&r, wire::OP_FETCH_ADD, 1003, 64, 3, 0);
+            r.st.on_packet(r.peer, old.clone(), now);
+            assert_eq!(take_atomic_resp(&mut r.st), (1003, u64::MAX - 1));
+            // One more pushes PSN 1003 out: a copy that late is dropped, never re-executed.
+            let p = atomic_req(
+                &r,
+                wire::OP_FETCH_ADD,
+                1003 + ATOMIC_CACHE as u32,
+                128,
+                1,
+                0,
+            );
+            r.st.on_packet(r.peer, p, now);
+            r.st.out.clear();
+            r.st.on_packet(r.peer, old, now);
+            assert!(r.st.out.is_empty());
+            assert_eq!(word(&r, 64), 1);
+            let epsn = 1004 + ATOMIC_CACHE as u32;
+            let misaligned = atomic_req(&r, wire::OP_FETCH_ADD, epsn, 68, 1, 0);
+            r.st.on_packet(r.peer, misaligned, now);
+            let nak = Packet::decode(&r.st.out.remove(0).1).unwrap();
+            assert_eq!(
+                (nak.op, nak.syndrome),
+                (wire::OP_NAK, wire::NAK_REM_INVALID)
+            );
+            assert_eq!(word(&r, 64), 1);
+        }
+
+        /// Responder: atomics need REMOTE_ATOMIC on the QP and on the MR.
+        #[test]
+        fn atomics_need_remote_atomic_access() {
+            let mut r = rig_with(false);
+            r.st.qps.get_mut(&r.qpn).unwrap().attr.access_flags = IBV_ACCESS_REMOTE_WRITE;
+            let p = atomic_req(&r, wire::OP_FETCH_ADD, 1000, 0, 1, 0);
+            r.st.on_packet(r.peer, p, Instant::now());
+            let nak = Packet::decode(&r.st.out.remove(0).1).unwrap();
+            assert_eq!((nak.op, nak.syndrome), (wire::OP_NAK, wire::NAK_REM_ACCESS));
+            let mut r = rig_with(false);
+            r.st.mrs.get_mut(&r.rkey).unwrap().access =
+                IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+            let p = atomic_req(&r, wire::OP_FETCH_ADD, 1000, 0, 1, 0);
+            r.st.on_packet(r.peer, p, Instant::now());
+            let nak = Packet::decode(&r.st.out.remove(0).1).unwrap();
+            assert_eq!((nak.op, nak.syndrome), (wire::OP_NAK, wire::NAK_REM_ACCESS));
+            assert_eq!(word(&r, 0), 0xa5a5_a5a5_a5a5_a5a5);
+        }
+
+        /// Requester: malformed atomic work requests are refused at post time; a posted
+        /// FETCH_ADD becomes one request packet, at most max_rd_atomic (here 1) wait for
+        /// responses, and the response puts the original value into the local buffer and
+        /// completes the WQE (FETCH_ADD, byte_len 8); a duplicate response is stale.
+        #[test]
+        fn atomic_requests_and_responses_on_the_requester() {
+            let mut r = rig_with(false);
+            let wr = |id: u64, opcode: i32, off: u64, len: u32| SendWr {
+                wr_id: id,
+                opcode,
+                flags: IBV_SEND_SIGNALED,
+                remote_addr: 0x10_0000,
+                rkey: 9,
+                compare_add: 7,
+                swap: 0,
+                sges: vec![Sge {
+                    addr: r.mr_addr + off,
+                    length: len,
+                    lkey: r.lkey,
+                }],
+                ..Default::default()
+            };
+            let short = wr(1, IBV_WR_ATOMIC_FETCH_AND_ADD, 0, 4);
+            assert!(matches!(
+                r.st.post_send(1, r.qpn, vec![short]),
+                Resp::Err {
+                    errno: libc::EINVAL,
+                    ..
+                }
+            ));
+            let mut inline = wr(1, IBV_WR_ATOMIC_CMP_AND_SWP, 0, 8);
+            inline.inline = Some(vec![0; 8]);
+            inline.sges.clear();
+            assert!(matches!(
+                r.st.post_send(1, r.qpn, vec![inline]),
+                Resp::Err {
+                    errno: libc::EINVAL,
+                    ..
+                }
+            ));
+            let wrs = vec![
+                wr(10, IBV_WR_ATOMIC_FETCH_AND_ADD, 256, 8),
+                wr(11, IBV_WR_ATOMIC_FETCH_AND_ADD, 264, 8),
+            ];
+            assert_eq!(r.st.post_send(1, r.qpn, wrs), Resp::Unit);
+            let now = Instant::now();
+            let (_, b) = r.st.next_packet(r.qpn, now).expect("request");
+            let req = Packet::decode(&b).unwrap();
+            assert_eq!(
+                (req.op, req.psn, req.msg_len),
+                (wire::OP_FETCH_ADD, 5000, 8)
+            );
+            assert_eq!(req.payload, atomic_operands(7, 0));
+            assert!(r.st.next_packet(r.qpn, now).is_none(), "max_rd_atomic 1");
+            let resp = Packet {
+                op: wire::OP_ATOMIC_RESP,
+                flags: wire::F_FIRST | wire::F_LAST,
+                dst_qpn: r.qpn,
+                src_qpn: PEER_QPN,
+                psn: 5000,
+                msg_len: 8,
+                payload: 0x1122_3344_5566_7788u64.to_le_bytes().to_vec(),
+                ..Default::default()
+            };
+            r.st.on_packet(r.peer, resp.clone(), now);
+            assert_eq!(word(&r, 256), 0x1122_3344_5566_7788);
+            let wc = r.st.cqs[&r.cq].q.back().copied().expect("completion");
+            assert_eq!(
+                (wc.wr_id, wc.status, wc.opcode, wc.byte_len),
+                (10, IBV_WC_SUCCESS, IBV_WC_FETCH_ADD, 8)
+            );
+            assert!(r.st.next_packet(r.qpn, now).is_some(), "second atomic sent");
+            let stale = r.st.counters.rx_stale;
+            r.st.on_packet(r.peer, resp, now);
+            assert_eq!(r.st.counters.rx_stale, stale + 1);
+            assert_eq!(r.st.cqs[&r.cq].q.len(), 1);
+        }
+
+        /// SRQ control verbs: sizes granted and queried, posting beyond max_wr refused with
+        /// the index of the first rejected WR, resize not below the queued count, the limit
+        /// event refused (no asynchronous events), destroy refused while a QP uses it; a QP
+        /// with an SRQ refuses post_recv and takes a SEND's receive from the SRQ, completing
+        /// it with its own QP number.
+        #[test]
+        fn srq_receives_are_shared_and_its_verbs_check_their_arguments() {
+            let mut r = rig_with(false);
+            let pd = r.st.qps[&r.qpn].pd;
+            let Resp::Srq { handle: srq, .. } = r.st.request(
+                1,
+                0,
+                Req::CreateSrq {
+                    pd,
+                    max_wr: 2,
+                    max_sge: 1,
+                },
+            ) else {
+                panic!()
+            };
+            assert!(matches!(
+                r.st.request(2, 0, Req::QuerySrq { srq }),
+                Resp::Err { .. }
+            ));
+            assert_eq!(
+                r.st.request(1, 0, Req::QuerySrq { srq }),
+                Resp::Srq {
+                    handle: srq,
+                    max_wr: 2,
+                    max_sge: 1,
+                    srq_limit: 0
+                }
+            );
+            let recv = |id: u64, off: u64| RecvWr {
+                wr_id: id,
+                sges: vec![Sge {
+                    addr: r.mr_addr + off,
+                    length: 1024,
+                    lkey: r.lkey,
+                }],
+            };
+            let wrs = vec![recv(7, 2048), recv(8, 3072), recv(9, 0)];
+            assert_eq!(
+                r.st.request(1, 0, Req::PostSrqRecv { srq, wrs }),
+                Resp::Err {
+                    errno: libc::ENOMEM,
+                    bad_index: 2
+                }
+            );
+            let modify = |max_wr: u32, srq_limit: u32, mask: i32| Req::ModifySrq {
+                srq,
+                mask,
+                max_wr,
+                srq_limit,
+            };
+            assert_eq!(r.st.request(1, 0, modify(1, 0, 1)), err(libc::EINVAL));
+            assert_eq!(r.st.request(1, 0, modify(0, 5, 2)), err(libc::EOPNOTSUPP));
+            assert_eq!(r.st.request(1, 0, modify(0, 0, 2)), Resp::Unit);
+            assert_eq!(r.st.request(1, 0, modify(8, 0, 1)), Resp::Unit);
+            // The rig's QP becomes one of the SRQ's (its own receives are discarded).
+            let q = r.st.qps.get_mut(&r.qpn).unwrap();
+            q.srq = srq;
+            q.rq.clear();
+            let wrs = vec![recv(1, 0)];
+            assert!(matches!(
+                r.st.post_recv(1, r.qpn, wrs),
+                Resp::Err {
+                    errno: libc::EINVAL,
+                    ..
+                }
+            ));
+            assert_eq!(
+                r.st.request(1, 0, Req::DestroySrq { srq }),
+                err(libc::EBUSY)
+            );
+            let send = Packet {
+                op: wire::OP_SEND,
+                flags: wire::F_FIRST | wire::F_LAST | wire::F_ACKREQ,
+                dst_qpn: r.qpn,
+                src_qpn: PEER_QPN,
+                psn: 1000,
+                msg_len: 3,
+                payload: vec![4, 5, 6],
+                ..Default::default()
+            };
+            r.st.on_packet(r.peer, send, Instant::now());
+            assert_eq!(&r.buf[GUARD + 2048..GUARD + 2051], &[4, 5, 6]);
+            let wc = r.st.cqs[&r.cq].q.back().copied().expect("completion");
+            assert_eq!(
+                (wc.wr_id, wc.status, wc.opcode, wc.qp_num, wc.byte_len),
+                (7, IBV_WC_SUCCESS, IBV_WC_RECV, r.qpn, 3)
+            );
+            assert_eq!(r.st.srqs[&srq].q.len(), 1);
+            r.st.remove_qp(r.qpn);
+            assert_eq!(r.st.request(1, 0, Req::DestroySrq { srq }), Resp::Unit);
+        }
+
+        fn cqes(r: &Rig) -> Vec<IbvWc> {
+            r.st.cqs[&r.cq].q.iter().copied().collect()
+        }
+
+        /// UD responder: datagrams from any address; a wrong Q_Key is dropped and counted;
+        /// the payload lands after a 40-byte GRH whose second half is the IPv4 header (source
+        /// = the sender's address), byte_len counts the GRH; a receive too small for GRH +
+        /// payload completes with LOC_LEN_ERR; with no receive posted the datagram is lost
+        /// and counted; RC packets are not for UD QPs.
+        #[test]
+        fn ud_datagrams_check_the_qkey_place_a_grh_and_need_a_receive() {
+            let mut r = rig_typed(false, IBV_QPT_UD);
+            let stranger = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(10, 9, 9, 9), 4791));
+            let dgram = |qkey: u32, payload: Vec<u8>| Packet {
+                op: wire::OP_UD_SEND,
+                flags: wire::F_FIRST | wire::F_LAST | wire::F_IMM,
+                dst_qpn: r.qpn,
+                src_qpn: PEER_QPN,
+                psn: 77,
+                msg_len: payload.len() as u32,
+                imm: 9,
+                rkey: qkey,
+                payload,
+                ..Default::default()
+            };
+            let now = Instant::now();
+            r.st.on_packet(stranger, dgram(UD_QKEY + 1, vec![1, 2, 3]), now);
+            assert_eq!(r.st.counters.rx_dropped_qkey, 1);
+            assert!(cqes(&r).is_empty());
+            r.st.on_packet(stranger, dgram(UD_QKEY, vec![1, 2, 3]), now);
+            assert_eq!(&r.buf[GUARD + 40..GUARD + 43], &[1, 2, 3]);
+            assert_eq!(
+                r.buf[GUARD + 20],
+                0x45,
+                "IPv4 header in the GRH's second half"
+            );
+            assert_eq!(&r.buf[GUARD + 32..GUARD + 36], &[10, 9, 9, 9]);
+            let wc = cqes(&r)[0];
+            assert_eq!(
+                (wc.wr_id, wc.status, wc.byte_len, wc.src_qp, wc.imm_data),
+                (100, IBV_WC_SUCCESS, 43, PEER_QPN, 9)
+            );
+            assert_eq!(wc.wc_flags, IBV_WC_GRH | IBV_WC_WITH_IMM);
+            // 1024-byte receives: 985 bytes + GRH do not fit.
+            r.st.on_packet(stranger, dgram(UD_QKEY, vec![7; 985]), now);
+            assert_eq!(
+                (cqes(&r)[1].wr_id, cqes(&r)[1].status),
+                (101, IBV_WC_LOC_LEN_ERR)
+            );
+            r.st.on_packet(stranger, dgram(UD_QKEY, vec![7; 984]), now);
+            r.st.on_packet(stranger, dgram(UD_QKEY, vec![8; 1]), now);
+            assert_eq!(cqes(&r).len(), 4);
+            r.st.on_packet(stranger, dgram(UD_QKEY, vec![9; 1]), now);
+            assert_eq!(r.st.counters.rx_dropped_no_recv, 1);
+            let mut rc = dgram(UD_QKEY, vec![1]);
+            rc.op = wire::OP_SEND;
+            let before = r.st.counters.rx_dropped_unknown_qp;
+            r.st.on_packet(stranger, rc, now);
+            assert_eq!(r.st.counters.rx_dropped_unknown_qp, before + 1);
+            assert!(r.st.out.is_empty(), "UD never answers");
+        }
+
+        /// UD requester: each SEND is one datagram to the address from its address handle
+        /// (QPN and Q_Key from the WR; a Q_Key with the high bit set means the QP's own),
+        /// completed once sent; a message above the port MTU completes with LOC_LEN_ERR;
+        /// RDMA operations are refused on UD at post time.
+        #[test]
+        fn ud_sends_are_single_datagrams_completed_when_sent() {
+            let mut r = rig_typed(false, IBV_QPT_UD);
+            let wr = |id: u64, opcode: i32, len: u32| SendWr {
+                wr_id: id,
+                opcode,
+                flags: IBV_SEND_SIGNALED,
+                remote_addr: u32::from(Ipv4Addr::new(10, 77, 0, 2)) as u64,
+                rkey: 0x99,
+                compare_add: 0x8000_0000,
+                sges: vec![Sge {
+                    addr: r.mr_addr,
+                    length: len,
+                    lkey: r.lkey,
+                }],
+                ..Default::default()
+            };
+            let read = wr(1, IBV_WR_RDMA_READ, 8);
+            assert!(matches!(
+                r.st.post_send(1, r.qpn, vec![read]),
+                Resp::Err {
+                    errno: libc::EINVAL,
+                    ..
+                }
+            ));
+            let wrs = vec![wr(2, IBV_WR_SEND, 100), wr(3, IBV_WR_SEND, 8000)];
+            assert_eq!(r.st.post_send(1, r.qpn, wrs), Resp::Unit);
+            let now = Instant::now();
+            let (dst, b) = r.st.next_packet(r.qpn, now).expect("datagram");
+            assert_eq!(dst.to_string(), "10.77.0.2:4791");
+            let p = Packet::decode(&b).unwrap();
+            assert_eq!(
+                (p.op, p.dst_qpn, p.src_qpn, p.rkey, p.payload.len()),
+                (wire::OP_UD_SEND, 0x99, r.qpn, UD_QKEY, 100)
+            );
+            assert_eq!(
+                (cqes(&r)[0].wr_id, cqes(&r)[0].status, cqes(&r)[0].opcode),
+                (2, IBV_WC_SUCCESS, IBV_WC_SEND)
+            );
+            assert!(r.st.next_packet(r.qpn, now).is_none());
+            assert_eq!(
+                (cqes(&r)[1].wr_id, cqes(&r)[1].status),
+                (3, IBV_WC_LOC_LEN_ERR)
+            );
+        }
+
+        /// UC responder: no acknowledgements at all; a lost packet (a PSN gap) drops the rest
+        /// of its message without a completion; the next message's first packet resynchronises
+        /// and gets the receive the broken one had taken; a duplicate is not applied twice.
+        /// UC requester: a message completes when its last packet is sent, nothing stays in
+        /// flight, RDMA READ is refused.
+        #[test]
+        fn uc_loss_drops_the_message_and_the_next_one_resynchronises() {
+            let mut r = rig_typed(false, IBV_QPT_UC);
+            let pkt = |op: u8, flags: u8, psn: u32, len: u32, off: u32, payload: Vec<u8>| Packet {
+                op,
+                flags,
+                dst_qpn: r.qpn,
+                src_qpn: PEER_QPN,
+                psn,
+                msg_len: len,
+                offset: off,
+                remote_addr: r.mr_addr + 6000,
+                rkey: r.rkey,
+                payload,
+                ..Default::default()
+            };
+            let now = Instant::now();
+            let (f, l) = (wire::F_FIRST, wire::F_LAST);
+            r.st.on_packet(
+                r.peer,
+                pkt(wire::OP_SEND, f, 1000, 600, 0, vec![1; 256]),
+                now,
+            );
+            // PSN 1001 is lost.
+            r.st.on_packet(
+                r.peer,
+                pkt(wire::OP_SEND, l, 1002, 600, 512, vec![3; 88]),
+                now,
+            );
+            assert_eq!(r.st.counters.rx_uc_broken, 1);
+            assert!(cqes(&r).is_empty());
+            let next = pkt(wire::OP_SEND, f | l, 1003, 5, 0, vec![5; 5]);
+            r.st.on_packet(r.peer, next.clone(), now);
+            let wc = cqes(&r)[0];
+            assert_eq!((wc.wr_id, wc.status, wc.byte_len), (100, IBV_WC_SUCCESS, 5));
+            assert_eq!(&r.buf[GUARD..GUARD + 6], &[5, 5, 5, 5, 5, 1]);
+            r.st.on_packet(r.peer, next, now);
+            assert_eq!(r.st.counters.rx_duplicate, 1);
+            assert_eq!(cqes(&r).len(), 1);
+            r.st.on_packet(
+                r.peer,
+                pkt(wire::OP_WRITE, f | l, 1004, 2, 0, vec![6, 6]),
+                now,
+            );
+            assert_eq!(&r.buf[GUARD + 6000..GUARD + 6002], &[6, 6]);
+            assert!(r.st.out.is_empty(), "UC never acknowledges");
+
+            let wr = |id: u64, opcode: i32, len: u32| SendWr {
+                wr_id: id,
+                opcode,
+                flags: IBV_SEND_SIGNALED,
+                remote_addr: 0x10_0000,
+                rkey: 9,
+                sges: vec![Sge {
+                    addr: r.mr_addr,
+                    length: len,
+                    lkey: r.lkey,
+                }],
+                ..Default::default()
+            };
+            let read = wr(1, IBV_WR_RDMA_READ, 8);
+            assert!(matches!(
+                r.st.post_send(1, r.qpn, vec![read]),
+                Resp::Err {
+                    errno: libc::EINVAL,
+                    ..
+                }
+            ));
+            let write = wr(2, IBV_WR_RDMA_WRITE, 600);
+            assert_eq!(r.st.post_send(1, r.qpn, vec![write]), Resp::Unit);
+            for _ in 0..3 {
+                assert!(r.st.next_packet(r.qpn, now).is_some());
+            }
+            assert!(r.st.next_packet(r.qpn, now).is_none());
+            assert!(r.st.qps[&r.qpn].inflight.is_empty());
+            let wc = cqes(&r)[1];
+            assert_eq!(
+                (wc.wr_id, wc.status, wc.opcode),
+                (2, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE)
+            );
+        }
+
+        /// Requester: when the response to an atomic is lost and later ones are answered, no
+        /// further atomics are issued past `max_rd_atomic` (the early-answered ones count until
+        /// they complete in order), so the retransmission of the lost one still finds its
+        /// result in the responder's cache; the resent request's response completes all of
+        /// them in order with their own values.
+        #[test]
+        fn an_early_response_does_not_let_atomics_run_past_a_lost_one() {
+            let mut r = rig_with(false);
+            r.st.qps.get_mut(&r.qpn).unwrap().attr.max_rd_atomic = 2;
+            let wr = |id: u64| SendWr {
+                wr_id: id,
+                opcode: IBV_WR_ATOMIC_FETCH_AND_ADD,
+                flags: IBV_SEND_SIGNALED,
+                remote_addr: 0x10_0000,
+                rkey: 9,
+                compare_add: 1,
+                sges: vec![Sge {
+                    addr: r.mr_addr + 8 * id,
+                    length: 8,
+                    lkey: r.lkey,
+                }],
+                ..Default::default()
+            };
+            assert_eq!(
+                r.st.post_send(1, r.qpn, (0..4).map(wr).collect()),
+                Resp::Unit
+            );
+            let now = Instant::now();
+            assert!(r.st.next_packet(r.qpn, now).is_some());
+            assert!(r.st.next_packet(r.qpn, now).is_some());
+            assert!(r.st.next_packet(r.qpn, now).is_none(), "limit 2");
+            let resp = |psn: u32, v: u64| Packet {
+                op: wire::OP_ATOMIC_RESP,
+                flags: wire::F_FIRST | wire::F_LAST,
+                dst_qpn: r.qpn,
+                src_qpn: PEER_QPN,
+                psn,
+                msg_len: 8,
+                payload: v.to_le_bytes().to_vec(),
+                ..Default::default()
+            };
+            // The response to PSN 5000 is lost; 5001's arrives.
+            r.st.on_packet(r.peer, resp(5001, 41), now);
+            assert!(cqes(&r).is_empty(), "completions stay in order");
+            assert!(
+                r.st.next_packet(r.qpn, now).is_none(),
+                "no atomic past the lost one"
+            );
+            // Timeout: the lost one is resent and answered (from the responder's cache).
+            let later = now + Duration::from_secs(3);
+            r.st.timers(later);
+            let (_, b) = r.st.next_packet(r.qpn, later).expect("retransmission");
+            assert_eq!(Packet::decode(&b).unwrap().psn, 5000);
+            r.st.on_packet(r.peer, resp(5000, 40), later);
+            let done: Vec<(u64, u64)> = cqes(&r)
+                .iter()
+                .map(|c| (c.wr_id, word(&r, 8 * c.wr_id as usize)))
+                .collect();
+            assert_eq!(done, vec![(0, 40), (1, 41)]);
+            assert!(
+                r.st.next_packet(r.qpn, later).is_some(),
+                "the next atomics go"
+            );
         }
 
         /// The rig is live: an in-order WRITE from the peer lands in the MR and is ACKed, a
@@ -3580,9 +4828,10 @@ mod tests {
 
             #[test]
             fn hostile_packets_never_panic_or_escape_the_mr(
-                pkts in proptest::collection::vec(hostile(), 1..40)
+                pkts in proptest::collection::vec(hostile(), 1..40),
+                qpt in prop_oneof![Just(IBV_QPT_RC), Just(IBV_QPT_UC), Just(IBV_QPT_UD)],
             ) {
-                let mut r = rig();
+                let mut r = rig_typed(true, qpt);
                 let t0 = Instant::now();
                 for (i, (who, mut p)) in pkts.into_iter().enumerate() {
                     // Mostly the QP from its peer; sometimes a stranger or another QPN.
@@ -3594,6 +4843,14 @@ mod tests {
                     }
                     if p.rkey == 0 {
                         p.rkey = r.rkey;
+                    }
+                    // On UD, every other datagram is well formed with the right Q_Key, so
+                    // that placement (GRH, receive sizes) is exercised too.
+                    if qpt == IBV_QPT_UD && i % 2 == 0 {
+                        p.op = wire::OP_UD_SEND;
+                        p.flags |= wire::F_FIRST | wire::F_LAST;
+                        p.msg_len = p.payload.len() as u32;
+                        p.rkey = UD_QKEY;
                     }
                     let from = if who == 1 {
                         SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(10, 9, 9, 9), 4791))

@@ -108,6 +108,38 @@ pub struct IbvQp {
     pub events_completed: u32,
 }
 
+#[repr(C)]
+pub struct IbvAh {
+    pub context: *mut IbvContext,
+    pub pd: *mut IbvPd,
+    pub handle: u32,
+}
+
+#[repr(C)]
+pub struct IbvSrq {
+    pub context: *mut IbvContext,
+    pub srq_context: *mut c_void,
+    pub pd: *mut IbvPd,
+    pub handle: u32,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub events_completed: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IbvSrqAttr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+}
+
+#[repr(C)]
+pub struct IbvSrqInitAttr {
+    pub srq_context: *mut c_void,
+    pub attr: IbvSrqAttr,
+}
+
 /// Size of `struct ibv_qp_ex` (it starts with `struct ibv_qp qp_base`).
 pub const IBV_QP_EX_SIZE: usize = 352;
 
@@ -507,12 +539,15 @@ pub mod consts {
     pub const IBV_QPS_ERR: i32 = 6;
 
     pub const IBV_QPT_RC: i32 = 2;
+    pub const IBV_QPT_UC: i32 = 3;
+    pub const IBV_QPT_UD: i32 = 4;
 
     pub const IBV_QP_STATE: i32 = 1;
     pub const IBV_QP_CUR_STATE: i32 = 1 << 1;
     pub const IBV_QP_ACCESS_FLAGS: i32 = 1 << 3;
     pub const IBV_QP_PKEY_INDEX: i32 = 1 << 4;
     pub const IBV_QP_PORT: i32 = 1 << 5;
+    pub const IBV_QP_QKEY: i32 = 1 << 6;
     pub const IBV_QP_AV: i32 = 1 << 7;
     pub const IBV_QP_PATH_MTU: i32 = 1 << 8;
     pub const IBV_QP_TIMEOUT: i32 = 1 << 9;
@@ -536,6 +571,8 @@ pub mod consts {
     pub const IBV_WR_SEND: i32 = 2;
     pub const IBV_WR_SEND_WITH_IMM: i32 = 3;
     pub const IBV_WR_RDMA_READ: i32 = 4;
+    pub const IBV_WR_ATOMIC_CMP_AND_SWP: i32 = 5;
+    pub const IBV_WR_ATOMIC_FETCH_AND_ADD: i32 = 6;
 
     pub const IBV_SEND_SIGNALED: u32 = 2;
     pub const IBV_SEND_INLINE: u32 = 8;
@@ -554,9 +591,12 @@ pub mod consts {
     pub const IBV_WC_SEND: i32 = 0;
     pub const IBV_WC_RDMA_WRITE: i32 = 1;
     pub const IBV_WC_RDMA_READ: i32 = 2;
+    pub const IBV_WC_COMP_SWAP: i32 = 3;
+    pub const IBV_WC_FETCH_ADD: i32 = 4;
     pub const IBV_WC_RECV: i32 = 128;
     pub const IBV_WC_RECV_RDMA_WITH_IMM: i32 = 129;
 
+    pub const IBV_WC_GRH: u32 = 1;
     pub const IBV_WC_WITH_IMM: u32 = 2;
 
     pub const IBV_PORT_ACTIVE: i32 = 4;
@@ -624,6 +664,28 @@ mod tests {
                 offset_of!(IbvQp, events_completed),
             ),
             ("sizeof ibv_qp_ex", IBV_QP_EX_SIZE),
+            ("sizeof ibv_ah", size_of::<IbvAh>()),
+            ("ibv_ah.handle", offset_of!(IbvAh, handle)),
+            ("ibv_send_wr.wr.ud.ah", offset_of!(IbvSendWr, wr)),
+            (
+                "ibv_send_wr.wr.ud.remote_qpn",
+                offset_of!(IbvSendWr, wr) + 8,
+            ),
+            (
+                "ibv_send_wr.wr.ud.remote_qkey",
+                offset_of!(IbvSendWr, wr) + 12,
+            ),
+            ("sizeof ibv_srq", size_of::<IbvSrq>()),
+            ("ibv_srq.handle", offset_of!(IbvSrq, handle)),
+            ("ibv_srq.cond", offset_of!(IbvSrq, cond)),
+            (
+                "ibv_srq.events_completed",
+                offset_of!(IbvSrq, events_completed),
+            ),
+            ("sizeof ibv_srq_attr", size_of::<IbvSrqAttr>()),
+            ("ibv_srq_attr.srq_limit", offset_of!(IbvSrqAttr, srq_limit)),
+            ("sizeof ibv_srq_init_attr", size_of::<IbvSrqInitAttr>()),
+            ("ibv_srq_init_attr.attr", offset_of!(IbvSrqInitAttr, attr)),
             ("sizeof ibv_sge", size_of::<IbvSge>()),
             ("sizeof ibv_send_wr", size_of::<IbvSendWr>()),
             ("ibv_send_wr.opcode", offset_of!(IbvSendWr, opcode)),

@@ -8,6 +8,7 @@ use std::io::{self, Read, Write};
 
 use thiserror::Error;
 
+use crate::ffi::consts::*;
 use crate::ffi::IbvWc;
 
 /// Largest frame either side accepts (inline data is bounded far below this).
@@ -220,7 +221,10 @@ pub struct Sge {
     pub lkey: u32,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A send work request. On a UD QP the destination travels in the remote fields:
+/// `remote_addr` holds the destination's IPv4 address (from the address handle), `rkey` the
+/// destination QPN and `compare_add` the Q_Key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SendWr {
     pub wr_id: u64,
     pub opcode: i32,
@@ -229,9 +233,46 @@ pub struct SendWr {
     pub imm: u32,
     pub remote_addr: u64,
     pub rkey: u32,
+    /// Atomics: the compare (CMP_AND_SWP) or add (FETCH_AND_ADD) operand, and the swap value.
+    pub compare_add: u64,
+    pub swap: u64,
     pub sges: Vec<Sge>,
     /// Data copied at post time for `IBV_SEND_INLINE` (then `sges` is empty).
     pub inline: Option<Vec<u8>>,
+}
+
+/// Whether an `ibv_wr_opcode` is one of the two atomics.
+pub fn is_atomic_wr(opcode: i32) -> bool {
+    matches!(
+        opcode,
+        IBV_WR_ATOMIC_CMP_AND_SWP | IBV_WR_ATOMIC_FETCH_AND_ADD
+    )
+}
+
+/// Why a send work request cannot be queued on a QP of `qp_type` (`EINVAL`), checked the same
+/// way by the provider (both posting paths) and the engine: an opcode the engine does not
+/// execute on that transport,
+/// inline data on a READ or an atomic (they write local memory), an atomic whose local buffer
+/// is not exactly the 8 bytes of the original value, or a message larger than the port's.
+pub fn check_send_wr(qp_type: i32, opcode: i32, inline: bool, len: u64) -> Result<(), i32> {
+    let send = matches!(opcode, IBV_WR_SEND | IBV_WR_SEND_WITH_IMM);
+    let write = matches!(opcode, IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM);
+    let read_atomic = opcode == IBV_WR_RDMA_READ || is_atomic_wr(opcode);
+    // RC: everything; UC: SEND and WRITE (no responses); UD: SEND only.
+    let supported = match qp_type {
+        IBV_QPT_RC => send || write || read_atomic,
+        IBV_QPT_UC => send || write,
+        IBV_QPT_UD => send,
+        _ => false,
+    };
+    if !supported
+        || (inline && (opcode == IBV_WR_RDMA_READ || is_atomic_wr(opcode)))
+        || (is_atomic_wr(opcode) && len != 8)
+        || len > crate::device::MAX_MSG_SZ as u64
+    {
+        return Err(libc::EINVAL);
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -263,6 +304,18 @@ fn dec_sges(d: &mut Dec) -> Result<Vec<Sge>, WireError> {
         .collect()
 }
 
+fn dec_recv_wrs(d: &mut Dec) -> Result<Vec<RecvWr>, WireError> {
+    let n = d.u32()? as usize;
+    let mut wrs = Vec::with_capacity(n.min(1024));
+    for _ in 0..n {
+        wrs.push(RecvWr {
+            wr_id: d.u64()?,
+            sges: dec_sges(d)?,
+        });
+    }
+    Ok(wrs)
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Req {
     AllocPd,
@@ -292,10 +345,12 @@ pub enum Req {
         cq: u32,
         max: u32,
     },
+    /// `srq`: the shared receive queue the QP takes its receives from (0: its own).
     CreateQp {
         pd: u32,
         send_cq: u32,
         recv_cq: u32,
+        srq: u32,
         qp_type: i32,
         sq_sig_all: bool,
         cap: Caps,
@@ -343,6 +398,29 @@ pub enum Req {
         fd: i32,
         len: u64,
     },
+    /// A shared receive queue; answered with [`Resp::Srq`] (the granted sizes).
+    CreateSrq {
+        pd: u32,
+        max_wr: u32,
+        max_sge: u32,
+    },
+    /// `mask`: `IBV_SRQ_MAX_WR` (resize) and/or `IBV_SRQ_LIMIT`.
+    ModifySrq {
+        srq: u32,
+        mask: i32,
+        max_wr: u32,
+        srq_limit: u32,
+    },
+    QuerySrq {
+        srq: u32,
+    },
+    DestroySrq {
+        srq: u32,
+    },
+    PostSrqRecv {
+        srq: u32,
+        wrs: Vec<RecvWr>,
+    },
 }
 
 impl Req {
@@ -379,6 +457,7 @@ impl Req {
                 pd,
                 send_cq,
                 recv_cq,
+                srq,
                 qp_type,
                 sq_sig_all,
                 cap,
@@ -387,6 +466,7 @@ impl Req {
                     .u32(*pd)
                     .u32(*send_cq)
                     .u32(*recv_cq)
+                    .u32(*srq)
                     .i32(*qp_type)
                     .u8(*sq_sig_all as u8);
                 cap.enc(&mut e);
@@ -409,7 +489,9 @@ impl Req {
                         .u32(w.flags)
                         .u32(w.imm)
                         .u64(w.remote_addr)
-                        .u32(w.rkey);
+                        .u32(w.rkey)
+                        .u64(w.compare_add)
+                        .u64(w.swap);
                     enc_sges(&mut e, &w.sges);
                     match &w.inline {
                         Some(b) => {
@@ -445,6 +527,34 @@ impl Req {
             } => {
                 e.u32(17).u8(*kind).u32(*handle).i32(*fd).u64(*len);
             }
+            Req::CreateSrq {
+                pd,
+                max_wr,
+                max_sge,
+            } => {
+                e.u32(18).u32(*pd).u32(*max_wr).u32(*max_sge);
+            }
+            Req::ModifySrq {
+                srq,
+                mask,
+                max_wr,
+                srq_limit,
+            } => {
+                e.u32(19).u32(*srq).i32(*mask).u32(*max_wr).u32(*srq_limit);
+            }
+            Req::QuerySrq { srq } => {
+                e.u32(20).u32(*srq);
+            }
+            Req::DestroySrq { srq } => {
+                e.u32(21).u32(*srq);
+            }
+            Req::PostSrqRecv { srq, wrs } => {
+                e.u32(22).u32(*srq).u32(wrs.len() as u32);
+                for w in wrs {
+                    e.u64(w.wr_id);
+                    enc_sges(&mut e, &w.sges);
+                }
+            }
         }
         e.0
     }
@@ -476,6 +586,7 @@ impl Req {
                 pd: d.u32()?,
                 send_cq: d.u32()?,
                 recv_cq: d.u32()?,
+                srq: d.u32()?,
                 qp_type: d.i32()?,
                 sq_sig_all: d.u8()? != 0,
                 cap: Caps::dec(&mut d)?,
@@ -498,6 +609,8 @@ impl Req {
                     let imm = d.u32()?;
                     let remote_addr = d.u64()?;
                     let rkey = d.u32()?;
+                    let compare_add = d.u64()?;
+                    let swap = d.u64()?;
                     let sges = dec_sges(&mut d)?;
                     let inline = if d.u8()? != 0 {
                         Some(d.bytes()?.to_vec())
@@ -511,6 +624,8 @@ impl Req {
                         imm,
                         remote_addr,
                         rkey,
+                        compare_add,
+                        swap,
                         sges,
                         inline,
                     });
@@ -519,14 +634,7 @@ impl Req {
             }
             13 => {
                 let qpn = d.u32()?;
-                let n = d.u32()? as usize;
-                let mut wrs = Vec::with_capacity(n.min(1024));
-                for _ in 0..n {
-                    wrs.push(RecvWr {
-                        wr_id: d.u64()?,
-                        sges: dec_sges(&mut d)?,
-                    });
-                }
+                let wrs = dec_recv_wrs(&mut d)?;
                 Req::PostRecv { qpn, wrs }
             }
             14 => Req::CreateChannel,
@@ -544,6 +652,24 @@ impl Req {
                 fd: d.i32()?,
                 len: d.u64()?,
             },
+            18 => Req::CreateSrq {
+                pd: d.u32()?,
+                max_wr: d.u32()?,
+                max_sge: d.u32()?,
+            },
+            19 => Req::ModifySrq {
+                srq: d.u32()?,
+                mask: d.i32()?,
+                max_wr: d.u32()?,
+                srq_limit: d.u32()?,
+            },
+            20 => Req::QuerySrq { srq: d.u32()? },
+            21 => Req::DestroySrq { srq: d.u32()? },
+            22 => {
+                let srq = d.u32()?;
+                let wrs = dec_recv_wrs(&mut d)?;
+                Req::PostSrqRecv { srq, wrs }
+            }
             o => return Err(WireError::Opcode(o)),
         })
     }
@@ -582,6 +708,13 @@ pub enum Resp {
         id: u32,
         token: u64,
     },
+    /// A shared receive queue's handle and its attributes (create and query).
+    Srq {
+        handle: u32,
+        max_wr: u32,
+        max_sge: u32,
+        srq_limit: u32,
+    },
 }
 
 impl Resp {
@@ -605,6 +738,18 @@ impl Resp {
             }
             Resp::Channel { id, token } => {
                 e.i32(0).u32(*id).u64(*token);
+            }
+            Resp::Srq {
+                handle,
+                max_wr,
+                max_sge,
+                srq_limit,
+            } => {
+                e.i32(0)
+                    .u32(*handle)
+                    .u32(*max_wr)
+                    .u32(*max_sge)
+                    .u32(*srq_limit);
             }
             Resp::Qp { qpn, cap } => {
                 e.i32(0).u32(*qpn);
@@ -664,6 +809,12 @@ impl Resp {
             Req::CreateQp { .. } => Resp::Qp {
                 qpn: d.u32()?,
                 cap: Caps::dec(&mut d)?,
+            },
+            Req::CreateSrq { .. } | Req::QuerySrq { .. } => Resp::Srq {
+                handle: d.u32()?,
+                max_wr: d.u32()?,
+                max_sge: d.u32()?,
+                srq_limit: d.u32()?,
             },
             Req::QueryQp { .. } => Resp::QpAttr {
                 attr: QpAttrs::dec(&mut d)?,
@@ -748,6 +899,8 @@ mod tests {
                     imm: 5,
                     remote_addr: 1,
                     rkey: 2,
+                    compare_add: 3,
+                    swap: 4,
                     sges: vec![Sge {
                         addr: 1,
                         length: 2,
@@ -761,6 +914,30 @@ mod tests {
                 wrs: vec![RecvWr {
                     wr_id: 1,
                     sges: vec![],
+                }],
+            },
+            Req::CreateSrq {
+                pd: 1,
+                max_wr: 500,
+                max_sge: 2,
+            },
+            Req::ModifySrq {
+                srq: 4,
+                mask: 3,
+                max_wr: 7,
+                srq_limit: 9,
+            },
+            Req::QuerySrq { srq: 4 },
+            Req::DestroySrq { srq: 4 },
+            Req::PostSrqRecv {
+                srq: 4,
+                wrs: vec![RecvWr {
+                    wr_id: 8,
+                    sges: vec![Sge {
+                        addr: 5,
+                        length: 6,
+                        lkey: 7,
+                    }],
                 }],
             },
         ];
@@ -792,5 +969,13 @@ mod tests {
             token: u64::MAX - 5,
         };
         assert_eq!(Resp::decode(&Req::CreateChannel, &r.encode()).unwrap(), r);
+        let r = Resp::Srq {
+            handle: 3,
+            max_wr: 64,
+            max_sge: 1,
+            srq_limit: 0,
+        };
+        let q = Req::QuerySrq { srq: 3 };
+        assert_eq!(Resp::decode(&q, &r.encode()).unwrap(), r);
     }
 }

@@ -88,6 +88,13 @@ fn ctx_ops() -> &'static VerbsContextOps {
             set("destroy_qp", destroy_qp as *const c_void);
             set("post_send", post_send as *const c_void);
             set("post_recv", post_recv as *const c_void);
+            set("create_ah", create_ah as *const c_void);
+            set("destroy_ah", destroy_ah as *const c_void);
+            set("create_srq", create_srq as *const c_void);
+            set("modify_srq", modify_srq as *const c_void);
+            set("query_srq", query_srq as *const c_void);
+            set("destroy_srq", destroy_srq as *const c_void);
+            set("post_srq_recv", post_srq_recv as *const c_void);
             set("free_context", free_context as *const c_void);
             SyncCtxOps(t)
         })
@@ -867,8 +874,8 @@ unsafe extern "C" fn create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> *mut
     guard(null_mut(), || {
         // SAFETY: pd is ours; attr is a valid init attr from the caller.
         let (ctx, pdh, a) = unsafe { ((*pd).context, (*pd).handle, &mut *attr) };
-        if a.qp_type != IBV_QPT_RC || !a.srq.is_null() {
-            // Only RC QPs without SRQ so far.
+        if !matches!(a.qp_type, IBV_QPT_RC | IBV_QPT_UC | IBV_QPT_UD) {
+            // No XRC, raw packet or driver QPs.
             set_errno(libc::EOPNOTSUPP);
             return null_mut();
         }
@@ -878,10 +885,17 @@ unsafe extern "C" fn create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> *mut
         }
         // SAFETY: ctx is ours; CQs were made by create_cq.
         let (st, scq, rcq) = unsafe { (state(ctx), (*a.send_cq).handle, (*a.recv_cq).handle) };
+        // SAFETY: a non-null srq was made by create_srq.
+        let srq = if a.srq.is_null() {
+            0
+        } else {
+            unsafe { (*(a.srq as *const IbvSrq)).handle }
+        };
         let req = Req::CreateQp {
             pd: pdh,
             send_cq: scq,
             recv_cq: rcq,
+            srq,
             qp_type: a.qp_type,
             sq_sig_all: a.sq_sig_all != 0,
             cap: Caps {
@@ -929,6 +943,7 @@ unsafe extern "C" fn create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> *mut
                 qp.pd = pd;
                 qp.send_cq = a.send_cq;
                 qp.recv_cq = a.recv_cq;
+                qp.srq = a.srq;
                 qp.handle = qpn;
                 qp.qp_num = qpn;
                 qp.state = IBV_QPS_RESET;
@@ -1066,6 +1081,154 @@ unsafe extern "C" fn destroy_qp(qp: *mut IbvQp) -> c_int {
     })
 }
 
+// ---------------------------------------------------------------------------------------------
+// SRQ (control and posting go through the engine's socket: no shared ring for SRQs)
+// ---------------------------------------------------------------------------------------------
+
+unsafe extern "C" fn create_srq(pd: *mut IbvPd, attr: *mut IbvSrqInitAttr) -> *mut IbvSrq {
+    guard(null_mut(), || {
+        // SAFETY: pd is ours; attr is a valid init attr from the caller.
+        let (ctx, pdh, a) = unsafe { ((*pd).context, (*pd).handle, &mut *attr) };
+        // SAFETY: ctx is ours.
+        let st = unsafe { state(ctx) };
+        let req = Req::CreateSrq {
+            pd: pdh,
+            max_wr: a.attr.max_wr,
+            max_sge: a.attr.max_sge,
+        };
+        match st.call(&req) {
+            Ok(Resp::Srq {
+                handle,
+                max_wr,
+                max_sge,
+                ..
+            }) => {
+                a.attr.max_wr = max_wr;
+                a.attr.max_sge = max_sge;
+                // SAFETY: ibv_srq is plain C data; all-zero is valid (an initialised
+                // pthread mutex and condition variable in glibc).
+                let mut b: Box<IbvSrq> = Box::new(unsafe { std::mem::zeroed() });
+                b.context = ctx;
+                b.srq_context = a.srq_context;
+                b.pd = pd;
+                b.handle = handle;
+                Box::into_raw(b)
+            }
+            Ok(_) => {
+                set_errno(libc::EIO);
+                null_mut()
+            }
+            Err(e) => {
+                set_errno(e);
+                null_mut()
+            }
+        }
+    })
+}
+
+unsafe extern "C" fn modify_srq(srq: *mut IbvSrq, attr: *mut IbvSrqAttr, mask: c_int) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: srq is ours; attr is valid.
+        let (st, handle, a) = unsafe { (state((*srq).context), (*srq).handle, *attr) };
+        let req = Req::ModifySrq {
+            srq: handle,
+            mask,
+            max_wr: a.max_wr,
+            srq_limit: a.srq_limit,
+        };
+        match st.call(&req) {
+            Ok(_) => 0,
+            Err(e) => e,
+        }
+    })
+}
+
+unsafe extern "C" fn query_srq(srq: *mut IbvSrq, attr: *mut IbvSrqAttr) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: srq is ours.
+        let (st, handle) = unsafe { (state((*srq).context), (*srq).handle) };
+        match st.call(&Req::QuerySrq { srq: handle }) {
+            Ok(Resp::Srq {
+                max_wr,
+                max_sge,
+                srq_limit,
+                ..
+            }) => {
+                // SAFETY: attr is a valid out-parameter.
+                unsafe {
+                    *attr = IbvSrqAttr {
+                        max_wr,
+                        max_sge,
+                        srq_limit,
+                    }
+                };
+                0
+            }
+            Ok(_) => libc::EIO,
+            Err(e) => e,
+        }
+    })
+}
+
+unsafe extern "C" fn destroy_srq(srq: *mut IbvSrq) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: srq is ours.
+        let (st, handle) = unsafe { (state((*srq).context), (*srq).handle) };
+        match st.call(&Req::DestroySrq { srq: handle }) {
+            Ok(_) => {
+                // SAFETY: allocated by create_srq as a boxed IbvSrq.
+                drop(unsafe { Box::from_raw(srq) });
+                0
+            }
+            Err(e) => e,
+        }
+    })
+}
+
+unsafe extern "C" fn post_srq_recv(
+    srq: *mut IbvSrq,
+    wr: *mut IbvRecvWr,
+    bad: *mut *mut IbvRecvWr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: srq is ours; wr is the caller's NULL-terminated list of valid WRs.
+        unsafe {
+            let st = state((*srq).context);
+            let (list, ptrs) = recv_list(wr);
+            match st.call_post(&Req::PostSrqRecv {
+                srq: (*srq).handle,
+                wrs: list,
+            }) {
+                Ok(()) => 0,
+                Err((e, i)) => {
+                    *bad = ptrs.get(i).copied().unwrap_or(wr);
+                    e
+                }
+            }
+        }
+    })
+}
+
+/// Copy a NULL-terminated list of receive WRs, with the pointer of each (for `bad_wr`).
+///
+/// # Safety
+/// `wr` is a NULL-terminated list of valid receive work requests.
+unsafe fn recv_list(wr: *mut IbvRecvWr) -> (Vec<RecvWr>, Vec<*mut IbvRecvWr>) {
+    let mut list = Vec::new();
+    let mut ptrs = Vec::new();
+    let mut w = wr;
+    while !w.is_null() {
+        let r = &*w;
+        list.push(RecvWr {
+            wr_id: r.wr_id,
+            sges: sges(r.sg_list, r.num_sge),
+        });
+        ptrs.push(w);
+        w = r.next;
+    }
+    (list, ptrs)
+}
+
 /// # Safety
 /// `sg` must point to `n` valid SGEs (or be unused when `n == 0`).
 unsafe fn sges(sg: *const IbvSge, n: c_int) -> Vec<Sge> {
@@ -1080,6 +1243,85 @@ unsafe fn sges(sg: *const IbvSge, n: c_int) -> Vec<Sge> {
             lkey: s.lkey,
         })
         .collect()
+}
+
+/// The remote side of a send WR from the `wr` union: (remote address, rkey, compare/add,
+/// swap). `wr.rdma` is {remote_addr, rkey}; `wr.atomic` is {remote_addr, compare_add, swap,
+/// rkey}, so an atomic's rkey sits in the fourth word; `wr.ud` is {ah, remote_qpn,
+/// remote_qkey}, carried as (destination IPv4 address, QPN, Q_Key) (see [`SendWr`]).
+///
+/// # Safety
+/// On a UD QP, `wr.ud.ah` must be an address handle made by [`create_ah`] (as the verbs API
+/// requires of the application).
+unsafe fn remote_of(w: &IbvSendWr, qp_type: c_int) -> (u64, u32, u64, u64) {
+    if qp_type == IBV_QPT_UD {
+        let ah = w.wr[0] as *const SrAh;
+        let ip = if ah.is_null() { 0 } else { (*ah).ip };
+        let (qpn, qkey) = (w.wr[1] as u32, (w.wr[1] >> 32) as u32);
+        (u64::from(ip), qpn, u64::from(qkey), 0)
+    } else if proto::is_atomic_wr(w.opcode) {
+        (w.wr[0], w.wr[3] as u32, w.wr[1], w.wr[2])
+    } else {
+        (w.wr[0], w.wr[1] as u32, 0, 0)
+    }
+}
+
+/// A UD send must name an address handle (nothing else is addressed per work request).
+fn has_destination(w: &IbvSendWr, qp_type: c_int) -> bool {
+    qp_type != IBV_QPT_UD || w.wr[0] != 0
+}
+
+// ---------------------------------------------------------------------------------------------
+// Address handles (provider-side only: an AH is just the destination's address)
+// ---------------------------------------------------------------------------------------------
+
+/// An address handle: libibverbs' `ibv_ah` followed by the destination IPv4 address.
+#[repr(C)]
+struct SrAh {
+    ah: IbvAh,
+    ip: u32,
+}
+
+/// Address handles alive in this process (bounded by `max_ah`).
+static AH_COUNT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+unsafe extern "C" fn create_ah(pd: *mut IbvPd, attr: *mut IbvAhAttr) -> *mut IbvAh {
+    guard(null_mut(), || {
+        // SAFETY: pd is ours; attr is valid.
+        let (ctx, a) = unsafe { ((*pd).context, &*attr) };
+        // The port is RoCE-like: the destination is a GRH with an IPv4-mapped GID.
+        let ip = match device::ip_of_gid(&a.grh.dgid) {
+            Some(ip) if a.is_global == 1 && a.port_num == 1 && a.grh.sgid_index == 0 => ip,
+            _ => {
+                set_errno(libc::EINVAL);
+                return null_mut();
+            }
+        };
+        let n = AH_COUNT.fetch_add(1, Ordering::Relaxed);
+        if n >= device::MAX_AH {
+            AH_COUNT.fetch_sub(1, Ordering::Relaxed);
+            set_errno(libc::ENOMEM);
+            return null_mut();
+        }
+        let b = Box::new(SrAh {
+            ah: IbvAh {
+                context: ctx,
+                pd,
+                handle: n,
+            },
+            ip: u32::from(ip),
+        });
+        Box::into_raw(b) as *mut IbvAh
+    })
+}
+
+unsafe extern "C" fn destroy_ah(ah: *mut IbvAh) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: allocated by create_ah as a boxed SrAh.
+        drop(unsafe { Box::from_raw(ah as *mut SrAh) });
+        AH_COUNT.fetch_sub(1, Ordering::Relaxed);
+        0
+    })
 }
 
 unsafe extern "C" fn post_send(
@@ -1120,13 +1362,20 @@ unsafe extern "C" fn post_send(
                 } else {
                     None
                 };
+                if !has_destination(r, (*qp).qp_type) {
+                    *bad = w;
+                    return libc::EINVAL;
+                }
+                let (remote_addr, rkey, compare_add, swap) = remote_of(r, (*qp).qp_type);
                 list.push(SendWr {
                     wr_id: r.wr_id,
                     opcode: r.opcode,
                     flags: r.send_flags,
                     imm: r.imm_data,
-                    remote_addr: r.wr[0],
-                    rkey: r.wr[1] as u32,
+                    remote_addr,
+                    rkey,
+                    compare_add,
+                    swap,
                     sges: if inline.is_some() { Vec::new() } else { g },
                     inline,
                 });
@@ -1153,6 +1402,12 @@ unsafe extern "C" fn post_recv(
     bad: *mut *mut IbvRecvWr,
 ) -> c_int {
     guard(libc::EIO, || {
+        // SAFETY: qp was made by create_qp; bad is writable.
+        if unsafe { !(*qp).srq.is_null() } {
+            // Its receives come from the SRQ (ibv_post_srq_recv).
+            unsafe { *bad = wr };
+            return libc::EINVAL;
+        }
         // SAFETY: qp was made by create_qp (an SrQp); wr is the caller's list of valid WRs.
         if let Some(rings) = unsafe { &(*(qp as *const SrQp)).rings } {
             return unsafe { post_recv_ring(qp, rings, wr, bad) };
@@ -1160,18 +1415,7 @@ unsafe extern "C" fn post_recv(
         // SAFETY: qp is ours; wr is the caller's NULL-terminated list of valid WRs.
         unsafe {
             let st = state((*qp).context);
-            let mut list = Vec::new();
-            let mut ptrs = Vec::new();
-            let mut w = wr;
-            while !w.is_null() {
-                let r = &*w;
-                list.push(RecvWr {
-                    wr_id: r.wr_id,
-                    sges: sges(r.sg_list, r.num_sge),
-                });
-                ptrs.push(w);
-                w = r.next;
-            }
+            let (list, ptrs) = recv_list(wr);
             match st.call_post(&Req::PostRecv {
                 qpn: (*qp).qp_num,
                 wrs: list,
@@ -1212,19 +1456,10 @@ unsafe fn post_send_ring(
     let mut w = wr;
     while !w.is_null() {
         let x = &*w;
-        let supported = matches!(
-            x.opcode,
-            IBV_WR_SEND
-                | IBV_WR_SEND_WITH_IMM
-                | IBV_WR_RDMA_WRITE
-                | IBV_WR_RDMA_WRITE_WITH_IMM
-                | IBV_WR_RDMA_READ
-        );
         let inline = x.send_flags & IBV_SEND_INLINE != 0;
-        if !supported
-            || x.num_sge < 0
+        if x.num_sge < 0
             || x.num_sge as u32 > cap.max_send_sge
-            || (inline && x.opcode == IBV_WR_RDMA_READ)
+            || !has_destination(x, (*qp).qp_type)
         {
             ret = libc::EINVAL;
             break;
@@ -1235,7 +1470,11 @@ unsafe fn post_send_ring(
         }
         let g = sges(x.sg_list, x.num_sge);
         let total: u64 = g.iter().map(|s| s.length as u64).sum();
-        if total > device::MAX_MSG_SZ as u64 || (inline && total > cap.max_inline_data as u64) {
+        if let Err(e) = proto::check_send_wr((*qp).qp_type, x.opcode, inline, total) {
+            ret = e;
+            break;
+        }
+        if inline && total > cap.max_inline_data as u64 {
             ret = libc::EINVAL;
             break;
         }
@@ -1245,8 +1484,11 @@ unsafe fn post_send_ring(
         ring::put_u32(&mut slot, 12, x.send_flags);
         ring::put_u32(&mut slot, 16, x.imm_data);
         ring::put_u32(&mut slot, 20, g.len() as u32);
-        ring::put_u64(&mut slot, 24, x.wr[0]);
-        ring::put_u32(&mut slot, 32, x.wr[1] as u32);
+        let (remote_addr, rkey, compare_add, swap) = remote_of(x, (*qp).qp_type);
+        ring::put_u64(&mut slot, 24, remote_addr);
+        ring::put_u32(&mut slot, 32, rkey);
+        ring::put_u64(&mut slot, ring::SQ_COMPARE_ADD_OFF, compare_add);
+        ring::put_u64(&mut slot, ring::SQ_SWAP_OFF, swap);
         if inline {
             // Inline data is read from the caller's buffers at post time, as the verbs API
             // specifies; the caller guarantees they are valid.

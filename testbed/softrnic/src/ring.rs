@@ -32,8 +32,13 @@ const PROD: usize = 0;
 const CONS: usize = 64;
 const DONE: usize = 128;
 
-/// Send slot: header, `max_sge` SGEs of 16 bytes, then room for inline data.
+/// Send slot: a 64-byte header (`wr_id` 0, opcode 8, flags 12, imm 16, SGE count 20,
+/// remote address 24, rkey 32, inline length 36, atomic compare/add 40 and swap 48), then
+/// `max_sge` SGEs of 16 bytes, then room for inline data.
 pub const SQ_SGE_OFF: usize = 64;
+/// Atomic operands in the send slot's header.
+pub const SQ_COMPARE_ADD_OFF: usize = 40;
+pub const SQ_SWAP_OFF: usize = 48;
 /// `inline_len` value of a work request that is not inline.
 pub const NOT_INLINE: u32 = u32::MAX;
 

@@ -13,6 +13,15 @@ pub const OP_READ_REQ: u8 = 3;
 pub const OP_READ_RESP: u8 = 4;
 pub const OP_ACK: u8 = 5;
 pub const OP_NAK: u8 = 6;
+/// Atomic requests: payload `compare_add u64 LE | swap u64 LE`, one PSN, 8-byte target.
+pub const OP_CMP_SWAP: u8 = 7;
+pub const OP_FETCH_ADD: u8 = 8;
+/// Atomic response: payload the original 8 bytes, PSN of the request.
+pub const OP_ATOMIC_RESP: u8 = 9;
+/// A UD datagram: one packet, `rkey` carries the Q_Key, no acknowledgement.
+pub const OP_UD_SEND: u8 = 10;
+/// The highest op the decoder accepts.
+pub const OP_MAX: u8 = OP_UD_SEND;
 
 pub const F_FIRST: u8 = 1;
 pub const F_LAST: u8 = 2;
@@ -84,7 +93,7 @@ impl Packet {
             return None;
         }
         let op = b[4];
-        if !(OP_SEND..=OP_NAK).contains(&op) {
+        if !(OP_SEND..=OP_MAX).contains(&op) {
             return None;
         }
         let plen = u32_at(44) as usize;
@@ -157,7 +166,7 @@ mod tests {
 
         fn packet() -> impl Strategy<Value = Packet> {
             (
-                (OP_SEND..=OP_NAK, any::<u8>(), any::<u8>()),
+                (OP_SEND..=OP_MAX, any::<u8>(), any::<u8>()),
                 (any::<u32>(), any::<u32>(), 0..=PSN_MASK),
                 (any::<u32>(), any::<u32>(), any::<u32>()),
                 (any::<u64>(), any::<u32>()),

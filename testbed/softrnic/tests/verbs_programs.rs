@@ -243,6 +243,10 @@ fn devices_visible_to_unmodified_ibv_devices_and_devinfo() {
         "max_qp:\t\t\t\t4096",
         "max_cqe:\t\t\t65536",
         "phys_port_cnt:\t\t\t1",
+        "atomic_cap:\t\t\tATOMIC_HCA (1)",
+        "max_qp_rd_atom:\t\t\t16",
+        "max_srq:\t\t\t4096",
+        "max_ah:\t\t\t\t65536",
     ] {
         assert!(s.contains(want), "missing {want:?} in:\n{s}");
     }
@@ -1016,4 +1020,340 @@ fn polling_fails_instead_of_hanging_when_the_engine_vanishes() {
         text(&client)
     );
     let _ = server;
+}
+
+/// Compile one of our C test programs (`tests/verify/NAME.c`) into the run directory.
+fn compile_verifier(run: &Run, name: &str) -> PathBuf {
+    let prog = run.dir.join(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/verify/{name}.c"));
+    let out = run_timeout(
+        Command::new("cc")
+            .args(["-O2", "-Wall", "-o"])
+            .arg(&prog)
+            .arg(&src)
+            .arg("-libverbs"),
+        Duration::from_secs(60),
+    );
+    assert!(out.status.success(), "cc: {}", text(&out));
+    prog
+}
+
+/// Unmodified perftest atomics between two namespaces: `ib_atomic_bw` and `ib_atomic_lat`,
+/// each with CMP_AND_SWAP (the default) and FETCH_AND_ADD (`-A`).
+#[test]
+fn perftest_atomic_bw_and_lat_cmp_swap_and_fetch_add() {
+    require_privileges!();
+    if !have("ib_atomic_bw") {
+        eprintln!("SKIPPED: perftest not installed (apt-get install perftest)");
+        return;
+    }
+    let run = Run::new("atomics");
+    run.up(&["--hosts", "2"]);
+    for args in [
+        &["ib_atomic_bw", "-x", "0", "-n", "500"][..],
+        &[
+            "ib_atomic_bw",
+            "-x",
+            "0",
+            "-n",
+            "500",
+            "-A",
+            "FETCH_AND_ADD",
+        ][..],
+        &["ib_atomic_lat", "-x", "0", "-n", "300"][..],
+        &[
+            "ib_atomic_lat",
+            "-x",
+            "0",
+            "-n",
+            "300",
+            "-A",
+            "FETCH_AND_ADD",
+        ][..],
+    ] {
+        let (server, client) = pair(&run, args);
+        assert!(
+            server.status.success(),
+            "{args:?} server: {}",
+            text(&server)
+        );
+        assert!(
+            client.status.success(),
+            "{args:?} client: {}",
+            text(&client)
+        );
+        let c = String::from_utf8_lossy(&client.stdout);
+        assert!(c.contains("#bytes"), "{args:?}: no result table:\n{c}");
+        eprintln!("{args:?}:\n{c}");
+    }
+}
+
+/// Our own atomics checker (`tests/verify/srn_atomic.c`) with 1 % loss, duplication and
+/// reordering: two clients on two hosts, 4 QPs each, hammer one counter with FETCH_ADD and one
+/// word with CMP_SWAP loops at the same time; the fetched values must be exactly a permutation
+/// of the counter's range and both words must hold the exact totals — so no atomic was lost,
+/// executed twice on retransmission, or interleaved with another. Then `ib_atomic_bw` under
+/// the same faults.
+#[test]
+fn own_atomic_checker_exact_totals_under_loss_and_duplication() {
+    require_privileges!();
+    if !have("cc") || !Path::new("/usr/include/infiniband/verbs.h").exists() {
+        eprintln!("SKIPPED: needs cc and libibverbs-dev");
+        return;
+    }
+    let run = Run::new("atomic-faults");
+    run.up(&[
+        "--hosts",
+        "3",
+        "--loss",
+        "0.01",
+        "--dup",
+        "0.01",
+        "--reorder",
+        "0.01",
+        "--seed",
+        "5",
+    ]);
+    let prog = compile_verifier(&run, "srn_atomic");
+    let p = prog.to_str().unwrap();
+    let ip = run.addr("h1");
+    let server = spawn(&mut run.exec("h1", &[p, "server", "7473", "2", "4", "400"]));
+    let other = spawn(&mut run.exec("h3", &[p, "client", &ip, "7473", "4", "400"]));
+    let client = run_timeout(
+        &mut run.exec("h2", &[p, "client", &ip, "7473", "4", "400"]),
+        Duration::from_secs(90),
+    );
+    let other = wait_timeout(other, Duration::from_secs(30));
+    let server = wait_timeout(server, Duration::from_secs(30));
+    assert!(client.status.success(), "client h2: {}", text(&client));
+    assert!(other.status.success(), "client h3: {}", text(&other));
+    assert!(server.status.success(), "server: {}", text(&server));
+    let s = String::from_utf8_lossy(&server.stdout);
+    assert!(
+        s.contains("OK 2 clients x 4 QPs: 3200 FETCH_ADDs, fetched values a permutation"),
+        "{s}"
+    );
+    eprintln!("{s}");
+    let (h1, h2, h3) = (settled_stats(&run, "h1"), run.stats("h2"), run.stats("h3"));
+    for k in ["fault_dropped", "fault_duplicated"] {
+        assert!(
+            h1[k] > 0 && h2[k] + h3[k] > 0,
+            "no {k}: {h1:?} {h2:?} {h3:?}"
+        );
+    }
+    // Requests were retransmitted and duplicates reached the responder: the cache answered.
+    assert!(h2["retransmits"] + h3["retransmits"] > 0, "{h2:?} {h3:?}");
+    assert!(h1["rx_duplicate"] > 0, "{h1:?}");
+    // perftest under the same faults: 16 atomics outstanding per QP, 128 posted.
+    if have("ib_atomic_bw") {
+        let args = ["ib_atomic_bw", "-x", "0", "-n", "500", "-q", "2"];
+        let (server, client) = pair(&run, &args);
+        assert!(server.status.success(), "server: {}", text(&server));
+        assert!(client.status.success(), "client: {}", text(&client));
+    }
+}
+
+/// Unmodified `ibv_srq_pingpong -c` (data checked) between two namespaces: 16 QPs (its
+/// default) or 4 sharing one SRQ on each side, at 1 B, 4 KiB and 64 KiB; then with 1 % loss and
+/// duplication (retransmitted SENDs must not consume a second shared receive).
+#[test]
+fn srq_pingpong_between_namespaces_checks_data() {
+    require_privileges!();
+    if !have("ibv_srq_pingpong") {
+        eprintln!("SKIPPED: ibverbs-utils without ibv_srq_pingpong");
+        return;
+    }
+    for faults in [
+        &[][..],
+        &["--loss", "0.01", "--dup", "0.01", "--seed", "3"][..],
+    ] {
+        let run = Run::new(if faults.is_empty() {
+            "srq"
+        } else {
+            "srq-faults"
+        });
+        let mut up = vec!["--hosts", "2"];
+        up.extend_from_slice(faults);
+        run.up(&up);
+        for (size, iters, qps) in [
+            ("1", "200", "16"),
+            ("4096", "200", "16"),
+            ("65536", "40", "4"),
+        ] {
+            let args = [
+                "ibv_srq_pingpong",
+                "-g",
+                "0",
+                "-c",
+                "-s",
+                size,
+                "-n",
+                iters,
+                "-q",
+                qps,
+            ];
+            let (server, client) = pair(&run, &args);
+            assert!(
+                server.status.success(),
+                "{args:?} server: {}",
+                text(&server)
+            );
+            assert!(
+                client.status.success(),
+                "{args:?} client: {}",
+                text(&client)
+            );
+            let c = String::from_utf8_lossy(&client.stdout);
+            assert!(c.contains(&format!("{iters} iters in")), "{args:?}: {c}");
+        }
+    }
+}
+
+/// Run each of `cases` between h1 (server) and h2 (client); both must succeed and the client
+/// must print `want`.
+fn pairs_succeed(run: &Run, cases: &[&[&str]], want: &str) {
+    for args in cases {
+        let (server, client) = pair(run, args);
+        assert!(
+            server.status.success(),
+            "{args:?} server: {}",
+            text(&server)
+        );
+        assert!(
+            client.status.success(),
+            "{args:?} client: {}",
+            text(&client)
+        );
+        let c = String::from_utf8_lossy(&client.stdout);
+        assert!(c.contains(want), "{args:?}: no {want:?} in:\n{c}");
+    }
+}
+
+/// UD with address handles: unmodified `ibv_ud_pingpong -c` (data checked; its receives
+/// have room for the 40-byte GRH) at 1 B, 1 KiB and the 4 KiB MTU, then perftest's
+/// `ib_send_bw -c UD` and `ib_send_lat -c UD`.
+#[test]
+fn ud_pingpong_and_perftest_send_over_ud() {
+    require_privileges!();
+    if !have("ibv_ud_pingpong") || !have("ib_send_bw") {
+        eprintln!("SKIPPED: needs ibverbs-utils and perftest");
+        return;
+    }
+    let run = Run::new("ud");
+    run.up(&["--hosts", "2"]);
+    pairs_succeed(
+        &run,
+        &[
+            &["ibv_ud_pingpong", "-g", "0", "-c", "-s", "1", "-n", "200"],
+            &[
+                "ibv_ud_pingpong",
+                "-g",
+                "0",
+                "-c",
+                "-s",
+                "1024",
+                "-n",
+                "200",
+            ],
+            &[
+                "ibv_ud_pingpong",
+                "-g",
+                "0",
+                "-c",
+                "-s",
+                "4096",
+                "-n",
+                "100",
+            ],
+        ],
+        "iters in",
+    );
+    pairs_succeed(
+        &run,
+        &[
+            &["ib_send_bw", "-x", "0", "-c", "UD", "-n", "500"],
+            &["ib_send_lat", "-x", "0", "-c", "UD", "-n", "200"],
+        ],
+        "#bytes",
+    );
+    // Without a GRH the port (RoCE-like) cannot address anyone: create_ah is refused.
+    let (server, client) = pair(&run, &["ibv_ud_pingpong", "-n", "5"]);
+    assert!(
+        !client.status.success(),
+        "client without -g: {}",
+        text(&client)
+    );
+    assert!(
+        !server.status.success(),
+        "server without -g: {}",
+        text(&server)
+    );
+    assert!(
+        text(&server).contains("Failed to create AH"),
+        "{}",
+        text(&server)
+    );
+}
+
+/// UC: unmodified `ibv_uc_pingpong -c` (data checked) at 1 B, 4 KiB and 64 KiB and
+/// `ib_write_bw -c UC`; then `ib_write_bw -c UC` with 5 % loss: the sender is never held up
+/// (nothing is acknowledged or resent) and the receiving engine drops the rest of every
+/// message that lost a packet.
+#[test]
+fn uc_pingpong_and_perftest_write_over_uc_and_loss_drops_messages() {
+    require_privileges!();
+    if !have("ibv_uc_pingpong") || !have("ib_write_bw") {
+        eprintln!("SKIPPED: needs ibverbs-utils and perftest");
+        return;
+    }
+    let run = Run::new("uc");
+    run.up(&["--hosts", "2"]);
+    pairs_succeed(
+        &run,
+        &[
+            &["ibv_uc_pingpong", "-g", "0", "-c", "-s", "1", "-n", "200"],
+            &[
+                "ibv_uc_pingpong",
+                "-g",
+                "0",
+                "-c",
+                "-s",
+                "4096",
+                "-n",
+                "200",
+            ],
+            &[
+                "ibv_uc_pingpong",
+                "-g",
+                "0",
+                "-c",
+                "-s",
+                "65536",
+                "-n",
+                "40",
+            ],
+        ],
+        "iters in",
+    );
+    let write_bw = [
+        "ib_write_bw",
+        "-x",
+        "0",
+        "-c",
+        "UC",
+        "-s",
+        "65536",
+        "-n",
+        "300",
+    ];
+    pairs_succeed(&run, &[&write_bw], "#bytes");
+    drop(run);
+
+    let run = Run::new("uc-loss");
+    run.up(&["--hosts", "2", "--loss", "0.05", "--seed", "9"]);
+    pairs_succeed(&run, &[&write_bw], "#bytes");
+    let (h1, h2) = (settled_stats(&run, "h1"), run.stats("h2"));
+    assert!(h2["fault_dropped"] > 0, "{h2:?}");
+    assert!(h1["rx_uc_broken"] > 0, "{h1:?}");
+    assert_eq!(h2["retransmits"], 0, "{h2:?}");
 }
