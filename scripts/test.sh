@@ -11,5 +11,7 @@ cargo clippy --workspace --all-targets --release -- -D warnings
 # The softrnic provider is a cdylib that `cargo test` does not build; its tests load it.
 cargo build --workspace --release
 cargo test --workspace --release
+# Coverage-guided fuzzing of every decoder, 10 s per target (docs/fuzzing.md).
+bash scripts/fuzz.sh 10
 # The systemd units against the binaries just built (skips where systemd-analyze is missing).
 bash deploy/verify.sh

@@ -3,13 +3,18 @@
 //! coordinator, performs its host's ADMM x-step each round, and publishes the host's rates and
 //! active set to the local rate table ([`rate_table`]). docs/control-plane.md has the details.
 
+pub mod dasr;
+pub mod dasr_link;
+pub mod local;
 pub mod metrics;
 pub mod rate_table;
+pub mod shim_hub;
 
 use anyhow::{bail, Context, Result};
 use drum_common::admm::HostState;
 use drum_common::model::Problem;
 use drum_common::protocol::agent::{AgentAction, AgentConfig, AgentCore, AgentEvent};
+use drum_common::protocol::shard::ShardMux;
 use drum_common::protocol::{AgentMsg, CoordMsg};
 use drum_coordinator::net::{self, FramedRecv, NetError, TlsFiles};
 use rate_table::{LinkState, RateTable};
@@ -69,9 +74,71 @@ fn d_backoff_max() -> u64 {
     5000
 }
 
+/// The keys of the agent config beyond [`AgentSettings`] (a separate struct so that code
+/// building an `AgentSettings` literal keeps compiling; same TOML file).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AgentOptions {
+    /// With coordinator shards (`serve --shard I/N`): the addresses of shards 1 … N−1, in
+    /// order; `coordinator` is shard 0. The agent talks to every shard that owns one of its
+    /// facilities. Empty: one coordinator, no shards.
+    #[serde(default)]
+    pub coordinator_shards: Vec<SocketAddr>,
+    /// The host's shims (docs/shim.md): where they register, the line rate that turns the
+    /// optimiser's rates into bytes/s, pins. None: no shim link.
+    #[serde(default)]
+    pub shim: Option<shim_hub::ShimSettings>,
+    /// Dart's sender counting with the other hosts' agents (docs/dasr.md); needs `[shim]`.
+    #[serde(default)]
+    pub dasr: Option<dasr::DasrConfig>,
+}
+
+const OPTION_KEYS: &[&str] = &["coordinator_shards", "shim", "dasr"];
+
 impl AgentSettings {
     pub fn load(path: &Path) -> Result<Self> {
-        let (mut s, base): (Self, _) = net::load_config(path)?;
+        Ok(Self::load_with_options(path)?.0)
+    }
+
+    /// Loads the whole agent config: the settings and the [`AgentOptions`].
+    pub fn load_with_options(path: &Path) -> Result<(Self, AgentOptions)> {
+        let (mut table, base): (toml::Table, _) = net::load_config(path)?;
+        let mut extra = toml::Table::new();
+        for key in OPTION_KEYS {
+            if let Some(v) = table.remove(*key) {
+                extra.insert(key.to_string(), v);
+            }
+        }
+        let mut options: AgentOptions = toml::Value::Table(extra)
+            .try_into()
+            .with_context(|| format!("in {}", path.display()))?;
+        if let Some(shim) = &mut options.shim {
+            shim.socket = base.join(&shim.socket);
+            shim.validate()
+                .with_context(|| format!("[shim] in {}", path.display()))?;
+        }
+        if let Some(d) = &mut options.dasr {
+            let Some(shim) = &options.shim else {
+                bail!(
+                    "[dasr] in {} needs [shim] (its caps go to the shims)",
+                    path.display()
+                );
+            };
+            // Left at its default, the receiver rate is this host's line rate in bytes/s.
+            if d.receiver_rate == 1.0 {
+                d.receiver_rate = shim.line_rate_gbps * 1e9 / 8.0;
+            }
+            d.validate()
+                .map_err(|e| anyhow::anyhow!("[dasr] in {}: {e}", path.display()))?;
+        }
+        let s: Self = toml::Value::Table(table)
+            .try_into()
+            .with_context(|| format!("in {}", path.display()))?;
+        Ok((s.finish(base)?, options))
+    }
+
+    fn finish(self, base: PathBuf) -> Result<Self> {
+        let mut s = self;
         s.instance = base.join(&s.instance);
         s.tls.rebase(&base);
         s.rate_table = s.rate_table.map(|p| base.join(p));
@@ -98,9 +165,9 @@ impl AgentSettings {
     }
 }
 
-/// The host's index and its active set. This version keeps active sets fixed: every agent
-/// computes the same deterministic greedy initial selection over the shared instance, so the
-/// sets agree cluster-wide without a selection protocol (docs/control-plane.md, "missing").
+/// The host's index and its initial active set: the deterministic greedy selection at zero
+/// prices over the shared instance, where `drum-coordinator solve` starts too. The selection
+/// exchanges the coordinator schedules change it from there (docs/control-plane.md).
 pub fn host_and_active(problem: &Problem, host: &str) -> Result<(usize, Vec<usize>)> {
     let Some(h) = problem.hosts.iter().position(|h| h.id == host) else {
         bail!("host {host:?} is not in the instance");
@@ -110,7 +177,7 @@ pub fn host_and_active(problem: &Problem, host: &str) -> Result<(usize, Vec<usiz
 }
 
 /// Runs the agent for host index `host` with active pairs `active` until `shutdown` resolves;
-/// then leaves the coordinator cleanly.
+/// then leaves the coordinator cleanly. One coordinator, no shards.
 pub async fn run(
     settings: AgentSettings,
     problem: Arc<Problem>,
@@ -118,12 +185,45 @@ pub async fn run(
     active: Vec<usize>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
-    let problem = &*problem;
-    let mut core = AgentCore::new(
+    run_with(
+        settings,
+        AgentOptions::default(),
         problem,
-        HostState::new(problem, host, active),
+        host,
+        active,
+        shutdown,
+    )
+    .await
+}
+
+/// As [`run`], with the keys of [`AgentOptions`] (coordinator shards).
+pub async fn run_with(
+    settings: AgentSettings,
+    options: AgentOptions,
+    problem: Arc<Problem>,
+    host: usize,
+    active: Vec<usize>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<()> {
+    // The driver's own copy: operator weight changes (`set-weight`) modify it.
+    let mut problem: Problem = (*problem).clone();
+    let mut core = AgentCore::new(
+        &problem,
+        HostState::new(&problem, host, active),
         settings.core_config(),
     );
+    let shard_addrs: Vec<SocketAddr> = std::iter::once(settings.coordinator)
+        .chain(options.coordinator_shards.iter().copied())
+        .collect();
+    let mut mux = ShardMux::new(&problem, host, shard_addrs.len() as u32);
+    let addrs: Vec<SocketAddr> = mux
+        .links()
+        .iter()
+        .map(|&s| shard_addrs[s as usize])
+        .collect();
+    if shard_addrs.len() > 1 {
+        info!(shards = ?mux.links(), ?addrs, "talking to the shards that own this host's facilities");
+    }
     let endpoint = net::client_endpoint(
         &settings.tls,
         Duration::from_millis(settings.coordinator_timeout_ms),
@@ -145,15 +245,23 @@ pub async fn run(
             settings.host.clone(),
         ));
     }
+    let (hub, _dasr) = start_shim_link(&options).await?;
     let origin = Instant::now();
-    let publish = |core: &AgentCore, state: LinkState| -> Result<()> {
+    let publish = |problem: &Problem, core: &AgentCore, state: LinkState| -> Result<()> {
         if let Some(t) = &table {
             t.publish(problem, core, state)
                 .with_context(|| format!("writing the rate table {}", t.path().display()))?;
         }
+        if let Some(hub) = &hub {
+            let rates: Vec<(String, bool, f64)> = rate_table::app_rates(problem, core)
+                .into_iter()
+                .map(|a| (a.app, a.active, a.rate))
+                .collect();
+            hub.set_rates(&rates);
+        }
         Ok(())
     };
-    publish(&core, LinkState::Starting)?;
+    publish(&problem, &core, LinkState::Starting)?;
     tokio::pin!(shutdown);
     loop {
         // Wait for the next connection attempt (backoff), or stop.
@@ -165,34 +273,44 @@ pub async fn run(
         if !core.connect_due(origin.elapsed()) {
             continue;
         }
-        let connected = tokio::time::timeout(
-            Duration::from_millis(settings.coordinator_timeout_ms),
-            connect(&endpoint, &settings),
-        )
-        .await;
-        let (conn, send, recv) = match connected {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => {
-                stats.connect_failures.fetch_add(1, Relaxed);
-                warn!(coordinator = %settings.coordinator, "coordinator unreachable: {e}; keeping last rates");
-                core.on_connect_failed(origin.elapsed());
-                continue;
+        // A session needs every shard this host talks to.
+        let mut links = Vec::with_capacity(addrs.len());
+        let mut failed = None;
+        for &addr in &addrs {
+            let connected = tokio::time::timeout(
+                Duration::from_millis(settings.coordinator_timeout_ms),
+                connect(&endpoint, addr, &settings.server_name),
+            )
+            .await;
+            match connected {
+                Ok(Ok(c)) => links.push(c),
+                Ok(Err(e)) => {
+                    failed = Some(format!("coordinator {addr} unreachable: {e}"));
+                    break;
+                }
+                Err(_) => {
+                    failed = Some(format!("connecting to {addr} timed out"));
+                    break;
+                }
             }
-            Err(_) => {
-                stats.connect_failures.fetch_add(1, Relaxed);
-                warn!(coordinator = %settings.coordinator, "connecting timed out; keeping last rates");
-                core.on_connect_failed(origin.elapsed());
-                continue;
+        }
+        if let Some(why) = failed {
+            stats.connect_failures.fetch_add(1, Relaxed);
+            warn!("{why}; keeping last rates");
+            for (conn, _, _) in &links {
+                conn.close(net::CLOSE_NORMAL.into(), b"another shard is unreachable");
             }
-        };
+            core.on_connect_failed(origin.elapsed());
+            continue;
+        }
         stats.connects.fetch_add(1, Relaxed);
-        info!(coordinator = %settings.coordinator, "connected");
+        info!(coordinators = ?addrs, "connected");
+        mux.reset();
         let stop = session(
             &mut core,
-            problem,
-            conn,
-            send,
-            recv,
+            &mut mux,
+            &mut problem,
+            links,
             origin,
             &publish,
             &stats,
@@ -210,47 +328,83 @@ pub async fn run(
     Ok(())
 }
 
+/// The shim hub (and DASR) when configured: the optimiser's rates go to the host's shims,
+/// the receivers' caps too.
+async fn start_shim_link(
+    options: &AgentOptions,
+) -> Result<(Option<Arc<shim_hub::ShimHub>>, Option<dasr::DasrService>)> {
+    let Some(shim) = &options.shim else {
+        return Ok((None, None));
+    };
+    let dasr = match options.dasr.clone() {
+        Some(cfg) => Some(
+            dasr::DasrService::bind(cfg)
+                .await
+                .map_err(|e| anyhow::anyhow!("[dasr]: {e}"))?,
+        ),
+        None => None,
+    };
+    let hook = dasr
+        .as_ref()
+        .map(|d| dasr_link::announcer(d.handle(), d.local_addr().port()));
+    let hub = Arc::new(shim_hub::ShimHub::start(shim.clone(), hook)?);
+    if let Some(d) = &dasr {
+        tokio::spawn(dasr_link::apply_caps(d.caps(), hub.clone()));
+    }
+    Ok((Some(hub), dasr))
+}
+
+type Link = (quinn::Connection, quinn::SendStream, quinn::RecvStream);
+
 async fn connect(
     endpoint: &quinn::Endpoint,
-    settings: &AgentSettings,
-) -> Result<(quinn::Connection, quinn::SendStream, quinn::RecvStream), NetError> {
-    let conn = endpoint
-        .connect(settings.coordinator, &settings.server_name)?
-        .await?;
+    addr: SocketAddr,
+    server_name: &str,
+) -> Result<Link, NetError> {
+    let conn = endpoint.connect(addr, server_name)?.await?;
     let (send, recv) = conn.open_bi().await?;
     Ok((conn, send, recv))
 }
 
-/// One connection's life; returns whether the agent should stop.
+/// One session (a connection to every shard the host needs); returns whether the agent
+/// should stop.
 #[allow(clippy::too_many_arguments)]
 async fn session(
     core: &mut AgentCore,
-    problem: &Problem,
-    conn: quinn::Connection,
-    mut send: quinn::SendStream,
-    recv: quinn::RecvStream,
+    mux: &mut ShardMux,
+    problem: &mut Problem,
+    links: Vec<Link>,
     origin: Instant,
-    publish: &impl Fn(&AgentCore, LinkState) -> Result<()>,
+    publish: &impl Fn(&Problem, &AgentCore, LinkState) -> Result<()>,
     stats: &metrics::AgentMetrics,
     shutdown: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
 ) -> Result<bool> {
-    // A reader task, so that waiting for a frame never races with the timer.
-    let (tx, mut rx) = mpsc::unbounded_channel::<Result<CoordMsg, String>>();
-    let reader = tokio::spawn(async move {
-        let mut framed = FramedRecv::new(recv);
-        loop {
-            let r = framed.next::<CoordMsg>().await;
-            let end = !matches!(r, Ok(Some(_)));
-            let item = match r {
-                Ok(Some(m)) => Ok(m),
-                Ok(None) => Err("coordinator closed the stream".to_string()),
-                Err(e) => Err(e.to_string()),
-            };
-            if tx.send(item).is_err() || end {
-                break;
+    // Reader tasks, so that waiting for a frame never races with the timer.
+    let (tx, mut rx) = mpsc::unbounded_channel::<(usize, Result<CoordMsg, String>)>();
+    let mut conns = Vec::with_capacity(links.len());
+    let mut sends = Vec::with_capacity(links.len());
+    let mut readers = Vec::with_capacity(links.len());
+    for (i, (conn, send, recv)) in links.into_iter().enumerate() {
+        conns.push(conn);
+        sends.push(send);
+        let tx = tx.clone();
+        readers.push(tokio::spawn(async move {
+            let mut framed = FramedRecv::new(recv);
+            loop {
+                let r = framed.next::<CoordMsg>().await;
+                let end = !matches!(r, Ok(Some(_)));
+                let item = match r {
+                    Ok(Some(m)) => Ok(m),
+                    Ok(None) => Err("coordinator closed the stream".to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                if tx.send((i, item)).is_err() || end {
+                    break;
+                }
             }
-        }
-    });
+        }));
+    }
+    drop(tx);
     let mut actions = core.on_connected(origin.elapsed(), problem);
     let mut stop = false;
     'session: loop {
@@ -261,14 +415,18 @@ async fn session(
                         stats.rounds.fetch_add(1, Relaxed);
                         stats.iteration.store(c.iteration, Relaxed);
                     }
-                    if let Err(e) = net::send_msg(&mut send, &m).await {
-                        actions = core.on_disconnected(origin.elapsed(), &e.to_string());
-                        warn!("lost the coordinator: {e}; keeping last rates");
-                        continue 'session;
+                    for (link, part) in mux.outgoing(&m) {
+                        if let Err(e) = net::send_msg(&mut sends[link], &part).await {
+                            actions = core.on_disconnected(origin.elapsed(), &e.to_string());
+                            warn!("lost the coordinator: {e}; keeping last rates");
+                            continue 'session;
+                        }
                     }
                 }
                 AgentAction::Disconnect(reason) => {
-                    conn.close(net::CLOSE_PROTOCOL.into(), reason.as_bytes());
+                    for conn in &conns {
+                        conn.close(net::CLOSE_PROTOCOL.into(), reason.as_bytes());
+                    }
                 }
                 AgentAction::Publish => {
                     let state = if core.is_member() {
@@ -278,7 +436,10 @@ async fn session(
                     };
                     stats.live.store(core.is_member() as u64, Relaxed);
                     stats.epoch.store(core.epoch(), Relaxed);
-                    publish(core, state)?;
+                    publish(problem, core, state)?;
+                }
+                AgentAction::SetWeight { app, weight } => {
+                    AgentCore::apply_weight(problem, app, weight);
                 }
                 AgentAction::Event(e) => match e {
                     AgentEvent::Welcomed { epoch, iteration } => {
@@ -291,6 +452,27 @@ async fn session(
                     }
                     AgentEvent::IgnoredRound { epoch, iteration } => {
                         debug!(epoch, iteration, "ignored an old round")
+                    }
+                    AgentEvent::Selected {
+                        exchange,
+                        parked,
+                        activated,
+                    } => {
+                        stats.exchanges.fetch_add(1, Relaxed);
+                        info!(exchange, ?parked, ?activated, "selection round applied")
+                    }
+                    AgentEvent::Restarted { exchange } => {
+                        stats.exchanges.fetch_add(1, Relaxed);
+                        info!(exchange, "priced restart: new active set")
+                    }
+                    AgentEvent::WeightSet { app, weight } => {
+                        info!(app, weight, "operator set a weight")
+                    }
+                    AgentEvent::IgnoredWeight { app, weight } => {
+                        warn!(
+                            app,
+                            weight, "ignored a weight change for an unknown app or a bad value"
+                        )
                     }
                 },
             }
@@ -309,13 +491,22 @@ async fn session(
         let wake = tokio::time::Instant::from_std(origin + core.next_wakeup());
         actions = tokio::select! {
             m = rx.recv() => match m {
-                Some(Ok(m)) => {
-                    let t = Instant::now();
-                    let out = core.on_message(origin.elapsed(), problem, m);
-                    stats.handle_ns.fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
-                    out
-                }
-                Some(Err(e)) => {
+                Some((link, Ok(m))) => match mux.incoming(link, m) {
+                    Ok(Some(m)) => {
+                        let t = Instant::now();
+                        let out = core.on_message(origin.elapsed(), problem, m);
+                        stats.handle_ns.fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+                        out
+                    }
+                    Ok(None) => Vec::new(),
+                    Err(e) => {
+                        warn!("{e}; keeping last rates");
+                        let mut out = core.on_disconnected(origin.elapsed(), &e);
+                        out.push(AgentAction::Disconnect(e));
+                        out
+                    }
+                },
+                Some((_, Err(e))) => {
                     warn!("lost the coordinator: {e}; keeping last rates");
                     core.on_disconnected(origin.elapsed(), &e)
                 }
@@ -324,15 +515,21 @@ async fn session(
             _ = tokio::time::sleep_until(wake) => core.tick(origin.elapsed()),
             _ = shutdown.as_mut() => {
                 stop = true;
-                let _ = net::send_msg(&mut send, &AgentMsg::Leave).await;
-                let _ = send.finish();
+                for send in &mut sends {
+                    let _ = net::send_msg(send, &AgentMsg::Leave).await;
+                    let _ = send.finish();
+                }
                 Vec::new()
             }
         };
     }
-    reader.abort();
+    for r in &readers {
+        r.abort();
+    }
     if !stop {
-        conn.close(net::CLOSE_NORMAL.into(), b"reconnecting");
+        for conn in &conns {
+            conn.close(net::CLOSE_NORMAL.into(), b"reconnecting");
+        }
     }
     Ok(stop)
 }

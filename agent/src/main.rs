@@ -13,8 +13,12 @@ use std::sync::Arc;
 )]
 struct Cli {
     /// TOML configuration (docs/control-plane.md).
+    #[arg(long, required_unless_present = "local", conflicts_with = "local")]
+    config: Option<PathBuf>,
+    /// Run without a cluster: only the shim link, with the grants of this TOML file
+    /// (docs/shim.md, "The agent link").
     #[arg(long)]
-    config: PathBuf,
+    local: Option<PathBuf>,
 }
 
 fn main() {
@@ -32,12 +36,17 @@ fn run(cli: Cli) -> Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let settings = drum_agent::AgentSettings::load(&cli.config)?;
+    if let Some(path) = cli.local {
+        return run_local(&path);
+    }
+    let config = cli.config.expect("clap requires --config without --local");
+    let (settings, options) = drum_agent::AgentSettings::load_with_options(&config)?;
     let problem = drum_coordinator::server::load_problem(&settings.instance)?;
     let (host, active) = drum_agent::host_and_active(&problem, &settings.host)?;
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    rt.block_on(drum_agent::run(
+    rt.block_on(drum_agent::run_with(
         settings,
+        options,
         Arc::new(problem),
         host,
         active,
@@ -50,4 +59,20 @@ fn run(cli: Cli) -> Result<()> {
             }
         },
     ))
+}
+
+/// `--local`: the shim hub alone, until SIGINT or SIGTERM.
+fn run_local(path: &std::path::Path) -> Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    static STOP: AtomicBool = AtomicBool::new(false);
+    extern "C" fn on_signal(_: libc::c_int) {
+        STOP.store(true, Relaxed);
+    }
+    let settings = drum_agent::local::LocalSettings::load(path)?;
+    // SAFETY: installs a handler that only stores to an atomic (async-signal-safe).
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+    drum_agent::local::run(settings, || STOP.load(Relaxed))
 }

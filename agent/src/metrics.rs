@@ -15,6 +15,8 @@ pub struct AgentMetrics {
     pub connects: AtomicU64,
     pub connect_failures: AtomicU64,
     pub fail_static: AtomicU64,
+    /// Selection exchanges applied (the priced restart included).
+    pub exchanges: AtomicU64,
     /// Time spent handling coordinator messages (almost all of it the x-step).
     pub handle_ns: AtomicU64,
 }
@@ -70,6 +72,12 @@ impl AgentMetrics {
             "counter",
             "Transitions to fail-static.",
             self.fail_static.load(Relaxed) as f64,
+        );
+        line(
+            "drum_agent_selection_exchanges_total",
+            "counter",
+            "Selection exchanges applied to the active set (the priced restart included).",
+            self.exchanges.load(Relaxed) as f64,
         );
         line(
             "drum_agent_step_seconds_total",

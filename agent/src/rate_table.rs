@@ -48,6 +48,26 @@ pub struct AppRate {
     pub facility: String,
 }
 
+/// The host's apps and their current grants, in instance order.
+pub fn app_rates(problem: &Problem, core: &AgentCore) -> Vec<AppRate> {
+    let hs = core.state();
+    problem.hosts[hs.host]
+        .pairs
+        .clone()
+        .map(|p| {
+            let pair = &problem.pairs[p];
+            let rate = hs.active.binary_search(&p).map_or(0.0, |i| hs.x[i]);
+            AppRate {
+                app: problem.app_names[pair.app as usize].clone(),
+                active: rate > 0.0,
+                rate,
+                poll_rate: pair.cqe_per_wqe * rate,
+                facility: problem.facilities[pair.facility as usize].id.clone(),
+            }
+        })
+        .collect()
+}
+
 pub struct RateTable {
     path: PathBuf,
 }
@@ -67,23 +87,8 @@ impl RateTable {
         core: &AgentCore,
         state: LinkState,
     ) -> std::io::Result<()> {
-        let hs = core.state();
-        let host = &problem.hosts[hs.host];
-        let apps = host
-            .pairs
-            .clone()
-            .map(|p| {
-                let pair = &problem.pairs[p];
-                let rate = hs.active.binary_search(&p).map_or(0.0, |i| hs.x[i]);
-                AppRate {
-                    app: problem.app_names[pair.app as usize].clone(),
-                    active: rate > 0.0,
-                    rate,
-                    poll_rate: pair.cqe_per_wqe * rate,
-                    facility: problem.facilities[pair.facility as usize].id.clone(),
-                }
-            })
-            .collect();
+        let host = &problem.hosts[core.state().host];
+        let apps = app_rates(problem, core);
         let file = TableFile {
             format: FORMAT.into(),
             host: host.id.clone(),

@@ -9,9 +9,9 @@ use drum_common::instance::Instance;
 use drum_common::model::Problem;
 use drum_common::protocol::wire::{encode, MAGIC, PROTOCOL_VERSION};
 use drum_common::protocol::AgentMsg;
-use drum_common::solver::{default_rho, fixed_set_trace, Algorithm};
+use drum_common::solver::{solve, SolveOptions};
 use drum_coordinator::net::{self, TlsFiles};
-use drum_coordinator::server::{ServeSettings, Server};
+use drum_coordinator::server::{ServeOptions, ServeSettings, Server};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -185,13 +185,17 @@ struct Coord {
 
 impl Coord {
     fn start(settings: ServeSettings) -> Self {
+        Self::start_with(settings, ServeOptions::default())
+    }
+
+    fn start_with(settings: ServeSettings, options: ServeOptions) -> Self {
         logs();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Runtime::new().unwrap();
             rt.block_on(async move {
-                let server = Server::bind(settings).await.unwrap();
+                let server = Server::bind_with(settings, options).await.unwrap();
                 ready_tx
                     .send((server.local_addr().unwrap(), server.admin_addr().unwrap()))
                     .unwrap();
@@ -258,18 +262,48 @@ fn localhost() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()
 }
 
+/// Fixed active sets: the fault tests below are about membership, not selection.
+fn fixed_sets() -> ServeOptions {
+    ServeOptions {
+        priced_start: false,
+        selection_rounds: 0,
+        ..ServeOptions::default()
+    }
+}
+
 #[test]
 fn agents_converge_to_the_in_process_allocation() {
     let c = Cluster::new(4, 6, 2, 11);
-    let iterations = 120;
-    let coord = Coord::start(ServeSettings {
-        min_members: 4,
-        max_iterations: Some(iterations),
-        round_interval_ms: 0,
-        // Synchronous rounds: the iterates must equal the in-process ones exactly.
-        max_staleness: 0,
-        ..c.settings(localhost())
-    });
+    // The schedule of `drum-coordinator solve` (priced restart, 10 damped swap rounds of 20
+    // iterations), with tight tolerances so that both ends converge far below 1e-6.
+    let options = ServeOptions {
+        eps_primal: 1e-11,
+        eps_dual: 1e-11,
+        ..ServeOptions::default()
+    };
+    let reference = solve(
+        &c.problem,
+        &SolveOptions {
+            max_iter: 5000,
+            ..options.solve_options()
+        },
+    );
+    assert!(reference.converged);
+    let swaps: usize = reference.rounds.iter().map(|r| r.swaps).sum();
+    assert!(swaps > 0, "the instance must exercise selection");
+    // `solve` counts the iterations after its priced restart; the service counts all.
+    let iterations = (options.iters_per_round as usize + reference.iterations) as u64;
+    let coord = Coord::start_with(
+        ServeSettings {
+            min_members: 4,
+            max_iterations: Some(iterations),
+            round_interval_ms: 0,
+            // Synchronous rounds: the iterates must equal the in-process ones exactly.
+            max_staleness: 0,
+            ..c.settings(localhost())
+        },
+        options.clone(),
+    );
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -286,37 +320,47 @@ fn agents_converge_to_the_in_process_allocation() {
     ));
     wait_for(
         "every agent at the last iteration",
-        Duration::from_secs(20),
+        Duration::from_secs(30),
         || (0..4).all(|h| c.table(h).is_some_and(|t| t.iteration == iterations)),
     );
-    let active = drum_common::protocol::fixed_active_sets(&c.problem);
-    let rho = default_rho(&c.problem);
-    let (_, reference) = fixed_set_trace(
-        &c.problem,
-        active,
-        Algorithm::Admm,
-        rho,
-        iterations as usize,
-        0.0,
-    );
-    for (h, r) in reference.iter().enumerate() {
+    let mut worst = 0.0f64;
+    for r in &reference.hosts {
+        let h = r.host;
         let t = c.table(h).unwrap();
         assert_eq!(t.state, LinkState::Live);
         let pairs = c.problem.hosts[h].pairs.clone();
         for (app, p) in t.apps.iter().zip(pairs) {
             let want = r.active.binary_search(&p).map_or(0.0, |i| r.x[i]);
+            assert_eq!(
+                app.active,
+                r.active.contains(&p),
+                "host {h} app {}: active set differs from solve's",
+                app.app
+            );
             assert!(
                 (app.rate - want).abs() <= 1e-6,
-                "host {h} app {}: {} vs in-process {want}",
+                "host {h} app {}: {} vs solve {want}",
                 app.app,
                 app.rate
             );
-            assert_eq!(app.active, want > 0.0);
+            worst = worst.max((app.rate - want).abs());
         }
     }
     let s = coord.status();
+    eprintln!(
+        "{iterations} iterations, {swaps} swaps in solve, parks {} activations {} over the \
+         network; largest rate difference {worst:.2e}",
+        s["counters"]["parks"], s["counters"]["activations"]
+    );
     assert_eq!(s["iteration"], iterations);
     assert_eq!(s["counters"]["stale_reuses"], 0);
+    assert_eq!(
+        s["selection"]["exchanges_done"],
+        options.selection_rounds + 1
+    );
+    let moved =
+        s["counters"]["parks"].as_u64().unwrap() + s["counters"]["activations"].as_u64().unwrap();
+    assert!(moved > 0, "{s:#}");
     let (code, m) = drum_coordinator::admin::request(metrics_addr, "GET", "/metrics").unwrap();
     assert_eq!(code, 200);
     let host0 = &c.problem.hosts[0].id;
@@ -327,10 +371,187 @@ fn agents_converge_to_the_in_process_allocation() {
         "{m}"
     );
     assert!(
+        m.contains(&format!(
+            "drum_agent_selection_exchanges_total{{host=\"{host0}\"}} {}",
+            options.selection_rounds + 1
+        )),
+        "{m}"
+    );
+    assert!(
         m.contains(&format!("drum_agent_live{{host=\"{host0}\"}} 1")),
         "{m}"
     );
     assert_eq!(s["members"].as_array().unwrap().len(), 4);
+}
+
+/// Two coordinator shards that share nothing, and agents that talk to every shard owning one
+/// of their facilities: the same allocation as `solve` (and as one coordinator), to 1e-6.
+#[test]
+fn two_shards_converge_to_the_same_allocation() {
+    use drum_common::protocol::shard::ShardMux;
+    use drum_common::protocol::Shard;
+    let c = Cluster::new(4, 6, 2, 11);
+    let options = ServeOptions {
+        eps_primal: 1e-11,
+        eps_dual: 1e-11,
+        ..ServeOptions::default()
+    };
+    let reference = solve(
+        &c.problem,
+        &SolveOptions {
+            max_iter: 5000,
+            ..options.solve_options()
+        },
+    );
+    assert!(reference.converged);
+    let iterations = (options.iters_per_round as usize + reference.iterations) as u64;
+    let links: Vec<Vec<u32>> = (0..4)
+        .map(|h| ShardMux::new(&c.problem, h, 2).links().to_vec())
+        .collect();
+    let coords: Vec<Coord> = (0..2u32)
+        .map(|index| {
+            let members = links.iter().filter(|l| l.contains(&index)).count();
+            assert!(members > 0, "shard {index} owns some host's facility");
+            Coord::start_with(
+                ServeSettings {
+                    min_members: members,
+                    max_iterations: Some(iterations),
+                    round_interval_ms: 0,
+                    max_staleness: 0,
+                    ..c.settings(localhost())
+                },
+                ServeOptions {
+                    shard: Shard { index, count: 2 },
+                    ..options.clone()
+                },
+            )
+        })
+        .collect();
+    let extra = format!("coordinator_shards = [\"{}\"]", coords[1].addr);
+    let _agents: Vec<Agent> = (0..4)
+        .map(|h| c.agent_tagged(&h.to_string(), h, coords[0].addr, None, &extra))
+        .collect();
+    wait_for(
+        "every agent at the last iteration",
+        Duration::from_secs(30),
+        || (0..4).all(|h| c.table(h).is_some_and(|t| t.iteration == iterations)),
+    );
+    let mut worst = 0.0f64;
+    for r in &reference.hosts {
+        let t = c.table(r.host).unwrap();
+        assert_eq!(t.state, LinkState::Live);
+        for (app, p) in t.apps.iter().zip(c.problem.hosts[r.host].pairs.clone()) {
+            let want = r.active.binary_search(&p).map_or(0.0, |i| r.x[i]);
+            assert_eq!(
+                app.active,
+                r.active.contains(&p),
+                "host {} app {}",
+                r.host,
+                app.app
+            );
+            assert!(
+                (app.rate - want).abs() <= 1e-6,
+                "host {} app {}: {} vs solve {want}",
+                r.host,
+                app.app,
+                app.rate
+            );
+            worst = worst.max((app.rate - want).abs());
+        }
+    }
+    // `status` per shard: each shows its own facilities, together all of them.
+    let mut owned = 0;
+    for (index, coord) in coords.iter().enumerate() {
+        let s = coord.status();
+        assert_eq!(s["shard"], format!("{index}/2"));
+        assert_eq!(s["iteration"], iterations);
+        assert_eq!(
+            s["selection"]["exchanges_done"],
+            options.selection_rounds + 1
+        );
+        let facilities = s["facilities"].as_array().unwrap();
+        assert!(facilities.iter().all(|f| {
+            drum_common::protocol::shard_of(f["id"].as_str().unwrap(), 2) == index as u32
+        }));
+        owned += facilities.len();
+    }
+    assert_eq!(owned, c.problem.facilities.len());
+    eprintln!("two shards: {iterations} iterations; largest rate difference to solve {worst:.2e}");
+}
+
+/// `set-weight` reaches every member at once, and an agent that joins later after its
+/// welcome; the agents then converge to the optimum of the instance with the new weight.
+#[test]
+fn set_weight_reaches_every_agent_and_moves_the_allocation() {
+    use drum_common::solver::{default_rho, fixed_set_trace, Algorithm};
+    let c = Cluster::new(2, 8, 4, 15);
+    let coord = Coord::start_with(
+        ServeSettings {
+            min_members: 2,
+            ..c.settings(localhost())
+        },
+        fixed_sets(),
+    );
+    let mut agents: Vec<Agent> = (0..2).map(|h| c.agent(h, coord.addr, None)).collect();
+    wait_for("rounds running", Duration::from_secs(15), || {
+        (0..2).all(|h| c.table(h).is_some_and(|t| t.iteration > 20))
+    });
+    // Host 0's first active app gets 8 times its weight, on every host.
+    let active = drum_common::protocol::fixed_active_sets(&c.problem);
+    let pair = active[0][0];
+    let app_index = c.problem.pairs[pair].app;
+    let app = c.problem.app_names[app_index as usize].clone();
+    let weight = 8.0 * c.problem.pairs[pair].weight;
+    let (code, body) = drum_coordinator::admin::request(
+        coord.admin,
+        "POST",
+        &format!(
+            "/set-weight?app={}&value={weight}",
+            drum_coordinator::admin::percent_encode(&app)
+        ),
+    )
+    .unwrap();
+    assert_eq!(code, 200, "{body}");
+    wait_for(
+        "both agents took the weight",
+        Duration::from_secs(10),
+        || {
+            agents
+                .iter()
+                .all(|a| a.log().contains("operator set a weight"))
+        },
+    );
+    let mut changed = c.problem.clone();
+    drum_common::protocol::agent::AgentCore::apply_weight(&mut changed, app_index, weight);
+    let rho = default_rho(&c.problem);
+    let (_, want) = fixed_set_trace(&changed, active.clone(), Algorithm::Admm, rho, 3000, 1e-13);
+    let (_, old) = fixed_set_trace(&c.problem, active, Algorithm::Admm, rho, 3000, 1e-13);
+    let moved = (want[0].x[0] - old[0].x[0]).abs();
+    assert!(moved > 1e-3, "the weight must matter here: {moved}");
+    wait_for(
+        "the optimum of the new weights",
+        Duration::from_secs(20),
+        || {
+            want.iter().all(|r| {
+                c.table(r.host).is_some_and(|t| {
+                    let pairs = c.problem.hosts[r.host].pairs.clone();
+                    t.apps.iter().zip(pairs).all(|(a, p)| {
+                        let x = r.active.binary_search(&p).map_or(0.0, |i| r.x[i]);
+                        (a.rate - x).abs() <= 1e-6
+                    })
+                })
+            })
+        },
+    );
+    assert_eq!(coord.status()["weights"][&app], weight);
+    // A host that joins after the change hears of it after its welcome.
+    agents[1].kill();
+    let late = c.agent_tagged("1-late", 1, coord.addr, None, "");
+    wait_for(
+        "the late agent took the weight",
+        Duration::from_secs(10),
+        || late.log().contains("operator set a weight"),
+    );
 }
 
 /// A QUIC client with a valid certificate that sends raw bytes on its stream.
@@ -455,10 +676,13 @@ fn bad_peers_and_frames_are_refused_without_disturbing_rounds() {
 #[test]
 fn killed_agent_is_dropped_after_the_timeout() {
     let c = Cluster::new(3, 4, 2, 13);
-    let coord = Coord::start(ServeSettings {
-        min_members: 3,
-        ..c.settings(localhost())
-    });
+    let coord = Coord::start_with(
+        ServeSettings {
+            min_members: 3,
+            ..c.settings(localhost())
+        },
+        fixed_sets(),
+    );
     let mut agents: Vec<Agent> = (0..3).map(|h| c.agent(h, coord.addr, None)).collect();
     wait_for("three members in rounds", Duration::from_secs(15), || {
         coord.status()["iteration"].as_u64().unwrap() > 5
@@ -533,9 +757,16 @@ fn coordinator_loss_is_fail_static_and_agents_rejoin_a_restarted_one() {
     let coord = Coord::start(settings.clone());
     let addr = coord.addr;
     let _agents: Vec<Agent> = (0..2).map(|h| c.agent(h, addr, None)).collect();
-    wait_for("rounds running", Duration::from_secs(15), || {
-        coord.status()["iteration"].as_u64().unwrap() > 20
-    });
+    // Selection runs (the default schedule); stop the coordinator once it is over.
+    wait_for(
+        "the selection schedule done",
+        Duration::from_secs(20),
+        || {
+            let s = coord.status();
+            s["selection"]["exchanges_done"] == s["selection"]["exchanges_planned"]
+                && s["iteration"].as_u64().unwrap() > 240
+        },
+    );
     let prices = |s: &serde_json::Value| -> Vec<f64> {
         s["facilities"]
             .as_array()
@@ -590,4 +821,12 @@ fn coordinator_loss_is_fail_static_and_agents_rejoin_a_restarted_one() {
         s["members"].as_array().unwrap().len() == 2
             && s["iteration"].as_u64().unwrap() > frozen[0].iteration + 10
     });
+    // The restarted coordinator resumed the selection schedule where the agents left it
+    // (done), rather than re-selecting from scratch.
+    let s = coord.status();
+    assert_eq!(
+        s["selection"]["exchanges_done"], s["selection"]["exchanges_planned"],
+        "{s:#}"
+    );
+    assert_eq!(s["counters"]["exchanges"], 0, "{s:#}");
 }

@@ -3,6 +3,7 @@
 //! the agent, the coordinator and the simulator can all reuse it and tests are deterministic.
 
 pub mod admm;
+pub mod dasr;
 pub mod dual;
 pub mod generator;
 pub mod host_step;

@@ -1,6 +1,7 @@
 //! The coordinator's admin endpoint: a deliberately tiny HTTP/1.0 server (one request per
 //! connection) for `GET /metrics` (Prometheus text format), `GET /status` (JSON) and
-//! `POST /set-capacity?facility=F&value=Y`, `POST /drain?host=H`, `POST /undrain?host=H`, plus the client the operator CLI uses. It has no
+//! `POST /set-capacity?facility=F&value=Y`, `POST /set-weight?app=A&value=W`, `POST /drain?host=H`,
+//! `POST /undrain?host=H`, plus the client the operator CLI uses. It has no
 //! authentication: bind it to loopback.
 
 use drum_common::protocol::coordinator::Coordinator;
@@ -16,6 +17,7 @@ pub enum AdminRequest {
     Metrics,
     Status,
     SetCapacity { facility: String, capacity: f64 },
+    SetWeight { app: String, weight: f64 },
     Drain { host: String },
     Undrain { host: String },
 }
@@ -108,12 +110,23 @@ pub fn answer(
         let actions = core.drain(now, host);
         return (text(200, format!("host {host} drained\n")), actions);
     }
+    if let AdminRequest::SetWeight { app, weight } = &req {
+        return match core.set_weight(app, *weight) {
+            Ok(actions) => (
+                text(200, format!("weight of {app} set to {weight}\n")),
+                actions,
+            ),
+            Err(e) => (text(400, format!("{e}\n")), Vec::new()),
+        };
+    }
     (answer_simple(core, metrics, req), Vec::new())
 }
 
 fn answer_simple(core: &mut Coordinator, metrics: &Metrics, req: AdminRequest) -> Reply {
     match req {
-        AdminRequest::Drain { .. } => unreachable!("handled by answer"),
+        AdminRequest::Drain { .. } | AdminRequest::SetWeight { .. } => {
+            unreachable!("handled by answer")
+        }
         AdminRequest::Undrain { host } => {
             if core.undrain(&host) {
                 text(200, format!("host {host} may join again\n"))
@@ -200,6 +213,26 @@ fn prometheus(core: &Coordinator, m: &Metrics) -> String {
         m.stale_rounds.load(Ordering::Relaxed),
     );
     counter("drum_coordinator_late_total", "Late contributions.", c.late);
+    counter(
+        "drum_coordinator_selection_exchanges_total",
+        "Selection exchanges completed (the priced restart included).",
+        c.exchanges,
+    );
+    counter(
+        "drum_coordinator_selection_parks_total",
+        "Active pairs parked by selection rounds.",
+        c.parks,
+    );
+    counter(
+        "drum_coordinator_selection_activations_total",
+        "Pairs activated by selection rounds.",
+        c.activations,
+    );
+    counter(
+        "drum_coordinator_selection_refused_activations_total",
+        "Activations refused because the facility could not carry one more pair at x_min.",
+        c.refused_activations,
+    );
     counter(
         "drum_coordinator_duplicates_total",
         "Duplicate contributions.",
@@ -299,6 +332,14 @@ pub fn parse_request(head: &str) -> Result<AdminRequest, String> {
                 .parse()
                 .map_err(|_| format!("value {value:?} is not a number"))?;
             Ok(AdminRequest::SetCapacity { facility, capacity })
+        }
+        ("POST", "/set-weight") => {
+            let app = param("app").ok_or("missing app=")?;
+            let value = param("value").ok_or("missing value=")?;
+            let weight = value
+                .parse()
+                .map_err(|_| format!("value {value:?} is not a number"))?;
+            Ok(AdminRequest::SetWeight { app, weight })
         }
         ("POST", "/drain") => Ok(AdminRequest::Drain {
             host: param("host").ok_or("missing host=")?,

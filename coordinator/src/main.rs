@@ -51,6 +51,10 @@ struct SolverArgs {
     /// Seed of the selection's coin flips.
     #[arg(long, default_value_t = 1)]
     selection_seed: u64,
+    /// Tolerance on both residuals: a selection round's inner loop, and the last one, stop
+    /// once the primal and the dual residual are both at most this.
+    #[arg(long, default_value_t = 1e-4)]
+    eps: f64,
 }
 
 #[derive(Subcommand)]
@@ -103,6 +107,10 @@ enum Command {
         /// TOML configuration (docs/control-plane.md).
         #[arg(long)]
         config: PathBuf,
+        /// Serve only shard I of N: the facilities whose id hashes to I (FNV-1a mod N).
+        /// Shards share nothing; agents list every shard's address.
+        #[arg(long, value_name = "I/N")]
+        shard: Option<drum_common::protocol::Shard>,
     },
     /// Create a throw-away CA and certificates for a test cluster.
     DevCerts {
@@ -135,6 +143,13 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:9464")]
         admin: std::net::SocketAddr,
     },
+    /// Change an app's weight on every host (finite, > 0; the app must exist).
+    SetWeight {
+        app: String,
+        weight: f64,
+        #[arg(long, default_value = "127.0.0.1:9464")]
+        admin: std::net::SocketAddr,
+    },
     /// Change a facility's capacity on a running coordinator.
     SetCapacity {
         facility: String,
@@ -153,12 +168,17 @@ fn options(args: &SolverArgs, algorithm: Algorithm) -> Result<SolveOptions> {
     if args.max_iter == 0 {
         bail!("--max-iter must be at least 1");
     }
+    if !(args.eps.is_finite() && args.eps >= 0.0) {
+        bail!("--eps must be finite and non-negative, got {}", args.eps);
+    }
     let mut opts = SolveOptions {
         algorithm,
         rho: args.rho,
         max_iter: args.max_iter,
         rounds: args.rounds,
         iters_per_round: args.iters_per_round,
+        eps_primal: args.eps,
+        eps_dual: args.eps,
         ..SolveOptions::default()
     };
     opts.selection.seed = args.selection_seed;
@@ -279,7 +299,7 @@ fn run(cli: Cli) -> Result<()> {
                 print!("{}", report.summary());
             }
         }
-        Command::Serve { config } => serve(&config)?,
+        Command::Serve { config, shard } => serve(&config, shard)?,
         Command::DevCerts { out, san, agents } => {
             for a in &agents {
                 if a.is_empty()
@@ -320,6 +340,13 @@ fn run(cli: Cli) -> Result<()> {
             );
             print!("{}", admin_call(admin, "POST", &target)?);
         }
+        Command::SetWeight { app, weight, admin } => {
+            let target = format!(
+                "/set-weight?app={}&value={weight}",
+                drum_coordinator::admin::percent_encode(&app)
+            );
+            print!("{}", admin_call(admin, "POST", &target)?);
+        }
         Command::DrainHost { host, admin } => {
             let target = format!(
                 "/drain?host={}",
@@ -339,12 +366,16 @@ fn run(cli: Cli) -> Result<()> {
     Ok(())
 }
 
-fn serve(config: &std::path::Path) -> Result<()> {
+fn serve(config: &std::path::Path, shard: Option<drum_common::protocol::Shard>) -> Result<()> {
     init_logging();
-    let settings = drum_coordinator::server::ServeSettings::load(config)?;
+    let (settings, mut options) =
+        drum_coordinator::server::ServeSettings::load_with_options(config)?;
+    if let Some(shard) = shard {
+        options.shard = shard;
+    }
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     rt.block_on(async {
-        let server = drum_coordinator::server::Server::bind(settings).await?;
+        let server = drum_coordinator::server::Server::bind_with(settings, options).await?;
         if let Some(a) = server.admin_addr() {
             tracing::info!(admin = %a, "admin endpoint listening");
         }
@@ -385,7 +416,8 @@ fn status_table(json: &str) -> Result<String> {
     let v: serde_json::Value = serde_json::from_str(json).context("status reply is not JSON")?;
     let num = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
     let mut out = format!(
-        "epoch {}  iteration {}  rho {:.4}  primal residual {:.3e}  dual residual {:.3e}\n",
+        "shard {}  epoch {}  iteration {}  rho {:.4}  primal residual {:.3e}  dual residual {:.3e}\n",
+        v["shard"].as_str().unwrap_or("?"),
         v["epoch"],
         v["iteration"],
         num(&v["rho"]),
@@ -433,6 +465,20 @@ fn status_table(json: &str) -> Result<String> {
             num(&f["price"])
         );
     }
+    let sel = &v["selection"];
+    out += &format!(
+        "selection: {} of {} exchanges done{}; parks {}  activations {}  refused activations {}\n",
+        sel["exchanges_done"],
+        sel["exchanges_planned"],
+        if sel["in_progress"].as_bool() == Some(true) {
+            " (one in progress)"
+        } else {
+            ""
+        },
+        v["counters"]["parks"],
+        v["counters"]["activations"],
+        v["counters"]["refused_activations"]
+    );
     if let Some(d) = v["drained"].as_array().filter(|d| !d.is_empty()) {
         let names: Vec<&str> = d.iter().filter_map(|h| h.as_str()).collect();
         out += &format!("drained: {}\n", names.join(", "));

@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// ALPN of protocol version 1; a peer speaking anything else fails the handshake.
-pub const ALPN: &[u8] = b"drum/1";
+/// ALPN of protocol version 2 (`PROTOCOL_VERSION`); a peer speaking anything else, such as a
+/// version-1 agent (`drum/1`), fails the handshake.
+pub const ALPN: &[u8] = b"drum/2";
 /// QUIC application error codes used when closing a connection.
 pub const CLOSE_NORMAL: u32 = 0;
 pub const CLOSE_PROTOCOL: u32 = 1;

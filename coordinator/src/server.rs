@@ -9,9 +9,12 @@ use crate::net::{self, FramedRecv, NetError, TlsFiles};
 use anyhow::{bail, Context, Result};
 use drum_common::instance::Instance;
 use drum_common::model::Problem;
-use drum_common::protocol::coordinator::{Action, Coordinator, CoordinatorConfig, Event, MemberId};
-use drum_common::protocol::{facility_digest, AgentMsg, CoordMsg};
-use drum_common::solver::default_rho;
+use drum_common::protocol::coordinator::{
+    Action, Coordinator, CoordinatorConfig, Event, MemberId, OperatorState, SelectionSchedule,
+};
+use drum_common::protocol::{facility_digest, AgentMsg, CoordMsg, Shard};
+use drum_common::selection::SelectionOptions;
+use drum_common::solver::{default_rho, SolveOptions};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -81,13 +84,143 @@ fn d_timeout() -> u64 {
     3000
 }
 
+/// The keys of the `serve` config beyond [`ServeSettings`]: the selection schedule (defaults:
+/// those of `drum-coordinator solve`). They live in the same TOML file; they are a separate
+/// struct so that code building a `ServeSettings` literal keeps compiling.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ServeOptions {
+    /// Re-run the greedy initial selection at half the prices after `iters_per_round`
+    /// iterations (docs/model.md), as `solve` does.
+    #[serde(default = "yes")]
+    pub priced_start: bool,
+    /// Top-k selection rounds (0 with `priced_start = false`: fixed active sets).
+    #[serde(default = "d_selection_rounds")]
+    pub selection_rounds: u32,
+    /// ADMM iterations between two selection rounds (fewer once both residuals are within
+    /// `eps_primal` and `eps_dual`).
+    #[serde(default = "d_iters_per_round")]
+    pub iters_per_round: u32,
+    #[serde(default = "d_eps")]
+    pub eps_primal: f64,
+    #[serde(default = "d_eps")]
+    pub eps_dual: f64,
+    /// Seed of the selection's coin flips (`solve --selection-seed`).
+    #[serde(default = "d_seed")]
+    pub selection_seed: u64,
+    /// The facilities this process owns (`serve --shard I/N`; not a config key).
+    #[serde(skip)]
+    pub shard: Shard,
+    /// Where operator changes (`set-capacity`, `set-weight`, drained hosts) are kept across
+    /// restarts: JSON, replaced atomically after every change, loaded at start. None: they
+    /// are lost with the process.
+    #[serde(default)]
+    pub state_file: Option<PathBuf>,
+}
+
+/// The keys that belong to [`ServeOptions`].
+const OPTION_KEYS: &[&str] = &[
+    "priced_start",
+    "selection_rounds",
+    "iters_per_round",
+    "eps_primal",
+    "eps_dual",
+    "selection_seed",
+    "state_file",
+];
+
+fn d_selection_rounds() -> u32 {
+    SolveOptions::default().rounds as u32
+}
+fn d_iters_per_round() -> u32 {
+    SolveOptions::default().iters_per_round as u32
+}
+fn d_eps() -> f64 {
+    SolveOptions::default().eps_primal
+}
+fn d_seed() -> u64 {
+    SelectionOptions::default().seed
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            priced_start: true,
+            selection_rounds: d_selection_rounds(),
+            iters_per_round: d_iters_per_round(),
+            eps_primal: d_eps(),
+            eps_dual: d_eps(),
+            selection_seed: d_seed(),
+            shard: Shard::WHOLE,
+            state_file: None,
+        }
+    }
+}
+
+impl ServeOptions {
+    /// The options of `drum-coordinator solve` with the same selection schedule.
+    pub fn solve_options(&self) -> SolveOptions {
+        let mut o = SolveOptions {
+            priced_start: self.priced_start,
+            rounds: self.selection_rounds as usize,
+            iters_per_round: self.iters_per_round as usize,
+            eps_primal: self.eps_primal,
+            eps_dual: self.eps_dual,
+            ..SolveOptions::default()
+        };
+        o.selection.seed = self.selection_seed;
+        o
+    }
+
+    pub fn schedule(&self) -> SelectionSchedule {
+        SelectionSchedule::from_solve(&self.solve_options())
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.iters_per_round == 0 {
+            bail!("iters_per_round must be at least 1");
+        }
+        for (name, v) in [("eps_primal", self.eps_primal), ("eps_dual", self.eps_dual)] {
+            if !(v.is_finite() && v >= 0.0) {
+                bail!("{name} must be finite and non-negative, got {v}");
+            }
+        }
+        Ok(())
+    }
+}
+
 impl ServeSettings {
     pub fn load(path: &Path) -> Result<Self> {
-        let (mut s, base): (Self, _) = net::load_config(path)?;
+        Ok(Self::load_with_options(path)?.0)
+    }
+
+    /// Loads the whole `serve` config: the settings and the selection options.
+    pub fn load_with_options(path: &Path) -> Result<(Self, ServeOptions)> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut table: toml::Table =
+            toml::from_str(&text).with_context(|| format!("in {}", path.display()))?;
+        let mut extra = toml::Table::new();
+        for key in OPTION_KEYS {
+            if let Some(v) = table.remove(*key) {
+                extra.insert(key.to_string(), v);
+            }
+        }
+        let mut s: Self = toml::Value::Table(table)
+            .try_into()
+            .with_context(|| format!("in {}", path.display()))?;
+        let mut options: ServeOptions = toml::Value::Table(extra)
+            .try_into()
+            .with_context(|| format!("in {}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        options.state_file = options.state_file.map(|p| base.join(p));
         s.instance = base.join(&s.instance);
         s.tls.rebase(&base);
         s.validate()?;
-        Ok(s)
+        options
+            .validate()
+            .with_context(|| format!("in {}", path.display()))?;
+        Ok((s, options))
     }
 
     fn validate(&self) -> Result<()> {
@@ -108,6 +241,78 @@ impl ServeSettings {
         }
         Ok(())
     }
+}
+
+/// The state file's format tag.
+pub const STATE_FORMAT: &str = "drum-coordinator-state/1";
+
+#[derive(Debug, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+struct StateFile {
+    format: String,
+    #[serde(default)]
+    capacities: std::collections::BTreeMap<String, f64>,
+    #[serde(default)]
+    weights: std::collections::BTreeMap<String, f64>,
+    #[serde(default)]
+    drained: Vec<String>,
+}
+
+/// Reads a state file; a missing file is an empty state, anything unreadable an error that
+/// names the file (the coordinator then refuses to start rather than drop the changes).
+pub fn read_state(path: &Path) -> Result<OperatorState> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(OperatorState::default()),
+        Err(e) => {
+            return Err(e).with_context(|| format!("reading the state file {}", path.display()))
+        }
+    };
+    let f: StateFile = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "the state file {} is corrupt (fix or remove it; it holds the operator's changes)",
+            path.display()
+        )
+    })?;
+    if f.format != STATE_FORMAT {
+        bail!(
+            "the state file {} has format {:?}, expected {STATE_FORMAT:?}",
+            path.display(),
+            f.format
+        );
+    }
+    Ok(OperatorState {
+        capacities: f.capacities,
+        weights: f.weights,
+        drained: f.drained,
+    })
+}
+
+/// Writes a state file atomically: `PATH.tmp`, fsync, rename over `PATH`, fsync the directory.
+pub fn write_state(path: &Path, st: &OperatorState) -> Result<()> {
+    use std::io::Write;
+    let f = StateFile {
+        format: STATE_FORMAT.into(),
+        capacities: st.capacities.clone(),
+        weights: st.weights.clone(),
+        drained: st.drained.clone(),
+    };
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let body = serde_json::to_string_pretty(&f).expect("state serialises");
+    let mut file =
+        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    file.write_all(body.as_bytes())
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(())
 }
 
 pub fn load_problem(path: &Path) -> Result<Problem> {
@@ -134,14 +339,25 @@ enum Outgoing {
 /// A bound, not yet running coordinator.
 pub struct Server {
     settings: ServeSettings,
+    options: ServeOptions,
     problem: Problem,
     endpoint: quinn::Endpoint,
     admin: Option<tokio::net::TcpListener>,
 }
 
 impl Server {
+    /// Binds with the default [`ServeOptions`] (the selection schedule of `solve`).
     pub async fn bind(settings: ServeSettings) -> Result<Self> {
+        Self::bind_with(settings, ServeOptions::default()).await
+    }
+
+    pub async fn bind_with(settings: ServeSettings, options: ServeOptions) -> Result<Self> {
+        options.validate()?;
         let problem = load_problem(&settings.instance)?;
+        // A corrupt state file stops the start here, before anything listens.
+        if let Some(p) = &options.state_file {
+            read_state(p)?;
+        }
         let idle = Duration::from_millis(settings.member_timeout_ms);
         let endpoint = net::server_endpoint(&settings.tls, settings.listen, idle)
             .with_context(|| format!("binding QUIC on {}", settings.listen))?;
@@ -155,6 +371,7 @@ impl Server {
         };
         Ok(Self {
             settings,
+            options,
             problem,
             endpoint,
             admin,
@@ -173,6 +390,7 @@ impl Server {
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
         let Server {
             settings,
+            options,
             problem,
             endpoint,
             admin,
@@ -188,10 +406,19 @@ impl Server {
             round_interval: Duration::from_millis(settings.round_interval_ms),
             min_members: settings.min_members,
             max_iterations: settings.max_iterations,
+            selection: options.schedule(),
+            shard: options.shard,
         };
+        let owned = problem
+            .facilities
+            .iter()
+            .filter(|f| options.shard.owns(&f.id))
+            .count();
         info!(
             listen = %endpoint.local_addr()?,
             facilities = problem.facilities.len(),
+            shard = %options.shard,
+            owned,
             rho,
             "coordinator serving"
         );
@@ -213,9 +440,27 @@ impl Server {
             bind_host: settings.bind_host_to_certificate,
         };
         let accept = tokio::spawn(accept_loop(endpoint.clone(), tx, metrics.clone(), policy));
-        let core = Coordinator::new(cfg, problem.facilities.clone());
+        let mut core = Coordinator::new(cfg, problem.facilities.clone());
+        core.set_apps(problem.app_names.clone());
+        if let Some(p) = &options.state_file {
+            let st = read_state(p)?;
+            core.restore(&st).map_err(|e| {
+                anyhow::anyhow!(
+                    "the state file {} does not fit the instance: {e}",
+                    p.display()
+                )
+            })?;
+            info!(
+                state_file = %p.display(),
+                capacities = st.capacities.len(),
+                weights = st.weights.len(),
+                drained = st.drained.len(),
+                "operator changes restored"
+            );
+        }
+        let state_file = options.state_file.clone();
         tokio::select! {
-            r = core_loop(core, rx, metrics) => r?,
+            r = core_loop(core, rx, metrics, state_file) => r?,
             _ = shutdown => info!("coordinator shutting down"),
         }
         accept.abort();
@@ -355,6 +600,7 @@ async fn core_loop(
     mut core: Coordinator,
     mut rx: mpsc::UnboundedReceiver<Input>,
     metrics: Arc<Metrics>,
+    state_file: Option<PathBuf>,
 ) -> Result<()> {
     let origin = Instant::now();
     let mut writers: HashMap<MemberId, (SocketAddr, mpsc::UnboundedSender<Outgoing>)> =
@@ -382,7 +628,24 @@ async fn core_loop(
                         core.on_disconnect(now, id)
                     }
                     Input::Admin(req, reply) => {
-                        let (answer, actions) = admin::answer(&mut core, &metrics, req, now);
+                        let changes = matches!(
+                            req,
+                            AdminRequest::SetCapacity { .. }
+                                | AdminRequest::SetWeight { .. }
+                                | AdminRequest::Drain { .. }
+                                | AdminRequest::Undrain { .. }
+                        );
+                        let (mut answer, actions) = admin::answer(&mut core, &metrics, req, now);
+                        if let (true, 200, Some(p)) = (changes, answer.code, &state_file) {
+                            if let Err(e) = write_state(p, &core.operator_state()) {
+                                warn!("operator change not persisted: {e:#}");
+                                answer.code = 500;
+                                answer.body = format!(
+                                    "{}but it was NOT persisted: {e:#}\n",
+                                    answer.body
+                                );
+                            }
+                        }
                         let _ = reply.send(answer);
                         actions
                     }
@@ -447,5 +710,22 @@ fn log_event(e: &Event, metrics: &Metrics) {
         Event::Duplicate { member, iteration } => {
             debug!(member, iteration, "duplicate contribution")
         }
+        Event::SelectionStarted {
+            exchange,
+            round,
+            iteration,
+        } => match round {
+            Some(round) => info!(exchange, round, iteration, "selection round started"),
+            None => info!(exchange, iteration, "priced restart started"),
+        },
+        Event::SelectionDone {
+            exchange,
+            parks,
+            activations,
+            refused,
+        } => info!(
+            exchange,
+            parks, activations, refused, "selection exchange done"
+        ),
     }
 }

@@ -1,8 +1,10 @@
 //! In-memory counters of what an application does through the governed verbs: per context
 //! and per QP. Lock-free (relaxed atomics), because they are updated on the data path by
-//! whichever threads post and poll; a later step will expose them to the agent.
+//! whichever threads post and poll. Each QP's slot also holds its governance state (its
+//! software send queue and work in flight, see `govern`).
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
 
 /// Counters of one context (or of all closed contexts together).
 #[derive(Default)]
@@ -93,12 +95,19 @@ pub struct QpCounters {
     pub send_bytes: AtomicU64,
     pub recv_wqes: AtomicU64,
     pub completions: AtomicU64,
+    /// Taken only when the QP is governed (limits or tracking in force, or work queued).
+    pub gov: Mutex<crate::govern::QpGov>,
+    /// WRs in the software queue: lets the ungoverned fast path see, without the lock, that
+    /// it must not overtake them.
+    pub queued: AtomicU64,
+    /// Listed for the engine thread.
+    pub pending: AtomicBool,
 }
 
 /// Per-QP counters in a fixed open-addressing table, so that the data path never takes a
 /// lock or allocates. QPs beyond its capacity are counted only in the context's totals
 /// (`overflow()` says how often that happened). QP numbers reused after `ibv_destroy_qp`
-/// share a slot; QP destruction is not interposed yet.
+/// share a slot (their governance state is reset when the old QP is destroyed).
 pub struct QpTable {
     slots: Box<[QpCounters]>,
     overflow: AtomicU64,
@@ -154,6 +163,11 @@ impl QpTable {
                 })
             })
             .collect()
+    }
+
+    /// WRs held in the software queues of all QPs.
+    pub fn queued(&self) -> u64 {
+        self.slots.iter().map(|s| s.queued.load(Relaxed)).sum()
     }
 
     pub fn overflow(&self) -> u64 {

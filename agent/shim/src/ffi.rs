@@ -54,7 +54,53 @@ pub struct IbvQp {
     pub srq: *mut IbvSrq,
     pub handle: u32,
     pub qp_num: u32,
+    /// Kept current by libibverbs' `ibv_modify_qp`.
+    pub state: u32,
+    pub qp_type: u32,
 }
+
+pub const IBV_QPS_RTR: u32 = 2;
+pub const IBV_QPS_RTS: u32 = 3;
+pub const IBV_QP_STATE: c_int = 1;
+pub const IBV_QP_AV: c_int = 1 << 7;
+pub const IBV_QP_DEST_QPN: c_int = 1 << 20;
+pub const IBV_SEND_SIGNALED: u32 = 2;
+pub const IBV_SEND_INLINE: u32 = 8;
+/// Work-completion opcodes from this value on are receive-side.
+pub const IBV_WC_RECV: c_int = 128;
+
+/// Prefix of `struct ibv_qp_init_attr` up to `sq_sig_all`.
+#[repr(C)]
+pub struct IbvQpInitAttr {
+    pub _head: [u8; 52],
+    pub qp_type: u32,
+    pub sq_sig_all: c_int,
+}
+
+/// `struct ibv_ah_attr` (its `grh` first, `dgid` first in the `grh`).
+#[repr(C)]
+pub struct IbvAhAttr {
+    pub dgid: [u8; 16],
+    pub _grh_rest: [u8; 8],
+    pub dlid: u16,
+    pub _sl_bits: [u8; 3],
+    pub is_global: u8,
+    pub _tail: [u8; 2],
+}
+
+/// Prefix of `struct ibv_qp_attr` up to `ah_attr`.
+#[repr(C)]
+pub struct IbvQpAttr {
+    pub qp_state: u32,
+    pub _a: [u8; 24],
+    pub dest_qp_num: u32,
+    pub _b: [u8; 24],
+    pub ah_attr: IbvAhAttr,
+}
+
+pub type CreateQpFn = unsafe extern "C" fn(*mut c_void, *mut IbvQpInitAttr) -> *mut IbvQp;
+pub type ModifyQpFn = unsafe extern "C" fn(*mut IbvQp, *mut IbvQpAttr, c_int) -> c_int;
+pub type DestroyQpFn = unsafe extern "C" fn(*mut IbvQp) -> c_int;
 
 /// Prefix of `struct ibv_cq`.
 #[repr(C)]
@@ -69,6 +115,7 @@ pub struct IbvSrq {
 }
 
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct IbvSge {
     pub addr: u64,
     pub length: u32,
@@ -155,6 +202,33 @@ mod tests {
             ("ibv_qp.context", offset_of!(IbvQp, context)),
             ("ibv_qp.srq", offset_of!(IbvQp, srq)),
             ("ibv_qp.qp_num", offset_of!(IbvQp, qp_num)),
+            ("ibv_qp.state", offset_of!(IbvQp, state)),
+            ("ibv_qp.qp_type", offset_of!(IbvQp, qp_type)),
+            (
+                "ibv_qp_init_attr.qp_type",
+                offset_of!(IbvQpInitAttr, qp_type),
+            ),
+            (
+                "ibv_qp_init_attr.sq_sig_all",
+                offset_of!(IbvQpInitAttr, sq_sig_all),
+            ),
+            (
+                "ibv_qp_attr.dest_qp_num",
+                offset_of!(IbvQpAttr, dest_qp_num),
+            ),
+            ("ibv_qp_attr.ah_attr", offset_of!(IbvQpAttr, ah_attr)),
+            ("sizeof ibv_ah_attr", size_of::<IbvAhAttr>()),
+            ("ibv_ah_attr.dlid", offset_of!(IbvAhAttr, dlid)),
+            ("ibv_ah_attr.is_global", offset_of!(IbvAhAttr, is_global)),
+            (
+                "back verbs_context.create_cq_ex",
+                crate::extended::CREATE_CQ_EX_BACK,
+            ),
+            (
+                "back verbs_context.create_qp_ex",
+                crate::extended::CREATE_QP_EX_BACK,
+            ),
+            ("back verbs_context.sz", crate::extended::SZ_BACK),
             ("ibv_cq.context", offset_of!(IbvCq, context)),
             ("ibv_srq.context", offset_of!(IbvSrq, context)),
             ("sizeof ibv_sge", size_of::<IbvSge>()),
@@ -181,6 +255,11 @@ mod tests {
         for (name, _) in &checks {
             let expr = if let Some(t) = name.strip_prefix("sizeof ") {
                 format!("sizeof(struct {t})")
+            } else if let Some(f) = name.strip_prefix("back verbs_context.") {
+                // Bytes before the embedded ibv_context: the struct grows downwards.
+                format!(
+                    "offsetof(struct verbs_context, context) - offsetof(struct verbs_context, {f})"
+                )
             } else {
                 let (s, f) = name.split_once('.').unwrap();
                 format!("offsetof(struct {s}, {f})")

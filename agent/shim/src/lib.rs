@@ -14,17 +14,26 @@
 //! entry point runs its own logic under `catch_unwind`; on trouble the context (or the
 //! counting) falls back to pass-through and one line on stderr says so.
 //!
-//! This first slice counts (WQEs, bytes, completions per context and QP) and can pace
-//! `ibv_post_send` to a fixed WQE rate from `DRUM_SHIM_RATE_WQE_PER_S` by delaying the
-//! posting thread; no agent, queueing, gating or dedicated CQ yet. See docs/shim.md.
+//! It counts (WQEs, bytes, completions per context and QP), registers with the host's
+//! `drum-agent` and enforces its grant (`govern`, `engine`): byte and WQE rates, top-k QP
+//! gating, per-receiver caps. See docs/shim.md.
 
 pub mod counters;
+mod engine;
+pub mod extended;
 pub mod ffi;
+pub mod gate;
+mod govern;
+pub mod inflight;
+mod link;
 pub mod pacer;
+pub mod sendq;
+mod spin;
 
-use counters::{Counters, QpTable, Snapshot};
+use counters::{Counters, QpCounters, QpTable, Snapshot};
 use ffi::*;
 use libc::{c_int, c_void};
+use spin::SpinLock;
 use std::ffi::CStr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
@@ -32,8 +41,6 @@ use std::sync::atomic::{
     AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize,
     Ordering::{Acquire, Relaxed, Release},
 };
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
 
 /// Contexts governed at once; more are left pass-through (and reported).
 const MAX_CONTEXTS: usize = 64;
@@ -50,9 +57,14 @@ struct Orig {
     req_notify_cq: Option<ReqNotifyCqFn>,
 }
 
-/// Everything the shim keeps per context. Immutable after publication except the atomics.
+/// Everything the shim keeps per context. Immutable after publication except the atomics
+/// (and the QPs' governance state, under their own locks).
 struct ContextState {
+    /// The context's address (its key in `SLOTS`) and its slot.
+    key: usize,
+    index: usize,
     orig: Orig,
+    ext: extended::ExtOrig,
     counters: Counters,
     qps: QpTable,
 }
@@ -73,54 +85,25 @@ static SLOTS: [Slot; MAX_CONTEXTS] = [const {
 }; MAX_CONTEXTS];
 /// Slots ever used: bounds the data path's scan.
 static HIGH: AtomicUsize = AtomicUsize::new(0);
-/// Serialises the cold paths (open, close, the exit summary), never taken on the data path.
-static COLD: ColdLock = ColdLock(AtomicBool::new(false));
+/// Serialises the cold paths (open, close, the exit summary) and the engine's passes over
+/// the contexts; never taken on the application's data path.
+static COLD: SpinLock<()> = SpinLock::new(());
 
-/// A minimal lock that `fork` handlers can take and release without a guard object: held
-/// across `fork` by the forking thread, so a child never inherits it locked by a thread that
-/// does not exist in the child (it would hang the child's next open, close or exit summary).
-struct ColdLock(AtomicBool);
-
-struct ColdGuard(&'static ColdLock);
-
-impl ColdLock {
-    fn lock(&'static self) -> ColdGuard {
-        self.acquire();
-        ColdGuard(self)
-    }
-
-    fn acquire(&self) {
-        while self
-            .0
-            .compare_exchange_weak(false, true, Acquire, Relaxed)
-            .is_err()
-        {
-            // Held only for short, non-blocking sections.
-            std::thread::yield_now();
-        }
-    }
-
-    fn release(&self) {
-        self.0.store(false, Release);
-    }
-}
-
-impl Drop for ColdGuard {
-    fn drop(&mut self) {
-        self.0.release();
-    }
-}
-
+/// Every lock a forking thread must hold across `fork`, in the order they are taken.
 extern "C" fn fork_prepare() {
     COLD.acquire();
+    engine::lock_for_fork();
+    govern::lock_for_fork();
 }
 
 extern "C" fn fork_release() {
+    govern::unlock_after_fork();
+    engine::unlock_after_fork();
     COLD.release();
 }
 
 extern "C" fn at_load() {
-    // SAFETY: registers plain functions that only touch an atomic; no unwinding possible.
+    // SAFETY: registers plain functions that only touch atomics; no unwinding possible.
     unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_release), Some(fork_release)) };
 }
 
@@ -134,17 +117,11 @@ static CLOSED_QPS: AtomicU64 = AtomicU64::new(0);
 static GOVERNED: AtomicU64 = AtomicU64::new(0);
 static PASS_THROUGH: AtomicU64 = AtomicU64::new(0);
 static COUNTING_STOPPED: AtomicBool = AtomicBool::new(false);
+static GOVERNING_STOPPED: AtomicBool = AtomicBool::new(false);
 
-/// The process's WQE pacer (`DRUM_SHIM_RATE_WQE_PER_S`), read once when the first context is
-/// governed; `None` = not pacing.
-static PACER: OnceLock<Option<pacer::Gcra>> = OnceLock::new();
-/// The pacer's theoretical arrival time, ns since `EPOCH`: all of its state, so posting
-/// threads share it with compare-and-swap instead of a lock.
-static TAT: AtomicU64 = AtomicU64::new(0);
-static EPOCH: OnceLock<Instant> = OnceLock::new();
-static PACED_POSTS: AtomicU64 = AtomicU64::new(0);
-static PACED_WAIT_NS: AtomicU64 = AtomicU64::new(0);
-
+static REAL_CREATE_QP: AtomicUsize = AtomicUsize::new(0);
+static REAL_MODIFY_QP: AtomicUsize = AtomicUsize::new(0);
+static REAL_DESTROY_QP: AtomicUsize = AtomicUsize::new(0);
 static REAL_OPEN: AtomicUsize = AtomicUsize::new(0);
 static REAL_CLOSE: AtomicUsize = AtomicUsize::new(0);
 
@@ -153,7 +130,7 @@ type CloseFn = unsafe extern "C" fn(*mut IbvContext) -> c_int;
 
 /// Kinds of trouble, each reported once per process.
 #[derive(Debug, Clone, Copy)]
-enum Trouble {
+pub(crate) enum Trouble {
     NoRealSymbol = 1,
     Install = 2,
     TableFull = 4,
@@ -162,11 +139,17 @@ enum Trouble {
     CloseFailed = 32,
     Uninstall = 64,
     PacerConfig = 128,
+    DeferredPost = 256,
+    Engine = 512,
+    NoAgent = 1024,
+    AgentLost = 2048,
+    Governing = 4096,
+    Extended = 8192,
 }
 
 static WARNED: AtomicU32 = AtomicU32::new(0);
 
-fn warn_once(kind: Trouble, msg: &str) {
+pub(crate) fn warn_once(kind: Trouble, msg: &str) {
     let bit = kind as u32;
     if WARNED.fetch_or(bit, Relaxed) & bit == 0 {
         write_stderr(&format!("drum-shim: {msg}\n"));
@@ -174,7 +157,7 @@ fn warn_once(kind: Trouble, msg: &str) {
 }
 
 /// Writes with `write(2)` directly: usable from the exit-time destructor, takes no Rust lock.
-fn write_stderr(s: &str) {
+pub(crate) fn write_stderr(s: &str) {
     let mut b = s.as_bytes();
     while !b.is_empty() {
         // SAFETY: `b` is a valid byte slice for the duration of the call.
@@ -210,7 +193,7 @@ fn resolve(name: &CStr, cache: &AtomicUsize) -> usize {
 ///
 /// The returned reference is valid until `ibv_close_device(ctx)`; using a context after or
 /// during its close is already undefined behaviour for the application.
-fn lookup(ctx: *mut IbvContext) -> Option<&'static ContextState> {
+pub(crate) fn lookup(ctx: *mut IbvContext) -> Option<&'static ContextState> {
     let key = ctx as usize;
     let n = HIGH.load(Acquire);
     for slot in SLOTS.iter().take(n) {
@@ -279,6 +262,10 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut c_void) -> *mut IbvContext
     })) {
         Ok(Ok(())) => {
             GOVERNED.fetch_add(1, Relaxed);
+            // Outside the cold lock: the engine's first pass reads the contexts.
+            if catch_unwind(engine::ensure_started).is_err() {
+                warn_once(Trouble::Engine, "internal error starting the engine thread");
+            }
         }
         Ok(Err((kind, why))) => {
             PASS_THROUGH.fetch_add(1, Relaxed);
@@ -336,13 +323,122 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut IbvContext) -> c_int {
     rc
 }
 
+/// The real libibverbs function `name`, or `None` (reported once).
+pub(crate) fn real(name: &CStr, cache: &AtomicUsize) -> Option<usize> {
+    let p = catch_unwind(|| resolve(name, cache)).unwrap_or(0);
+    if p == 0 {
+        warn_once(
+            Trouble::NoRealSymbol,
+            &format!("libibverbs' {} not found", name.to_string_lossy()),
+        );
+        return None;
+    }
+    Some(p)
+}
+
+/// Runs shim bookkeeping for a QP verb; a panic stops governing instead of unwinding.
+fn qp_bookkeeping<F: FnOnce()>(f: F) {
+    if !GOVERNING_STOPPED.load(Relaxed) && catch_unwind(AssertUnwindSafe(f)).is_err() {
+        stop_governing();
+    }
+}
+
+/// Interposes `ibv_create_qp` to learn whether every WR of the QP is signalled
+/// (`sq_sig_all`), which the tracking of work in flight needs.
+///
+/// # Safety
+/// Called by C code with the real function's arguments.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(pd: *mut c_void, attr: *mut IbvQpInitAttr) -> *mut IbvQp {
+    let Some(f) = real(c"ibv_create_qp", &REAL_CREATE_QP) else {
+        set_errno(libc::ENOSYS);
+        return ptr::null_mut();
+    };
+    // SAFETY: libibverbs' ibv_create_qp@IBVERBS_1.1 has this signature.
+    let f: CreateQpFn = unsafe { std::mem::transmute::<usize, CreateQpFn>(f) };
+    // SAFETY: forwarding unchanged.
+    let qp = unsafe { f(pd, attr) };
+    if !qp.is_null() && !attr.is_null() {
+        qp_bookkeeping(|| {
+            // SAFETY: a QP just created from `attr`.
+            let (ctx, qpn, sig_all) = unsafe { ((*qp).context, (*qp).qp_num, (*attr).sq_sig_all) };
+            if let Some(q) = lookup(ctx).and_then(|st| st.qps.get(qpn)) {
+                let mut g = q.gov.lock().unwrap_or_else(|e| e.into_inner());
+                *g = govern::QpGov::default();
+                g.qp = qp as usize;
+                g.sig_all = sig_all != 0;
+            }
+        });
+    }
+    qp
+}
+
+/// Interposes `ibv_modify_qp` to learn each connected QP's peer (for the agent and DASR).
+///
+/// # Safety
+/// Called by C code with the real function's arguments.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, mask: c_int) -> c_int {
+    let Some(f) = real(c"ibv_modify_qp", &REAL_MODIFY_QP) else {
+        return libc::ENOSYS;
+    };
+    // SAFETY: libibverbs' ibv_modify_qp@IBVERBS_1.1 has this signature.
+    let f: ModifyQpFn = unsafe { std::mem::transmute::<usize, ModifyQpFn>(f) };
+    // SAFETY: forwarding unchanged.
+    let rc = unsafe { f(qp, attr, mask) };
+    let connects = IBV_QP_STATE | IBV_QP_AV | IBV_QP_DEST_QPN;
+    if rc == 0 && !qp.is_null() && !attr.is_null() && mask & connects == connects {
+        qp_bookkeeping(|| {
+            // SAFETY: the caller's valid QP and attributes.
+            let (a, ctx, qpn) = unsafe { (&*attr, (*qp).context, (*qp).qp_num) };
+            if a.qp_state != IBV_QPS_RTR || a.ah_attr.is_global == 0 {
+                return;
+            }
+            if let Some(q) = lookup(ctx).and_then(|st| st.qps.get(qpn)) {
+                q.gov.lock().unwrap_or_else(|e| e.into_inner()).peer = Some(a.ah_attr.dgid);
+                govern::event(drum_table::message::ShimMsg::QpUp {
+                    qpn,
+                    peer: a.ah_attr.dgid,
+                    peer_qpn: a.dest_qp_num,
+                });
+            }
+        });
+    }
+    rc
+}
+
+/// Interposes `ibv_destroy_qp`: what the shim still holds back for the QP is dropped (a
+/// device flushes it) and the QP leaves the gate before the provider frees it.
+///
+/// # Safety
+/// Called by C code with the real function's arguments.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
+    let Some(f) = real(c"ibv_destroy_qp", &REAL_DESTROY_QP) else {
+        return libc::ENOSYS;
+    };
+    if !qp.is_null() {
+        qp_bookkeeping(|| {
+            // SAFETY: the caller's valid QP.
+            let (ctx, qpn) = unsafe { ((*qp).context, (*qp).qp_num) };
+            if let Some(st) = lookup(ctx) {
+                if let Some(q) = st.qps.get(qpn) {
+                    govern::forget(st, q, qpn);
+                    govern::event(drum_table::message::ShimMsg::QpGone { qpn });
+                }
+            }
+        });
+    }
+    // SAFETY: libibverbs' ibv_destroy_qp@IBVERBS_1.1 has this signature; forwarding.
+    unsafe { std::mem::transmute::<usize, DestroyQpFn>(f)(qp) }
+}
+
 /// Publishes the context's state, then swaps its ops.
 ///
 /// # Safety
 /// `ctx` is a valid open context no other thread uses yet.
 unsafe fn install(ctx: *mut IbvContext) -> Result<(), (Trouble, &'static str)> {
     let _g = COLD.lock();
-    init_pacer();
     // SAFETY: valid per the contract; `addr_of_mut!` avoids a reference into C memory.
     let ops = unsafe { &mut *ptr::addr_of_mut!((*ctx).ops) };
     let ours = ops.post_send.map(|f| f as usize) == Some(drum_post_send as *const () as usize)
@@ -365,8 +461,13 @@ unsafe fn install(ctx: *mut IbvContext) -> Result<(), (Trouble, &'static str)> {
         poll_cq: ops.poll_cq,
         req_notify_cq: ops.req_notify_cq,
     };
+    // SAFETY: `ctx` is valid and not yet visible to other threads.
+    let ext = unsafe { extended::install(ctx) };
     let state = Box::into_raw(Box::new(ContextState {
+        key: ctx as usize,
+        index: slot,
         orig,
+        ext,
         counters: Counters::new(),
         qps: QpTable::with_capacity(QPS_PER_CONTEXT),
     }));
@@ -392,46 +493,6 @@ unsafe fn install(ctx: *mut IbvContext) -> Result<(), (Trouble, &'static str)> {
     Ok(())
 }
 
-/// Reads the pacer settings from the environment (once per process).
-fn init_pacer() {
-    PACER.get_or_init(|| {
-        EPOCH.get_or_init(Instant::now);
-        let rate = std::env::var("DRUM_SHIM_RATE_WQE_PER_S").ok();
-        let burst = std::env::var("DRUM_SHIM_BURST_WQE").ok();
-        match pacer::from_env_values(rate.as_deref(), burst.as_deref()) {
-            Ok(g) => g,
-            Err(why) => {
-                warn_once(Trouble::PacerConfig, &format!("{why}; not pacing"));
-                None
-            }
-        }
-    });
-}
-
-/// Delays the calling thread until `n` more WQEs conform to the process's rate.
-///
-/// The posting thread itself waits: this slice has no software send queue or engine thread
-/// yet (docs/shim.md), so pacing blocks `ibv_post_send` instead of queueing.
-fn pace(g: &pacer::Gcra, n: u64) {
-    let Some(epoch) = EPOCH.get() else {
-        return;
-    };
-    let now = epoch.elapsed().as_nanos() as u64;
-    let mut tat = TAT.load(Relaxed);
-    let wait = loop {
-        let a = g.admit(tat, now, n);
-        match TAT.compare_exchange_weak(tat, a.tat, Relaxed, Relaxed) {
-            Ok(_) => break a.wait_ns,
-            Err(t) => tat = t,
-        }
-    };
-    if wait > 0 {
-        PACED_POSTS.fetch_add(1, Relaxed);
-        PACED_WAIT_NS.fetch_add(wait, Relaxed);
-        std::thread::sleep(Duration::from_nanos(wait));
-    }
-}
-
 /// Restores the original ops and releases the context's state.
 ///
 /// # Safety
@@ -453,6 +514,8 @@ unsafe fn uninstall(ctx: *mut IbvContext) {
     ops.post_srq_recv = st.orig.post_srq_recv;
     ops.poll_cq = st.orig.poll_cq;
     ops.req_notify_cq = st.orig.req_notify_cq;
+    // SAFETY: valid per the contract.
+    unsafe { extended::uninstall(ctx, &st.ext) };
     slot.key.store(0, Release);
     slot.state.store(ptr::null_mut(), Release);
     CLOSED.add(&st.counters.snapshot());
@@ -485,24 +548,34 @@ unsafe extern "C" fn drum_post_send(
     bad: *mut *mut IbvSendWr,
 ) -> c_int {
     // SAFETY: the inline ibv_post_send reached us through qp->context->ops, so qp is valid.
-    let ctx = unsafe { (*qp).context };
+    let (ctx, qpn) = unsafe { ((*qp).context, (*qp).qp_num) };
     let Some(st) = lookup(ctx) else {
         return libc::EINVAL;
     };
     let Some(f) = st.orig.post_send else {
         return libc::EOPNOTSUPP;
     };
-    if let Some(g) = PACER.get().copied().flatten() {
-        count(|| {
-            let mut n = 0u64;
-            let mut w = wr;
-            while !w.is_null() {
-                n += 1;
-                // SAFETY: the application's WR list, handed to us for posting.
-                w = unsafe { (*w).next };
+    let q = st.qps.get(qpn);
+    if let Some(q) = q.filter(|q| !GOVERNING_STOPPED.load(Relaxed) && govern::governs(q)) {
+        // SAFETY: the application's arguments, its QP's slot and the provider's op.
+        let r = catch_unwind(AssertUnwindSafe(|| unsafe {
+            govern::post(st, q, qp, wr, bad, f)
+        }));
+        return match r {
+            Ok(p) => {
+                count(|| {
+                    st.counters.send_wqes.fetch_add(p.direct, Relaxed);
+                    st.counters.send_bytes.fetch_add(p.direct_bytes, Relaxed);
+                    q.send_wqes.fetch_add(p.direct, Relaxed);
+                    q.send_bytes.fetch_add(p.direct_bytes, Relaxed);
+                });
+                p.rc
             }
-            pace(&g, n);
-        });
+            Err(_) => {
+                stop_governing();
+                libc::EIO
+            }
+        };
     }
     // SAFETY: forwarding the application's arguments unchanged to the original op.
     let rc = unsafe { f(qp, wr, bad) };
@@ -532,13 +605,23 @@ unsafe extern "C" fn drum_post_send(
         }
         st.counters.send_wqes.fetch_add(n, Relaxed);
         st.counters.send_bytes.fetch_add(bytes, Relaxed);
-        // SAFETY: qp is valid (above).
-        if let Some(q) = st.qps.get(unsafe { (*qp).qp_num }) {
+        if let Some(q) = q {
             q.send_wqes.fetch_add(n, Relaxed);
             q.send_bytes.fetch_add(bytes, Relaxed);
         }
     });
     rc
+}
+
+/// Governance failed internally: lift every limit for good (the engine then posts what is
+/// queued) and say so once.
+fn stop_governing() {
+    GOVERNING_STOPPED.store(true, Relaxed);
+    let _ = catch_unwind(|| govern::apply(None));
+    warn_once(
+        Trouble::Governing,
+        "internal error while governing a post; the application runs ungoverned",
+    );
 }
 
 /// Number of receive WRs the provider accepted.
@@ -649,6 +732,20 @@ unsafe extern "C" fn drum_poll_cq(cq: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c
             }
         }
     });
+    if rc == 0 {
+        govern::on_empty_poll();
+    }
+    if rc > 0
+        && !wc.is_null()
+        && govern::LIMITS.tracking.load(Relaxed)
+        && !GOVERNING_STOPPED.load(Relaxed)
+    {
+        // SAFETY: as above.
+        let done = unsafe { std::slice::from_raw_parts(wc, rc as usize) };
+        if catch_unwind(AssertUnwindSafe(|| govern::on_completions(st, done))).is_err() {
+            stop_governing();
+        }
+    }
     rc
 }
 
@@ -685,10 +782,8 @@ pub struct Totals {
     pub qp_table_overflow: u64,
     pub counts: Snapshot,
     pub counting_stopped: bool,
-    /// 0 when not pacing.
-    pub pacer_interval_ns: u64,
-    pub paced_posts: u64,
-    pub paced_wait_ns: u64,
+    /// WRs in the software queues now.
+    pub queued_wqes: u64,
 }
 
 /// Reads the totals (a cold path: takes the lock that open and close take).
@@ -700,13 +795,6 @@ pub fn totals() -> Totals {
         qps: CLOSED_QPS.load(Relaxed),
         counts: CLOSED.snapshot(),
         counting_stopped: COUNTING_STOPPED.load(Relaxed),
-        pacer_interval_ns: PACER
-            .get()
-            .copied()
-            .flatten()
-            .map_or(0, |g| g.interval_ns()),
-        paced_posts: PACED_POSTS.load(Relaxed),
-        paced_wait_ns: PACED_WAIT_NS.load(Relaxed),
         ..Totals::default()
     };
     for slot in SLOTS.iter().take(HIGH.load(Acquire)) {
@@ -715,6 +803,7 @@ pub fn totals() -> Totals {
             t.live_contexts += 1;
             t.qps += st.qps.entries().len() as u64;
             t.qp_table_overflow += st.qps.overflow();
+            t.queued_wqes += st.qps.queued();
             t.counts.merge(&st.counters.snapshot());
         }
     }
@@ -728,7 +817,7 @@ pub fn summary_line(pid: u32, t: &Totals) -> String {
         "drum-shim: pid={pid} governed_contexts={} pass_through_contexts={} live_contexts={} \
          qps={} send_wqes={} send_bytes={} recv_wqes={} srq_recv_wqes={} completions={} \
          completion_errors={} poll_calls={} notify_arms={} qp_table_overflow={} counting={} \
-         pacer_interval_ns={} paced_posts={} paced_wait_us={}\n",
+         {}\n",
         t.governed_contexts,
         t.pass_through_contexts,
         t.live_contexts,
@@ -743,9 +832,7 @@ pub fn summary_line(pid: u32, t: &Totals) -> String {
         c.notify_arms,
         t.qp_table_overflow,
         if t.counting_stopped { "stopped" } else { "on" },
-        t.pacer_interval_ns,
-        t.paced_posts,
-        t.paced_wait_ns / 1000,
+        govern::summary(t.queued_wqes),
     )
 }
 
@@ -786,7 +873,7 @@ mod tests {
             "{s}"
         );
         assert!(s.contains(" send_wqes=5 send_bytes=20480 "), "{s}");
-        assert!(s.contains(" counting=on pacer_interval_ns=0 "), "{s}");
+        assert!(s.contains(" counting=on extended_verbs="), "{s}");
     }
 
     unsafe extern "C" fn fake_post_send(
@@ -855,6 +942,8 @@ mod tests {
             srq: ptr::null_mut(),
             handle: 0,
             qp_num: 0x11,
+            state: IBV_QPS_RTS,
+            qp_type: 2,
         };
         let mut sge = [
             IbvSge {

@@ -9,10 +9,13 @@
 //! resumes warm.
 
 use super::facility_digest;
-use super::wire::{AgentMsg, ContributionMsg, CoordMsg, Join};
+use super::wire::{
+    AgentMsg, ContributionMsg, CoordMsg, Join, ProposalMsg, SelectedMsg, SelectionParams,
+};
 use crate::admm::{Contribution, HostState};
 use crate::model::Problem;
 use crate::rng::SplitMix64;
+use crate::selection::{evaluate_host, initial_active, SelectionOptions, Swap};
 use std::time::Duration;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -38,6 +41,14 @@ pub enum AgentAction {
     Disconnect(String),
     /// Rates or liveness changed: rewrite the rate table.
     Publish,
+    /// Operator change: set the weight of every pair of app `app` (index in the instance) to
+    /// `weight` in the problem the driver passes in. Every host applies it to every host's
+    /// pairs, so the instance stays identical cluster-wide (the priced restart computes the
+    /// greedy over all hosts).
+    SetWeight {
+        app: u32,
+        weight: f64,
+    },
     Event(AgentEvent),
 }
 
@@ -54,6 +65,37 @@ pub enum AgentEvent {
         epoch: u64,
         iteration: u64,
     },
+    /// A selection exchange was applied: the active set is now `active` (global pair indices).
+    Selected {
+        exchange: u32,
+        parked: Option<usize>,
+        activated: Option<usize>,
+    },
+    /// The priced restart chose a new active set.
+    Restarted {
+        exchange: u32,
+    },
+    /// An operator's weight change was taken.
+    WeightSet {
+        app: String,
+        weight: f64,
+    },
+    /// A weight change for an app this instance does not know, or with a bad value.
+    IgnoredWeight {
+        app: String,
+        weight: f64,
+    },
+}
+
+/// `(facility, value)` pairs, facility ascending.
+type FacilityValues = Vec<(u32, f64)>;
+
+/// A proposal sent, waiting for its verdict.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Pending {
+    exchange: u32,
+    swap: Option<Swap>,
+    discount: f64,
 }
 
 pub struct AgentCore {
@@ -74,6 +116,12 @@ pub struct AgentCore {
     /// `d` of the last round stepped, reported on rejoin.
     last_d: Vec<(u32, f64)>,
     jitter: SplitMix64,
+    /// Discounted share of recent selection rounds each of the host's pairs was active
+    /// (indexed from the host's first pair), the SDRF-style memory of `selection`.
+    activity: Vec<f32>,
+    /// Selection exchanges completed.
+    exchanges: u32,
+    pending: Option<Pending>,
 }
 
 impl AgentCore {
@@ -82,6 +130,7 @@ impl AgentCore {
     pub fn new(problem: &Problem, mut state: HostState, cfg: AgentConfig) -> Self {
         state.priced_step(problem, |_| 0.0);
         let jitter = SplitMix64::fork(0x5eed, state.host as u64);
+        let activity = vec![0.0; problem.hosts[state.host].pairs.len()];
         Self {
             cfg,
             state,
@@ -100,7 +149,47 @@ impl AgentCore {
             failures: 0,
             last_d: Vec::new(),
             jitter,
+            activity,
+            exchanges: 0,
+            pending: None,
         }
+    }
+
+    /// Selection exchanges this host has completed.
+    pub fn exchanges(&self) -> u32 {
+        self.exchanges
+    }
+
+    /// `(facility, active pairs)` and `(facility, Σ b·x_min)` of the current active set.
+    fn active_summary(&self, problem: &Problem) -> (Vec<(u32, u32)>, FacilityValues) {
+        let x_min = problem.params.x_min;
+        let mut pairs: Vec<(u32, u32)> = Vec::new();
+        let mut floor: Vec<(u32, f64)> = Vec::new();
+        for &p in &self.state.active {
+            let pair = &problem.pairs[p];
+            let f = pair.facility;
+            match pairs.binary_search_by_key(&f, |e| e.0) {
+                Ok(i) => {
+                    pairs[i].1 += 1;
+                    floor[i].1 += pair.facility_coeff * x_min;
+                }
+                Err(i) => {
+                    pairs.insert(i, (f, 1));
+                    floor.insert(i, (f, pair.facility_coeff * x_min));
+                }
+            }
+        }
+        (pairs, floor)
+    }
+
+    fn selected_msg(&self, problem: &Problem, exchange: u32) -> AgentMsg {
+        let (pairs, floor) = self.active_summary(problem);
+        AgentMsg::Selected(SelectedMsg {
+            exchange,
+            pairs,
+            floor,
+            entries: self.state.contribution(problem).entries,
+        })
     }
 
     pub fn state(&self) -> &HostState {
@@ -129,14 +218,14 @@ impl AgentCore {
     }
 
     pub fn join_msg(&self, problem: &Problem) -> AgentMsg {
-        let mut pairs: Vec<(u32, u32)> = Vec::new();
-        for &p in &self.state.active {
-            let f = problem.pairs[p].facility;
-            match pairs.binary_search_by_key(&f, |e| e.0) {
-                Ok(i) => pairs[i].1 += 1,
-                Err(i) => pairs.insert(i, (f, 1)),
-            }
-        }
+        let (pairs, floor) = self.active_summary(problem);
+        let mut interest: Vec<u32> = problem.hosts[self.state.host]
+            .pairs
+            .clone()
+            .map(|p| problem.pairs[p].facility)
+            .collect();
+        interest.sort_unstable();
+        interest.dedup();
         AgentMsg::Join(Join {
             host: problem.hosts[self.state.host].id.clone(),
             facility_digest: self.digest,
@@ -144,10 +233,16 @@ impl AgentCore {
             entries: self.state.contribution(problem).entries,
             last_iteration: self.iteration,
             last_d: self.last_d.clone(),
+            rank: self.state.host as u32,
+            interest,
+            floor,
+            exchanges: self.exchanges,
         })
     }
 
     pub fn on_connected(&mut self, now: Duration, problem: &Problem) -> Vec<AgentAction> {
+        // A proposal of the previous session is void: its coordinator never answered it.
+        self.pending = None;
         self.phase = Phase::Joining { since: now };
         self.last_heard = now;
         vec![AgentAction::Send(self.join_msg(problem))]
@@ -250,6 +345,7 @@ impl AgentCore {
                 epoch,
                 iteration,
                 heartbeat_ms,
+                shard: _,
             } => {
                 self.phase = Phase::Member { epoch };
                 self.failures = 0;
@@ -279,7 +375,187 @@ impl AgentCore {
                 rho,
                 d,
             } => self.round(now, problem, epoch, iteration, rho, d),
+            CoordMsg::Select {
+                exchange,
+                round,
+                prices,
+                options,
+            } => self.select(now, problem, exchange, round, prices, options),
+            CoordMsg::Verdict { exchange, activate } => self.verdict(problem, exchange, activate),
+            CoordMsg::Restart { exchange, prices } => self.restart(now, problem, exchange, prices),
+            CoordMsg::SetWeight { app, weight } => {
+                match problem.app_names.iter().position(|a| *a == app) {
+                    Some(i) if weight.is_finite() && weight > 0.0 => vec![
+                        AgentAction::SetWeight {
+                            app: i as u32,
+                            weight,
+                        },
+                        AgentAction::Event(AgentEvent::WeightSet { app, weight }),
+                    ],
+                    _ => vec![AgentAction::Event(AgentEvent::IgnoredWeight {
+                        app,
+                        weight,
+                    })],
+                }
+            }
         }
+    }
+
+    /// Applies a [`AgentAction::SetWeight`] to `problem` (every pair of the app).
+    pub fn apply_weight(problem: &mut Problem, app: u32, weight: f64) {
+        for pair in problem.pairs.iter_mut().filter(|p| p.app == app) {
+            pair.weight = weight;
+        }
+    }
+
+    /// Selection round `round`: the in-process solver's `evaluate` for this host, at the
+    /// coordinator's prices and this host's own multipliers and activity.
+    fn select(
+        &mut self,
+        now: Duration,
+        problem: &Problem,
+        exchange: u32,
+        round: u32,
+        prices: Vec<(u32, f64)>,
+        options: SelectionParams,
+    ) -> Vec<AgentAction> {
+        if !self.is_member() {
+            return Vec::new();
+        }
+        let host = &problem.hosts[self.state.host];
+        let sane = options.swap_prob.is_finite()
+            && options.hysteresis.is_finite()
+            && options.fairness.is_finite()
+            && (0.0..=1.0).contains(&options.discount);
+        if !sane || prices.iter().any(|e| !e.1.is_finite()) {
+            return self.go_fail_static(
+                now,
+                format!("selection exchange {exchange} carries bad values"),
+                true,
+            );
+        }
+        if let Some(p) = host.pairs.clone().find(|&p| {
+            prices
+                .binary_search_by_key(&problem.pairs[p].facility, |e| e.0)
+                .is_err()
+        }) {
+            return self.go_fail_static(
+                now,
+                format!(
+                    "selection exchange {exchange} lacks the price of facility {}",
+                    problem.pairs[p].facility
+                ),
+                true,
+            );
+        }
+        let opts: SelectionOptions = options.into();
+        let mut activity = vec![0.0f32; host.pairs.end];
+        activity[host.pairs.clone()].copy_from_slice(&self.activity);
+        let mut rng = SplitMix64::fork(opts.seed ^ (round as u64) << 32, self.state.host as u64);
+        let eval = evaluate_host(
+            problem,
+            self.state.host,
+            &self.state.active,
+            |f| prices[prices.binary_search_by_key(&f, |e| e.0).expect("checked")].1,
+            self.state.multipliers.mu,
+            self.state.multipliers.nu,
+            &activity,
+            &opts,
+            &mut rng,
+        );
+        let floor_of = |p: usize| {
+            let pair = &problem.pairs[p];
+            (pair.facility, pair.facility_coeff * problem.params.x_min)
+        };
+        let swap = eval.swap;
+        self.pending = Some(Pending {
+            exchange,
+            swap,
+            discount: opts.discount,
+        });
+        vec![AgentAction::Send(AgentMsg::Proposal(ProposalMsg {
+            exchange,
+            park: swap.and_then(|s| s.park).map(floor_of),
+            activate: swap.and_then(|s| s.activate).map(|(p, _)| floor_of(p)),
+        }))]
+    }
+
+    /// The coordinator's verdict on the proposal: update the activity memory (on the sets
+    /// before the swap, as `solve` does), apply the park, and the activation if accepted.
+    fn verdict(&mut self, problem: &Problem, exchange: u32, activate: bool) -> Vec<AgentAction> {
+        let Some(pending) = self.pending.filter(|p| p.exchange == exchange) else {
+            return Vec::new();
+        };
+        self.pending = None;
+        let first = problem.hosts[self.state.host].pairs.start;
+        let d = pending.discount as f32;
+        self.activity.iter_mut().for_each(|a| *a *= d);
+        for &p in &self.state.active {
+            self.activity[p - first] += 1.0 - d;
+        }
+        let (mut parked, mut activated) = (None, None);
+        if let Some(swap) = pending.swap {
+            if let Some(out) = swap.park {
+                if let Some(pos) = self.state.active.iter().position(|&p| p == out) {
+                    self.state.active.remove(pos);
+                    self.state.x.remove(pos);
+                    parked = Some(out);
+                }
+            }
+            if let Some((inp, x)) = swap.activate.filter(|_| activate) {
+                if let Err(pos) = self.state.active.binary_search(&inp) {
+                    self.state.active.insert(pos, inp);
+                    self.state.x.insert(pos, x);
+                    activated = Some(inp);
+                }
+            }
+        }
+        self.exchanges = exchange + 1;
+        vec![
+            AgentAction::Send(self.selected_msg(problem, exchange)),
+            AgentAction::Event(AgentEvent::Selected {
+                exchange,
+                parked,
+                activated,
+            }),
+            AgentAction::Publish,
+        ]
+    }
+
+    /// The priced restart: the greedy initial selection again, at half the given prices, then
+    /// the best response to zero prices (the in-process `solve` builds a new engine the same way).
+    fn restart(
+        &mut self,
+        now: Duration,
+        problem: &Problem,
+        exchange: u32,
+        prices: Vec<(u32, f64)>,
+    ) -> Vec<AgentAction> {
+        if !self.is_member() {
+            return Vec::new();
+        }
+        let nf = problem.facilities.len();
+        let mut dense = vec![0.0; nf];
+        for &(f, p) in &prices {
+            if f as usize >= nf || !p.is_finite() {
+                return self.go_fail_static(
+                    now,
+                    format!("restart {exchange} carries a bad price ({f}, {p})"),
+                    true,
+                );
+            }
+            dense[f as usize] = 0.5 * p;
+        }
+        let active = initial_active(problem, &dense).swap_remove(self.state.host);
+        self.state = HostState::new(problem, self.state.host, active);
+        self.state.priced_step(problem, |_| 0.0);
+        self.pending = None;
+        self.exchanges = exchange + 1;
+        vec![
+            AgentAction::Send(self.selected_msg(problem, exchange)),
+            AgentAction::Event(AgentEvent::Restarted { exchange }),
+            AgentAction::Publish,
+        ]
     }
 
     fn round(
@@ -386,6 +662,7 @@ mod tests {
                 epoch: 1,
                 iteration: 0,
                 heartbeat_ms: 100,
+                shard: super::super::Shard::WHOLE,
             },
         );
     }
@@ -455,6 +732,7 @@ mod tests {
                 epoch: 1,
                 iteration: 10,
                 heartbeat_ms: 100,
+                shard: super::super::Shard::WHOLE,
             },
         );
         let out = core.on_message(4 * MS, &problem, round(1, 11));
@@ -531,6 +809,121 @@ mod tests {
         assert_eq!(j.entries, core.state().contribution(&problem).entries);
         assert_eq!(j.last_iteration, 1);
         assert_eq!(j.last_d, d_for(&problem, &core, 0.02));
+    }
+
+    #[test]
+    fn selection_exchange_parks_on_its_verdict_and_reports_the_new_set() {
+        let (problem, mut core) = setup();
+        welcome(&mut core, &problem, Duration::ZERO);
+        let options: SelectionParams = SelectionOptions {
+            swap_prob: 1.0,
+            ..SelectionOptions::default()
+        }
+        .into();
+        let select = |exchange, prices| CoordMsg::Select {
+            exchange,
+            round: exchange - 1,
+            prices,
+            options,
+        };
+        // Prices must cover every facility of the host's apps.
+        let out = core.on_message(MS, &problem, select(1, vec![]));
+        assert!(out.iter().any(|a| matches!(a, AgentAction::Disconnect(_))));
+        welcome(&mut core, &problem, 2 * MS);
+        // A prohibitive price on the active pairs' facilities: the worst member is parked.
+        let before = core.state().active.clone();
+        assert!(!before.is_empty());
+        let active_f: Vec<u32> = before.iter().map(|&p| problem.pairs[p].facility).collect();
+        let AgentMsg::Join(j) = core.join_msg(&problem) else {
+            unreachable!()
+        };
+        let prices: Vec<(u32, f64)> = j
+            .interest
+            .iter()
+            .map(|&f| (f, if active_f.contains(&f) { 1e6 } else { 0.0 }))
+            .collect();
+        let out = core.on_message(3 * MS, &problem, select(1, prices));
+        let [AgentAction::Send(AgentMsg::Proposal(p))] = &out[..] else {
+            panic!("{out:?}")
+        };
+        assert_eq!(p.exchange, 1);
+        let (f, need) = p.park.expect("a park");
+        assert!(active_f.contains(&f));
+        let parked = before
+            .iter()
+            .find(|&&q| problem.pairs[q].facility == f)
+            .unwrap();
+        assert_eq!(
+            need,
+            problem.pairs[*parked].facility_coeff * problem.params.x_min
+        );
+        // A verdict for another exchange is ignored; the right one applies the swap.
+        assert!(core
+            .on_message(
+                4 * MS,
+                &problem,
+                CoordMsg::Verdict {
+                    exchange: 7,
+                    activate: true
+                }
+            )
+            .is_empty());
+        assert_eq!(core.state().active, before);
+        let out = core.on_message(
+            4 * MS,
+            &problem,
+            CoordMsg::Verdict {
+                exchange: 1,
+                activate: false,
+            },
+        );
+        let AgentAction::Send(AgentMsg::Selected(sel)) = &out[0] else {
+            panic!("{out:?}")
+        };
+        assert_eq!(core.state().active.len(), before.len() - 1);
+        assert_eq!(core.state().active.len(), core.state().x.len());
+        assert_eq!(sel.exchange, 1);
+        assert_eq!(
+            sel.pairs.iter().map(|e| e.1).sum::<u32>() as usize,
+            before.len() - 1
+        );
+        assert_eq!(sel.entries, core.state().contribution(&problem).entries);
+        assert_eq!(core.exchanges(), 2);
+    }
+
+    #[test]
+    fn weight_changes_become_actions_for_known_apps_only() {
+        let (mut problem, mut core) = setup();
+        welcome(&mut core, &problem, Duration::ZERO);
+        let app = problem.app_names[1].clone();
+        let out = core.on_message(
+            MS,
+            &problem,
+            CoordMsg::SetWeight {
+                app: app.clone(),
+                weight: 4.0,
+            },
+        );
+        assert_eq!(
+            out[0],
+            AgentAction::SetWeight {
+                app: 1,
+                weight: 4.0
+            }
+        );
+        AgentCore::apply_weight(&mut problem, 1, 4.0);
+        assert!(problem
+            .pairs
+            .iter()
+            .filter(|p| p.app == 1)
+            .all(|p| p.weight == 4.0));
+        for (app, weight) in [("no-such-app".to_string(), 1.0), (app, -1.0)] {
+            let out = core.on_message(MS, &problem, CoordMsg::SetWeight { app, weight });
+            assert!(matches!(
+                out[..],
+                [AgentAction::Event(AgentEvent::IgnoredWeight { .. })]
+            ));
+        }
     }
 
     #[test]

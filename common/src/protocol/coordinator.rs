@@ -17,10 +17,12 @@
 //!   joins' contributions, exactly as the in-process solver's [`crate::solver::Engine::new`]; so
 //!   the networked iterates equal the in-process ones when nothing straggles.
 
-use super::wire::{AgentMsg, ContributionMsg, CoordMsg, Join};
+use super::wire::{
+    AgentMsg, ContributionMsg, CoordMsg, Join, ProposalMsg, SelectedMsg, SelectionParams, Shard,
+};
 use crate::admm::{CoordinatorState, Residuals};
 use crate::model::Facility;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
@@ -45,6 +47,54 @@ pub struct CoordinatorConfig {
     pub min_members: usize,
     /// Stop starting rounds after this many completed iterations (tests, experiments).
     pub max_iterations: Option<u64>,
+    /// When the agents re-select their active sets, as the in-process solver does.
+    pub selection: SelectionSchedule,
+    /// The facilities this coordinator owns ([`Shard::WHOLE`]: all). A message naming a
+    /// facility of another shard is a protocol violation.
+    pub shard: Shard,
+}
+
+/// The selection schedule of `drum_common::solver::solve`, run across the network: an
+/// optional priced restart after `iters_per_round` iterations (exchange 0), then `rounds`
+/// selection rounds (exchanges 1..=rounds), each after `iters_per_round` iterations or as soon
+/// as both residuals are within their tolerance, whichever comes first; afterwards the active
+/// sets stay fixed and ADMM goes on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SelectionSchedule {
+    pub priced_start: bool,
+    pub rounds: u32,
+    pub iters_per_round: u32,
+    pub eps_primal: f64,
+    pub eps_dual: f64,
+    pub options: SelectionParams,
+}
+
+impl SelectionSchedule {
+    /// No selection at all: the active sets the agents join with stay.
+    pub fn fixed() -> Self {
+        Self {
+            priced_start: false,
+            rounds: 0,
+            ..Self::from_solve(&crate::solver::SolveOptions::default())
+        }
+    }
+
+    /// The schedule `solve` runs with these options.
+    pub fn from_solve(o: &crate::solver::SolveOptions) -> Self {
+        Self {
+            priced_start: o.priced_start,
+            rounds: o.rounds as u32,
+            iters_per_round: o.iters_per_round.max(1) as u32,
+            eps_primal: o.eps_primal,
+            eps_dual: o.eps_dual,
+            options: o.selection.into(),
+        }
+    }
+
+    /// Exchanges in the whole schedule (the priced restart included).
+    pub fn exchanges(&self) -> u32 {
+        self.rounds + 1
+    }
 }
 
 /// What the driver must do.
@@ -88,6 +138,19 @@ pub enum Event {
         member: MemberId,
         iteration: u64,
     },
+    /// A selection exchange was sent out (`round` is `None` for the priced restart).
+    SelectionStarted {
+        exchange: u32,
+        round: Option<u32>,
+        iteration: u64,
+    },
+    /// A selection exchange finished: the new active sets are in force.
+    SelectionDone {
+        exchange: u32,
+        parks: u32,
+        activations: u32,
+        refused: u32,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -112,6 +175,35 @@ struct Member {
     last_d: Vec<(u32, f64)>,
     /// Rounds in a row completed with this member's contribution reused.
     stale: u32,
+    /// The host's position in the instance (order of selection verdicts).
+    rank: u32,
+    /// Every facility of the host's apps (prices in `Select`).
+    interest: Vec<u32>,
+    /// `Σ b·x_min` per facility over the host's active pairs.
+    floor: Vec<(u32, f64)>,
+    /// Selection exchanges the host has completed (from its join).
+    exchanges: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ExchangePhase {
+    /// `Select` sent; collecting proposals.
+    Propose,
+    /// `Verdict` (or `Restart`) sent; collecting the new active sets.
+    Apply,
+}
+
+/// A selection exchange in progress; no round runs meanwhile.
+#[derive(Clone, Debug)]
+struct Exchange {
+    index: u32,
+    phase: ExchangePhase,
+    started: Duration,
+    waiting: BTreeSet<MemberId>,
+    proposals: BTreeMap<MemberId, ProposalMsg>,
+    parks: u32,
+    activations: u32,
+    refused: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -130,6 +222,13 @@ pub struct Counters {
     pub duplicates: u64,
     pub refused: u64,
     pub timeouts: u64,
+    /// Selection exchanges completed (the priced restart included).
+    pub exchanges: u64,
+    /// Members parked and activated by selection rounds, and activations refused because the
+    /// facility could not carry one more pair at `x_min`.
+    pub parks: u64,
+    pub activations: u64,
+    pub refused_activations: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -152,6 +251,8 @@ pub struct FacilityStatus {
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Status {
+    /// `I/N`: this coordinator's shard.
+    pub shard: String,
     pub epoch: u64,
     pub iteration: u64,
     pub rho: f64,
@@ -162,11 +263,39 @@ pub struct Status {
     pub facilities: Vec<FacilityStatus>,
     pub counters: Counters,
     pub drained: Vec<String>,
+    pub selection: SelectionStatus,
+    /// Weights set by the operator (`set-weight`), by app.
+    pub weights: BTreeMap<String, f64>,
+}
+
+/// The operator's changes, which a coordinator persists across restarts (`state_file`): the
+/// capacities set by `set-capacity`, the weights set by `set-weight` and the drained hosts.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OperatorState {
+    pub capacities: BTreeMap<String, f64>,
+    pub weights: BTreeMap<String, f64>,
+    pub drained: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SelectionStatus {
+    /// Exchanges completed so far (the priced restart is exchange 0).
+    pub exchanges_done: u32,
+    /// Exchanges in the schedule; once done, the active sets stay.
+    pub exchanges_planned: u32,
+    /// Whether an exchange is in progress (rounds pause meanwhile).
+    pub in_progress: bool,
+    pub priced_start: bool,
+    pub rounds: u32,
+    pub iters_per_round: u32,
 }
 
 pub struct Coordinator {
     cfg: CoordinatorConfig,
     facilities: Vec<Facility>,
+    /// Whether this shard owns each facility.
+    owned: Vec<bool>,
     admm: CoordinatorState,
     epoch: u64,
     /// Completed ADMM iterations (coordinator updates).
@@ -185,14 +314,26 @@ pub struct Coordinator {
     sent_iteration: u64,
     residuals: Residuals,
     counters: Counters,
+    /// Index of the next selection exchange (0: the priced restart).
+    exchange_next: u32,
+    /// Iterations completed since the last exchange (or the start).
+    iters_since: u32,
+    exchange: Option<Exchange>,
+    /// The instance's app ids ([`Self::set_apps`]), to check `set-weight`.
+    apps: Vec<String>,
+    /// Operator changes: weights by app, capacities by facility.
+    weights: BTreeMap<String, f64>,
+    capacities: BTreeMap<String, f64>,
 }
 
 impl Coordinator {
     pub fn new(cfg: CoordinatorConfig, facilities: Vec<Facility>) -> Self {
         let admm = CoordinatorState::new(cfg.rho, facilities.len());
+        let owned = facilities.iter().map(|f| cfg.shard.owns(&f.id)).collect();
         Self {
             cfg,
             facilities,
+            owned,
             admm,
             epoch: 0,
             iteration: 0,
@@ -207,7 +348,87 @@ impl Coordinator {
             sent_iteration: 0,
             residuals: Residuals::default(),
             counters: Counters::default(),
+            exchange_next: 0,
+            iters_since: 0,
+            exchange: None,
+            apps: Vec::new(),
+            weights: BTreeMap::new(),
+            capacities: BTreeMap::new(),
         }
+    }
+
+    /// The instance's app ids, which `set-weight` may name.
+    pub fn set_apps(&mut self, apps: Vec<String>) {
+        self.apps = apps;
+    }
+
+    /// Operator change of an app's weight on every host: checked (finite, positive, a known
+    /// app), then sent to every member and to every host that joins later.
+    pub fn set_weight(&mut self, app: &str, weight: f64) -> Result<Vec<Action>, String> {
+        if !(weight.is_finite() && weight > 0.0) {
+            return Err(format!("weight must be positive and finite, got {weight}"));
+        }
+        if !self.apps.iter().any(|a| a == app) {
+            return Err(format!("no app {app:?}"));
+        }
+        self.weights.insert(app.to_string(), weight);
+        Ok(self
+            .members
+            .keys()
+            .map(|&id| {
+                Action::Send(
+                    id,
+                    CoordMsg::SetWeight {
+                        app: app.to_string(),
+                        weight,
+                    },
+                )
+            })
+            .collect())
+    }
+
+    /// The operator's changes so far, for the state file.
+    pub fn operator_state(&self) -> OperatorState {
+        OperatorState {
+            capacities: self.capacities.clone(),
+            weights: self.weights.clone(),
+            drained: self.drained.iter().cloned().collect(),
+        }
+    }
+
+    /// Applies persisted operator changes at start, each checked as if the operator made it
+    /// now. On error nothing has been applied.
+    pub fn restore(&mut self, st: &OperatorState) -> Result<(), String> {
+        let mut probe = Coordinator::new(self.cfg.clone(), self.facilities.clone());
+        probe.apps = self.apps.clone();
+        for (f, &y) in &st.capacities {
+            probe
+                .set_capacity(f, y)
+                .map_err(|e| format!("capacity of {f:?}: {e}"))?;
+        }
+        for (a, &w) in &st.weights {
+            probe
+                .set_weight(a, w)
+                .map_err(|e| format!("weight of {a:?}: {e}"))?;
+        }
+        if let Some(h) = st.drained.iter().find(|h| h.is_empty()) {
+            return Err(format!("drained host {h:?} has an empty id"));
+        }
+        self.facilities = probe.facilities;
+        self.capacities = probe.capacities;
+        self.weights = probe.weights;
+        self.drained.extend(st.drained.iter().cloned());
+        Ok(())
+    }
+
+    /// Selection exchanges completed (the priced restart counts as one when configured).
+    pub fn exchanges_done(&self) -> u32 {
+        self.exchange_next
+    }
+
+    /// Whether a selection exchange is in progress.
+    pub fn selecting(&self) -> bool {
+        self.exchange.is_some()
     }
 
     pub fn epoch(&self) -> u64 {
@@ -241,13 +462,31 @@ impl Coordinator {
                 "capacity must be positive and finite, got {capacity}"
             ));
         }
-        let f = self
+        let i = self
             .facilities
-            .iter_mut()
-            .find(|f| f.id == facility)
+            .iter()
+            .position(|f| f.id == facility)
             .ok_or_else(|| format!("no facility {facility:?}"))?;
-        f.capacity = capacity;
+        if !self.owned[i] {
+            return Err(format!(
+                "facility {facility:?} belongs to shard {}/{}, not to this one ({})",
+                crate::protocol::shard_of(facility, self.cfg.shard.count),
+                self.cfg.shard.count,
+                self.cfg.shard
+            ));
+        }
+        self.facilities[i].capacity = capacity;
+        self.capacities.insert(facility.to_string(), capacity);
         Ok(())
+    }
+
+    /// The shard this coordinator serves.
+    pub fn shard(&self) -> Shard {
+        self.cfg.shard
+    }
+
+    pub fn config(&self) -> &CoordinatorConfig {
+        &self.cfg
     }
 
     /// Takes `host` out of the optimisation: its contribution is removed at once (new epoch),
@@ -284,6 +523,7 @@ impl Coordinator {
             }
         }
         Status {
+            shard: self.cfg.shard.to_string(),
             epoch: self.epoch,
             iteration: self.iteration,
             rho: self.cfg.rho,
@@ -305,6 +545,7 @@ impl Coordinator {
                 .facilities
                 .iter()
                 .enumerate()
+                .filter(|&(f, _)| self.owned[f])
                 .map(|(f, spec)| FacilityStatus {
                     id: spec.id.clone(),
                     capacity: spec.capacity,
@@ -315,6 +556,15 @@ impl Coordinator {
                 .collect(),
             counters: self.counters.clone(),
             drained: self.drained.iter().cloned().collect(),
+            selection: SelectionStatus {
+                exchanges_done: self.exchange_next,
+                exchanges_planned: self.cfg.selection.exchanges(),
+                in_progress: self.exchange.is_some(),
+                priced_start: self.cfg.selection.priced_start,
+                rounds: self.cfg.selection.rounds,
+                iters_per_round: self.cfg.selection.iters_per_round,
+            },
+            weights: self.weights.clone(),
         }
     }
 
@@ -335,6 +585,8 @@ impl Coordinator {
             }
             AgentMsg::Leave => self.remove(from, LeaveReason::Leave, &mut out),
             AgentMsg::Contribution(c) => self.contribution(from, c, &mut out),
+            AgentMsg::Proposal(p) => self.proposal(from, p, &mut out),
+            AgentMsg::Selected(sel) => self.selected(from, sel, &mut out),
         }
         self.advance(now, &mut out);
         out
@@ -363,6 +615,22 @@ impl Coordinator {
         for id in dead {
             self.counters.timeouts += 1;
             self.remove(id, LeaveReason::TimedOut, &mut out);
+        }
+        // A member that does not answer a selection exchange within the member timeout is
+        // dropped (it rejoins with its true active sets); the exchange goes on without it.
+        if let Some(x) = &self.exchange {
+            if now >= x.started + self.cfg.member_timeout {
+                let slow: Vec<MemberId> = x.waiting.iter().copied().collect();
+                let index = x.index;
+                for id in slow {
+                    self.counters.timeouts += 1;
+                    out.push(Action::Close(
+                        id,
+                        format!("no answer to selection exchange {index}"),
+                    ));
+                    self.remove(id, LeaveReason::TimedOut, &mut out);
+                }
+            }
         }
         // A departure abandons the round (it may wait on the departed): new epoch first.
         if self.membership_changed {
@@ -401,10 +669,19 @@ impl Coordinator {
             .as_ref()
             .map(|r| r.started + self.cfg.round_deadline);
         let start = match (&self.round, self.last_round_start) {
-            (None, Some(t)) if self.can_run() => Some(t + self.cfg.round_interval),
+            (None, Some(t)) if self.can_run() && self.exchange.is_none() => {
+                Some(t + self.cfg.round_interval)
+            }
             _ => None,
         };
-        [timeout, deadline, start].into_iter().flatten().min()
+        let exchange = self
+            .exchange
+            .as_ref()
+            .map(|x| x.started + self.cfg.member_timeout);
+        [timeout, deadline, start, exchange]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     fn join(&mut self, now: Duration, from: MemberId, j: Join, out: &mut Vec<Action>) {
@@ -449,6 +726,10 @@ impl Coordinator {
                 entries_iteration: j.last_iteration,
                 last_d: j.last_d,
                 stale: 0,
+                rank: j.rank,
+                interest: j.interest,
+                floor: j.floor,
+                exchanges: j.exchanges,
             },
         );
         self.membership_changed = true;
@@ -463,8 +744,19 @@ impl Coordinator {
                 epoch: self.epoch + 1,
                 iteration: self.iteration,
                 heartbeat_ms: self.cfg.heartbeat_interval.as_millis() as u64,
+                shard: self.cfg.shard,
             },
         ));
+        // The operator's weights, so that a host joining late steps with them too.
+        for (app, &weight) in &self.weights {
+            out.push(Action::Send(
+                from,
+                CoordMsg::SetWeight {
+                    app: app.clone(),
+                    weight,
+                },
+            ));
+        }
     }
 
     fn check_join(&self, j: &Join) -> Result<(), String> {
@@ -485,8 +777,37 @@ impl Coordinator {
         if j.last_d.iter().any(|e| e.0 >= nf || !e.1.is_finite()) {
             return Err("last_d must name known facilities with finite values".into());
         }
-        if !j.pairs.windows(2).all(|w| w[0].0 < w[1].0) || j.pairs.iter().any(|p| p.0 >= nf) {
+        if !j.interest.windows(2).all(|w| w[0] < w[1]) || j.interest.iter().any(|&f| f >= nf) {
+            return Err("interest must name known facilities in ascending order".into());
+        }
+        let foreign = j
+            .interest
+            .iter()
+            .chain(j.last_d.iter().map(|e| &e.0))
+            .find(|&&f| !self.owned[f as usize]);
+        if let Some(f) = foreign {
+            return Err(self.foreign(*f));
+        }
+        self.check_active(&j.pairs, &j.floor)
+    }
+
+    fn check_active(&self, pairs: &[(u32, u32)], floor: &[(u32, f64)]) -> Result<(), String> {
+        let nf = self.facilities.len() as u32;
+        if !pairs.windows(2).all(|w| w[0].0 < w[1].0) || pairs.iter().any(|p| p.0 >= nf) {
             return Err("pair counts must name known facilities in ascending order".into());
+        }
+        if let Some(p) = pairs.iter().find(|p| !self.owned[p.0 as usize]) {
+            return Err(self.foreign(p.0));
+        }
+        if !floor.windows(2).all(|w| w[0].0 < w[1].0)
+            || floor
+                .iter()
+                .any(|e| e.0 >= nf || !e.1.is_finite() || e.1 < 0.0)
+        {
+            return Err(
+                "floor must name known facilities in ascending order with finite, non-negative values"
+                    .into(),
+            );
         }
         Ok(())
     }
@@ -502,7 +823,17 @@ impl Coordinator {
         {
             return Err(format!("bad contribution entry {e:?}"));
         }
+        if let Some(e) = entries.iter().find(|e| !self.owned[e.0 as usize]) {
+            return Err(self.foreign(e.0));
+        }
         Ok(())
+    }
+
+    fn foreign(&self, f: u32) -> String {
+        format!(
+            "facility {} belongs to another shard than this one ({})",
+            self.facilities[f as usize].id, self.cfg.shard
+        )
     }
 
     fn contribution(&mut self, from: MemberId, c: ContributionMsg, out: &mut Vec<Action>) {
@@ -571,6 +902,10 @@ impl Coordinator {
     }
 
     fn remove(&mut self, id: MemberId, why: LeaveReason, out: &mut Vec<Action>) {
+        if let Some(x) = &mut self.exchange {
+            x.waiting.remove(&id);
+            x.proposals.remove(&id);
+        }
         if let Some(m) = self.members.remove(&id) {
             if self.hosts.get(&m.host) == Some(&id) {
                 self.hosts.remove(&m.host);
@@ -638,6 +973,13 @@ impl Coordinator {
                     self.restore_duals(&counts);
                     self.residuals = self.admm.update(&self.facilities, &sums);
                     self.started = true;
+                    // Resume the selection schedule where the agents left it (a restarted
+                    // coordinator); a fresh cluster starts at the priced restart, if any.
+                    let done = self.members.values().map(|m| m.exchanges).max();
+                    self.exchange_next = done.unwrap_or(0);
+                    if self.exchange_next == 0 && !self.cfg.selection.priced_start {
+                        self.exchange_next = 1;
+                    }
                 }
             }
         }
@@ -646,7 +988,14 @@ impl Coordinator {
                 self.complete_round(now, 0, out);
             }
         }
-        if self.round.is_none() && self.can_run() {
+        if self.exchange.as_ref().is_some_and(|x| x.waiting.is_empty()) {
+            self.exchange_step(now, out);
+        }
+        if self.round.is_none() && self.exchange.is_none() && self.can_run() && self.exchange_due()
+        {
+            self.start_exchange(now, out);
+        }
+        if self.round.is_none() && self.exchange.is_none() && self.can_run() {
             let due = self
                 .last_round_start
                 .is_none_or(|t| now >= t + self.cfg.round_interval);
@@ -701,11 +1050,245 @@ impl Coordinator {
         self.last_round_start = Some(now);
     }
 
+    /// Whether the schedule calls for a selection exchange now (between two rounds).
+    fn exchange_due(&self) -> bool {
+        let sel = &self.cfg.selection;
+        let next = self.exchange_next;
+        if next == 0 {
+            sel.priced_start && self.iters_since >= sel.iters_per_round
+        } else if next <= sel.rounds {
+            // Shards see only their own residuals and must select at the same iteration, so
+            // a sharded coordinator selects every `iters_per_round` iterations, without the
+            // early stop on convergence.
+            let converged = self.cfg.shard.count == 1
+                && self.residuals.primal <= sel.eps_primal
+                && self.residuals.dual <= sel.eps_dual;
+            self.iters_since >= sel.iters_per_round || (self.iters_since >= 1 && converged)
+        } else {
+            false
+        }
+    }
+
+    fn start_exchange(&mut self, now: Duration, out: &mut Vec<Action>) {
+        let index = self.exchange_next;
+        let phase = if index == 0 {
+            let prices: Vec<(u32, f64)> = (0..self.facilities.len() as u32)
+                .filter(|&f| self.owned[f as usize])
+                .map(|f| (f, self.admm.price(f)))
+                .collect();
+            for &id in self.members.keys() {
+                out.push(Action::Send(
+                    id,
+                    CoordMsg::Restart {
+                        exchange: index,
+                        prices: prices.clone(),
+                    },
+                ));
+            }
+            ExchangePhase::Apply
+        } else {
+            for (&id, m) in &self.members {
+                let prices = m
+                    .interest
+                    .iter()
+                    .map(|&f| (f, self.admm.price(f)))
+                    .collect();
+                out.push(Action::Send(
+                    id,
+                    CoordMsg::Select {
+                        exchange: index,
+                        round: index - 1,
+                        prices,
+                        options: self.cfg.selection.options,
+                    },
+                ));
+            }
+            ExchangePhase::Propose
+        };
+        out.push(Action::Event(Event::SelectionStarted {
+            exchange: index,
+            round: index.checked_sub(1),
+            iteration: self.iteration,
+        }));
+        self.exchange = Some(Exchange {
+            index,
+            phase,
+            started: now,
+            waiting: self.members.keys().copied().collect(),
+            proposals: BTreeMap::new(),
+            parks: 0,
+            activations: 0,
+            refused: 0,
+        });
+    }
+
+    /// Every member answered the exchange's current phase: decide the verdicts, or put the new
+    /// active sets in force.
+    fn exchange_step(&mut self, _now: Duration, out: &mut Vec<Action>) {
+        let mut x = self.exchange.take().expect("an exchange in progress");
+        match x.phase {
+            ExchangePhase::Propose => {
+                // The floor check of the in-process solver's `apply_swaps`: hosts in instance
+                // order, a park frees its floor at once, an activation is accepted only if its
+                // facility still carries every member at x_min. Facilities are independent,
+                // so a shard owning some of them decides exactly as one process would.
+                let mut floor = vec![0.0; self.facilities.len()];
+                let mut order: Vec<(u32, MemberId)> =
+                    self.members.iter().map(|(&id, m)| (m.rank, id)).collect();
+                order.sort_unstable();
+                for &(_, id) in &order {
+                    for &(f, v) in &self.members[&id].floor {
+                        floor[f as usize] += v;
+                    }
+                }
+                for &(_, id) in &order {
+                    let Some(p) = x.proposals.get(&id) else {
+                        continue;
+                    };
+                    if let Some((f, need)) = p.park {
+                        floor[f as usize] -= need;
+                        x.parks += 1;
+                    }
+                    let mut accepted = false;
+                    if let Some((f, need)) = p.activate {
+                        let f = f as usize;
+                        if floor[f] + need <= self.facilities[f].capacity {
+                            floor[f] += need;
+                            accepted = true;
+                            x.activations += 1;
+                        } else {
+                            x.refused += 1;
+                        }
+                    }
+                    out.push(Action::Send(
+                        id,
+                        CoordMsg::Verdict {
+                            exchange: x.index,
+                            activate: accepted,
+                        },
+                    ));
+                }
+                x.waiting = x.proposals.keys().copied().collect();
+                x.phase = ExchangePhase::Apply;
+                self.exchange = Some(x);
+                if self.exchange.as_ref().is_some_and(|x| x.waiting.is_empty()) {
+                    self.exchange_step(_now, out);
+                }
+            }
+            ExchangePhase::Apply => {
+                let counts = self.counts();
+                let sums = self.sums();
+                if x.index == 0 {
+                    // The priced restart re-runs the cold start on the new sets, as `solve`
+                    // builds a new engine for them.
+                    self.admm = CoordinatorState::new(self.cfg.rho, self.facilities.len());
+                    self.admm.set_counts(&counts);
+                    self.residuals = self.admm.update(&self.facilities, &sums);
+                } else {
+                    self.admm.set_counts(&counts);
+                    self.admm.set_sums(&sums);
+                }
+                self.exchange_next = x.index + 1;
+                self.iters_since = 0;
+                self.counters.exchanges += 1;
+                self.counters.parks += x.parks as u64;
+                self.counters.activations += x.activations as u64;
+                self.counters.refused_activations += x.refused as u64;
+                out.push(Action::Event(Event::SelectionDone {
+                    exchange: x.index,
+                    parks: x.parks,
+                    activations: x.activations,
+                    refused: x.refused,
+                }));
+            }
+        }
+    }
+
+    /// Sorts out an exchange message's number: `Ok(true)` if it belongs to the exchange phase
+    /// in progress and the member owes it, `Ok(false)` if it is stale (ignored).
+    fn exchange_message(
+        &self,
+        from: MemberId,
+        exchange: u32,
+        phase: ExchangePhase,
+    ) -> Result<bool, String> {
+        match &self.exchange {
+            Some(x) if x.index == exchange => Ok(x.phase == phase && x.waiting.contains(&from)),
+            Some(x) if exchange > x.index => Err(format!(
+                "answer to selection exchange {exchange} from the future"
+            )),
+            None if exchange >= self.exchange_next => Err(format!(
+                "answer to selection exchange {exchange} from the future"
+            )),
+            _ => Ok(false),
+        }
+    }
+
+    fn proposal(&mut self, from: MemberId, p: ProposalMsg, out: &mut Vec<Action>) {
+        if !self.members.contains_key(&from) {
+            self.violation(from, "proposal before join".into(), out);
+            return;
+        }
+        let nf = self.facilities.len() as u32;
+        let owned = &self.owned;
+        let bad = |e: &Option<(u32, f64)>| {
+            e.is_some_and(|(f, v)| f >= nf || !owned[f as usize] || !v.is_finite() || v < 0.0)
+        };
+        if bad(&p.park) || bad(&p.activate) {
+            self.violation(from, format!("bad proposal {p:?}"), out);
+            return;
+        }
+        match self.exchange_message(from, p.exchange, ExchangePhase::Propose) {
+            Err(e) => self.violation(from, e, out),
+            Ok(false) => {}
+            Ok(true) => {
+                let x = self.exchange.as_mut().expect("checked");
+                x.waiting.remove(&from);
+                x.proposals.insert(from, p);
+            }
+        }
+    }
+
+    fn selected(&mut self, from: MemberId, sel: SelectedMsg, out: &mut Vec<Action>) {
+        if !self.members.contains_key(&from) {
+            self.violation(from, "selection before join".into(), out);
+            return;
+        }
+        if let Err(e) = self
+            .check_active(&sel.pairs, &sel.floor)
+            .and_then(|()| self.check_entries(&sel.entries))
+        {
+            self.violation(from, e, out);
+            return;
+        }
+        match self.exchange_message(from, sel.exchange, ExchangePhase::Apply) {
+            Err(e) => self.violation(from, e, out),
+            Ok(false) => {}
+            Ok(true) => {
+                let iteration = self.iteration;
+                let m = self.members.get_mut(&from).expect("checked");
+                m.pairs = sel.pairs;
+                m.floor = sel.floor;
+                m.entries = sel.entries;
+                // Older contributions still in flight are now duplicates, not news.
+                m.entries_iteration = m.entries_iteration.max(iteration);
+                m.exchanges = sel.exchange + 1;
+                m.stale = 0;
+                self.exchange
+                    .as_mut()
+                    .expect("checked")
+                    .waiting
+                    .remove(&from);
+            }
+        }
+    }
+
     fn complete_round(&mut self, now: Duration, stale: usize, out: &mut Vec<Action>) {
         let r = self.round.take().expect("a round in progress");
         let sums = self.sums();
         self.residuals = self.admm.update(&self.facilities, &sums);
         self.iteration = r.iteration;
+        self.iters_since = self.iters_since.saturating_add(1);
         self.counters.rounds += 1;
         out.push(Action::Event(Event::RoundDone {
             epoch: self.epoch,
@@ -722,6 +1305,7 @@ mod tests {
     use super::*;
     use crate::admm::HostState;
     use crate::generator::{generate, GeneratorConfig};
+    use crate::model::Problem;
     use crate::protocol::agent::{AgentAction, AgentConfig, AgentCore};
     use crate::protocol::facility_digest;
     use crate::solver::{default_rho, fixed_set_trace, Algorithm};
@@ -739,6 +1323,8 @@ mod tests {
             round_interval: Duration::ZERO,
             min_members,
             max_iterations: None,
+            selection: SelectionSchedule::fixed(),
+            shard: Shard::WHOLE,
         }
     }
 
@@ -767,6 +1353,10 @@ mod tests {
             entries: vec![(f, v)],
             last_iteration: 0,
             last_d: Vec::new(),
+            rank: 0,
+            interest: vec![f],
+            floor: vec![(f, 0.0)],
+            exchanges: 0,
         })
     }
 
@@ -1006,6 +1596,10 @@ mod tests {
                     entries: vec![(0, 0.5)],
                     last_iteration: 50,
                     last_d: vec![(0, d)],
+                    rank: id as u32,
+                    interest: vec![0],
+                    floor: vec![(0, 0.0)],
+                    exchanges: 0,
                 }),
             );
         }
@@ -1015,6 +1609,306 @@ mod tests {
             "{} vs {price}",
             r.price(0)
         );
+    }
+
+    /// Runs coordinator and agents back to back, delivering every message at once, until no
+    /// message is left (the coordinator stops at its `max_iterations`).
+    fn run_in_memory(problem: &Problem, coord: &mut Coordinator) -> Vec<AgentCore> {
+        let acfg = AgentConfig {
+            heartbeat_interval: 100 * MS,
+            coordinator_timeout: 1000 * MS,
+            backoff_min: 10 * MS,
+            backoff_max: 100 * MS,
+        };
+        let active = crate::protocol::fixed_active_sets(problem);
+        let mut agents: Vec<AgentCore> = active
+            .iter()
+            .enumerate()
+            .map(|(h, a)| {
+                AgentCore::new(problem, HostState::new(problem, h, a.clone()), acfg.clone())
+            })
+            .collect();
+        let now = Duration::ZERO;
+        let mut inbox: Vec<(MemberId, CoordMsg)> = Vec::new();
+        // Join in reverse order: verdicts must follow the hosts' ranks, not member ids.
+        for (i, a) in agents.iter_mut().enumerate().rev() {
+            for act in a.on_connected(now, problem) {
+                if let AgentAction::Send(m) = act {
+                    inbox.extend(sends(&coord.on_message(now, i as MemberId, m)));
+                }
+            }
+        }
+        while !inbox.is_empty() {
+            let batch = std::mem::take(&mut inbox);
+            for (id, msg) in batch {
+                for act in agents[id as usize].on_message(now, problem, msg) {
+                    if let AgentAction::Send(m) = act {
+                        inbox.extend(sends(&coord.on_message(now, id, m)));
+                    }
+                }
+            }
+        }
+        agents
+    }
+
+    /// With selection, the pure machines wired back to back reproduce `solver::solve` (the
+    /// priced restart and every damped swap round) and end at its allocation.
+    #[test]
+    fn in_memory_cluster_with_selection_matches_solve() {
+        let problem = generate(&GeneratorConfig {
+            k: 2,
+            seed: 9,
+            ..GeneratorConfig::new(6, 8)
+        });
+        let opts = crate::solver::SolveOptions {
+            eps_primal: 1e-11,
+            eps_dual: 1e-11,
+            max_iter: 5000,
+            certificate_iters: 0,
+            ..Default::default()
+        };
+        let solution = crate::solver::solve(&problem, &opts);
+        assert!(solution.converged);
+        let swaps: usize = solution.rounds.iter().map(|r| r.swaps).sum();
+        assert!(swaps > 0, "the instance must exercise selection");
+        let rho = default_rho(&problem);
+        let total = (opts.iters_per_round + solution.iterations) as u64;
+        let mut coord = Coordinator::new(
+            CoordinatorConfig {
+                max_iterations: Some(total),
+                selection: SelectionSchedule::from_solve(&opts),
+                ..cfg(facility_digest(&problem), rho, problem.hosts.len())
+            },
+            problem.facilities.clone(),
+        );
+        let agents = run_in_memory(&problem, &mut coord);
+        assert_eq!(coord.iteration(), total);
+        assert_eq!(coord.exchanges_done(), opts.rounds as u32 + 1);
+        assert!(coord.counters().parks + coord.counters().activations > 0);
+        for (a, r) in agents.iter().zip(&solution.hosts) {
+            assert_eq!(a.state().active, r.active, "host {}", r.host);
+            for (x, y) in a.state().x.iter().zip(&r.x) {
+                assert!((x - y).abs() < 1e-9, "host {}: {x} vs {y}", r.host);
+            }
+        }
+    }
+
+    /// A proposal for an exchange that has not been sent is a violation; a stale one is not.
+    #[test]
+    fn exchange_answers_are_told_apart_by_number() {
+        let mut c = Coordinator::new(
+            CoordinatorConfig {
+                selection: SelectionSchedule {
+                    iters_per_round: 1,
+                    ..SelectionSchedule::from_solve(&Default::default())
+                },
+                ..cfg(7, 1.0, 1)
+            },
+            vec![facility("a"), facility("b")],
+        );
+        c.on_message(Duration::ZERO, 1, join("h1", 7, 0, 0.2));
+        let e = c.epoch();
+        // One round, then the priced restart (exchange 0) goes out and rounds pause.
+        let out = c.on_message(MS, 1, contrib(e, 1, 0, 0.3));
+        assert!(sends(&out)
+            .iter()
+            .any(|(_, m)| matches!(m, CoordMsg::Restart { exchange: 0, .. })));
+        assert!(c.selecting());
+        let out = c.on_message(MS, 1, contrib(e, 2, 0, 0.3));
+        // A contribution to a round not sent (rounds pause) is a violation; h1 is gone and the
+        // restart completes without it.
+        assert!(
+            out.iter().any(|a| matches!(a, Action::Close(1, _))),
+            "{out:?}"
+        );
+        assert!(!c.selecting());
+        // An answer to an exchange not yet sent is a violation too.
+        c.on_message(2 * MS, 2, join("h2", 7, 0, 0.2));
+        let out = c.on_message(
+            3 * MS,
+            2,
+            AgentMsg::Proposal(ProposalMsg {
+                exchange: 3,
+                park: None,
+                activate: None,
+            }),
+        );
+        assert!(out.iter().any(|a| matches!(a, Action::Close(2, _))));
+        c.on_message(4 * MS, 3, join("h3", 7, 0, 0.2));
+        // A stale answer (exchange 0 is over) is ignored, not a violation.
+        assert!(!c.selecting());
+        assert_eq!(c.exchanges_done(), 1);
+        let out = c.on_message(
+            5 * MS,
+            3,
+            AgentMsg::Selected(SelectedMsg {
+                exchange: 0,
+                pairs: vec![(1, 1)],
+                floor: vec![(1, 0.0)],
+                entries: vec![(1, 0.1)],
+            }),
+        );
+        assert!(
+            !out.iter().any(|a| matches!(a, Action::Close(..))),
+            "stale: {out:?}"
+        );
+        assert_eq!(c.status().facilities[1].pairs, 0);
+    }
+
+    /// `set_weight` is checked, reaches every member at once and every later joiner after
+    /// its welcome; the operator state round-trips, and a bad one is refused whole.
+    #[test]
+    fn weights_reach_members_and_joiners_and_operator_state_round_trips() {
+        let mut c = Coordinator::new(cfg(7, 1.0, 1), vec![facility("a"), facility("b")]);
+        c.set_apps(vec!["x".into(), "y".into()]);
+        c.on_message(Duration::ZERO, 1, join("h1", 7, 0, 0.2));
+        assert!(c.set_weight("z", 1.0).unwrap_err().contains("no app"));
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            assert!(c.set_weight("x", bad).is_err(), "{bad}");
+        }
+        let out = c.set_weight("y", 2.5).unwrap();
+        assert_eq!(
+            sends(&out),
+            vec![(
+                1,
+                CoordMsg::SetWeight {
+                    app: "y".into(),
+                    weight: 2.5
+                }
+            )]
+        );
+        let out = c.on_message(MS, 2, join("h2", 7, 1, 0.2));
+        let to2: Vec<CoordMsg> = sends(&out)
+            .into_iter()
+            .filter(|(id, _)| *id == 2)
+            .map(|(_, m)| m)
+            .collect();
+        assert!(matches!(to2[0], CoordMsg::Welcome { .. }));
+        assert!(to2.contains(&CoordMsg::SetWeight {
+            app: "y".into(),
+            weight: 2.5
+        }));
+        c.set_capacity("b", 0.5).unwrap();
+        c.drain(2 * MS, "h2");
+        let st = c.operator_state();
+        assert_eq!(st.capacities, BTreeMap::from([("b".to_string(), 0.5)]));
+        assert_eq!(st.weights, BTreeMap::from([("y".to_string(), 2.5)]));
+        assert_eq!(st.drained, vec!["h2".to_string()]);
+        let mut r = Coordinator::new(cfg(7, 1.0, 1), vec![facility("a"), facility("b")]);
+        r.set_apps(vec!["x".into(), "y".into()]);
+        r.restore(&st).unwrap();
+        assert_eq!(r.operator_state(), st);
+        assert_eq!(r.status().facilities[1].capacity, 0.5);
+        // A state naming an unknown app changes nothing.
+        let mut bad = st.clone();
+        bad.weights.insert("nope".into(), 1.0);
+        let mut q = Coordinator::new(cfg(7, 1.0, 1), vec![facility("a"), facility("b")]);
+        q.set_apps(vec!["x".into(), "y".into()]);
+        assert!(q.restore(&bad).unwrap_err().contains("nope"));
+        assert_eq!(q.operator_state(), OperatorState::default());
+    }
+
+    /// Verdicts follow the hosts' ranks: with room for one more pair at x_min, the
+    /// lower-ranked host's activation wins, the other is refused; parks always hold.
+    #[test]
+    fn activations_are_decided_in_rank_order_against_the_floor() {
+        let fac = vec![
+            Facility {
+                id: "a".into(),
+                capacity: 1.0,
+                cost: 0.0,
+            },
+            Facility {
+                id: "b".into(),
+                capacity: 0.75,
+                cost: 0.0,
+            },
+        ];
+        let mut c = Coordinator::new(
+            CoordinatorConfig {
+                selection: SelectionSchedule {
+                    priced_start: false,
+                    iters_per_round: 1,
+                    ..SelectionSchedule::from_solve(&Default::default())
+                },
+                ..cfg(7, 1.0, 2)
+            },
+            fac,
+        );
+        let j = |rank: u32| {
+            AgentMsg::Join(Join {
+                host: format!("h{rank}"),
+                facility_digest: 7,
+                pairs: vec![(0, 1), (1, 1)],
+                entries: vec![(0, 0.2), (1, 0.1)],
+                last_iteration: 0,
+                last_d: Vec::new(),
+                rank,
+                interest: vec![0, 1],
+                floor: vec![(0, 0.25), (1, 0.25)],
+                exchanges: 0,
+            })
+        };
+        // Member 1 has rank 5, member 2 rank 3: member 2 decides first.
+        c.on_message(Duration::ZERO, 1, j(5));
+        c.on_message(Duration::ZERO, 2, j(3));
+        let e = c.epoch();
+        c.on_message(MS, 1, contrib(e, 1, 0, 0.2));
+        let out = c.on_message(MS, 2, contrib(e, 1, 0, 0.2));
+        let selects: Vec<_> = sends(&out)
+            .into_iter()
+            .filter(|(_, m)| matches!(m, CoordMsg::Select { exchange: 1, .. }))
+            .collect();
+        assert_eq!(selects.len(), 2);
+        let CoordMsg::Select { prices, .. } = &selects[0].1 else {
+            unreachable!()
+        };
+        assert_eq!(prices.len(), 2);
+        // Facility b holds 0.5 of 0.75 at the floor: room for one more 0.25, not two.
+        let propose = |park| {
+            AgentMsg::Proposal(ProposalMsg {
+                exchange: 1,
+                park,
+                activate: Some((1, 0.25)),
+            })
+        };
+        c.on_message(2 * MS, 1, propose(Some((0, 0.25))));
+        let out = c.on_message(2 * MS, 2, propose(None));
+        let verdicts: BTreeMap<MemberId, bool> = sends(&out)
+            .into_iter()
+            .filter_map(|(id, m)| match m {
+                CoordMsg::Verdict { activate, .. } => Some((id, activate)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(verdicts, BTreeMap::from([(1, false), (2, true)]));
+        let s = c.status();
+        assert_eq!(s.counters.parks, 0, "counted when the exchange completes");
+        for (id, pairs) in [(1u64, vec![(1, 1)]), (2, vec![(0, 1), (1, 2)])] {
+            c.on_message(
+                3 * MS,
+                id,
+                AgentMsg::Selected(SelectedMsg {
+                    exchange: 1,
+                    floor: pairs.iter().map(|&(f, n)| (f, 0.25 * n as f64)).collect(),
+                    entries: pairs.iter().map(|&(f, _)| (f, 0.1)).collect(),
+                    pairs,
+                }),
+            );
+        }
+        let s = c.status();
+        assert!(!s.selection.in_progress);
+        assert_eq!(s.selection.exchanges_done, 2);
+        assert_eq!(
+            (
+                s.counters.parks,
+                s.counters.activations,
+                s.counters.refused_activations
+            ),
+            (1, 1, 1)
+        );
+        assert_eq!(s.facilities[1].pairs, 3);
+        assert_eq!(s.facilities[0].pairs, 1);
     }
 
     /// The pure machines wired back to back equal the in-process solver on fixed active sets.

@@ -10,7 +10,9 @@ pub mod agent;
 pub mod coordinator;
 pub mod wire;
 
-pub use wire::{AgentMsg, CoordMsg, FrameDecoder, WireError, MAX_FRAME, PROTOCOL_VERSION};
+pub mod shard;
+
+pub use wire::{AgentMsg, CoordMsg, FrameDecoder, Shard, WireError, MAX_FRAME, PROTOCOL_VERSION};
 
 use crate::model::Problem;
 
@@ -19,6 +21,17 @@ use crate::model::Problem;
 /// from the shared instance without a selection protocol (docs/control-plane.md).
 pub fn fixed_active_sets(problem: &Problem) -> Vec<Vec<usize>> {
     crate::selection::initial_active(problem, &vec![0.0; problem.facilities.len()])
+}
+
+/// The shard (of `count`) that owns the facility with this id: FNV-1a of the id, modulo
+/// `count`. Every coordinator and agent computes it from the shared facility list alone.
+pub fn shard_of(facility_id: &str, count: u32) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in facility_id.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % count.max(1) as u64) as u32
 }
 
 /// Identifies the facility numbering both sides index by: FNV-1a over the facility ids in

@@ -10,7 +10,9 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 /// The version this build speaks. A peer announcing another one is refused, never guessed at.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// Version 2 added top-k selection: the join's `rank`, `interest`, `floor` and `exchanges`, and
+/// the `Select`/`Proposal`/`Verdict`/`Selected`/`Restart` messages (docs/control-plane.md).
+pub const PROTOCOL_VERSION: u16 = 2;
 pub const MAGIC: [u8; 2] = *b"DR";
 pub const HEADER_LEN: usize = 8;
 /// Hard limit on a payload: a host reports at most k facilities, so real messages are a few
@@ -43,6 +45,109 @@ pub enum AgentMsg {
     },
     /// Orderly departure: the coordinator removes the host's contribution at once.
     Leave,
+    /// The host's answer to `Select`: the swap it proposes (park and/or activate), as the
+    /// facilities concerned and the floor usage `b·x_min` of each pair.
+    Proposal(ProposalMsg),
+    /// The host's active sets after a selection exchange (`Verdict` or `Restart`) were applied.
+    Selected(SelectedMsg),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProposalMsg {
+    pub exchange: u32,
+    /// `(facility, b·x_min)` of the member the host parks.
+    pub park: Option<(u32, f64)>,
+    /// `(facility, b·x_min)` of the outsider the host would activate.
+    pub activate: Option<(u32, f64)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SelectedMsg {
+    pub exchange: u32,
+    /// As in [`Join`].
+    pub pairs: Vec<(u32, u32)>,
+    pub floor: Vec<(u32, f64)>,
+    pub entries: Vec<(u32, f64)>,
+}
+
+/// Shard `index` of `count`: a coordinator process owning the facilities whose id hashes to
+/// `index` (`super::shard_of`). Shards share nothing; `0/1` owns every facility.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shard {
+    pub index: u32,
+    pub count: u32,
+}
+
+impl Shard {
+    /// The only shard of an unsharded coordinator.
+    pub const WHOLE: Shard = Shard { index: 0, count: 1 };
+
+    pub fn owns(&self, facility_id: &str) -> bool {
+        super::shard_of(facility_id, self.count) == self.index
+    }
+}
+
+impl Default for Shard {
+    fn default() -> Self {
+        Shard::WHOLE
+    }
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+impl std::str::FromStr for Shard {
+    type Err = String;
+
+    /// `I/N` with `0 ≤ I < N`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("shard must be I/N with 0 <= I < N, got {s:?}");
+        let (i, n) = s.split_once('/').ok_or_else(bad)?;
+        let index: u32 = i.trim().parse().map_err(|_| bad())?;
+        let count: u32 = n.trim().parse().map_err(|_| bad())?;
+        if count == 0 || index >= count {
+            return Err(bad());
+        }
+        Ok(Shard { index, count })
+    }
+}
+
+/// The selection options the coordinator hands the agents with every `Select`, so that every
+/// host of a cluster decides by the same rules (`drum_common::selection::SelectionOptions`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SelectionParams {
+    pub swap_prob: f64,
+    pub hysteresis: f64,
+    pub fairness: f64,
+    pub discount: f64,
+    pub seed: u64,
+}
+
+impl From<crate::selection::SelectionOptions> for SelectionParams {
+    fn from(o: crate::selection::SelectionOptions) -> Self {
+        Self {
+            swap_prob: o.swap_prob,
+            hysteresis: o.hysteresis,
+            fairness: o.fairness,
+            discount: o.discount,
+            seed: o.seed,
+        }
+    }
+}
+
+impl From<SelectionParams> for crate::selection::SelectionOptions {
+    fn from(o: SelectionParams) -> Self {
+        Self {
+            swap_prob: o.swap_prob,
+            hysteresis: o.hysteresis,
+            fairness: o.fairness,
+            discount: o.discount,
+            seed: o.seed,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -61,6 +166,17 @@ pub struct Join {
     /// The `d_f` of that iteration (empty if none): a restarted coordinator rebuilds its duals
     /// from them (`u_f ≈ n_f·d_f` near convergence) instead of restarting prices from zero.
     pub last_d: Vec<(u32, f64)>,
+    /// The host's position in the instance: selection verdicts are decided in this order.
+    pub rank: u32,
+    /// Every facility one of the host's apps uses, active or parked, ascending: `Select`
+    /// carries their prices.
+    pub interest: Vec<u32>,
+    /// `(facility, Σ b·x_min)` over the host's active pairs, ascending: the floor usage the
+    /// coordinator checks activations against.
+    pub floor: Vec<(u32, f64)>,
+    /// Selection exchanges the host has completed, so a restarted coordinator resumes the
+    /// schedule instead of selecting from scratch.
+    pub exchanges: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -78,6 +194,8 @@ pub enum CoordMsg {
         epoch: u64,
         iteration: u64,
         heartbeat_ms: u64,
+        /// Which shard of the facilities this coordinator owns (`0/1`: all of them).
+        shard: Shard,
     },
     Refused {
         reason: String,
@@ -91,6 +209,33 @@ pub enum CoordMsg {
     },
     HeartbeatAck {
         seq: u64,
+    },
+    /// Selection round `round` (exchange `exchange`): evaluate the host at these prices (every
+    /// facility of the host's `interest`) and answer with a `Proposal`.
+    Select {
+        exchange: u32,
+        round: u32,
+        prices: Vec<(u32, f64)>,
+        options: SelectionParams,
+    },
+    /// Whether the proposed activation fits its facility's floor; a proposed park always holds.
+    /// The host applies its swap and answers with `Selected`.
+    Verdict {
+        exchange: u32,
+        activate: bool,
+    },
+    /// The priced restart (docs/model.md): choose the initial active sets again, greedily at
+    /// half these prices (every facility), restart from the best response to zero prices and
+    /// answer with `Selected`.
+    Restart {
+        exchange: u32,
+        prices: Vec<(u32, f64)>,
+    },
+    /// Operator change (`set-weight`): every pair of app `app` (its id in the instance) now has
+    /// weight `weight`, on every host, from the host's next step on.
+    SetWeight {
+        app: String,
+        weight: f64,
     },
 }
 
@@ -209,6 +354,10 @@ mod tests {
             entries: vec![(0, 0.5), (3, 0.25)],
             last_iteration: 7,
             last_d: vec![(0, 0.01)],
+            rank: 1,
+            interest: vec![0, 2, 3],
+            floor: vec![(0, 0.002), (3, 0.001)],
+            exchanges: 3,
         })
     }
 
@@ -320,9 +469,13 @@ mod tests {
                             host,
                             facility_digest,
                             pairs,
-                            entries,
+                            entries: entries.clone(),
                             last_iteration,
                             last_d,
+                            rank: last_iteration as u32,
+                            interest: entries.iter().map(|e| e.0).collect(),
+                            floor: entries,
+                            exchanges: facility_digest as u32,
                         })
                     }
                 ),
@@ -335,6 +488,32 @@ mod tests {
             }),
             any::<u64>().prop_map(|seq| AgentMsg::Heartbeat { seq }),
             Just(AgentMsg::Leave),
+            (
+                any::<u32>(),
+                prop::option::of((any::<u32>(), 0.0f64..1.0)),
+                prop::option::of((any::<u32>(), 0.0f64..1.0)),
+            )
+                .prop_map(|(exchange, park, activate)| {
+                    AgentMsg::Proposal(ProposalMsg {
+                        exchange,
+                        park,
+                        activate,
+                    })
+                }),
+            (
+                any::<u32>(),
+                prop::collection::vec((any::<u32>(), any::<u32>()), 0..10),
+                entries(),
+                entries(),
+            )
+                .prop_map(|(exchange, pairs, floor, entries)| {
+                    AgentMsg::Selected(SelectedMsg {
+                        exchange,
+                        pairs,
+                        floor,
+                        entries,
+                    })
+                }),
         ]
     }
 
@@ -345,6 +524,10 @@ mod tests {
                     epoch,
                     iteration,
                     heartbeat_ms: hb,
+                    shard: Shard {
+                        index: (hb % 4) as u32,
+                        count: 4,
+                    },
                 }
             }),
             ".{0,40}".prop_map(|reason| CoordMsg::Refused { reason }),
@@ -357,6 +540,31 @@ mod tests {
                 }
             ),
             any::<u64>().prop_map(|seq| CoordMsg::HeartbeatAck { seq }),
+            (
+                any::<u32>(),
+                any::<u32>(),
+                entries(),
+                0.0f64..1.0,
+                any::<u64>()
+            )
+                .prop_map(|(exchange, round, prices, p, seed)| CoordMsg::Select {
+                    exchange,
+                    round,
+                    prices,
+                    options: SelectionParams {
+                        swap_prob: p,
+                        hysteresis: p / 10.0,
+                        fairness: p / 50.0,
+                        discount: 1.0 - p,
+                        seed,
+                    },
+                }),
+            (any::<u32>(), any::<bool>())
+                .prop_map(|(exchange, activate)| CoordMsg::Verdict { exchange, activate }),
+            (any::<u32>(), entries())
+                .prop_map(|(exchange, prices)| CoordMsg::Restart { exchange, prices }),
+            ("[a-z0-9-]{1,20}", 0.0f64..1e3)
+                .prop_map(|(app, weight)| CoordMsg::SetWeight { app, weight }),
         ]
     }
 

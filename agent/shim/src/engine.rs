@@ -1,0 +1,426 @@
+//! The shim's engine thread, one per process, started with the first governed context:
+//! it attaches to the host's agent (and re-attaches after the agent restarts), applies the
+//! agent's grant, reports the app's counters into the shared table, sends the app's events,
+//! rotates the gate's slots, and drains the software send queues at the granted rate.
+//!
+//! Fail-open: without an agent (none running, connection lost, heartbeat stopped, table
+//! invalid) the grant is the environment's static one, normally none, so the application
+//! runs unthrottled; the first such loss is reported once on stderr. If the thread itself
+//! fails, every limit is lifted and what is queued is posted, so nothing stalls.
+
+use crate::gate::QpId;
+use crate::govern::{self, LIMITS, PENDING, STATS};
+use crate::link::{Link, DEFAULT_SOCKET};
+use crate::pacer::{parse_count, parse_rate};
+use crate::spin::SpinLock;
+use crate::{lookup, totals, warn_once, Trouble, COLD, SLOTS};
+use drum_table::layout::{Grant, Table};
+use drum_table::message::{app_identity, ShimMsg};
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+/// The engine of this process: (pid, thread). A forked child has no engine thread; the
+/// pid tells it to start its own.
+static ENGINE: SpinLock<Option<(u32, Thread)>> = SpinLock::new(None);
+/// The first attach attempt is over (so the first posts are already governed).
+static FIRST_ATTEMPT: AtomicBool = AtomicBool::new(false);
+
+/// How often the link to the agent is checked and counters are reported.
+const LINK_TICK: Duration = Duration::from_millis(20);
+/// Retry interval while no agent is reachable.
+const RETRY: Duration = Duration::from_millis(500);
+/// A table whose heartbeat is older than this belongs to a hung agent.
+const HEARTBEAT_TIMEOUT_MS: u64 = 2000;
+/// Longest sleep while work is queued (the limiters say exactly when; this bounds a
+/// missed wake-up).
+const MAX_WAIT: Duration = Duration::from_millis(1);
+
+pub fn lock_for_fork() {
+    ENGINE.acquire();
+}
+
+pub fn unlock_after_fork() {
+    ENGINE.release();
+}
+
+/// Starts this process's engine if it has none; waits (briefly) for its first attempt to
+/// reach the agent.
+pub fn ensure_started() {
+    let pid = std::process::id();
+    {
+        let mut e = ENGINE.lock();
+        if matches!(&*e, Some((p, _)) if *p == pid) {
+            return;
+        }
+        FIRST_ATTEMPT.store(false, Relaxed);
+        match std::thread::Builder::new()
+            .name("drum-shim".into())
+            .spawn(run)
+        {
+            Ok(h) => *e = Some((pid, h.thread().clone())),
+            Err(err) => {
+                warn_once(
+                    Trouble::Engine,
+                    &format!("cannot start the engine thread ({err}); running ungoverned"),
+                );
+                return;
+            }
+        }
+    }
+    let deadline = Instant::now() + Duration::from_millis(1500);
+    while !FIRST_ATTEMPT.load(Acquire) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+pub fn wake() {
+    if let Some((_, t)) = &*ENGINE.lock() {
+        t.unpark();
+    }
+}
+
+/// QPs that got a gate slot: list them for the engine.
+pub fn grant(ids: &[QpId]) {
+    for &id in ids {
+        let (idx, qpn) = ((id >> 32) as usize, id as u32);
+        let Some(slot) = SLOTS.get(idx) else {
+            continue;
+        };
+        let key = slot.key.load(Acquire);
+        if let Some(st) = lookup(key as *mut _) {
+            if let Some(q) = st.qps.get(qpn) {
+                govern::make_pending(key, qpn, q);
+            }
+        }
+    }
+}
+
+/// The grant from the environment, used while no agent is attached (normally none).
+pub fn env_grant() -> Result<Option<Grant>, String> {
+    let v = |n: &str| std::env::var(n).ok();
+    let bytes = parse_rate(
+        "DRUM_SHIM_RATE_BYTES_PER_S",
+        v("DRUM_SHIM_RATE_BYTES_PER_S").as_deref(),
+    )?;
+    let wqes = parse_rate(
+        "DRUM_SHIM_RATE_WQE_PER_S",
+        v("DRUM_SHIM_RATE_WQE_PER_S").as_deref(),
+    )?;
+    let burst = parse_count(
+        "DRUM_SHIM_BURST_BYTES",
+        v("DRUM_SHIM_BURST_BYTES").as_deref(),
+        1,
+    )?;
+    let k = parse_count(
+        "DRUM_SHIM_MAX_ACTIVE_QPS",
+        v("DRUM_SHIM_MAX_ACTIVE_QPS").as_deref(),
+        1,
+    )?;
+    let quantum = parse_count(
+        "DRUM_SHIM_QUANTUM_US",
+        v("DRUM_SHIM_QUANTUM_US").as_deref(),
+        1,
+    )?;
+    if bytes.is_none() && wqes.is_none() && k.is_none() {
+        return Ok(None);
+    }
+    let g = Grant {
+        rate_bytes_per_s: bytes.map_or(0, |r| r.round() as u64),
+        burst_bytes: burst.unwrap_or(0),
+        rate_wqe_per_s: wqes.map_or(0, |r| r.round() as u64),
+        max_active_qps: k.unwrap_or(0),
+        quantum_us: quantum.unwrap_or(0),
+        ..Grant::default()
+    };
+    g.validate().map_err(|e| e.to_string())?;
+    Ok(Some(g))
+}
+
+fn monotonic_ms() -> u64 {
+    // SAFETY: clock_gettime into a zeroed timespec.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+fn log_enabled() -> bool {
+    std::env::var_os("DRUM_SHIM_LOG").is_some_and(|v| v == "1")
+}
+
+/// Per-receiver caps: (receiver GID, bytes/s).
+type Caps = Vec<([u8; 16], u64)>;
+
+struct Engine {
+    socket: PathBuf,
+    hello: ShimMsg,
+    static_grant: Option<Grant>,
+    link: Option<Link>,
+    next_attempt: Instant,
+    next_tick: Instant,
+    next_rotate: Instant,
+    applied: Option<(u64, Caps)>,
+    /// Every connected QP, replayed to an agent that (re)attaches.
+    qps: BTreeMap<u32, ShimMsg>,
+}
+
+fn run() {
+    // The engine sleeps for limiter intervals of microseconds: ask for precise wake-ups.
+    // SAFETY: prctl on the calling thread only.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0, 0, 0) };
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        let mut e = Engine::new();
+        e.link_tick(Instant::now());
+        FIRST_ATTEMPT.store(true, Release);
+        e.run()
+    }));
+    if r.is_err() {
+        FIRST_ATTEMPT.store(true, Release);
+        warn_once(
+            Trouble::Engine,
+            "internal error in the engine thread; limits lifted, the application runs ungoverned",
+        );
+        let _ = catch_unwind(|| {
+            govern::apply(None);
+            govern::set_caps(&[]);
+            LIMITS.active.store(false, Release);
+            // Post what is still held back, so no work request is lost or stalls.
+            while drain().is_some() {}
+        });
+    }
+}
+
+impl Engine {
+    fn new() -> Engine {
+        let socket = std::env::var_os("DRUM_AGENT_SOCKET")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET));
+        let exe = std::fs::read_link("/proc/self/exe")
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let app = app_identity(std::env::var("DRUM_APP").ok().as_deref(), &exe);
+        let static_grant = match env_grant() {
+            Ok(g) => g,
+            Err(why) => {
+                warn_once(
+                    Trouble::PacerConfig,
+                    &format!("{why}; ignoring the static grant"),
+                );
+                None
+            }
+        };
+        govern::apply(static_grant.as_ref());
+        let now = Instant::now();
+        Engine {
+            socket,
+            hello: ShimMsg::Hello {
+                pid: std::process::id(),
+                app,
+                exe,
+            },
+            static_grant,
+            link: None,
+            next_attempt: now,
+            next_tick: now,
+            next_rotate: now,
+            applied: None,
+            qps: BTreeMap::new(),
+        }
+    }
+
+    fn run(&mut self) -> ! {
+        loop {
+            let now = Instant::now();
+            if now >= self.next_tick {
+                self.link_tick(now);
+                self.next_tick = now + LINK_TICK;
+            }
+            self.send_events();
+            self.rotate(now);
+            let wait = drain();
+            match wait {
+                Some(ps) => {
+                    let d = Duration::from_nanos(ps / 1000).min(MAX_WAIT);
+                    if !d.is_zero() {
+                        std::thread::park_timeout(d);
+                    }
+                }
+                None => {
+                    let until_tick = self.next_tick.saturating_duration_since(Instant::now());
+                    std::thread::park_timeout(until_tick.max(Duration::from_micros(100)));
+                }
+            }
+        }
+    }
+
+    /// Checks the agent link, (re)attaches, applies a new grant, reports counters.
+    fn link_tick(&mut self, now: Instant) {
+        if let Some(l) = &self.link {
+            let why = if l.closed() {
+                Some("the agent closed the connection".to_string())
+            } else if monotonic_ms().saturating_sub(l.table().heartbeat_ms()) > HEARTBEAT_TIMEOUT_MS
+            {
+                Some("the agent's heartbeat stopped".to_string())
+            } else {
+                None
+            };
+            match why.map_or_else(|| self.apply_table(), Err) {
+                Ok(()) => {
+                    report(self.link.as_ref().expect("attached").table());
+                    return;
+                }
+                Err(why) => self.detach(&why),
+            }
+        }
+        if now < self.next_attempt {
+            return;
+        }
+        self.next_attempt = now + RETRY;
+        match Link::attach(&self.socket, &self.hello) {
+            Ok(l) => {
+                if log_enabled() {
+                    crate::write_stderr(&format!(
+                        "drum-shim: attached to the agent at {} as app {}\n",
+                        self.socket.display(),
+                        l.app
+                    ));
+                }
+                for m in self.qps.values() {
+                    l.send(m);
+                }
+                self.link = Some(l);
+                self.applied = None;
+                if let Err(why) = self.apply_table() {
+                    self.detach(&why);
+                }
+            }
+            Err(why) => {
+                warn_once(
+                    Trouble::NoAgent,
+                    &format!("no DRUM agent ({why}); the application runs ungoverned until one is reachable"),
+                );
+            }
+        }
+    }
+
+    /// Reads and applies the table's grant and caps when they changed.
+    fn apply_table(&mut self) -> Result<(), String> {
+        let t = self.link.as_ref().expect("attached").table();
+        let g = t.read_grant().map_err(|e| format!("invalid table: {e}"))?;
+        let caps = t.peer_caps().map_err(|e| format!("invalid table: {e}"))?;
+        let key = (g.generation, caps.clone());
+        if self.applied.as_ref() != Some(&key) {
+            govern::set_caps(&caps);
+            govern::apply(Some(&g));
+            t.shim.applied_generation.store(g.generation, Relaxed);
+            self.applied = Some(key);
+        }
+        Ok(())
+    }
+
+    fn detach(&mut self, why: &str) {
+        self.link = None;
+        self.applied = None;
+        govern::set_caps(&[]);
+        govern::apply(self.static_grant.as_ref());
+        warn_once(
+            Trouble::AgentLost,
+            &format!("{why}; the application runs ungoverned until the agent returns"),
+        );
+        self.next_attempt = Instant::now() + RETRY;
+    }
+
+    fn send_events(&mut self) {
+        let events = std::mem::take(&mut *govern::EVENTS.lock());
+        for m in events {
+            match &m {
+                ShimMsg::QpUp { qpn, .. } => {
+                    self.qps.insert(*qpn, m.clone());
+                }
+                ShimMsg::QpGone { qpn } => {
+                    self.qps.remove(qpn);
+                }
+                _ => {}
+            }
+            if let Some(l) = &self.link {
+                l.send(&m);
+            }
+        }
+    }
+
+    /// Asks long holders to hand their gate slots on, and releases drained ones that are
+    /// already idle.
+    fn rotate(&mut self, now: Instant) {
+        let k = LIMITS.k.load(Relaxed) as usize;
+        if k == 0 || now < self.next_rotate {
+            return;
+        }
+        let quantum = LIMITS.quantum_ns.load(Relaxed).max(1000);
+        self.next_rotate = now + Duration::from_nanos(quantum / 4);
+        let told = govern::GATE
+            .lock()
+            .rotate(govern::now_ps() / 1000, quantum, k);
+        let _g = COLD.lock();
+        for id in told {
+            let (idx, qpn) = ((id >> 32) as usize, id as u32);
+            let Some(slot) = SLOTS.get(idx) else {
+                continue;
+            };
+            if let Some(st) = lookup(slot.key.load(Acquire) as *mut _) {
+                if let Some(q) = st.qps.get(qpn) {
+                    govern::settle(st, q, qpn);
+                }
+            }
+        }
+    }
+}
+
+/// Serves every QP listed as pending once; returns the shortest limiter wait of those that
+/// still have work, `None` when none waits on a limiter.
+fn drain() -> Option<u64> {
+    let batch: Vec<(usize, u32)> = PENDING.lock().drain(..).collect();
+    if batch.is_empty() {
+        return None;
+    }
+    let _g = COLD.lock();
+    let mut wait: Option<u64> = None;
+    for (key, qpn) in batch {
+        let Some(st) = lookup(key as *mut _) else {
+            continue;
+        };
+        let Some(q) = st.qps.get(qpn) else {
+            continue;
+        };
+        q.pending.store(false, Relaxed);
+        if let Some(w) = govern::serve(st, q, qpn) {
+            wait = Some(wait.map_or(w, |x| x.min(w)));
+            if !q.pending.swap(true, Relaxed) {
+                PENDING.lock().push_back((key, qpn));
+            }
+        }
+    }
+    wait
+}
+
+/// Writes the app's counters into the agent's table.
+fn report(t: &Table) {
+    let tot = totals();
+    let s = &t.shim;
+    s.send_wqes.store(tot.counts.send_wqes, Relaxed);
+    s.send_bytes.store(tot.counts.send_bytes, Relaxed);
+    s.completions.store(tot.counts.completions, Relaxed);
+    s.deferred_wqes
+        .store(STATS.deferred_wqes.load(Relaxed), Relaxed);
+    s.queue_delay_ns
+        .store(STATS.queue_delay_ns.load(Relaxed), Relaxed);
+    s.queued_wqes.store(tot.queued_wqes, Relaxed);
+    s.deferred_post_errors
+        .store(STATS.deferred_post_errors.load(Relaxed), Relaxed);
+    s.qps.store(tot.qps, Relaxed);
+    s.active_qps
+        .store(govern::GATE.lock().holders() as u64, Relaxed);
+}

@@ -1,0 +1,205 @@
+//! The extended verbs: `ibv_create_cq_ex` (whose completions are read with
+//! `ibv_start_poll`/`ibv_next_poll` through the CQ's own function pointers),
+//! `ibv_create_qp_ex` with extended attributes, and `ibv_qp_to_qp_ex` (whose `ibv_wr_*`
+//! posts go through the QP's own pointers). They do not pass through `ctx->ops`, so the
+//! shim does not govern them; rather than let such an application look governed, it
+//! reports their use (once on stderr, and counted in the summary).
+//!
+//! The first two are reached through `struct verbs_context`, which sits *before*
+//! `struct ibv_context` and exists only when `ctx->abi_compat == __VERBS_ABI_IS_EXTENDED`;
+//! an op exists only within the size the provider recorded in `vctx->sz` (libibverbs'
+//! own `verbs_get_ctx_op` rule). The shim wraps the two creation ops there.
+
+use crate::ffi::{IbvContext, IbvQp};
+use crate::{lookup, real, warn_once, Trouble};
+use libc::c_void;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+
+pub type CreateCqExFn = unsafe extern "C" fn(*mut IbvContext, *mut c_void) -> *mut c_void;
+pub type CreateQpExFn = unsafe extern "C" fn(*mut IbvContext, *mut c_void) -> *mut IbvQp;
+type QpToQpExFn = unsafe extern "C" fn(*mut IbvQp) -> *mut c_void;
+
+/// Bytes before `struct ibv_context` of `verbs_context.{create_cq_ex, create_qp_ex, sz}`
+/// (rdma-core 44; checked against the headers by `ffi::tests`).
+pub const CREATE_CQ_EX_BACK: usize = 120;
+pub const CREATE_QP_EX_BACK: usize = 56;
+pub const SZ_BACK: usize = 8;
+
+/// Extended objects the application created (each bypasses the shim).
+pub static USES: AtomicU64 = AtomicU64::new(0);
+static REAL_QP_TO_QP_EX: AtomicUsize = AtomicUsize::new(0);
+
+#[derive(Clone, Copy, Default)]
+pub struct ExtOrig {
+    create_cq_ex: Option<CreateCqExFn>,
+    create_qp_ex: Option<CreateQpExFn>,
+}
+
+/// Where the `verbs_context` op `back` bytes before `ctx` lives, if this context has it.
+///
+/// # Safety
+/// `ctx` is a valid open context.
+unsafe fn op_slot(ctx: *mut IbvContext, back: usize) -> Option<*mut usize> {
+    // SAFETY: a valid context's field.
+    if unsafe { (*ctx).abi_compat } as usize != usize::MAX {
+        return None;
+    }
+    // SAFETY: an extended context is preceded by its verbs_context, whose `sz` is there.
+    let sz = unsafe { *((ctx as *const u8).sub(SZ_BACK) as *const usize) };
+    if sz < back + std::mem::size_of::<IbvContext>() {
+        return None;
+    }
+    // SAFETY: within the verbs_context the provider allocated (checked against `sz`).
+    Some(unsafe { (ctx as *mut u8).sub(back) } as *mut usize)
+}
+
+/// Swaps the creation ops of an extended context for reporting wrappers.
+///
+/// # Safety
+/// `ctx` is a valid open context no other thread uses yet.
+pub unsafe fn install(ctx: *mut IbvContext) -> ExtOrig {
+    let mut o = ExtOrig::default();
+    // SAFETY: per the contract.
+    if let Some(p) = unsafe { op_slot(ctx, CREATE_CQ_EX_BACK) } {
+        // SAFETY: the op slot holds a function pointer (or 0).
+        let f = unsafe { *p };
+        if f != 0 && f != drum_create_cq_ex as *const () as usize {
+            // SAFETY: a non-null op of this type.
+            o.create_cq_ex = Some(unsafe { std::mem::transmute::<usize, CreateCqExFn>(f) });
+            // SAFETY: as above.
+            unsafe { *p = drum_create_cq_ex as *const () as usize };
+        }
+    }
+    // SAFETY: per the contract.
+    if let Some(p) = unsafe { op_slot(ctx, CREATE_QP_EX_BACK) } {
+        // SAFETY: as above.
+        let f = unsafe { *p };
+        if f != 0 && f != drum_create_qp_ex as *const () as usize {
+            // SAFETY: as above.
+            o.create_qp_ex = Some(unsafe { std::mem::transmute::<usize, CreateQpExFn>(f) });
+            // SAFETY: as above.
+            unsafe { *p = drum_create_qp_ex as *const () as usize };
+        }
+    }
+    o
+}
+
+/// Puts the original ops back.
+///
+/// # Safety
+/// `ctx` is the valid context `o` was taken from, no longer used by other threads.
+pub unsafe fn uninstall(ctx: *mut IbvContext, o: &ExtOrig) {
+    if let (Some(f), Some(p)) = (o.create_cq_ex, unsafe { op_slot(ctx, CREATE_CQ_EX_BACK) }) {
+        // SAFETY: the slot we swapped.
+        unsafe { *p = f as usize };
+    }
+    if let (Some(f), Some(p)) = (o.create_qp_ex, unsafe { op_slot(ctx, CREATE_QP_EX_BACK) }) {
+        // SAFETY: the slot we swapped.
+        unsafe { *p = f as usize };
+    }
+}
+
+fn note(what: &str) {
+    USES.fetch_add(1, Relaxed);
+    warn_once(
+        Trouble::Extended,
+        &format!(
+            "the application uses {what}, which bypasses the shim: that traffic is not governed"
+        ),
+    );
+}
+
+unsafe extern "C" fn drum_create_cq_ex(ctx: *mut IbvContext, attr: *mut c_void) -> *mut c_void {
+    let Some(f) = lookup(ctx).and_then(|st| st.ext.create_cq_ex) else {
+        return std::ptr::null_mut();
+    };
+    // SAFETY: forwarding unchanged to the provider's op.
+    let cq = unsafe { f(ctx, attr) };
+    if !cq.is_null() {
+        let _ =
+            std::panic::catch_unwind(|| note("ibv_create_cq_ex (ibv_start_poll/ibv_next_poll)"));
+    }
+    cq
+}
+
+unsafe extern "C" fn drum_create_qp_ex(ctx: *mut IbvContext, attr: *mut c_void) -> *mut IbvQp {
+    let Some(f) = lookup(ctx).and_then(|st| st.ext.create_qp_ex) else {
+        return std::ptr::null_mut();
+    };
+    // SAFETY: forwarding unchanged to the provider's op.
+    let qp = unsafe { f(ctx, attr) };
+    if !qp.is_null() {
+        let _ = std::panic::catch_unwind(|| note("ibv_create_qp_ex with extended attributes"));
+    }
+    qp
+}
+
+/// Interposes `ibv_qp_to_qp_ex`: an application that gets the `ibv_wr_*` interface of a
+/// QP posts around `ctx->ops`.
+///
+/// # Safety
+/// Called by C code with the real function's argument.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut IbvQp) -> *mut c_void {
+    let Some(f) = real(c"ibv_qp_to_qp_ex", &REAL_QP_TO_QP_EX) else {
+        return std::ptr::null_mut();
+    };
+    // SAFETY: the real function has this signature; forwarding unchanged.
+    let r = unsafe { std::mem::transmute::<usize, QpToQpExFn>(f)(qp) };
+    if !r.is_null() {
+        let _ = std::panic::catch_unwind(|| note("ibv_qp_to_qp_ex (ibv_wr_* posting)"));
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[repr(C)]
+    struct FakeExtended {
+        before: [usize; 40], // 320 bytes: the verbs_context part before the context
+        ctx: IbvContext,
+    }
+
+    static MADE: AtomicU64 = AtomicU64::new(0);
+
+    unsafe extern "C" fn fake_cq_ex(_: *mut IbvContext, _: *mut c_void) -> *mut c_void {
+        MADE.fetch_add(1, Relaxed);
+        8 as *mut c_void
+    }
+
+    /// An extended context's create_cq_ex is wrapped, its use reported and counted, and
+    /// the original restored; a context that is too small for the op is left alone.
+    #[test]
+    fn extended_creation_ops_are_wrapped_reported_and_restored() {
+        // SAFETY: plain C data; all-zero is valid.
+        let mut f: Box<FakeExtended> = Box::new(unsafe { std::mem::zeroed() });
+        let ctx: *mut IbvContext = &mut f.ctx;
+        f.ctx.abi_compat = usize::MAX as *mut c_void;
+        let sz_idx = 40 - SZ_BACK / 8;
+        let cq_idx = 40 - CREATE_CQ_EX_BACK / 8;
+        f.before[sz_idx] = 320 + std::mem::size_of::<IbvContext>();
+        f.before[cq_idx] = fake_cq_ex as *const () as usize;
+        // SAFETY: the fake context is valid and ours.
+        let o = unsafe { install(ctx) };
+        assert_eq!(f.before[cq_idx], drum_create_cq_ex as *const () as usize);
+        assert!(o.create_qp_ex.is_none(), "a null op stays null");
+        // The wrapper needs the context's state: call the original through `o` as it would.
+        let before = USES.load(Relaxed);
+        // SAFETY: the fake op ignores its arguments.
+        let r = unsafe { o.create_cq_ex.unwrap()(ctx, std::ptr::null_mut()) };
+        assert!(!r.is_null() && MADE.load(Relaxed) == 1);
+        note("test");
+        assert_eq!(USES.load(Relaxed), before + 1);
+        // SAFETY: as above.
+        unsafe { uninstall(ctx, &o) };
+        assert_eq!(f.before[cq_idx], fake_cq_ex as *const () as usize);
+
+        f.before[sz_idx] = 100 + std::mem::size_of::<IbvContext>();
+        // SAFETY: as above.
+        let o = unsafe { install(ctx) };
+        assert!(o.create_cq_ex.is_none(), "op beyond the recorded size");
+        assert_eq!(f.before[cq_idx], fake_cq_ex as *const () as usize);
+    }
+}

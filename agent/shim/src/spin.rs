@@ -1,0 +1,71 @@
+//! A minimal spin lock (yielding) for the shim's short critical sections. Unlike std's
+//! mutex it can be taken and released without a guard object, which is what `pthread_atfork`
+//! handlers need: the forking thread holds every such lock across `fork`, so a child never
+//! inherits one locked by a thread that does not exist in the child.
+
+use std::cell::UnsafeCell;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{
+    AtomicBool,
+    Ordering::{Acquire, Relaxed, Release},
+};
+
+pub struct SpinLock<T> {
+    held: AtomicBool,
+    data: UnsafeCell<T>,
+}
+
+// SAFETY: access to `data` is serialised by `held`.
+unsafe impl<T: Send> Sync for SpinLock<T> {}
+
+pub struct SpinGuard<'a, T>(&'a SpinLock<T>);
+
+impl<T> SpinLock<T> {
+    pub const fn new(v: T) -> Self {
+        SpinLock {
+            held: AtomicBool::new(false),
+            data: UnsafeCell::new(v),
+        }
+    }
+
+    pub fn lock(&self) -> SpinGuard<'_, T> {
+        self.acquire();
+        SpinGuard(self)
+    }
+
+    /// For fork handlers: acquire without a guard; pair with [`SpinLock::release`].
+    pub fn acquire(&self) {
+        while self
+            .held
+            .compare_exchange_weak(false, true, Acquire, Relaxed)
+            .is_err()
+        {
+            std::thread::yield_now();
+        }
+    }
+
+    pub fn release(&self) {
+        self.held.store(false, Release);
+    }
+}
+
+impl<T> Deref for SpinGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: the guard proves the lock is held.
+        unsafe { &*self.0.data.get() }
+    }
+}
+
+impl<T> DerefMut for SpinGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: the guard proves the lock is held, exclusively.
+        unsafe { &mut *self.0.data.get() }
+    }
+}
+
+impl<T> Drop for SpinGuard<'_, T> {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}

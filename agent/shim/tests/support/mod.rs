@@ -1,0 +1,339 @@
+//! What the shim's integration tests share: softrnic run directories torn down on drop,
+//! children with deadlines, client/server pairs, and parsers of perftest's and the shim's
+//! output. Each test binary uses part of it.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// `<target>/release`: the test binary lives in `<target>/release/deps/`.
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("test binary is in <target>/<profile>/deps")
+        .to_path_buf()
+}
+
+pub fn built(name: &str) -> PathBuf {
+    let p = target_dir().join(name);
+    assert!(
+        p.is_file(),
+        "{} is missing: cargo test does not build it; run `cargo build --release -p softrnic \
+         -p drum-shim` (or `cargo build --workspace --release`) with the same CARGO_TARGET_DIR \
+         first",
+        p.display()
+    );
+    p
+}
+
+pub fn shim() -> PathBuf {
+    built("libdrum_shim.so")
+}
+
+pub fn have(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+        .unwrap_or(false)
+}
+
+pub fn privileged() -> Result<(), String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("not root: softrnic needs mount/network namespaces".into());
+    }
+    let ok = Command::new("unshare")
+        .args(["-m", "-n", "true"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        return Err("cannot create mount/network namespaces here".into());
+    }
+    for tool in ["ibv_rc_pingpong", "ip"] {
+        if !have(tool) {
+            return Err(format!(
+                "{tool} not installed (apt-get install ibverbs-utils iproute2)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[macro_export]
+macro_rules! require_privileges {
+    () => {
+        if let Err(why) = $crate::support::privileged() {
+            eprintln!("SKIPPED: {why}");
+            return;
+        }
+    };
+}
+
+/// A softrnic run directory that is torn down (`softrnic down`) when dropped.
+pub struct Run {
+    pub dir: PathBuf,
+    bin: PathBuf,
+}
+
+impl Run {
+    pub fn new(name: &str) -> Run {
+        let bin = built("softrnic");
+        // The ".run" suffix keeps every run directory from being a prefix of another:
+        // `softrnic down` recognises its engines by a substring match of the run directory
+        // in their command line, so `down` of `…-pingpong` would kill the engines of
+        // `…-pingpong-events`.
+        let name = format!("drum-shim-test-{}-{name}.run", std::process::id());
+        let dir = std::env::temp_dir().join(name);
+        Run { dir, bin }
+    }
+
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::new(&self.bin);
+        c.env("SOFTRNIC_RUN_DIR", &self.dir);
+        c
+    }
+
+    pub fn up(&self, args: &[&str]) {
+        let out = run_timeout(self.cmd().arg("up").args(args), Duration::from_secs(60));
+        assert!(out.status.success(), "up failed: {}", text(&out));
+    }
+
+    pub fn addr(&self, host: &str) -> String {
+        let out = run_timeout(self.cmd().args(["addr", host]), Duration::from_secs(10));
+        assert!(out.status.success(), "addr failed: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// `prog` on `host`, through the shim when `with_shim`. `LD_PRELOAD` is given to
+    /// `softrnic exec`, which puts its provider in front and keeps the shim (an
+    /// `env LD_PRELOAD=…` inside the exec would drop the provider).
+    /// `shim_env` are extra variables for the shim (e.g. its pacer).
+    pub fn exec(
+        &self,
+        host: &str,
+        prog: &[&str],
+        with_shim: bool,
+        shim_env: &[(&str, &str)],
+    ) -> Command {
+        let mut c = self.cmd();
+        for v in [
+            "LD_PRELOAD",
+            "DRUM_SHIM_LOG",
+            "DRUM_APP",
+            "DRUM_SHIM_RATE_WQE_PER_S",
+            "DRUM_SHIM_RATE_BYTES_PER_S",
+            "DRUM_SHIM_BURST_BYTES",
+            "DRUM_SHIM_MAX_ACTIVE_QPS",
+            "DRUM_SHIM_QUANTUM_US",
+        ] {
+            c.env_remove(v);
+        }
+        // Never the machine's own agent: tests that want one pass its socket.
+        c.env("DRUM_AGENT_SOCKET", self.dir.join("no-agent.sock"));
+        if with_shim {
+            c.env("LD_PRELOAD", shim()).env("DRUM_SHIM_LOG", "1");
+            c.envs(shim_env.iter().copied());
+        }
+        c.args(["exec", "--host", host, "--"]).args(prog);
+        c
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // The engines' own account of a failure, before `down` removes it.
+            for h in ["h1", "h2"] {
+                let log = self.dir.join("hosts").join(h).join("engine.log");
+                if let Ok(l) = std::fs::read_to_string(&log) {
+                    let tail: Vec<&str> = l.lines().rev().take(15).collect();
+                    let tail: Vec<&str> = tail.into_iter().rev().collect();
+                    eprintln!("--- {}:\n{}", log.display(), tail.join("\n"));
+                }
+            }
+        }
+        let out = run_timeout(self.cmd().arg("down"), Duration::from_secs(30));
+        if !out.status.success() {
+            eprintln!("softrnic down failed: {}", text(&out));
+        }
+    }
+}
+
+pub fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+pub fn spawn(c: &mut Command) -> Child {
+    c.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn")
+}
+
+/// Wait for a child with a deadline; kill it when the deadline passes.
+pub fn wait_timeout(mut child: Child, limit: Duration) -> Output {
+    let t = Instant::now();
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let ro = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let re = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            break child.wait().expect("wait after kill");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Output {
+        status,
+        stdout: ro.join().unwrap(),
+        stderr: re.join().unwrap(),
+    }
+}
+
+pub fn run_timeout(c: &mut Command, limit: Duration) -> Output {
+    wait_timeout(spawn(c), limit)
+}
+
+/// Run `args` as a server on h1 and as a client (`args` + h1's address) on h2; retries the
+/// client while the server is not listening yet.
+pub fn pair(run: &Run, sargs: &[&str], with_shim: bool) -> (Output, Output) {
+    pair_env(run, sargs, with_shim, &[])
+}
+
+pub fn pair_env(
+    run: &Run,
+    sargs: &[&str],
+    with_shim: bool,
+    shim_env: &[(&str, &str)],
+) -> (Output, Output) {
+    let server_ip = run.addr("h1");
+    let server = spawn(&mut run.exec("h1", sargs, with_shim, shim_env));
+    let mut cargs = sargs.to_vec();
+    cargs.push(&server_ip);
+    let mut client;
+    let t = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        client = run_timeout(
+            &mut run.exec("h2", &cargs, with_shim, shim_env),
+            Duration::from_secs(60),
+        );
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&client.stdout),
+            String::from_utf8_lossy(&client.stderr)
+        );
+        let refused = all.contains("Couldn't connect") || all.contains("Unable to init the socket");
+        if !refused || t.elapsed() > Duration::from_secs(10) {
+            break;
+        }
+    }
+    let server = wait_timeout(server, Duration::from_secs(60));
+    (server, client)
+}
+
+/// The shim's exit summary (`drum-shim: pid=… key=value …`) as numbers; panics if absent.
+pub fn summary(o: &Output, who: &str) -> HashMap<String, u64> {
+    let err = String::from_utf8_lossy(&o.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("drum-shim: pid="))
+        .unwrap_or_else(|| panic!("{who}: no shim summary:\n{}", text(o)));
+    line["drum-shim: ".len()..]
+        .split_whitespace()
+        .filter_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+pub fn assert_ok(o: &Output, who: &str) {
+    assert!(o.status.success(), "{who}: {}", text(o));
+}
+
+/// Both sides succeeded; on failure shows both (a hung server is often explained by its
+/// client).
+pub fn assert_pair_ok(server: &Output, client: &Output, who: &str) {
+    assert!(
+        server.status.success() && client.status.success(),
+        "{who}\n--- server: {}\n--- client: {}",
+        text(server),
+        text(client)
+    );
+}
+
+/// perftest's result row as numbers: #bytes, #iterations, then the measurements.
+pub fn result_fields(o: &Output, who: &str) -> Vec<f64> {
+    let out = String::from_utf8_lossy(&o.stdout);
+    let mut lines = out
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("#bytes"));
+    lines.next();
+    let row = lines
+        .next()
+        .unwrap_or_else(|| panic!("{who}: no result row:\n{}", text(o)));
+    row.split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect()
+}
+
+/// perftest's result row: (#bytes, #iterations).
+pub fn result_row(o: &Output, who: &str) -> (u64, u64) {
+    let out = String::from_utf8_lossy(&o.stdout);
+    let mut lines = out
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("#bytes"));
+    lines.next();
+    let row = lines
+        .next()
+        .unwrap_or_else(|| panic!("{who}: no result row:\n{}", text(o)));
+    let f: Vec<u64> = row
+        .split_whitespace()
+        .take(2)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    assert_eq!(f.len(), 2, "{who}: bad result row {row:?}");
+    (f[0], f[1])
+}
+
+/// The shim's stderr lines other than its exit summary, its attach log and the expected
+/// "no DRUM agent" notice of a test run without an agent.
+pub fn shim_complaints(o: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&o.stderr)
+        .lines()
+        .filter(|l| l.starts_with("drum-shim:"))
+        .filter(|l| {
+            ![
+                "drum-shim: pid=",
+                "drum-shim: no DRUM agent",
+                "drum-shim: attached",
+            ]
+            .iter()
+            .any(|p| l.starts_with(p))
+        })
+        .map(str::to_string)
+        .collect()
+}

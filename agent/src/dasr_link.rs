@@ -1,0 +1,96 @@
+//! Joins the shim hub and DASR on one host: when this host's shims start long-message
+//! traffic towards a receiver (the hub aggregates QPs per receiver GID), the agent announces
+//! it to the receiver's agent; the caps the receivers answer with go into every local
+//! shim's table. A receiver's agent is found from the peer GID the shim learnt at RTR: an
+//! IPv4-mapped GID (RoCE v2, softrnic) names the receiver's address, and its agent listens
+//! on the same DASR port as ours.
+
+use crate::dasr::{CapMap, DasrHandle};
+use crate::shim_hub::{ShimHub, TrafficHook};
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use tokio::sync::watch;
+
+/// The IPv4 address in an IPv4-mapped GID (`::ffff:a.b.c.d`).
+pub fn ipv4_of_gid(g: &[u8; 16]) -> Option<Ipv4Addr> {
+    (g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff)
+        .then(|| Ipv4Addr::new(g[12], g[13], g[14], g[15]))
+}
+
+pub fn gid_of_ipv4(ip: Ipv4Addr) -> [u8; 16] {
+    let mut g = [0u8; 16];
+    g[10] = 0xff;
+    g[11] = 0xff;
+    g[12..].copy_from_slice(&ip.octets());
+    g
+}
+
+/// The hub's traffic hook: announce to the receiver's agent at `port`. One message per
+/// receiver (the hub reports its first busy QP and its last), so the message id is fixed.
+pub fn announcer(dasr: DasrHandle, port: u16) -> TrafficHook {
+    Box::new(move |gid, busy| {
+        let Some(ip) = ipv4_of_gid(&gid) else {
+            tracing::debug!("peer GID is not IPv4-mapped; no DASR announcement");
+            return;
+        };
+        let dest = SocketAddr::new(IpAddr::V4(ip), port);
+        if busy {
+            dasr.message_started(dest, 1);
+        } else {
+            dasr.message_ended(dest, 1);
+        }
+    })
+}
+
+/// Copies every change of the receivers' caps into the shims' tables, until the DASR
+/// service stops.
+pub async fn apply_caps(mut caps: watch::Receiver<CapMap>, hub: Arc<ShimHub>) {
+    let mut applied: BTreeSet<[u8; 16]> = BTreeSet::new();
+    loop {
+        let now: Vec<([u8; 16], u64, u64)> = caps
+            .borrow_and_update()
+            .iter()
+            .filter_map(|(addr, v)| {
+                let IpAddr::V4(ip) = addr.ip() else {
+                    return None;
+                };
+                let cap = v.cap.filter(|c| c.is_finite() && *c >= 1.0)?;
+                Some((gid_of_ipv4(ip), cap.round() as u64, u64::from(v.n)))
+            })
+            .collect();
+        let live: BTreeSet<[u8; 16]> = now.iter().map(|c| c.0).collect();
+        for gone in applied.difference(&live) {
+            hub.set_peer_cap(*gone, 0, 0);
+        }
+        for (gid, cap, n) in &now {
+            hub.set_peer_cap(*gid, *cap, *n);
+        }
+        applied = live;
+        if caps.changed().await.is_err() {
+            for g in &applied {
+                hub.set_peer_cap(*g, 0, 0);
+            }
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gids_and_addresses_map_both_ways() {
+        let ip = Ipv4Addr::new(10, 77, 0, 2);
+        let g = gid_of_ipv4(ip);
+        assert_eq!(ipv4_of_gid(&g), Some(ip));
+        let mut ib = g;
+        ib[0] = 0xfe;
+        assert_eq!(
+            ipv4_of_gid(&ib),
+            None,
+            "a link-local IB GID names no IPv4 host"
+        );
+    }
+}

@@ -1,0 +1,896 @@
+//! The agent's side of the shim link (DESIGN.md §7): a Unix `SOCK_SEQPACKET` socket where
+//! every `libdrum_shim.so` on the host registers, and one shared-memory table per
+//! registered process, in which the agent writes the app's grant (rates, active-QP limit,
+//! DASR caps, a heartbeat) and the shim writes its counters.
+//!
+//! Threads, not tasks: registration and the per-shim readers block in `accept`/`recv`, and
+//! the heartbeat must keep beating while the async runtime is busy. The state is small and
+//! behind one mutex that no thread holds across a system call that can block.
+
+use anyhow::{bail, Context, Result};
+use drum_table::layout::{Grant, TABLE_BYTES};
+use drum_table::mapping::{send_with_fd, Mapping};
+use drum_table::message::{AgentMsg, ShimMsg, MAX_LEN};
+use serde::Deserialize;
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tracing::{info, warn};
+
+/// `[shim]` in the agent's configuration.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ShimSettings {
+    /// Where shims register (`DRUM_AGENT_SOCKET` in the applications' environment must
+    /// name the same path when it is not the default).
+    #[serde(default = "d_socket")]
+    pub socket: PathBuf,
+    /// The NIC's line rate: grants are fractions of it.
+    pub line_rate_gbps: f64,
+    /// Most QPs per app with work on the NIC at once (top-k gating); 0: no gating.
+    #[serde(default)]
+    pub max_active_qps: u64,
+    /// How long a QP keeps its slot while others wait.
+    #[serde(default = "d_quantum")]
+    pub quantum_us: u64,
+    /// Sends at least this long are announced for DASR; 0: no announcements.
+    #[serde(default)]
+    pub long_msg_bytes: u64,
+    /// Rate fraction of an app the optimiser parked (not in the active set): a trickle so
+    /// its connections stay alive, not zero.
+    #[serde(default = "d_parked")]
+    pub parked_rate: f64,
+    /// Registered processes at most (each holds a table and a thread).
+    #[serde(default = "d_max_shims")]
+    pub max_shims: usize,
+    /// Operator pins per app, overriding the optimiser.
+    #[serde(default)]
+    pub apps: BTreeMap<String, AppPin>,
+}
+
+/// What an operator fixes for one app.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AppPin {
+    /// Fraction of the line rate, in (0, 1].
+    pub rate: Option<f64>,
+    pub rate_wqe_per_s: Option<u64>,
+    pub max_active_qps: Option<u64>,
+}
+
+fn d_socket() -> PathBuf {
+    PathBuf::from("/run/drum/shim.sock")
+}
+fn d_quantum() -> u64 {
+    1000
+}
+fn d_parked() -> f64 {
+    0.01
+}
+fn d_max_shims() -> usize {
+    1024
+}
+
+const MAX_LINE_RATE_GBPS: f64 = 1000.0;
+const HEARTBEAT: Duration = Duration::from_millis(100);
+/// How long a receiver must see no long-message traffic from this host before its end is
+/// announced.
+const END_LINGER: Duration = Duration::from_millis(50);
+/// A shim must say who it is this quickly after connecting.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
+
+impl ShimSettings {
+    pub fn validate(&self) -> Result<()> {
+        if !(self.line_rate_gbps.is_finite()
+            && self.line_rate_gbps > 0.0
+            && self.line_rate_gbps <= MAX_LINE_RATE_GBPS)
+        {
+            bail!(
+                "shim.line_rate_gbps = {} must be in (0, {MAX_LINE_RATE_GBPS}]",
+                self.line_rate_gbps
+            );
+        }
+        if !(self.parked_rate.is_finite() && self.parked_rate > 0.0 && self.parked_rate <= 1.0) {
+            bail!("shim.parked_rate = {} must be in (0, 1]", self.parked_rate);
+        }
+        if self.quantum_us == 0 || self.quantum_us > 60_000_000 {
+            bail!(
+                "shim.quantum_us = {} must be in [1, 60000000]",
+                self.quantum_us
+            );
+        }
+        if self.max_shims == 0 {
+            bail!("shim.max_shims must be at least 1");
+        }
+        for (app, pin) in &self.apps {
+            if !drum_table::message::valid_app(app) {
+                bail!("shim.apps.{app:?}: not a valid app name ([A-Za-z0-9._-], ≤ 64)");
+            }
+            if let Some(r) = pin.rate {
+                if !(r.is_finite() && r > 0.0 && r <= 1.0) {
+                    bail!(
+                        "shim.apps.{app}.rate = {r} must be a fraction of the line rate in (0, 1]"
+                    );
+                }
+            }
+        }
+        let probe = Grant {
+            max_active_qps: self.max_active_qps,
+            quantum_us: self.quantum_us,
+            long_msg_bytes: self.long_msg_bytes,
+            ..Grant::default()
+        };
+        probe
+            .validate()
+            .map_err(|e| anyhow::anyhow!("shim settings: {e}"))?;
+        Ok(())
+    }
+
+    fn line_rate_bytes(&self) -> f64 {
+        self.line_rate_gbps * 1e9 / 8.0
+    }
+}
+
+/// What one registered process reports (its table's counters).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ShimUsage {
+    pub pid: u32,
+    pub app: String,
+    pub send_wqes: u64,
+    pub send_bytes: u64,
+    pub completions: u64,
+    pub deferred_wqes: u64,
+    pub queued_wqes: u64,
+    pub qps: u64,
+    pub active_qps: u64,
+    pub grant_generation: u64,
+    pub applied_generation: u64,
+}
+
+/// A DASR cap in force for this host's shims.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PeerCapView {
+    /// The receiver's GID, as 32 hex digits.
+    pub peer: String,
+    pub cap_bytes_per_s: u64,
+    pub senders: u64,
+}
+
+/// Long-message traffic towards a receiver started or ended (for DASR).
+pub type TrafficHook = Box<dyn Fn([u8; 16], bool) + Send + Sync>;
+
+struct Conn {
+    pid: u32,
+    app: String,
+    map: Mapping,
+    sock: Arc<OwnedFd>,
+    /// Connected QPs: QP number → peer GID.
+    qps: BTreeMap<u32, [u8; 16]>,
+    busy: BTreeSet<u32>,
+}
+
+#[derive(Default)]
+struct HubState {
+    next_id: u64,
+    conns: BTreeMap<u64, Conn>,
+    /// The optimiser's rate fraction per app (None: it has not decided; unlimited).
+    optimiser: BTreeMap<String, f64>,
+    /// Receivers with long-message traffic from this host: GID → busy QPs.
+    busy_peers: BTreeMap<[u8; 16], usize>,
+    caps: BTreeMap<[u8; 16], (u64, u64)>,
+    /// Receivers whose traffic from this host ended, and since when: the end is announced
+    /// only after [`END_LINGER`], so the gaps between back-to-back messages do not flap the
+    /// receiver's sender count.
+    ending: BTreeMap<[u8; 16], std::time::Instant>,
+}
+
+struct Shared {
+    settings: ShimSettings,
+    state: Mutex<HubState>,
+    stop: AtomicBool,
+    listener: OwnedFd,
+    hook: Option<TrafficHook>,
+}
+
+/// The running hub; stops its threads and removes its socket on drop.
+pub struct ShimHub {
+    shared: Arc<Shared>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl ShimHub {
+    pub fn start(settings: ShimSettings, hook: Option<TrafficHook>) -> Result<ShimHub> {
+        settings.validate()?;
+        let listener = listen(&settings.socket)?;
+        info!(socket = %settings.socket.display(), "shims register here");
+        let shared = Arc::new(Shared {
+            settings,
+            state: Mutex::new(HubState::default()),
+            stop: AtomicBool::new(false),
+            listener,
+            hook,
+        });
+        let s1 = shared.clone();
+        let s2 = shared.clone();
+        let threads = vec![
+            std::thread::Builder::new()
+                .name("shim-accept".into())
+                .spawn(move || accept_loop(s1))?,
+            std::thread::Builder::new()
+                .name("shim-heartbeat".into())
+                .spawn(move || heartbeat_loop(s2))?,
+        ];
+        Ok(ShimHub { shared, threads })
+    }
+
+    /// The optimiser's decision: each app's rate as a fraction of line rate, and whether it
+    /// is in the active set. Published to every registered process of those apps.
+    pub fn set_rates(&self, rates: &[(String, bool, f64)]) {
+        let mut st = self.shared.lock();
+        for (app, active, rate) in rates {
+            let r = if *active && rate.is_finite() && *rate > 0.0 {
+                rate.min(1.0)
+            } else {
+                self.shared.settings.parked_rate
+            };
+            st.optimiser.insert(app.clone(), r);
+        }
+        for c in st.conns.values() {
+            let g = self.shared.grant_for(&st, &c.app);
+            c.map.table().publish(&g, monotonic_ms());
+        }
+    }
+
+    /// A DASR cap towards receiver `gid` for every process on this host (0: none).
+    pub fn set_peer_cap(&self, gid: [u8; 16], cap_bytes_per_s: u64, senders: u64) {
+        let mut st = self.shared.lock();
+        if cap_bytes_per_s == 0 {
+            st.caps.remove(&gid);
+        } else {
+            st.caps.insert(gid, (cap_bytes_per_s, senders));
+        }
+        for c in st.conns.values() {
+            if !c.map.table().set_peer_cap(gid, cap_bytes_per_s, senders) {
+                warn!(
+                    pid = c.pid,
+                    "no free DASR cap entry in the table; cap not applied"
+                );
+            }
+        }
+    }
+
+    pub fn caps(&self) -> Vec<PeerCapView> {
+        let st = self.shared.lock();
+        st.caps
+            .iter()
+            .map(|(g, &(cap, n))| PeerCapView {
+                peer: g.iter().map(|b| format!("{b:02x}")).collect(),
+                cap_bytes_per_s: cap,
+                senders: n,
+            })
+            .collect()
+    }
+
+    pub fn usage(&self) -> Vec<ShimUsage> {
+        let st = self.shared.lock();
+        st.conns
+            .values()
+            .map(|c| {
+                let t = c.map.table();
+                let s = &t.shim;
+                ShimUsage {
+                    pid: c.pid,
+                    app: c.app.clone(),
+                    send_wqes: s.send_wqes.load(Relaxed),
+                    send_bytes: s.send_bytes.load(Relaxed),
+                    completions: s.completions.load(Relaxed),
+                    deferred_wqes: s.deferred_wqes.load(Relaxed),
+                    queued_wqes: s.queued_wqes.load(Relaxed),
+                    qps: s.qps.load(Relaxed),
+                    active_qps: s.active_qps.load(Relaxed),
+                    grant_generation: t.grant.generation.load(Relaxed),
+                    applied_generation: s.applied_generation.load(Relaxed),
+                }
+            })
+            .collect()
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.shared.settings.socket
+    }
+}
+
+impl Drop for ShimHub {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Relaxed);
+        // Wakes the accept loop (accept fails on a shut-down listener).
+        // SAFETY: shutting down our own descriptor.
+        unsafe { libc::shutdown(self.shared.listener.as_raw_fd(), libc::SHUT_RDWR) };
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        let st = self.shared.lock();
+        for c in st.conns.values() {
+            // SAFETY: ends the reader's blocking recv; the descriptor stays owned by `c`.
+            unsafe { libc::shutdown(c.sock.as_raw_fd(), libc::SHUT_RDWR) };
+        }
+        drop(st);
+        let _ = std::fs::remove_file(&self.shared.settings.socket);
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, HubState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn grant_for(&self, st: &HubState, app: &str) -> Grant {
+        let s = &self.settings;
+        let pin = s.apps.get(app).cloned().unwrap_or_default();
+        let fraction = pin.rate.or_else(|| st.optimiser.get(app).copied());
+        Grant {
+            rate_bytes_per_s: fraction.map_or(0, |f| (f * s.line_rate_bytes()).round() as u64),
+            rate_wqe_per_s: pin.rate_wqe_per_s.unwrap_or(0),
+            max_active_qps: pin.max_active_qps.unwrap_or(s.max_active_qps),
+            quantum_us: s.quantum_us,
+            long_msg_bytes: s.long_msg_bytes,
+            ..Grant::default()
+        }
+    }
+}
+
+fn monotonic_ms() -> u64 {
+    // SAFETY: clock_gettime into a zeroed timespec.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+fn sockaddr(path: &Path) -> Result<libc::sockaddr_un> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: a zeroed sockaddr_un is valid.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if bytes.is_empty() || bytes.len() >= addr.sun_path.len() {
+        bail!("socket path {} is empty or too long", path.display());
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    Ok(addr)
+}
+
+fn seqpacket() -> Result<OwnedFd> {
+    // SAFETY: plain socket creation; checked.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error()).context("creating the shim socket");
+    }
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Binds the registration socket, replacing a stale file left by a dead agent but never
+/// one a live agent listens on.
+fn listen(path: &Path) -> Result<OwnedFd> {
+    let addr = sockaddr(path)?;
+    let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    if path.exists() {
+        let probe = seqpacket()?;
+        // SAFETY: connecting with a valid address.
+        let r = unsafe {
+            libc::connect(
+                probe.as_raw_fd(),
+                (&addr as *const libc::sockaddr_un).cast(),
+                len,
+            )
+        };
+        if r == 0 {
+            bail!("another agent is listening on {}", path.display());
+        }
+        std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?;
+    }
+    let fd = seqpacket()?;
+    // SAFETY: binding our socket to a valid address.
+    if unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_un).cast(),
+            len,
+        )
+    } != 0
+    {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("binding {}", path.display()));
+    }
+    // Applications of every user may register; what they can do is bounded by the protocol.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    // SAFETY: listen on our bound socket.
+    if unsafe { libc::listen(fd.as_raw_fd(), 128) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("listen");
+    }
+    Ok(fd)
+}
+
+fn accept_loop(sh: Arc<Shared>) {
+    while !sh.stop.load(Relaxed) {
+        // SAFETY: accepting on our listener; the new descriptor is close-on-exec.
+        let fd = unsafe {
+            libc::accept4(
+                sh.listener.as_raw_fd(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            if sh.stop.load(Relaxed) {
+                return;
+            }
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                warn!(error = %e, "accepting a shim");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            continue;
+        }
+        // SAFETY: a fresh descriptor we own.
+        let sock = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+        let s = sh.clone();
+        if let Err(e) = std::thread::Builder::new()
+            .name("shim-conn".into())
+            .spawn(move || serve_conn(s, sock))
+        {
+            warn!(error = %e, "no thread for a shim connection; refused");
+        }
+    }
+}
+
+fn heartbeat_loop(sh: Arc<Shared>) {
+    let mut last_beat = std::time::Instant::now() - HEARTBEAT;
+    while !sh.stop.load(Relaxed) {
+        let mut st = sh.lock();
+        if last_beat.elapsed() >= HEARTBEAT {
+            let now = monotonic_ms();
+            for c in st.conns.values() {
+                c.map.table().beat(now);
+            }
+            last_beat = std::time::Instant::now();
+        }
+        let due: Vec<[u8; 16]> = st
+            .ending
+            .iter()
+            .filter(|(_, t)| t.elapsed() >= END_LINGER)
+            .map(|(g, _)| *g)
+            .collect();
+        for g in due {
+            st.ending.remove(&g);
+            if let Some(h) = &sh.hook {
+                h(g, false);
+            }
+        }
+        drop(st);
+        std::thread::sleep(END_LINGER / 5);
+    }
+}
+
+/// The peer's pid as the kernel knows it: what registration is bound to, not the claim.
+fn peer_pid(fd: RawFd) -> Option<u32> {
+    // SAFETY: getsockopt into a zeroed ucred of the right size.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: as above.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (r == 0).then_some(cred.pid as u32)
+}
+
+fn recv(fd: RawFd, buf: &mut [u8]) -> std::io::Result<usize> {
+    // SAFETY: reading into our buffer.
+    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_TRUNC) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+fn refuse(fd: RawFd, reason: &str) {
+    let m = AgentMsg::Refused {
+        reason: reason.into(),
+    }
+    .encode();
+    // SAFETY: sending our buffer without blocking or SIGPIPE.
+    unsafe {
+        libc::send(
+            fd,
+            m.as_ptr().cast(),
+            m.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+}
+
+fn serve_conn(sh: Arc<Shared>, sock: Arc<OwnedFd>) {
+    let fd = sock.as_raw_fd();
+    let id = match register(&sh, &sock) {
+        Ok(id) => id,
+        Err(e) => {
+            warn!("shim registration refused: {e:#}");
+            refuse(fd, &format!("{e:#}"));
+            return;
+        }
+    };
+    let mut buf = [0u8; MAX_LEN + 1];
+    loop {
+        let n = match recv(fd, &mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        if n > MAX_LEN {
+            warn!(
+                bytes = n,
+                "oversized message from a shim; connection closed"
+            );
+            break;
+        }
+        match ShimMsg::parse(&buf[..n]) {
+            Ok(m) => on_message(&sh, id, m),
+            Err(e) => {
+                warn!("bad message from a shim ({e}); connection closed");
+                break;
+            }
+        }
+    }
+    let mut st = sh.lock();
+    if let Some(c) = st.conns.remove(&id) {
+        info!(pid = c.pid, app = %c.app, "shim left");
+        let busy: Vec<u32> = c.busy.iter().copied().collect();
+        for qpn in busy {
+            traffic(&sh, &mut st, c.qps.get(&qpn).copied(), false);
+        }
+    }
+}
+
+fn register(sh: &Shared, sock: &Arc<OwnedFd>) -> Result<u64> {
+    let fd = sock.as_raw_fd();
+    let tv = libc::timeval {
+        tv_sec: HELLO_TIMEOUT.as_secs() as libc::time_t,
+        tv_usec: 0,
+    };
+    // SAFETY: setting a receive timeout on our socket.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    let mut buf = [0u8; MAX_LEN + 1];
+    let n = recv(fd, &mut buf).context("waiting for the shim's hello")?;
+    if n > MAX_LEN {
+        bail!("hello of {n} bytes (limit {MAX_LEN})");
+    }
+    let ShimMsg::Hello { pid, app, exe } = ShimMsg::parse(&buf[..n])? else {
+        bail!("the first message must be HELLO");
+    };
+    let real = peer_pid(fd).context("no peer credentials")?;
+    if real != pid {
+        bail!("hello claims pid {pid} but the peer is pid {real}");
+    }
+    let zero = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 0,
+    };
+    // SAFETY: clearing the timeout: after registration the reader blocks until the shim talks.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&zero as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    let (map, table_fd) =
+        Mapping::create(&format!("drum-table-{pid}")).context("creating the table")?;
+    let mut st = sh.lock();
+    if st.conns.len() >= sh.settings.max_shims {
+        bail!(
+            "{} shims registered already (shim.max_shims)",
+            st.conns.len()
+        );
+    }
+    let g = sh.grant_for(&st, &app);
+    map.table().publish(&g, monotonic_ms());
+    for (gid, &(cap, n)) in &st.caps {
+        map.table().set_peer_cap(*gid, cap, n);
+    }
+    send_with_fd(
+        fd,
+        AgentMsg::Welcome { app: app.clone() }.encode().as_bytes(),
+        table_fd.as_raw_fd(),
+    )
+    .context("sending the table")?;
+    st.next_id += 1;
+    let id = st.next_id;
+    info!(pid, app = %app, exe = %exe, table_bytes = TABLE_BYTES, "shim registered");
+    st.conns.insert(
+        id,
+        Conn {
+            pid,
+            app,
+            map,
+            sock: sock.clone(),
+            qps: BTreeMap::new(),
+            busy: BTreeSet::new(),
+        },
+    );
+    Ok(id)
+}
+
+fn on_message(sh: &Shared, id: u64, m: ShimMsg) {
+    let mut st = sh.lock();
+    let Some(c) = st.conns.get_mut(&id) else {
+        return;
+    };
+    match m {
+        ShimMsg::Hello { .. } => warn!(pid = c.pid, "second HELLO ignored"),
+        ShimMsg::QpUp { qpn, peer, .. } => {
+            c.qps.insert(qpn, peer);
+        }
+        ShimMsg::QpGone { qpn } => {
+            let peer = c.qps.remove(&qpn);
+            if c.busy.remove(&qpn) {
+                traffic(sh, &mut st, peer, false);
+            }
+        }
+        ShimMsg::Traffic { qpn, busy } => {
+            let peer = c.qps.get(&qpn).copied();
+            let changed = if busy {
+                c.busy.insert(qpn)
+            } else {
+                c.busy.remove(&qpn)
+            };
+            if changed {
+                traffic(sh, &mut st, peer, busy);
+            }
+        }
+    }
+}
+
+/// Tracks long-message traffic per receiver; the hook hears when a receiver gains its first
+/// busy QP from this host, and [`END_LINGER`] after it lost its last one (unless traffic
+/// resumed meanwhile).
+fn traffic(sh: &Shared, st: &mut HubState, peer: Option<[u8; 16]>, busy: bool) {
+    let Some(peer) = peer else {
+        return;
+    };
+    let n = st.busy_peers.entry(peer).or_insert(0);
+    let before = *n;
+    if busy {
+        *n += 1;
+    } else {
+        *n = n.saturating_sub(1);
+    }
+    let after = *n;
+    if after == 0 {
+        st.busy_peers.remove(&peer);
+    }
+    if before > 0 && after == 0 {
+        st.ending.insert(peer, std::time::Instant::now());
+    } else if before == 0 && after > 0 && st.ending.remove(&peer).is_none() {
+        if let Some(h) = &sh.hook {
+            h(peer, true);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drum_table::mapping::recv_with_fd;
+
+    fn settings(dir: &Path) -> ShimSettings {
+        ShimSettings {
+            socket: dir.join("shim.sock"),
+            line_rate_gbps: 8.0,
+            max_active_qps: 0,
+            quantum_us: 1000,
+            long_msg_bytes: 0,
+            parked_rate: 0.01,
+            max_shims: 2,
+            apps: BTreeMap::from([(
+                "pinned".to_string(),
+                AppPin {
+                    rate: Some(0.25),
+                    ..AppPin::default()
+                },
+            )]),
+        }
+    }
+
+    fn connect(path: &Path) -> OwnedFd {
+        let fd = seqpacket().unwrap();
+        let addr = sockaddr(path).unwrap();
+        // SAFETY: connecting with a valid address.
+        let r = unsafe {
+            libc::connect(
+                fd.as_raw_fd(),
+                (&addr as *const libc::sockaddr_un).cast(),
+                std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0);
+        fd
+    }
+
+    fn hello(fd: &OwnedFd, pid: u32, app: &str) -> (String, Option<OwnedFd>) {
+        let m = ShimMsg::Hello {
+            pid,
+            app: app.into(),
+            exe: "/bin/test".into(),
+        }
+        .encode();
+        // SAFETY: sending our buffer.
+        unsafe { libc::send(fd.as_raw_fd(), m.as_ptr().cast(), m.len(), 0) };
+        let mut buf = [0u8; MAX_LEN];
+        let (n, f) = recv_with_fd(fd.as_raw_fd(), &mut buf).unwrap();
+        (String::from_utf8_lossy(&buf[..n]).into_owned(), f)
+    }
+
+    fn wait_for(mut f: impl FnMut() -> bool) {
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        while !f() {
+            assert!(
+                std::time::Instant::now() < end,
+                "condition not reached in 5 s"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn registration_grants_pins_and_optimiser_rates_and_refuses_liars() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = ShimHub::start(settings(dir.path()), None).unwrap();
+        let me = std::process::id();
+
+        let a = connect(hub.socket());
+        let (m, fd) = hello(&a, me, "pinned");
+        assert_eq!(m, "DRUM1 WELCOME app=pinned");
+        let ta = Mapping::open(fd.unwrap().as_raw_fd()).unwrap();
+        assert_eq!(
+            ta.table().read_grant().unwrap().rate_bytes_per_s,
+            250_000_000
+        );
+
+        let b = connect(hub.socket());
+        let (_, fd) = hello(&b, me, "free");
+        let tb = Mapping::open(fd.unwrap().as_raw_fd()).unwrap();
+        assert_eq!(
+            tb.table().read_grant().unwrap().rate_bytes_per_s,
+            0,
+            "unlimited until the optimiser decides"
+        );
+        hub.set_rates(&[("free".into(), true, 0.5), ("pinned".into(), true, 0.9)]);
+        assert_eq!(
+            tb.table().read_grant().unwrap().rate_bytes_per_s,
+            500_000_000
+        );
+        assert_eq!(
+            ta.table().read_grant().unwrap().rate_bytes_per_s,
+            250_000_000,
+            "the pin wins"
+        );
+        hub.set_rates(&[("free".into(), false, 0.0)]);
+        assert_eq!(
+            tb.table().read_grant().unwrap().rate_bytes_per_s,
+            10_000_000,
+            "parked: a trickle"
+        );
+
+        let c = connect(hub.socket());
+        let (m, fd) = hello(&c, me, "third");
+        assert!(m.contains("REFUSED") && m.contains("max_shims"), "{m}");
+        assert!(fd.is_none());
+
+        let d = connect(hub.socket());
+        drop(a);
+        wait_for(|| hub.usage().len() == 1);
+        let (m, _) = hello(&d, me + 1, "liar");
+        assert!(m.contains("REFUSED") && m.contains("pid"), "{m}");
+
+        // The heartbeat advances.
+        let h0 = tb.table().heartbeat_ms();
+        wait_for(|| tb.table().heartbeat_ms() > h0);
+        drop(b);
+        wait_for(|| hub.usage().is_empty());
+        let path = hub.socket().to_path_buf();
+        drop(hub);
+        assert!(!path.exists(), "socket removed on stop");
+    }
+
+    #[test]
+    fn traffic_hook_hears_first_and_last_busy_qp_per_receiver() {
+        let dir = tempfile::tempdir().unwrap();
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let h = heard.clone();
+        let hub = ShimHub::start(
+            settings(dir.path()),
+            Some(Box::new(move |g, busy| {
+                h.lock().unwrap().push((g[15], busy))
+            })),
+        )
+        .unwrap();
+        let a = connect(hub.socket());
+        let (_, _fd) = hello(&a, std::process::id(), "x");
+        let mut peer = [0u8; 16];
+        peer[15] = 9;
+        for m in [
+            ShimMsg::QpUp {
+                qpn: 1,
+                peer,
+                peer_qpn: 5,
+            },
+            ShimMsg::QpUp {
+                qpn: 2,
+                peer,
+                peer_qpn: 6,
+            },
+            ShimMsg::Traffic { qpn: 1, busy: true },
+            ShimMsg::Traffic { qpn: 2, busy: true },
+            ShimMsg::Traffic {
+                qpn: 1,
+                busy: false,
+            },
+        ] {
+            let s = m.encode();
+            // SAFETY: sending our buffer.
+            unsafe { libc::send(a.as_raw_fd(), s.as_ptr().cast(), s.len(), 0) };
+        }
+        wait_for(|| heard.lock().unwrap().len() == 1);
+        assert_eq!(heard.lock().unwrap()[0], (9, true));
+        drop(a); // QP 2 still busy: leaving ends its traffic
+        wait_for(|| heard.lock().unwrap().len() == 2);
+        assert_eq!(heard.lock().unwrap()[1], (9, false));
+    }
+
+    #[test]
+    fn a_live_socket_is_not_stolen_and_bad_settings_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = ShimHub::start(settings(dir.path()), None).unwrap();
+        let e = ShimHub::start(settings(dir.path()), None).err().unwrap();
+        assert!(e.to_string().contains("another agent"), "{e}");
+        drop(hub);
+        let mut s = settings(dir.path());
+        s.line_rate_gbps = f64::NAN;
+        assert!(ShimHub::start(s, None).is_err());
+        let mut s = settings(dir.path());
+        s.apps.get_mut("pinned").unwrap().rate = Some(1.5);
+        assert!(ShimHub::start(s, None)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("(0, 1]"));
+    }
+}

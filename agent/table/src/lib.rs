@@ -1,0 +1,14 @@
+//! The interface between `drum-agent` and `libdrum_shim.so` on one host (DESIGN.md §7):
+//!
+//! - [`message`]: what travels over the agent's Unix socket (registration, QP and message
+//!   events), as bounded, versioned text datagrams;
+//! - [`layout`]: the per-app shared-memory table: grants written by the agent, counters
+//!   written by the shim, one writer per field;
+//! - [`mapping`]: creating, passing and mapping the table's memory (a memfd).
+//!
+//! Both sides link this crate, so they cannot disagree about a layout or an encoding.
+//! See docs/shim.md, "The agent link".
+
+pub mod layout;
+pub mod mapping;
+pub mod message;

@@ -1,0 +1,64 @@
+//! The `serve` config: the example in deploy/ parses with every selection key, and bad
+//! selection keys are refused with a clear error.
+
+use drum_coordinator::server::{ServeOptions, ServeSettings};
+use std::path::Path;
+
+fn write(dir: &Path, body: &str) -> std::path::PathBuf {
+    let p = dir.join("c.toml");
+    std::fs::write(
+        &p,
+        format!(
+            "listen = \"127.0.0.1:0\"\ninstance = \"i.json\"\n{body}\n[tls]\nca = \"a\"\ncert = \"b\"\nkey = \"c\"\n"
+        ),
+    )
+    .unwrap();
+    p
+}
+
+#[test]
+fn deploy_example_parses_with_the_selection_defaults() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config/coordinator.toml");
+    let (s, o) = ServeSettings::load_with_options(&example).unwrap();
+    assert_eq!(o, ServeOptions::default());
+    assert_eq!(s.min_members, 1);
+    assert_eq!(o.solve_options().rounds, 10);
+    assert_eq!(o.schedule().exchanges(), 11);
+}
+
+#[test]
+fn selection_keys_are_read_and_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, o) = ServeSettings::load_with_options(&write(
+        dir.path(),
+        "selection_rounds = 3\npriced_start = false\neps_primal = 1e-9\nselection_seed = 7",
+    ))
+    .unwrap();
+    assert_eq!(o.selection_rounds, 3);
+    assert!(!o.priced_start);
+    assert_eq!(o.solve_options().eps_primal, 1e-9);
+    assert_eq!(o.solve_options().selection.seed, 7);
+    for (body, want) in [
+        ("iters_per_round = 0", "iters_per_round must be at least 1"),
+        ("eps_dual = -1.0", "eps_dual must be finite"),
+        ("selection_round = 3", "unknown field `selection_round`"),
+        ("priced_start = 3", "invalid type"),
+    ] {
+        let e = ServeSettings::load_with_options(&write(dir.path(), body)).unwrap_err();
+        let text = format!("{e:#}");
+        assert!(text.contains(want), "{body}: {text}");
+    }
+}
+
+#[test]
+fn serve_refuses_a_bad_shard() {
+    for bad in ["2/2", "0/0", "x"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_drum-coordinator"))
+            .args(["serve", "--config", "/nonexistent.toml", "--shard", bad])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("shard must be I/N"), "{bad}: {err}");
+    }
+}
