@@ -100,7 +100,7 @@ for sec in $SECTIONS; do
 		# grants the background half the line and one active QP; the foreground is not
 		# limited. Three foreground runs per case; medians.
 		up --hosts 2 --line-rate-gbps 1
-		agent 1 '[shim.apps.bg]' 'rate = 0.5' 'max_active_qps = 1' '[shim.apps.fg]'
+		agent 1 '[shim.apps.bg]' "rate = ${BG_RATE:-0.5}" 'max_active_qps = 1' '[shim.apps.fg]'
 		echo "## isolation: foreground ib_send_lat next to a greedy ib_write_bw (--line-rate-gbps 1; medians of 3 runs)"
 		echo "| case | fg typical us | fg 99 % us | p99 / unloaded | runs (typical/p99) |"
 		echo "| --- | --- | --- | --- | --- |"
@@ -118,7 +118,7 @@ for sec in $SECTIONS; do
 			fi
 			ts= ps= runs=
 			for _ in 1 2 3; do
-				o=$(pair $fg ib_send_lat -x 0 -n 5000 -p 18601)
+				o=$(pair $fg ib_send_lat -x 0 -n 5000 -p 18601 ${FG_EXTRA:-})
 				t=$(echo "$o" | typ) p=$(echo "$o" | p99)
 				ts="$ts $t" ps="$ps $p" runs="$runs $t/$p"
 			done
