@@ -5,12 +5,36 @@
 //! IPv4-mapped GID (RoCE v2, softrnic) names the receiver's address, and its agent listens
 //! on the same DASR port as ours.
 
-use crate::dasr::{CapMap, DasrHandle};
-use crate::shim_hub::{ShimHub, TrafficHook};
+use crate::dasr::{CapMap, DasrConfig, DasrHandle, DasrService};
+use crate::shim_hub::{ShimHub, ShimSettings, TrafficHook};
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use tokio::sync::watch;
+
+/// Starts the shim hub and, with `dasr`, the DASR service announcing the hub's traffic and
+/// feeding the receivers' caps back into the shims' tables.
+pub async fn start(
+    shim: &ShimSettings,
+    dasr: Option<DasrConfig>,
+) -> anyhow::Result<(Arc<ShimHub>, Option<DasrService>)> {
+    let dasr = match dasr {
+        Some(cfg) => Some(
+            DasrService::bind(cfg)
+                .await
+                .map_err(|e| anyhow::anyhow!("[dasr]: {e}"))?,
+        ),
+        None => None,
+    };
+    let hook = dasr
+        .as_ref()
+        .map(|d| announcer(d.handle(), d.local_addr().port()));
+    let hub = Arc::new(ShimHub::start(shim.clone(), hook)?);
+    if let Some(d) = &dasr {
+        tokio::spawn(apply_caps(d.caps(), hub.clone()));
+    }
+    Ok((hub, dasr))
+}
 
 /// The IPv4 address in an IPv4-mapped GID (`::ffff:a.b.c.d`).
 pub fn ipv4_of_gid(g: &[u8; 16]) -> Option<Ipv4Addr> {

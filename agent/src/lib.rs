@@ -333,25 +333,13 @@ pub async fn run_with(
 async fn start_shim_link(
     options: &AgentOptions,
 ) -> Result<(Option<Arc<shim_hub::ShimHub>>, Option<dasr::DasrService>)> {
-    let Some(shim) = &options.shim else {
-        return Ok((None, None));
-    };
-    let dasr = match options.dasr.clone() {
-        Some(cfg) => Some(
-            dasr::DasrService::bind(cfg)
-                .await
-                .map_err(|e| anyhow::anyhow!("[dasr]: {e}"))?,
-        ),
-        None => None,
-    };
-    let hook = dasr
-        .as_ref()
-        .map(|d| dasr_link::announcer(d.handle(), d.local_addr().port()));
-    let hub = Arc::new(shim_hub::ShimHub::start(shim.clone(), hook)?);
-    if let Some(d) = &dasr {
-        tokio::spawn(dasr_link::apply_caps(d.caps(), hub.clone()));
+    match &options.shim {
+        Some(shim) => {
+            let (hub, dasr) = dasr_link::start(shim, options.dasr.clone()).await?;
+            Ok((Some(hub), dasr))
+        }
+        None => Ok((None, None)),
     }
-    Ok((Some(hub), dasr))
 }
 
 type Link = (quinn::Connection, quinn::SendStream, quinn::RecvStream);

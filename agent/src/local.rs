@@ -10,7 +10,6 @@ use crate::shim_hub::{PeerCapView, ShimHub, ShimSettings, ShimUsage};
 use anyhow::{Context, Result};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -75,21 +74,7 @@ pub fn run(settings: LocalSettings, stop: impl Fn() -> bool) -> Result<()> {
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async {
-        let dasr = match settings.dasr.clone() {
-            Some(cfg) => Some(
-                DasrService::bind(cfg)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("[dasr]: {e}"))?,
-            ),
-            None => None,
-        };
-        let hook = dasr
-            .as_ref()
-            .map(|d| dasr_link::announcer(d.handle(), d.local_addr().port()));
-        let hub = Arc::new(ShimHub::start(settings.shim.clone(), hook)?);
-        if let Some(d) = &dasr {
-            tokio::spawn(dasr_link::apply_caps(d.caps(), hub.clone()));
-        }
+        let (hub, dasr) = dasr_link::start(&settings.shim, settings.dasr.clone()).await?;
         while !stop() {
             if let Some(p) = &settings.status_file {
                 if let Err(e) = write_status(p, &hub, dasr.as_ref()) {

@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use drum_table::layout::{Grant, TABLE_BYTES};
 use drum_table::mapping::{send_with_fd, Mapping};
 use drum_table::message::{AgentMsg, ShimMsg, MAX_LEN};
+use drum_table::socket;
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -350,74 +351,23 @@ fn monotonic_ms() -> u64 {
     ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
-fn sockaddr(path: &Path) -> Result<libc::sockaddr_un> {
-    use std::os::unix::ffi::OsStrExt;
-    let bytes = path.as_os_str().as_bytes();
-    // SAFETY: a zeroed sockaddr_un is valid.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    if bytes.is_empty() || bytes.len() >= addr.sun_path.len() {
-        bail!("socket path {} is empty or too long", path.display());
-    }
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
-        *d = *s as libc::c_char;
-    }
-    Ok(addr)
-}
-
-fn seqpacket() -> Result<OwnedFd> {
-    // SAFETY: plain socket creation; checked.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error()).context("creating the shim socket");
-    }
-    // SAFETY: a fresh descriptor we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
 /// Binds the registration socket, replacing a stale file left by a dead agent but never
 /// one a live agent listens on.
 fn listen(path: &Path) -> Result<OwnedFd> {
-    let addr = sockaddr(path)?;
-    let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     if path.exists() {
-        let probe = seqpacket()?;
-        // SAFETY: connecting with a valid address.
-        let r = unsafe {
-            libc::connect(
-                probe.as_raw_fd(),
-                (&addr as *const libc::sockaddr_un).cast(),
-                len,
-            )
-        };
-        if r == 0 {
+        if socket::connect(path).is_ok() {
             bail!("another agent is listening on {}", path.display());
         }
         std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?;
     }
-    let fd = seqpacket()?;
-    // SAFETY: binding our socket to a valid address.
-    if unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&addr as *const libc::sockaddr_un).cast(),
-            len,
-        )
-    } != 0
-    {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("binding {}", path.display()));
-    }
+    let fd =
+        socket::listen(path, 128).with_context(|| format!("listening on {}", path.display()))?;
     // Applications of every user may register; what they can do is bounded by the protocol.
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
-    // SAFETY: listen on our bound socket.
-    if unsafe { libc::listen(fd.as_raw_fd(), 128) } != 0 {
-        return Err(std::io::Error::last_os_error()).context("listen");
-    }
     Ok(fd)
 }
 
@@ -483,47 +433,11 @@ fn heartbeat_loop(sh: Arc<Shared>) {
     }
 }
 
-/// The peer's pid as the kernel knows it: what registration is bound to, not the claim.
-fn peer_pid(fd: RawFd) -> Option<u32> {
-    // SAFETY: getsockopt into a zeroed ucred of the right size.
-    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: as above.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    (r == 0).then_some(cred.pid as u32)
-}
-
-fn recv(fd: RawFd, buf: &mut [u8]) -> std::io::Result<usize> {
-    // SAFETY: reading into our buffer.
-    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_TRUNC) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(n as usize)
-}
-
 fn refuse(fd: RawFd, reason: &str) {
     let m = AgentMsg::Refused {
         reason: reason.into(),
-    }
-    .encode();
-    // SAFETY: sending our buffer without blocking or SIGPIPE.
-    unsafe {
-        libc::send(
-            fd,
-            m.as_ptr().cast(),
-            m.len(),
-            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-        )
     };
+    let _ = socket::send(fd, m.encode().as_bytes());
 }
 
 fn serve_conn(sh: Arc<Shared>, sock: Arc<OwnedFd>) {
@@ -538,7 +452,7 @@ fn serve_conn(sh: Arc<Shared>, sock: Arc<OwnedFd>) {
     };
     let mut buf = [0u8; MAX_LEN + 1];
     loop {
-        let n = match recv(fd, &mut buf) {
+        let n = match socket::recv(fd, &mut buf) {
             Ok(0) => break,
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -571,46 +485,21 @@ fn serve_conn(sh: Arc<Shared>, sock: Arc<OwnedFd>) {
 
 fn register(sh: &Shared, sock: &Arc<OwnedFd>) -> Result<u64> {
     let fd = sock.as_raw_fd();
-    let tv = libc::timeval {
-        tv_sec: HELLO_TIMEOUT.as_secs() as libc::time_t,
-        tv_usec: 0,
-    };
-    // SAFETY: setting a receive timeout on our socket.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
+    socket::set_recv_timeout(fd, Some(HELLO_TIMEOUT))?;
     let mut buf = [0u8; MAX_LEN + 1];
-    let n = recv(fd, &mut buf).context("waiting for the shim's hello")?;
+    let n = socket::recv(fd, &mut buf).context("waiting for the shim's hello")?;
     if n > MAX_LEN {
         bail!("hello of {n} bytes (limit {MAX_LEN})");
     }
     let ShimMsg::Hello { pid, app, exe } = ShimMsg::parse(&buf[..n])? else {
         bail!("the first message must be HELLO");
     };
-    let real = peer_pid(fd).context("no peer credentials")?;
+    let real = socket::peer_pid(fd).context("no peer credentials")?;
     if real != pid {
         bail!("hello claims pid {pid} but the peer is pid {real}");
     }
-    let zero = libc::timeval {
-        tv_sec: 0,
-        tv_usec: 0,
-    };
-    // SAFETY: clearing the timeout: after registration the reader blocks until the shim talks.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&zero as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
+    // After registration the reader blocks until the shim talks.
+    socket::set_recv_timeout(fd, None)?;
     let (map, table_fd) =
         Mapping::create(&format!("drum-table-{pid}")).context("creating the table")?;
     let mut st = sh.lock();
@@ -730,18 +619,7 @@ mod tests {
     }
 
     fn connect(path: &Path) -> OwnedFd {
-        let fd = seqpacket().unwrap();
-        let addr = sockaddr(path).unwrap();
-        // SAFETY: connecting with a valid address.
-        let r = unsafe {
-            libc::connect(
-                fd.as_raw_fd(),
-                (&addr as *const libc::sockaddr_un).cast(),
-                std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(r, 0);
-        fd
+        socket::connect(path).unwrap()
     }
 
     fn hello(fd: &OwnedFd, pid: u32, app: &str) -> (String, Option<OwnedFd>) {
@@ -751,8 +629,7 @@ mod tests {
             exe: "/bin/test".into(),
         }
         .encode();
-        // SAFETY: sending our buffer.
-        unsafe { libc::send(fd.as_raw_fd(), m.as_ptr().cast(), m.len(), 0) };
+        socket::send(fd.as_raw_fd(), m.as_bytes()).unwrap();
         let mut buf = [0u8; MAX_LEN];
         let (n, f) = recv_with_fd(fd.as_raw_fd(), &mut buf).unwrap();
         (String::from_utf8_lossy(&buf[..n]).into_owned(), f)
@@ -864,9 +741,7 @@ mod tests {
                 busy: false,
             },
         ] {
-            let s = m.encode();
-            // SAFETY: sending our buffer.
-            unsafe { libc::send(a.as_raw_fd(), s.as_ptr().cast(), s.len(), 0) };
+            socket::send(a.as_raw_fd(), m.encode().as_bytes()).unwrap();
         }
         wait_for(|| heard.lock().unwrap().len() == 1);
         assert_eq!(heard.lock().unwrap()[0], (9, true));

@@ -830,3 +830,74 @@ fn coordinator_loss_is_fail_static_and_agents_rejoin_a_restarted_one() {
     );
     assert_eq!(s["counters"]["exchanges"], 0, "{s:#}");
 }
+
+/// Connects to an agent's shim socket as a shim would, registers as `app`, and returns the
+/// table the agent sends back (the socket stays open for as long as the registration).
+fn register_as_shim(
+    socket: &std::path::Path,
+    app: &str,
+) -> (std::os::fd::OwnedFd, drum_table::mapping::Mapping) {
+    use std::os::fd::AsRawFd;
+    let fd = drum_table::socket::connect(socket).expect("connect to the agent's shim socket");
+    let hello = drum_table::message::ShimMsg::Hello {
+        pid: std::process::id(),
+        app: app.into(),
+        exe: "/test".into(),
+    }
+    .encode();
+    drum_table::socket::send(fd.as_raw_fd(), hello.as_bytes()).unwrap();
+    let mut buf = [0u8; 512];
+    let (n, table) = drum_table::mapping::recv_with_fd(fd.as_raw_fd(), &mut buf).unwrap();
+    assert!(
+        buf[..n].starts_with(b"DRUM1 WELCOME"),
+        "{}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    let map = drum_table::mapping::Mapping::open(table.unwrap().as_raw_fd()).unwrap();
+    (fd, map)
+}
+
+/// The optimiser's rates reach the host's shims: an agent with `[shim]` grants each app that
+/// registers its rate from the rounds (as a fraction of the configured line rate), and an
+/// app the selection parked a trickle.
+#[test]
+fn optimiser_rates_reach_the_shims_registered_with_an_agent() {
+    let c = Cluster::new(2, 4, 2, 5);
+    let coord = Coord::start(ServeSettings {
+        min_members: 2,
+        max_iterations: Some(150),
+        ..c.settings(localhost())
+    });
+    let socket = c.dir.path().join("shim-0.sock");
+    let shim = format!("[shim]\nsocket = {socket:?}\nline_rate_gbps = 8.0\n");
+    let _a0 = c.agent_tagged("0", 0, coord.addr, None, &shim);
+    let _a1 = c.agent(1, coord.addr, None);
+    wait_for(
+        "both agents at the last iteration",
+        Duration::from_secs(30),
+        || (0..2).all(|h| c.table(h).is_some_and(|t| t.iteration == 150)),
+    );
+    let table = c.table(0).unwrap();
+    let line = 8.0e9 / 8.0;
+    let mut parked = 0;
+    for app in &table.apps {
+        let (_sock, map) = register_as_shim(&socket, &app.app);
+        let g = map.table().read_grant().unwrap();
+        let want = if app.active {
+            app.rate * line
+        } else {
+            0.01 * line
+        };
+        parked += usize::from(!app.active);
+        assert!(
+            (g.rate_bytes_per_s as f64 - want).abs() <= 1.0,
+            "{}: granted {} B/s, rate table says {want}",
+            app.app,
+            g.rate_bytes_per_s
+        );
+    }
+    assert!(
+        parked > 0 && parked < table.apps.len(),
+        "k = 2 of 4 apps: some parked, some not"
+    );
+}

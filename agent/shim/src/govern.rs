@@ -145,12 +145,11 @@ fn set_limiter(cell: &[AtomicU64; 2], g: Option<Gcra>) {
     cell[0].store(i, Relaxed);
 }
 
-/// The byte burst when the grant names none: 5 ms at the rate, at least one 64 KiB
-/// message. The engine thread can wake late on a loaded machine; a burst lets it catch up
-/// so the long-run rate holds (measured: with a 0.9 ms burst at 75 MB/s on a loaded 2-core
+/// The byte burst when the grant names none: the limiter's default (5 ms at the rate), and
+/// at least one 64 KiB message (measured: with a 0.9 ms burst at 75 MB/s on a loaded 2-core
 /// machine, `ib_write_bw` got 76 % of its grant; with 2 ms, 95 %; with 3.5 ms, 100 %).
 pub fn default_byte_burst(rate: f64) -> u64 {
-    ((rate * 0.005).round() as u64).max(64 * 1024)
+    Gcra::default_burst(rate).max(64 * 1024)
 }
 
 /// Puts a grant in force (`None`: no limits — no agent, fail-open).

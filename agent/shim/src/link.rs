@@ -6,7 +6,8 @@
 use drum_table::layout::Table;
 use drum_table::mapping::{recv_with_fd, Mapping};
 use drum_table::message::{AgentMsg, ShimMsg, MAX_LEN};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use drum_table::socket;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 
 /// Where the agent listens unless `DRUM_AGENT_SOCKET` says otherwise.
@@ -20,14 +21,11 @@ pub struct Link {
     pub app: String,
 }
 
-fn os_err(what: &str) -> String {
-    format!("{what}: {}", std::io::Error::last_os_error())
-}
-
 impl Link {
     /// Connects, registers with `hello` and maps the table the agent sends back.
     pub fn attach(path: &Path, hello: &ShimMsg) -> Result<Link, String> {
-        let sock = connect(path)?;
+        let sock =
+            socket::connect(path).map_err(|e| format!("connecting to {}: {e}", path.display()))?;
         send(&sock, hello)?;
         let mut pfd = libc::pollfd {
             fd: sock.as_raw_fd(),
@@ -99,52 +97,6 @@ impl Link {
     }
 }
 
-fn connect(path: &Path) -> Result<OwnedFd, String> {
-    use std::os::unix::ffi::OsStrExt;
-    let bytes = path.as_os_str().as_bytes();
-    // SAFETY: a zeroed sockaddr_un is valid.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    if bytes.len() >= addr.sun_path.len() {
-        return Err(format!("socket path {} is too long", path.display()));
-    }
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
-        *d = *s as libc::c_char;
-    }
-    // SAFETY: plain socket creation; result checked.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(os_err("socket"));
-    }
-    // SAFETY: a fresh descriptor we own.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: connecting with a valid, initialised address.
-    let r = unsafe {
-        libc::connect(
-            sock.as_raw_fd(),
-            (&addr as *const libc::sockaddr_un).cast(),
-            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        return Err(os_err(&format!("connecting to {}", path.display())));
-    }
-    Ok(sock)
-}
-
 fn send(sock: &OwnedFd, m: &ShimMsg) -> Result<(), String> {
-    let s = m.encode();
-    // SAFETY: sending our buffer; never blocks, never raises SIGPIPE.
-    let n = unsafe {
-        libc::send(
-            sock.as_raw_fd(),
-            s.as_ptr().cast(),
-            s.len(),
-            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-        )
-    };
-    if n < 0 {
-        return Err(os_err("send"));
-    }
-    Ok(())
+    socket::send(sock.as_raw_fd(), m.encode().as_bytes()).map_err(|e| format!("send: {e}"))
 }

@@ -463,7 +463,7 @@ fn a_bad_table_from_the_agent_is_refused_and_the_application_runs() {
     run.up(&["--hosts", "2"]);
     std::fs::create_dir_all(&run.dir).unwrap();
     let sock = run.dir.join("fake-agent.sock");
-    let listener = fake_agent_socket(&sock);
+    let listener = drum_table::socket::listen(&sock, 8).unwrap();
     let served = std::thread::spawn(move || {
         let mut n = 0;
         let end = Instant::now() + Duration::from_secs(30);
@@ -482,8 +482,7 @@ fn a_bad_table_from_the_agent_is_refused_and_the_application_runs() {
             // SAFETY: a fresh descriptor we own.
             let c = unsafe { OwnedFd::from_raw_fd(fd) };
             let mut buf = [0u8; 600];
-            // SAFETY: reading the hello into our buffer.
-            unsafe { libc::recv(c.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            let _hello = drum_table::socket::recv(c.as_raw_fd(), &mut buf);
             let table = garbage_table();
             drum_table::mapping::send_with_fd(
                 c.as_raw_fd(),
@@ -507,32 +506,6 @@ fn a_bad_table_from_the_agent_is_refused_and_the_application_runs() {
         assert_eq!(summary(o, "pingpong")["send_wqes"], 50);
     }
     assert!(served.join().unwrap() >= 2);
-}
-
-fn fake_agent_socket(path: &Path) -> OwnedFd {
-    use std::os::unix::ffi::OsStrExt;
-    // SAFETY: plain socket calls on our own descriptor with a valid address.
-    unsafe {
-        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
-        assert!(fd >= 0);
-        let fd = OwnedFd::from_raw_fd(fd);
-        let mut addr: libc::sockaddr_un = std::mem::zeroed();
-        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-        for (d, s) in addr.sun_path.iter_mut().zip(path.as_os_str().as_bytes()) {
-            *d = *s as libc::c_char;
-        }
-        let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
-        assert_eq!(
-            libc::bind(
-                fd.as_raw_fd(),
-                (&addr as *const libc::sockaddr_un).cast(),
-                len
-            ),
-            0
-        );
-        assert_eq!(libc::listen(fd.as_raw_fd(), 8), 0);
-        fd
-    }
 }
 
 /// A sealed memfd of the right size whose header is not a table's.

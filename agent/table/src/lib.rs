@@ -4,7 +4,8 @@
 //!   events), as bounded, versioned text datagrams;
 //! - [`layout`]: the per-app shared-memory table: grants written by the agent, counters
 //!   written by the shim, one writer per field;
-//! - [`mapping`]: creating, passing and mapping the table's memory (a memfd).
+//! - [`mapping`]: creating, passing and mapping the table's memory (a memfd);
+//! - [`socket`]: the registration socket (Unix `SOCK_SEQPACKET`).
 //!
 //! Both sides link this crate, so they cannot disagree about a layout or an encoding.
 //! See docs/shim.md, "The agent link".
@@ -12,3 +13,4 @@
 pub mod layout;
 pub mod mapping;
 pub mod message;
+pub mod socket;

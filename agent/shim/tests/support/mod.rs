@@ -302,21 +302,9 @@ pub fn result_fields(o: &Output, who: &str) -> Vec<f64> {
 
 /// perftest's result row: (#bytes, #iterations).
 pub fn result_row(o: &Output, who: &str) -> (u64, u64) {
-    let out = String::from_utf8_lossy(&o.stdout);
-    let mut lines = out
-        .lines()
-        .skip_while(|l| !l.trim_start().starts_with("#bytes"));
-    lines.next();
-    let row = lines
-        .next()
-        .unwrap_or_else(|| panic!("{who}: no result row:\n{}", text(o)));
-    let f: Vec<u64> = row
-        .split_whitespace()
-        .take(2)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    assert_eq!(f.len(), 2, "{who}: bad result row {row:?}");
-    (f[0], f[1])
+    let f = result_fields(o, who);
+    assert!(f.len() >= 2, "{who}: bad result row {f:?}");
+    (f[0] as u64, f[1] as u64)
 }
 
 /// The shim's stderr lines other than its exit summary, its attach log and the expected
