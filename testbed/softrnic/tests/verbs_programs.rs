@@ -4,37 +4,15 @@
 //! These tests need root (mount and network namespaces); without it they print why and skip.
 //! Each test uses its own run directory, and a guard runs `softrnic down` even on failure.
 
-use std::io::Read;
+use drum_test_support::{have, run_timeout, spawn, text, wait_timeout};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_softrnic");
 
 fn privileged() -> Result<(), String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err("not root: mount/network namespaces unavailable".into());
-    }
-    let ok = Command::new("unshare")
-        .args(["-m", "-n", "true"])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if !ok {
-        return Err("cannot create mount/network namespaces here".into());
-    }
-    for tool in ["ibv_devices", "ibv_devinfo", "ibv_rc_pingpong", "ip"] {
-        let found = std::env::var_os("PATH")
-            .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-            .unwrap_or(false);
-        if !found {
-            return Err(format!(
-                "{tool} not installed (apt-get install ibverbs-utils iproute2)"
-            ));
-        }
-    }
-    Ok(())
+    drum_test_support::privileged(&["ibv_devices", "ibv_devinfo", "ibv_rc_pingpong", "ip"])
 }
 
 macro_rules! require_privileges {
@@ -105,59 +83,6 @@ impl Drop for Run {
             eprintln!("softrnic down failed: {}", text(&out));
         }
     }
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn spawn(c: &mut Command) -> Child {
-    c.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn")
-}
-
-/// Wait for a child with a deadline; kill it when the deadline passes.
-fn wait_timeout(mut child: Child, limit: Duration) -> Output {
-    let t = Instant::now();
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let ro = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out.read_to_end(&mut v);
-        v
-    });
-    let re = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err.read_to_end(&mut v);
-        v
-    });
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        if t.elapsed() > limit {
-            let _ = child.kill();
-            break child.wait().expect("wait after kill");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    Output {
-        status,
-        stdout: ro.join().unwrap(),
-        stderr: re.join().unwrap(),
-    }
-}
-
-fn run_timeout(c: &mut Command, limit: Duration) -> Output {
-    wait_timeout(spawn(c), limit)
 }
 
 /// Server on h1, client on h2; retries the client while the server is not listening yet.
@@ -771,12 +696,6 @@ fn hostile_packets_are_dropped_and_counted_while_pingpong_runs() {
         "{}",
         text(&client)
     );
-}
-
-fn have(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-        .unwrap_or(false)
 }
 
 /// The NIC model's settings reach the engines and the port; the QP-context cache thrashes

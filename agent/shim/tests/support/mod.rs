@@ -3,10 +3,10 @@
 //! output. Each test binary uses part of it.
 #![allow(dead_code)]
 
+pub use drum_test_support::{have, run_timeout, spawn, text, wait_timeout};
 use std::collections::HashMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 /// `<target>/release`: the test binary lives in `<target>/release/deps/`.
@@ -34,33 +34,9 @@ pub fn shim() -> PathBuf {
     built("libdrum_shim.so")
 }
 
-pub fn have(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-        .unwrap_or(false)
-}
-
+/// Can these tests run here (root, namespaces, `ibv_rc_pingpong`, `ip`)?
 pub fn privileged() -> Result<(), String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err("not root: softrnic needs mount/network namespaces".into());
-    }
-    let ok = Command::new("unshare")
-        .args(["-m", "-n", "true"])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if !ok {
-        return Err("cannot create mount/network namespaces here".into());
-    }
-    for tool in ["ibv_rc_pingpong", "ip"] {
-        if !have(tool) {
-            return Err(format!(
-                "{tool} not installed (apt-get install ibverbs-utils iproute2)"
-            ));
-        }
-    }
-    Ok(())
+    drum_test_support::privileged(&["ibv_rc_pingpong", "ip"])
 }
 
 #[macro_export]
@@ -161,59 +137,6 @@ impl Drop for Run {
             eprintln!("softrnic down failed: {}", text(&out));
         }
     }
-}
-
-pub fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-pub fn spawn(c: &mut Command) -> Child {
-    c.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn")
-}
-
-/// Wait for a child with a deadline; kill it when the deadline passes.
-pub fn wait_timeout(mut child: Child, limit: Duration) -> Output {
-    let t = Instant::now();
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let ro = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out.read_to_end(&mut v);
-        v
-    });
-    let re = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err.read_to_end(&mut v);
-        v
-    });
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        if t.elapsed() > limit {
-            let _ = child.kill();
-            break child.wait().expect("wait after kill");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    Output {
-        status,
-        stdout: ro.join().unwrap(),
-        stderr: re.join().unwrap(),
-    }
-}
-
-pub fn run_timeout(c: &mut Command, limit: Duration) -> Output {
-    wait_timeout(spawn(c), limit)
 }
 
 /// Run `args` as a server on h1 and as a client (`args` + h1's address) on h2; retries the

@@ -1,0 +1,111 @@
+//! What the integration tests of softrnic and the shim share: child processes with
+//! deadlines (a hung child is killed, never waited for forever), and the checks that decide
+//! whether a test can run here (root, namespaces, installed tools) or must say why it skips.
+
+use std::io::Read;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Is `tool` on the `PATH`?
+pub fn have(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+        .unwrap_or(false)
+}
+
+/// Can softrnic run here: root, mount and network namespaces, and `tools` installed?
+/// `Err` says why not.
+pub fn privileged(tools: &[&str]) -> Result<(), String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("not root: softrnic needs mount/network namespaces".into());
+    }
+    let ok = Command::new("unshare")
+        .args(["-m", "-n", "true"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        return Err("cannot create mount/network namespaces here".into());
+    }
+    for tool in tools {
+        if !have(tool) {
+            return Err(format!(
+                "{tool} not installed (apt-get install ibverbs-utils iproute2)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Status, stdout and stderr, for assertion messages.
+pub fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Starts `c` with stdin closed and stdout/stderr captured.
+pub fn spawn(c: &mut Command) -> Child {
+    c.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn")
+}
+
+/// Waits for a child with a deadline; kills it when the deadline passes.
+pub fn wait_timeout(mut child: Child, limit: Duration) -> Output {
+    let t = Instant::now();
+    let mut out = child.stdout.take().expect("stdout captured");
+    let mut err = child.stderr.take().expect("stderr captured");
+    let ro = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let re = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            break child.wait().expect("wait after kill");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Output {
+        status,
+        stdout: ro.join().unwrap_or_default(),
+        stderr: re.join().unwrap_or_default(),
+    }
+}
+
+/// Runs `c` to completion, or kills it after `limit`.
+pub fn run_timeout(c: &mut Command, limit: Duration) -> Output {
+    wait_timeout(spawn(c), limit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_child_past_its_deadline_is_killed() {
+        let t = Instant::now();
+        let o = run_timeout(Command::new("sleep").arg("30"), Duration::from_millis(200));
+        assert!(!o.status.success());
+        assert!(t.elapsed() < Duration::from_secs(5));
+        let o = run_timeout(Command::new("echo").arg("hi"), Duration::from_secs(10));
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "hi\n", "{}", text(&o));
+        assert!(have("sh") && !have("no-such-tool-here"));
+    }
+}
