@@ -5,6 +5,7 @@
 
 pub mod dasr;
 pub mod dasr_link;
+pub mod demand_feed;
 pub mod local;
 pub mod metrics;
 pub mod rate_table;
@@ -246,6 +247,15 @@ pub async fn run_with(
         ));
     }
     let (hub, _dasr) = start_shim_link(&options).await?;
+    let mut demand = match (&hub, &options.shim) {
+        (Some(h), Some(s)) => Some(demand_feed::DemandFeed::new(
+            h.clone(),
+            &problem,
+            host,
+            s.line_rate_gbps,
+        )),
+        _ => None,
+    };
     let origin = Instant::now();
     let publish = |problem: &Problem, core: &AgentCore, state: LinkState| -> Result<()> {
         if let Some(t) = &table {
@@ -313,6 +323,7 @@ pub async fn run_with(
             links,
             origin,
             &publish,
+            &mut demand,
             &stats,
             &mut shutdown,
         )
@@ -364,6 +375,7 @@ async fn session(
     links: Vec<Link>,
     origin: Instant,
     publish: &impl Fn(&Problem, &AgentCore, LinkState) -> Result<()>,
+    demand: &mut Option<demand_feed::DemandFeed>,
     stats: &metrics::AgentMetrics,
     shutdown: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
 ) -> Result<bool> {
@@ -424,6 +436,9 @@ async fn session(
                     };
                     stats.live.store(core.is_member() as u64, Relaxed);
                     stats.epoch.store(core.epoch(), Relaxed);
+                    if let Some(d) = demand {
+                        d.update(problem, core);
+                    }
                     publish(problem, core, state)?;
                 }
                 AgentAction::SetWeight { app, weight } => {

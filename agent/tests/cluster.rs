@@ -901,3 +901,67 @@ fn optimiser_rates_reach_the_shims_registered_with_an_agent() {
         "k = 2 of 4 apps: some parked, some not"
     );
 }
+
+/// The shims' counters become the optimiser's demand: an app whose registered process sends
+/// far less than its grant gets, within a few measuring intervals, a grant near its usage
+/// (its demand cap becomes its usage plus 25 %), and the rest goes to others.
+#[test]
+fn shim_counters_become_the_optimisers_demand() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let c = Cluster::new(2, 4, 2, 5);
+    let coord = Coord::start(ServeSettings {
+        min_members: 2,
+        ..c.settings(localhost())
+    });
+    let socket = c.dir.path().join("shim-0.sock");
+    let shim = format!("[shim]\nsocket = {socket:?}\nline_rate_gbps = 8.0\n");
+    let _a0 = c.agent_tagged("0", 0, coord.addr, None, &shim);
+    let _a1 = c.agent(1, coord.addr, None);
+    wait_for(
+        "host 0 live past the selection schedule",
+        Duration::from_secs(30),
+        || {
+            c.table(0)
+                .is_some_and(|t| t.state == LinkState::Live && t.iteration > 300)
+        },
+    );
+    let before = c.table(0).unwrap();
+    let app = before
+        .apps
+        .iter()
+        .filter(|a| a.active)
+        .max_by(|a, b| a.rate.total_cmp(&b.rate))
+        .expect("an active app")
+        .clone();
+    assert!(app.rate > 0.05, "{app:?}");
+    // A process of that app sends 1 % of the line (10 MB/s of 1 GB/s), as its shim reports.
+    let (_sock, map) = register_as_shim(&socket, &app.app);
+    let usage = 0.01;
+    let line = 8.0e9 / 8.0;
+    let t0 = Instant::now();
+    let rate_now = || {
+        c.table(0)
+            .and_then(|t| t.apps.into_iter().find(|a| a.app == app.app))
+            .map_or(f64::NAN, |a| a.rate)
+    };
+    while t0.elapsed() < Duration::from_secs(20) {
+        let sent = (t0.elapsed().as_secs_f64() * usage * line) as u64;
+        map.table().shim.send_bytes.store(sent, Relaxed);
+        if rate_now() <= usage * 1.25 * 1.05 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let after = rate_now();
+    eprintln!(
+        "{}: rate {:.4} before, {after:.4} after reporting {usage} of the line for {:?}",
+        app.app,
+        app.rate,
+        t0.elapsed()
+    );
+    assert!(
+        after <= usage * 1.25 * 1.05,
+        "{}: still granted {after} while using {usage}",
+        app.app
+    );
+}

@@ -4,6 +4,7 @@
 
 pub mod admm;
 pub mod dasr;
+pub mod demand;
 pub mod dual;
 pub mod generator;
 pub mod host_step;

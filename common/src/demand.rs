@@ -1,0 +1,135 @@
+//! Demand from measured usage (DESIGN.md §2): what an app actually sends, as its shims count
+//! it, turned into the demand cap `x̄` the optimiser uses. Pure: readings and times come in
+//! as arguments.
+//!
+//! An app that uses (nearly) all it is granted may want more, so its cap stays the one the
+//! instance gives; an app that clearly uses less gets its usage plus headroom as its cap, so
+//! the optimiser hands the rest of the facility to others. When it wants more again it
+//! saturates its smaller grant, and its cap returns — one round of feedback later.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Usage at or above this share of the grant counts as "wants more".
+pub const SATURATED: f64 = 0.9;
+/// The cap of an app below its grant: its usage times this.
+pub const HEADROOM: f64 = 1.25;
+
+/// The demand cap for one app: `instance_cap` while its measured rate reaches
+/// [`SATURATED`] of its grant (or nothing is measured), else the measured rate with
+/// [`HEADROOM`], kept within `[x_min, instance_cap]`. Rates are fractions of line rate.
+pub fn demand_cap(instance_cap: f64, granted: f64, measured: Option<f64>, x_min: f64) -> f64 {
+    match measured {
+        Some(m) if m.is_finite() && m >= 0.0 && m < SATURATED * granted => {
+            (m * HEADROOM).max(x_min).min(instance_cap)
+        }
+        _ => instance_cap,
+    }
+}
+
+/// Send rates per app from cumulative byte counters, smoothed.
+#[derive(Debug, Clone)]
+pub struct UsageMeter {
+    line_bytes_per_s: f64,
+    min_interval: Duration,
+    /// Weight of a new interval's rate in the moving average.
+    smoothing: f64,
+    apps: BTreeMap<String, Track>,
+}
+
+#[derive(Debug, Clone)]
+struct Track {
+    bytes: u64,
+    at: Duration,
+    rate: Option<f64>,
+}
+
+impl UsageMeter {
+    /// `line_bytes_per_s` turns bytes/s into fractions of line rate; a rate is measured
+    /// over at least `min_interval`.
+    pub fn new(line_bytes_per_s: f64, min_interval: Duration, smoothing: f64) -> UsageMeter {
+        UsageMeter {
+            line_bytes_per_s,
+            min_interval,
+            smoothing: smoothing.clamp(0.0, 1.0),
+            apps: BTreeMap::new(),
+        }
+    }
+
+    /// One reading of `app`'s cumulative sent bytes (summed over its processes) at `now`.
+    /// A counter that went down (a process of the app exited) starts a new baseline.
+    pub fn observe(&mut self, app: &str, bytes: u64, now: Duration) {
+        let Some(t) = self.apps.get_mut(app) else {
+            self.apps.insert(
+                app.to_string(),
+                Track {
+                    bytes,
+                    at: now,
+                    rate: None,
+                },
+            );
+            return;
+        };
+        if bytes < t.bytes {
+            t.bytes = bytes;
+            t.at = now;
+            return;
+        }
+        let dt = now.saturating_sub(t.at);
+        if dt < self.min_interval {
+            return;
+        }
+        let r = (bytes - t.bytes) as f64 / dt.as_secs_f64() / self.line_bytes_per_s;
+        t.rate = Some(match t.rate {
+            Some(old) => old + self.smoothing * (r - old),
+            None => r,
+        });
+        t.bytes = bytes;
+        t.at = now;
+    }
+
+    /// Forgets apps not in `present` (their shims are gone).
+    pub fn retain(&mut self, present: impl Fn(&str) -> bool) {
+        self.apps.retain(|a, _| present(a));
+    }
+
+    /// The smoothed send rate of `app` as a fraction of line rate, once measured.
+    pub fn rate(&self, app: &str) -> Option<f64> {
+        self.apps.get(app).and_then(|t| t.rate)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caps_follow_usage_below_the_grant_and_release_when_saturated() {
+        assert_eq!(demand_cap(0.8, 0.4, None, 0.01), 0.8, "nothing measured");
+        assert_eq!(demand_cap(0.8, 0.4, Some(0.39), 0.01), 0.8, "saturated");
+        assert!((demand_cap(0.8, 0.4, Some(0.1), 0.01) - 0.125).abs() < 1e-12);
+        assert_eq!(demand_cap(0.8, 0.4, Some(0.0), 0.01), 0.01, "floor");
+        assert_eq!(demand_cap(0.1, 0.9, Some(0.5), 0.01), 0.1, "never above the instance");
+        assert_eq!(demand_cap(0.8, 0.4, Some(f64::NAN), 0.01), 0.8);
+    }
+
+    #[test]
+    fn meter_measures_smooths_and_survives_resets() {
+        let s = Duration::from_secs;
+        let mut m = UsageMeter::new(1000.0, Duration::from_millis(100), 0.5);
+        m.observe("a", 0, s(0));
+        assert_eq!(m.rate("a"), None);
+        m.observe("a", 500, s(1));
+        assert_eq!(m.rate("a"), Some(0.5));
+        m.observe("a", 600, s(1) + Duration::from_millis(10));
+        assert_eq!(m.rate("a"), Some(0.5), "too short an interval");
+        m.observe("a", 1500, s(2));
+        assert!((m.rate("a").unwrap() - 0.75).abs() < 1e-12, "0.5 → 1.0 half-way");
+        m.observe("a", 100, s(3)); // a process exited: new baseline
+        assert!((m.rate("a").unwrap() - 0.75).abs() < 1e-12);
+        m.observe("a", 1100, s(4));
+        assert!((m.rate("a").unwrap() - 0.875).abs() < 1e-12);
+        m.retain(|a| a != "a");
+        assert_eq!(m.rate("a"), None);
+    }
+}
