@@ -109,7 +109,11 @@ mod tests {
         assert_eq!(demand_cap(0.8, 0.4, Some(0.39), 0.01), 0.8, "saturated");
         assert!((demand_cap(0.8, 0.4, Some(0.1), 0.01) - 0.125).abs() < 1e-12);
         assert_eq!(demand_cap(0.8, 0.4, Some(0.0), 0.01), 0.01, "floor");
-        assert_eq!(demand_cap(0.1, 0.9, Some(0.5), 0.01), 0.1, "never above the instance");
+        assert_eq!(
+            demand_cap(0.1, 0.9, Some(0.5), 0.01),
+            0.1,
+            "never above the instance"
+        );
         assert_eq!(demand_cap(0.8, 0.4, Some(f64::NAN), 0.01), 0.8);
     }
 
@@ -124,7 +128,10 @@ mod tests {
         m.observe("a", 600, s(1) + Duration::from_millis(10));
         assert_eq!(m.rate("a"), Some(0.5), "too short an interval");
         m.observe("a", 1500, s(2));
-        assert!((m.rate("a").unwrap() - 0.75).abs() < 1e-12, "0.5 → 1.0 half-way");
+        assert!(
+            (m.rate("a").unwrap() - 0.75).abs() < 1e-12,
+            "0.5 → 1.0 half-way"
+        );
         m.observe("a", 100, s(3)); // a process exited: new baseline
         assert!((m.rate("a").unwrap() - 0.75).abs() < 1e-12);
         m.observe("a", 1100, s(4));
