@@ -749,47 +749,7 @@ mod tests {
                 offset_of!(IbvDeviceAttr, phys_port_cnt),
             ),
         ];
-        let mut c = String::from(
-            "#include <infiniband/verbs.h>\n#include <stdio.h>\n#include <stddef.h>\nint main(void){\n",
-        );
-        for (name, _) in &checks {
-            let expr = if let Some(t) = name.strip_prefix("sizeof ") {
-                format!("sizeof(struct {t})")
-            } else {
-                let (s, f) = name.split_once('.').unwrap();
-                format!("offsetof(struct {s}, {f})")
-            };
-            c.push_str(&format!("printf(\"%zu\\n\", (size_t){expr});\n"));
-        }
-        c.push_str("return 0;}\n");
-        let dir = std::env::temp_dir().join(format!("softrnic-probe-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let src = dir.join("probe.c");
-        let bin = dir.join("probe");
-        std::fs::write(&src, c).unwrap();
-        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-        let st = std::process::Command::new(&cc)
-            .arg("-o")
-            .arg(&bin)
-            .arg(&src)
-            .status()
-            .expect("a C compiler (cc) is needed for the layout probe");
-        assert!(
-            st.success(),
-            "probe failed to compile (is libibverbs-dev installed?)"
-        );
-        let out = std::process::Command::new(&bin).output().unwrap();
-        let text = String::from_utf8(out.stdout).unwrap();
-        let got: Vec<usize> = text.lines().map(|l| l.parse().unwrap()).collect();
-        let _ = std::fs::remove_dir_all(&dir);
-        assert_eq!(got.len(), checks.len());
-        let mut bad = Vec::new();
-        for ((name, rust), c) in checks.iter().zip(got) {
-            if *rust != c {
-                bad.push(format!("{name}: rust {rust} != C {c}"));
-            }
-        }
-        assert!(bad.is_empty(), "layout mismatches:\n{}", bad.join("\n"));
+        drum_test_support::assert_c_layout(&checks);
     }
 
     /// Private ABI (driver.h is not installed): numbers obtained by compiling rdma-core 44's

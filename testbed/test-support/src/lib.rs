@@ -1,6 +1,7 @@
-//! What the integration tests of softrnic and the shim share: child processes with
-//! deadlines (a hung child is killed, never waited for forever), and the checks that decide
-//! whether a test can run here (root, namespaces, installed tools) or must say why it skips.
+//! What the tests of softrnic and the shim share: child processes with deadlines (a hung
+//! child is killed, never waited for forever), the checks that decide whether a test can run
+//! here (root, namespaces, installed tools) or must say why it skips, and the check of
+//! hand-declared C layouts against the installed `<infiniband/verbs.h>`.
 
 use std::io::Read;
 use std::process::{Child, Command, Output, Stdio};
@@ -92,6 +93,62 @@ pub fn wait_timeout(mut child: Child, limit: Duration) -> Output {
 /// Runs `c` to completion, or kills it after `limit`.
 pub fn run_timeout(c: &mut Command, limit: Duration) -> Output {
     wait_timeout(spawn(c), limit)
+}
+
+/// Compiles a C probe against the installed `<infiniband/verbs.h>` and asserts that every
+/// `(name, value)` of `checks` equals what C says. Names: `sizeof S` (`sizeof(struct S)`),
+/// `S.f` (`offsetof(struct S, f)`), and `back verbs_context.f` (bytes from `f` to the
+/// embedded `ibv_context`, which the extended context precedes).
+pub fn assert_c_layout(checks: &[(&str, usize)]) {
+    let mut c = String::from(
+        "#include <infiniband/verbs.h>\n#include <stdio.h>\n#include <stddef.h>\nint main(void){\n",
+    );
+    for (name, _) in checks {
+        let expr = if let Some(t) = name.strip_prefix("sizeof ") {
+            format!("sizeof(struct {t})")
+        } else if let Some(f) = name.strip_prefix("back verbs_context.") {
+            format!("offsetof(struct verbs_context, context) - offsetof(struct verbs_context, {f})")
+        } else {
+            let (s, f) = name
+                .split_once('.')
+                .expect("a check is `sizeof S` or `S.field`");
+            format!("offsetof(struct {s}, {f})")
+        };
+        c.push_str(&format!("printf(\"%zu\\n\", (size_t){expr});\n"));
+    }
+    c.push_str("return 0;}\n");
+    let dir = std::env::temp_dir().join(format!(
+        "drum-layout-probe-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&dir).expect("probe directory");
+    let src = dir.join("probe.c");
+    let bin = dir.join("probe");
+    std::fs::write(&src, c).expect("probe source");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let st = Command::new(&cc)
+        .arg("-o")
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .expect("a C compiler (cc) is needed for the layout probe");
+    assert!(
+        st.success(),
+        "probe failed to compile (is libibverbs-dev installed?)"
+    );
+    let out = Command::new(&bin).output().expect("run the probe");
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let got: Vec<usize> = text.lines().filter_map(|l| l.parse().ok()).collect();
+    assert_eq!(got.len(), checks.len(), "probe output: {text}");
+    let bad: Vec<String> = checks
+        .iter()
+        .zip(got)
+        .filter(|((_, rust), c)| rust != c)
+        .map(|((name, rust), c)| format!("{name}: rust {rust} != C {c}"))
+        .collect();
+    assert!(bad.is_empty(), "layout mismatches:\n{}", bad.join("\n"));
 }
 
 #[cfg(test)]
