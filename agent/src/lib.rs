@@ -235,18 +235,32 @@ pub async fn run_with(
         .as_ref()
         .map(|p| RateTable::new(p.clone()));
     let stats = Arc::new(metrics::AgentMetrics::default());
+    let (hub, dasr) = start_shim_link(&options).await?;
     if let Some(addr) = settings.metrics_listen {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("binding the metrics endpoint on {addr}"))?;
         info!(metrics = %listener.local_addr()?, "metrics endpoint listening");
+        let (hub, dasr) = (hub.clone(), dasr.as_ref().map(|d| d.metrics()));
+        let host = settings.host.clone();
+        // The shim link's and DASR's metrics, when configured, follow the agent's own.
+        let more = move || {
+            let mut o = hub
+                .as_ref()
+                .map(|h| h.render_metrics(&host))
+                .unwrap_or_default();
+            if let Some(d) = &dasr {
+                o.push_str(&d.render(&host));
+            }
+            o
+        };
         tokio::spawn(metrics::serve(
             listener,
             stats.clone(),
             settings.host.clone(),
+            more,
         ));
     }
-    let (hub, _dasr) = start_shim_link(&options).await?;
     let mut demand = match (&hub, &options.shim) {
         (Some(h), Some(s)) => Some(demand_feed::DemandFeed::new(
             h.clone(),

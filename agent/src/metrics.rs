@@ -1,5 +1,6 @@
 //! The agent's Prometheus endpoint (`metrics_listen`): liveness, rounds, reconnections,
-//! fail-static transitions and time spent in the host step.
+//! fail-static transitions and time spent in the host step; with `[shim]` and `[dasr]`, the
+//! shim link's and DASR's metrics too.
 
 use drum_coordinator::admin::{self, AdminRequest, Reply};
 use std::fmt::Write;
@@ -89,10 +90,17 @@ impl AgentMetrics {
     }
 }
 
-/// Serves `GET /metrics`; anything else is answered 404.
-pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<AgentMetrics>, host: String) {
+/// Serves `GET /metrics` (the agent's metrics, then whatever `more` renders); anything else
+/// is answered 404.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<AgentMetrics>,
+    host: String,
+    more: impl Fn() -> String + Send + Sync + 'static,
+) {
+    let more = Arc::new(more);
     admin::serve(listener, move |req| {
-        let body = metrics.render(&host);
+        let body = metrics.render(&host) + &more();
         async move {
             Some(match req {
                 AdminRequest::Metrics => Reply {

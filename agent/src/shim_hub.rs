@@ -275,6 +275,60 @@ impl ShimHub {
             .collect()
     }
 
+    /// Prometheus text: registered processes, and per app what its shims report.
+    pub fn render_metrics(&self, host: &str) -> String {
+        use std::fmt::Write;
+        let esc = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
+        let host = esc(host);
+        let usage = self.usage();
+        let mut per_app: BTreeMap<&str, [u64; 4]> = BTreeMap::new();
+        for u in &usage {
+            let e = per_app.entry(&u.app).or_default();
+            e[0] += u.send_bytes;
+            e[1] += u.send_wqes;
+            e[2] += u.deferred_wqes;
+            e[3] += u.queued_wqes;
+        }
+        let mut o = String::new();
+        let _ = writeln!(
+            o,
+            "# HELP drum_agent_shims Processes registered by their shim.\n\
+             # TYPE drum_agent_shims gauge\ndrum_agent_shims{{host=\"{host}\"}} {}",
+            usage.len()
+        );
+        let _ = writeln!(
+            o,
+            "# HELP drum_agent_dasr_caps Receivers this host's shims are capped towards.\n\
+             # TYPE drum_agent_dasr_caps gauge\ndrum_agent_dasr_caps{{host=\"{host}\"}} {}",
+            self.caps().len()
+        );
+        let series = [
+            (
+                "drum_agent_app_send_bytes_total",
+                "counter",
+                "Bytes the app's shims posted.",
+            ),
+            (
+                "drum_agent_app_send_wqes_total",
+                "counter",
+                "Send WQEs the app's shims posted.",
+            ),
+            (
+                "drum_agent_app_deferred_wqes_total",
+                "counter",
+                "WQEs the app's shims held back before posting.",
+            ),
+            ("drum_agent_app_queued_wqes", "gauge", "WQEs held back now."),
+        ];
+        for (i, (name, kind, help)) in series.iter().enumerate() {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (app, v) in &per_app {
+                let _ = writeln!(o, "{name}{{host=\"{host}\",app=\"{}\"}} {}", esc(app), v[i]);
+            }
+        }
+        o
+    }
+
     pub fn usage(&self) -> Vec<ShimUsage> {
         let st = self.shared.lock();
         st.conns

@@ -869,7 +869,16 @@ fn optimiser_rates_reach_the_shims_registered_with_an_agent() {
         ..c.settings(localhost())
     });
     let socket = c.dir.path().join("shim-0.sock");
-    let shim = format!("[shim]\nsocket = {socket:?}\nline_rate_gbps = 8.0\n");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let metrics_addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let shim = format!(
+        "metrics_listen = \"{metrics_addr}\"\n[shim]\nsocket = {socket:?}\nline_rate_gbps = 8.0\n\
+         [dasr]\nlisten = \"127.0.0.1:0\"\n"
+    );
     let _a0 = c.agent_tagged("0", 0, coord.addr, None, &shim);
     let _a1 = c.agent(1, coord.addr, None);
     wait_for(
@@ -900,6 +909,25 @@ fn optimiser_rates_reach_the_shims_registered_with_an_agent() {
         parked > 0 && parked < table.apps.len(),
         "k = 2 of 4 apps: some parked, some not"
     );
+    // The agent's metrics show the registered process and its app, and DASR's counters.
+    let app = &table.apps[0].app;
+    let (_sock, map) = register_as_shim(&socket, app);
+    map.table()
+        .shim
+        .send_bytes
+        .store(4096, std::sync::atomic::Ordering::Relaxed);
+    wait_for("the metrics list the shim", Duration::from_secs(5), || {
+        let m = drum_coordinator::admin::request(metrics_addr, "GET", "/metrics")
+            .map(|r| r.1)
+            .unwrap_or_default();
+        let host = &c.problem.hosts[0].id;
+        m.contains(&format!("drum_agent_shims{{host=\"{host}\"}} 1\n"))
+            && m.contains(&format!(
+                "drum_agent_app_send_bytes_total{{host=\"{}\",app=\"{app}\"}} 4096",
+                c.problem.hosts[0].id
+            ))
+            && m.contains("drum_dasr_")
+    });
 }
 
 /// The shims' counters become the optimiser's demand: an app whose registered process sends
