@@ -7,8 +7,9 @@
 
 use crate::dasr::{CapMap, DasrConfig, DasrHandle, DasrService};
 use crate::shim_hub::{ShimHub, ShimSettings, TrafficHook};
+use drum_table::message::{gid_of_ipv4, ipv4_of_gid};
 use std::collections::BTreeSet;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use tokio::sync::watch;
 
@@ -34,20 +35,6 @@ pub async fn start(
         tokio::spawn(apply_caps(d.caps(), hub.clone()));
     }
     Ok((hub, dasr))
-}
-
-/// The IPv4 address in an IPv4-mapped GID (`::ffff:a.b.c.d`).
-pub fn ipv4_of_gid(g: &[u8; 16]) -> Option<Ipv4Addr> {
-    (g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff)
-        .then(|| Ipv4Addr::new(g[12], g[13], g[14], g[15]))
-}
-
-pub fn gid_of_ipv4(ip: Ipv4Addr) -> [u8; 16] {
-    let mut g = [0u8; 16];
-    g[10] = 0xff;
-    g[11] = 0xff;
-    g[12..].copy_from_slice(&ip.octets());
-    g
 }
 
 /// The hub's traffic hook: announce to the receiver's agent at `port`. One message per
@@ -103,6 +90,7 @@ pub async fn apply_caps(mut caps: watch::Receiver<CapMap>, hub: Arc<ShimHub>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv4Addr;
 
     #[test]
     fn gids_and_addresses_map_both_ways() {

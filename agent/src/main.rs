@@ -29,13 +29,7 @@ fn main() {
 }
 
 fn run(cli: Cli) -> Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("DRUM_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    drum_coordinator::net::init_logging();
     if let Some(path) = cli.local {
         return run_local(&path);
     }

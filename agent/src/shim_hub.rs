@@ -8,7 +8,7 @@
 //! behind one mutex that no thread holds across a system call that can block.
 
 use anyhow::{bail, Context, Result};
-use drum_table::layout::{Grant, TABLE_BYTES};
+use drum_table::layout::{monotonic_ms, Grant, TABLE_BYTES};
 use drum_table::mapping::{send_with_fd, Mapping};
 use drum_table::message::{AgentMsg, ShimMsg, MAX_LEN};
 use drum_table::socket;
@@ -268,7 +268,7 @@ impl ShimHub {
         st.caps
             .iter()
             .map(|(g, &(cap, n))| PeerCapView {
-                peer: g.iter().map(|b| format!("{b:02x}")).collect(),
+                peer: drum_table::message::gid_hex(g),
                 cap_bytes_per_s: cap,
                 senders: n,
             })
@@ -395,14 +395,6 @@ impl Shared {
             ..Grant::default()
         }
     }
-}
-
-fn monotonic_ms() -> u64 {
-    // SAFETY: clock_gettime into a zeroed timespec.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
 /// Binds the registration socket, replacing a stale file left by a dead agent but never

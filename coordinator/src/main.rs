@@ -367,7 +367,7 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 fn serve(config: &std::path::Path, shard: Option<drum_common::protocol::Shard>) -> Result<()> {
-    init_logging();
+    drum_coordinator::net::init_logging();
     let (settings, mut options) =
         drum_coordinator::server::ServeSettings::load_with_options(config)?;
     if let Some(shard) = shard {
@@ -391,16 +391,6 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
-}
-
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("DRUM_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
 }
 
 fn admin_call(admin: std::net::SocketAddr, method: &str, target: &str) -> Result<String> {

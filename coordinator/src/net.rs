@@ -11,6 +11,18 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Logs to stderr, filtered by `DRUM_LOG` (default `info`), coloured only on a terminal: the
+/// daemons' common setup.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("DRUM_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
 /// ALPN of protocol version 2 (`PROTOCOL_VERSION`); a peer speaking anything else, such as a
 /// version-1 agent (`drum/1`), fails the handshake.
 pub const ALPN: &[u8] = b"drum/2";

@@ -14,7 +14,7 @@ use crate::link::{Link, DEFAULT_SOCKET};
 use crate::pacer::{parse_count, parse_rate};
 use crate::spin::SpinLock;
 use crate::{lookup, totals, warn_once, Trouble, COLD, SLOTS};
-use drum_table::layout::{Grant, Table};
+use drum_table::layout::{monotonic_ms, Grant, Table};
 use drum_table::message::{app_identity, ShimMsg};
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -138,14 +138,6 @@ pub fn env_grant() -> Result<Option<Grant>, String> {
     };
     g.validate().map_err(|e| e.to_string())?;
     Ok(Some(g))
-}
-
-fn monotonic_ms() -> u64 {
-    // SAFETY: clock_gettime into a zeroed timespec.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
 fn log_enabled() -> bool {

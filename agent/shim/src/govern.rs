@@ -319,15 +319,15 @@ pub unsafe fn post(
     let mut any_long = false;
     // A QP that is not ready to send is left to the provider, which refuses as it would.
     let may_queue = state == IBV_QPS_RTS;
+    // Nothing may overtake what is queued, and a QP without a gate slot posts nothing: both
+    // hold for the whole list, so they are asked once.
+    let open = !may_queue || (g.queue.is_empty() && gate_allows(id, now / 1000));
     while !w.is_null() {
         // SAFETY: the application's WR list.
         let r = unsafe { &*w };
         let bytes = sge_sum(r);
         any_long |= long > 0 && bytes >= long;
-        let go = !may_queue
-            || (g.queue.is_empty()
-                && gate_allows(id, now / 1000)
-                && admit(now, bytes, g.peer).is_ok());
+        let go = !may_queue || (open && admit(now, bytes, g.peer).is_ok());
         if !go {
             break;
         }
@@ -389,6 +389,7 @@ pub unsafe fn post(
         // SAFETY: the provider would read the same entries and inline data now.
         match unsafe { OwnedWr::copy(r, g.sig_all, now / 1000) } {
             Ok(o) => {
+                any_long |= long > 0 && o.bytes >= long;
                 g.queue.push_back(o);
                 queued += 1;
                 w = r.next;
@@ -493,6 +494,9 @@ pub fn serve(st: &ContextState, q: &QpCounters, qpn: u32) -> Option<u64> {
     let mut g = q.gov.lock().unwrap_or_else(|e| e.into_inner());
     let id = qp_id(st.index, qpn);
     let mut wait = None;
+    // A holder keeps its slot until `settle` releases it, which needs this QP's lock: asked
+    // once for the whole pass.
+    let gate_open = g.queue.is_empty() || gate_allows(id, now_ps() / 1000);
     loop {
         let now = now_ps();
         let peer = g.peer;
@@ -503,7 +507,7 @@ pub fn serve(st: &ContextState, q: &QpCounters, qpn: u32) -> Option<u64> {
         if qp.is_null() {
             break;
         }
-        if !gate_allows(id, now / 1000) {
+        if !gate_open {
             break;
         }
         if let Err(w) = admit(now, head.bytes, peer) {

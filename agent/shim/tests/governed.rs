@@ -319,10 +319,11 @@ fn agent_killed_and_restarted_while_an_application_runs() {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let args = ["ib_write_bw", "-x", "0", "-s", "65536", "-D", "9"];
+    let args = ["ib_write_bw", "-x", "0", "-s", "65536", "-D", "12"];
     let ip = run.addr("h1");
     let server = spawn(&mut run.exec("h1", &args, true, &env));
-    std::thread::sleep(Duration::from_millis(500));
+    // The server must listen before the client connects (perftest does not retry).
+    std::thread::sleep(Duration::from_millis(1000));
     let mut cargs = args.to_vec();
     cargs.push(&ip);
     let client = spawn(&mut run.exec("h2", &cargs, true, &env));
@@ -341,7 +342,13 @@ fn agent_killed_and_restarted_while_an_application_runs() {
         std::thread::sleep(Duration::from_secs_f64(secs));
         Some((bytes(agent)? - b0) as f64 / secs)
     };
-    std::thread::sleep(Duration::from_millis(1500));
+    // Measure once the client's shim reports traffic (a loaded machine starts it slowly).
+    wait_until(
+        "the client's shim reports traffic",
+        Duration::from_secs(10),
+        || agent.shims().iter().any(|s| s.1 == "paced" && s.2 > 0),
+    );
+    std::thread::sleep(Duration::from_millis(500));
     let before = rate(&agent, 1.5);
     agent.kill();
     std::thread::sleep(Duration::from_millis(1500));
@@ -361,7 +368,7 @@ fn agent_killed_and_restarted_while_an_application_runs() {
     let after = rate(&agent, 1.5);
     let client = wait_timeout(client, Duration::from_secs(60));
     let server = wait_timeout(server, Duration::from_secs(60));
-    assert_pair_ok(&server, &client, "ib_write_bw -D 9");
+    assert_pair_ok(&server, &client, "ib_write_bw -D 12");
     let err = String::from_utf8_lossy(&client.stderr);
     assert_eq!(
         err.matches("the agent closed the connection; the application runs ungoverned")
@@ -568,14 +575,8 @@ fn dasr_caps_halve_with_a_second_sender_and_return_when_it_leaves() {
         })
         .collect();
     let h1 = run.addr("h1");
-    let gid_h1: String = {
-        let ip: std::net::Ipv4Addr = h1.parse().unwrap();
-        let mut g = [0u8; 16];
-        g[10] = 0xff;
-        g[11] = 0xff;
-        g[12..].copy_from_slice(&ip.octets());
-        g.iter().map(|b| format!("{b:02x}")).collect()
-    };
+    let gid_h1 =
+        drum_table::message::gid_hex(&drum_table::message::gid_of_ipv4(h1.parse().unwrap()));
     let cap_of = |a: &Agent| {
         a.caps()
             .into_iter()

@@ -79,6 +79,16 @@ pub struct Table {
 
 const _: () = assert!(std::mem::size_of::<Table>() <= TABLE_BYTES);
 
+/// The heartbeat's clock (CLOCK_MONOTONIC, ms): the agent writes it, the shim compares
+/// with it, so both must read the same clock.
+pub fn monotonic_ms() -> u64 {
+    // SAFETY: clock_gettime into a zeroed timespec.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
 /// A grant as plain values, read consistently from a table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Grant {

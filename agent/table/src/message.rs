@@ -94,7 +94,22 @@ pub fn app_identity(drum_app: Option<&str>, exe: &str) -> String {
     }
 }
 
-fn gid_hex(g: &[u8; 16]) -> String {
+/// The IPv4 address in an IPv4-mapped GID (`::ffff:a.b.c.d`, RoCE v2 and softrnic).
+pub fn ipv4_of_gid(g: &[u8; 16]) -> Option<std::net::Ipv4Addr> {
+    (g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff)
+        .then(|| std::net::Ipv4Addr::new(g[12], g[13], g[14], g[15]))
+}
+
+pub fn gid_of_ipv4(ip: std::net::Ipv4Addr) -> [u8; 16] {
+    let mut g = [0u8; 16];
+    g[10] = 0xff;
+    g[11] = 0xff;
+    g[12..].copy_from_slice(&ip.octets());
+    g
+}
+
+/// A GID as 32 hex digits (as messages and the agent's status carry it).
+pub fn gid_hex(g: &[u8; 16]) -> String {
     g.iter().map(|b| format!("{b:02x}")).collect()
 }
 
