@@ -625,10 +625,12 @@ pub fn exec(run: &Path, name: &str, cmd: &[String]) -> Result<()> {
     private_devdir()?;
     let dir = run.join("hosts").join(&h.name);
     // Preloaded so that its ibv_create_comp_channel interposes libibverbs' kernel command (the
-    // same object libibverbs later loads as the provider).
+    // same object libibverbs later loads as the provider). It goes after the program's own
+    // preloads: it stands for the kernel, so an interposer such as DRUM's shim must see the
+    // program's calls first, as it would on a real NIC.
     let provider = run.join("lib/libsoftrnic-rdmav34.so");
     let preload = match std::env::var("LD_PRELOAD") {
-        Ok(p) if !p.is_empty() => format!("{} {p}", provider.display()),
+        Ok(p) if !p.is_empty() => format!("{p} {}", provider.display()),
         _ => provider.display().to_string(),
     };
     let err = Command::new(&cmd[0])

@@ -792,8 +792,8 @@ fn nic_model_settings_and_qp_cache_knee() {
     assert!(many > 0.5, "16 QPs, cache 4: miss ratio {many}");
 }
 
-/// `exec` prepends the provider to the program's own LD_PRELOAD: both are loaded, and the
-/// device still works.
+/// `exec` appends the provider to the program's own LD_PRELOAD (interposers first, the
+/// provider standing for the kernel last): both are loaded, and the device still works.
 #[test]
 fn exec_keeps_the_programs_own_ld_preload() {
     require_privileges!();
@@ -841,8 +841,8 @@ fn exec_keeps_the_programs_own_ld_preload() {
     let v = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let parts: Vec<&str> = v.split(' ').collect();
     assert_eq!(parts.len(), 2, "{v}");
-    assert!(parts[0].ends_with("libsoftrnic-rdmav34.so"), "{v}");
-    assert_eq!(parts[1], so.to_str().unwrap());
+    assert_eq!(parts[0], so.to_str().unwrap());
+    assert!(parts[1].ends_with("libsoftrnic-rdmav34.so"), "{v}");
 }
 
 /// Our own data-verifying program (`tests/verify/srn_verify.c`, compiled here against the

@@ -85,7 +85,7 @@ impl Run {
     }
 
     /// `prog` on `host`, through the shim when `with_shim`. `LD_PRELOAD` is given to
-    /// `softrnic exec`, which puts its provider in front and keeps the shim (an
+    /// `softrnic exec`, which puts its provider after the shim (an
     /// `env LD_PRELOAD=…` inside the exec would drop the provider).
     /// `shim_env` are extra variables for the shim (e.g. its pacer).
     pub fn exec(
