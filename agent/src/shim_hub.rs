@@ -59,6 +59,8 @@ pub struct AppPin {
     /// Fraction of the line rate, in (0, 1].
     pub rate: Option<f64>,
     pub rate_wqe_per_s: Option<u64>,
+    /// Completions per second delivered to the app (its polling rate).
+    pub rate_cqe_per_s: Option<u64>,
     pub max_active_qps: Option<u64>,
 }
 
@@ -117,6 +119,15 @@ impl ShimSettings {
                     );
                 }
             }
+            let pinned = Grant {
+                rate_wqe_per_s: pin.rate_wqe_per_s.unwrap_or(0),
+                rate_cqe_per_s: pin.rate_cqe_per_s.unwrap_or(0),
+                max_active_qps: pin.max_active_qps.unwrap_or(0),
+                ..Grant::default()
+            };
+            pinned
+                .validate()
+                .map_err(|e| anyhow::anyhow!("shim.apps.{app}: {e}"))?;
         }
         let probe = Grant {
             max_active_qps: self.max_active_qps,
@@ -389,6 +400,7 @@ impl Shared {
         Grant {
             rate_bytes_per_s: fraction.map_or(0, |f| (f * s.line_rate_bytes()).round() as u64),
             rate_wqe_per_s: pin.rate_wqe_per_s.unwrap_or(0),
+            rate_cqe_per_s: pin.rate_cqe_per_s.unwrap_or(0),
             max_active_qps: pin.max_active_qps.unwrap_or(s.max_active_qps),
             quantum_us: s.quantum_us,
             long_msg_bytes: s.long_msg_bytes,
@@ -658,10 +670,24 @@ mod tests {
                 "pinned".to_string(),
                 AppPin {
                     rate: Some(0.25),
+                    rate_cqe_per_s: Some(1500),
                     ..AppPin::default()
                 },
             )]),
         }
+    }
+
+    #[test]
+    fn pins_out_of_range_are_refused_with_the_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = settings(dir.path());
+        s.validate().unwrap();
+        s.apps.get_mut("pinned").unwrap().rate_cqe_per_s = Some(u64::MAX);
+        let e = s.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("shim.apps.pinned") && e.contains("rate_cqe_per_s"),
+            "{e}"
+        );
     }
 
     fn connect(path: &Path) -> OwnedFd {
@@ -702,10 +728,8 @@ mod tests {
         let (m, fd) = hello(&a, me, "pinned");
         assert_eq!(m, "DRUM1 WELCOME app=pinned");
         let ta = Mapping::open(fd.unwrap().as_raw_fd()).unwrap();
-        assert_eq!(
-            ta.table().read_grant().unwrap().rate_bytes_per_s,
-            250_000_000
-        );
+        let g = ta.table().read_grant().unwrap();
+        assert_eq!((g.rate_bytes_per_s, g.rate_cqe_per_s), (250_000_000, 1500));
 
         let b = connect(hub.socket());
         let (_, fd) = hello(&b, me, "free");

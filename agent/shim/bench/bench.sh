@@ -4,7 +4,7 @@
 #   sudo agent/shim/bench/bench.sh [TARGET_DIR] [SECTIONS...]
 # TARGET_DIR defaults to target/release and must hold softrnic, drum-agent and
 # libdrum_shim.so (cargo build --release --workspace). Sections: overhead (shim + agent
-# granting line rate vs no shim), isolation (foreground latency next to a greedy
+# granting line rate vs no shim; polling and event-driven latency), isolation (foreground latency next to a greedy
 # background, with and without DRUM), topk (64 QPs on a 20-entry QP cache), pacing (grants
 # of 10/30/60 % of line rate). Every run has its own run directory, torn down on exit, and
 # every program a timeout. Ratios are from one run: these machines are shared and noisy.
@@ -82,17 +82,21 @@ for sec in $SECTIONS; do
 		echo "## overhead: shim + agent granting line rate vs no shim (5 alternating runs each, medians)"
 		echo "| measure | without | with | ratio |"
 		echo "| --- | --- | --- | --- |"
-		wb0= wb1= lt0= lt1=
+		wb0= wb1= lt0= lt1= le0= le1=
 		for _ in 1 2 3 4 5; do
 			wb0="$wb0 $(pair - ib_write_bw -x 0 -s 65536 -n 2000 | bw)"
 			wb1="$wb1 $(pair full ib_write_bw -x 0 -s 65536 -n 2000 | bw)"
 			lt0="$lt0 $(pair - ib_send_lat -x 0 -n 2000 | typ)"
 			lt1="$lt1 $(pair full ib_send_lat -x 0 -n 2000 | typ)"
+			le0="$le0 $(pair - ib_send_lat -x 0 -n 2000 -e | typ)"
+			le1="$le1 $(pair full ib_send_lat -x 0 -n 2000 -e | typ)"
 		done
 		a=$(echo "$wb0" | median) b=$(echo "$wb1" | median)
 		echo "| ib_write_bw 64 KiB, MiB/s (runs: $wb0 / $wb1) | $a | $b | $(ratio "$b" "$a") |"
 		a=$(echo "$lt0" | median) b=$(echo "$lt1" | median)
 		echo "| ib_send_lat 2 B typical, us (runs: $lt0 / $lt1) | $a | $b | $(ratio "$b" "$a") |"
+		a=$(echo "$le0" | median) b=$(echo "$le1" | median)
+		echo "| ib_send_lat -e 2 B typical, us (runs: $le0 / $le1) | $a | $b | $(ratio "$b" "$a") |"
 		;;
 	isolation)
 		# Foreground ib_send_lat (2 B) h2 -> h1 next to a greedy background ib_write_bw h2 -> h1:

@@ -110,6 +110,10 @@ pub fn env_grant() -> Result<Option<Grant>, String> {
         "DRUM_SHIM_RATE_WQE_PER_S",
         v("DRUM_SHIM_RATE_WQE_PER_S").as_deref(),
     )?;
+    let cqes = parse_rate(
+        "DRUM_SHIM_RATE_CQE_PER_S",
+        v("DRUM_SHIM_RATE_CQE_PER_S").as_deref(),
+    )?;
     let burst = parse_count(
         "DRUM_SHIM_BURST_BYTES",
         v("DRUM_SHIM_BURST_BYTES").as_deref(),
@@ -125,13 +129,14 @@ pub fn env_grant() -> Result<Option<Grant>, String> {
         v("DRUM_SHIM_QUANTUM_US").as_deref(),
         1,
     )?;
-    if bytes.is_none() && wqes.is_none() && k.is_none() {
+    if bytes.is_none() && wqes.is_none() && cqes.is_none() && k.is_none() {
         return Ok(None);
     }
     let g = Grant {
         rate_bytes_per_s: bytes.map_or(0, |r| r.round() as u64),
         burst_bytes: burst.unwrap_or(0),
         rate_wqe_per_s: wqes.map_or(0, |r| r.round() as u64),
+        rate_cqe_per_s: cqes.map_or(0, |r| r.round() as u64),
         max_active_qps: k.unwrap_or(0),
         quantum_us: quantum.unwrap_or(0),
         ..Grant::default()

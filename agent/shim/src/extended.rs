@@ -10,7 +10,7 @@
 //! an op exists only within the size the provider recorded in `vctx->sz` (libibverbs'
 //! own `verbs_get_ctx_op` rule). The shim wraps the two creation ops there.
 
-use crate::ffi::{IbvContext, IbvQp};
+use crate::ffi::{IbvContext, IbvQp, IbvQpInitAttr};
 use crate::{lookup, real, warn_once, Trouble};
 use libc::c_void;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -126,8 +126,15 @@ unsafe extern "C" fn drum_create_qp_ex(ctx: *mut IbvContext, attr: *mut c_void) 
     let Some(f) = lookup(ctx).and_then(|st| st.ext.create_qp_ex) else {
         return std::ptr::null_mut();
     };
-    // SAFETY: forwarding unchanged to the provider's op.
+    // `ibv_qp_init_attr_ex` starts like `ibv_qp_init_attr`: the QP is bound to the
+    // dedicated CQs as `ibv_create_qp` binds it.
+    let attr_cqs = attr as *mut IbvQpInitAttr;
+    // SAFETY: the caller's attributes.
+    let app_cqs = unsafe { crate::vcq::bind_dedicated(attr_cqs) };
+    // SAFETY: forwarding to the provider's op.
     let qp = unsafe { f(ctx, attr) };
+    // SAFETY: as above.
+    unsafe { crate::vcq::unbind(attr_cqs, app_cqs) };
     if !qp.is_null() {
         let _ = std::panic::catch_unwind(|| note("ibv_create_qp_ex with extended attributes"));
     }

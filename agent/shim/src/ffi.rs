@@ -66,13 +66,19 @@ pub const IBV_QP_AV: c_int = 1 << 7;
 pub const IBV_QP_DEST_QPN: c_int = 1 << 20;
 pub const IBV_SEND_SIGNALED: u32 = 2;
 pub const IBV_SEND_INLINE: u32 = 8;
+/// `IBV_WC_LOC_QP_OP_ERR`: what the shim reports for a held-back WR the provider refused.
+pub const IBV_WC_LOC_QP_OP_ERR: c_int = 2;
 /// Work-completion opcodes from this value on are receive-side.
 pub const IBV_WC_RECV: c_int = 128;
 
 /// Prefix of `struct ibv_qp_init_attr` up to `sq_sig_all`.
 #[repr(C)]
 pub struct IbvQpInitAttr {
-    pub _head: [u8; 52],
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut IbvCq,
+    pub recv_cq: *mut IbvCq,
+    /// `srq` and `cap`.
+    pub _mid: [u8; 28],
     pub qp_type: u32,
     pub sq_sig_all: c_int,
 }
@@ -101,11 +107,39 @@ pub struct IbvQpAttr {
 pub type CreateQpFn = unsafe extern "C" fn(*mut c_void, *mut IbvQpInitAttr) -> *mut IbvQp;
 pub type ModifyQpFn = unsafe extern "C" fn(*mut IbvQp, *mut IbvQpAttr, c_int) -> c_int;
 pub type DestroyQpFn = unsafe extern "C" fn(*mut IbvQp) -> c_int;
+pub type QueryQpFn =
+    unsafe extern "C" fn(*mut IbvQp, *mut IbvQpAttr, c_int, *mut IbvQpInitAttr) -> c_int;
+pub type CreateCqFn = unsafe extern "C" fn(
+    *mut IbvContext,
+    c_int,
+    *mut c_void,
+    *mut IbvCompChannel,
+    c_int,
+) -> *mut IbvCq;
+pub type DestroyCqFn = unsafe extern "C" fn(*mut IbvCq) -> c_int;
+pub type ResizeCqFn = unsafe extern "C" fn(*mut IbvCq, c_int) -> c_int;
+pub type CreateChannelFn = unsafe extern "C" fn(*mut IbvContext) -> *mut IbvCompChannel;
+pub type DestroyChannelFn = unsafe extern "C" fn(*mut IbvCompChannel) -> c_int;
+pub type GetCqEventFn =
+    unsafe extern "C" fn(*mut IbvCompChannel, *mut *mut IbvCq, *mut *mut c_void) -> c_int;
+pub type AckCqEventsFn = unsafe extern "C" fn(*mut IbvCq, libc::c_uint);
 
 /// Prefix of `struct ibv_cq`.
 #[repr(C)]
 pub struct IbvCq {
     pub context: *mut IbvContext,
+    pub channel: *mut IbvCompChannel,
+    pub cq_context: *mut c_void,
+    pub handle: u32,
+    pub cqe: c_int,
+}
+
+/// `struct ibv_comp_channel`.
+#[repr(C)]
+pub struct IbvCompChannel {
+    pub context: *mut IbvContext,
+    pub fd: c_int,
+    pub refcnt: c_int,
 }
 
 /// Prefix of `struct ibv_srq`.
@@ -230,6 +264,23 @@ mod tests {
             ),
             ("back verbs_context.sz", crate::extended::SZ_BACK),
             ("ibv_cq.context", offset_of!(IbvCq, context)),
+            ("ibv_cq.channel", offset_of!(IbvCq, channel)),
+            ("ibv_cq.cq_context", offset_of!(IbvCq, cq_context)),
+            ("ibv_cq.cqe", offset_of!(IbvCq, cqe)),
+            ("sizeof ibv_comp_channel", size_of::<IbvCompChannel>()),
+            ("ibv_comp_channel.fd", offset_of!(IbvCompChannel, fd)),
+            (
+                "ibv_comp_channel.refcnt",
+                offset_of!(IbvCompChannel, refcnt),
+            ),
+            (
+                "ibv_qp_init_attr.send_cq",
+                offset_of!(IbvQpInitAttr, send_cq),
+            ),
+            (
+                "ibv_qp_init_attr.recv_cq",
+                offset_of!(IbvQpInitAttr, recv_cq),
+            ),
             ("ibv_srq.context", offset_of!(IbvSrq, context)),
             ("sizeof ibv_sge", size_of::<IbvSge>()),
             ("ibv_sge.length", offset_of!(IbvSge, length)),

@@ -47,6 +47,8 @@ pub struct QpGov {
 pub struct Limits {
     byte: [AtomicU64; 2],
     wqe: [AtomicU64; 2],
+    /// Completions delivered to the app's virtual CQs (its polling rate).
+    cqe: [AtomicU64; 2],
     pub k: AtomicU64,
     pub quantum_ns: AtomicU64,
     pub long_msg: AtomicU64,
@@ -60,6 +62,7 @@ pub struct Limits {
 pub static LIMITS: Limits = Limits {
     byte: [AtomicU64::new(0), AtomicU64::new(0)],
     wqe: [AtomicU64::new(0), AtomicU64::new(0)],
+    cqe: [AtomicU64::new(0), AtomicU64::new(0)],
     k: AtomicU64::new(0),
     quantum_ns: AtomicU64::new(0),
     long_msg: AtomicU64::new(0),
@@ -71,6 +74,7 @@ pub static LIMITS: Limits = Limits {
 /// The limiters' theoretical arrival times (ps since [`now_ps`]'s origin).
 static BYTE_TAT: AtomicU64 = AtomicU64::new(0);
 static WQE_TAT: AtomicU64 = AtomicU64::new(0);
+static CQE_TAT: AtomicU64 = AtomicU64::new(0);
 
 /// Default quantum of a gate slot when the grant names none.
 const DEFAULT_QUANTUM_US: u64 = 1000;
@@ -97,13 +101,13 @@ pub static STATS: Stats = Stats {
 /// WRs held back in all software queues of the process.
 pub static QUEUED: AtomicU64 = AtomicU64::new(0);
 
-/// The app found its CQ empty. While the shim holds some of its work back, spinning on the
-/// CQ gains nothing — the completions it waits for come only after the engine thread posts
-/// more, at the granted rate — so the poller sleeps briefly. A throttled busy-poller thus
+/// The app found its CQ empty. While the shim holds some of its work back (WRs, or
+/// completions beyond its polling grant), spinning on the CQ gains nothing — what it waits
+/// for comes only at the granted rate — so the poller sleeps briefly. A throttled busy-poller thus
 /// stops crowding out its neighbours and the shim's own engine on a small host (`sched_yield`
 /// alone did not: the scheduler hands the CPU straight back).
-pub fn on_empty_poll() {
-    if QUEUED.load(Relaxed) > 0 {
+pub fn on_empty_poll(completions_held: bool) {
+    if completions_held || QUEUED.load(Relaxed) > 0 {
         std::thread::sleep(EMPTY_POLL_PAUSE);
     }
 }
@@ -168,8 +172,13 @@ pub fn apply(grant: Option<&Grant>) {
         let rate = g.rate_wqe_per_s as f64;
         Gcra::new(rate, Gcra::default_burst(rate))
     });
+    let cqe = (g.rate_cqe_per_s > 0).then(|| {
+        let rate = g.rate_cqe_per_s as f64;
+        Gcra::new(rate, Gcra::default_burst(rate))
+    });
     set_limiter(&LIMITS.byte, byte.flatten());
     set_limiter(&LIMITS.wqe, wqe.flatten());
+    set_limiter(&LIMITS.cqe, cqe.flatten());
     LIMITS.k.store(g.max_active_qps, Relaxed);
     let q = if g.quantum_us > 0 {
         g.quantum_us
@@ -258,6 +267,35 @@ pub fn admit(now: u64, bytes: u64, peer: Option<[u8; 16]>) -> Result<(), u64> {
         let _ = WQE_TAT.fetch_update(Relaxed, Relaxed, |t| Some(w.advance(t, now, 1)));
     }
     Ok(())
+}
+
+/// Whether completions are metered (then [`completion_allowance`] decides).
+pub fn completions_metered() -> bool {
+    LIMITS.cqe[0].load(Relaxed) != 0
+}
+
+/// How many of `max` completions the polling grant lets the app have now (all of them
+/// without one); `Err(wait_ps)` when none yet. Consumes nothing: the caller takes what is
+/// there and pays with [`consume_completions`].
+pub fn completion_allowance(now: u64, max: u64) -> Result<u64, u64> {
+    let Some(g) = limiter(&LIMITS.cqe) else {
+        return Ok(max);
+    };
+    if max == 0 {
+        return Ok(0);
+    }
+    let t = CQE_TAT.load(Relaxed);
+    match g.admit_up_to(t, now, max) {
+        (0, _) => Err(g.wait(t, now).max(1)),
+        (n, _) => Ok(n),
+    }
+}
+
+/// Charges `n` delivered completions to the polling grant.
+pub fn consume_completions(now: u64, n: u64) {
+    if let Some(g) = limiter(&LIMITS.cqe).filter(|_| n > 0) {
+        let _ = CQE_TAT.fetch_update(Relaxed, Relaxed, |t| Some(g.advance(t, now, n)));
+    }
 }
 
 /// Is `qp` allowed to put work on the NIC now (top-k)?
@@ -535,12 +573,24 @@ pub fn serve(st: &ContextState, q: &QpCounters, qpn: u32) -> Option<u64> {
             }
         } else {
             STATS.deferred_post_errors.fetch_add(1, Relaxed);
+            let failed = IbvWc {
+                wr_id: o.wr_id(),
+                status: IBV_WC_LOC_QP_OP_ERR,
+                qp_num: qpn,
+                ..IbvWc::default()
+            };
+            // SAFETY: the QP is alive (as above).
+            let told = unsafe { crate::vcq::fail_send(qp, failed) };
             crate::warn_once(
                 crate::Trouble::DeferredPost,
                 &format!(
-                    "the provider refused a held-back work request (wr_id {}, error {rc}); \
-                     it is dropped, as a device would flush it",
-                    o.wr_id()
+                    "the provider refused a held-back work request (wr_id {}, error {rc}); {}",
+                    o.wr_id(),
+                    if told {
+                        "the application gets an error completion for it"
+                    } else {
+                        "it is dropped, as a device would flush it"
+                    }
                 ),
             );
         }
@@ -611,7 +661,7 @@ pub fn summary(queued: u64) -> String {
         limiter(c).map_or(0, |g| (1e12 / g.interval_ps() as f64).round() as u64)
     };
     format!(
-        "extended_verbs={} governed={} grant_generation={} rate_bytes_per_s={} rate_wqe_per_s={} max_active_qps={} \
+        "extended_verbs={} governed={} grant_generation={} rate_bytes_per_s={} rate_wqe_per_s={} rate_cqe_per_s={} max_active_qps={} \
          direct_wqes={} deferred_wqes={} queue_delay_us={} queued_wqes={} deferred_post_errors={} \
          dropped_wqes={}",
         crate::extended::USES.load(Relaxed),
@@ -623,6 +673,7 @@ pub fn summary(queued: u64) -> String {
         LIMITS.generation.load(Relaxed),
         rate(&LIMITS.byte),
         rate(&LIMITS.wqe),
+        rate(&LIMITS.cqe),
         LIMITS.k.load(Relaxed),
         STATS.direct_wqes.load(Relaxed),
         STATS.deferred_wqes.load(Relaxed),

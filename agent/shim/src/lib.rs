@@ -29,6 +29,7 @@ mod link;
 pub mod pacer;
 pub mod sendq;
 mod spin;
+pub(crate) mod vcq;
 
 use counters::{Counters, QpCounters, QpTable, Snapshot};
 use ffi::*;
@@ -94,9 +95,11 @@ extern "C" fn fork_prepare() {
     COLD.acquire();
     engine::lock_for_fork();
     govern::lock_for_fork();
+    vcq::lock_for_fork();
 }
 
 extern "C" fn fork_release() {
+    vcq::unlock_after_fork();
     govern::unlock_after_fork();
     engine::unlock_after_fork();
     COLD.release();
@@ -122,6 +125,7 @@ static GOVERNING_STOPPED: AtomicBool = AtomicBool::new(false);
 static REAL_CREATE_QP: AtomicUsize = AtomicUsize::new(0);
 static REAL_MODIFY_QP: AtomicUsize = AtomicUsize::new(0);
 static REAL_DESTROY_QP: AtomicUsize = AtomicUsize::new(0);
+static REAL_QUERY_QP: AtomicUsize = AtomicUsize::new(0);
 static REAL_OPEN: AtomicUsize = AtomicUsize::new(0);
 static REAL_CLOSE: AtomicUsize = AtomicUsize::new(0);
 
@@ -145,6 +149,7 @@ pub(crate) enum Trouble {
     AgentLost = 2048,
     Governing = 4096,
     Extended = 8192,
+    Completions = 16384,
 }
 
 static WARNED: AtomicU32 = AtomicU32::new(0);
@@ -223,7 +228,7 @@ fn count<F: FnOnce()>(f: F) {
     }
 }
 
-fn set_errno(e: c_int) {
+pub(crate) fn set_errno(e: c_int) {
     // SAFETY: __errno_location returns this thread's errno slot.
     unsafe { *libc::__errno_location() = e };
 }
@@ -356,8 +361,14 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut c_void, attr: *mut IbvQpInitAttr
     };
     // SAFETY: libibverbs' ibv_create_qp@IBVERBS_1.1 has this signature.
     let f: CreateQpFn = unsafe { std::mem::transmute::<usize, CreateQpFn>(f) };
-    // SAFETY: forwarding unchanged.
+    // The QP is bound to the dedicated CQs of the application's (virtual) CQs; the
+    // application's attributes are given back as they were.
+    // SAFETY: the caller's attributes.
+    let app_cqs = unsafe { vcq::bind_dedicated(attr) };
+    // SAFETY: the caller's arguments, CQs possibly replaced by their dedicated ones.
     let qp = unsafe { f(pd, attr) };
+    // SAFETY: as above.
+    unsafe { vcq::unbind(attr, app_cqs) };
     if !qp.is_null() && !attr.is_null() {
         qp_bookkeeping(|| {
             // SAFETY: a QP just created from `attr`.
@@ -431,6 +442,185 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
     }
     // SAFETY: libibverbs' ibv_destroy_qp@IBVERBS_1.1 has this signature; forwarding.
     unsafe { std::mem::transmute::<usize, DestroyQpFn>(f)(qp) }
+}
+
+/// Runs the shim's part of a CQ or channel verb; `None` (forward to libibverbs) when it is
+/// not the shim's object or the shim failed internally (reported once).
+fn completions<T, F: FnOnce() -> Option<T>>(f: F) -> Option<T> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
+        warn_once(
+            Trouble::Completions,
+            "internal error in a CQ or completion-channel verb; forwarded unchanged",
+        );
+        None
+    })
+}
+
+/// The real function `name` of type `F`, or `None` (reported once).
+pub(crate) fn real_as<F: Copy>(name: &CStr, cache: &AtomicUsize) -> Option<F> {
+    let p = real(name, cache)?;
+    // SAFETY: callers name the type of the libibverbs function they resolve; a function
+    // pointer has the size of usize.
+    Some(unsafe { std::mem::transmute_copy::<usize, F>(&p) })
+}
+
+/// Interposes `ibv_create_cq`: on a governed context the CQ becomes virtual (`vcq`).
+///
+/// # Safety
+/// Called by C code with the real function's arguments.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_cq(
+    ctx: *mut IbvContext,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut IbvCompChannel,
+    comp_vector: c_int,
+) -> *mut IbvCq {
+    // SAFETY: the caller's arguments.
+    if let Some(cq) =
+        completions(|| Some(unsafe { vcq::create_cq(ctx, cqe, cq_context, channel, comp_vector) }))
+    {
+        return cq;
+    }
+    match real_as::<CreateCqFn>(c"ibv_create_cq", &vcq::REAL_CREATE_CQ) {
+        // SAFETY: forwarding unchanged.
+        Some(f) => unsafe { f(ctx, cqe, cq_context, channel, comp_vector) },
+        None => {
+            set_errno(libc::ENOSYS);
+            ptr::null_mut()
+        }
+    }
+}
+
+/// Interposes `ibv_destroy_cq`: a virtual CQ goes with its dedicated CQ.
+///
+/// # Safety
+/// Called by C code with the real function's arguments.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut IbvCq) -> c_int {
+    // SAFETY: the caller's CQ.
+    if let Some(rc) = completions(|| unsafe { vcq::destroy_cq(cq) }) {
+        return rc;
+    }
+    match real_as::<DestroyCqFn>(c"ibv_destroy_cq", &vcq::REAL_DESTROY_CQ) {
+        // SAFETY: forwarding unchanged.
+        Some(f) => unsafe { f(cq) },
+        None => libc::ENOSYS,
+    }
+}
+
+/// Interposes `ibv_resize_cq`: a virtual CQ's dedicated CQ is resized with it.
+///
+/// # Safety
+/// Called by C code with the real function's arguments.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut IbvCq, cqe: c_int) -> c_int {
+    // SAFETY: the caller's arguments.
+    if let Some(rc) = completions(|| unsafe { vcq::resize_cq(cq, cqe) }) {
+        return rc;
+    }
+    match real_as::<ResizeCqFn>(c"ibv_resize_cq", &vcq::REAL_RESIZE_CQ) {
+        // SAFETY: forwarding unchanged.
+        Some(f) => unsafe { f(cq, cqe) },
+        None => libc::ENOSYS,
+    }
+}
+
+/// Interposes `ibv_query_qp`: a QP's CQs are reported as the application created them,
+/// not as the dedicated CQs the shim bound it to.
+///
+/// # Safety
+/// Called by C code with the real function's arguments.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp(
+    qp: *mut IbvQp,
+    attr: *mut IbvQpAttr,
+    mask: c_int,
+    init_attr: *mut IbvQpInitAttr,
+) -> c_int {
+    let Some(f) = real_as::<QueryQpFn>(c"ibv_query_qp", &REAL_QUERY_QP) else {
+        return libc::ENOSYS;
+    };
+    // SAFETY: forwarding unchanged.
+    let rc = unsafe { f(qp, attr, mask, init_attr) };
+    if rc == 0 && !init_attr.is_null() {
+        completions(|| {
+            // SAFETY: the caller's attributes, just filled in.
+            let a = unsafe { &mut *init_attr };
+            a.send_cq = vcq::app_cq_of(a.send_cq);
+            a.recv_cq = vcq::app_cq_of(a.recv_cq);
+            Some(())
+        });
+    }
+    rc
+}
+
+/// Interposes `ibv_create_comp_channel`: on a governed context the application gets the
+/// shim's channel (`vcq`).
+///
+/// # Safety
+/// Called by C code with the real function's arguments.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_comp_channel(ctx: *mut IbvContext) -> *mut IbvCompChannel {
+    // SAFETY: the caller's context.
+    completions(|| Some(unsafe { vcq::create_channel(ctx) })).unwrap_or_else(|| {
+        set_errno(libc::EIO);
+        ptr::null_mut()
+    })
+}
+
+/// Interposes `ibv_destroy_comp_channel`.
+///
+/// # Safety
+/// Called by C code with the real function's arguments.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut IbvCompChannel) -> c_int {
+    // SAFETY: the caller's channel.
+    if let Some(rc) = completions(|| unsafe { vcq::destroy_channel(ch) }) {
+        return rc;
+    }
+    match real_as::<DestroyChannelFn>(c"ibv_destroy_comp_channel", &vcq::REAL_DESTROY_CHANNEL) {
+        // SAFETY: forwarding unchanged.
+        Some(f) => unsafe { f(ch) },
+        None => libc::ENOSYS,
+    }
+}
+
+/// Interposes `ibv_get_cq_event`: a shim channel yields the application's CQ.
+///
+/// # Safety
+/// Called by C code with the real function's arguments.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_cq_event(
+    ch: *mut IbvCompChannel,
+    cq: *mut *mut IbvCq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    // SAFETY: the caller's arguments.
+    if let Some(rc) = completions(|| unsafe { vcq::get_event(ch, cq, cq_context) }) {
+        return rc;
+    }
+    match real_as::<GetCqEventFn>(c"ibv_get_cq_event", &vcq::REAL_GET_EVENT) {
+        // SAFETY: forwarding unchanged.
+        Some(f) => unsafe { f(ch, cq, cq_context) },
+        None => -1,
+    }
+}
+
+/// Interposes `ibv_ack_cq_events`: a virtual CQ's real events were acknowledged by the
+/// shim when it took them.
+///
+/// # Safety
+/// Called by C code with the real function's arguments.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut IbvCq, nevents: libc::c_uint) {
+    if completions(|| vcq::ack(cq).then_some(())).is_some() {
+        return;
+    }
+    if let Some(f) = real_as::<AckCqEventsFn>(c"ibv_ack_cq_events", &vcq::REAL_ACK) {
+        // SAFETY: forwarding unchanged.
+        unsafe { f(cq, nevents) }
+    }
 }
 
 /// Publishes the context's state, then swaps its ops.
@@ -712,8 +902,22 @@ unsafe extern "C" fn drum_poll_cq(cq: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c
     let Some(f) = st.orig.poll_cq else {
         return -1;
     };
-    // SAFETY: forwarding unchanged.
-    let rc = unsafe { f(cq, n, wc) };
+    let (rc, held) = match vcq::find(cq) {
+        // SAFETY: the application's array of `n` entries.
+        Some(v) => match catch_unwind(AssertUnwindSafe(|| unsafe { v.poll(n, wc) })) {
+            Ok(p) => (p.rc, p.held),
+            Err(_) => {
+                warn_once(
+                    Trouble::Completions,
+                    "internal error polling a virtual CQ; its dedicated CQ is polled directly",
+                );
+                // SAFETY: the dedicated CQ, as the provider made it, and the caller's array.
+                (unsafe { f(v.dedicated as *mut IbvCq, n, wc) }, false)
+            }
+        },
+        // SAFETY: forwarding unchanged.
+        None => (unsafe { f(cq, n, wc) }, false),
+    };
     count(|| {
         st.counters.poll_calls.fetch_add(1, Relaxed);
         if rc <= 0 || wc.is_null() {
@@ -733,7 +937,7 @@ unsafe extern "C" fn drum_poll_cq(cq: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c
         }
     });
     if rc == 0 {
-        govern::on_empty_poll();
+        govern::on_empty_poll(held);
     }
     if rc > 0
         && !wc.is_null()
@@ -758,8 +962,11 @@ unsafe extern "C" fn drum_req_notify_cq(cq: *mut IbvCq, solicited_only: c_int) -
     let Some(f) = st.orig.req_notify_cq else {
         return libc::EOPNOTSUPP;
     };
-    // SAFETY: forwarding unchanged.
-    let rc = unsafe { f(cq, solicited_only) };
+    let rc = match vcq::find(cq) {
+        Some(v) => catch_unwind(AssertUnwindSafe(|| v.arm(solicited_only))).unwrap_or(libc::EIO),
+        // SAFETY: forwarding unchanged.
+        None => unsafe { f(cq, solicited_only) },
+    };
     if rc == 0 {
         count(|| {
             st.counters.notify_arms.fetch_add(1, Relaxed);
@@ -817,7 +1024,7 @@ pub fn summary_line(pid: u32, t: &Totals) -> String {
         "drum-shim: pid={pid} governed_contexts={} pass_through_contexts={} live_contexts={} \
          qps={} send_wqes={} send_bytes={} recv_wqes={} srq_recv_wqes={} completions={} \
          completion_errors={} poll_calls={} notify_arms={} qp_table_overflow={} counting={} \
-         {}\n",
+         virtual_cqs={} cq_events={} delayed_cq_events={} {}\n",
         t.governed_contexts,
         t.pass_through_contexts,
         t.live_contexts,
@@ -832,6 +1039,9 @@ pub fn summary_line(pid: u32, t: &Totals) -> String {
         c.notify_arms,
         t.qp_table_overflow,
         if t.counting_stopped { "stopped" } else { "on" },
+        vcq::CREATED.load(Relaxed),
+        vcq::EVENTS.load(Relaxed),
+        vcq::DELAYED_EVENTS.load(Relaxed),
         govern::summary(t.queued_wqes),
     )
 }
@@ -873,7 +1083,7 @@ mod tests {
             "{s}"
         );
         assert!(s.contains(" send_wqes=5 send_bytes=20480 "), "{s}");
-        assert!(s.contains(" counting=on extended_verbs="), "{s}");
+        assert!(s.contains(" counting=on virtual_cqs="), "{s}");
     }
 
     unsafe extern "C" fn fake_post_send(
@@ -975,7 +1185,13 @@ mod tests {
         // SAFETY: valid fixtures; the fake refuses w2, so only w1 counts.
         assert_eq!(unsafe { post(&mut qp, &mut w1, &mut bad) }, libc::ENOMEM);
 
-        let mut cq = IbvCq { context: cp };
+        let mut cq = IbvCq {
+            context: cp,
+            channel: ptr::null_mut(),
+            cq_context: ptr::null_mut(),
+            handle: 0,
+            cqe: 1,
+        };
         let mut wc = [IbvWc::default(); 8];
         let poll = ctx.ops.poll_cq.unwrap();
         // SAFETY: valid fixtures.

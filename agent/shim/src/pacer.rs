@@ -74,6 +74,20 @@ impl Gcra {
     pub fn try_admit(&self, tat: u64, now: u64, n: u64) -> Option<u64> {
         (self.wait(tat, now) == 0).then(|| self.advance(tat, now, n))
     }
+
+    /// How many of `max` units conform at `now` one after another, each judged as if the
+    /// ones before it had gone (for metering completions, which come in batches), and the
+    /// TAT after they go.
+    pub fn admit_up_to(&self, tat: u64, now: u64, max: u64) -> (u64, u64) {
+        if max == 0 || self.wait(tat, now) > 0 {
+            return (0, tat);
+        }
+        let start = tat.max(now);
+        // Unit i conforms iff start + i·interval - tolerance <= now.
+        let slack = now.saturating_add(self.tolerance_ps) - start;
+        let n = (slack / self.interval_ps).saturating_add(1).min(max);
+        (n, self.advance(tat, now, n))
+    }
 }
 
 /// Parses a rate from the environment (e.g. `DRUM_SHIM_RATE_BYTES_PER_S`): `Ok(None)` when
@@ -111,6 +125,35 @@ pub fn parse_count(name: &str, value: Option<&str>, min: u64) -> Result<Option<u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A batch admission equals admitting unit by unit until one must wait.
+    #[test]
+    fn admit_up_to_matches_one_by_one() {
+        let g = Gcra::new(1000.0, 5).unwrap();
+        for (tat, now, max) in [
+            (0, 0, 10),
+            (0, 1_000_000_000_000, 3),
+            (4_000_000_000, 1_000_000_000, 10),
+            (5_000_000_000, 1_000_000_000, 10),
+            (9_000_000_000, 1_000_000_000, 10),
+            (0, 0, 0),
+        ] {
+            let (mut t, mut one_by_one) = (tat, 0);
+            while one_by_one < max {
+                match g.try_admit(t, now, 1) {
+                    Some(next) => (t, one_by_one) = (next, one_by_one + 1),
+                    None => break,
+                }
+            }
+            assert_eq!(
+                g.admit_up_to(tat, now, max),
+                (one_by_one, t),
+                "{tat} {now} {max}"
+            );
+        }
+        // A burst of 5 after idling, then one per millisecond.
+        assert_eq!(g.admit_up_to(0, 10_000_000_000, 100).0, 5);
+    }
 
     /// Requests `n` units at a time as fast as allowed (each goes at `now + wait`) and
     /// returns the time the last one went.

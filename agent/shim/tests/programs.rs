@@ -45,8 +45,11 @@ fn pingpong_both_ways(run: &Run, mode: &[&str]) {
                 // Every send is signalled: one send and one receive completion per iteration.
                 assert_eq!(s["completions"], 2 * iters, "{who}: {s:?}");
                 assert_eq!(s["completion_errors"], 0, "{who}: {s:?}");
+                // Its CQ is virtual: every completion came through the shim.
+                assert_eq!(s["virtual_cqs"], 1, "{who}: {s:?}");
                 if mode.contains(&"-e") {
                     assert!(s["notify_arms"] > 0, "{who}: {s:?}");
+                    assert!(s["cq_events"] > 0, "{who}: {s:?}");
                 }
                 assert!(shim_complaints(o).is_empty(), "{who}: {err}");
             }
@@ -225,8 +228,9 @@ fn invalid_pacer_rate_is_reported_and_ignored() {
     }
 }
 
-/// Forks while another thread keeps opening and closing contexts (the shim's cold path):
-/// every child opens and closes a context of its own and exits normally. A child that
+/// Forks while another thread keeps opening and closing contexts, completion channels and
+/// (virtual) CQs (the shim's cold paths): every child does the same once and exits
+/// normally. A child that
 /// inherited the shim's lock held by the other thread would hang here (the deadline fails
 /// the test).
 const FORK_PROBE: &str = r#"
@@ -243,6 +247,10 @@ static void *churn(void *a) {
     while (!stop) {
         struct ibv_context *c = ibv_open_device(dev);
         if (!c) { perror("open in thread"); exit(2); }
+        struct ibv_comp_channel *ch = ibv_create_comp_channel(c);
+        struct ibv_cq *cq = ch ? ibv_create_cq(c, 16, 0, ch, 0) : 0;
+        if (!cq) { perror("channel/cq in thread"); exit(2); }
+        if (ibv_destroy_cq(cq) || ibv_destroy_comp_channel(ch)) { perror("destroy in thread"); exit(2); }
         ibv_close_device(c);
     }
     return 0;
@@ -261,6 +269,9 @@ int main(void) {
         if (p == 0) {
             struct ibv_context *cc = ibv_open_device(dev);
             if (!cc) _exit(3);
+            struct ibv_comp_channel *ch = ibv_create_comp_channel(cc);
+            struct ibv_cq *cq = ch ? ibv_create_cq(cc, 16, 0, ch, 0) : 0;
+            if (!cq || ibv_destroy_cq(cq) || ibv_destroy_comp_channel(ch)) _exit(4);
             ibv_close_device(cc);
             exit(0);
         }
@@ -311,4 +322,92 @@ fn fork_while_another_thread_opens_and_closes_contexts() {
         .unwrap();
     assert!(last.contains(" pass_through_contexts=0 "), "{last}");
     assert!(s["governed_contexts"] >= 1, "{s:?}");
+}
+
+/// `tests/c/vcq_probe.c` checks what an application may rely on from CQs and completion
+/// channels (query_qp's CQs, a pollable and non-blocking channel fd, one channel serving two
+/// CQs, events only, destroy order): it passes on the bare device, through the shim's
+/// virtual CQs, and with them turned off.
+#[test]
+fn virtual_cqs_keep_what_applications_rely_on() {
+    require_privileges!();
+    let run = Run::new("vcq");
+    run.up(&["--hosts", "1"]);
+    let bin = compile_probe(&run, "vcq_probe");
+    type Env<'a> = &'a [(&'a str, &'a str)];
+    let cases: [(&str, bool, Env); 3] = [
+        ("bare device", false, &[]),
+        ("virtual CQs", true, &[]),
+        ("virtual CQs off", true, &[("DRUM_SHIM_VIRTUAL_CQ", "0")]),
+    ];
+    for (who, with_shim, env) in cases {
+        let out = run_timeout(
+            &mut run.exec("h1", &[&bin, "2000"], with_shim, env),
+            Duration::from_secs(60),
+        );
+        assert_ok(&out, who);
+        probe_rate(&out, who);
+        if with_shim {
+            let s = summary(&out, who);
+            let virtual_cqs = if env.is_empty() { 2 } else { 0 };
+            assert_eq!(s["virtual_cqs"], virtual_cqs, "{who}: {s:?}");
+            assert_eq!(s["completions"], 2 * 2000, "{who}: {s:?}");
+            assert!(shim_complaints(&out).is_empty(), "{who}: {}", text(&out));
+        }
+    }
+}
+
+/// A polling grant (`rate_cqe_per_s`, here from the environment) meters the completions an
+/// application receives: our event-driven probe, and unmodified `ibv_rc_pingpong` polling
+/// and in event mode (two completions per iteration on each side), all get the granted
+/// rate within 5 %.
+#[test]
+fn polling_grant_meters_completions_for_polling_and_event_driven_programs() {
+    require_privileges!();
+    let grant = 1000.0;
+    let env = [("DRUM_SHIM_RATE_CQE_PER_S", "1000")];
+    let run = Run::new("cqe-grant");
+    run.up(&["--hosts", "2"]);
+    let bin = compile_probe(&run, "vcq_probe");
+    let out = run_timeout(
+        &mut run.exec("h1", &[&bin, "1000"], true, &env),
+        Duration::from_secs(60),
+    );
+    assert_ok(&out, "vcq_probe");
+    let rate = probe_rate(&out, "vcq_probe");
+    assert!(
+        (rate / grant - 1.0).abs() <= 0.05,
+        "vcq_probe: {rate} completions/s under a grant of {grant}"
+    );
+    assert!(
+        summary(&out, "vcq_probe")["delayed_cq_events"] > 0,
+        "{}",
+        text(&out)
+    );
+    for mode in [&[][..], &["-e"][..]] {
+        let mut args = vec!["ibv_rc_pingpong", "-g", "0", "-c", "-n", "500"];
+        args.extend_from_slice(mode);
+        let who = format!("{args:?} at {grant} completions/s");
+        let (server, client) = pair_env(&run, &args, true, &env);
+        assert_pair_ok(&server, &client, &who);
+        for o in [&server, &client] {
+            let out = String::from_utf8_lossy(&o.stdout);
+            let secs: f64 = out
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("500 iters in ")?
+                        .split(' ')
+                        .next()?
+                        .parse()
+                        .ok()
+                })
+                .unwrap_or_else(|| panic!("{who}: {out}"));
+            let rate = 2.0 * 500.0 / secs;
+            assert!(
+                (rate / grant - 1.0).abs() <= 0.05,
+                "{who}: {rate} completions/s ({secs} s)"
+            );
+            assert_eq!(summary(o, &who)["rate_cqe_per_s"], 1000, "{who}");
+        }
+    }
 }

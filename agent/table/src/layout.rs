@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"DRUMTBL1");
-pub const VERSION: u64 = 1;
+pub const VERSION: u64 = 2;
 /// Bytes the agent maps per app; the layout below must fit in it.
 pub const TABLE_BYTES: usize = 4096;
 /// Destinations with a DASR cap at once.
@@ -46,6 +46,8 @@ pub struct GrantFields {
     pub quantum_us: AtomicU64,
     /// Sends at least this long are announced to the receiver's agent (0 = off).
     pub long_msg_bytes: AtomicU64,
+    /// Completions per second delivered to the app's CQs (its polling rate).
+    pub rate_cqe_per_s: AtomicU64,
     pub peers: [PeerCap; MAX_PEERS],
 }
 
@@ -99,6 +101,7 @@ pub struct Grant {
     pub max_active_qps: u64,
     pub quantum_us: u64,
     pub long_msg_bytes: u64,
+    pub rate_cqe_per_s: u64,
 }
 
 /// Why a table is not used.
@@ -121,7 +124,7 @@ impl std::fmt::Display for TableError {
     }
 }
 
-/// Upper bounds that no real grant reaches (1 Tb/s, 1e9 WQE/s, 1 M QPs, 1 h): anything
+/// Upper bounds that no real grant reaches (1 Tb/s, 1e9 WQE or CQE/s, 1 M QPs, 1 h): anything
 /// above is corruption, not a decision.
 const MAX_RATE_BYTES: u64 = 125_000_000_000;
 const MAX_RATE_WQE: u64 = 1_000_000_000;
@@ -137,6 +140,7 @@ impl Grant {
             ("max_active_qps", self.max_active_qps, MAX_QPS),
             ("quantum_us", self.quantum_us, MAX_QUANTUM_US),
             ("long_msg_bytes", self.long_msg_bytes, u64::from(u32::MAX)),
+            ("rate_cqe_per_s", self.rate_cqe_per_s, MAX_RATE_WQE),
         ];
         for (name, v, max) in checks {
             if v > max {
@@ -176,6 +180,7 @@ impl Table {
         f.max_active_qps.store(g.max_active_qps, Relaxed);
         f.quantum_us.store(g.quantum_us, Relaxed);
         f.long_msg_bytes.store(g.long_msg_bytes, Relaxed);
+        f.rate_cqe_per_s.store(g.rate_cqe_per_s, Relaxed);
         f.heartbeat_ms.store(heartbeat_ms, Relaxed);
         f.generation.fetch_add(1, Release);
     }
@@ -199,6 +204,7 @@ impl Table {
                 max_active_qps: f.max_active_qps.load(Relaxed),
                 quantum_us: f.quantum_us.load(Relaxed),
                 long_msg_bytes: f.long_msg_bytes.load(Relaxed),
+                rate_cqe_per_s: f.rate_cqe_per_s.load(Relaxed),
             };
             std::sync::atomic::fence(Acquire);
             if f.generation.load(Relaxed) == gen {

@@ -105,6 +105,8 @@ impl Run {
             "DRUM_SHIM_BURST_BYTES",
             "DRUM_SHIM_MAX_ACTIVE_QPS",
             "DRUM_SHIM_QUANTUM_US",
+            "DRUM_SHIM_RATE_CQE_PER_S",
+            "DRUM_SHIM_VIRTUAL_CQ",
         ] {
             c.env_remove(v);
         }
@@ -247,4 +249,31 @@ pub fn shim_complaints(o: &Output) -> Vec<String> {
         })
         .map(str::to_string)
         .collect()
+}
+
+/// Compiles `tests/c/NAME.c` against the installed libibverbs into the run directory.
+pub fn compile_probe(run: &Run, name: &str) -> String {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let bin = run.dir.join(name);
+    std::fs::create_dir_all(&run.dir).unwrap();
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let out = run_timeout(
+        Command::new(&cc)
+            .args(["-O2", "-Wall", "-Werror", "-o"])
+            .arg(&bin)
+            .arg(&src)
+            .args(["-libverbs", "-lpthread"]),
+        Duration::from_secs(60),
+    );
+    assert_ok(&out, &format!("cc {name}.c (needs libibverbs-dev)"));
+    bin.to_str().unwrap().to_string()
+}
+
+/// The completion rate `vcq_probe` printed.
+pub fn probe_rate(o: &Output, who: &str) -> f64 {
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.ends_with("vcq ok\n"), "{who}: {}", text(o));
+    out.lines()
+        .find_map(|l| l.strip_prefix("rate ")?.parse().ok())
+        .unwrap_or_else(|| panic!("{who}: no rate: {out}"))
 }

@@ -1,0 +1,997 @@
+//! Virtual CQs: the shim's dedicated CQs between the NIC and the application.
+//!
+//! For every CQ the application creates on a governed context the shim creates a second CQ
+//! of the same size, the *dedicated CQ*, on the same real completion channel, and binds the
+//! application's QPs to it instead (`ibv_create_qp`). The application's own CQ stays a real
+//! provider object, so every verb that takes it keeps working, but it receives completions
+//! only from QPs bound by a path the shim does not wrap (`ibv_create_qp_ex`, `ibv_create_wq`),
+//! which a virtual CQ therefore drains as well. Completions reach the application only
+//! through the shim, at the granted polling rate (`rate_cqe_per_s`; unmetered without one):
+//!
+//! * polling: the application's own `ibv_poll_cq` moves completions from the dedicated CQ,
+//!   as many as the grant admits — no thread hop, so a busy poller's latency is unchanged;
+//! * events: the application's completion channel is the shim's. Its `fd` is an epoll fd
+//!   watching the real channel (where the dedicated CQs' events arrive) and an eventfd of
+//!   the shim's, so `poll`/`epoll` on it work as on a real channel. `ibv_get_cq_event`, in
+//!   the application's own thread, takes a real event, acknowledges it, and hands it on as
+//!   the application's CQ — unless the grant holds every completion back: then the shim's
+//!   completion thread moves them into the virtual CQ's ring when the grant admits them and
+//!   raises the event through the eventfd.
+//!
+//! Rules that keep an application from stalling: an armed virtual CQ whose completions were
+//! held back by the grant is looked at again by the completion thread when the grant next
+//! admits one; failures are caught per call and reported once; `DRUM_SHIM_VIRTUAL_CQ=0`
+//! turns the whole mechanism off (completions then go straight to the application's CQs).
+
+use crate::ffi::*;
+use crate::govern;
+use crate::spin::SpinLock;
+use crate::{real_as, warn_once, Trouble};
+use libc::{c_int, c_void};
+use std::collections::{HashMap, VecDeque};
+use std::panic::catch_unwind;
+use std::ptr;
+use std::sync::atomic::{
+    AtomicPtr, AtomicU64, AtomicUsize,
+    Ordering::{Acquire, Relaxed, Release},
+};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+/// Addresses of the real libibverbs functions (resolved once; shared with `lib.rs`).
+pub static REAL_CREATE_CQ: AtomicUsize = AtomicUsize::new(0);
+pub static REAL_DESTROY_CQ: AtomicUsize = AtomicUsize::new(0);
+pub static REAL_RESIZE_CQ: AtomicUsize = AtomicUsize::new(0);
+static REAL_CREATE_CHANNEL: AtomicUsize = AtomicUsize::new(0);
+pub static REAL_DESTROY_CHANNEL: AtomicUsize = AtomicUsize::new(0);
+pub static REAL_GET_EVENT: AtomicUsize = AtomicUsize::new(0);
+pub static REAL_ACK: AtomicUsize = AtomicUsize::new(0);
+
+/// Virtual CQs created, events handed to the application, and how many of those the
+/// polling grant delayed (for the exit summary).
+pub static CREATED: AtomicU64 = AtomicU64::new(0);
+pub static EVENTS: AtomicU64 = AtomicU64::new(0);
+pub static DELAYED_EVENTS: AtomicU64 = AtomicU64::new(0);
+
+/// Whether virtual CQs are on (`DRUM_SHIM_VIRTUAL_CQ=0` turns them off).
+pub fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("DRUM_SHIM_VIRTUAL_CQ").map_or(true, |v| v.trim() != "0"))
+}
+
+/// One application CQ made virtual.
+pub struct Vcq {
+    /// The application's `ibv_cq *` and the dedicated one (the shim's).
+    pub app: usize,
+    pub dedicated: usize,
+    poll: PollCqFn,
+    notify: Option<ReqNotifyCqFn>,
+    capacity: AtomicUsize,
+    channel: Option<Arc<Channel>>,
+    inner: SpinLock<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Completions the completion thread moved for an event, not yet polled.
+    ring: VecDeque<IbvWc>,
+    /// Armed by the application (`ibv_req_notify_cq`; the dedicated CQ is armed alike).
+    armed: bool,
+    /// The grant may have left completions in the dedicated CQ.
+    backlog: bool,
+}
+
+/// One application completion channel: the real channel behind it, the eventfd for events
+/// the shim raises itself, and the epoll fd over both that the application holds as `fd`.
+pub struct Channel {
+    real: usize,
+    efd: c_int,
+    epfd: c_int,
+    /// Application CQs with a raised event to collect, in order.
+    queue: SpinLock<VecDeque<usize>>,
+    /// One taker of real events at a time (a check for readiness, then a read).
+    taking: SpinLock<()>,
+    /// CQs created on it (it cannot be destroyed before them).
+    cqs: AtomicUsize,
+}
+
+// SAFETY: the raw pointers inside are addresses the application and provider own; the shim
+// only passes them to thread-safe verbs.
+unsafe impl Send for Vcq {}
+// SAFETY: as above; mutable state is behind locks and atomics.
+unsafe impl Sync for Vcq {}
+
+impl Channel {
+    fn raise(&self, cq: usize) {
+        self.queue.lock().push_back(cq);
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes to our own eventfd.
+        unsafe { libc::write(self.efd, (&one as *const u64).cast(), 8) };
+    }
+
+    /// An event the shim raised, if any.
+    fn raised(&self) -> Option<usize> {
+        let mut v = 0u64;
+        // SAFETY: our own non-blocking semaphore eventfd.
+        let n = unsafe { libc::read(self.efd, (&mut v as *mut u64).cast(), 8) };
+        if n != 8 {
+            return None;
+        }
+        self.queue.lock().pop_front()
+    }
+
+    /// A real event, if one is ready: the CQ it names.
+    fn real_event(&self) -> Option<*mut IbvCq> {
+        let _one = self.taking.lock();
+        let realch = self.real as *mut IbvCompChannel;
+        let mut pfd = libc::pollfd {
+            // SAFETY: the real channel, alive as long as `self`.
+            fd: unsafe { (*realch).fd },
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no waiting.
+        if unsafe { libc::poll(&mut pfd, 1, 0) } != 1 {
+            return None;
+        }
+        let get = real_as::<GetCqEventFn>(c"ibv_get_cq_event", &REAL_GET_EVENT)?;
+        let mut cq: *mut IbvCq = ptr::null_mut();
+        let mut ctx: *mut c_void = ptr::null_mut();
+        // SAFETY: libibverbs' ibv_get_cq_event on the real channel, which has an event.
+        let rc = unsafe { get(realch, &mut cq, &mut ctx) };
+        (rc == 0 && !cq.is_null()).then_some(cq)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Registries
+// ---------------------------------------------------------------------------------------------
+
+/// The data path's index: application CQ address → its `Vcq`, open addressing, lock-free
+/// reads. Entries are written under `REG`'s lock; a removed entry becomes a tombstone.
+const INDEX: usize = 4096;
+const TOMB: usize = usize::MAX;
+static KEYS: [AtomicUsize; INDEX] = [const { AtomicUsize::new(0) }; INDEX];
+static VALS: [AtomicPtr<Vcq>; INDEX] = [const { AtomicPtr::new(ptr::null_mut()) }; INDEX];
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// Owners: application and dedicated CQ address → `Vcq`; application channel → `Channel`.
+type Owners = Option<HashMap<usize, Arc<Vcq>>>;
+static REG: SpinLock<Owners> = SpinLock::new(None);
+static CHANNELS: SpinLock<Option<HashMap<usize, Arc<Channel>>>> = SpinLock::new(None);
+/// Armed virtual CQs to look at again when the grant admits a completion: (when, which).
+static DEFERRED: SpinLock<Vec<(u64, Arc<Vcq>)>> = SpinLock::new(Vec::new());
+
+fn home(key: usize) -> usize {
+    ((key as u64 >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52) as usize % INDEX
+}
+
+/// The virtual CQ behind an application CQ, found without locks.
+pub fn find(cq: *mut IbvCq) -> Option<&'static Vcq> {
+    if LIVE.load(Relaxed) == 0 {
+        return None;
+    }
+    let key = cq as usize;
+    let mut i = home(key);
+    for _ in 0..INDEX {
+        match KEYS[i].load(Acquire) {
+            0 => return None,
+            k if k == key => {
+                // SAFETY: a value is stored before its key and freed only after the key is
+                // a tombstone and no other holder is left (`destroy_cq`).
+                return unsafe { VALS[i].load(Acquire).as_ref() };
+            }
+            _ => i = (i + 1) % INDEX,
+        }
+    }
+    None
+}
+
+fn index_insert(v: &Arc<Vcq>) -> bool {
+    let mut i = home(v.app);
+    for _ in 0..INDEX {
+        let k = KEYS[i].load(Relaxed);
+        if k == 0 || k == TOMB {
+            VALS[i].store(Arc::as_ptr(v).cast_mut(), Release);
+            KEYS[i].store(v.app, Release);
+            LIVE.fetch_add(1, Relaxed);
+            return true;
+        }
+        i = (i + 1) % INDEX;
+    }
+    false
+}
+
+fn index_remove(app: usize) {
+    let mut i = home(app);
+    for _ in 0..INDEX {
+        match KEYS[i].load(Relaxed) {
+            0 => return,
+            k if k == app => {
+                KEYS[i].store(TOMB, Release);
+                VALS[i].store(ptr::null_mut(), Release);
+                LIVE.fetch_sub(1, Relaxed);
+                return;
+            }
+            _ => i = (i + 1) % INDEX,
+        }
+    }
+}
+
+fn owner(cq: usize) -> Option<Arc<Vcq>> {
+    REG.lock().as_ref()?.get(&cq).cloned()
+}
+
+fn channel(ch: *mut IbvCompChannel) -> Option<Arc<Channel>> {
+    CHANNELS.lock().as_ref()?.get(&(ch as usize)).cloned()
+}
+
+/// Waits until `a` has no holder but the caller (the completion thread may be using it).
+fn exclusive<T>(a: &Arc<T>) {
+    for _ in 0..100_000 {
+        if Arc::strong_count(a) == 1 {
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(10));
+    }
+}
+
+pub fn lock_for_fork() {
+    REG.acquire();
+    CHANNELS.acquire();
+    DEFERRED.acquire();
+    THREAD.acquire();
+}
+
+pub fn unlock_after_fork() {
+    THREAD.release();
+    DEFERRED.release();
+    CHANNELS.release();
+    REG.release();
+}
+
+/// Puts an error completion for a send WR of `qp` into its virtual send CQ; `false` when
+/// the QP has none.
+///
+/// # Safety
+/// `qp` is a live QP.
+pub unsafe fn fail_send(qp: *mut IbvQp, wc: IbvWc) -> bool {
+    // SAFETY: per the contract.
+    let cq = unsafe { (*qp).send_cq } as usize;
+    match owner(cq).filter(|v| v.dedicated == cq) {
+        Some(v) => {
+            v.inject(wc);
+            true
+        }
+        None => false,
+    }
+}
+
+/// The dedicated CQ's application CQ (for `ibv_query_qp`), or `cq` itself.
+pub fn app_cq_of(cq: *mut IbvCq) -> *mut IbvCq {
+    match owner(cq as usize) {
+        Some(v) if v.dedicated == cq as usize => v.app as *mut IbvCq,
+        _ => cq,
+    }
+}
+
+/// The dedicated CQ to bind a QP to instead of the application's `cq`, or `cq` itself.
+fn dedicated_of(cq: *mut IbvCq) -> *mut IbvCq {
+    find(cq).map_or(cq, |v| v.dedicated as *mut IbvCq)
+}
+
+/// The application's CQs of a QP about to be created (to give back afterwards).
+pub type AppCqs = (*mut IbvCq, *mut IbvCq);
+
+/// Points QP creation attributes (`ibv_qp_init_attr`, or the same prefix of
+/// `ibv_qp_init_attr_ex`) at the dedicated CQs of the application's virtual CQs.
+///
+/// # Safety
+/// `attr` is null or the caller's valid attributes.
+pub unsafe fn bind_dedicated(attr: *mut IbvQpInitAttr) -> Option<AppCqs> {
+    // SAFETY: per the contract.
+    let a = unsafe { attr.as_mut() }?;
+    let app = (a.send_cq, a.recv_cq);
+    if let Ok((s, r)) = catch_unwind(|| (dedicated_of(app.0), dedicated_of(app.1))) {
+        (a.send_cq, a.recv_cq) = (s, r);
+    }
+    Some(app)
+}
+
+/// Gives the application its attributes back as they were.
+///
+/// # Safety
+/// `attr` is what [`bind_dedicated`] returned `app` for.
+pub unsafe fn unbind(attr: *mut IbvQpInitAttr, app: Option<AppCqs>) {
+    if let Some((s, r)) = app {
+        // SAFETY: per the contract, not null.
+        unsafe { ((*attr).send_cq, (*attr).recv_cq) = (s, r) };
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The data path
+// ---------------------------------------------------------------------------------------------
+
+/// What a poll of a virtual CQ found.
+pub struct Polled {
+    pub rc: c_int,
+    /// The grant held completions back.
+    pub held: bool,
+}
+
+impl Vcq {
+    /// `ibv_poll_cq` on the application's CQ.
+    ///
+    /// # Safety
+    /// `wc` holds `n` entries.
+    pub unsafe fn poll(&self, n: c_int, wc: *mut IbvWc) -> Polled {
+        let n = n.max(0) as usize;
+        let mut inner = self.inner.lock();
+        let mut got = 0usize;
+        while got < n {
+            let Some(w) = inner.ring.pop_front() else {
+                break;
+            };
+            // SAFETY: got < n, within the caller's array.
+            unsafe { wc.add(got).write(w) };
+            got += 1;
+        }
+        let mut held = false;
+        if got < n {
+            let want = (n - got) as u64;
+            let metered = govern::completions_metered();
+            let allow = if metered {
+                govern::completion_allowance(govern::now_ps(), want).unwrap_or(0)
+            } else {
+                want
+            };
+            if allow > 0 {
+                // SAFETY: the dedicated CQ is ours and alive while `self` is registered;
+                // room for `allow` entries remains in the caller's array.
+                let r = unsafe {
+                    (self.poll)(self.dedicated as *mut IbvCq, allow as c_int, wc.add(got))
+                };
+                if r < 0 {
+                    return Polled {
+                        rc: if got > 0 { got as c_int } else { r },
+                        held: false,
+                    };
+                }
+                if metered {
+                    govern::consume_completions(govern::now_ps(), r as u64);
+                }
+                inner.backlog = metered && r as u64 == allow && allow < want;
+                got += r as usize;
+            } else {
+                inner.backlog = true;
+            }
+            held = allow < want && inner.backlog;
+        }
+        // Armed with completions left behind: the real channel will not report them again.
+        let look_again = held && inner.armed && self.channel.is_some();
+        drop(inner);
+        if look_again {
+            if let Some(me) = owner(self.app) {
+                defer(govern::now_ps(), me);
+            }
+        }
+        if got == 0 {
+            // Completions of QPs bound to the application's CQ by a path the shim does not
+            // wrap.
+            // SAFETY: the application's own CQ and array.
+            let r = unsafe { (self.poll)(self.app as *mut IbvCq, n as c_int, wc) };
+            return Polled { rc: r, held };
+        }
+        Polled {
+            rc: got as c_int,
+            held,
+        }
+    }
+
+    /// Delivers `wc` (an error completion the shim makes for a WR it held back and the
+    /// provider then refused) after what is already in the ring.
+    fn inject(&self, wc: IbvWc) {
+        let mut inner = self.inner.lock();
+        // Completions of WRs posted before it come first, as the device would order them:
+        // moved regardless of the grant (a rare path).
+        let mut buf = [IbvWc::default(); MOVE_BATCH];
+        loop {
+            // SAFETY: the dedicated CQ is alive while registered; `buf` has room.
+            let r = unsafe {
+                (self.poll)(
+                    self.dedicated as *mut IbvCq,
+                    MOVE_BATCH as c_int,
+                    buf.as_mut_ptr(),
+                )
+            };
+            inner.ring.extend(&buf[..r.max(0) as usize]);
+            if r < MOVE_BATCH as c_int {
+                break;
+            }
+        }
+        inner.ring.push_back(wc);
+        let raise = inner.armed;
+        inner.armed = false;
+        drop(inner);
+        if let (true, Some(ch)) = (raise, &self.channel) {
+            ch.raise(self.app);
+        }
+    }
+
+    /// `ibv_req_notify_cq` on the application's CQ.
+    pub fn arm(&self, solicited_only: c_int) -> c_int {
+        let Some(notify) = self.notify else {
+            return libc::EOPNOTSUPP;
+        };
+        let backlog = {
+            let mut inner = self.inner.lock();
+            inner.armed = true;
+            inner.backlog
+        };
+        // Outside the lock: arming may cost the provider a round trip.
+        // SAFETY: the dedicated CQ is alive while `self` is registered.
+        let rc = unsafe { notify(self.dedicated as *mut IbvCq, solicited_only) };
+        if rc != 0 {
+            self.inner.lock().armed = false;
+            return rc;
+        }
+        if backlog && self.channel.is_some() {
+            if let Some(me) = owner(self.app) {
+                defer(govern::now_ps(), me);
+            }
+        }
+        0
+    }
+
+    /// Moves what the grant admits from the dedicated CQ into the ring; `Err(wait_ps)`
+    /// when it admits nothing yet.
+    fn refill(&self, inner: &mut Inner) -> Result<usize, u64> {
+        let room = self.capacity.load(Relaxed).saturating_sub(inner.ring.len()) as u64;
+        let now = govern::now_ps();
+        let allow = govern::completion_allowance(now, room.min(MOVE_BATCH as u64))?;
+        if allow == 0 {
+            return Ok(0);
+        }
+        let mut buf = [IbvWc::default(); MOVE_BATCH];
+        // SAFETY: the dedicated CQ is alive while registered; `buf` has room for `allow`.
+        let r = unsafe {
+            (self.poll)(
+                self.dedicated as *mut IbvCq,
+                allow as c_int,
+                buf.as_mut_ptr(),
+            )
+        };
+        let r = r.max(0) as usize;
+        govern::consume_completions(now, r as u64);
+        inner.ring.extend(&buf[..r]);
+        inner.backlog = r as u64 == allow;
+        Ok(r)
+    }
+
+    /// A real event for one of this virtual CQ's two CQs was taken by the application,
+    /// which gets it at once: a readable channel must yield an event. Under a polling grant
+    /// its completions move into the ring as far as the grant admits; what it holds back is
+    /// announced by a later event once admitted (the application re-arms after each event).
+    fn take_event(&self) {
+        let mut inner = self.inner.lock();
+        inner.armed = false;
+        if govern::completions_metered() && self.refill(&mut inner).is_err() {
+            inner.backlog = true;
+        }
+    }
+
+    /// The completion thread's look at an armed virtual CQ whose completions the grant
+    /// held back: raises the application's event once it has moved some.
+    fn examine(self: &Arc<Self>) {
+        let mut inner = self.inner.lock();
+        if !inner.armed {
+            return;
+        }
+        match self.refill(&mut inner) {
+            Ok(0) => {}
+            Ok(_) => {
+                inner.armed = false;
+                drop(inner);
+                if let Some(ch) = &self.channel {
+                    ch.raise(self.app);
+                    DELAYED_EVENTS.fetch_add(1, Relaxed);
+                }
+            }
+            Err(wait) => {
+                drop(inner);
+                defer(govern::now_ps() + wait, self.clone());
+            }
+        }
+    }
+}
+
+/// Completions moved into a ring at once.
+const MOVE_BATCH: usize = 64;
+
+fn defer(when: u64, v: Arc<Vcq>) {
+    {
+        let mut d = DEFERRED.lock();
+        match d.iter_mut().find(|(_, x)| Arc::ptr_eq(x, &v)) {
+            Some(e) => e.0 = e.0.min(when),
+            None => d.push((when, v)),
+        }
+    }
+    if let Some(t) = completion_thread() {
+        t.unpark();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The completion thread: raises held-back events when the grant admits them
+// ---------------------------------------------------------------------------------------------
+
+/// (pid, thread) of this process's completion thread (a forked child starts its own).
+static THREAD: SpinLock<Option<(u32, std::thread::Thread)>> = SpinLock::new(None);
+
+fn completion_thread() -> Option<std::thread::Thread> {
+    let pid = std::process::id();
+    let mut t = THREAD.lock();
+    if let Some((p, th)) = &*t {
+        if *p == pid {
+            return Some(th.clone());
+        }
+    }
+    let spawned = std::thread::Builder::new()
+        .name("drum-cq".into())
+        .spawn(|| loop {
+            match next_due() {
+                Some(d) if d.is_zero() => {}
+                Some(d) => std::thread::park_timeout(d),
+                None => std::thread::park(),
+            }
+            if catch_unwind(run_due).is_err() {
+                warn_once(
+                    Trouble::Completions,
+                    "internal error raising a held-back completion event",
+                );
+            }
+        });
+    match spawned {
+        Ok(h) => {
+            *t = Some((pid, h.thread().clone()));
+            Some(h.thread().clone())
+        }
+        Err(_) => {
+            warn_once(
+                Trouble::Completions,
+                "could not start the completion thread; held-back events are raised when the \
+                 application polls",
+            );
+            None
+        }
+    }
+}
+
+fn next_due() -> Option<Duration> {
+    let first = DEFERRED.lock().iter().map(|(t, _)| *t).min()?;
+    Some(Duration::from_nanos(
+        first.saturating_sub(govern::now_ps()) / 1000,
+    ))
+}
+
+fn run_due() {
+    let now = govern::now_ps();
+    let due: Vec<Arc<Vcq>> = {
+        let mut d = DEFERRED.lock();
+        let (due, keep): (Vec<_>, Vec<_>) = d.drain(..).partition(|(t, _)| *t <= now);
+        *d = keep;
+        due.into_iter().map(|(_, v)| v).collect()
+    };
+    for v in due {
+        v.examine();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Interposed verbs
+// ---------------------------------------------------------------------------------------------
+
+/// `ibv_create_comp_channel` for a governed context: the real channel behind the
+/// application's.
+///
+/// # Safety
+/// `ctx` is an open context.
+pub unsafe fn create_channel(ctx: *mut IbvContext) -> *mut IbvCompChannel {
+    let Some(f) = real_as::<CreateChannelFn>(c"ibv_create_comp_channel", &REAL_CREATE_CHANNEL)
+    else {
+        crate::set_errno(libc::ENOSYS);
+        return ptr::null_mut();
+    };
+    // SAFETY: the real function with the caller's argument.
+    let realch = unsafe { f(ctx) };
+    if realch.is_null() || !enabled() || crate::lookup(ctx).is_none() {
+        return realch;
+    }
+    // SAFETY: the real channel just made.
+    match unsafe { channel_over(ctx, realch) } {
+        Some(app) => app,
+        None => {
+            warn_once(
+                Trouble::Completions,
+                "could not make a completion channel of the shim; that channel's CQs get \
+                 their completions directly",
+            );
+            realch
+        }
+    }
+}
+
+/// The application's channel over `realch`: an epoll fd over the real channel's fd and a
+/// semaphore eventfd (one read per raised event).
+///
+/// # Safety
+/// `realch` is a live real channel of `ctx`.
+unsafe fn channel_over(
+    ctx: *mut IbvContext,
+    realch: *mut IbvCompChannel,
+) -> Option<*mut IbvCompChannel> {
+    // SAFETY: plain fd-creating syscalls.
+    let (efd, epfd) = unsafe {
+        (
+            libc::eventfd(
+                0,
+                libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE | libc::EFD_NONBLOCK,
+            ),
+            libc::epoll_create1(libc::EPOLL_CLOEXEC),
+        )
+    };
+    let watch = |fd: c_int| {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: valid fds and event.
+        unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) == 0 }
+    };
+    // SAFETY: the real channel's fd.
+    if efd < 0 || epfd < 0 || !watch(efd) || !watch(unsafe { (*realch).fd }) {
+        // SAFETY: closing what was made here (close(-1) is harmless).
+        unsafe {
+            libc::close(efd);
+            libc::close(epfd);
+        }
+        return None;
+    }
+    let app = Box::into_raw(Box::new(IbvCompChannel {
+        context: ctx,
+        fd: epfd,
+        refcnt: 0,
+    }));
+    let ch = Arc::new(Channel {
+        real: realch as usize,
+        efd,
+        epfd,
+        queue: SpinLock::new(VecDeque::new()),
+        taking: SpinLock::new(()),
+        cqs: AtomicUsize::new(0),
+    });
+    CHANNELS
+        .lock()
+        .get_or_insert_with(HashMap::new)
+        .insert(app as usize, ch);
+    Some(app)
+}
+
+/// `ibv_destroy_comp_channel`; `None` when the channel is not the shim's.
+///
+/// # Safety
+/// `ch` is a channel of the application.
+pub unsafe fn destroy_channel(ch: *mut IbvCompChannel) -> Option<c_int> {
+    let c = channel(ch)?;
+    if c.cqs.load(Relaxed) > 0 {
+        return Some(libc::EBUSY);
+    }
+    CHANNELS.lock().as_mut().map(|m| m.remove(&(ch as usize)));
+    exclusive(&c);
+    let rc = match real_as::<DestroyChannelFn>(c"ibv_destroy_comp_channel", &REAL_DESTROY_CHANNEL) {
+        // SAFETY: the real channel, without CQs.
+        Some(f) => unsafe { f(c.real as *mut IbvCompChannel) },
+        None => libc::ENOSYS,
+    };
+    // SAFETY: ours; the application gives its channel up with this call.
+    unsafe {
+        libc::close(c.efd);
+        libc::close(c.epfd);
+        drop(Box::from_raw(ch));
+    }
+    Some(rc)
+}
+
+/// `ibv_get_cq_event`; `None` when the channel is not the shim's. Blocks like the real
+/// one unless the application made the channel's fd non-blocking.
+///
+/// # Safety
+/// The application's arguments.
+pub unsafe fn get_event(
+    ch: *mut IbvCompChannel,
+    cq: *mut *mut IbvCq,
+    cq_context: *mut *mut c_void,
+) -> Option<c_int> {
+    let c = channel(ch)?;
+    let app = loop {
+        if let Some(app) = c.raised() {
+            break app as *mut IbvCq;
+        }
+        if let Some(got) = c.real_event() {
+            match owner(got as usize) {
+                Some(v) => {
+                    if let Some(ack) = real_as::<AckCqEventsFn>(c"ibv_ack_cq_events", &REAL_ACK) {
+                        // SAFETY: the one event just taken, on the CQ it named.
+                        unsafe { ack(got, 1) };
+                    }
+                    v.take_event();
+                    break v.app as *mut IbvCq;
+                }
+                // Not a virtual CQ: the application acknowledges the event itself.
+                None => break got,
+            }
+        }
+        // SAFETY: the channel's epoll fd.
+        let flags = unsafe { libc::fcntl(c.epfd, libc::F_GETFL) };
+        if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
+            crate::set_errno(libc::EAGAIN);
+            return Some(-1);
+        }
+        // Waits for either source, or until a held-back event falls due: then this thread
+        // raises it itself, sparing the application a hop through the completion thread.
+        let mut pfd = libc::pollfd {
+            fd: c.epfd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let due = next_due().map(|d| libc::timespec {
+            tv_sec: d.as_secs() as libc::time_t,
+            tv_nsec: d.subsec_nanos() as libc::c_long,
+        });
+        let ts = due
+            .as_ref()
+            .map_or(ptr::null(), |t| t as *const libc::timespec);
+        // SAFETY: one valid pollfd; `ts` is null or points to `due`.
+        if unsafe { libc::ppoll(&mut pfd, 1, ts, ptr::null()) } < 0 {
+            return Some(-1);
+        }
+        run_due();
+    };
+    EVENTS.fetch_add(1, Relaxed);
+    // SAFETY: the application's CQ (alive: it has an unacknowledged event) and out-pointers.
+    unsafe {
+        *cq = app;
+        *cq_context = (*app).cq_context;
+    }
+    Some(0)
+}
+
+/// `ibv_ack_cq_events`: the completion thread has acknowledged the real events of a
+/// virtual CQ already. `false` when `cq` is not virtual.
+pub fn ack(cq: *mut IbvCq) -> bool {
+    find(cq).is_some()
+}
+
+/// `ibv_create_cq` on a governed context: the application's CQ and its dedicated CQ.
+///
+/// # Safety
+/// The application's arguments.
+pub unsafe fn create_cq(
+    ctx: *mut IbvContext,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    ch: *mut IbvCompChannel,
+    vector: c_int,
+) -> *mut IbvCq {
+    let Some(f) = real_as::<CreateCqFn>(c"ibv_create_cq", &REAL_CREATE_CQ) else {
+        crate::set_errno(libc::ENOSYS);
+        return ptr::null_mut();
+    };
+    let chan = if ch.is_null() { None } else { channel(ch) };
+    let st = crate::lookup(ctx);
+    let virtualise = enabled() && (ch.is_null() || chan.is_some());
+    let (Some(st), true) = (st, virtualise) else {
+        // SAFETY: forwarding unchanged.
+        return unsafe { f(ctx, cqe, cq_context, ch, vector) };
+    };
+    let realch = chan
+        .as_ref()
+        .map_or(ptr::null_mut(), |c| c.real as *mut IbvCompChannel);
+    // SAFETY: the application's arguments, with the real channel behind its channel.
+    let app = unsafe { f(ctx, cqe, cq_context, realch, vector) };
+    if app.is_null() {
+        return app;
+    }
+    let Some(poll) = st.orig.poll_cq else {
+        return app;
+    };
+    // SAFETY: as above; the dedicated CQ has no context value of the application's.
+    let dedicated = unsafe { f(ctx, cqe, ptr::null_mut(), realch, vector) };
+    if dedicated.is_null() {
+        warn_once(
+            Trouble::Completions,
+            "could not create a dedicated CQ; the application's CQs get their completions \
+             directly",
+        );
+        return app;
+    }
+    let v = Arc::new(Vcq {
+        app: app as usize,
+        dedicated: dedicated as usize,
+        poll,
+        notify: st.orig.req_notify_cq,
+        // SAFETY: the CQ just created; the provider rounds its size up.
+        capacity: AtomicUsize::new(unsafe { (*app).cqe }.max(1) as usize),
+        channel: chan.clone(),
+        inner: SpinLock::new(Inner::default()),
+    });
+    let mut reg = REG.lock();
+    if !index_insert(&v) {
+        drop(reg);
+        warn_once(
+            Trouble::Completions,
+            "more than 4096 CQs; further ones get their completions directly",
+        );
+        if let Some(d) = real_as::<DestroyCqFn>(c"ibv_destroy_cq", &REAL_DESTROY_CQ) {
+            // SAFETY: our own, unused dedicated CQ.
+            unsafe { d(dedicated) };
+        }
+        return app;
+    }
+    let m = reg.get_or_insert_with(HashMap::new);
+    m.insert(app as usize, v.clone());
+    m.insert(dedicated as usize, v);
+    drop(reg);
+    if let Some(c) = chan {
+        c.cqs.fetch_add(1, Relaxed);
+    }
+    CREATED.fetch_add(1, Relaxed);
+    app
+}
+
+/// `ibv_destroy_cq`; `None` when `cq` is not virtual.
+///
+/// # Safety
+/// The application's CQ, which it no longer uses.
+pub unsafe fn destroy_cq(cq: *mut IbvCq) -> Option<c_int> {
+    let v = owner(cq as usize).filter(|v| v.app == cq as usize)?;
+    let Some(f) = real_as::<DestroyCqFn>(c"ibv_destroy_cq", &REAL_DESTROY_CQ) else {
+        return Some(libc::ENOSYS);
+    };
+    let unregister = || {
+        let mut reg = REG.lock();
+        index_remove(v.app);
+        if let Some(m) = reg.as_mut() {
+            m.remove(&v.app);
+            m.remove(&v.dedicated);
+        }
+        drop(reg);
+        DEFERRED.lock().retain(|(_, x)| !Arc::ptr_eq(x, &v));
+    };
+    unregister();
+    exclusive(&v);
+    // SAFETY: the dedicated CQ; the provider refuses while QPs are bound to it.
+    let rc = unsafe { f(v.dedicated as *mut IbvCq) };
+    if rc != 0 {
+        let mut reg = REG.lock();
+        index_insert(&v);
+        let m = reg.get_or_insert_with(HashMap::new);
+        m.insert(v.app, v.clone());
+        m.insert(v.dedicated, v.clone());
+        return Some(rc);
+    }
+    // SAFETY: the application's CQ, which it destroys.
+    let rc = unsafe { f(cq) };
+    if let Some(c) = &v.channel {
+        c.cqs.fetch_sub(1, Relaxed);
+    }
+    Some(rc)
+}
+
+/// `ibv_resize_cq`; `None` when `cq` is not virtual.
+///
+/// # Safety
+/// The application's arguments.
+pub unsafe fn resize_cq(cq: *mut IbvCq, cqe: c_int) -> Option<c_int> {
+    let v = find(cq)?;
+    let Some(f) = real_as::<ResizeCqFn>(c"ibv_resize_cq", &REAL_RESIZE_CQ) else {
+        return Some(libc::ENOSYS);
+    };
+    // SAFETY: our dedicated CQ, then the application's.
+    let rc = unsafe { f(v.dedicated as *mut IbvCq, cqe) };
+    if rc != 0 {
+        return Some(rc);
+    }
+    // SAFETY: as above.
+    let rc = unsafe { f(cq, cqe) };
+    // SAFETY: the application's CQ, just resized.
+    v.capacity
+        .store(unsafe { (*cq).cqe }.max(1) as usize, Relaxed);
+    Some(rc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    thread_local! {
+        /// What the fake provider's dedicated CQ holds.
+        static DEDICATED: RefCell<VecDeque<u64>> = const { RefCell::new(VecDeque::new()) };
+    }
+
+    unsafe extern "C" fn fake_poll(_: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c_int {
+        let mut k = 0;
+        DEDICATED.with(|d| {
+            while k < n {
+                let Some(id) = d.borrow_mut().pop_front() else {
+                    break;
+                };
+                // SAFETY: the caller's array holds n entries.
+                unsafe {
+                    wc.add(k as usize).write(IbvWc {
+                        wr_id: id,
+                        ..IbvWc::default()
+                    })
+                };
+                k += 1;
+            }
+        });
+        k
+    }
+
+    fn vcq(app: usize) -> Arc<Vcq> {
+        Arc::new(Vcq {
+            app,
+            dedicated: app + 8,
+            poll: fake_poll,
+            notify: None,
+            capacity: AtomicUsize::new(16),
+            channel: None,
+            inner: SpinLock::new(Inner::default()),
+        })
+    }
+
+    /// The lock-free index finds what was inserted, forgets what was removed, and reuses
+    /// the tombstone. Addresses that share a home slot probe past each other.
+    #[test]
+    fn index_finds_inserted_and_forgets_removed() {
+        let a = vcq(0x7000_0000);
+        let twin = (1..)
+            .map(|i| a.app + 16 * i)
+            .find(|k| home(*k) == home(a.app))
+            .unwrap();
+        let b = vcq(twin);
+        assert!(index_insert(&a) && index_insert(&b));
+        let found = |v: &Arc<Vcq>| find(v.app as *mut IbvCq).map(|f| f.app);
+        assert_eq!((found(&a), found(&b)), (Some(a.app), Some(b.app)));
+        index_remove(a.app);
+        assert_eq!((found(&a), found(&b)), (None, Some(b.app)));
+        assert!(index_insert(&a));
+        assert_eq!(found(&a), Some(a.app));
+        index_remove(a.app);
+        index_remove(b.app);
+        assert!(find(a.app as *mut IbvCq).is_none());
+    }
+
+    /// An error completion the shim makes comes after the completions of earlier WRs that
+    /// are still in the dedicated CQ, and polling returns everything in order.
+    #[test]
+    fn injected_error_follows_earlier_completions() {
+        let v = vcq(0x6000_0000);
+        DEDICATED.with(|d| d.borrow_mut().extend([1, 2]));
+        v.inject(IbvWc {
+            wr_id: 3,
+            status: IBV_WC_LOC_QP_OP_ERR,
+            ..IbvWc::default()
+        });
+        DEDICATED.with(|d| d.borrow_mut().push_back(4));
+        let mut wc = [IbvWc::default(); 8];
+        // SAFETY: an array of 8.
+        let p = unsafe { v.poll(8, wc.as_mut_ptr()) };
+        let ids: Vec<u64> = wc[..p.rc as usize].iter().map(|w| w.wr_id).collect();
+        assert_eq!(ids, [1, 2, 3, 4]);
+        assert_eq!(wc[2].status, IBV_WC_LOC_QP_OP_ERR);
+    }
+}
