@@ -11,17 +11,19 @@
 //! * polling: the application's own `ibv_poll_cq` moves completions from the dedicated CQ,
 //!   as many as the grant admits — no thread hop, so a busy poller's latency is unchanged;
 //! * events: the application's completion channel is the shim's. Its `fd` is an epoll fd
-//!   watching the real channel (where the dedicated CQs' events arrive) and an eventfd of
-//!   the shim's, so `poll`/`epoll` on it work as on a real channel. `ibv_get_cq_event`, in
-//!   the application's own thread, takes a real event, acknowledges it, and hands it on as
-//!   the application's CQ — unless the grant holds every completion back: then the shim's
-//!   completion thread moves them into the virtual CQ's ring when the grant admits them and
-//!   raises the event through the eventfd.
+//!   watching the real channel (where the dedicated CQs' events arrive), an eventfd for
+//!   events the shim raises, and a timerfd, so `poll`/`epoll` on it work as on a real
+//!   channel. `ibv_get_cq_event`, in the application's own thread, takes a real event,
+//!   acknowledges it, and hands it on as the application's CQ. Completions the grant holds
+//!   back are announced by an event the shim raises when the grant admits them: the
+//!   channel's timer is set to that moment, so the thread waiting on the channel wakes then
+//!   and raises it itself — no thread of the shim's in the path.
 //!
 //! Rules that keep an application from stalling: an armed virtual CQ whose completions were
-//! held back by the grant is looked at again by the completion thread when the grant next
-//! admits one; failures are caught per call and reported once; `DRUM_SHIM_VIRTUAL_CQ=0`
-//! turns the whole mechanism off (completions then go straight to the application's CQs).
+//! held back by the grant is looked at again when the grant next admits one; a readable
+//! channel yields an event; failures are caught per call and reported once;
+//! `DRUM_SHIM_VIRTUAL_CQ=0` turns the whole mechanism off (completions then go straight to
+//! the application's CQs).
 
 use crate::ffi::*;
 use crate::govern;
@@ -73,7 +75,7 @@ pub struct Vcq {
 
 #[derive(Default)]
 struct Inner {
-    /// Completions the completion thread moved for an event, not yet polled.
+    /// Completions moved for an event, not yet polled.
     ring: VecDeque<IbvWc>,
     /// Armed by the application (`ibv_req_notify_cq`; the dedicated CQ is armed alike).
     armed: bool,
@@ -86,6 +88,9 @@ struct Inner {
 pub struct Channel {
     real: usize,
     efd: c_int,
+    /// Fires when a held-back event of one of its CQs falls due, so that whoever waits on
+    /// the channel wakes and raises it.
+    tfd: c_int,
     epfd: c_int,
     /// Application CQs with a raised event to collect, in order.
     queue: SpinLock<VecDeque<usize>>,
@@ -107,6 +112,30 @@ impl Channel {
         let one: u64 = 1;
         // SAFETY: writing 8 bytes to our own eventfd.
         unsafe { libc::write(self.efd, (&one as *const u64).cast(), 8) };
+    }
+
+    /// Sets the timer to the earliest deferred look at one of this channel's CQs (or
+    /// disarms it); setting it also clears an expiry already signalled.
+    fn refresh_timer(self: &Arc<Self>) {
+        let first = DEFERRED
+            .lock()
+            .iter()
+            .filter(|(_, v)| v.channel.as_ref().is_some_and(|c| Arc::ptr_eq(c, self)))
+            .map(|(t, _)| *t)
+            .min();
+        let ns = first.map_or(0, |t| (t.saturating_sub(govern::now_ps()) / 1000).max(1));
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: (ns / 1_000_000_000) as libc::time_t,
+                tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+            },
+        };
+        // SAFETY: our own timerfd and a valid specification.
+        unsafe { libc::timerfd_settime(self.tfd, 0, &spec, ptr::null_mut()) };
     }
 
     /// An event the shim raised, if any.
@@ -226,7 +255,7 @@ fn channel(ch: *mut IbvCompChannel) -> Option<Arc<Channel>> {
     CHANNELS.lock().as_ref()?.get(&(ch as usize)).cloned()
 }
 
-/// Waits until `a` has no holder but the caller (the completion thread may be using it).
+/// Waits until `a` has no holder but the caller (another thread may be using it).
 fn exclusive<T>(a: &Arc<T>) {
     for _ in 0..100_000 {
         if Arc::strong_count(a) == 1 {
@@ -240,11 +269,9 @@ pub fn lock_for_fork() {
     REG.acquire();
     CHANNELS.acquire();
     DEFERRED.acquire();
-    THREAD.acquire();
 }
 
 pub fn unlock_after_fork() {
-    THREAD.release();
     DEFERRED.release();
     CHANNELS.release();
     REG.release();
@@ -481,8 +508,8 @@ impl Vcq {
         }
     }
 
-    /// The completion thread's look at an armed virtual CQ whose completions the grant
-    /// held back: raises the application's event once it has moved some.
+    /// The deferred look at an armed virtual CQ whose completions the grant held back:
+    /// raises the application's event once it has moved some.
     fn examine(self: &Arc<Self>) {
         let mut inner = self.inner.lock();
         if !inner.armed {
@@ -510,6 +537,7 @@ impl Vcq {
 const MOVE_BATCH: usize = 64;
 
 fn defer(when: u64, v: Arc<Vcq>) {
+    let ch = v.channel.clone();
     {
         let mut d = DEFERRED.lock();
         match d.iter_mut().find(|(_, x)| Arc::ptr_eq(x, &v)) {
@@ -517,64 +545,12 @@ fn defer(when: u64, v: Arc<Vcq>) {
             None => d.push((when, v)),
         }
     }
-    if let Some(t) = completion_thread() {
-        t.unpark();
+    if let Some(ch) = ch {
+        ch.refresh_timer();
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// The completion thread: raises held-back events when the grant admits them
-// ---------------------------------------------------------------------------------------------
-
-/// (pid, thread) of this process's completion thread (a forked child starts its own).
-static THREAD: SpinLock<Option<(u32, std::thread::Thread)>> = SpinLock::new(None);
-
-fn completion_thread() -> Option<std::thread::Thread> {
-    let pid = std::process::id();
-    let mut t = THREAD.lock();
-    if let Some((p, th)) = &*t {
-        if *p == pid {
-            return Some(th.clone());
-        }
-    }
-    let spawned = std::thread::Builder::new()
-        .name("drum-cq".into())
-        .spawn(|| loop {
-            match next_due() {
-                Some(d) if d.is_zero() => {}
-                Some(d) => std::thread::park_timeout(d),
-                None => std::thread::park(),
-            }
-            if catch_unwind(run_due).is_err() {
-                warn_once(
-                    Trouble::Completions,
-                    "internal error raising a held-back completion event",
-                );
-            }
-        });
-    match spawned {
-        Ok(h) => {
-            *t = Some((pid, h.thread().clone()));
-            Some(h.thread().clone())
-        }
-        Err(_) => {
-            warn_once(
-                Trouble::Completions,
-                "could not start the completion thread; held-back events are raised when the \
-                 application polls",
-            );
-            None
-        }
-    }
-}
-
-fn next_due() -> Option<Duration> {
-    let first = DEFERRED.lock().iter().map(|(t, _)| *t).min()?;
-    Some(Duration::from_nanos(
-        first.saturating_sub(govern::now_ps()) / 1000,
-    ))
-}
-
+/// Looks at every deferred virtual CQ that is due.
 fn run_due() {
     let now = govern::now_ps();
     let due: Vec<Arc<Vcq>> = {
@@ -632,11 +608,15 @@ unsafe fn channel_over(
     realch: *mut IbvCompChannel,
 ) -> Option<*mut IbvCompChannel> {
     // SAFETY: plain fd-creating syscalls.
-    let (efd, epfd) = unsafe {
+    let (efd, tfd, epfd) = unsafe {
         (
             libc::eventfd(
                 0,
                 libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE | libc::EFD_NONBLOCK,
+            ),
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_CLOEXEC | libc::TFD_NONBLOCK,
             ),
             libc::epoll_create1(libc::EPOLL_CLOEXEC),
         )
@@ -650,10 +630,12 @@ unsafe fn channel_over(
         unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) == 0 }
     };
     // SAFETY: the real channel's fd.
-    if efd < 0 || epfd < 0 || !watch(efd) || !watch(unsafe { (*realch).fd }) {
+    let made = efd >= 0 && tfd >= 0 && epfd >= 0;
+    if !made || !watch(efd) || !watch(tfd) || !watch(unsafe { (*realch).fd }) {
         // SAFETY: closing what was made here (close(-1) is harmless).
         unsafe {
             libc::close(efd);
+            libc::close(tfd);
             libc::close(epfd);
         }
         return None;
@@ -666,6 +648,7 @@ unsafe fn channel_over(
     let ch = Arc::new(Channel {
         real: realch as usize,
         efd,
+        tfd,
         epfd,
         queue: SpinLock::new(VecDeque::new()),
         taking: SpinLock::new(()),
@@ -697,6 +680,7 @@ pub unsafe fn destroy_channel(ch: *mut IbvCompChannel) -> Option<c_int> {
     // SAFETY: ours; the application gives its channel up with this call.
     unsafe {
         libc::close(c.efd);
+        libc::close(c.tfd);
         libc::close(c.epfd);
         drop(Box::from_raw(ch));
     }
@@ -715,6 +699,9 @@ pub unsafe fn get_event(
 ) -> Option<c_int> {
     let c = channel(ch)?;
     let app = loop {
+        // Held-back events that fell due are raised by the thread that waits for them.
+        run_due();
+        c.refresh_timer();
         if let Some(app) = c.raised() {
             break app as *mut IbvCq;
         }
@@ -738,25 +725,12 @@ pub unsafe fn get_event(
             crate::set_errno(libc::EAGAIN);
             return Some(-1);
         }
-        // Waits for either source, or until a held-back event falls due: then this thread
-        // raises it itself, sparing the application a hop through the completion thread.
-        let mut pfd = libc::pollfd {
-            fd: c.epfd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let due = next_due().map(|d| libc::timespec {
-            tv_sec: d.as_secs() as libc::time_t,
-            tv_nsec: d.subsec_nanos() as libc::c_long,
-        });
-        let ts = due
-            .as_ref()
-            .map_or(ptr::null(), |t| t as *const libc::timespec);
-        // SAFETY: one valid pollfd; `ts` is null or points to `due`.
-        if unsafe { libc::ppoll(&mut pfd, 1, ts, ptr::null()) } < 0 {
+        let mut ev = libc::epoll_event { events: 0, u64: 0 };
+        // SAFETY: waits on our epoll fd until a source (real channel, raised event, timer)
+        // has something.
+        if unsafe { libc::epoll_wait(c.epfd, &mut ev, 1, -1) } < 0 {
             return Some(-1);
         }
-        run_due();
     };
     EVENTS.fetch_add(1, Relaxed);
     // SAFETY: the application's CQ (alive: it has an unacknowledged event) and out-pointers.
@@ -767,8 +741,8 @@ pub unsafe fn get_event(
     Some(0)
 }
 
-/// `ibv_ack_cq_events`: the completion thread has acknowledged the real events of a
-/// virtual CQ already. `false` when `cq` is not virtual.
+/// `ibv_ack_cq_events`: the shim acknowledged the real events of a virtual CQ when it
+/// took them. `false` when `cq` is not virtual.
 pub fn ack(cq: *mut IbvCq) -> bool {
     find(cq).is_some()
 }

@@ -184,8 +184,7 @@ fn bw_mib(o: &Output, who: &str) -> f64 {
 }
 
 /// Granted 10 %, 30 % and 60 % of a 1 Gb/s line, an unmodified `ib_write_bw` achieves its
-/// grant within ±5 %, measured by perftest itself; granted 1,500 completions per second,
-/// our event-driven probe receives them at that rate within ±5 %.
+/// grant within ±5 %, measured by perftest itself.
 #[test]
 fn agent_grants_hold_ib_write_bw_to_10_30_and_60_percent_of_line_rate() {
     require_privileges!();
@@ -199,8 +198,7 @@ fn agent_grants_hold_ib_write_bw_to_10_30_and_60_percent_of_line_rate() {
         &run.dir,
         "agent",
         1.0,
-        "[shim.apps.bw10]\nrate = 0.1\n[shim.apps.bw30]\nrate = 0.3\n[shim.apps.bw60]\nrate = 0.6\n\
-         [shim.apps.poll1500]\nrate_cqe_per_s = 1500\n",
+        "[shim.apps.bw10]\nrate = 0.1\n[shim.apps.bw30]\nrate = 0.3\n[shim.apps.bw60]\nrate = 0.6\n",
     );
     let mut report = Vec::new();
     for (app, frac) in [("bw10", 0.1), ("bw30", 0.3), ("bw60", 0.6)] {
@@ -230,18 +228,70 @@ fn agent_grants_hold_ib_write_bw_to_10_30_and_60_percent_of_line_rate() {
             report.join("; ")
         );
     }
-    // A polling grant: the event-driven probe receives 1,500 completions per second.
+    eprintln!("{}", report.join("; "));
+}
+
+/// A polling grant (`rate_cqe_per_s` pinned by the agent) meters the completions an
+/// application receives: our event-driven probe, and unmodified `ibv_rc_pingpong` polling
+/// and in event mode (two completions per iteration on each side), all get the granted
+/// rate within 5 %.
+#[test]
+fn polling_grant_meters_completions_for_polling_and_event_driven_programs() {
+    require_privileges!();
+    let _turn = take_turn();
+    let grant = 1000.0;
+    let run = Run::new("cqe-grant");
+    run.up(&["--hosts", "2"]);
+    let agent = Agent::start(
+        &run.dir,
+        "agent",
+        1.0,
+        "[shim.apps.poller]\nrate_cqe_per_s = 1000\n",
+    );
+    let env = agent.env("poller");
     let bin = compile_probe(&run, "vcq_probe");
     let out = run_timeout(
-        &mut run.exec("h1", &[&bin, "1500"], true, &agent.env("poll1500")),
+        &mut run.exec("h1", &[&bin, "1000"], true, &env),
         Duration::from_secs(60),
     );
-    assert_ok(&out, "poll1500");
-    let rate = probe_rate(&out, "poll1500");
-    report.push(format!("poll1500: {rate:.0} completions/s of 1500"));
-    assert_eq!(summary(&out, "poll1500")["rate_cqe_per_s"], 1500);
-    assert!((rate / 1500.0 - 1.0).abs() <= 0.05, "{}", report.join("; "));
-    eprintln!("{}", report.join("; "));
+    assert_ok(&out, "vcq_probe");
+    let rate = probe_rate(&out, "vcq_probe");
+    let mut report = vec![format!("vcq_probe: {rate:.0}/s")];
+    let s = summary(&out, "vcq_probe");
+    assert_eq!(s["rate_cqe_per_s"], 1000, "{s:?}");
+    assert!(s["delayed_cq_events"] > 0, "{}", text(&out));
+    assert!(
+        (rate / grant - 1.0).abs() <= 0.05,
+        "vcq_probe: {rate} completions/s under a grant of {grant}"
+    );
+    for mode in [&[][..], &["-e"][..]] {
+        let mut args = vec!["ibv_rc_pingpong", "-g", "0", "-c", "-n", "500"];
+        args.extend_from_slice(mode);
+        let who = format!("{args:?} at {grant} completions/s");
+        let (server, client) = pair_env(&run, &args, true, &env);
+        assert_pair_ok(&server, &client, &who);
+        for o in [&server, &client] {
+            let out = String::from_utf8_lossy(&o.stdout);
+            let secs: f64 = out
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("500 iters in ")?
+                        .split(' ')
+                        .next()?
+                        .parse()
+                        .ok()
+                })
+                .unwrap_or_else(|| panic!("{who}: {out}"));
+            let rate = 2.0 * 500.0 / secs;
+            report.push(format!("{mode:?}: {rate:.0}/s"));
+            assert!(
+                (rate / grant - 1.0).abs() <= 0.05,
+                "{who}: {rate} completions/s ({secs} s); {}",
+                report.join(", ")
+            );
+        }
+    }
+    eprintln!("{}", report.join(", "));
 }
 
 /// 64 active QPs on a NIC whose context cache holds 20: with the agent granting 16 active
