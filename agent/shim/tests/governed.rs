@@ -75,6 +75,10 @@ impl Agent {
     }
 
     fn restart(&mut self) {
+        // What a killed agent left behind must not pass for the new one's: its status file
+        // (the test would read stale counters) and its socket (taken for the new one's).
+        let _ = std::fs::remove_file(&self.status);
+        let _ = std::fs::remove_file(&self.socket);
         let agent = built("drum-agent");
         let mut c = match self.launcher.take() {
             Some(mut l) => {
