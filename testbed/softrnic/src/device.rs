@@ -24,6 +24,7 @@ pub const MAX_SGE: u32 = 32;
 pub const MAX_CQ: u32 = 4096;
 pub const MAX_CQE: u32 = 65536;
 pub const MAX_MR: u32 = 65536;
+pub const MAX_MW: u32 = 65536;
 pub const MAX_PD: u32 = 4096;
 pub const MAX_RD_ATOM: u32 = 16;
 pub const MAX_SRQ: u32 = 4096;
@@ -105,13 +106,15 @@ pub fn fill_device_attr(a: &mut IbvDeviceAttr, guid: u64) {
     a.hw_ver = 1;
     a.max_qp = MAX_QP as i32;
     a.max_qp_wr = MAX_QP_WR as i32;
-    // IBV_DEVICE_RC_RNR_NAK_GEN: the responder generates RNR NAKs.
-    a.device_cap_flags = 1 << 12;
+    // IBV_DEVICE_RC_RNR_NAK_GEN: the responder generates RNR NAKs; MEM_WINDOW and
+    // MEM_WINDOW_TYPE_2B: memory windows of type 1 and 2 (2B: bound to one QP).
+    a.device_cap_flags = 1 << 12 | 1 << 17 | 1 << 24;
     a.max_sge = MAX_SGE as i32;
     a.max_sge_rd = MAX_SGE as i32;
     a.max_cq = MAX_CQ as i32;
     a.max_cqe = MAX_CQE as i32;
     a.max_mr = MAX_MR as i32;
+    a.max_mw = MAX_MW as i32;
     a.max_pd = MAX_PD as i32;
     a.max_qp_rd_atom = MAX_RD_ATOM as i32;
     a.max_res_rd_atom = (MAX_RD_ATOM * MAX_QP) as i32;

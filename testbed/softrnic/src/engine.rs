@@ -22,9 +22,11 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 
 use crate::device;
+use crate::events::{EventQueue, Obj};
 use crate::faults::{FaultConfig, LinkInjector};
 use crate::ffi::consts::*;
 use crate::ffi::{mtu_bytes, IbvWc};
+use crate::mw::{BindReq, MrView, Mw};
 use crate::nic::{NicConfig, Pipeline};
 use crate::proto::{self, Caps, QpAttrs, RecvWr, Req, Resp, SendWr, Sge};
 use crate::ring::{self, Doorbell, Map, QpLayout, Ring};
@@ -182,20 +184,26 @@ struct Cq {
     conn: u64,
     cap: usize,
     q: VecDeque<IbvWc>,
-    /// Completion channel (0: none), the application's `ibv_cq *`, and whether armed.
+    /// Completion channel (0: none), the application's `ibv_cq *`, whether armed, and whether
+    /// only for solicited (or error) completions.
     channel: u32,
     user: u64,
     armed: bool,
+    solicited_only: bool,
     /// Completion ring shared with the application (then `q` stays empty).
     ring: Option<(Map, Ring)>,
+    /// A completion was lost to a full CQ (reported once, as `IBV_EVENT_CQ_ERR`).
+    overflowed: bool,
 }
 
-/// A completion channel: the event stream is a second connection of the owning process.
+/// A completion channel, or a context's asynchronous event stream (`events` set): the
+/// stream is a second connection of the owning process.
 struct Channel {
     conn: u64,
     pid: i32,
     token: u64,
     sink: Option<UnixStream>,
+    events: Option<EventQueue>,
 }
 
 struct SqWqe {
@@ -227,6 +235,11 @@ struct Srq {
     max_wr: u32,
     max_sge: u32,
     q: VecDeque<RecvWr>,
+    /// Armed limit (0: disarmed): when fewer receives than this remain queued, the engine
+    /// raises `IBV_EVENT_SRQ_LIMIT_REACHED` once and disarms.
+    limit: u32,
+    /// The application's `struct ibv_srq *` (for asynchronous events).
+    user: u64,
 }
 
 struct CurRecv {
@@ -273,6 +286,10 @@ struct Qp {
     atomic_cache: VecDeque<(u32, u64)>,
     /// Work-request rings shared with the application.
     rings: Option<QpRings>,
+    /// The application's `struct ibv_qp *` (for asynchronous events).
+    user: u64,
+    /// `IBV_EVENT_COMM_EST` was raised (the first packet that arrived in RTR).
+    comm_est: bool,
 }
 
 /// A QP's send and receive rings, and how far the engine has consumed them.
@@ -334,6 +351,8 @@ struct State {
     channels: HashMap<u32, Channel>,
     qps: HashMap<u32, Qp>,
     srqs: HashMap<u32, Srq>,
+    /// Memory windows by index (rkey >> 8).
+    mws: HashMap<u32, Mw>,
     /// This host's address (the destination in the GRH of received UD datagrams).
     my_ip: Ipv4Addr,
     rr: VecDeque<u32>,
@@ -588,6 +607,7 @@ impl State {
             channels: HashMap::new(),
             qps: HashMap::new(),
             srqs: HashMap::new(),
+            mws: HashMap::new(),
             my_ip: Ipv4Addr::LOCALHOST,
             rr: VecDeque::new(),
             counters: Counters::default(),
@@ -620,6 +640,12 @@ impl State {
         }
         self.rr.retain(|q| *q != qpn);
         self.nic.cache.remove(qpn);
+        // Type 2 windows bound to it lose their binding with it.
+        for w in self.mws.values_mut() {
+            if w.kind == IBV_MW_TYPE_2 && w.bound.is_some_and(|b| b.qpn == qpn) {
+                w.bound = None;
+            }
+        }
     }
 
     /// A packet for a QP that no longer exists: re-acknowledge a duplicate from the peer of a
@@ -691,49 +717,119 @@ impl State {
     }
 
     fn push_cqe(&mut self, cq: u32, wc: IbvWc) {
+        self.push_cqe_solicited(cq, wc, false);
+    }
+
+    /// Add a completion; `solicited`: a receive completion of a message its sender marked
+    /// solicited (it alone, or an error completion, fires a CQ armed solicited-only).
+    fn push_cqe_solicited(&mut self, cq: u32, wc: IbvWc, solicited: bool) {
         // The QP's retired work requests are published before its completion, so that an
         // application that posts again after polling finds the room.
         self.sync_done(wc.qp_num);
-        if let Some(c) = self.cqs.get_mut(&cq) {
-            if let Some((m, r)) = &c.ring {
-                let prod = r.prod(m).load(Ordering::Relaxed);
-                let cons = r.cons(m).load(Ordering::Acquire);
-                if prod.wrapping_sub(cons) >= r.n {
-                    eprintln!("softrnic engine: CQ {cq} overflow, completion lost");
-                    return;
-                }
+        let Some(c) = self.cqs.get_mut(&cq) else {
+            return;
+        };
+        let stored = if let Some((m, r)) = &c.ring {
+            let prod = r.prod(m).load(Ordering::Relaxed);
+            let cons = r.cons(m).load(Ordering::Acquire);
+            let room = prod.wrapping_sub(cons) < r.n;
+            if room {
                 m.write(r.slot_off(prod), &ring::wc_bytes(&wc));
                 r.prod(m).store(prod.wrapping_add(1), Ordering::Release);
                 self.counters.ring_cqes += 1;
-            } else if c.q.len() < c.cap {
-                c.q.push_back(wc);
-            } else {
-                eprintln!("softrnic engine: CQ {cq} overflow, completion lost");
-                return;
             }
-            if c.armed && c.channel != 0 {
-                c.armed = false;
-                let ev = c.user.to_ne_bytes();
-                if let Some(sink) = self
-                    .channels
-                    .get(&c.channel)
-                    .and_then(|ch| ch.sink.as_ref())
-                {
-                    // SAFETY: sends 8 bytes from a live buffer on a socket we own; MSG_DONTWAIT
-                    // so a process that does not read its events cannot stall the engine.
-                    let n = unsafe {
-                        libc::send(
-                            sink.as_raw_fd(),
-                            ev.as_ptr() as *const libc::c_void,
-                            ev.len(),
-                            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                        )
-                    };
-                    if n != ev.len() as isize {
-                        eprintln!("softrnic engine: completion event for CQ {cq} lost");
-                    }
-                }
+            room
+        } else if c.q.len() < c.cap {
+            c.q.push_back(wc);
+            true
+        } else {
+            false
+        };
+        if !stored {
+            eprintln!("softrnic engine: CQ {cq} overflow, completion lost");
+            if !std::mem::replace(&mut c.overflowed, true) {
+                let (conn, user) = (c.conn, c.user);
+                self.raise(conn, Obj::Cq(cq), user, IBV_EVENT_CQ_ERR);
             }
+            return;
+        }
+        let fires = !c.solicited_only || solicited || wc.status != IBV_WC_SUCCESS;
+        if c.armed && c.channel != 0 && fires {
+            c.armed = false;
+            let sink = self
+                .channels
+                .get(&c.channel)
+                .and_then(|ch| ch.sink.as_ref());
+            if !sink.is_some_and(|s| send_nowait(s, &c.user.to_ne_bytes())) {
+                eprintln!("softrnic engine: completion event for CQ {cq} lost");
+            }
+        }
+    }
+
+    /// Raise an asynchronous event on connection `conn`'s event stream (dropped if the context
+    /// has none, e.g. a provider that did not open one).
+    fn raise(&mut self, conn: u64, obj: Obj, element: u64, event_type: u32) {
+        let Some((id, q)) = self.event_queue(conn) else {
+            return;
+        };
+        if !q.push(obj, element, event_type) {
+            eprintln!("softrnic engine: async event {event_type} dropped (queue full)");
+        }
+        self.pump_events(id);
+    }
+
+    /// The channel id and event queue of connection `conn`'s asynchronous event stream.
+    fn event_queue(&mut self, conn: u64) -> Option<(u32, &mut EventQueue)> {
+        self.channels
+            .iter_mut()
+            .filter(|(_, c)| c.conn == conn)
+            .find_map(|(&id, c)| Some((id, c.events.as_mut()?)))
+    }
+
+    /// An asynchronous event of a QP, for the application's `ibv_qp *`.
+    fn raise_qp(&mut self, qpn: u32, event_type: u32) {
+        if let Some(q) = self.qps.get(&qpn) {
+            let (conn, user) = (q.conn, q.user);
+            self.raise(conn, Obj::Qp(qpn), user, event_type);
+        }
+    }
+
+    /// Write the next record of event stream `id` if the application has read the last one.
+    fn pump_events(&mut self, id: u32) {
+        let Some(ch) = self.channels.get_mut(&id) else {
+            return;
+        };
+        let (Some(sink), Some(q)) = (ch.sink.as_ref(), ch.events.as_mut()) else {
+            return;
+        };
+        if let Some(r) = q.next_record() {
+            if !send_nowait(sink, &r) {
+                // Only a closed or broken stream refuses 16 bytes into an empty socket.
+                eprintln!("softrnic engine: async event lost");
+                q.consumed(true);
+            }
+        }
+    }
+
+    /// The connection's event stream: the record on it is gone (read or taken back).
+    fn async_event_read(&mut self, conn: u64, taken_back: bool) -> Resp {
+        let Some((id, q)) = self.event_queue(conn) else {
+            return err(libc::EINVAL);
+        };
+        q.consumed(taken_back);
+        self.pump_events(id);
+        Resp::Unit
+    }
+
+    /// An object of connection `conn` is destroyed: its unread events go with it; the answer
+    /// tells the provider what to wait for (see [`crate::events`]).
+    fn forget_events(&mut self, conn: u64, obj: Obj) -> Resp {
+        let (events_reported, event_unread) = self
+            .event_queue(conn)
+            .map_or((0, false), |(_, q)| q.forget(obj));
+        Resp::Destroyed {
+            events_reported,
+            event_unread,
         }
     }
 
@@ -742,6 +838,8 @@ impl State {
         match self.channels.get_mut(&id) {
             Some(ch) if ch.pid == pid && ch.token == token && ch.sink.is_none() => {
                 ch.sink = Some(s);
+                // An event stream may have events waiting already.
+                self.pump_events(id);
                 Resp::Unit
             }
             _ => err(libc::EINVAL),
@@ -770,7 +868,8 @@ impl State {
                 }
                 let busy = self.mrs.values().any(|m| m.pd == pd)
                     || self.qps.values().any(|q| q.pd == pd)
-                    || self.srqs.values().any(|q| q.pd == pd);
+                    || self.srqs.values().any(|q| q.pd == pd)
+                    || self.mws.values().any(|w| w.pd == pd);
                 if busy {
                     return err(libc::EBUSY);
                 }
@@ -826,7 +925,47 @@ impl State {
             }
             Req::DeregMr { lkey } => match self.mrs.get(&lkey) {
                 Some(m) if m.conn == conn => {
+                    // Windows bound over it keep it (as the kernel refuses with EBUSY).
+                    if self
+                        .mws
+                        .values()
+                        .any(|w| w.bound.is_some_and(|b| b.mr == lkey))
+                    {
+                        return err(libc::EBUSY);
+                    }
                     self.mrs.remove(&lkey);
+                    Resp::Unit
+                }
+                _ => err(libc::EINVAL),
+            },
+            Req::AllocMw { pd, mw_type } => {
+                if self.pds.get(&pd) != Some(&conn) {
+                    return err(libc::EINVAL);
+                }
+                if !matches!(mw_type, IBV_MW_TYPE_1 | IBV_MW_TYPE_2) {
+                    return err(libc::EINVAL);
+                }
+                if self.mws.len() >= device::MAX_MW as usize {
+                    return err(libc::ENOMEM);
+                }
+                // Keys come from the MRs' allocator, so window and MR keys never collide.
+                let rkey = self.next_key;
+                self.next_key = self.next_key.wrapping_add(0x101);
+                self.mws.insert(
+                    rkey >> 8,
+                    Mw {
+                        conn,
+                        pd,
+                        kind: mw_type,
+                        rkey,
+                        bound: None,
+                    },
+                );
+                Resp::Handle(rkey)
+            }
+            Req::DeallocMw { rkey } => match self.mws.get(&(rkey >> 8)) {
+                Some(w) if w.conn == conn => {
+                    self.mws.remove(&(rkey >> 8));
                     Resp::Unit
                 }
                 _ => err(libc::EINVAL),
@@ -839,7 +978,7 @@ impl State {
                     && self
                         .channels
                         .get(&channel)
-                        .is_none_or(|c| c.conn != conn || c.sink.is_none())
+                        .is_none_or(|c| c.conn != conn || c.sink.is_none() || c.events.is_some())
                 {
                     return err(libc::EINVAL);
                 }
@@ -856,12 +995,19 @@ impl State {
                         channel,
                         user,
                         armed: false,
+                        solicited_only: false,
                         ring: None,
+                        overflowed: false,
                     },
                 );
                 Resp::Cq { handle: h, cqe }
             }
-            Req::CreateChannel => {
+            Req::CreateChannel | Req::CreateAsyncChannel => {
+                let events = matches!(req, Req::CreateAsyncChannel).then(EventQueue::default);
+                if events.is_some() && self.event_queue(conn).is_some() {
+                    // One asynchronous event stream per context.
+                    return err(libc::EBUSY);
+                }
                 let id = self.handle();
                 self.channels.insert(
                     id,
@@ -870,6 +1016,7 @@ impl State {
                         pid,
                         token: random_u64(),
                         sink: None,
+                        events,
                     },
                 );
                 Resp::Channel {
@@ -877,12 +1024,36 @@ impl State {
                     token: self.channels[&id].token,
                 }
             }
+            Req::UserHandle { kind, handle, user } => {
+                let slot = match kind {
+                    1 => self
+                        .qps
+                        .get_mut(&handle)
+                        .filter(|q| q.conn == conn)
+                        .map(|q| &mut q.user),
+                    2 => self
+                        .srqs
+                        .get_mut(&handle)
+                        .filter(|s| s.conn == conn)
+                        .map(|s| &mut s.user),
+                    _ => None,
+                };
+                match slot {
+                    Some(u) => {
+                        *u = user;
+                        Resp::Unit
+                    }
+                    None => err(libc::EINVAL),
+                }
+            }
+            Req::AsyncEventRead { taken_back } => self.async_event_read(conn, taken_back),
             // Only valid as the first request of its own connection (see serve_conn).
             Req::AttachChannel { .. } => err(libc::EINVAL),
-            // Solicited-only is treated as "any completion": an extra event is harmless (the
-            // application polls), a missing one would hang it.
-            Req::ReqNotifyCq { cq, .. } => match self.cqs.get_mut(&cq) {
+            // Arming for any completion while armed solicited-only widens the arming (the
+            // verbs: the request for the next completion takes precedence).
+            Req::ReqNotifyCq { cq, solicited_only } => match self.cqs.get_mut(&cq) {
                 Some(c) if c.conn == conn && c.channel != 0 => {
+                    c.solicited_only = solicited_only && (!c.armed || c.solicited_only);
                     c.armed = true;
                     Resp::Unit
                 }
@@ -900,7 +1071,7 @@ impl State {
                     return err(libc::EBUSY);
                 }
                 self.cqs.remove(&cq);
-                Resp::Unit
+                self.forget_events(conn, Obj::Cq(cq))
             }
             Req::PollCq { cq, max } => match self.cqs.get_mut(&cq) {
                 Some(c) if c.conn == conn => {
@@ -981,6 +1152,8 @@ impl State {
                         nak_sent: false,
                         atomic_cache: VecDeque::new(),
                         rings: None,
+                        user: 0,
+                        comm_est: false,
                     },
                 );
                 self.rr.push_back(qpn);
@@ -1017,7 +1190,7 @@ impl State {
                     return err(libc::EINVAL);
                 }
                 self.remove_qp(qpn);
-                Resp::Unit
+                self.forget_events(conn, Obj::Qp(qpn))
             }
             Req::PostSend { qpn, wrs } => self.post_send(conn, qpn, wrs),
             Req::PostRecv { qpn, wrs } => self.post_recv(conn, qpn, wrs),
@@ -1037,7 +1210,7 @@ impl State {
                     handle: srq,
                     max_wr: s.max_wr,
                     max_sge: s.max_sge,
-                    srq_limit: 0,
+                    srq_limit: s.limit,
                 },
                 _ => err(libc::EINVAL),
             },
@@ -1050,7 +1223,7 @@ impl State {
                 }
                 // Receives still queued are dropped with it, as destroying an SRQ does.
                 self.srqs.remove(&srq);
-                Resp::Unit
+                self.forget_events(conn, Obj::Srq(srq))
             }
             Req::PostSrqRecv { srq, wrs } => self.post_srq_recv(conn, srq, wrs),
             Req::AttachRing {
@@ -1240,7 +1413,7 @@ impl State {
                     ..Default::default()
                 },
             );
-            self.flush_qp(qpn);
+            self.qp_error(qpn, IBV_EVENT_QP_FATAL);
         } else if in_error {
             self.flush_qp(qpn);
         }
@@ -1296,7 +1469,7 @@ impl State {
                     ..Default::default()
                 },
             );
-            self.flush_qp(qpn);
+            self.qp_error(qpn, IBV_EVENT_QP_FATAL);
         } else if in_error {
             self.flush_qp(qpn);
         }
@@ -1430,6 +1603,7 @@ impl State {
                 q.resend = None;
                 q.cur_recv = None;
                 q.atomic_cache.clear();
+                q.comm_est = false;
                 q.remote = None;
                 q.attr = QpAttrs::default();
                 // Work requests still in the rings are discarded too (as a reset does).
@@ -1443,6 +1617,10 @@ impl State {
                 // Whatever the application had posted is flushed too.
                 self.pull_sq(qpn);
                 self.pull_rq(qpn);
+                // flush_qp saw the state already set: the transition's event is raised here.
+                if cur != IBV_QPS_ERR {
+                    self.last_wqe_reached(qpn);
+                }
             }
             IBV_QPS_RTS if cur == IBV_QPS_RTR => q.last_progress = Instant::now(),
             _ => {}
@@ -1455,6 +1633,7 @@ impl State {
         let Some(q) = self.qps.get_mut(&qpn) else {
             return;
         };
+        let entering = q.state != IBV_QPS_ERR;
         q.state = IBV_QPS_ERR;
         let (scq, rcq) = (q.send_cq, q.recv_cq);
         let sq: Vec<SqWqe> = q.sq.drain(..).collect();
@@ -1486,6 +1665,24 @@ impl State {
             };
             self.push_cqe(rcq, wc);
         }
+        if entering {
+            self.last_wqe_reached(qpn);
+        }
+    }
+
+    /// A QP with an SRQ entered the error state: it will take no more receives from the SRQ
+    /// (IBTA's Last WQE Reached; the application may now destroy it safely).
+    fn last_wqe_reached(&mut self, qpn: u32) {
+        if self.qps.get(&qpn).is_some_and(|q| q.srq != 0) {
+            self.raise_qp(qpn, IBV_EVENT_QP_LAST_WQE_REACHED);
+        }
+    }
+
+    /// The engine moves a QP to the error state on its own (not a completion error of one
+    /// request): tell the application with an asynchronous event, as a NIC does.
+    fn qp_error(&mut self, qpn: u32, event_type: u32) {
+        self.raise_qp(qpn, event_type);
+        self.flush_qp(qpn);
     }
 
     /// Complete the head send WQE with an error and move the QP to the error state.
@@ -1623,6 +1820,8 @@ impl State {
                 max_wr,
                 max_sge,
                 q: VecDeque::new(),
+                limit: 0,
+                user: 0,
             },
         );
         Resp::Srq {
@@ -1633,9 +1832,10 @@ impl State {
         }
     }
 
-    /// Resize an SRQ (`IBV_SRQ_MAX_WR`; not below what it holds). Arming the limit event
-    /// (`IBV_SRQ_LIMIT` with a non-zero limit) is refused: the device raises no asynchronous
-    /// events, so the event could never come.
+    /// Resize an SRQ (`IBV_SRQ_MAX_WR`; not below what it holds) and/or arm its limit event
+    /// (`IBV_SRQ_LIMIT`; 0 disarms; not above `max_wr`). As the verbs specify, the event fires
+    /// when a receive taken from the SRQ leaves fewer than the limit queued — not at arming
+    /// time, even if fewer are queued already.
     fn modify_srq(&mut self, conn: u64, srq: u32, mask: i32, max_wr: u32, limit: u32) -> Resp {
         const IBV_SRQ_MAX_WR: i32 = 1;
         const IBV_SRQ_LIMIT: i32 = 2;
@@ -1645,14 +1845,20 @@ impl State {
         if mask & !(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT) != 0 {
             return err(libc::EINVAL);
         }
-        if mask & IBV_SRQ_LIMIT != 0 && limit != 0 {
-            return err(libc::EOPNOTSUPP);
-        }
-        if mask & IBV_SRQ_MAX_WR != 0 {
+        let new_max = if mask & IBV_SRQ_MAX_WR != 0 {
             if max_wr == 0 || max_wr > device::MAX_SRQ_WR || (max_wr as usize) < s.q.len() {
                 return err(libc::EINVAL);
             }
-            s.max_wr = max_wr;
+            max_wr
+        } else {
+            s.max_wr
+        };
+        if mask & IBV_SRQ_LIMIT != 0 && limit > new_max {
+            return err(libc::EINVAL);
+        }
+        s.max_wr = new_max;
+        if mask & IBV_SRQ_LIMIT != 0 {
+            s.limit = limit;
         }
         Resp::Unit
     }
@@ -1695,8 +1901,15 @@ impl State {
     fn take_recv(&mut self, qpn: u32) -> Option<(RecvWr, u32)> {
         let q = self.qps.get(&qpn)?;
         if q.srq != 0 {
-            let s = self.srqs.get_mut(&q.srq)?;
-            return Some((s.q.pop_front()?, s.pd));
+            let srq = q.srq;
+            let s = self.srqs.get_mut(&srq)?;
+            let r = (s.q.pop_front()?, s.pd);
+            if s.limit != 0 && s.q.len() < s.limit as usize {
+                s.limit = 0;
+                let (conn, user) = (s.conn, s.user);
+                self.raise(conn, Obj::Srq(srq), user, IBV_EVENT_SRQ_LIMIT_REACHED);
+            }
+            return Some(r);
         }
         self.pull_rq(qpn);
         let q = self.qps.get_mut(&qpn)?;
@@ -1733,8 +1946,26 @@ impl State {
     }
 
     /// Check a remote access against an MR: rkey, PD of the target QP, bounds, access bit.
-    fn check_remote(&self, pd: u32, rkey: u32, addr: u64, len: u64, access: u32) -> Option<i32> {
-        let m = self.mrs.get(&rkey)?;
+    /// Remote access through `rkey` arriving on QP `qpn` of PD `pd`: the process to access
+    /// if an MR, or a memory window bound over one, grants it for the whole range.
+    fn check_remote(
+        &self,
+        qpn: u32,
+        pd: u32,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        access: u32,
+    ) -> Option<i32> {
+        let m = match self.mrs.get(&rkey) {
+            Some(m) => m,
+            None => {
+                let w = self.mws.get(&(rkey >> 8))?;
+                let mr = w.grant(rkey, pd, qpn, addr, len, access)?;
+                // The window lies inside its MR, which cannot go while it is bound.
+                return self.mrs.get(&mr).map(|m| m.pid);
+            }
+        };
         if m.pd != pd || m.access & access == 0 {
             return None;
         }
@@ -1778,6 +2009,10 @@ impl State {
             return None;
         }
         let idx = q.sq_next;
+        if proto::is_local_wr(q.sq[idx].wr.opcode) {
+            self.execute_local(qpn, idx);
+            return None;
+        }
         if proto::is_atomic_wr(q.sq[idx].wr.opcode) && q.atomics_outstanding() >= q.atomic_limit() {
             // As on hardware, at most max_rd_atomic atomics wait for their responses; this
             // also keeps each of them within the responder's result cache.
@@ -1869,9 +2104,12 @@ impl State {
         let q = self.qps.get_mut(&qpn)?;
         let w = &mut q.sq[idx];
         p.op = match w.wr.opcode {
-            IBV_WR_SEND | IBV_WR_SEND_WITH_IMM => wire::OP_SEND,
+            IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_SEND_WITH_INV => wire::OP_SEND,
             _ => wire::OP_WRITE,
         };
+        if w.wr.opcode == IBV_WR_SEND_WITH_INV {
+            p.flags |= wire::F_INV;
+        }
         if matches!(
             w.wr.opcode,
             IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE_WITH_IMM
@@ -1888,6 +2126,9 @@ impl State {
         }
         if last {
             p.flags |= wire::F_LAST;
+            if w.wr.flags & IBV_SEND_SOLICITED != 0 {
+                p.flags |= wire::F_SOLICITED;
+            }
             w.last_psn = psn;
             w.packetized = true;
             q.sq_next += 1;
@@ -1965,6 +2206,9 @@ impl State {
         if w.wr.opcode == IBV_WR_SEND_WITH_IMM {
             flags |= wire::F_IMM;
         }
+        if w.wr.flags & IBV_SEND_SOLICITED != 0 {
+            flags |= wire::F_SOLICITED;
+        }
         let p = Packet {
             op: wire::OP_UD_SEND,
             flags,
@@ -2010,6 +2254,59 @@ impl State {
         self.flush_qp(qpn);
     }
 
+    /// Execute the window bind or invalidation at `idx` (the transmitter's next WQE): it takes
+    /// effect now, in send-queue order, and completes once everything before it has; a
+    /// failure completes it with an error and moves the QP to the error state.
+    fn execute_local(&mut self, qpn: u32, idx: usize) {
+        let Some(q) = self.qps.get(&qpn) else { return };
+        let (conn, pd, wr) = (q.conn, q.pd, q.sq[idx].wr.clone());
+        let result = if wr.opcode == IBV_WR_BIND_MW {
+            let b = BindReq {
+                rkey: wr.rkey,
+                mr: (wr.swap >> 32) as u32,
+                addr: wr.remote_addr,
+                len: wr.compare_add,
+                access: wr.swap as u32,
+            };
+            let mr = self.mrs.get(&b.mr).map(|m| MrView {
+                conn: m.conn,
+                pd: m.pd,
+                addr: m.addr,
+                len: m.len,
+                access: m.access,
+            });
+            match self.mws.get_mut(&(b.rkey >> 8)) {
+                Some(w) => w.bind(conn, pd, qpn, &b, mr),
+                None => Err(IBV_WC_MW_BIND_ERR),
+            }
+        } else if self.invalidate_mw(conn, pd, qpn, wr.imm) {
+            Ok(())
+        } else {
+            Err(IBV_WC_LOC_PROT_ERR)
+        };
+        match result {
+            Ok(()) => {
+                let Some(q) = self.qps.get_mut(&qpn) else {
+                    return;
+                };
+                q.sq[idx].packetized = true;
+                q.sq_next += 1;
+                if idx == 0 {
+                    // Nothing before it: no acknowledgement will come to complete it.
+                    self.complete_sends(qpn, 0);
+                }
+            }
+            Err(status) => self.fail_wqe_local(qpn, idx, status),
+        }
+    }
+
+    /// Invalidate type 2 window `rkey` bound to QP `qpn` (of connection `conn`, PD `pd`).
+    fn invalidate_mw(&mut self, conn: u64, pd: u32, qpn: u32, rkey: u32) -> bool {
+        self.mws
+            .get_mut(&(rkey >> 8))
+            .is_some_and(|w| w.invalidate(conn, pd, qpn, rkey))
+    }
+
     /// Pop completed WQEs from the head of the send queue, in order.
     fn complete_sends(&mut self, qpn: u32, acked: u32) {
         let mut cqes = Vec::new();
@@ -2020,7 +2317,10 @@ impl State {
             if !w.packetized {
                 break;
             }
-            let done = if w.wr.opcode == IBV_WR_RDMA_READ || proto::is_atomic_wr(w.wr.opcode) {
+            let done = if proto::is_local_wr(w.wr.opcode) {
+                // Executed when the transmitter reached it; done once all before it are.
+                true
+            } else if w.wr.opcode == IBV_WR_RDMA_READ || proto::is_atomic_wr(w.wr.opcode) {
                 w.resp_done
             } else {
                 psn_diff(acked, w.last_psn) >= 0
@@ -2126,6 +2426,16 @@ impl State {
         }
         self.touch_qp(p.dst_qpn, now);
         let qpn = p.dst_qpn;
+        if let Some(q) = self
+            .qps
+            .get_mut(&qpn)
+            .filter(|q| q.state == IBV_QPS_RTR && !q.comm_est)
+        {
+            // IBTA's Communication Established: the first packet from the peer arrived while
+            // the QP is still in RTR.
+            q.comm_est = true;
+            self.raise_qp(qpn, IBV_EVENT_COMM_EST);
+        }
         let uc = self.qps[&qpn].qpt == IBV_QPT_UC;
         match p.op {
             // UC has no acknowledgements or responses: such packets are stale by definition.
@@ -2233,9 +2543,9 @@ impl State {
                     n.imm = q.attr.min_rnr_timer as u32;
                     self.emit(from, n.encode());
                 }
-                if syn == wire::NAK_REM_INVALID || syn == wire::NAK_REM_OP {
+                if let Some(ev) = responder_error_event(syn) {
                     // Responder errors of class C: the responder QP goes to error as well.
-                    self.flush_qp(qpn);
+                    self.qp_error(qpn, ev);
                 }
             }
         }
@@ -2285,7 +2595,12 @@ impl State {
                 self.counters.rx_dropped_no_recv += 1;
                 q.uc_broken = !last;
             }
-            Err(wire::NAK_REM_INVALID | wire::NAK_REM_OP) => self.flush_qp(qpn),
+            // UC cannot tell the requester: only errors of the QP itself stop it.
+            Err(syn @ (wire::NAK_REM_INVALID | wire::NAK_REM_OP)) => {
+                if let Some(ev) = responder_error_event(syn) {
+                    self.qp_error(qpn, ev);
+                }
+            }
             Err(_) => q.uc_broken = !last,
         }
     }
@@ -2351,7 +2666,7 @@ impl State {
             wc.byte_len = 0;
             wc.wc_flags = 0;
         }
-        self.push_cqe(rcq, wc);
+        self.push_cqe_solicited(rcq, wc, p.flags & wire::F_SOLICITED != 0);
     }
 
     /// SEND packet in order. Ok(psns consumed) or Err(NAK syndrome).
@@ -2421,7 +2736,7 @@ impl State {
         }
         if p.flags & wire::F_LAST != 0 {
             let cur = q.cur_recv.take().unwrap();
-            let rcq = q.recv_cq;
+            let (rcq, conn, pd) = (q.recv_cq, q.conn, q.pd);
             let mut wc = IbvWc {
                 wr_id: cur.wr_id,
                 status: IBV_WC_SUCCESS,
@@ -2434,9 +2749,21 @@ impl State {
             if p.flags & wire::F_IMM != 0 {
                 wc.wc_flags |= IBV_WC_WITH_IMM;
                 wc.imm_data = p.imm;
+            } else if p.flags & wire::F_INV != 0 {
+                // SEND with invalidate: a type 2 window bound to this QP, else an invalid
+                // request (the receive completes in error, both QPs go to error).
+                if !self.invalidate_mw(conn, pd, qpn, p.imm) {
+                    wc.status = IBV_WC_REM_INV_REQ_ERR;
+                    wc.byte_len = 0;
+                    self.push_cqe(rcq, wc);
+                    return Err(wire::NAK_REM_INVALID);
+                }
+                wc.wc_flags |= IBV_WC_WITH_INV;
+                // `invalidated_rkey` shares the union with `imm_data`.
+                wc.imm_data = p.imm;
             }
             let _ = cur.is_write_imm;
-            self.push_cqe(rcq, wc);
+            self.push_cqe_solicited(rcq, wc, p.flags & wire::F_SOLICITED != 0);
         }
         Ok(1)
     }
@@ -2450,6 +2777,7 @@ impl State {
         if p.flags & wire::F_FIRST != 0
             && self
                 .check_remote(
+                    qpn,
                     pd,
                     p.rkey,
                     p.remote_addr,
@@ -2466,6 +2794,7 @@ impl State {
             .ok_or(wire::NAK_REM_ACCESS)?;
         let pid = self
             .check_remote(
+                qpn,
                 pd,
                 p.rkey,
                 addr,
@@ -2483,7 +2812,7 @@ impl State {
         if imm_last {
             let (r, _) = self.take_recv(qpn).ok_or(wire::NAK_RNR)?;
             let rcq = self.qps.get(&qpn).ok_or(wire::NAK_REM_OP)?.recv_cq;
-            self.push_cqe(
+            self.push_cqe_solicited(
                 rcq,
                 IbvWc {
                     wr_id: r.wr_id,
@@ -2496,6 +2825,7 @@ impl State {
                     src_qp: p.src_qpn,
                     ..Default::default()
                 },
+                p.flags & wire::F_SOLICITED != 0,
             );
         }
         Ok(1)
@@ -2517,7 +2847,14 @@ impl State {
             return Err(wire::NAK_REM_INVALID);
         }
         let pid = self
-            .check_remote(q.pd, p.rkey, p.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC)
+            .check_remote(
+                qpn,
+                q.pd,
+                p.rkey,
+                p.remote_addr,
+                8,
+                IBV_ACCESS_REMOTE_ATOMIC,
+            )
             .ok_or(wire::NAK_REM_ACCESS)?;
         let operand = u64::from_le_bytes(p.payload[..8].try_into().unwrap());
         let swap = u64::from_le_bytes(p.payload[8..].try_into().unwrap());
@@ -2582,7 +2919,14 @@ impl State {
         let pid = if len == 0 {
             0
         } else {
-            match self.check_remote(pd, p.rkey, p.remote_addr, len, IBV_ACCESS_REMOTE_READ) {
+            match self.check_remote(
+                p.dst_qpn,
+                pd,
+                p.rkey,
+                p.remote_addr,
+                len,
+                IBV_ACCESS_REMOTE_READ,
+            ) {
                 Some(pid) => pid,
                 None => return false,
             }
@@ -2749,6 +3093,7 @@ impl State {
             self.remove_qp(*q);
         }
         self.srqs.retain(|_, s| s.conn != conn);
+        self.mws.retain(|_, w| w.conn != conn);
         self.mrs.retain(|_, m| m.conn != conn);
         self.cqs.retain(|_, c| c.conn != conn);
         self.channels.retain(|_, c| c.conn != conn);
@@ -2873,6 +3218,8 @@ fn send_wc_opcode(wr_opcode: i32) -> i32 {
         IBV_WR_RDMA_READ => IBV_WC_RDMA_READ,
         IBV_WR_ATOMIC_CMP_AND_SWP => IBV_WC_COMP_SWAP,
         IBV_WR_ATOMIC_FETCH_AND_ADD => IBV_WC_FETCH_ADD,
+        IBV_WR_BIND_MW => IBV_WC_BIND_MW,
+        IBV_WR_LOCAL_INV => IBV_WC_LOCAL_INV,
         _ => IBV_WC_SEND,
     }
 }
@@ -2880,6 +3227,34 @@ fn send_wc_opcode(wr_opcode: i32) -> i32 {
 // ---------------------------------------------------------------------------------------------
 // Threads
 // ---------------------------------------------------------------------------------------------
+
+/// The asynchronous event of an RC responder error that moves the responder's QP to the error
+/// state (IBTA class C): an invalid request (e.g. a misaligned atomic, a message larger than
+/// the receive) is `IBV_EVENT_QP_REQ_ERR`, an access violation (rkey, bounds, rights)
+/// `QP_ACCESS_ERR`, a local failure while executing it `QP_FATAL`.
+fn responder_error_event(syndrome: u8) -> Option<u32> {
+    match syndrome {
+        wire::NAK_REM_INVALID => Some(IBV_EVENT_QP_REQ_ERR),
+        wire::NAK_REM_ACCESS => Some(IBV_EVENT_QP_ACCESS_ERR),
+        wire::NAK_REM_OP => Some(IBV_EVENT_QP_FATAL),
+        _ => None,
+    }
+}
+
+/// Send `bytes` on an event stream without blocking (a process that does not read its events
+/// cannot stall the engine). Whether all of it was sent.
+fn send_nowait(sink: &UnixStream, bytes: &[u8]) -> bool {
+    // SAFETY: sends from a live buffer of the given length on a socket we own.
+    let n = unsafe {
+        libc::send(
+            sink.as_raw_fd(),
+            bytes.as_ptr() as *const libc::c_void,
+            bytes.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    n == bytes.len() as isize
+}
 
 fn peer_pid(s: &UnixStream) -> io::Result<i32> {
     let mut cred = libc::ucred {
@@ -3259,9 +3634,6 @@ pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
     let udp = UdpSocket::bind((cfg.ip, cfg.udp_port))
         .with_context(|| format!("binding UDP {}:{}", cfg.ip, cfg.udp_port))?;
     set_buffers(&udp, 16 << 20);
-    let _ = std::fs::remove_file(&cfg.socket);
-    let listener = UnixListener::bind(&cfg.socket)
-        .with_context(|| format!("binding {}", cfg.socket.display()))?;
     let mut state = State::with_nic(cfg.nic);
     state.my_ip = cfg.ip;
     if !cfg.faults.is_none() {
@@ -3314,6 +3686,11 @@ pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
     if !cfg.faults.is_none() {
         eprint!("fault injection (egress):\n{}", cfg.faults.encode());
     }
+    // The socket appears last: `up` takes it as the sign that the engine is ready, so the
+    // doorbell and the log's settings lines must exist by then (a test read an empty log).
+    let _ = std::fs::remove_file(&cfg.socket);
+    let listener = UnixListener::bind(&cfg.socket)
+        .with_context(|| format!("binding {}", cfg.socket.display()))?;
     let mut next_conn = 1u64;
     for s in listener.incoming() {
         match s {
@@ -3382,6 +3759,29 @@ mod tests {
         assert_eq!((&app).read(&mut b).unwrap(), 8);
         assert_eq!(u64::from_ne_bytes(b[..8].try_into().unwrap()), 0xabcd);
         assert!((&app).read(&mut b).is_err());
+        // Solicited-only: a plain completion does not fire, a solicited or an error one does.
+        let arm_solicited = Req::ReqNotifyCq {
+            cq,
+            solicited_only: true,
+        };
+        assert_eq!(st.request(1, pid, arm_solicited.clone()), Resp::Unit);
+        st.push_cqe(cq, wc);
+        assert!((&app).read(&mut b).is_err());
+        st.push_cqe_solicited(cq, wc, true);
+        assert_eq!((&app).read(&mut b).unwrap(), 8);
+        assert_eq!(st.request(1, pid, arm_solicited.clone()), Resp::Unit);
+        let failed = IbvWc {
+            status: IBV_WC_LOC_LEN_ERR,
+            ..wc
+        };
+        st.push_cqe(cq, failed);
+        assert_eq!((&app).read(&mut b).unwrap(), 8);
+        // Arming for any completion on top of a solicited-only arming widens it (not back).
+        assert_eq!(st.request(1, pid, arm_solicited.clone()), Resp::Unit);
+        assert_eq!(st.request(1, pid, arm.clone()), Resp::Unit);
+        assert_eq!(st.request(1, pid, arm_solicited), Resp::Unit);
+        st.push_cqe(cq, wc);
+        assert_eq!((&app).read(&mut b).unwrap(), 8);
         // Another connection cannot arm it; the owner's connection closing removes the channel.
         assert!(matches!(st.request(2, pid, arm), Resp::Err { .. }));
         st.drop_conn(1);
@@ -3550,19 +3950,19 @@ mod tests {
         };
         let a = buf.as_ptr() as u64;
         assert!(st
-            .check_remote(pd, rkey, a, 4096, IBV_ACCESS_REMOTE_READ)
+            .check_remote(0, pd, rkey, a, 4096, IBV_ACCESS_REMOTE_READ)
             .is_some());
         assert!(st
-            .check_remote(pd, rkey, a + 1, 4096, IBV_ACCESS_REMOTE_READ)
+            .check_remote(0, pd, rkey, a + 1, 4096, IBV_ACCESS_REMOTE_READ)
             .is_none());
         assert!(st
-            .check_remote(pd, rkey, a, 16, IBV_ACCESS_REMOTE_WRITE)
+            .check_remote(0, pd, rkey, a, 16, IBV_ACCESS_REMOTE_WRITE)
             .is_none());
         assert!(st
-            .check_remote(pd, rkey ^ 0x100, a, 16, IBV_ACCESS_REMOTE_READ)
+            .check_remote(0, pd, rkey ^ 0x100, a, 16, IBV_ACCESS_REMOTE_READ)
             .is_none());
         assert!(st
-            .check_remote(pd + 1, rkey, a, 16, IBV_ACCESS_REMOTE_READ)
+            .check_remote(0, pd + 1, rkey, a, 16, IBV_ACCESS_REMOTE_READ)
             .is_none());
     }
 
@@ -3946,7 +4346,10 @@ mod tests {
         let peer = st.qps[&qpn].remote.unwrap();
         let peer_qpn = st.qps[&qpn].attr.dest_qp_num;
         let epsn = st.qps[&qpn].epsn;
-        assert_eq!(st.request(1, 1, Req::DestroyQp { qpn }), Resp::Unit);
+        assert!(matches!(
+            st.request(1, 1, Req::DestroyQp { qpn }),
+            Resp::Destroyed { .. }
+        ));
         let now = Instant::now();
         let pkt = |op: u8, psn: u32, src: u32| Packet {
             op,
@@ -4335,6 +4738,8 @@ mod tests {
             r.st.on_packet(r.peer, p, Instant::now());
             let nak = Packet::decode(&r.st.out.remove(0).1).unwrap();
             assert_eq!((nak.op, nak.syndrome), (wire::OP_NAK, wire::NAK_REM_ACCESS));
+            // An access violation sends the responder's QP to error too (IBTA class C).
+            assert_eq!(r.st.qps[&r.qpn].state, IBV_QPS_ERR);
             let mut r = rig_with(false);
             r.st.mrs.get_mut(&r.rkey).unwrap().access =
                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
@@ -4479,7 +4884,9 @@ mod tests {
                 srq_limit,
             };
             assert_eq!(r.st.request(1, 0, modify(1, 0, 1)), err(libc::EINVAL));
-            assert_eq!(r.st.request(1, 0, modify(0, 5, 2)), err(libc::EOPNOTSUPP));
+            // A limit above max_wr is refused (also against a max_wr set in the same call).
+            assert_eq!(r.st.request(1, 0, modify(0, 5, 2)), err(libc::EINVAL));
+            assert_eq!(r.st.request(1, 0, modify(4, 5, 3)), err(libc::EINVAL));
             assert_eq!(r.st.request(1, 0, modify(0, 0, 2)), Resp::Unit);
             assert_eq!(r.st.request(1, 0, modify(8, 0, 1)), Resp::Unit);
             // The rig's QP becomes one of the SRQ's (its own receives are discarded).
@@ -4517,11 +4924,259 @@ mod tests {
             );
             assert_eq!(r.st.srqs[&srq].q.len(), 1);
             r.st.remove_qp(r.qpn);
-            assert_eq!(r.st.request(1, 0, Req::DestroySrq { srq }), Resp::Unit);
+            assert_eq!(
+                r.st.request(1, 0, Req::DestroySrq { srq }),
+                Resp::Destroyed {
+                    events_reported: 0,
+                    event_unread: false
+                }
+            );
+        }
+
+        #[test]
+        fn async_events_srq_limit_last_wqe_and_what_a_destroy_waits_for() {
+            use std::io::Read;
+            let mut r = rig_with(false);
+            let Resp::Channel { id, token } = r.st.request(1, 0, Req::CreateAsyncChannel) else {
+                panic!()
+            };
+            let (app, engine_end) = UnixStream::pair().unwrap();
+            assert_eq!(r.st.attach_channel(0, id, token, engine_end), Resp::Unit);
+            app.set_nonblocking(true).unwrap();
+            // One stream per context; it is no completion channel.
+            assert_eq!(
+                r.st.request(1, 0, Req::CreateAsyncChannel),
+                err(libc::EBUSY)
+            );
+            let cq_req = Req::CreateCq {
+                cqe: 4,
+                channel: id,
+                user: 1,
+            };
+            assert_eq!(r.st.request(1, 0, cq_req), err(libc::EINVAL));
+            let pd = r.st.qps[&r.qpn].pd;
+            let Resp::Srq { handle: srq, .. } = r.st.request(
+                1,
+                0,
+                Req::CreateSrq {
+                    pd,
+                    max_wr: 4,
+                    max_sge: 1,
+                },
+            ) else {
+                panic!()
+            };
+            let user = |kind, handle, user| Req::UserHandle { kind, handle, user };
+            assert_eq!(r.st.request(1, 0, user(2, srq, 0x5150)), Resp::Unit);
+            assert_eq!(r.st.request(1, 0, user(1, r.qpn, 0x9090)), Resp::Unit);
+            assert_eq!(r.st.request(2, 0, user(1, r.qpn, 1)), err(libc::EINVAL));
+            assert_eq!(r.st.request(1, 0, user(3, srq, 1)), err(libc::EINVAL));
+            let wrs = (0..4)
+                .map(|i| RecvWr {
+                    wr_id: i,
+                    sges: vec![Sge {
+                        addr: r.mr_addr + i * 1024,
+                        length: 1024,
+                        lkey: r.lkey,
+                    }],
+                })
+                .collect();
+            assert_eq!(
+                r.st.request(1, 0, Req::PostSrqRecv { srq, wrs }),
+                Resp::Unit
+            );
+            let arm = |limit| Req::ModifySrq {
+                srq,
+                mask: 2,
+                max_wr: 0,
+                srq_limit: limit,
+            };
+            assert_eq!(r.st.request(1, 0, arm(3)), Resp::Unit);
+            let query = |st: &mut State| match st.request(1, 0, Req::QuerySrq { srq }) {
+                Resp::Srq { srq_limit, .. } => srq_limit,
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(query(&mut r.st), 3);
+            let q = r.st.qps.get_mut(&r.qpn).unwrap();
+            q.srq = srq;
+            q.rq.clear();
+            let mut psn = 1000;
+            let mut send = |st: &mut State| {
+                let p = Packet {
+                    op: wire::OP_SEND,
+                    flags: wire::F_FIRST | wire::F_LAST | wire::F_ACKREQ,
+                    dst_qpn: r.qpn,
+                    src_qpn: PEER_QPN,
+                    psn,
+                    msg_len: 1,
+                    payload: vec![1],
+                    ..Default::default()
+                };
+                psn += 1;
+                st.on_packet(r.peer, p, Instant::now());
+            };
+            let mut b = [0u8; 32];
+            // 3 left: not below the limit.
+            send(&mut r.st);
+            assert!((&app).read(&mut b).is_err());
+            // 2 left: the event, once; the limit is disarmed.
+            send(&mut r.st);
+            assert_eq!((&app).read(&mut b).unwrap(), 16);
+            assert_eq!(
+                b[..16],
+                crate::events::record(0x5150, IBV_EVENT_SRQ_LIMIT_REACHED)
+            );
+            assert_eq!(query(&mut r.st), 0);
+            let read = Req::AsyncEventRead { taken_back: false };
+            assert_eq!(r.st.request(1, 0, read.clone()), Resp::Unit);
+            send(&mut r.st);
+            assert!((&app).read(&mut b).is_err());
+            // Re-armed with 2 while 1 is queued: nothing until a receive is taken.
+            assert_eq!(r.st.request(1, 0, arm(2)), Resp::Unit);
+            assert!((&app).read(&mut b).is_err());
+            // The QP with an SRQ goes to error: Last WQE Reached, for the application's QP.
+            let a = QpAttrs {
+                qp_state: IBV_QPS_ERR,
+                ..Default::default()
+            };
+            r.st.modify_qp(r.qpn, IBV_QP_STATE, &a).unwrap();
+            assert_eq!((&app).read(&mut b).unwrap(), 16);
+            assert_eq!(
+                b[..16],
+                crate::events::record(0x9090, IBV_EVENT_QP_LAST_WQE_REACHED)
+            );
+            // Destroying the QP while its event is unread: the provider takes it back.
+            assert_eq!(
+                r.st.request(1, 0, Req::DestroyQp { qpn: r.qpn }),
+                Resp::Destroyed {
+                    events_reported: 0,
+                    event_unread: true
+                }
+            );
+            assert_eq!(r.st.request(1, 0, read), Resp::Unit);
+            // The SRQ's one event was read: its destroy waits for one acknowledgement.
+            assert_eq!(
+                r.st.request(1, 0, Req::DestroySrq { srq }),
+                Resp::Destroyed {
+                    events_reported: 1,
+                    event_unread: false
+                }
+            );
+            assert!((&app).read(&mut b).is_err());
         }
 
         fn cqes(r: &Rig) -> Vec<IbvWc> {
             r.st.cqs[&r.cq].q.iter().copied().collect()
+        }
+
+        /// Memory windows: a bind is a send-queue WQE executed when the transmitter reaches
+        /// it and completed in order (after the SEND before it is acknowledged); the window's
+        /// rkey then grants its range and rights only; its MR cannot be deregistered while it
+        /// is bound; a failed bind completes with MW_BIND_ERR and the QP goes to error.
+        #[test]
+        fn memory_window_binds_complete_in_order_and_gate_remote_access() {
+            let mut r = rig_with(false);
+            let pd = r.st.qps[&r.qpn].pd;
+            let access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_MW_BIND;
+            let Resp::Mr { lkey, .. } = r.st.request(
+                1,
+                std::process::id() as i32,
+                Req::RegMr {
+                    pd,
+                    addr: r.mr_addr,
+                    len: 4096,
+                    access,
+                },
+            ) else {
+                panic!()
+            };
+            let Resp::Handle(mw) = r.st.request(1, 0, Req::AllocMw { pd, mw_type: 1 }) else {
+                panic!()
+            };
+            assert_eq!(
+                r.st.request(1, 0, Req::AllocMw { pd, mw_type: 3 }),
+                err(libc::EINVAL)
+            );
+            let new_rkey = (mw & !0xff) | ((mw + 1) & 0xff);
+            let send = SendWr {
+                wr_id: 1,
+                opcode: IBV_WR_SEND,
+                flags: IBV_SEND_SIGNALED,
+                sges: vec![Sge {
+                    addr: r.mr_addr,
+                    length: 16,
+                    lkey: r.lkey,
+                }],
+                ..Default::default()
+            };
+            let bind = |wr_id, rkey, len| SendWr {
+                wr_id,
+                opcode: IBV_WR_BIND_MW,
+                flags: IBV_SEND_SIGNALED,
+                rkey,
+                remote_addr: r.mr_addr + 256,
+                compare_add: len,
+                swap: proto::bind_fields(lkey, IBV_ACCESS_REMOTE_READ),
+                ..Default::default()
+            };
+            let wrs = vec![send, bind(2, new_rkey, 256)];
+            assert_eq!(r.st.post_send(1, r.qpn, wrs), Resp::Unit);
+            let now = Instant::now();
+            assert!(r.st.next_packet(r.qpn, now).is_some()); // the SEND
+            assert!(r.st.next_packet(r.qpn, now).is_none()); // the bind, executed
+            let q = r.st.qps[&r.qpn].pd;
+            let grant = |st: &State, rkey, off, len| {
+                st.check_remote(r.qpn, q, rkey, r.mr_addr + off, len, IBV_ACCESS_REMOTE_READ)
+            };
+            assert!(grant(&r.st, new_rkey, 256, 256).is_some());
+            assert!(grant(&r.st, new_rkey, 255, 8).is_none());
+            assert!(grant(&r.st, new_rkey, 500, 16).is_none());
+            assert!(grant(&r.st, mw, 256, 8).is_none());
+            let wrong_right = r.st.check_remote(
+                r.qpn,
+                q,
+                new_rkey,
+                r.mr_addr + 256,
+                8,
+                IBV_ACCESS_REMOTE_WRITE,
+            );
+            assert!(wrong_right.is_none());
+            assert_eq!(r.st.request(1, 0, Req::DeregMr { lkey }), err(libc::EBUSY));
+            // Neither completes before the SEND is acknowledged; then both, in order.
+            assert!(cqes(&r).is_empty());
+            let ack = Packet {
+                op: wire::OP_ACK,
+                dst_qpn: r.qpn,
+                src_qpn: PEER_QPN,
+                psn: 5000,
+                ..Default::default()
+            };
+            r.st.on_packet(r.peer, ack, now);
+            let c: Vec<(u64, i32, i32)> = cqes(&r)
+                .iter()
+                .map(|w| (w.wr_id, w.status, w.opcode))
+                .collect();
+            assert_eq!(
+                c,
+                vec![
+                    (1, IBV_WC_SUCCESS, IBV_WC_SEND),
+                    (2, IBV_WC_SUCCESS, IBV_WC_BIND_MW)
+                ]
+            );
+            // A bind beyond the MR fails the WQE and the QP.
+            let wrs = vec![bind(3, new_rkey + 1, 8192)];
+            assert_eq!(r.st.post_send(1, r.qpn, wrs), Resp::Unit);
+            assert!(r.st.next_packet(r.qpn, now).is_none());
+            let failed = cqes(&r).into_iter().find(|w| w.wr_id == 3).unwrap();
+            assert_eq!(
+                (failed.status, failed.opcode),
+                (IBV_WC_MW_BIND_ERR, IBV_WC_BIND_MW)
+            );
+            assert_eq!(r.st.qps[&r.qpn].state, IBV_QPS_ERR);
+            assert!(grant(&r.st, new_rkey, 256, 8).is_some());
+            assert_eq!(r.st.request(1, 0, Req::DeallocMw { rkey: mw }), Resp::Unit);
+            assert!(grant(&r.st, new_rkey, 256, 8).is_none());
+            assert_eq!(r.st.request(1, 0, Req::DeregMr { lkey }), Resp::Unit);
         }
 
         /// UD responder: datagrams from any address; a wrong Q_Key is dropped and counted;

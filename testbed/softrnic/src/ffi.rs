@@ -70,6 +70,44 @@ pub struct IbvMr {
     pub rkey: u32,
 }
 
+/// `struct ibv_mw`.
+#[repr(C)]
+pub struct IbvMw {
+    pub context: *mut IbvContext,
+    pub pd: *mut IbvPd,
+    pub rkey: u32,
+    pub handle: u32,
+    /// `enum ibv_mw_type`.
+    pub type_: c_int,
+}
+
+/// `struct ibv_mw_bind_info`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IbvMwBindInfo {
+    pub mr: *mut IbvMr,
+    pub addr: u64,
+    pub length: u64,
+    pub mw_access_flags: u32,
+}
+
+/// `struct ibv_mw_bind` (what `ibv_bind_mw` takes for a type 1 window).
+#[repr(C)]
+pub struct IbvMwBind {
+    pub wr_id: u64,
+    pub send_flags: u32,
+    pub bind_info: IbvMwBindInfo,
+}
+
+/// `ibv_send_wr.bind_mw`, the first member of the WR's last union.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IbvSendWrBindMw {
+    pub mw: *mut IbvMw,
+    pub rkey: u32,
+    pub bind_info: IbvMwBindInfo,
+}
+
 #[repr(C)]
 pub struct IbvCq {
     pub context: *mut IbvContext,
@@ -165,8 +203,21 @@ pub struct IbvSendWr {
     pub wr: [u64; 4],
     pub qp_type_xrc_remote_srqn: u32,
     pub _pad: u32,
-    /// union {bind_mw, tso}
+    /// union {bind_mw, tso}: see [`IbvSendWr::bind_mw`].
     pub _bind_mw_tso: [u64; 6],
+}
+
+impl IbvSendWr {
+    /// The `bind_mw` member of the WR's last union (`IBV_WR_BIND_MW`).
+    pub fn bind_mw(&self) -> IbvSendWrBindMw {
+        // SAFETY: both are 48 bytes of plain old data (pointers read back as written).
+        unsafe { std::mem::transmute::<[u64; 6], IbvSendWrBindMw>(self._bind_mw_tso) }
+    }
+
+    pub fn set_bind_mw(&mut self, b: IbvSendWrBindMw) {
+        // SAFETY: both are 48 bytes of plain old data.
+        self._bind_mw_tso = unsafe { std::mem::transmute::<IbvSendWrBindMw, [u64; 6]>(b) };
+    }
 }
 
 #[repr(C)]
@@ -565,6 +616,10 @@ pub mod consts {
     pub const IBV_ACCESS_REMOTE_WRITE: u32 = 2;
     pub const IBV_ACCESS_REMOTE_READ: u32 = 4;
     pub const IBV_ACCESS_REMOTE_ATOMIC: u32 = 8;
+    pub const IBV_ACCESS_MW_BIND: u32 = 16;
+
+    pub const IBV_MW_TYPE_1: i32 = 1;
+    pub const IBV_MW_TYPE_2: i32 = 2;
 
     pub const IBV_WR_RDMA_WRITE: i32 = 0;
     pub const IBV_WR_RDMA_WRITE_WITH_IMM: i32 = 1;
@@ -573,8 +628,12 @@ pub mod consts {
     pub const IBV_WR_RDMA_READ: i32 = 4;
     pub const IBV_WR_ATOMIC_CMP_AND_SWP: i32 = 5;
     pub const IBV_WR_ATOMIC_FETCH_AND_ADD: i32 = 6;
+    pub const IBV_WR_LOCAL_INV: i32 = 7;
+    pub const IBV_WR_BIND_MW: i32 = 8;
+    pub const IBV_WR_SEND_WITH_INV: i32 = 9;
 
     pub const IBV_SEND_SIGNALED: u32 = 2;
+    pub const IBV_SEND_SOLICITED: u32 = 4;
     pub const IBV_SEND_INLINE: u32 = 8;
 
     pub const IBV_WC_SUCCESS: i32 = 0;
@@ -582,6 +641,7 @@ pub mod consts {
     pub const IBV_WC_LOC_QP_OP_ERR: i32 = 2;
     pub const IBV_WC_LOC_PROT_ERR: i32 = 4;
     pub const IBV_WC_WR_FLUSH_ERR: i32 = 5;
+    pub const IBV_WC_MW_BIND_ERR: i32 = 6;
     pub const IBV_WC_REM_INV_REQ_ERR: i32 = 9;
     pub const IBV_WC_REM_ACCESS_ERR: i32 = 10;
     pub const IBV_WC_REM_OP_ERR: i32 = 11;
@@ -593,11 +653,23 @@ pub mod consts {
     pub const IBV_WC_RDMA_READ: i32 = 2;
     pub const IBV_WC_COMP_SWAP: i32 = 3;
     pub const IBV_WC_FETCH_ADD: i32 = 4;
+    pub const IBV_WC_BIND_MW: i32 = 5;
+    pub const IBV_WC_LOCAL_INV: i32 = 6;
     pub const IBV_WC_RECV: i32 = 128;
     pub const IBV_WC_RECV_RDMA_WITH_IMM: i32 = 129;
 
     pub const IBV_WC_GRH: u32 = 1;
     pub const IBV_WC_WITH_IMM: u32 = 2;
+    pub const IBV_WC_WITH_INV: u32 = 8;
+
+    // enum ibv_event_type (the asynchronous events softrnic raises).
+    pub const IBV_EVENT_CQ_ERR: u32 = 0;
+    pub const IBV_EVENT_QP_FATAL: u32 = 1;
+    pub const IBV_EVENT_QP_REQ_ERR: u32 = 2;
+    pub const IBV_EVENT_QP_ACCESS_ERR: u32 = 3;
+    pub const IBV_EVENT_COMM_EST: u32 = 4;
+    pub const IBV_EVENT_SRQ_LIMIT_REACHED: u32 = 15;
+    pub const IBV_EVENT_QP_LAST_WQE_REACHED: u32 = 16;
 
     pub const IBV_PORT_ACTIVE: i32 = 4;
     pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;
@@ -641,6 +713,39 @@ mod tests {
             ("verbs_context.context", offset_of!(VerbsContext, context)),
             ("sizeof ibv_pd", size_of::<IbvPd>()),
             ("sizeof ibv_mr", size_of::<IbvMr>()),
+            ("sizeof ibv_mw", size_of::<IbvMw>()),
+            ("ibv_mw.rkey", offset_of!(IbvMw, rkey)),
+            ("ibv_mw.type", offset_of!(IbvMw, type_)),
+            ("sizeof ibv_mw_bind", size_of::<IbvMwBind>()),
+            ("ibv_mw_bind.bind_info", offset_of!(IbvMwBind, bind_info)),
+            (
+                "ibv_mw_bind.bind_info.mw_access_flags",
+                offset_of!(IbvMwBind, bind_info) + offset_of!(IbvMwBindInfo, mw_access_flags),
+            ),
+            (
+                "ibv_send_wr.bind_mw.mw",
+                offset_of!(IbvSendWr, _bind_mw_tso),
+            ),
+            (
+                "ibv_send_wr.bind_mw.rkey",
+                offset_of!(IbvSendWr, _bind_mw_tso) + offset_of!(IbvSendWrBindMw, rkey),
+            ),
+            (
+                "ibv_send_wr.bind_mw.bind_info.mr",
+                offset_of!(IbvSendWr, _bind_mw_tso) + offset_of!(IbvSendWrBindMw, bind_info),
+            ),
+            (
+                "ibv_send_wr.bind_mw.bind_info.length",
+                offset_of!(IbvSendWr, _bind_mw_tso)
+                    + offset_of!(IbvSendWrBindMw, bind_info)
+                    + offset_of!(IbvMwBindInfo, length),
+            ),
+            (
+                "ibv_send_wr.bind_mw.bind_info.mw_access_flags",
+                offset_of!(IbvSendWr, _bind_mw_tso)
+                    + offset_of!(IbvSendWrBindMw, bind_info)
+                    + offset_of!(IbvMwBindInfo, mw_access_flags),
+            ),
             ("ibv_mr.lkey", offset_of!(IbvMr, lkey)),
             ("ibv_mr.rkey", offset_of!(IbvMr, rkey)),
             ("sizeof ibv_comp_channel", size_of::<IbvCompChannel>()),

@@ -2,7 +2,9 @@
 //!
 //! - [`provider`]: the libibverbs provider (this crate's cdylib, `libsoftrnic.so`);
 //! - [`engine`]: the NIC engine of one emulated host;
+//! - [`events`]: asynchronous events (`ibv_get_async_event`) and what a destroy waits for;
 //! - [`faults`]: seeded per-link fault injection (loss, duplication, reordering, delay);
+//! - [`mw`]: memory windows (type 1 and 2 binding, invalidation, remote access);
 //! - [`nic`]: the NIC model (line rate, MTU, QP-context cache, WQE fetch cost);
 //! - [`hosts`]: emulated hosts (namespaces or loopback), `up`/`down`/`exec`/`addr`;
 //! - [`ring`]: shared-memory work-request and completion rings, and the engine's doorbell;
@@ -13,9 +15,11 @@
 
 pub mod device;
 pub mod engine;
+pub mod events;
 pub mod faults;
 pub mod ffi;
 pub mod hosts;
+pub mod mw;
 pub mod nic;
 pub mod proto;
 pub mod provider;

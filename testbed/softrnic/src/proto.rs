@@ -223,7 +223,11 @@ pub struct Sge {
 
 /// A send work request. On a UD QP the destination travels in the remote fields:
 /// `remote_addr` holds the destination's IPv4 address (from the address handle), `rkey` the
-/// destination QPN and `compare_add` the Q_Key.
+/// destination QPN and `compare_add` the Q_Key. A memory-window bind (`IBV_WR_BIND_MW`)
+/// carries the window's new rkey in `rkey`, the bound range in `remote_addr` and
+/// `compare_add` (length), and the MR's lkey and the window's access flags in `swap`
+/// ([`bind_fields`]). `IBV_WR_LOCAL_INV` and `IBV_WR_SEND_WITH_INV` carry the rkey to
+/// invalidate in `imm` (the C union of `imm_data` and `invalidate_rkey`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SendWr {
     pub wr_id: u64,
@@ -241,6 +245,16 @@ pub struct SendWr {
     pub inline: Option<Vec<u8>>,
 }
 
+/// The `swap` field of a bind work request: the MR's lkey and the window's access flags.
+pub fn bind_fields(mr_lkey: u32, access: u32) -> u64 {
+    u64::from(mr_lkey) << 32 | u64::from(access)
+}
+
+/// Work requests the NIC executes locally, without a packet: window binds and invalidations.
+pub fn is_local_wr(opcode: i32) -> bool {
+    matches!(opcode, IBV_WR_BIND_MW | IBV_WR_LOCAL_INV)
+}
+
 /// Whether an `ibv_wr_opcode` is one of the two atomics.
 pub fn is_atomic_wr(opcode: i32) -> bool {
     matches!(
@@ -253,19 +267,22 @@ pub fn is_atomic_wr(opcode: i32) -> bool {
 /// way by the provider (both posting paths) and the engine: an opcode the engine does not
 /// execute on that transport,
 /// inline data on a READ or an atomic (they write local memory), an atomic whose local buffer
-/// is not exactly the 8 bytes of the original value, or a message larger than the port's.
+/// is not exactly the 8 bytes of the original value, a window bind or invalidation with local
+/// buffers, or a message larger than the port's.
 pub fn check_send_wr(qp_type: i32, opcode: i32, inline: bool, len: u64) -> Result<(), i32> {
     let send = matches!(opcode, IBV_WR_SEND | IBV_WR_SEND_WITH_IMM);
     let write = matches!(opcode, IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM);
     let read_atomic = opcode == IBV_WR_RDMA_READ || is_atomic_wr(opcode);
-    // RC: everything; UC: SEND and WRITE (no responses); UD: SEND only.
+    let local = is_local_wr(opcode);
+    // RC: everything; UC: SEND, WRITE and windows (no responses); UD: SEND only.
     let supported = match qp_type {
-        IBV_QPT_RC => send || write || read_atomic,
-        IBV_QPT_UC => send || write,
+        IBV_QPT_RC => send || write || read_atomic || local || opcode == IBV_WR_SEND_WITH_INV,
+        IBV_QPT_UC => send || write || local,
         IBV_QPT_UD => send,
         _ => false,
     };
     if !supported
+        || (local && (inline || len != 0))
         || (inline && (opcode == IBV_WR_RDMA_READ || is_atomic_wr(opcode)))
         || (is_atomic_wr(opcode) && len != 8)
         || len > crate::device::MAX_MSG_SZ as u64
@@ -421,6 +438,32 @@ pub enum Req {
         srq: u32,
         wrs: Vec<RecvWr>,
     },
+    /// The context's asynchronous event stream: answered like [`Req::CreateChannel`], attached
+    /// the same way ([`Req::AttachChannel`]); the engine then writes 16-byte
+    /// `struct ib_uverbs_async_event_desc` records on it, one at a time (see
+    /// [`crate::events`]).
+    CreateAsyncChannel,
+    /// The application's pointer for an object (`kind` 1: `struct ibv_qp *` of QP `handle`,
+    /// 2: `struct ibv_srq *` of SRQ `handle`), which asynchronous events carry.
+    UserHandle {
+        kind: u8,
+        handle: u32,
+        user: u64,
+    },
+    /// The record on the async event stream is gone: read by the application (`taken_back`
+    /// false) or taken back from the socket by a destroy of its object.
+    AsyncEventRead {
+        taken_back: bool,
+    },
+    /// A memory window of type `mw_type` in PD `pd`; answered with its rkey
+    /// ([`Resp::Handle`]), whose upper 24 bits name it for good.
+    AllocMw {
+        pd: u32,
+        mw_type: i32,
+    },
+    DeallocMw {
+        rkey: u32,
+    },
 }
 
 impl Req {
@@ -555,6 +598,21 @@ impl Req {
                     enc_sges(&mut e, &w.sges);
                 }
             }
+            Req::CreateAsyncChannel => {
+                e.u32(23);
+            }
+            Req::UserHandle { kind, handle, user } => {
+                e.u32(24).u8(*kind).u32(*handle).u64(*user);
+            }
+            Req::AsyncEventRead { taken_back } => {
+                e.u32(25).u8(*taken_back as u8);
+            }
+            Req::AllocMw { pd, mw_type } => {
+                e.u32(26).u32(*pd).i32(*mw_type);
+            }
+            Req::DeallocMw { rkey } => {
+                e.u32(27).u32(*rkey);
+            }
         }
         e.0
     }
@@ -670,6 +728,20 @@ impl Req {
                 let wrs = dec_recv_wrs(&mut d)?;
                 Req::PostSrqRecv { srq, wrs }
             }
+            23 => Req::CreateAsyncChannel,
+            24 => Req::UserHandle {
+                kind: d.u8()?,
+                handle: d.u32()?,
+                user: d.u64()?,
+            },
+            25 => Req::AsyncEventRead {
+                taken_back: d.u8()? != 0,
+            },
+            26 => Req::AllocMw {
+                pd: d.u32()?,
+                mw_type: d.i32()?,
+            },
+            27 => Req::DeallocMw { rkey: d.u32()? },
             o => return Err(WireError::Opcode(o)),
         })
     }
@@ -715,6 +787,13 @@ pub enum Resp {
         max_sge: u32,
         srq_limit: u32,
     },
+    /// A destroyed QP, SRQ or CQ: how many of its asynchronous events the application has
+    /// read, and whether the record on the event stream is one of its own, not yet reported
+    /// read (see [`crate::events`]).
+    Destroyed {
+        events_reported: u32,
+        event_unread: bool,
+    },
 }
 
 impl Resp {
@@ -750,6 +829,12 @@ impl Resp {
                     .u32(*max_wr)
                     .u32(*max_sge)
                     .u32(*srq_limit);
+            }
+            Resp::Destroyed {
+                events_reported,
+                event_unread,
+            } => {
+                e.i32(0).u32(*events_reported).u8(*event_unread as u8);
             }
             Resp::Qp { qpn, cap } => {
                 e.i32(0).u32(*qpn);
@@ -793,7 +878,7 @@ impl Resp {
             return Ok(Resp::Err { errno, bad_index });
         }
         Ok(match req {
-            Req::AllocPd => Resp::Handle(d.u32()?),
+            Req::AllocPd | Req::AllocMw { .. } => Resp::Handle(d.u32()?),
             Req::RegMr { .. } => Resp::Mr {
                 lkey: d.u32()?,
                 rkey: d.u32()?,
@@ -802,7 +887,7 @@ impl Resp {
                 handle: d.u32()?,
                 cqe: d.u32()?,
             },
-            Req::CreateChannel => Resp::Channel {
+            Req::CreateChannel | Req::CreateAsyncChannel => Resp::Channel {
                 id: d.u32()?,
                 token: d.u64()?,
             },
@@ -816,6 +901,12 @@ impl Resp {
                 max_sge: d.u32()?,
                 srq_limit: d.u32()?,
             },
+            Req::DestroyQp { .. } | Req::DestroySrq { .. } | Req::DestroyCq { .. } => {
+                Resp::Destroyed {
+                    events_reported: d.u32()?,
+                    event_unread: d.u8()? != 0,
+                }
+            }
             Req::QueryQp { .. } => Resp::QpAttr {
                 attr: QpAttrs::dec(&mut d)?,
                 cap: Caps::dec(&mut d)?,
@@ -929,6 +1020,15 @@ mod tests {
             },
             Req::QuerySrq { srq: 4 },
             Req::DestroySrq { srq: 4 },
+            Req::CreateAsyncChannel,
+            Req::UserHandle {
+                kind: 2,
+                handle: 9,
+                user: 0x5555_0000_1000,
+            },
+            Req::AsyncEventRead { taken_back: true },
+            Req::AllocMw { pd: 2, mw_type: 2 },
+            Req::DeallocMw { rkey: 0x1234 },
             Req::PostSrqRecv {
                 srq: 4,
                 wrs: vec![RecvWr {
@@ -977,5 +1077,17 @@ mod tests {
         };
         let q = Req::QuerySrq { srq: 3 };
         assert_eq!(Resp::decode(&q, &r.encode()).unwrap(), r);
+        let r = Resp::Destroyed {
+            events_reported: 7,
+            event_unread: true,
+        };
+        for q in [
+            Req::DestroyQp { qpn: 1 },
+            Req::DestroySrq { srq: 1 },
+            Req::DestroyCq { cq: 1 },
+        ] {
+            assert_eq!(Resp::decode(&q, &r.encode()).unwrap(), r);
+            assert!(Resp::decode(&q, &r.encode()[..6]).is_err());
+        }
     }
 }

@@ -95,7 +95,11 @@ fn ctx_ops() -> &'static VerbsContextOps {
             set("query_srq", query_srq as *const c_void);
             set("destroy_srq", destroy_srq as *const c_void);
             set("post_srq_recv", post_srq_recv as *const c_void);
+            set("alloc_mw", alloc_mw as *const c_void);
+            set("dealloc_mw", dealloc_mw as *const c_void);
+            set("bind_mw", bind_mw as *const c_void);
             set("free_context", free_context as *const c_void);
+            set("async_event", async_event as *const c_void);
             SyncCtxOps(t)
         })
         .0
@@ -375,18 +379,7 @@ pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut IbvContext) -> *m
                 return null_mut();
             }
         };
-        let attach = || -> Result<UnixStream, c_int> {
-            let mut s = UnixStream::connect(&st.socket).map_err(|_| libc::ENODEV)?;
-            let req = Req::AttachChannel { id, token };
-            proto::write_frame(&mut s, &req.encode()).map_err(|_| libc::EIO)?;
-            let body = proto::read_frame(&mut s).map_err(|_| libc::EIO)?;
-            match Resp::decode(&req, &body) {
-                Ok(Resp::Unit) => Ok(s),
-                Ok(Resp::Err { errno, .. }) => Err(errno),
-                _ => Err(libc::EIO),
-            }
-        };
-        let s = match attach() {
+        let s = match attach_stream(&st.socket, id, token) {
             Ok(s) => s,
             Err(e) => {
                 set_errno(e);
@@ -414,6 +407,20 @@ pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut IbvContext) -> *m
             .insert(ch as usize, id);
         ch
     })
+}
+
+/// Open the event stream of channel `id` (a completion channel or the async event stream): a
+/// second connection to the engine whose first and only request is `AttachChannel`.
+fn attach_stream(socket: &str, id: u32, token: u64) -> Result<UnixStream, c_int> {
+    let mut s = UnixStream::connect(socket).map_err(|_| libc::ENODEV)?;
+    let req = Req::AttachChannel { id, token };
+    proto::write_frame(&mut s, &req.encode()).map_err(|_| libc::EIO)?;
+    let body = proto::read_frame(&mut s).map_err(|_| libc::EIO)?;
+    match Resp::decode(&req, &body) {
+        Ok(Resp::Unit) => Ok(s),
+        Ok(Resp::Err { errno, .. }) => Err(errno),
+        _ => Err(libc::EIO),
+    }
 }
 
 impl CtxState {
@@ -469,6 +476,95 @@ impl CtxState {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Asynchronous events (see crate::events for the protocol and why one record at a time)
+// ---------------------------------------------------------------------------------------------
+
+/// The context's asynchronous event stream, which becomes its `async_fd`.
+fn open_async_stream(st: &CtxState) -> Result<UnixStream, c_int> {
+    match st.call(&Req::CreateAsyncChannel)? {
+        Resp::Channel { id, token } => attach_stream(&st.socket, id, token),
+        _ => Err(libc::EIO),
+    }
+}
+
+/// libibverbs calls this after `ibv_get_async_event` has read a record: the engine may write
+/// the next one, and counts this one as read for its object.
+unsafe extern "C" fn async_event(ctx: *mut IbvContext, _event: *mut c_void) {
+    guard((), || {
+        // SAFETY: ctx is ours (libibverbs passes the context the record was read from).
+        let st = unsafe { state(ctx) };
+        if let Err(e) = st.call(&Req::AsyncEventRead { taken_back: false }) {
+            eprintln!("softrnic: async event not reported read (errno {e})");
+        }
+    })
+}
+
+/// Tell the engine the application's pointer for a QP (`kind` 1) or SRQ (2), which its
+/// asynchronous events carry.
+fn set_user(st: &CtxState, kind: u8, handle: u32, user: *mut c_void) -> Result<(), c_int> {
+    st.call(&Req::UserHandle {
+        kind,
+        handle,
+        user: user as u64,
+    })
+    .map(|_| ())
+}
+
+/// After a destroy (`resp` is the engine's answer), wait as the kernel's destroy commands make
+/// libibverbs wait: until the application has acknowledged every event of the object it has
+/// read (`*completed`, counted by `ibv_ack_async_event` under `mutex`, signalled on `cond`).
+/// An event of the object still unread in the socket is taken back so that nobody can read
+/// it after the object is freed; if the application read it first, it is waited for too.
+///
+/// # Safety
+/// `ctx` is ours; `mutex`, `cond` and `completed` belong to the live object being destroyed.
+unsafe fn settle_events(
+    ctx: *mut IbvContext,
+    resp: Resp,
+    mutex: *mut libc::pthread_mutex_t,
+    cond: *mut libc::pthread_cond_t,
+    completed: *const u32,
+) {
+    let Resp::Destroyed {
+        events_reported,
+        event_unread,
+    } = resp
+    else {
+        return;
+    };
+    let mut expected = events_reported;
+    if event_unread {
+        let mut rec = [0u8; crate::events::RECORD_LEN];
+        // SAFETY: reads at most rec.len() bytes into rec from the context's async fd.
+        let n = unsafe {
+            libc::recv(
+                (*ctx).async_fd,
+                rec.as_mut_ptr() as *mut c_void,
+                rec.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n == rec.len() as isize {
+            // SAFETY: ctx is ours.
+            let st = unsafe { state(ctx) };
+            let _ = st.call(&Req::AsyncEventRead { taken_back: true });
+        } else {
+            // The engine wrote the record before answering, so it is no longer in the socket
+            // only because the application has read it (its hook will report it).
+            expected += 1;
+        }
+    }
+    // SAFETY: the caller's object is live; libibverbs initialised its mutex and cond.
+    unsafe {
+        libc::pthread_mutex_lock(mutex);
+        while std::ptr::read_volatile(completed) < expected {
+            libc::pthread_cond_wait(cond, mutex);
+        }
+        libc::pthread_mutex_unlock(mutex);
+    }
+}
+
 /// Layout of the allocation made by `_verbs_init_and_alloc_context`.
 #[repr(C)]
 struct SrContext {
@@ -510,14 +606,6 @@ unsafe extern "C" fn alloc_context(
                 return null_mut();
             }
         };
-        // SAFETY: libibverbs callocs size_of::<SrContext>() bytes, puts the verbs_context at
-        // offset 0 (offset of `vctx`) and initialises it; on failure it closes cmd_fd.
-        let p =
-            unsafe { (lib.init_and_alloc)(ibdev, cmd_fd, size_of::<SrContext>(), null_mut(), 0) }
-                as *mut SrContext;
-        if p.is_null() {
-            return null_mut();
-        }
         let st = Box::new(CtxState {
             conn: Mutex::new(conn),
             guid: dev.guid,
@@ -526,12 +614,30 @@ unsafe extern "C" fn alloc_context(
                 .parent()
                 .and_then(|d| Doorbell::open(&d.join("doorbell"), false).ok()),
         });
+        let events = match open_async_stream(&st) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("softrnic: cannot open the asynchronous event stream (errno {e})");
+                // SAFETY: we own cmd_fd on failure.
+                unsafe { libc::close(cmd_fd) };
+                set_errno(e);
+                return null_mut();
+            }
+        };
+        // SAFETY: libibverbs callocs size_of::<SrContext>() bytes, puts the verbs_context at
+        // offset 0 (offset of `vctx`) and initialises it; on failure it closes cmd_fd.
+        let p =
+            unsafe { (lib.init_and_alloc)(ibdev, cmd_fd, size_of::<SrContext>(), null_mut(), 0) }
+                as *mut SrContext;
+        if p.is_null() {
+            return null_mut();
+        }
         // SAFETY: p points to a zeroed, initialised SrContext owned by us until free_context.
         unsafe {
             (*p).state = Box::into_raw(st);
-            // No kernel: async events never arrive, so an eventfd that is never signalled is
-            // the async fd (libibverbs would otherwise ask the kernel for one).
-            (*p).vctx.context.async_fd = libc::eventfd(0, libc::EFD_CLOEXEC);
+            // The async fd is the engine's event stream (libibverbs reads it in
+            // ibv_get_async_event and closes it in verbs_uninit_context).
+            (*p).vctx.context.async_fd = events.into_raw_fd();
             (*p).vctx.context.num_comp_vectors = 1;
             (lib.set_ops)(&mut (*p).vctx, ctx_ops());
             CONTEXTS
@@ -777,7 +883,18 @@ unsafe extern "C" fn destroy_cq(cq: *mut IbvCq) -> c_int {
         // SAFETY: cq was made by create_cq.
         let (st, h) = unsafe { (state((*cq).context), (*cq).handle) };
         match st.call(&Req::DestroyCq { cq: h }) {
-            Ok(_) => {
+            Ok(r) => {
+                // SAFETY: cq is live until freed below; its fields are libibverbs'.
+                unsafe {
+                    let c = &mut *cq;
+                    settle_events(
+                        c.context,
+                        r,
+                        &mut c.mutex,
+                        &mut c.cond,
+                        &c.async_events_completed,
+                    );
+                }
                 // SAFETY: allocated by create_cq as a boxed SrCq.
                 drop(unsafe { Box::from_raw(cq as *mut SrCq) });
                 0
@@ -948,7 +1065,15 @@ unsafe extern "C" fn create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> *mut
                 qp.qp_num = qpn;
                 qp.state = IBV_QPS_RESET;
                 qp.qp_type = a.qp_type;
-                Box::into_raw(q) as *mut IbvQp
+                let qp = Box::into_raw(q) as *mut IbvQp;
+                if let Err(e) = set_user(st, 1, qpn, qp as *mut c_void) {
+                    let _ = st.call(&Req::DestroyQp { qpn });
+                    // SAFETY: allocated just above and not handed out.
+                    drop(unsafe { Box::from_raw(qp as *mut SrQp) });
+                    set_errno(e);
+                    return null_mut();
+                }
+                qp
             }
             Ok(_) => {
                 set_errno(libc::EIO);
@@ -1071,7 +1196,12 @@ unsafe extern "C" fn destroy_qp(qp: *mut IbvQp) -> c_int {
         // SAFETY: qp is ours.
         let (st, qpn) = unsafe { (state((*qp).context), (*qp).qp_num) };
         match st.call(&Req::DestroyQp { qpn }) {
-            Ok(_) => {
+            Ok(r) => {
+                // SAFETY: qp is live until freed below; its fields are libibverbs'.
+                unsafe {
+                    let q = &mut *qp;
+                    settle_events(q.context, r, &mut q.mutex, &mut q.cond, &q.events_completed);
+                }
                 // SAFETY: allocated by create_qp as a boxed SrQp.
                 drop(unsafe { Box::from_raw(qp as *mut SrQp) });
                 0
@@ -1112,7 +1242,15 @@ unsafe extern "C" fn create_srq(pd: *mut IbvPd, attr: *mut IbvSrqInitAttr) -> *m
                 b.srq_context = a.srq_context;
                 b.pd = pd;
                 b.handle = handle;
-                Box::into_raw(b)
+                let srq = Box::into_raw(b);
+                if let Err(e) = set_user(st, 2, handle, srq as *mut c_void) {
+                    let _ = st.call(&Req::DestroySrq { srq: handle });
+                    // SAFETY: allocated just above and not handed out.
+                    drop(unsafe { Box::from_raw(srq) });
+                    set_errno(e);
+                    return null_mut();
+                }
+                srq
             }
             Ok(_) => {
                 set_errno(libc::EIO);
@@ -1175,7 +1313,12 @@ unsafe extern "C" fn destroy_srq(srq: *mut IbvSrq) -> c_int {
         // SAFETY: srq is ours.
         let (st, handle) = unsafe { (state((*srq).context), (*srq).handle) };
         match st.call(&Req::DestroySrq { srq: handle }) {
-            Ok(_) => {
+            Ok(r) => {
+                // SAFETY: srq is live until freed below; its fields are libibverbs'.
+                unsafe {
+                    let s = &mut *srq;
+                    settle_events(s.context, r, &mut s.mutex, &mut s.cond, &s.events_completed);
+                }
                 // SAFETY: allocated by create_srq as a boxed IbvSrq.
                 drop(unsafe { Box::from_raw(srq) });
                 0
@@ -1206,6 +1349,79 @@ unsafe extern "C" fn post_srq_recv(
                 }
             }
         }
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory windows (see crate::mw)
+// ---------------------------------------------------------------------------------------------
+
+unsafe extern "C" fn alloc_mw(pd: *mut IbvPd, mw_type: c_int) -> *mut IbvMw {
+    guard(null_mut(), || {
+        // SAFETY: pd is ours.
+        let (ctx, pdh) = unsafe { ((*pd).context, (*pd).handle) };
+        // SAFETY: ctx is ours.
+        let st = unsafe { state(ctx) };
+        match st.call(&Req::AllocMw { pd: pdh, mw_type }) {
+            Ok(Resp::Handle(rkey)) => Box::into_raw(Box::new(IbvMw {
+                context: ctx,
+                pd,
+                rkey,
+                handle: rkey >> 8,
+                type_: mw_type,
+            })),
+            Ok(_) => {
+                set_errno(libc::EIO);
+                null_mut()
+            }
+            Err(e) => {
+                set_errno(e);
+                null_mut()
+            }
+        }
+    })
+}
+
+unsafe extern "C" fn dealloc_mw(mw: *mut IbvMw) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: mw was made by alloc_mw.
+        let (st, rkey) = unsafe { (state((*mw).context), (*mw).rkey) };
+        match st.call(&Req::DeallocMw { rkey }) {
+            Ok(_) => {
+                // SAFETY: allocated by alloc_mw as a boxed IbvMw.
+                drop(unsafe { Box::from_raw(mw) });
+                0
+            }
+            Err(e) => e,
+        }
+    })
+}
+
+/// `ibv_bind_mw` (type 1): a bind work request on the QP's send queue with the window's next
+/// rkey (`ibv_inc_rkey`), which the window carries from now on, as mlx5 does.
+unsafe extern "C" fn bind_mw(qp: *mut IbvQp, mw: *mut IbvMw, bind: *mut IbvMwBind) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: mw is ours and bind is the caller's valid bind description.
+        let (old, b) = unsafe { ((*mw).rkey, &*bind) };
+        let rkey = (old & !0xff) | (old.wrapping_add(1) & 0xff);
+        // SAFETY: ibv_send_wr is plain C data; all-zero is a valid empty WR.
+        let mut wr: IbvSendWr = unsafe { std::mem::zeroed() };
+        wr.wr_id = b.wr_id;
+        wr.opcode = IBV_WR_BIND_MW;
+        wr.send_flags = b.send_flags;
+        wr.set_bind_mw(IbvSendWrBindMw {
+            mw,
+            rkey,
+            bind_info: b.bind_info,
+        });
+        let mut bad = null_mut();
+        // SAFETY: qp is ours; wr is a one-element list.
+        let r = unsafe { post_send(qp, &mut wr, &mut bad) };
+        if r == 0 {
+            // SAFETY: mw is ours.
+            unsafe { (*mw).rkey = rkey };
+        }
+        r
     })
 }
 
@@ -1261,6 +1477,12 @@ unsafe fn remote_of(w: &IbvSendWr, qp_type: c_int) -> (u64, u32, u64, u64) {
         (u64::from(ip), qpn, u64::from(qkey), 0)
     } else if proto::is_atomic_wr(w.opcode) {
         (w.wr[0], w.wr[3] as u32, w.wr[1], w.wr[2])
+    } else if w.opcode == IBV_WR_BIND_MW {
+        let b = w.bind_mw();
+        let i = b.bind_info;
+        let lkey = if i.mr.is_null() { 0 } else { (*i.mr).lkey };
+        let fields = proto::bind_fields(lkey, i.mw_access_flags);
+        (i.addr, b.rkey, i.length, fields)
     } else {
         (w.wr[0], w.wr[1] as u32, 0, 0)
     }

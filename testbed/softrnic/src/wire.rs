@@ -27,6 +27,11 @@ pub const F_FIRST: u8 = 1;
 pub const F_LAST: u8 = 2;
 pub const F_IMM: u8 = 4;
 pub const F_ACKREQ: u8 = 8;
+/// On a message's last packet: the sender asked for a solicited event (`IBV_SEND_SOLICITED`),
+/// which wakes a CQ armed with `ibv_req_notify_cq(cq, 1)` when the receive completes.
+pub const F_SOLICITED: u8 = 16;
+/// SEND with invalidate: `imm` is the rkey of a memory window the responder invalidates.
+pub const F_INV: u8 = 32;
 
 pub const NAK_SEQ: u8 = 1;
 pub const NAK_RNR: u8 = 2;

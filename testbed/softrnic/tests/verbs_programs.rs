@@ -1279,3 +1279,71 @@ fn uc_pingpong_and_perftest_write_over_uc_and_loss_drops_messages() {
     assert!(h1["rx_uc_broken"] > 0, "{h1:?}");
     assert_eq!(h2["retransmits"], 0, "{h2:?}");
 }
+
+/// Our own async-event checker (`tests/verify/srn_async.c`) between two namespaces: the SRQ
+/// limit event once per arming with `element.srq` the SRQ (and `ibv_query_srq` showing it
+/// disarmed), COMM_EST for a QP receiving in RTR, LAST_WQE_REACHED for QPs of the SRQ going
+/// to error, an unread event dropped with its QP at destroy, and `ibv_destroy_qp` waiting for
+/// the acknowledgement of an event that was read; and a CQ armed solicited-only that stays
+/// quiet for unsolicited SENDs and fires for one with `IBV_SEND_SOLICITED`. Every wait is
+/// bounded by a timeout in the program (poll() on the fds, an alarm against hangs).
+#[test]
+fn own_async_event_checker_srq_limit_last_wqe_destroy_and_solicited_events() {
+    require_privileges!();
+    if !have("cc") || !Path::new("/usr/include/infiniband/verbs.h").exists() {
+        eprintln!("SKIPPED: needs cc and libibverbs-dev");
+        return;
+    }
+    let run = Run::new("async");
+    run.up(&["--hosts", "2"]);
+    let prog = compile_verifier(&run, "srn_async");
+    let p = prog.to_str().unwrap();
+    let ip = run.addr("h1");
+    let server = spawn(&mut run.exec("h1", &[p, "server", "7474"]));
+    let client = run_timeout(
+        &mut run.exec("h2", &[p, "client", &ip, "7474"]),
+        Duration::from_secs(60),
+    );
+    let server = wait_timeout(server, Duration::from_secs(30));
+    assert!(client.status.success(), "client: {}", text(&client));
+    assert!(server.status.success(), "server: {}", text(&server));
+    let s = String::from_utf8_lossy(&server.stdout);
+    assert!(s.contains("OK async events"), "{s}");
+    eprintln!("{s}");
+}
+
+/// Our own memory-window checker (`tests/verify/srn_mw.c`) between two namespaces: the client
+/// only knows window rkeys, never the MR's. A type 1 window (`ibv_bind_mw`) grants READ of its
+/// range only (one byte past it, or a WRITE, fails with `IBV_WC_REM_ACCESS_ERR`); a type 2
+/// window (`IBV_WR_BIND_MW`) grants WRITE and READ through the QP that bound it only; a rebind
+/// retires the old rkey; `IBV_WR_LOCAL_INV` and the peer's `IBV_WR_SEND_WITH_INV` (reported
+/// in the receive's `invalidated_rkey`) revoke the window; bytes outside the windows stay; the
+/// server's QP of each refused access reports `IBV_EVENT_QP_ACCESS_ERR`.
+#[test]
+fn own_memory_window_checker_type1_type2_bind_and_invalidate() {
+    require_privileges!();
+    if !have("cc") || !Path::new("/usr/include/infiniband/verbs.h").exists() {
+        eprintln!("SKIPPED: needs cc and libibverbs-dev");
+        return;
+    }
+    let run = Run::new("mw");
+    run.up(&["--hosts", "2"]);
+    let prog = compile_verifier(&run, "srn_mw");
+    let p = prog.to_str().unwrap();
+    let ip = run.addr("h1");
+    let server = spawn(&mut run.exec("h1", &[p, "server", "7475"]));
+    let client = run_timeout(
+        &mut run.exec("h2", &[p, "client", &ip, "7475"]),
+        Duration::from_secs(60),
+    );
+    let server = wait_timeout(server, Duration::from_secs(30));
+    assert!(client.status.success(), "client: {}", text(&client));
+    assert!(server.status.success(), "server: {}", text(&server));
+    let s = String::from_utf8_lossy(&server.stdout);
+    assert!(s.contains("OK memory windows"), "{s}");
+    let c = String::from_utf8_lossy(&client.stdout);
+    assert!(
+        c.contains("6 accesses refused as expected, 5 allowed"),
+        "{c}"
+    );
+}

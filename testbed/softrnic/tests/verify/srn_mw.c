@@ -1,0 +1,392 @@
+/*
+ * srn_mw: memory windows over libibverbs (used by softrnic's integration tests; plain verbs,
+ * so it runs on any RoCE device with type 1 and type 2B windows).
+ *
+ *   srn_mw server PORT
+ *   srn_mw client SERVER_IP PORT
+ *
+ * The server registers one 8 KiB MR (remote read and write, MW_BIND) but never tells the
+ * client its rkey: the client only gets windows. NQP RC QPs are connected between the two;
+ * an access error sends a requester QP to the error state, so every expected failure uses a
+ * fresh client QP (1..6), and QP 0 does everything that must succeed. In lockstep over TCP:
+ *   1. the server binds a type 1 window (ibv_bind_mw, a signalled IBV_WC_BIND_MW completion)
+ *      over [1024, 2048) read-only, and a type 2 window (IBV_WR_BIND_MW on QP 0, rkey chosen
+ *      with ibv_inc_rkey) over [4096, 4608) read-write;
+ *   2. the client READs the whole type 1 range (data checked); READ one byte past it, and
+ *      WRITE into it, each fail with IBV_WC_REM_ACCESS_ERR; it WRITEs the type 2 range through
+ *      QP 0 and READs it back; the same rkey through another QP fails (type 2B windows belong
+ *      to the QP that bound them);
+ *   3. the server binds the type 1 window again: its old rkey fails, the new one works;
+ *   4. the server invalidates the type 2 window (IBV_WR_LOCAL_INV, IBV_WC_LOCAL_INV): its
+ *      rkey fails;
+ *   5. the server binds it again with the next rkey; the client sends IBV_WR_SEND_WITH_INV
+ *      naming it: the server's receive completes with IBV_WC_WITH_INV and that rkey in
+ *      invalidated_rkey, and the rkey fails afterwards;
+ *   6. the server checks the bytes the client wrote in step 2, and that each of its QPs 1..6
+ *      reported the access violation it refused with IBV_EVENT_QP_ACCESS_ERR (in order).
+ * Exit status 0 and a final line "OK ..." when everything matched; otherwise a message and 1.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <infiniband/verbs.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define NQP 7
+#define BUF 8192
+#define W1_OFF 1024
+#define W1_LEN 1024
+#define W2_OFF 4096
+#define W2_LEN 512
+
+struct qpinfo {
+	uint32_t qpn, psn;
+	uint8_t gid[16];
+};
+
+/* What the server tells the client after each step. */
+struct keys {
+	uint64_t base;
+	uint32_t rkey1, rkey2;
+};
+
+static void die(const char *m)
+{
+	fprintf(stderr, "FAIL: %s\n", m);
+	exit(1);
+}
+
+static void xfer(int fd, void *buf, size_t n, int send_it)
+{
+	uint8_t *p = buf;
+	while (n) {
+		ssize_t r = send_it ? write(fd, p, n) : read(fd, p, n);
+		if (r <= 0)
+			die("tcp exchange");
+		p += r;
+		n -= (size_t)r;
+	}
+}
+
+static struct ibv_context *ctx;
+static struct ibv_pd *pd;
+static struct ibv_cq *cq;
+static struct ibv_mr *mr;
+static struct ibv_qp *qps[NQP];
+static uint8_t *buf;
+
+static void setup(int mr_access, int qp_access)
+{
+	struct ibv_device **list = ibv_get_device_list(NULL);
+	if (!list || !list[0])
+		die("no RDMA device");
+	ctx = ibv_open_device(list[0]);
+	if (!ctx)
+		die("open_device");
+	pd = ibv_alloc_pd(ctx);
+	cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+	if (!pd || !cq || posix_memalign((void **)&buf, 4096, BUF))
+		die("pd/cq/buffer");
+	mr = ibv_reg_mr(pd, buf, BUF, mr_access);
+	if (!mr)
+		die("reg_mr");
+	for (int i = 0; i < NQP; i++) {
+		struct ibv_qp_init_attr ia = {.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC};
+		ia.cap.max_send_wr = 8;
+		ia.cap.max_recv_wr = 2;
+		ia.cap.max_send_sge = 1;
+		ia.cap.max_recv_sge = 1;
+		qps[i] = ibv_create_qp(pd, &ia);
+		if (!qps[i])
+			die("create_qp");
+		struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1};
+		a.qp_access_flags = qp_access;
+		if (ibv_modify_qp(qps[i], &a,
+				  IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+			die("to INIT");
+	}
+}
+
+static void connect_all(int fd, int send_first)
+{
+	union ibv_gid gid;
+	struct ibv_port_attr pa;
+	if (ibv_query_gid(ctx, 1, 0, &gid) || ibv_query_port(ctx, 1, &pa))
+		die("query_gid/port");
+	struct qpinfo mine[NQP], peer[NQP];
+	for (int i = 0; i < NQP; i++) {
+		mine[i].qpn = qps[i]->qp_num;
+		mine[i].psn = (uint32_t)(lrand48() & 0xffffff);
+		memcpy(mine[i].gid, gid.raw, 16);
+	}
+	xfer(fd, send_first ? (void *)mine : (void *)peer, sizeof mine, send_first);
+	xfer(fd, send_first ? (void *)peer : (void *)mine, sizeof mine, !send_first);
+	for (int i = 0; i < NQP; i++) {
+		struct ibv_qp_attr a = {0};
+		a.qp_state = IBV_QPS_RTR;
+		a.path_mtu = pa.active_mtu;
+		a.dest_qp_num = peer[i].qpn;
+		a.rq_psn = peer[i].psn;
+		a.max_dest_rd_atomic = 1;
+		a.min_rnr_timer = 1;
+		a.ah_attr.is_global = 1;
+		memcpy(a.ah_attr.grh.dgid.raw, peer[i].gid, 16);
+		a.ah_attr.grh.hop_limit = 1;
+		a.ah_attr.port_num = 1;
+		if (ibv_modify_qp(qps[i], &a,
+				  IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+					  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+					  IBV_QP_MIN_RNR_TIMER))
+			die("to RTR");
+		a.qp_state = IBV_QPS_RTS;
+		a.timeout = 14;
+		a.retry_cnt = 7;
+		a.rnr_retry = 7;
+		a.sq_psn = mine[i].psn;
+		a.max_rd_atomic = 1;
+		if (ibv_modify_qp(qps[i], &a,
+				  IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+					  IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+			die("to RTS");
+	}
+}
+
+static struct ibv_wc wait_wc(void)
+{
+	struct ibv_wc wc;
+	int n;
+	while ((n = ibv_poll_cq(cq, 1, &wc)) == 0)
+		;
+	if (n < 0)
+		die("poll_cq");
+	return wc;
+}
+
+/* Post one WR on QP q and return its completion's status (the expected opcode checked). */
+static int run(int q, struct ibv_send_wr *wr, enum ibv_wc_opcode op)
+{
+	struct ibv_send_wr *bad;
+	wr->send_flags |= IBV_SEND_SIGNALED;
+	if (ibv_post_send(qps[q], wr, &bad))
+		die("post_send");
+	struct ibv_wc wc = wait_wc();
+	if (wc.status == IBV_WC_SUCCESS && wc.opcode != op) {
+		fprintf(stderr, "FAIL: completion opcode %d, expected %d\n", wc.opcode, op);
+		exit(1);
+	}
+	return wc.status;
+}
+
+static void expect(int status, int want, const char *what)
+{
+	if (status != want) {
+		fprintf(stderr, "FAIL: %s: %s, expected %s\n", what, ibv_wc_status_str(status),
+			ibv_wc_status_str(want));
+		exit(1);
+	}
+}
+
+/* Client: an RDMA READ or WRITE of len bytes at base + off through rkey, on QP q. */
+static int rdma(int q, enum ibv_wr_opcode op, const struct keys *k, uint32_t rkey, int off,
+		int len, int local_off)
+{
+	struct ibv_sge s = {.addr = (uintptr_t)(buf + local_off), .length = len, .lkey = mr->lkey};
+	struct ibv_send_wr wr = {.sg_list = &s, .num_sge = 1, .opcode = op};
+	wr.wr.rdma.remote_addr = k->base + off;
+	wr.wr.rdma.rkey = rkey;
+	return run(q, &wr, op == IBV_WR_RDMA_READ ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE);
+}
+
+static void bind_type2(struct ibv_mw *mw, uint32_t rkey)
+{
+	struct ibv_send_wr wr = {.wr_id = 2, .opcode = IBV_WR_BIND_MW};
+	wr.bind_mw.mw = mw;
+	wr.bind_mw.rkey = rkey;
+	wr.bind_mw.bind_info.mr = mr;
+	wr.bind_mw.bind_info.addr = (uintptr_t)(buf + W2_OFF);
+	wr.bind_mw.bind_info.length = W2_LEN;
+	wr.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+	expect(run(0, &wr, IBV_WC_BIND_MW), IBV_WC_SUCCESS, "type 2 bind");
+	mw->rkey = rkey;
+}
+
+static void bind_type1(struct ibv_mw *mw)
+{
+	struct ibv_mw_bind b = {.wr_id = 1, .send_flags = IBV_SEND_SIGNALED};
+	b.bind_info.mr = mr;
+	b.bind_info.addr = (uintptr_t)(buf + W1_OFF);
+	b.bind_info.length = W1_LEN;
+	b.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_READ;
+	uint32_t old = mw->rkey;
+	if (ibv_bind_mw(qps[0], mw, &b))
+		die("ibv_bind_mw");
+	struct ibv_wc wc = wait_wc();
+	if (wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_BIND_MW || wc.wr_id != 1)
+		die("type 1 bind completion");
+	if (mw->rkey == old)
+		die("ibv_bind_mw kept the old rkey");
+}
+
+static void sync_step(int fd, int server)
+{
+	uint8_t b = 1;
+	xfer(fd, &b, 1, !server);
+}
+
+static int server(int port)
+{
+	int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+	setup(acc | IBV_ACCESS_MW_BIND, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE);
+	for (int i = 0; i < BUF; i++)
+		buf[i] = (uint8_t)(i * 7);
+	int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+	setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+	if (bind(ls, (struct sockaddr *)&sa, sizeof sa) || listen(ls, 1))
+		die("listen");
+	int fd = accept(ls, NULL, NULL);
+	if (fd < 0)
+		die("accept");
+	connect_all(fd, 0);
+	struct ibv_mw *mw1 = ibv_alloc_mw(pd, IBV_MW_TYPE_1);
+	struct ibv_mw *mw2 = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+	if (!mw1 || !mw2)
+		die("alloc_mw");
+	bind_type1(mw1);
+	bind_type2(mw2, ibv_inc_rkey(mw2->rkey));
+	struct keys k = {.base = (uintptr_t)buf, .rkey1 = mw1->rkey, .rkey2 = mw2->rkey};
+	xfer(fd, &k, sizeof k, 1);
+
+	sync_step(fd, 1); /* step 2 done */
+	bind_type1(mw1);
+	k.rkey1 = mw1->rkey;
+	xfer(fd, &k, sizeof k, 1);
+
+	sync_step(fd, 1); /* step 3 done */
+	struct ibv_send_wr inv = {.wr_id = 3, .opcode = IBV_WR_LOCAL_INV};
+	inv.invalidate_rkey = mw2->rkey;
+	expect(run(0, &inv, IBV_WC_LOCAL_INV), IBV_WC_SUCCESS, "local invalidate");
+	xfer(fd, &k, sizeof k, 1);
+
+	sync_step(fd, 1); /* step 4 done */
+	struct ibv_sge rs = {.addr = (uintptr_t)(buf + BUF - 64), .length = 64, .lkey = mr->lkey};
+	struct ibv_recv_wr rwr = {.wr_id = 9, .sg_list = &rs, .num_sge = 1}, *rbad;
+	if (ibv_post_recv(qps[0], &rwr, &rbad))
+		die("post_recv");
+	bind_type2(mw2, ibv_inc_rkey(mw2->rkey));
+	k.rkey2 = mw2->rkey;
+	xfer(fd, &k, sizeof k, 1);
+	struct ibv_wc wc = wait_wc();
+	if (wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RECV || wc.wr_id != 9)
+		die("receive of the SEND with invalidate");
+	if (!(wc.wc_flags & IBV_WC_WITH_INV) || wc.invalidated_rkey != mw2->rkey)
+		die("the receive does not report the invalidated rkey");
+	sync_step(fd, 0); /* tell the client */
+
+	sync_step(fd, 1); /* step 5 done */
+	for (int i = 0; i < W2_LEN; i++)
+		if (buf[W2_OFF + i] != (uint8_t)(0xa0 + i))
+			die("the bytes written through the type 2 window");
+	for (int i = W2_OFF + W2_LEN; i < BUF - 64; i++)
+		if (buf[i] != (uint8_t)(i * 7))
+			die("memory outside the windows changed");
+	for (int q = 1; q < NQP; q++) {
+		struct pollfd p = {.fd = ctx->async_fd, .events = POLLIN};
+		struct ibv_async_event ev;
+		if (poll(&p, 1, 5000) != 1 || ibv_get_async_event(ctx, &ev))
+			die("no asynchronous event for a refused access");
+		if (ev.event_type != IBV_EVENT_QP_ACCESS_ERR || ev.element.qp != qps[q]) {
+			fprintf(stderr, "FAIL: %s for QP %p, expected QP_ACCESS_ERR for %p\n",
+				ibv_event_type_str(ev.event_type), (void *)ev.element.qp,
+				(void *)qps[q]);
+			exit(1);
+		}
+		ibv_ack_async_event(&ev);
+	}
+	if (ibv_dealloc_mw(mw1) || ibv_dealloc_mw(mw2))
+		die("dealloc_mw");
+	printf("OK memory windows: type 1 and 2 binds, range, rights, QP, rebind, local and "
+	       "remote invalidation enforced; QP_ACCESS_ERR for each refused access\n");
+	return 0;
+}
+
+static int client(const char *ip, int port)
+{
+	setup(IBV_ACCESS_LOCAL_WRITE, 0);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+	inet_pton(AF_INET, ip, &sa.sin_addr);
+	for (int tries = 0; connect(fd, (struct sockaddr *)&sa, sizeof sa); tries++) {
+		if (tries > 100)
+			die("connect");
+		usleep(100000);
+		close(fd);
+		fd = socket(AF_INET, SOCK_STREAM, 0);
+	}
+	connect_all(fd, 1);
+	struct keys k;
+	xfer(fd, &k, sizeof k, 0);
+	int ok = IBV_WC_SUCCESS, denied = IBV_WC_REM_ACCESS_ERR;
+	/* Step 2. */
+	expect(rdma(0, IBV_WR_RDMA_READ, &k, k.rkey1, W1_OFF, W1_LEN, 0), ok, "READ the window");
+	for (int i = 0; i < W1_LEN; i++)
+		if (buf[i] != (uint8_t)((W1_OFF + i) * 7))
+			die("the bytes read through the type 1 window");
+	expect(rdma(1, IBV_WR_RDMA_READ, &k, k.rkey1, W1_OFF + 1, W1_LEN, 0), denied,
+	       "READ one byte beyond the window");
+	expect(rdma(2, IBV_WR_RDMA_WRITE, &k, k.rkey1, W1_OFF, 8, 0), denied,
+	       "WRITE into a read-only window");
+	for (int i = 0; i < W2_LEN; i++)
+		buf[2048 + i] = (uint8_t)(0xa0 + i);
+	expect(rdma(0, IBV_WR_RDMA_WRITE, &k, k.rkey2, W2_OFF, W2_LEN, 2048), ok,
+	       "WRITE the type 2 window");
+	memset(buf, 0, W2_LEN);
+	expect(rdma(0, IBV_WR_RDMA_READ, &k, k.rkey2, W2_OFF, W2_LEN, 0), ok,
+	       "READ the type 2 window");
+	if (memcmp(buf, buf + 2048, W2_LEN))
+		die("read back what was written through the type 2 window");
+	expect(rdma(3, IBV_WR_RDMA_WRITE, &k, k.rkey2, W2_OFF, 8, 0), denied,
+	       "a type 2 window through another QP");
+	uint32_t old1 = k.rkey1, old2 = k.rkey2;
+	sync_step(fd, 0);
+	/* Step 3. */
+	xfer(fd, &k, sizeof k, 0);
+	expect(rdma(4, IBV_WR_RDMA_READ, &k, old1, W1_OFF, 8, 0), denied, "the rkey before a rebind");
+	expect(rdma(0, IBV_WR_RDMA_READ, &k, k.rkey1, W1_OFF, 8, 0), ok, "the rkey after a rebind");
+	sync_step(fd, 0);
+	/* Step 4. */
+	xfer(fd, &k, sizeof k, 0);
+	expect(rdma(5, IBV_WR_RDMA_WRITE, &k, old2, W2_OFF, 8, 0), denied,
+	       "a window after local invalidation");
+	sync_step(fd, 0);
+	/* Step 5. */
+	xfer(fd, &k, sizeof k, 0);
+	struct ibv_sge s = {.addr = (uintptr_t)buf, .length = 16, .lkey = mr->lkey};
+	struct ibv_send_wr wr = {.sg_list = &s, .num_sge = 1, .opcode = IBV_WR_SEND_WITH_INV};
+	wr.invalidate_rkey = k.rkey2;
+	expect(run(0, &wr, IBV_WC_SEND), ok, "SEND with invalidate");
+	sync_step(fd, 1); /* the server saw the invalidation */
+	expect(rdma(6, IBV_WR_RDMA_WRITE, &k, k.rkey2, W2_OFF, 8, 0), denied,
+	       "a window after remote invalidation");
+	sync_step(fd, 0);
+	printf("OK client: 6 accesses refused as expected, 5 allowed\n");
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	alarm(60);
+	srand48(getpid());
+	if (argc == 3 && !strcmp(argv[1], "server"))
+		return server(atoi(argv[2]));
+	if (argc == 4 && !strcmp(argv[1], "client"))
+		return client(argv[2], atoi(argv[3]));
+	fprintf(stderr, "usage: srn_mw server PORT | client SERVER_IP PORT\n");
+	return 2;
+}
