@@ -134,6 +134,19 @@ pub struct IbvCq {
     pub cqe: c_int,
 }
 
+/// `struct ibv_async_event`: `element` is the union of the object pointers (and the port).
+#[repr(C)]
+pub struct IbvAsyncEvent {
+    pub element: *mut c_void,
+    pub event_type: c_int,
+}
+
+/// `IBV_EVENT_CQ_ERR`, the one asynchronous event about a CQ.
+pub const IBV_EVENT_CQ_ERR: c_int = 0;
+
+pub type GetAsyncEventFn = unsafe extern "C" fn(*mut IbvContext, *mut IbvAsyncEvent) -> c_int;
+pub type AckAsyncEventFn = unsafe extern "C" fn(*mut IbvAsyncEvent);
+
 /// `struct ibv_comp_channel`.
 #[repr(C)]
 pub struct IbvCompChannel {
@@ -268,6 +281,11 @@ mod tests {
             ("ibv_cq.cq_context", offset_of!(IbvCq, cq_context)),
             ("ibv_cq.cqe", offset_of!(IbvCq, cqe)),
             ("sizeof ibv_comp_channel", size_of::<IbvCompChannel>()),
+            ("sizeof ibv_async_event", size_of::<IbvAsyncEvent>()),
+            (
+                "ibv_async_event.event_type",
+                offset_of!(IbvAsyncEvent, event_type),
+            ),
             ("ibv_comp_channel.fd", offset_of!(IbvCompChannel, fd)),
             (
                 "ibv_comp_channel.refcnt",

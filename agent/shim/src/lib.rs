@@ -623,6 +623,66 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut IbvCq, nevents: libc::c_uint
     }
 }
 
+static REAL_GET_ASYNC: AtomicUsize = AtomicUsize::new(0);
+static REAL_ACK_ASYNC: AtomicUsize = AtomicUsize::new(0);
+
+/// Interposes `ibv_get_async_event`: an event about a dedicated CQ (`IBV_EVENT_CQ_ERR`, an
+/// overrun) names the application's CQ.
+///
+/// # Safety
+/// Called by C code with the real function's arguments.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_async_event(
+    ctx: *mut IbvContext,
+    event: *mut IbvAsyncEvent,
+) -> c_int {
+    let Some(f) = real_as::<GetAsyncEventFn>(c"ibv_get_async_event", &REAL_GET_ASYNC) else {
+        return -1;
+    };
+    // SAFETY: forwarding unchanged.
+    let rc = unsafe { f(ctx, event) };
+    if rc == 0 && !event.is_null() {
+        completions(|| {
+            // SAFETY: the caller's event, just filled in.
+            let e = unsafe { &mut *event };
+            if e.event_type == IBV_EVENT_CQ_ERR {
+                e.element = vcq::app_cq_of(e.element.cast()).cast();
+            }
+            Some(())
+        });
+    }
+    rc
+}
+
+/// Interposes `ibv_ack_async_event`: an event about a virtual CQ is acknowledged on its
+/// dedicated CQ, the one the provider counts (and whose destroy waits for it).
+///
+/// # Safety
+/// Called by C code with the real function's argument.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_async_event(event: *mut IbvAsyncEvent) {
+    let Some(f) = real_as::<AckAsyncEventFn>(c"ibv_ack_async_event", &REAL_ACK_ASYNC) else {
+        return;
+    };
+    if !event.is_null() {
+        // SAFETY: the caller's event, as ibv_get_async_event filled it.
+        let (element, event_type) = unsafe { ((*event).element, (*event).event_type) };
+        if event_type == IBV_EVENT_CQ_ERR {
+            let dedicated =
+                completions(|| Some(vcq::dedicated_of(element.cast()))).unwrap_or(element.cast());
+            let mut own = IbvAsyncEvent {
+                element: dedicated.cast(),
+                event_type,
+            };
+            // SAFETY: a copy naming the provider's CQ.
+            unsafe { f(&mut own) };
+            return;
+        }
+    }
+    // SAFETY: forwarding unchanged.
+    unsafe { f(event) }
+}
+
 /// Publishes the context's state, then swaps its ops.
 ///
 /// # Safety

@@ -302,8 +302,9 @@ pub fn app_cq_of(cq: *mut IbvCq) -> *mut IbvCq {
     }
 }
 
-/// The dedicated CQ to bind a QP to instead of the application's `cq`, or `cq` itself.
-fn dedicated_of(cq: *mut IbvCq) -> *mut IbvCq {
+/// The dedicated CQ behind the application's `cq` (to bind a QP to, or to acknowledge an
+/// asynchronous event on), or `cq` itself.
+pub fn dedicated_of(cq: *mut IbvCq) -> *mut IbvCq {
     find(cq).map_or(cq, |v| v.dedicated as *mut IbvCq)
 }
 

@@ -9,7 +9,9 @@
  *  - MESSAGES SEND_WITH_IMM, a window of them in flight, driven by events only, arrive
  *    complete and in order with the right bytes; then the completion rate is printed;
  *  - a channel with CQs and a CQ with a QP cannot be destroyed; in the right order they
- *    can.
+ *    can;
+ *  - a CQ that overruns is named by its asynchronous event (IBV_EVENT_CQ_ERR), and once
+ *    the event is acknowledged the CQ can be destroyed.
  * Prints "rate R" then "vcq ok" and exits 0 on success.
  * Usage: vcq_probe MESSAGES */
 #include <infiniband/verbs.h>
@@ -77,6 +79,36 @@ static struct ibv_cq *next_event(struct ibv_comp_channel *ch, void **cq_ctx) {
 		if (ibv_get_cq_event(ch, &cq, cq_ctx) == 0) return cq;
 		if (errno != EAGAIN) die("ibv_get_cq_event after POLLIN");
 	}
+}
+
+/* Fills a 4-entry CQ that nobody polls with 64 completions and waits for its overrun event. */
+static void overrun(struct ibv_context *ctx, struct ibv_pd *pd) {
+	struct ibv_cq *small = ibv_create_cq(ctx, 4, NULL, NULL, 0);
+	if (!small) die("small cq");
+	struct ibv_qp_init_attr ia = { .send_cq = small, .recv_cq = small, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = DEPTH, .max_recv_wr = DEPTH, .max_send_sge = 1, .max_recv_sge = 1 } };
+	struct ibv_qp *a = ibv_create_qp(pd, &ia), *b = ibv_create_qp(pd, &ia);
+	if (!a || !b) die("overrun qps");
+	connect_qp(a, b->qp_num);
+	connect_qp(b, a->qp_num);
+	struct ibv_sge sg = { (uintptr_t)buf, SIZE, mr->lkey };
+	for (int i = 0; i < DEPTH; i++) {
+		struct ibv_recv_wr r = { .wr_id = i, .sg_list = &sg, .num_sge = 1 }, *badr;
+		struct ibv_send_wr w = { .wr_id = i, .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_SEND,
+			.send_flags = IBV_SEND_SIGNALED }, *bads;
+		if (ibv_post_recv(b, &r, &badr) || ibv_post_send(a, &w, &bads)) die("overrun posts");
+	}
+	struct ibv_async_event ev;
+	for (;;) {
+		struct pollfd p = { .fd = ctx->async_fd, .events = POLLIN };
+		if (poll(&p, 1, 5000) != 1) die("no CQ overrun event within 5 s");
+		if (ibv_get_async_event(ctx, &ev)) die("ibv_get_async_event");
+		int mine = ev.event_type == IBV_EVENT_CQ_ERR && ev.element.cq == small;
+		if (ev.event_type == IBV_EVENT_CQ_ERR && !mine) die("the overrun event names another CQ");
+		ibv_ack_async_event(&ev);
+		if (mine) break;
+	}
+	if (ibv_destroy_qp(a) || ibv_destroy_qp(b) || ibv_destroy_cq(small)) die("overrun teardown");
 }
 
 int main(int argc, char **argv) {
@@ -173,6 +205,7 @@ int main(int argc, char **argv) {
 	if (ibv_destroy_qp(tx) || ibv_destroy_qp(rx)) die("destroy qp");
 	if (ibv_destroy_cq(scq) || ibv_destroy_cq(rcq)) die("destroy cq");
 	if (ibv_destroy_comp_channel(ch)) die("destroy channel");
+	overrun(ctx, pd);
 	if (ibv_dereg_mr(mr) || ibv_dealloc_pd(pd) || ibv_close_device(ctx)) die("teardown");
 	ibv_free_device_list(devs);
 	printf("vcq ok\n");

@@ -253,8 +253,14 @@ pub fn shim_complaints(o: &Output) -> Vec<String> {
 
 /// Compiles `tests/c/NAME.c` against the installed libibverbs into the run directory.
 pub fn compile_probe(run: &Run, name: &str) -> String {
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
-    let bin = run.dir.join(name);
+    compile_c(run, &format!("tests/c/{name}.c"))
+}
+
+/// Compiles the C program at `src` (relative to this crate) into the run directory.
+pub fn compile_c(run: &Run, src: &str) -> String {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(src);
+    let name = src.file_stem().unwrap().to_str().unwrap().to_string();
+    let bin = run.dir.join(&name);
     std::fs::create_dir_all(&run.dir).unwrap();
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let out = run_timeout(
@@ -265,7 +271,10 @@ pub fn compile_probe(run: &Run, name: &str) -> String {
             .args(["-libverbs", "-lpthread"]),
         Duration::from_secs(60),
     );
-    assert_ok(&out, &format!("cc {name}.c (needs libibverbs-dev)"));
+    assert_ok(
+        &out,
+        &format!("cc {} (needs libibverbs-dev)", src.display()),
+    );
     bin.to_str().unwrap().to_string()
 }
 
