@@ -25,7 +25,7 @@ use std::sync::atomic::{
     Ordering::{Acquire, Relaxed, Release},
 };
 use std::sync::OnceLock;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Governance state of one QP (in its counter slot, under its mutex).
 #[derive(Default)]
@@ -103,18 +103,34 @@ pub static QUEUED: AtomicU64 = AtomicU64::new(0);
 
 /// The app found its CQ empty. While the shim holds some of its work back (WRs, or
 /// completions beyond its polling grant), spinning on the CQ gains nothing — what it waits
-/// for comes only at the granted rate — so the poller sleeps briefly. A throttled busy-poller thus
-/// stops crowding out its neighbours and the shim's own engine on a small host (`sched_yield`
-/// alone did not: the scheduler hands the CPU straight back).
+/// for comes only at the granted rate — so the poller sleeps: until the limiters' next slot
+/// (nothing the shim holds can complete before it), at least [`MIN_PAUSE`] and at most
+/// [`MAX_PAUSE`]. A throttled busy-poller thus stops crowding out its neighbours and the
+/// shim's own engine on a small host (`sched_yield` alone did not: the scheduler hands the
+/// CPU straight back).
 pub fn on_empty_poll(completions_held: bool) {
     if completions_held || QUEUED.load(Relaxed) > 0 {
-        std::thread::sleep(EMPTY_POLL_PAUSE);
+        std::thread::sleep(empty_poll_pause(now_ps()));
     }
 }
 
-/// The pause of a throttled app's empty poll: short next to a granted inter-message gap at
-/// any rate that throttles (64 KiB at 10 Gb/s take 52 µs).
-const EMPTY_POLL_PAUSE: std::time::Duration = std::time::Duration::from_micros(20);
+/// The shortest pause: short next to a granted inter-message gap at any rate that throttles
+/// (64 KiB at 10 Gb/s take 52 µs).
+const MIN_PAUSE: Duration = Duration::from_micros(20);
+/// The longest: what a WR posted before the throttling may wait for its completion to be
+/// seen.
+const MAX_PAUSE: Duration = Duration::from_millis(1);
+
+/// How long an empty poll of a throttled app pauses at `now`.
+fn empty_poll_pause(now: u64) -> Duration {
+    let wait = |cell: &[AtomicU64; 2], tat: &AtomicU64| {
+        limiter(cell).map_or(0, |g| g.wait(tat.load(Relaxed), now))
+    };
+    let ps = wait(&LIMITS.byte, &BYTE_TAT)
+        .max(wait(&LIMITS.wqe, &WQE_TAT))
+        .max(wait(&LIMITS.cqe, &CQE_TAT));
+    Duration::from_nanos(ps / 1000).clamp(MIN_PAUSE, MAX_PAUSE)
+}
 
 /// The app's gate: one per process (one app per process).
 pub static GATE: SpinLock<Gate> = SpinLock::new(Gate::new());
