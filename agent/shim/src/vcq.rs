@@ -255,7 +255,9 @@ fn channel(ch: *mut IbvCompChannel) -> Option<Arc<Channel>> {
     CHANNELS.lock().as_ref()?.get(&(ch as usize)).cloned()
 }
 
-/// Waits until `a` has no holder but the caller (another thread may be using it).
+/// Waits until `a` has no holder but the caller (another thread may be using it), for at
+/// most a second: a thread still inside after that uses a CQ or channel the application is
+/// destroying, which is the application's own error.
 fn exclusive<T>(a: &Arc<T>) {
     for _ in 0..100_000 {
         if Arc::strong_count(a) == 1 {
