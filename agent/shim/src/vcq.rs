@@ -34,7 +34,7 @@ use std::collections::{HashMap, VecDeque};
 use std::panic::catch_unwind;
 use std::ptr;
 use std::sync::atomic::{
-    AtomicPtr, AtomicU64, AtomicUsize,
+    AtomicBool, AtomicPtr, AtomicU64, AtomicUsize,
     Ordering::{Acquire, Relaxed, Release},
 };
 use std::sync::{Arc, OnceLock};
@@ -91,6 +91,8 @@ pub struct Channel {
     /// Fires when a held-back event of one of its CQs falls due, so that whoever waits on
     /// the channel wakes and raises it.
     tfd: c_int,
+    /// The timer is set (so that an idle channel costs no timer call per event).
+    timer_set: AtomicBool,
     epfd: c_int,
     /// Application CQs with a raised event to collect, in order.
     queue: SpinLock<VecDeque<usize>>,
@@ -123,6 +125,9 @@ impl Channel {
             .filter(|(_, v)| v.channel.as_ref().is_some_and(|c| Arc::ptr_eq(c, self)))
             .map(|(t, _)| *t)
             .min();
+        if !self.timer_set.swap(first.is_some(), Relaxed) && first.is_none() {
+            return;
+        }
         let ns = first.map_or(0, |t| (t.saturating_sub(govern::now_ps()) / 1000).max(1));
         let spec = libc::itimerspec {
             it_interval: libc::timespec {
@@ -652,6 +657,7 @@ unsafe fn channel_over(
         real: realch as usize,
         efd,
         tfd,
+        timer_set: AtomicBool::new(false),
         epfd,
         queue: SpinLock::new(VecDeque::new()),
         taking: SpinLock::new(()),
