@@ -11,7 +11,12 @@
 //! <run>/hosts/<h>/stats            the engine's counters (`name value` lines)
 //! <run>/faults                     fault injection settings read by the engines
 //! <run>/nic                        NIC model settings read by the engines
+//! <run>/holder.log                 without root: the namespace holder's output
+//! <run>/devstage                   without root: where `exec` stages a rebuilt /dev
 //! ```
+//!
+//! As root, hosts are network namespaces named `srn<tag>-h<i>` in /run/netns; as another user,
+//! they live in the user namespace of a holder process (see `crate::userns`).
 
 use std::ffi::CString;
 use std::fs;
@@ -24,20 +29,21 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::device;
+use crate::devdir::{self, DEVDIR};
 use crate::faults::{FaultConfig, Faults, LinkSpec};
 use crate::nic::NicConfig;
+use crate::{device, userns};
 
 /// Where /dev/infiniband users are counted (one file per run directory using it).
 const DEVDIR_USERS: &str = "/run/softrnic.devdir-users";
-const DEVDIR: &str = "/dev/infiniband";
 const SUBNET: [u8; 3] = [10, 77, 0];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Host {
     pub name: String,
     pub ip: Ipv4Addr,
-    /// Network namespace name (under /run/netns), or None in loopback mode.
+    /// Network namespace: a name under /run/netns (root), a path `/proc/HOLDER/fd/N`
+    /// (without root), or None in loopback mode.
     pub netns: Option<String>,
     pub engine_pid: i32,
 }
@@ -47,6 +53,8 @@ pub struct RunState {
     pub tag: String,
     pub hosts: Vec<Host>,
     pub switch_netns: Option<String>,
+    /// Without root: the pid of the process holding the run's user namespace.
+    pub holder: Option<i32>,
 }
 
 impl RunState {
@@ -54,6 +62,9 @@ impl RunState {
         let mut s = format!("tag {}\n", self.tag);
         if let Some(sw) = &self.switch_netns {
             s.push_str(&format!("switch {sw}\n"));
+        }
+        if let Some(pid) = self.holder {
+            s.push_str(&format!("holder {pid}\n"));
         }
         for h in &self.hosts {
             s.push_str(&format!(
@@ -72,12 +83,14 @@ impl RunState {
             tag: String::new(),
             hosts: Vec::new(),
             switch_netns: None,
+            holder: None,
         };
         for line in s.lines() {
             let f: Vec<&str> = line.split_whitespace().collect();
             match f.as_slice() {
                 ["tag", t] => st.tag = t.to_string(),
                 ["switch", s] => st.switch_netns = Some(s.to_string()),
+                ["holder", pid] => st.holder = Some(pid.parse()?),
                 ["host", n, ip, ns, pid] => st.hosts.push(Host {
                     name: n.to_string(),
                     ip: ip.parse()?,
@@ -130,19 +143,29 @@ pub fn load_state(run: &Path) -> Result<RunState> {
 }
 
 fn sh(cmd: &str, args: &[&str]) -> Result<()> {
-    let out = Command::new(cmd)
-        .args(args)
+    run_checked(Command::new(cmd).args(args))
+}
+
+/// Run a helper command (`ip`) to completion; its stderr is the error if it fails.
+pub(crate) fn run_checked(cmd: &mut Command) -> Result<()> {
+    let line = std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let out = cmd
         .stdin(Stdio::null())
         .output()
-        .with_context(|| format!("running {cmd}"))?;
+        .with_context(|| format!("running {line}"))?;
     if !out.status.success() {
-        bail!(
-            "{cmd} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+        bail!("{line}: {}", String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(())
+}
+
+/// Address of host `i` (1-based) in network-namespace mode.
+pub fn netns_ip(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(SUBNET[0], SUBNET[1], SUBNET[2], i as u8)
 }
 
 fn is_root() -> bool {
@@ -150,9 +173,10 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// Whether this process may create network namespaces and veth links.
+/// Whether this process may create network namespaces and veth links (without root, in the
+/// holder's user namespace).
 pub fn can_netns() -> bool {
-    is_root() && Path::new("/run").exists() && which("ip")
+    (!is_root() || Path::new("/run").exists()) && which("ip")
 }
 
 fn which(cmd: &str) -> bool {
@@ -225,7 +249,8 @@ pub fn write_sysfs(root: &Path, ip: Ipv4Addr, engine_socket: &Path, mtu: u32) ->
     Ok(())
 }
 
-fn pid_is_our_engine(pid: i32, run: &Path) -> bool {
+/// Whether `pid` is this run's `role` process ("engine" or "holder"), by its command line.
+pub fn pid_is_ours(pid: i32, run: &Path, role: &str) -> bool {
     if pid <= 0 {
         return false;
     }
@@ -236,23 +261,23 @@ fn pid_is_our_engine(pid: i32, run: &Path) -> bool {
             let args: Vec<&[u8]> = c.split(|&b| b == 0).collect();
             let run = run.as_os_str().as_encoded_bytes();
             args.windows(3)
-                .any(|w| w[0] == b"--run-dir" && w[1] == run && w[2] == b"engine")
+                .any(|w| w[0] == b"--run-dir" && w[1] == run && w[2] == role.as_bytes())
         }
         Err(_) => false,
     }
 }
 
-fn kill_engine(pid: i32, run: &Path) {
-    if !pid_is_our_engine(pid, run) {
+fn kill_ours(pid: i32, run: &Path, role: &str) {
+    if !pid_is_ours(pid, run, role) {
         return;
     }
-    // SAFETY: kill has no memory-safety preconditions; pid was checked to be our engine.
+    // SAFETY: kill has no memory-safety preconditions; pid was checked to be our process.
     unsafe { libc::kill(pid, libc::SIGTERM) };
     let t = Instant::now();
-    while pid_is_our_engine(pid, run) && t.elapsed() < Duration::from_secs(2) {
+    while pid_is_ours(pid, run, role) && t.elapsed() < Duration::from_secs(2) {
         std::thread::sleep(Duration::from_millis(10));
     }
-    if pid_is_our_engine(pid, run) {
+    if pid_is_ours(pid, run, role) {
         // SAFETY: as above.
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
@@ -264,15 +289,21 @@ pub fn down(run: &Path) -> Result<()> {
     let tag = tag_for(run);
     if let Ok(st) = load_state(run) {
         for h in &st.hosts {
-            kill_engine(h.engine_pid, run);
+            kill_ours(h.engine_pid, run, "engine");
+        }
+        // Without root, the holder's namespaces go with it (its engines are gone).
+        if let Some(pid) = st.holder {
+            kill_ours(pid, run, "holder");
         }
     }
-    // Engines whose pid never made it into the state file (crash during up).
+    // Engines and holders whose pid never made it into the state file (crash during up).
     if let Ok(rd) = fs::read_dir("/proc") {
         for e in rd.flatten() {
             if let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() {
-                if pid != std::process::id() as i32 && pid_is_our_engine(pid, run) {
-                    kill_engine(pid, run);
+                for role in ["engine", "holder"] {
+                    if pid != std::process::id() as i32 && pid_is_ours(pid, run, role) {
+                        kill_ours(pid, run, role);
+                    }
                 }
             }
         }
@@ -380,6 +411,36 @@ pub fn stats(run: &Path, name: &str) -> Result<String> {
     fs::read_to_string(&p).with_context(|| format!("{}", p.display()))
 }
 
+/// As root: the switch namespace `srn<tag>-sw` with a bridge, and one namespace per host
+/// (`srn<tag>-h<i>`, address `netns_ip(i)`) linked to it by a veth pair; returns their names.
+fn root_namespaces(tag: &str, n: usize) -> Result<Vec<String>> {
+    let sw = format!("srn{tag}-sw");
+    sh("ip", &["netns", "add", &sw])?;
+    sh("ip", &["-n", &sw, "link", "add", "br0", "type", "bridge"])?;
+    sh("ip", &["-n", &sw, "link", "set", "br0", "up"])?;
+    let mut names = Vec::new();
+    for i in 1..=n {
+        let ns = format!("srn{tag}-h{i}");
+        sh("ip", &["netns", "add", &ns])?;
+        let port = format!("p{i}");
+        sh(
+            "ip",
+            &[
+                "-n", &sw, "link", "add", &port, "mtu", "9000", "type", "veth", "peer", "name",
+                "eth0", "mtu", "9000", "netns", &ns,
+            ],
+        )?;
+        sh("ip", &["-n", &sw, "link", "set", &port, "master", "br0"])?;
+        sh("ip", &["-n", &sw, "link", "set", &port, "up"])?;
+        let addr = format!("{}/24", netns_ip(i));
+        sh("ip", &["-n", &ns, "addr", "add", &addr, "dev", "eth0"])?;
+        sh("ip", &["-n", &ns, "link", "set", "eth0", "up"])?;
+        sh("ip", &["-n", &ns, "link", "set", "lo", "up"])?;
+        names.push(ns);
+    }
+    Ok(names)
+}
+
 /// Bring up `n` hosts. `loopback` forces loopback mode even when namespaces are possible.
 pub fn up(
     run: &Path,
@@ -404,13 +465,15 @@ pub fn up(
             }
         }
     }
-    if !is_root() {
-        bail!("softrnic needs root (mount namespaces for /dev/infiniband; network namespaces)");
-    }
     down(run)?;
     let run = std::path::absolute(run)?;
     let tag = tag_for(&run);
-    fs::create_dir_all(run.join("lib"))?;
+    fs::create_dir_all(run.join("lib")).with_context(|| {
+        format!(
+            "creating {} (choose a writable --run-dir or $SOFTRNIC_RUN_DIR)",
+            run.display()
+        )
+    })?;
     fs::create_dir_all(run.join("hosts"))?;
     let lib = provider_lib()?;
     symlink(&lib, run.join("lib/libsoftrnic-rdmav34.so"))?;
@@ -419,52 +482,34 @@ pub fn up(
         tag: tag.clone(),
         hosts: Vec::new(),
         switch_netns: None,
+        holder: None,
     };
     let res = (|| -> Result<()> {
-        acquire_devdir(&tag)?;
-        if use_netns {
-            let sw = format!("srn{tag}-sw");
-            sh("ip", &["netns", "add", &sw])?;
-            st.switch_netns = Some(sw.clone());
-            sh("ip", &["-n", &sw, "link", "add", "br0", "type", "bridge"])?;
-            sh("ip", &["-n", &sw, "link", "set", "br0", "up"])?;
-            for i in 1..=n {
-                let name = format!("h{i}");
-                let ns = format!("srn{tag}-{name}");
-                let ip = Ipv4Addr::new(SUBNET[0], SUBNET[1], SUBNET[2], i as u8);
-                sh("ip", &["netns", "add", &ns])?;
-                let port = format!("p{i}");
-                sh(
-                    "ip",
-                    &[
-                        "-n", &sw, "link", "add", &port, "mtu", "9000", "type", "veth", "peer",
-                        "name", "eth0", "mtu", "9000", "netns", &ns,
-                    ],
-                )?;
-                sh("ip", &["-n", &sw, "link", "set", &port, "master", "br0"])?;
-                sh("ip", &["-n", &sw, "link", "set", &port, "up"])?;
-                sh(
-                    "ip",
-                    &["-n", &ns, "addr", "add", &format!("{ip}/24"), "dev", "eth0"],
-                )?;
-                sh("ip", &["-n", &ns, "link", "set", "eth0", "up"])?;
-                sh("ip", &["-n", &ns, "link", "set", "lo", "up"])?;
-                st.hosts.push(Host {
-                    name,
-                    ip,
-                    netns: Some(ns),
-                    engine_pid: 0,
-                });
+        let netns = if is_root() {
+            acquire_devdir(&tag)?;
+            if use_netns {
+                st.switch_netns = Some(format!("srn{tag}-sw"));
+                root_namespaces(&tag, n)?
+            } else {
+                Vec::new()
             }
         } else {
-            for i in 1..=n {
-                st.hosts.push(Host {
-                    name: format!("h{i}"),
-                    ip: loopback_ip(&tag, i),
-                    netns: None,
-                    engine_pid: 0,
-                });
-            }
+            let (pid, paths) = userns::spawn_holder(&run, n, use_netns)?;
+            st.holder = Some(pid);
+            fs::write(state_path(&run), st.encode())?;
+            paths
+        };
+        for i in 1..=n {
+            st.hosts.push(Host {
+                name: format!("h{i}"),
+                ip: if use_netns {
+                    netns_ip(i)
+                } else {
+                    loopback_ip(&tag, i)
+                },
+                netns: netns.get(i - 1).cloned(),
+                engine_pid: 0,
+            });
         }
         let faults_file = run.join("faults");
         fs::write(&faults_file, resolve_faults(faults, &st.hosts)?.encode())?;
@@ -496,6 +541,9 @@ pub fn up(
                 .arg(&nic_file);
             if let Some(ns) = &h.netns {
                 cmd.arg("--netns").arg(ns);
+            }
+            if let Some(pid) = st.holder {
+                cmd.arg("--holder").arg(pid.to_string());
             }
             if !gso {
                 cmd.arg("--no-gso");
@@ -557,56 +605,6 @@ pub fn enter_host_netns(ns: &str) -> Result<()> {
     enter_netns(ns)
 }
 
-/// Private mount namespace with a tmpfs on /dev/infiniband holding `uverbs0`.
-fn private_devdir() -> Result<()> {
-    let none = CString::new("none")?;
-    let root = CString::new("/")?;
-    let dev = CString::new(DEVDIR)?;
-    let tmpfs = CString::new("tmpfs")?;
-    let opts = CString::new("mode=0755,size=64k")?;
-    let node = CString::new(format!("{DEVDIR}/{}", device::UVERBS_NAME))?;
-    // SAFETY: plain syscalls with valid NUL-terminated strings; this runs single-threaded
-    // before exec, and only affects this process's own new mount namespace.
-    unsafe {
-        if libc::unshare(libc::CLONE_NEWNS) != 0 {
-            bail!("unshare(CLONE_NEWNS): {}", std::io::Error::last_os_error());
-        }
-        if libc::mount(
-            none.as_ptr(),
-            root.as_ptr(),
-            std::ptr::null(),
-            libc::MS_REC | libc::MS_PRIVATE,
-            std::ptr::null(),
-        ) != 0
-        {
-            bail!("making / private: {}", std::io::Error::last_os_error());
-        }
-        if libc::mount(
-            tmpfs.as_ptr(),
-            dev.as_ptr(),
-            tmpfs.as_ptr(),
-            libc::MS_NOSUID | libc::MS_NOEXEC,
-            opts.as_ptr() as *const libc::c_void,
-        ) != 0
-        {
-            bail!(
-                "mounting tmpfs on {DEVDIR}: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-        // Character device 1:7 (the kernel's "full" device): opening succeeds, ioctl() fails
-        // with ENOTTY so libibverbs falls back to its sysfs paths, and any kernel command it
-        // would write() fails loudly (ENOSPC) instead of silently succeeding.
-        if libc::mknod(node.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 7)) != 0 {
-            bail!(
-                "mknod {DEVDIR}/uverbs0: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-    }
-    Ok(())
-}
-
 /// Replace this process with `cmd` running "on" host `name`.
 pub fn exec(run: &Path, name: &str, cmd: &[String]) -> Result<()> {
     if cmd.is_empty() {
@@ -619,10 +617,15 @@ pub fn exec(run: &Path, name: &str, cmd: &[String]) -> Result<()> {
         .iter()
         .find(|h| h.name == name)
         .ok_or_else(|| anyhow!("no host {name} (hosts: {})", host_names(&st)))?;
-    if let Some(ns) = &h.netns {
-        enter_netns(ns)?;
+    if let Some(holder) = st.holder {
+        userns::join(&run, holder, h.netns.as_deref())?;
+        devdir::private_devdir_userns(&run.join("devstage"))?;
+    } else {
+        if let Some(ns) = &h.netns {
+            enter_netns(ns)?;
+        }
+        devdir::private_devdir_root()?;
     }
-    private_devdir()?;
     let dir = run.join("hosts").join(&h.name);
     // Preloaded so that its ibv_create_comp_channel interposes libibverbs' kernel command (the
     // same object libibverbs later loads as the provider). It goes after the program's own
@@ -670,6 +673,7 @@ mod tests {
         let st = RunState {
             tag: "abc123".into(),
             switch_netns: Some("srnabc123-sw".into()),
+            holder: Some(41),
             hosts: vec![
                 Host {
                     name: "h1".into(),

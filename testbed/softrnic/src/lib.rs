@@ -7,12 +7,15 @@
 //! - [`mw`]: memory windows (type 1 and 2 binding, invalidation, remote access);
 //! - [`nic`]: the NIC model (line rate, MTU, QP-context cache, WQE fetch cost);
 //! - [`hosts`]: emulated hosts (namespaces or loopback), `up`/`down`/`exec`/`addr`;
+//! - [`userns`], [`devdir`]: hosts without root (a user namespace held by one process), and
+//!   the private `/dev/infiniband` that `exec` mounts;
 //! - [`ring`]: shared-memory work-request and completion rings, and the engine's doorbell;
 //! - [`ffi`], [`proto`], [`wire`], [`device`]: C layouts, the provider-engine protocol, the
 //!   engine-engine packet format, and what the device reports.
 //!
 //! See docs/softrnic.md.
 
+pub mod devdir;
 pub mod device;
 pub mod engine;
 pub mod events;
@@ -24,4 +27,5 @@ pub mod nic;
 pub mod proto;
 pub mod provider;
 pub mod ring;
+pub mod userns;
 pub mod wire;

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
-use softrnic::{engine, faults, hosts, nic};
+use softrnic::{engine, faults, hosts, nic, userns};
 
 #[derive(Parser)]
 #[command(
@@ -96,6 +96,9 @@ enum Cmd {
         socket: PathBuf,
         #[arg(long)]
         netns: Option<String>,
+        /// Without root: the pid of the run's namespace holder, whose user namespace to join.
+        #[arg(long)]
+        holder: Option<i32>,
         #[arg(long)]
         faults: Option<PathBuf>,
         #[arg(long)]
@@ -104,6 +107,15 @@ enum Cmd {
         nic: Option<PathBuf>,
         #[arg(long)]
         no_gso: bool,
+    },
+    /// Hold the user and network namespaces of a run without root (started by `up`).
+    #[command(hide = true)]
+    Holder {
+        #[arg(long)]
+        hosts: usize,
+        /// One network namespace per host (else loopback addresses).
+        #[arg(long)]
+        netns: bool,
     },
 }
 
@@ -177,18 +189,22 @@ fn main() -> Result<()> {
         }
         Cmd::Stats { name } => print!("{}", hosts::stats(&run, &name)?),
         Cmd::Down => hosts::down(&run)?,
+        Cmd::Holder { hosts: n, netns } => userns::holder_main(n, netns)?,
         Cmd::Engine {
             host,
             ip,
             socket,
             netns,
+            holder,
             faults: faults_file,
             stats,
             nic: nic_file,
             no_gso,
         } => {
-            if let Some(ns) = netns {
-                hosts::enter_host_netns(&ns)?;
+            match (holder, netns) {
+                (Some(pid), ns) => userns::join(&run, pid, ns.as_deref())?,
+                (None, Some(ns)) => hosts::enter_host_netns(&ns)?,
+                (None, None) => {}
             }
             let faults = match faults_file {
                 Some(p) => {

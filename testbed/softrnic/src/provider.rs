@@ -705,23 +705,48 @@ unsafe extern "C" fn query_port(ctx: *mut IbvContext, port: u8, attr: *mut IbvPo
 // PD, MR, CQ
 // ---------------------------------------------------------------------------------------------
 
+/// An engine call that answers with a handle (alloc_pd, alloc_mw). On failure errno is set —
+/// EIO for any other answer — and None returned: allocation verbs report failure as NULL.
+fn call_for_handle(st: &CtxState, req: &Req) -> Option<u32> {
+    match st.call(req) {
+        Ok(Resp::Handle(h)) => Some(h),
+        Ok(_) => {
+            set_errno(libc::EIO);
+            None
+        }
+        Err(e) => {
+            set_errno(e);
+            None
+        }
+    }
+}
+
+/// Ask the engine to destroy an object's engine side with `req`, then free `obj`; on an
+/// error `obj` stays allocated (the caller still owns a valid object) and the errno is returned.
+///
+/// # Safety
+/// `obj` came from `Box::<T>::into_raw` and the caller does not use it after a 0 return.
+unsafe fn destroy_boxed<T>(st: &CtxState, req: &Req, obj: *mut T) -> c_int {
+    match st.call(req) {
+        Ok(_) => {
+            // SAFETY: per this function's contract.
+            drop(unsafe { Box::from_raw(obj) });
+            0
+        }
+        Err(e) => e,
+    }
+}
+
 unsafe extern "C" fn alloc_pd(ctx: *mut IbvContext) -> *mut IbvPd {
     guard(null_mut(), || {
         // SAFETY: ctx is ours.
         let st = unsafe { state(ctx) };
-        match st.call(&Req::AllocPd) {
-            Ok(Resp::Handle(h)) => Box::into_raw(Box::new(IbvPd {
+        match call_for_handle(st, &Req::AllocPd) {
+            Some(h) => Box::into_raw(Box::new(IbvPd {
                 context: ctx,
                 handle: h,
             })),
-            Ok(_) => {
-                set_errno(libc::EIO);
-                null_mut()
-            }
-            Err(e) => {
-                set_errno(e);
-                null_mut()
-            }
+            None => null_mut(),
         }
     })
 }
@@ -730,14 +755,8 @@ unsafe extern "C" fn dealloc_pd(pd: *mut IbvPd) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: pd was made by alloc_pd.
         let (st, h) = unsafe { (state((*pd).context), (*pd).handle) };
-        match st.call(&Req::DeallocPd { pd: h }) {
-            Ok(_) => {
-                // SAFETY: allocated by alloc_pd with Box; no longer used by the caller.
-                drop(unsafe { Box::from_raw(pd) });
-                0
-            }
-            Err(e) => e,
-        }
+        // SAFETY: allocated by alloc_pd with Box; no longer used by the caller.
+        unsafe { destroy_boxed(st, &Req::DeallocPd { pd: h }, pd) }
     })
 }
 
@@ -795,14 +814,8 @@ unsafe extern "C" fn dereg_mr(vmr: *mut VerbsMr) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: vmr was made by reg_mr.
         let (st, lkey) = unsafe { (state((*vmr).ibv_mr.context), (*vmr).ibv_mr.lkey) };
-        match st.call(&Req::DeregMr { lkey }) {
-            Ok(_) => {
-                // SAFETY: allocated by reg_mr with Box.
-                drop(unsafe { Box::from_raw(vmr) });
-                0
-            }
-            Err(e) => e,
-        }
+        // SAFETY: allocated by reg_mr with Box; no longer used by the caller.
+        unsafe { destroy_boxed(st, &Req::DeregMr { lkey }, vmr) }
     })
 }
 
@@ -1362,22 +1375,15 @@ unsafe extern "C" fn alloc_mw(pd: *mut IbvPd, mw_type: c_int) -> *mut IbvMw {
         let (ctx, pdh) = unsafe { ((*pd).context, (*pd).handle) };
         // SAFETY: ctx is ours.
         let st = unsafe { state(ctx) };
-        match st.call(&Req::AllocMw { pd: pdh, mw_type }) {
-            Ok(Resp::Handle(rkey)) => Box::into_raw(Box::new(IbvMw {
+        match call_for_handle(st, &Req::AllocMw { pd: pdh, mw_type }) {
+            Some(rkey) => Box::into_raw(Box::new(IbvMw {
                 context: ctx,
                 pd,
                 rkey,
                 handle: rkey >> 8,
                 type_: mw_type,
             })),
-            Ok(_) => {
-                set_errno(libc::EIO);
-                null_mut()
-            }
-            Err(e) => {
-                set_errno(e);
-                null_mut()
-            }
+            None => null_mut(),
         }
     })
 }
@@ -1386,14 +1392,8 @@ unsafe extern "C" fn dealloc_mw(mw: *mut IbvMw) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: mw was made by alloc_mw.
         let (st, rkey) = unsafe { (state((*mw).context), (*mw).rkey) };
-        match st.call(&Req::DeallocMw { rkey }) {
-            Ok(_) => {
-                // SAFETY: allocated by alloc_mw as a boxed IbvMw.
-                drop(unsafe { Box::from_raw(mw) });
-                0
-            }
-            Err(e) => e,
-        }
+        // SAFETY: allocated by alloc_mw as a boxed IbvMw; no longer used by the caller.
+        unsafe { destroy_boxed(st, &Req::DeallocMw { rkey }, mw) }
     })
 }
 

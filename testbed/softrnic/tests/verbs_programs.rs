@@ -27,16 +27,36 @@ macro_rules! require_privileges {
 /// A run directory that is torn down (`softrnic down`) when dropped.
 struct Run {
     dir: PathBuf,
+    /// Run every `softrnic` command as this unprivileged user (uid = gid), through `setpriv`.
+    user: Option<u32>,
 }
 
 impl Run {
     fn new(name: &str) -> Run {
         let dir = std::env::temp_dir().join(format!("softrnic-test-{}-{name}", std::process::id()));
-        Run { dir }
+        Run { dir, user: None }
+    }
+
+    /// A run of user `uid`, in a run directory that user owns.
+    fn unprivileged(name: &str, uid: u32) -> Run {
+        let mut run = Run::new(name);
+        std::fs::create_dir_all(&run.dir).unwrap();
+        std::os::unix::fs::chown(&run.dir, Some(uid), Some(uid)).unwrap();
+        run.user = Some(uid);
+        run
     }
 
     fn cmd(&self) -> Command {
-        let mut c = Command::new(BIN);
+        let mut c = match self.user {
+            Some(uid) => {
+                let mut c = Command::new("setpriv");
+                c.arg(format!("--reuid={uid}"))
+                    .arg(format!("--regid={uid}"))
+                    .args(["--clear-groups", BIN]);
+                c
+            }
+            None => Command::new(BIN),
+        };
         c.arg("--run-dir").arg(&self.dir);
         c
     }
@@ -306,6 +326,78 @@ fn up_recovers_from_a_crashed_run_and_down_removes_everything() {
             "engine {p} alive"
         );
     }
+}
+
+/// Without root: `up`, `addr`, `exec` and `down` as the user nobody, the hosts in a user
+/// namespace held by one process; unmodified `ibv_devinfo` and `ibv_rc_pingpong -c` between two
+/// network namespaces; `down` leaves no process (hence no namespace) and no run directory.
+#[test]
+fn unprivileged_user_runs_devinfo_and_rc_pingpong_between_namespaces() {
+    require_privileges!();
+    const NOBODY: u32 = 65534;
+    if !have("setpriv") {
+        eprintln!("SKIPPED: setpriv (util-linux) not installed");
+        return;
+    }
+    let as_nobody = |args: &[&str]| {
+        let mut c = Command::new("setpriv");
+        c.arg(format!("--reuid={NOBODY}"))
+            .arg(format!("--regid={NOBODY}"))
+            .arg("--clear-groups")
+            .args(args);
+        run_timeout(&mut c, Duration::from_secs(10))
+    };
+    let probe = as_nobody(&["unshare", "--user", "true"]);
+    if !probe.status.success() {
+        eprintln!(
+            "SKIPPED: this kernel forbids unprivileged user namespaces \
+             (kernel.unprivileged_userns_clone, user.max_user_namespaces): {}",
+            text(&probe)
+        );
+        return;
+    }
+    let probe = as_nobody(&[BIN, "--version"]);
+    if !probe.status.success() {
+        eprintln!("SKIPPED: user nobody cannot run {BIN}: {}", text(&probe));
+        return;
+    }
+    let run = Run::unprivileged("nobody", NOBODY);
+    let up = run.up(&["--hosts", "2"]);
+    assert!(up.contains("h1 10.77.0.1 /proc/"), "{up}");
+    let state = run.state();
+    let pids: Vec<i32> = state
+        .lines()
+        .filter_map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
+            ["holder", pid] | ["host", _, _, _, pid] => pid.parse().ok(),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(pids.len(), 3, "{state}");
+    for p in &pids {
+        let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap();
+        assert!(
+            status.contains(&format!("Uid:\t{NOBODY}\t")),
+            "{p} is not nobody's: {status}"
+        );
+    }
+    let out = run_timeout(
+        &mut run.exec("h1", &["ibv_devinfo", "-v"]),
+        Duration::from_secs(20),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(s.contains("PORT_ACTIVE (4)"), "{s}");
+    assert!(s.contains("::ffff:10.77.0.1, RoCE v2"), "{s}");
+    pingpong_sizes(&run, &[], &[("4096", "100"), ("65536", "10")]);
+    let dir = run.dir.clone();
+    drop(run);
+    for p in pids {
+        assert!(
+            !Path::new(&format!("/proc/{p}")).exists() || is_zombie(p),
+            "{p} left behind"
+        );
+    }
+    assert!(!dir.exists(), "{} left behind", dir.display());
 }
 
 fn is_zombie(pid: i32) -> bool {

@@ -29,17 +29,10 @@
  * everything matched; otherwise a message and 1.
  */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
-#include <infiniband/verbs.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
+
+#include "srn_common.h"
 
 #define SRQ_WR 16
 #define BUF 64
@@ -52,24 +45,6 @@ struct qpinfo {
 	uint8_t gid[16];
 };
 
-static void die(const char *m)
-{
-	fprintf(stderr, "FAIL: %s\n", m);
-	exit(1);
-}
-
-static void xfer(int fd, void *buf, size_t n, int send_it)
-{
-	uint8_t *p = buf;
-	while (n) {
-		ssize_t r = send_it ? write(fd, p, n) : read(fd, p, n);
-		if (r <= 0)
-			die("tcp exchange");
-		p += r;
-		n -= (size_t)r;
-	}
-}
-
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
 static struct ibv_cq *cq;
@@ -80,16 +55,8 @@ static enum ibv_mtu mtu;
 
 static void open_dev(int with_channel)
 {
-	struct ibv_device **list = ibv_get_device_list(NULL);
-	if (!list || !list[0])
-		die("no RDMA device");
-	ctx = ibv_open_device(list[0]);
-	if (!ctx)
-		die("open_device");
-	struct ibv_port_attr pa;
-	if (ibv_query_port(ctx, 1, &pa))
-		die("query_port");
-	mtu = pa.active_mtu;
+	ctx = open_first_device();
+	mtu = port_mtu(ctx);
 	pd = ibv_alloc_pd(ctx);
 	if (with_channel && !(channel = ibv_create_comp_channel(ctx)))
 		die("create_comp_channel");
@@ -105,68 +72,16 @@ static void open_dev(int with_channel)
 
 static struct ibv_qp *make_qp(struct ibv_srq *srq)
 {
-	struct ibv_qp_init_attr ia = {0};
-	ia.send_cq = cq;
-	ia.recv_cq = cq;
-	ia.srq = srq;
-	ia.qp_type = IBV_QPT_RC;
-	ia.cap.max_send_wr = SRQ_WR;
-	ia.cap.max_recv_wr = srq ? 0 : 1;
-	ia.cap.max_send_sge = 1;
-	ia.cap.max_recv_sge = 1;
-	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
-	if (!qp)
-		die("create_qp");
-	struct ibv_qp_attr a = {0};
-	a.qp_state = IBV_QPS_INIT;
-	a.port_num = 1;
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-		die("to INIT");
+	struct ibv_qp *qp = create_rc_qp(pd, cq, cq, srq, SRQ_WR, srq ? 0 : 1);
+	qp_to_init(qp, 0);
 	return qp;
 }
 
 static void my_info(struct ibv_qp *qp, struct qpinfo *mine)
 {
-	union ibv_gid gid;
-	if (ibv_query_gid(ctx, 1, 0, &gid))
-		die("query_gid");
 	mine->qpn = qp->qp_num;
 	mine->psn = (uint32_t)(lrand48() & 0xffffff);
-	memcpy(mine->gid, gid.raw, 16);
-}
-
-static void to_rtr(struct ibv_qp *qp, struct qpinfo *peer)
-{
-	struct ibv_qp_attr a = {0};
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = mtu;
-	a.dest_qp_num = peer->qpn;
-	a.rq_psn = peer->psn;
-	a.max_dest_rd_atomic = 1;
-	a.min_rnr_timer = 1;
-	a.ah_attr.is_global = 1;
-	memcpy(a.ah_attr.grh.dgid.raw, peer->gid, 16);
-	a.ah_attr.grh.hop_limit = 1;
-	a.ah_attr.port_num = 1;
-	if (ibv_modify_qp(qp, &a,
-			  IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-				  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-		die("to RTR");
-}
-
-static void to_rts(struct ibv_qp *qp, struct qpinfo *mine)
-{
-	struct ibv_qp_attr a = {0};
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.sq_psn = mine->psn;
-	a.max_rd_atomic = 1;
-	if (ibv_modify_qp(qp, &a,
-			  IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-				  IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-		die("to RTS");
+	local_gid(ctx, mine->gid);
 }
 
 static void to_err(struct ibv_qp *qp)
@@ -275,19 +190,12 @@ static int server(int port)
 		die("create_srq");
 	post_srq(srq, SRQ_WR, 0);
 	struct ibv_qp *qp = make_qp(srq);
-	int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-	setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
-	if (bind(ls, (struct sockaddr *)&sa, sizeof sa) || listen(ls, 1))
-		die("listen");
-	int fd = accept(ls, NULL, NULL);
-	if (fd < 0)
-		die("accept");
+	int fd = tcp_accept(tcp_listen(port, 1));
 	struct qpinfo mine, peer;
 	xfer(fd, &peer, sizeof peer, 0);
 	my_info(qp, &mine);
 	/* Only receives: RTR is enough, and the first packet then establishes communication. */
-	to_rtr(qp, &peer);
+	qp_to_rtr(qp, mtu, peer.qpn, peer.psn, peer.gid, 1);
 	xfer(fd, &mine, sizeof mine, 1);
 	arm(srq, 4);
 	if (ibv_req_notify_cq(cq, 1))
@@ -369,21 +277,11 @@ static int client(const char *ip, int port)
 	struct ibv_qp *qp = make_qp(NULL);
 	struct qpinfo mine, peer;
 	my_info(qp, &mine);
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
-	inet_pton(AF_INET, ip, &sa.sin_addr);
-	int tries = 0;
-	while (connect(fd, (struct sockaddr *)&sa, sizeof sa)) {
-		if (++tries > 100)
-			die("connect");
-		usleep(100000);
-		close(fd);
-		fd = socket(AF_INET, SOCK_STREAM, 0);
-	}
+	int fd = tcp_connect(ip, port);
 	xfer(fd, &mine, sizeof mine, 1);
 	xfer(fd, &peer, sizeof peer, 0);
-	to_rtr(qp, &peer);
-	to_rts(qp, &mine);
+	qp_to_rtr(qp, mtu, peer.qpn, peer.psn, peer.gid, 1);
+	qp_to_rts(qp, mine.psn, 1);
 	uint32_t total = 0;
 	for (;;) {
 		uint32_t n;

@@ -27,15 +27,7 @@
  * Exit status 0 and a final line "OK ..." when everything matched; otherwise a message and 1.
  */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
-#include <infiniband/verbs.h>
-#include <netinet/in.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include "srn_common.h"
 
 #define MAXQ 32
 #define MAXC 8
@@ -50,24 +42,6 @@ struct qpinfo {
 	uint8_t gid[16];
 };
 
-static void die(const char *m)
-{
-	fprintf(stderr, "FAIL: %s\n", m);
-	exit(1);
-}
-
-static void xfer(int fd, void *buf, size_t n, int send_it)
-{
-	uint8_t *p = buf;
-	while (n) {
-		ssize_t r = send_it ? write(fd, p, n) : read(fd, p, n);
-		if (r <= 0)
-			die("tcp exchange");
-		p += r;
-		n -= (size_t)r;
-	}
-}
-
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
 static struct ibv_cq *cq;
@@ -75,21 +49,13 @@ static enum ibv_mtu mtu;
 
 static void open_dev(void)
 {
-	struct ibv_device **list = ibv_get_device_list(NULL);
-	if (!list || !list[0])
-		die("no RDMA device");
-	ctx = ibv_open_device(list[0]);
-	if (!ctx)
-		die("open_device");
+	ctx = open_first_device();
 	struct ibv_device_attr da;
 	if (ibv_query_device(ctx, &da))
 		die("query_device");
 	if (da.atomic_cap == IBV_ATOMIC_NONE)
 		die("device reports no atomics");
-	struct ibv_port_attr pa;
-	if (ibv_query_port(ctx, 1, &pa))
-		die("query_port");
-	mtu = pa.active_mtu;
+	mtu = port_mtu(ctx);
 	pd = ibv_alloc_pd(ctx);
 	cq = ibv_create_cq(ctx, MAXC * MAXQ * (WINDOW + 1), NULL, NULL, 0);
 	if (!pd || !cq)
@@ -98,64 +64,22 @@ static void open_dev(void)
 
 static struct ibv_qp *make_qp(int access)
 {
-	struct ibv_qp_init_attr ia = {0};
-	ia.send_cq = cq;
-	ia.recv_cq = cq;
-	ia.qp_type = IBV_QPT_RC;
-	ia.cap.max_send_wr = WINDOW + 1;
-	ia.cap.max_recv_wr = 1;
-	ia.cap.max_send_sge = 1;
-	ia.cap.max_recv_sge = 1;
-	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
-	if (!qp)
-		die("create_qp");
-	struct ibv_qp_attr a = {0};
-	a.qp_state = IBV_QPS_INIT;
-	a.port_num = 1;
-	a.qp_access_flags = access;
-	if (ibv_modify_qp(qp, &a,
-			  IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-		die("to INIT");
+	struct ibv_qp *qp = create_rc_qp(pd, cq, cq, NULL, WINDOW + 1, 1);
+	qp_to_init(qp, access);
 	return qp;
 }
 
 static void my_info(struct ibv_qp *qp, struct qpinfo *mine)
 {
-	union ibv_gid gid;
-	if (ibv_query_gid(ctx, 1, 0, &gid))
-		die("query_gid");
 	mine->qpn = qp->qp_num;
 	mine->psn = (uint32_t)(lrand48() & 0xffffff);
-	memcpy(mine->gid, gid.raw, 16);
+	local_gid(ctx, mine->gid);
 }
 
 static void connect_qp(struct ibv_qp *qp, struct qpinfo *mine, struct qpinfo *peer)
 {
-	struct ibv_qp_attr a = {0};
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = mtu;
-	a.dest_qp_num = peer->qpn;
-	a.rq_psn = peer->psn;
-	a.max_dest_rd_atomic = RD_ATOMIC;
-	a.min_rnr_timer = 1;
-	a.ah_attr.is_global = 1;
-	memcpy(a.ah_attr.grh.dgid.raw, peer->gid, 16);
-	a.ah_attr.grh.hop_limit = 1;
-	a.ah_attr.port_num = 1;
-	if (ibv_modify_qp(qp, &a,
-			  IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-				  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-		die("to RTR");
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.sq_psn = mine->psn;
-	a.max_rd_atomic = RD_ATOMIC;
-	if (ibv_modify_qp(qp, &a,
-			  IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-				  IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-		die("to RTS");
+	qp_to_rtr(qp, mtu, peer->qpn, peer->psn, peer->gid, RD_ATOMIC);
+	qp_to_rts(qp, mine->psn, RD_ATOMIC);
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -176,16 +100,10 @@ static int server(int port, int nclients, int nq, int ops)
 	struct ibv_mr *mr = ibv_reg_mr(pd, words, 4096, acc);
 	if (!mr)
 		die("reg_mr");
-	int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-	setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
-	if (bind(ls, (struct sockaddr *)&sa, sizeof sa) || listen(ls, MAXC))
-		die("listen");
+	int ls = tcp_listen(port, MAXC);
 	int fds[MAXC];
 	for (int c = 0; c < nclients; c++) {
-		fds[c] = accept(ls, NULL, NULL);
-		if (fds[c] < 0)
-			die("accept");
+		fds[c] = tcp_accept(ls);
 		struct qpinfo mine[MAXQ], peer[MAXQ];
 		xfer(fds[c], peer, sizeof(struct qpinfo) * nq, 0);
 		for (int q = 0; q < nq; q++) {
@@ -293,19 +211,7 @@ static int client(const char *ip, int port, int nq, int ops)
 		qp[q] = make_qp(IBV_ACCESS_LOCAL_WRITE);
 		my_info(qp[q], &mine[q]);
 	}
-	int fd = -1;
-	for (int tries = 0; tries < 100; tries++) {
-		fd = socket(AF_INET, SOCK_STREAM, 0);
-		struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
-		inet_pton(AF_INET, ip, &sa.sin_addr);
-		if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0)
-			break;
-		close(fd);
-		fd = -1;
-		usleep(100000);
-	}
-	if (fd < 0)
-		die("connect");
+	int fd = tcp_connect(ip, port);
 	xfer(fd, mine, sizeof(struct qpinfo) * nq, 1);
 	xfer(fd, peer, sizeof(struct qpinfo) * nq, 0);
 	for (int q = 0; q < nq; q++)

@@ -27,16 +27,9 @@
  * Exit status 0 and a final line "OK ..." when everything matched; otherwise a message and 1.
  */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
-#include <infiniband/verbs.h>
-#include <netinet/in.h>
 #include <poll.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
+
+#include "srn_common.h"
 
 #define NQP 7
 #define BUF 8192
@@ -56,24 +49,6 @@ struct keys {
 	uint32_t rkey1, rkey2;
 };
 
-static void die(const char *m)
-{
-	fprintf(stderr, "FAIL: %s\n", m);
-	exit(1);
-}
-
-static void xfer(int fd, void *buf, size_t n, int send_it)
-{
-	uint8_t *p = buf;
-	while (n) {
-		ssize_t r = send_it ? write(fd, p, n) : read(fd, p, n);
-		if (r <= 0)
-			die("tcp exchange");
-		p += r;
-		n -= (size_t)r;
-	}
-}
-
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
 static struct ibv_cq *cq;
@@ -83,12 +58,7 @@ static uint8_t *buf;
 
 static void setup(int mr_access, int qp_access)
 {
-	struct ibv_device **list = ibv_get_device_list(NULL);
-	if (!list || !list[0])
-		die("no RDMA device");
-	ctx = ibv_open_device(list[0]);
-	if (!ctx)
-		die("open_device");
+	ctx = open_first_device();
 	pd = ibv_alloc_pd(ctx);
 	cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
 	if (!pd || !cq || posix_memalign((void **)&buf, 4096, BUF))
@@ -97,63 +67,27 @@ static void setup(int mr_access, int qp_access)
 	if (!mr)
 		die("reg_mr");
 	for (int i = 0; i < NQP; i++) {
-		struct ibv_qp_init_attr ia = {.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC};
-		ia.cap.max_send_wr = 8;
-		ia.cap.max_recv_wr = 2;
-		ia.cap.max_send_sge = 1;
-		ia.cap.max_recv_sge = 1;
-		qps[i] = ibv_create_qp(pd, &ia);
-		if (!qps[i])
-			die("create_qp");
-		struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1};
-		a.qp_access_flags = qp_access;
-		if (ibv_modify_qp(qps[i], &a,
-				  IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-			die("to INIT");
+		qps[i] = create_rc_qp(pd, cq, cq, NULL, 8, 2);
+		qp_to_init(qps[i], qp_access);
 	}
 }
 
 static void connect_all(int fd, int send_first)
 {
-	union ibv_gid gid;
-	struct ibv_port_attr pa;
-	if (ibv_query_gid(ctx, 1, 0, &gid) || ibv_query_port(ctx, 1, &pa))
-		die("query_gid/port");
+	uint8_t gid[16];
+	local_gid(ctx, gid);
+	enum ibv_mtu mtu = port_mtu(ctx);
 	struct qpinfo mine[NQP], peer[NQP];
 	for (int i = 0; i < NQP; i++) {
 		mine[i].qpn = qps[i]->qp_num;
 		mine[i].psn = (uint32_t)(lrand48() & 0xffffff);
-		memcpy(mine[i].gid, gid.raw, 16);
+		memcpy(mine[i].gid, gid, 16);
 	}
 	xfer(fd, send_first ? (void *)mine : (void *)peer, sizeof mine, send_first);
 	xfer(fd, send_first ? (void *)peer : (void *)mine, sizeof mine, !send_first);
 	for (int i = 0; i < NQP; i++) {
-		struct ibv_qp_attr a = {0};
-		a.qp_state = IBV_QPS_RTR;
-		a.path_mtu = pa.active_mtu;
-		a.dest_qp_num = peer[i].qpn;
-		a.rq_psn = peer[i].psn;
-		a.max_dest_rd_atomic = 1;
-		a.min_rnr_timer = 1;
-		a.ah_attr.is_global = 1;
-		memcpy(a.ah_attr.grh.dgid.raw, peer[i].gid, 16);
-		a.ah_attr.grh.hop_limit = 1;
-		a.ah_attr.port_num = 1;
-		if (ibv_modify_qp(qps[i], &a,
-				  IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-					  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-					  IBV_QP_MIN_RNR_TIMER))
-			die("to RTR");
-		a.qp_state = IBV_QPS_RTS;
-		a.timeout = 14;
-		a.retry_cnt = 7;
-		a.rnr_retry = 7;
-		a.sq_psn = mine[i].psn;
-		a.max_rd_atomic = 1;
-		if (ibv_modify_qp(qps[i], &a,
-				  IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-					  IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-			die("to RTS");
+		qp_to_rtr(qps[i], mtu, peer[i].qpn, peer[i].psn, peer[i].gid, 1);
+		qp_to_rts(qps[i], mine[i].psn, 1);
 	}
 }
 
@@ -245,14 +179,7 @@ static int server(int port)
 	setup(acc | IBV_ACCESS_MW_BIND, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE);
 	for (int i = 0; i < BUF; i++)
 		buf[i] = (uint8_t)(i * 7);
-	int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-	setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
-	if (bind(ls, (struct sockaddr *)&sa, sizeof sa) || listen(ls, 1))
-		die("listen");
-	int fd = accept(ls, NULL, NULL);
-	if (fd < 0)
-		die("accept");
+	int fd = tcp_accept(tcp_listen(port, 1));
 	connect_all(fd, 0);
 	struct ibv_mw *mw1 = ibv_alloc_mw(pd, IBV_MW_TYPE_1);
 	struct ibv_mw *mw2 = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
@@ -319,16 +246,7 @@ static int server(int port)
 static int client(const char *ip, int port)
 {
 	setup(IBV_ACCESS_LOCAL_WRITE, 0);
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
-	inet_pton(AF_INET, ip, &sa.sin_addr);
-	for (int tries = 0; connect(fd, (struct sockaddr *)&sa, sizeof sa); tries++) {
-		if (tries > 100)
-			die("connect");
-		usleep(100000);
-		close(fd);
-		fd = socket(AF_INET, SOCK_STREAM, 0);
-	}
+	int fd = tcp_connect(ip, port);
 	connect_all(fd, 1);
 	struct keys k;
 	xfer(fd, &k, sizeof k, 0);

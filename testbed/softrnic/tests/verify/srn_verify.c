@@ -22,15 +22,7 @@
  * Exit status 0 and a final line "OK ..." when everything matched; otherwise a message and 1.
  */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
-#include <infiniband/verbs.h>
-#include <netinet/in.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include "srn_common.h"
 
 #define MAXQ 64
 #define WREG (64 * 1024 + 4096)  /* write region per QP */
@@ -54,12 +46,6 @@ struct qpinfo {
 	uint8_t gid[16];
 };
 
-static void die(const char *m)
-{
-	fprintf(stderr, "FAIL: %s\n", m);
-	exit(1);
-}
-
 static uint64_t fnv(const uint8_t *p, size_t n)
 {
 	uint64_t h = 1469598103934665603ULL;
@@ -82,18 +68,6 @@ static uint64_t rng_next(uint64_t *s)
 static uint8_t read_pattern(int q, uint32_t off)
 {
 	return (uint8_t)((off * 2654435761u) >> 13) ^ (uint8_t)(q * 37 + 11);
-}
-
-static void xfer(int fd, void *buf, size_t n, int send_it)
-{
-	uint8_t *p = buf;
-	while (n) {
-		ssize_t r = send_it ? write(fd, p, n) : read(fd, p, n);
-		if (r <= 0)
-			die("tcp exchange");
-		p += r;
-		n -= (size_t)r;
-	}
 }
 
 static struct ibv_context *ctx;
@@ -152,16 +126,8 @@ static struct ibv_wc poll1(struct ibv_cq *cq)
 
 static void setup(int n)
 {
-	struct ibv_device **list = ibv_get_device_list(NULL);
-	if (!list || !list[0])
-		die("no RDMA device");
-	ctx = ibv_open_device(list[0]);
-	if (!ctx)
-		die("open_device");
-	struct ibv_port_attr pa;
-	if (ibv_query_port(ctx, 1, &pa))
-		die("query_port");
-	mtu = pa.active_mtu;
+	ctx = open_first_device();
+	mtu = port_mtu(ctx);
 	pd = ibv_alloc_pd(ctx);
 	scq = ibv_create_cq(ctx, 4 * MAXQ, NULL, NULL, 0);
 	rcq = ibv_create_cq(ctx, 4 * MAXQ, NULL, NULL, 0);
@@ -182,25 +148,8 @@ static void setup(int n)
 	if (!wmr || !rmr || !smr || !rbmr)
 		die("reg_mr");
 	for (int q = 0; q < n; q++) {
-		struct ibv_qp_init_attr ia = {0};
-		ia.send_cq = scq;
-		ia.recv_cq = rcq;
-		ia.qp_type = IBV_QPT_RC;
-		ia.cap.max_send_wr = 8;
-		ia.cap.max_recv_wr = NRECV + 1;
-		ia.cap.max_send_sge = 1;
-		ia.cap.max_recv_sge = 1;
-		qp[q] = ibv_create_qp(pd, &ia);
-		if (!qp[q])
-			die("create_qp");
-		struct ibv_qp_attr a = {0};
-		a.qp_state = IBV_QPS_INIT;
-		a.port_num = 1;
-		a.qp_access_flags = acc;
-		if (ibv_modify_qp(qp[q], &a,
-				  IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-					  IBV_QP_ACCESS_FLAGS))
-			die("to INIT");
+		qp[q] = create_rc_qp(pd, scq, rcq, NULL, 8, NRECV + 1);
+		qp_to_init(qp[q], acc);
 		for (int s = 0; s < NRECV; s++)
 			post_recv(q, s);
 	}
@@ -209,40 +158,15 @@ static void setup(int n)
 static void connect_qps(struct qpinfo *mine, struct qpinfo *peer)
 {
 	for (int q = 0; q < nq; q++) {
-		struct ibv_qp_attr a = {0};
-		a.qp_state = IBV_QPS_RTR;
-		a.path_mtu = mtu;
-		a.dest_qp_num = peer[q].qpn;
-		a.rq_psn = peer[q].psn;
-		a.max_dest_rd_atomic = 1;
-		a.min_rnr_timer = 1;
-		a.ah_attr.is_global = 1;
-		memcpy(a.ah_attr.grh.dgid.raw, peer[q].gid, 16);
-		a.ah_attr.grh.hop_limit = 1;
-		a.ah_attr.port_num = 1;
-		if (ibv_modify_qp(qp[q], &a,
-				  IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-					  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-					  IBV_QP_MIN_RNR_TIMER))
-			die("to RTR");
-		a.qp_state = IBV_QPS_RTS;
-		a.timeout = 14;
-		a.retry_cnt = 7;
-		a.rnr_retry = 7;
-		a.sq_psn = mine[q].psn;
-		a.max_rd_atomic = 1;
-		if (ibv_modify_qp(qp[q], &a,
-				  IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-					  IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-			die("to RTS");
+		qp_to_rtr(qp[q], mtu, peer[q].qpn, peer[q].psn, peer[q].gid, 1);
+		qp_to_rts(qp[q], mine[q].psn, 1);
 	}
 }
 
 static void my_info(struct qpinfo *mine)
 {
-	union ibv_gid gid;
-	if (ibv_query_gid(ctx, 1, 0, &gid))
-		die("query_gid");
+	uint8_t gid[16];
+	local_gid(ctx, gid);
 	for (int q = 0; q < nq; q++) {
 		mine[q].qpn = qp[q]->qp_num;
 		mine[q].psn = (uint32_t)(lrand48() & 0xffffff);
@@ -250,7 +174,7 @@ static void my_info(struct qpinfo *mine)
 		mine[q].rrkey = rmr->rkey;
 		mine[q].waddr = (uintptr_t)(wreg + (size_t)q * WREG);
 		mine[q].raddr = (uintptr_t)(rreg + (size_t)q * RREG);
-		memcpy(mine[q].gid, gid.raw, 16);
+		memcpy(mine[q].gid, gid, 16);
 	}
 }
 
@@ -266,14 +190,7 @@ static int server(int port, int rounds)
 		for (uint32_t o = 0; o < RREG; o++)
 			rreg[(size_t)q * RREG + o] = read_pattern(q, o);
 	my_info(mine);
-	int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-	setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
-	if (bind(ls, (struct sockaddr *)&sa, sizeof sa) || listen(ls, 1))
-		die("listen");
-	int fd = accept(ls, NULL, NULL);
-	if (fd < 0)
-		die("accept");
+	int fd = tcp_accept(tcp_listen(port, 1));
 	xfer(fd, peer, sizeof(struct qpinfo) * nq, 0);
 	xfer(fd, mine, sizeof(struct qpinfo) * nq, 1);
 	connect_qps(mine, peer);
@@ -346,19 +263,7 @@ static int client(const char *ip, int port, int rounds, uint64_t seed)
 {
 	struct qpinfo mine[MAXQ], peer[MAXQ];
 	my_info(mine);
-	int fd = -1;
-	for (int tries = 0; tries < 100; tries++) {
-		fd = socket(AF_INET, SOCK_STREAM, 0);
-		struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
-		inet_pton(AF_INET, ip, &sa.sin_addr);
-		if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0)
-			break;
-		close(fd);
-		fd = -1;
-		usleep(100000);
-	}
-	if (fd < 0)
-		die("connect");
+	int fd = tcp_connect(ip, port);
 	xfer(fd, mine, sizeof(struct qpinfo) * nq, 1);
 	xfer(fd, peer, sizeof(struct qpinfo) * nq, 0);
 	connect_qps(mine, peer);

@@ -1,0 +1,131 @@
+//! The device node libibverbs requires, `/dev/infiniband/uverbs0`, made visible only to the
+//! program `exec` runs, in a private mount namespace. Libibverbs accepts any character device
+//! there (sysfs says `dev 0:0`); we use 1:7, the kernel's "full" device: opening succeeds,
+//! ioctl() fails with ENOTTY so libibverbs falls back to its sysfs paths, and any kernel command
+//! it would write() fails loudly (ENOSPC) instead of silently succeeding. As root the node is
+//! made with mknod in a tmpfs on `/dev/infiniband`; without root, see [`private_devdir_userns`].
+
+use std::ffi::CString;
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+
+pub const DEVDIR: &str = "/dev/infiniband";
+
+fn cstr(s: &str) -> Result<CString> {
+    Ok(CString::new(s)?)
+}
+
+fn mount(
+    src: &str,
+    target: &str,
+    fstype: Option<&str>,
+    flags: libc::c_ulong,
+    data: Option<&str>,
+) -> Result<()> {
+    let (c_src, c_target) = (cstr(src)?, cstr(target)?);
+    let c_fstype = fstype.map(cstr).transpose()?;
+    let c_data = data.map(cstr).transpose()?;
+    // SAFETY: valid NUL-terminated strings (or NULL) that outlive the call.
+    let r = unsafe {
+        libc::mount(
+            c_src.as_ptr(),
+            c_target.as_ptr(),
+            c_fstype.as_ref().map_or(std::ptr::null(), |s| s.as_ptr()),
+            flags,
+            c_data
+                .as_ref()
+                .map_or(std::ptr::null(), |s| s.as_ptr() as *const libc::c_void),
+        )
+    };
+    if r != 0 {
+        bail!(
+            "mount {src} on {target}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
+}
+
+/// A mount namespace of our own in which nothing propagates back to the host.
+fn private_mount_namespace() -> Result<()> {
+    // SAFETY: unshare has no memory-safety preconditions; this runs single-threaded before exec.
+    if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+        bail!("unshare(CLONE_NEWNS): {}", std::io::Error::last_os_error());
+    }
+    mount("none", "/", None, libc::MS_REC | libc::MS_PRIVATE, None).context("making / private")
+}
+
+/// As root: a private mount namespace and a new device node 1:7 in the tmpfs.
+pub fn private_devdir_root() -> Result<()> {
+    private_mount_namespace()?;
+    mount(
+        "tmpfs",
+        DEVDIR,
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        Some("mode=0755,size=64k"),
+    )?;
+    let node = cstr(&format!("{DEVDIR}/uverbs0"))?;
+    // SAFETY: valid NUL-terminated path.
+    if unsafe { libc::mknod(node.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 7)) } != 0 {
+        bail!(
+            "mknod {DEVDIR}/uverbs0: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
+}
+
+/// In a user namespace (see `crate::userns`) mknod is refused (EPERM), a tmpfs mounted there
+/// cannot hold usable device nodes, and `/dev/infiniband` may not exist (creating it needs
+/// root). So `/dev` itself is rebuilt, in this mount namespace, on a tmpfs staged at `stage`
+/// (an empty directory we own): every entry of the host's `/dev` but `infiniband` — directories
+/// and files bind-mounted (recursively: `/dev/pts` and `/dev/shm` keep their mounts and stay
+/// shared with the host), symbolic links copied — plus `infiniband/uverbs0`, an empty file with
+/// the host's `/dev/full` bind-mounted onto it. This is how unprivileged sandboxes build a
+/// `/dev`: device nodes work because each stays on the host's own devtmpfs mount.
+pub fn private_devdir_userns(stage: &Path) -> Result<()> {
+    private_mount_namespace()?;
+    fs::create_dir_all(stage)?;
+    let st = stage
+        .to_str()
+        .with_context(|| format!("{} is not UTF-8", stage.display()))?;
+    mount(
+        "tmpfs",
+        st,
+        Some("tmpfs"),
+        libc::MS_NOSUID,
+        Some("mode=0755"),
+    )?;
+    for e in fs::read_dir("/dev")? {
+        let e = e?;
+        if e.file_name() == "infiniband" {
+            continue;
+        }
+        let (src, dst) = (e.path(), stage.join(e.file_name()));
+        let ft = e.file_type()?;
+        if ft.is_symlink() {
+            symlink(fs::read_link(&src)?, &dst)?;
+        } else {
+            bind(&src, &dst, ft.is_dir())?;
+        }
+    }
+    let ib = stage.join("infiniband");
+    fs::create_dir(&ib)?;
+    bind(Path::new("/dev/full"), &ib.join("uverbs0"), false)?;
+    mount(st, "/dev", None, libc::MS_MOVE, None)
+}
+
+/// Bind-mount `src` onto a new directory or empty file `dst`.
+fn bind(src: &Path, dst: &Path, dir: bool) -> Result<()> {
+    if dir {
+        fs::create_dir(dst)?;
+    } else {
+        fs::File::create(dst)?;
+    }
+    let (s, d) = (src.to_string_lossy(), dst.to_string_lossy());
+    mount(&s, &d, None, libc::MS_BIND | libc::MS_REC, None)
+}
