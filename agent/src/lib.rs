@@ -92,9 +92,14 @@ pub struct AgentOptions {
     /// Dart's sender counting with the other hosts' agents (docs/dasr.md); needs `[shim]`.
     #[serde(default)]
     pub dasr: Option<dasr::DasrConfig>,
+    /// Which of the host's apps (those of the instance) run: false, all of them; true, those
+    /// with at least one shim registered (needs `[shim]`). An app whose first shim registers
+    /// arrives, one whose last shim goes leaves, and either asks for a re-selection.
+    #[serde(default)]
+    pub apps_from_shims: bool,
 }
 
-const OPTION_KEYS: &[&str] = &["coordinator_shards", "shim", "dasr"];
+const OPTION_KEYS: &[&str] = &["coordinator_shards", "shim", "dasr", "apps_from_shims"];
 
 impl AgentSettings {
     pub fn load(path: &Path) -> Result<Self> {
@@ -117,6 +122,12 @@ impl AgentSettings {
             shim.socket = base.join(&shim.socket);
             shim.validate()
                 .with_context(|| format!("[shim] in {}", path.display()))?;
+        }
+        if options.apps_from_shims && options.shim.is_none() {
+            bail!(
+                "apps_from_shims in {} needs [shim] (the shims tell which apps run)",
+                path.display()
+            );
         }
         if let Some(d) = &mut options.dasr {
             let Some(shim) = &options.shim else {
@@ -206,13 +217,52 @@ pub async fn run_with(
     active: Vec<usize>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
+    let never = Arc::new(tokio::sync::Notify::new());
+    run_with_reload(settings, options, problem, host, active, shutdown, never).await
+}
+
+/// As [`run_with`]; every notification of `reload` reads the TLS files (certificate, key,
+/// CA, CRL) again, as `drum-agent` does on SIGHUP. The next connection uses them; the
+/// established one goes on, so no round is lost. Files that do not load change nothing.
+pub async fn run_with_reload(
+    settings: AgentSettings,
+    options: AgentOptions,
+    problem: Arc<Problem>,
+    host: usize,
+    active: Vec<usize>,
+    shutdown: impl std::future::Future<Output = ()>,
+    reload: Arc<tokio::sync::Notify>,
+) -> Result<()> {
     // The driver's own copy: operator weight changes (`set-weight`) modify it.
     let mut problem: Problem = (*problem).clone();
+    let (hub, dasr) = start_shim_link(&options).await?;
+    let presence = |problem: &Problem| -> Option<Vec<bool>> {
+        let hub = hub.as_ref().filter(|_| options.apps_from_shims)?;
+        let running: std::collections::BTreeSet<String> =
+            hub.usage().into_iter().map(|u| u.app).collect();
+        Some(
+            problem.hosts[host]
+                .pairs
+                .clone()
+                .map(|p| running.contains(&problem.app_names[problem.pairs[p].app as usize]))
+                .collect(),
+        )
+    };
+    // Apps that do not run yet start parked; they arrive when their shims register.
+    let mut active = active;
+    let present = presence(&problem);
+    if let Some(present) = &present {
+        let first = problem.hosts[host].pairs.start;
+        active.retain(|&p| present[p - first]);
+    }
     let mut core = AgentCore::new(
         &problem,
         HostState::new(&problem, host, active),
         settings.core_config(),
     );
+    if let Some(present) = present {
+        core.set_present(&problem, present);
+    }
     let shard_addrs: Vec<SocketAddr> = std::iter::once(settings.coordinator)
         .chain(options.coordinator_shards.iter().copied())
         .collect();
@@ -225,17 +275,17 @@ pub async fn run_with(
     if shard_addrs.len() > 1 {
         info!(shards = ?mux.links(), ?addrs, "talking to the shards that own this host's facilities");
     }
-    let endpoint = net::client_endpoint(
-        &settings.tls,
-        Duration::from_millis(settings.coordinator_timeout_ms),
-    )
-    .context("setting up the QUIC client")?;
+    let idle = Duration::from_millis(settings.coordinator_timeout_ms);
+    // The TLS config of the next connection; a reload replaces it.
+    let client_tls = Arc::new(std::sync::Mutex::new(
+        net::client_config(&settings.tls, idle).context("setting up the QUIC client")?,
+    ));
+    let endpoint = net::bare_client_endpoint().context("setting up the QUIC client")?;
     let table = settings
         .rate_table
         .as_ref()
         .map(|p| RateTable::new(p.clone()));
     let stats = Arc::new(metrics::AgentMetrics::default());
-    let (hub, dasr) = start_shim_link(&options).await?;
     if let Some(addr) = settings.metrics_listen {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -286,6 +336,21 @@ pub async fn run_with(
         Ok(())
     };
     publish(&problem, &core, LinkState::Starting)?;
+    let reloads = tokio::spawn({
+        let (client_tls, tls) = (client_tls.clone(), settings.tls.clone());
+        async move {
+            loop {
+                reload.notified().await;
+                match net::client_config(&tls, idle) {
+                    Ok(c) => {
+                        *client_tls.lock().expect("not poisoned") = c;
+                        info!(cert = %tls.cert.display(), crl = ?tls.crl, "reloaded the TLS files; the next connection uses them");
+                    }
+                    Err(e) => warn!("TLS reload failed, keeping the previous certificates: {e}"),
+                }
+            }
+        }
+    });
     tokio::pin!(shutdown);
     loop {
         // Wait for the next connection attempt (backoff), or stop.
@@ -303,7 +368,7 @@ pub async fn run_with(
         for &addr in &addrs {
             let connected = tokio::time::timeout(
                 Duration::from_millis(settings.coordinator_timeout_ms),
-                connect(&endpoint, addr, &settings.server_name),
+                connect(&endpoint, &client_tls, addr, &settings.server_name),
             )
             .await;
             match connected {
@@ -337,6 +402,7 @@ pub async fn run_with(
             links,
             origin,
             &publish,
+            &presence,
             &mut demand,
             &stats,
             &mut shutdown,
@@ -346,6 +412,7 @@ pub async fn run_with(
             break;
         }
     }
+    reloads.abort();
     endpoint.close(net::CLOSE_NORMAL.into(), b"agent stopping");
     // Give the close (and a Leave sent just before) a moment to reach the coordinator.
     let _ = tokio::time::timeout(Duration::from_millis(200), endpoint.wait_idle()).await;
@@ -371,10 +438,12 @@ type Link = (quinn::Connection, quinn::SendStream, quinn::RecvStream);
 
 async fn connect(
     endpoint: &quinn::Endpoint,
+    tls: &std::sync::Mutex<quinn::ClientConfig>,
     addr: SocketAddr,
     server_name: &str,
 ) -> Result<Link, NetError> {
-    let conn = endpoint.connect(addr, server_name)?.await?;
+    let cfg = tls.lock().expect("not poisoned").clone();
+    let conn = endpoint.connect_with(cfg, addr, server_name)?.await?;
     let (send, recv) = conn.open_bi().await?;
     Ok((conn, send, recv))
 }
@@ -389,6 +458,7 @@ async fn session(
     links: Vec<Link>,
     origin: Instant,
     publish: &impl Fn(&Problem, &AgentCore, LinkState) -> Result<()>,
+    presence: &impl Fn(&Problem) -> Option<Vec<bool>>,
     demand: &mut Option<demand_feed::DemandFeed>,
     stats: &metrics::AgentMetrics,
     shutdown: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
@@ -422,6 +492,8 @@ async fn session(
     let mut actions = core.on_connected(origin.elapsed(), problem);
     let mut stop = false;
     'session: loop {
+        // Actions that handling these actions produced (an app arrived or left).
+        let mut more = Vec::new();
         for a in std::mem::take(&mut actions) {
             match a {
                 AgentAction::Send(m) => {
@@ -454,6 +526,9 @@ async fn session(
                         d.update(problem, core);
                     }
                     publish(problem, core, state)?;
+                    if let Some(present) = presence(problem) {
+                        more.extend(core.set_present(problem, present));
+                    }
                 }
                 AgentAction::SetWeight { app, weight } => {
                     AgentCore::apply_weight(problem, app, weight);
@@ -482,6 +557,19 @@ async fn session(
                         stats.exchanges.fetch_add(1, Relaxed);
                         info!(exchange, "priced restart: new active set")
                     }
+                    AgentEvent::AppsChanged { arrived, left } => {
+                        let names = |pairs: &[usize]| -> Vec<&str> {
+                            pairs
+                                .iter()
+                                .map(|&p| problem.app_names[problem.pairs[p].app as usize].as_str())
+                                .collect()
+                        };
+                        info!(
+                            arrived = ?names(&arrived),
+                            left = ?names(&left),
+                            "apps changed; asking for a re-selection"
+                        )
+                    }
                     AgentEvent::WeightSet { app, weight } => {
                         info!(app, weight, "operator set a weight")
                     }
@@ -493,6 +581,10 @@ async fn session(
                     }
                 },
             }
+        }
+        if !more.is_empty() {
+            actions = more;
+            continue;
         }
         if !core.is_member()
             && !matches!(

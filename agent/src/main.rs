@@ -38,21 +38,34 @@ fn run(cli: Cli) -> Result<()> {
     let problem = drum_coordinator::server::load_problem(&settings.instance)?;
     let (host, active) = drum_agent::host_and_active(&problem, &settings.host)?;
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    rt.block_on(drum_agent::run_with(
-        settings,
-        options,
-        Arc::new(problem),
-        host,
-        active,
-        async {
-            use tokio::signal::unix::{signal, SignalKind};
-            let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
+    rt.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        // SIGHUP: read the certificate, key, CA and CRL again, without a restart.
+        let reload = Arc::new(tokio::sync::Notify::new());
+        let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+        let notify = reload.clone();
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                notify.notify_one();
             }
-        },
-    ))
+        });
+        drum_agent::run_with_reload(
+            settings,
+            options,
+            Arc::new(problem),
+            host,
+            active,
+            async {
+                let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            },
+            reload,
+        )
+        .await
+    })
 }
 
 /// `--local`: the shim hub alone, until SIGINT or SIGTERM.

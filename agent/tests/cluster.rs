@@ -124,17 +124,21 @@ impl Cluster {
             ca: certs.join("ca.pem"),
             cert: certs.join(format!("agent-{id}.pem")),
             key: certs.join(format!("agent-{id}.key")),
+            crl: None,
         });
         let config = self.dir.path().join(format!("agent-{tag}.toml"));
         let toml = format!(
             "host = {id:?}\ninstance = {:?}\ncoordinator = \"{coordinator}\"\nrate_table = {:?}\n\
              heartbeat_ms = 100\ncoordinator_timeout_ms = 800\nbackoff_min_ms = 50\nbackoff_max_ms = 400\n\
-             {extra}\n[tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
+             {extra}\n[tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n{}",
             self.instance,
             self.dir.path().join(format!("rates-{tag}.json")),
             tls.ca,
             tls.cert,
-            tls.key
+            tls.key,
+            tls.crl
+                .as_ref()
+                .map_or(String::new(), |c| format!("crl = {c:?}\n")),
         );
         std::fs::write(&config, toml).unwrap();
         let log = self.dir.path().join(format!("agent-{tag}.log"));
@@ -179,6 +183,7 @@ impl Drop for Agent {
 struct Coord {
     addr: SocketAddr,
     admin: SocketAddr,
+    reload: Arc<tokio::sync::Notify>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -197,7 +202,11 @@ impl Coord {
             rt.block_on(async move {
                 let server = Server::bind_with(settings, options).await.unwrap();
                 ready_tx
-                    .send((server.local_addr().unwrap(), server.admin_addr().unwrap()))
+                    .send((
+                        server.local_addr().unwrap(),
+                        server.admin_addr().unwrap(),
+                        server.reloader(),
+                    ))
                     .unwrap();
                 server
                     .run(async {
@@ -207,10 +216,11 @@ impl Coord {
                     .unwrap();
             });
         });
-        let (addr, admin) = ready_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let (addr, admin, reload) = ready_rx.recv_timeout(Duration::from_secs(10)).unwrap();
         Self {
             addr,
             admin,
+            reload,
             stop: Some(stop),
             thread: Some(thread),
         }
@@ -267,6 +277,7 @@ fn fixed_sets() -> ServeOptions {
     ServeOptions {
         priced_start: false,
         selection_rounds: 0,
+        selection_period_ms: 0,
         ..ServeOptions::default()
     }
 }
@@ -279,6 +290,8 @@ fn agents_converge_to_the_in_process_allocation() {
     let options = ServeOptions {
         eps_primal: 1e-11,
         eps_dual: 1e-11,
+        // `solve` has no re-selection after its schedule.
+        selection_period_ms: 0,
         ..ServeOptions::default()
     };
     let reference = solve(
@@ -394,6 +407,8 @@ fn two_shards_converge_to_the_same_allocation() {
     let options = ServeOptions {
         eps_primal: 1e-11,
         eps_dual: 1e-11,
+        // `solve` has no re-selection after its schedule.
+        selection_period_ms: 0,
         ..ServeOptions::default()
     };
     let reference = solve(
@@ -562,6 +577,7 @@ fn raw_client(c: &Cluster, coordinator: SocketAddr, bytes: Vec<u8>) {
         ca: certs.join("ca.pem"),
         cert: certs.join(format!("agent-{id}.pem")),
         key: certs.join(format!("agent-{id}.key")),
+        crl: None,
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
@@ -619,6 +635,7 @@ fn bad_peers_and_frames_are_refused_without_disturbing_rounds() {
         ca: certs.join("ca.pem"),
         cert: certs.join(format!("agent-{h0}.pem")),
         key: certs.join(format!("agent-{h0}.key")),
+        crl: None,
     };
     let impostor = c.agent_tagged("impostor", 1, coord.addr, Some(impostor_tls), "");
     wait_for("the impostor refused", Duration::from_secs(10), || {
@@ -754,7 +771,12 @@ fn coordinator_loss_is_fail_static_and_agents_rejoin_a_restarted_one() {
         min_members: 2,
         ..c.settings(localhost())
     };
-    let coord = Coord::start(settings.clone());
+    // No periodic re-selection: the restarted coordinator must be seen to run no exchange.
+    let options = ServeOptions {
+        selection_period_ms: 0,
+        ..ServeOptions::default()
+    };
+    let coord = Coord::start_with(settings.clone(), options.clone());
     let addr = coord.addr;
     let _agents: Vec<Agent> = (0..2).map(|h| c.agent(h, addr, None)).collect();
     // Selection runs (the default schedule); stop the coordinator once it is over.
@@ -793,10 +815,13 @@ fn coordinator_loss_is_fail_static_and_agents_rejoin_a_restarted_one() {
         );
     }
     // A new coordinator on the same address: agents rejoin with their rates and numbering.
-    let coord = Coord::start(ServeSettings {
-        listen: addr,
-        ..settings
-    });
+    let coord = Coord::start_with(
+        ServeSettings {
+            listen: addr,
+            ..settings
+        },
+        options,
+    );
     wait_for("both agents rejoined", Duration::from_secs(10), || {
         coord.status()["members"].as_array().unwrap().len() == 2
     });
@@ -992,4 +1017,259 @@ fn shim_counters_become_the_optimisers_demand() {
         "{}: still granted {after} while using {usage}",
         app.app
     );
+}
+
+/// Selection after the schedule: an agent whose apps come from its shims (`apps_from_shims`)
+/// starts with every app parked. Once the schedule is over, an app registers (arrives): the
+/// agent asks for a re-selection, and the app takes a slot with at least `x_min`. Its shim
+/// goes (the app leaves): it is parked again, and nothing else of the cluster stops.
+#[test]
+fn an_app_arriving_after_the_schedule_is_selected_and_parked_when_it_leaves() {
+    let c = Cluster::new(3, 4, 2, 5);
+    let options = ServeOptions {
+        selection_rounds: 2,
+        iters_per_round: 10,
+        selection_period_ms: 200,
+        ..ServeOptions::default()
+    };
+    let coord = Coord::start_with(
+        ServeSettings {
+            min_members: 3,
+            ..c.settings(localhost())
+        },
+        options.clone(),
+    );
+    let socket = c.dir.path().join("shim-0.sock");
+    let shim =
+        format!("apps_from_shims = true\n[shim]\nsocket = {socket:?}\nline_rate_gbps = 8.0\n");
+    let a0 = c.agent_tagged("0", 0, coord.addr, None, &shim);
+    let _others: Vec<Agent> = (1..3).map(|h| c.agent(h, coord.addr, None)).collect();
+    let planned = u64::from(options.selection_rounds + 1);
+    wait_for(
+        "re-selection after the schedule",
+        Duration::from_secs(20),
+        || {
+            coord.status()["selection"]["exchanges_done"]
+                .as_u64()
+                .unwrap()
+                > planned + 1
+        },
+    );
+    let t = c.table(0).unwrap();
+    assert_eq!(t.state, LinkState::Live);
+    assert!(t.apps.iter().all(|a| !a.active && a.rate == 0.0), "{t:?}");
+    let requests = |s: &serde_json::Value| s["counters"]["reselect_requests"].as_u64().unwrap();
+    let before = requests(&coord.status());
+    // The app arrives: host 0's app with the highest weight.
+    let pairs = c.problem.hosts[0].pairs.clone();
+    let p = pairs
+        .clone()
+        .max_by(|&a, &b| {
+            c.problem.pairs[a]
+                .weight
+                .total_cmp(&c.problem.pairs[b].weight)
+        })
+        .unwrap();
+    let app = c.problem.app_names[c.problem.pairs[p].app as usize].clone();
+    let (sock, _map) = register_as_shim(&socket, &app);
+    let active_rate = || {
+        c.table(0)
+            .and_then(|t| t.apps.into_iter().find(|a| a.app == app))
+            .filter(|a| a.active)
+            .map(|a| a.rate)
+    };
+    wait_for("the arrived app active", Duration::from_secs(10), || {
+        active_rate().is_some()
+    });
+    assert!(requests(&coord.status()) > before, "the agent asked for it");
+    let x_min = c.problem.params.x_min;
+    wait_for(
+        "the arrived app at its rate",
+        Duration::from_secs(5),
+        || {
+            active_rate()
+                .is_some_and(|r| r >= x_min * (1.0 - 1e-9) && r <= c.problem.pairs[p].demand)
+        },
+    );
+    let t = c.table(0).unwrap();
+    assert_eq!(t.apps.iter().filter(|a| a.active).count(), 1, "{t:?}");
+    assert!(a0.log().contains("apps changed; asking for a re-selection"));
+    assert!(log_text().contains("re-selection requested: the host's apps changed"));
+    // It leaves: parked at the next exchange (no coin for a departed app).
+    drop(sock);
+    wait_for("the departed app parked", Duration::from_secs(10), || {
+        c.table(0)
+            .is_some_and(|t| t.apps.iter().all(|a| !a.active && a.rate == 0.0))
+    });
+    wait_for("every host still a member", Duration::from_secs(5), || {
+        coord.status()["members"].as_array().unwrap().len() == 3
+            && (1..3).all(|h| c.table(h).is_some_and(|t| t.state == LinkState::Live))
+    });
+}
+
+/// Periodic re-selection with two shards: both count `T_sel` in iterations (100 ms at one
+/// round per 2 ms: 50), so they start every exchange at the same iteration and agents that
+/// talk to both never wait on one shard's exchange while the other sends rounds.
+#[test]
+fn two_shards_reselect_in_step_after_the_schedule() {
+    use drum_common::protocol::shard::ShardMux;
+    use drum_common::protocol::Shard;
+    let c = Cluster::new(4, 6, 2, 11);
+    let options = ServeOptions {
+        selection_rounds: 2,
+        iters_per_round: 10,
+        selection_period_ms: 100,
+        ..ServeOptions::default()
+    };
+    let links: Vec<Vec<u32>> = (0..4)
+        .map(|h| ShardMux::new(&c.problem, h, 2).links().to_vec())
+        .collect();
+    assert!(
+        links.iter().any(|l| l.len() == 2),
+        "some host talks to both"
+    );
+    let coords: Vec<Coord> = (0..2u32)
+        .map(|index| {
+            Coord::start_with(
+                ServeSettings {
+                    min_members: links.iter().filter(|l| l.contains(&index)).count(),
+                    round_interval_ms: 2,
+                    ..c.settings(localhost())
+                },
+                ServeOptions {
+                    shard: Shard { index, count: 2 },
+                    ..options.clone()
+                },
+            )
+        })
+        .collect();
+    let extra = format!("coordinator_shards = [\"{}\"]", coords[1].addr);
+    let _agents: Vec<Agent> = (0..4)
+        .map(|h| c.agent_tagged(&h.to_string(), h, coords[0].addr, None, &extra))
+        .collect();
+    let planned = u64::from(options.selection_rounds + 1);
+    let done = |i: usize| {
+        coords[i].status()["selection"]["exchanges_done"]
+            .as_u64()
+            .unwrap()
+    };
+    wait_for(
+        "three re-selections on both shards",
+        Duration::from_secs(20),
+        || done(0) >= planned + 3 && done(1) >= planned + 3,
+    );
+    for coord in &coords {
+        let s = coord.status();
+        assert_eq!(s["selection"]["period_ms"], 100);
+        assert_eq!(s["counters"]["timeouts"], 0, "{s:#}");
+        assert_eq!(s["counters"]["refused"], 0, "{s:#}");
+        // Every host joined once: one epoch per join, none from a drop and rejoin.
+        let members = s["members"].as_array().unwrap().len() as u64;
+        assert_eq!(s["epoch"].as_u64().unwrap(), members, "{s:#}");
+    }
+    assert!((0..4).all(|h| c.table(h).is_some_and(|t| t.state == LinkState::Live)));
+}
+
+/// Certificate revocation and rotation without a restart. Every party reads `crl.pem` from
+/// the start (`dev-certs` writes it empty). A CRL that does not load leaves the coordinator as
+/// it was. Host 1's certificate is revoked and the coordinator reloads: host 1's connection
+/// is closed and its reconnections are refused, while the others go on without losing their
+/// connections. Host 1 gets a new certificate, its agent reloads on SIGHUP, and it rejoins.
+#[test]
+fn a_revoked_agent_is_refused_and_rejoins_with_a_rotated_certificate() {
+    let c = Cluster::new(3, 4, 2, 21);
+    let certs = c.dir.path().join("certs");
+    let crl = certs.join("crl.pem");
+    let coord = Coord::start_with(
+        ServeSettings {
+            min_members: 3,
+            tls: TlsFiles {
+                crl: Some(crl.clone()),
+                ..c.coordinator_tls.clone()
+            },
+            ..c.settings(localhost())
+        },
+        fixed_sets(),
+    );
+    let tls = |h: usize| {
+        let id = &c.problem.hosts[h].id;
+        Some(TlsFiles {
+            ca: certs.join("ca.pem"),
+            cert: certs.join(format!("agent-{id}.pem")),
+            key: certs.join(format!("agent-{id}.key")),
+            crl: Some(crl.clone()),
+        })
+    };
+    let agents: Vec<Agent> = (0..3).map(|h| c.agent(h, coord.addr, tls(h))).collect();
+    let members = || coord.status()["members"].as_array().unwrap().len();
+    let iteration = || coord.status()["iteration"].as_u64().unwrap();
+    wait_for("three members iterating", Duration::from_secs(10), || {
+        members() == 3 && iteration() > 20
+    });
+    // A CRL file that does not load: the reload is refused, nothing changes.
+    let good = std::fs::read(&crl).unwrap();
+    std::fs::write(&crl, "not a CRL").unwrap();
+    coord.reload.notify_one();
+    wait_for("the failed reload logged", Duration::from_secs(5), || {
+        log_text().contains("TLS reload failed, keeping the previous certificates")
+    });
+    std::fs::write(&crl, good).unwrap();
+    assert_eq!(members(), 3);
+    // Revoke host 1 and reload: its connection goes, its reconnections are refused.
+    let h1 = c.problem.hosts[1].id.clone();
+    drum_coordinator::pki::DevCa::open(&certs)
+        .unwrap()
+        .revoke_agent(&h1)
+        .unwrap();
+    let epoch = coord.status()["epoch"].as_u64().unwrap();
+    coord.reload.notify_one();
+    // (Other tests share the log: look for this test's lines.)
+    wait_for("host 1 closed and refused", Duration::from_secs(10), || {
+        let log = log_text();
+        log.contains("refused connection after the reload")
+            && log
+                .lines()
+                .any(|l| l.contains("refused connection: ") && l.contains("Revoked"))
+            && members() == 2
+    });
+    for l in log_text().lines().filter(|l| {
+        l.contains("after the reload")
+            || (l.contains("refused connection: ") && l.contains("Revoked"))
+    }) {
+        eprintln!("{l}");
+    }
+    wait_for("host 1 fail-static", Duration::from_secs(5), || {
+        c.table(1).is_some_and(|t| t.state == LinkState::FailStatic)
+    });
+    // The others go on: rounds continue on their connections of before the reload.
+    let before = iteration();
+    wait_for("rounds without host 1", Duration::from_secs(5), || {
+        iteration() > before + 20
+    });
+    assert_eq!(
+        coord.status()["epoch"].as_u64().unwrap(),
+        epoch + 1,
+        "one departure"
+    );
+    for h in [0, 2] {
+        assert!(
+            !agents[h].log().contains("fail-static"),
+            "{}",
+            agents[h].log()
+        );
+    }
+    // A new certificate for host 1, and SIGHUP to its agent: it rejoins.
+    drum_coordinator::pki::DevCa::open(&certs)
+        .unwrap()
+        .issue_agent(&h1)
+        .unwrap();
+    // SAFETY: kill(2) on the pid of a child this test started and still owns.
+    assert_eq!(
+        unsafe { libc::kill(agents[1].child.id() as i32, libc::SIGHUP) },
+        0
+    );
+    wait_for("host 1 back", Duration::from_secs(10), || {
+        members() == 3 && c.table(1).is_some_and(|t| t.state == LinkState::Live)
+    });
+    assert!(agents[1].log().contains("reloaded the TLS files"));
 }

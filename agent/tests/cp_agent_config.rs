@@ -27,6 +27,7 @@ fn deploy_example_parses_and_shards_are_read() {
     ))
     .unwrap();
     assert_eq!(o.coordinator_shards.len(), 2);
+    assert!(!o.apps_from_shims);
     for (extra, want) in [
         (
             "coordinator_shard = []",
@@ -36,6 +37,7 @@ fn deploy_example_parses_and_shards_are_read() {
             "coordinator_shards = [\"nowhere\"]",
             "invalid socket address",
         ),
+        ("apps_from_shims = true", "apps_from_shims in"),
     ] {
         let e = AgentSettings::load_with_options(&write(extra)).unwrap_err();
         assert!(format!("{e:#}").contains(want), "{extra}: {e:#}");

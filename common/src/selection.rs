@@ -92,21 +92,63 @@ pub fn evaluate_host(
     opts: &SelectionOptions,
     rng: &mut SplitMix64,
 ) -> HostEvaluation {
+    evaluate_present(
+        problem,
+        host,
+        active,
+        price,
+        mu,
+        nu,
+        activity,
+        |_| true,
+        opts,
+        rng,
+    )
+}
+
+/// [`evaluate_host`] when only some of the host's apps are running (`present(pair)`; the
+/// agent learns it from its shims). An absent pair is never proposed for activation and does
+/// not count in the bound. An absent member is parked first, without the coin: the coin damps
+/// hosts that all react to the same prices, while an app that left is a local fact and its
+/// slot is simply wasted; the best present outsider may take the slot in the same swap.
+#[allow(clippy::too_many_arguments)]
+pub fn evaluate_present(
+    problem: &Problem,
+    host: usize,
+    active: &[usize],
+    price: impl Fn(u32) -> f64,
+    mu: f64,
+    nu: f64,
+    activity: &[f32],
+    present: impl Fn(usize) -> bool,
+    opts: &SelectionOptions,
+    rng: &mut SplitMix64,
+) -> HostEvaluation {
     let h = &problem.hosts[host];
     let slots = problem.slots(host);
     let mut values = Vec::with_capacity(h.pairs.len());
     // (key, pair, x): the member with the lowest key and the outsider with the highest.
     let mut worst_member: Option<(f64, usize)> = None;
     let mut best_outsider: Option<(f64, usize, f64)> = None;
+    let mut gone: Option<usize> = None;
     let mut next_active = active.iter().peekable();
     for p in h.pairs.clone() {
+        let member = next_active.peek() == Some(&&p);
+        if member {
+            next_active.next();
+        }
+        if !present(p) {
+            if member && gone.is_none() {
+                gone = Some(p);
+            }
+            continue;
+        }
         let pair = &problem.pairs[p];
         let charge = price(pair.facility) * pair.facility_coeff + mu + nu * pair.cqe_per_wqe;
         let (l, x) = surplus(problem, host, p, charge);
         values.push(l);
         let key = l * (1.0 - opts.fairness * activity[p] as f64 * l.signum());
-        if next_active.peek() == Some(&&p) {
-            next_active.next();
+        if member {
             if worst_member.is_none_or(|(k, _)| key < k) {
                 worst_member = Some((key, p));
             }
@@ -115,6 +157,18 @@ pub fn evaluate_host(
         }
     }
     let bound = top_k_positive_sum(&mut values, slots) + mu * h.wqe_budget + nu * h.poll_budget;
+    if let Some(out) = gone {
+        let swap = Swap {
+            park: Some(out),
+            activate: best_outsider
+                .filter(|o| o.0 > 0.0 && active.len() <= slots)
+                .map(|(_, p, x)| (p, x)),
+        };
+        return HostEvaluation {
+            bound,
+            swap: Some(swap),
+        };
+    }
 
     let swap = if active.len() < slots {
         best_outsider.filter(|o| o.0 > 0.0).map(|(_, p, x)| Swap {
@@ -257,6 +311,71 @@ pub fn initial_active(problem: &Problem, prices: &[f64]) -> Vec<Vec<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::generator::{generate, GeneratorConfig};
+
+    fn problem() -> Problem {
+        generate(&GeneratorConfig {
+            k: 2,
+            seed: 5,
+            ..GeneratorConfig::new(2, 6)
+        })
+    }
+
+    fn evaluate(
+        problem: &Problem,
+        active: &[usize],
+        present: impl Fn(usize) -> bool,
+        swap_prob: f64,
+    ) -> HostEvaluation {
+        let opts = SelectionOptions {
+            swap_prob,
+            ..SelectionOptions::default()
+        };
+        let activity = vec![0.0; problem.pairs.len()];
+        evaluate_present(
+            problem,
+            0,
+            active,
+            |_| 0.0,
+            0.0,
+            0.0,
+            &activity,
+            present,
+            &opts,
+            &mut SplitMix64::new(1),
+        )
+    }
+
+    #[test]
+    fn an_absent_member_is_parked_without_the_coin_and_a_present_app_takes_its_slot() {
+        let problem = problem();
+        let pairs: Vec<usize> = problem.hosts[0].pairs.clone().collect();
+        let active = vec![pairs[0], pairs[1]];
+        // swap_prob 0: no voluntary swap ever happens, yet the absent member goes.
+        let e = evaluate(&problem, &active, |p| p != pairs[1], 0.0);
+        let swap = e.swap.expect("the absent member is parked");
+        assert_eq!(swap.park, Some(pairs[1]));
+        let (inp, x) = swap.activate.expect("a present outsider takes the slot");
+        assert!(inp != pairs[1] && !active.contains(&inp));
+        assert!(x >= problem.params.x_min);
+        // With every app present and no coin, nothing moves.
+        assert_eq!(evaluate(&problem, &active, |_| true, 0.0).swap, None);
+    }
+
+    #[test]
+    fn absent_apps_are_never_activated_nor_counted_in_the_bound() {
+        let problem = problem();
+        let pairs: Vec<usize> = problem.hosts[0].pairs.clone().collect();
+        // Nothing active and nothing present: no proposal, no value.
+        let e = evaluate(&problem, &[], |_| false, 1.0);
+        assert_eq!(e.swap, None);
+        assert_eq!(e.bound, 0.0);
+        // Only one app present: that is the one proposed for the free slot.
+        let e = evaluate(&problem, &[], |p| p == pairs[3], 1.0);
+        assert_eq!(e.swap.and_then(|s| s.activate).map(|a| a.0), Some(pairs[3]));
+        let all = evaluate(&problem, &[], |_| true, 1.0);
+        assert!(all.bound >= e.bound && e.bound > 0.0);
+    }
 
     #[test]
     fn top_k_positive_ignores_negatives() {

@@ -234,6 +234,11 @@ fn prometheus(core: &Coordinator, m: &Metrics) -> String {
         c.refused_activations,
     );
     counter(
+        "drum_coordinator_reselect_requests_total",
+        "Re-selections agents asked for because their apps arrived or left.",
+        c.reselect_requests,
+    );
+    counter(
         "drum_coordinator_duplicates_total",
         "Duplicate contributions.",
         c.duplicates,

@@ -5,4 +5,5 @@
 
 pub mod admin;
 pub mod net;
+pub mod pki;
 pub mod server;

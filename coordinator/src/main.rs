@@ -112,7 +112,8 @@ enum Command {
         #[arg(long, value_name = "I/N")]
         shard: Option<drum_common::protocol::Shard>,
     },
-    /// Create a throw-away CA and certificates for a test cluster.
+    /// Create a throw-away CA and certificates for a test cluster; or, with `--revoke` or
+    /// `--reissue`, revoke or replace a host's certificate of the CA already in `--out`.
     DevCerts {
         #[arg(long)]
         out: PathBuf,
@@ -122,6 +123,14 @@ enum Command {
         /// Agent names; one client certificate `agent-NAME.pem` each.
         #[arg(long, value_delimiter = ',', default_value = "agent")]
         agents: Vec<String>,
+        /// Add the current certificate of host HOST (`agent-HOST.pem`) to the CA's
+        /// `crl.pem`; daemons with `tls.crl` refuse it after a reload (SIGHUP).
+        #[arg(long, value_name = "HOST", conflicts_with_all = ["reissue", "san", "agents"])]
+        revoke: Option<String>,
+        /// Issue host HOST a new key and certificate (`agent-HOST.pem/.key`), e.g. after a
+        /// revocation; its agent uses them after a reload (SIGHUP).
+        #[arg(long, value_name = "HOST", conflicts_with_all = ["san", "agents"])]
+        reissue: Option<String>,
     },
     /// Show a running coordinator's members, facilities, iteration, residuals and prices.
     Status {
@@ -300,8 +309,14 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Serve { config, shard } => serve(&config, shard)?,
-        Command::DevCerts { out, san, agents } => {
-            for a in &agents {
+        Command::DevCerts {
+            out,
+            san,
+            agents,
+            revoke,
+            reissue,
+        } => {
+            for a in agents.iter().chain(&revoke).chain(&reissue) {
                 if a.is_empty()
                     || !a
                         .chars()
@@ -310,8 +325,19 @@ fn run(cli: Cli) -> Result<()> {
                     bail!("agent name {a:?} may only hold letters, digits, '-', '_' and '.'");
                 }
             }
+            if let Some(host) = revoke {
+                let crl = drum_coordinator::pki::DevCa::open(&out)?.revoke_agent(&host)?;
+                println!("revoked agent {host}: {}", crl.display());
+                return Ok(());
+            }
+            if let Some(host) = reissue {
+                let f = drum_coordinator::pki::DevCa::open(&out)?.issue_agent(&host)?;
+                println!("agent {host}: {} {}", f.cert.display(), f.key.display());
+                return Ok(());
+            }
             let certs = drum_coordinator::net::dev_certs(&out, &san, &agents)?;
             println!("CA: {}", certs.ca.display());
+            println!("CRL (empty): {}", out.join("crl.pem").display());
             println!(
                 "coordinator: {} {}",
                 certs.coordinator.cert.display(),
@@ -379,6 +405,15 @@ fn serve(config: &std::path::Path, shard: Option<drum_common::protocol::Shard>) 
         if let Some(a) = server.admin_addr() {
             tracing::info!(admin = %a, "admin endpoint listening");
         }
+        // SIGHUP: read the certificate, key, CA and CRL again, without a restart.
+        let reload = server.reloader();
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .context("installing the SIGHUP handler")?;
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                reload.notify_one();
+            }
+        });
         server.run(shutdown_signal()).await
     })
 }
@@ -456,8 +491,13 @@ fn status_table(json: &str) -> Result<String> {
         );
     }
     let sel = &v["selection"];
+    let after = match sel["period_ms"].as_u64() {
+        Some(ms) => format!("then every {ms} ms and when apps change"),
+        None => "then when apps change".into(),
+    };
     out += &format!(
-        "selection: {} of {} exchanges done{}; parks {}  activations {}  refused activations {}\n",
+        "selection: {} exchanges done ({} in the schedule, {after}){}; parks {}  activations {}  \
+         refused activations {}  re-selection requests {}\n",
         sel["exchanges_done"],
         sel["exchanges_planned"],
         if sel["in_progress"].as_bool() == Some(true) {
@@ -467,7 +507,8 @@ fn status_table(json: &str) -> Result<String> {
         },
         v["counters"]["parks"],
         v["counters"]["activations"],
-        v["counters"]["refused_activations"]
+        v["counters"]["refused_activations"],
+        v["counters"]["reselect_requests"]
     );
     if let Some(d) = v["drained"].as_array().filter(|d| !d.is_empty()) {
         let names: Vec<&str> = d.iter().filter_map(|h| h.as_str()).collect();

@@ -23,9 +23,9 @@ pub fn init_logging() {
         .init();
 }
 
-/// ALPN of protocol version 2 (`PROTOCOL_VERSION`); a peer speaking anything else, such as a
-/// version-1 agent (`drum/1`), fails the handshake.
-pub const ALPN: &[u8] = b"drum/2";
+/// ALPN of protocol version 3 (`PROTOCOL_VERSION`); a peer speaking anything else, such as a
+/// version-2 agent (`drum/2`), fails the handshake.
+pub const ALPN: &[u8] = b"drum/3";
 /// QUIC application error codes used when closing a connection.
 pub const CLOSE_NORMAL: u32 = 0;
 pub const CLOSE_PROTOCOL: u32 = 1;
@@ -59,25 +59,52 @@ pub enum NetError {
     Wire(#[from] WireError),
     #[error("generating certificates: {0}")]
     Rcgen(#[from] rcgen::Error),
+    #[error("certificate revocation list {path}: {reason}")]
+    Crl { path: PathBuf, reason: String },
+    #[error("{0}")]
+    Pki(String),
 }
 
-/// Paths of a party's TLS material: the CA that signs every peer, its own chain and key.
+/// Paths of a party's TLS material: the CA that signs every peer, its own chain and key, and
+/// optionally a certificate revocation list of that CA. All are read again on a reload.
 #[derive(Clone, Debug, serde::Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TlsFiles {
     pub ca: PathBuf,
     pub cert: PathBuf,
     pub key: PathBuf,
+    /// PEM file of CRLs issued by `ca`: a peer whose certificate it lists is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crl: Option<PathBuf>,
 }
 
 impl TlsFiles {
     /// Resolves relative paths against `base`, the directory of the config file naming them.
     pub fn rebase(&mut self, base: &Path) {
-        for p in [&mut self.ca, &mut self.cert, &mut self.key] {
+        for p in [&mut self.ca, &mut self.cert, &mut self.key]
+            .into_iter()
+            .chain(self.crl.as_mut())
+        {
             *p = base.join(&*p);
         }
     }
+
+    /// The CA certificates and, if configured, the CRLs (checked against those CAs).
+    fn trust(&self) -> Result<(Arc<rustls::RootCertStore>, Vec<CrlDer>), NetError> {
+        let ca = load_certs(&self.ca)?;
+        let crls = match &self.crl {
+            Some(path) => crate::pki::load_crls(path, &ca, &load_certs(&self.cert)?)?,
+            None => Vec::new(),
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        for c in ca {
+            roots.add(c)?;
+        }
+        Ok((Arc::new(roots), crls))
+    }
 }
+
+type CrlDer = rustls::pki_types::CertificateRevocationListDer<'static>;
 
 /// Reads a daemon's TOML config; returns it with the directory its relative paths are relative to.
 pub fn load_config<T: DeserializeOwned>(path: &Path) -> anyhow::Result<(T, PathBuf)> {
@@ -117,14 +144,6 @@ fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, NetError> {
     PrivateKeyDer::from_pem_file(path).map_err(pem_err(path))
 }
 
-fn roots(ca: &Path) -> Result<rustls::RootCertStore, NetError> {
-    let mut roots = rustls::RootCertStore::empty();
-    for c in load_certs(ca)? {
-        roots.add(c)?;
-    }
-    Ok(roots)
-}
-
 fn transport(idle: Duration) -> Arc<quinn::TransportConfig> {
     let mut t = quinn::TransportConfig::default();
     t.max_idle_timeout(quinn::IdleTimeout::try_from(idle).ok());
@@ -132,26 +151,56 @@ fn transport(idle: Duration) -> Arc<quinn::TransportConfig> {
     Arc::new(t)
 }
 
-/// A server endpoint that accepts only clients whose certificate chains to `tls.ca`.
+/// The coordinator's TLS: the QUIC server config, and the client verifier it uses, kept to
+/// check established connections again after a reload (a revoked agent must not stay).
+pub struct ServerTls {
+    pub config: quinn::ServerConfig,
+    verifier: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+}
+
+impl ServerTls {
+    /// Reads `tls`: accept only clients whose certificate chains to `tls.ca` and is not
+    /// revoked by `tls.crl`.
+    pub fn load(tls: &TlsFiles, idle: Duration) -> Result<Self, NetError> {
+        let (roots, crls) = tls.trust()?;
+        let verifier =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider())
+                .with_crls(crls)
+                .build()?;
+        let mut crypto = rustls::ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .with_client_cert_verifier(verifier.clone())
+            .with_single_cert(load_certs(&tls.cert)?, load_key(&tls.key)?)?;
+        crypto.alpn_protocols = vec![ALPN.to_vec()];
+        let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(crypto)
+            .map_err(|e| NetError::QuicCrypto(e.to_string()))?;
+        let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+        config.transport_config(transport(idle));
+        Ok(Self { config, verifier })
+    }
+
+    /// Whether the peer of an established connection would be accepted now: its chain
+    /// checked as in a handshake, against this CA and CRL.
+    pub fn check_peer(&self, conn: &quinn::Connection) -> Result<(), String> {
+        let chain = conn
+            .peer_identity()
+            .and_then(|i| i.downcast::<Vec<CertificateDer<'static>>>().ok())
+            .ok_or("no client certificate")?;
+        let (leaf, intermediates) = chain.split_first().ok_or("empty certificate chain")?;
+        self.verifier
+            .verify_client_cert(leaf, intermediates, rustls::pki_types::UnixTime::now())
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// A server endpoint with [`ServerTls::load`]'s config.
 pub fn server_endpoint(
     tls: &TlsFiles,
     listen: SocketAddr,
     idle: Duration,
 ) -> Result<quinn::Endpoint, NetError> {
-    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-        Arc::new(roots(&tls.ca)?),
-        provider(),
-    )
-    .build()?;
-    let mut crypto = rustls::ServerConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(load_certs(&tls.cert)?, load_key(&tls.key)?)?;
-    crypto.alpn_protocols = vec![ALPN.to_vec()];
-    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(crypto)
-        .map_err(|e| NetError::QuicCrypto(e.to_string()))?;
-    let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-    cfg.transport_config(transport(idle));
+    let cfg = ServerTls::load(tls, idle)?.config;
     let runtime = quinn::default_runtime()
         .ok_or_else(|| std::io::Error::other("no async runtime for the QUIC endpoint"))?;
     Ok(quinn::Endpoint::new(
@@ -189,21 +238,38 @@ fn server_socket(listen: SocketAddr) -> Result<std::net::UdpSocket, NetError> {
     Ok(socket.into())
 }
 
-/// A client endpoint presenting `tls.cert` and trusting only servers signed by `tls.ca`.
-pub fn client_endpoint(tls: &TlsFiles, idle: Duration) -> Result<quinn::Endpoint, NetError> {
+/// A client config presenting `tls.cert` and trusting only servers whose certificate chains
+/// to `tls.ca` and is not revoked by `tls.crl`. Connections made after
+/// `Endpoint::set_default_client_config` use a reloaded one; established ones go on.
+pub fn client_config(tls: &TlsFiles, idle: Duration) -> Result<quinn::ClientConfig, NetError> {
+    let (roots, crls) = tls.trust()?;
+    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(roots, provider())
+        .with_crls(crls)
+        .build()?;
     let mut crypto = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_root_certificates(roots(&tls.ca)?)
+        .with_webpki_verifier(verifier)
         .with_client_auth_cert(load_certs(&tls.cert)?, load_key(&tls.key)?)?;
     crypto.alpn_protocols = vec![ALPN.to_vec()];
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(crypto)
         .map_err(|e| NetError::QuicCrypto(e.to_string()))?;
     let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
     cfg.transport_config(transport(idle));
-    let bind: SocketAddr = "0.0.0.0:0".parse().expect("valid address");
-    let mut ep = quinn::Endpoint::client(bind)?;
-    ep.set_default_client_config(cfg);
+    Ok(cfg)
+}
+
+/// A client endpoint with [`client_config`].
+pub fn client_endpoint(tls: &TlsFiles, idle: Duration) -> Result<quinn::Endpoint, NetError> {
+    let mut ep = bare_client_endpoint()?;
+    ep.set_default_client_config(client_config(tls, idle)?);
     Ok(ep)
+}
+
+/// A client endpoint without a default config: every connection names its own
+/// (`Endpoint::connect_with`), as an agent that reloads its certificates does.
+pub fn bare_client_endpoint() -> Result<quinn::Endpoint, NetError> {
+    let bind: SocketAddr = "0.0.0.0:0".parse().expect("valid address");
+    Ok(quinn::Endpoint::client(bind)?)
 }
 
 /// Writes one framed message.
@@ -281,71 +347,28 @@ pub struct DevCerts {
     pub agents: Vec<(String, TlsFiles)>,
 }
 
-/// A throw-away CA, a coordinator certificate for `sans` (DNS names or IP addresses) and one
+/// A throw-away CA (`ca.pem`, its key `ca.key` and an empty CRL `crl.pem`; see
+/// [`crate::pki`]), a coordinator certificate for `sans` (DNS names or IP addresses) and one
 /// client certificate per agent name. Keys are written with mode 0600.
 pub fn dev_certs(dir: &Path, sans: &[String], agents: &[String]) -> Result<DevCerts, NetError> {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-        KeyUsagePurpose,
-    };
-    std::fs::create_dir_all(dir)?;
-    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "DRUM development CA (throw-away)");
-    ca_params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca_key = KeyPair::generate()?;
-    let ca = ca_params.self_signed(&ca_key)?;
-    let ca_path = dir.join("ca.pem");
-    std::fs::write(&ca_path, ca.pem())?;
-
-    let leaf = |name: &str,
-                sans: Vec<String>,
-                usage: ExtendedKeyUsagePurpose|
-     -> Result<TlsFiles, NetError> {
-        let mut p = CertificateParams::new(sans)?;
-        p.distinguished_name.push(DnType::CommonName, name);
-        p.extended_key_usages = vec![usage];
-        p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        let key = KeyPair::generate()?;
-        let cert = p.signed_by(&key, &ca, &ca_key)?;
-        let files = TlsFiles {
-            ca: ca_path.clone(),
-            cert: dir.join(format!("{name}.pem")),
-            key: dir.join(format!("{name}.key")),
-        };
-        std::fs::write(&files.cert, cert.pem())?;
-        write_private(&files.key, key.serialize_pem().as_bytes())?;
-        Ok(files)
-    };
-    let coordinator = leaf(
+    let ca = crate::pki::DevCa::create(dir)?;
+    let coordinator = ca.issue(
         "coordinator",
         sans.to_vec(),
-        ExtendedKeyUsagePurpose::ServerAuth,
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
     )?;
     let mut out = Vec::new();
     for a in agents {
-        // The host id as a DNS name: the coordinator binds joins to it (`certificate_names`).
-        let files = leaf(
-            &format!("agent-{a}"),
-            vec![a.clone()],
-            ExtendedKeyUsagePurpose::ClientAuth,
-        )?;
-        out.push((a.clone(), files));
+        out.push((a.clone(), ca.issue_agent(a)?));
     }
     Ok(DevCerts {
-        ca: ca_path,
+        ca: ca.ca_path(),
         coordinator,
         agents: out,
     })
 }
 
-fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new()

@@ -108,6 +108,11 @@ pub struct ServeOptions {
     /// Seed of the selection's coin flips (`solve --selection-seed`).
     #[serde(default = "d_seed")]
     pub selection_seed: u64,
+    /// `T_sel` (DESIGN.md §2): once the schedule is done, a selection round at most this
+    /// often (and at least `iters_per_round` iterations apart); 0: none, the sets then change
+    /// only when an agent's apps arrive or leave.
+    #[serde(default = "d_selection_period")]
+    pub selection_period_ms: u64,
     /// The facilities this process owns (`serve --shard I/N`; not a config key).
     #[serde(skip)]
     pub shard: Shard,
@@ -126,8 +131,12 @@ const OPTION_KEYS: &[&str] = &[
     "eps_primal",
     "eps_dual",
     "selection_seed",
+    "selection_period_ms",
     "state_file",
 ];
+
+/// The longest `T_sel` accepted: anything longer is surely a unit mistake.
+const MAX_SELECTION_PERIOD_MS: u64 = 3_600_000;
 
 fn d_selection_rounds() -> u32 {
     SolveOptions::default().rounds as u32
@@ -141,6 +150,10 @@ fn d_eps() -> f64 {
 fn d_seed() -> u64 {
     SelectionOptions::default().seed
 }
+/// The slow end of DESIGN.md's 10–100 ms: a swap costs a refill of the NIC's QP cache.
+fn d_selection_period() -> u64 {
+    100
+}
 
 impl Default for ServeOptions {
     fn default() -> Self {
@@ -151,6 +164,7 @@ impl Default for ServeOptions {
             eps_primal: d_eps(),
             eps_dual: d_eps(),
             selection_seed: d_seed(),
+            selection_period_ms: d_selection_period(),
             shard: Shard::WHOLE,
             state_file: None,
         }
@@ -173,12 +187,23 @@ impl ServeOptions {
     }
 
     pub fn schedule(&self) -> SelectionSchedule {
-        SelectionSchedule::from_solve(&self.solve_options())
+        SelectionSchedule {
+            period: (self.selection_period_ms > 0)
+                .then(|| Duration::from_millis(self.selection_period_ms)),
+            ..SelectionSchedule::from_solve(&self.solve_options())
+        }
     }
 
     fn validate(&self) -> Result<()> {
         if self.iters_per_round == 0 {
             bail!("iters_per_round must be at least 1");
+        }
+        if self.selection_period_ms > MAX_SELECTION_PERIOD_MS {
+            bail!(
+                "selection_period_ms must be at most {MAX_SELECTION_PERIOD_MS} (one hour), got {} \
+                 (0 turns periodic re-selection off)",
+                self.selection_period_ms
+            );
         }
         for (name, v) in [("eps_primal", self.eps_primal), ("eps_dual", self.eps_dual)] {
             if !(v.is_finite() && v >= 0.0) {
@@ -325,15 +350,25 @@ pub fn load_problem(path: &Path) -> Result<Problem> {
 
 /// What a connection task sends to the state machine.
 enum Input {
-    Connected(MemberId, SocketAddr, mpsc::UnboundedSender<Outgoing>),
+    Connected(Link),
     Msg(MemberId, AgentMsg),
     Closed(MemberId),
     Admin(AdminRequest, oneshot::Sender<Reply>),
+    /// The TLS files were read again: check every established peer against them.
+    Reloaded(Arc<net::ServerTls>),
 }
 
 enum Outgoing {
     Msg(CoordMsg),
     Close(u32, String),
+}
+
+/// One connection as the state machine's loop sees it.
+struct Link {
+    id: MemberId,
+    remote: SocketAddr,
+    conn: quinn::Connection,
+    out: mpsc::UnboundedSender<Outgoing>,
 }
 
 /// A bound, not yet running coordinator.
@@ -343,6 +378,7 @@ pub struct Server {
     problem: Problem,
     endpoint: quinn::Endpoint,
     admin: Option<tokio::net::TcpListener>,
+    reload: Arc<tokio::sync::Notify>,
 }
 
 impl Server {
@@ -375,7 +411,16 @@ impl Server {
             problem,
             endpoint,
             admin,
+            reload: Arc::new(tokio::sync::Notify::new()),
         })
+    }
+
+    /// Notifying it makes the running server read its TLS files (certificate, key, CA, CRL)
+    /// again, as `serve` does on SIGHUP: new handshakes use them, established connections go
+    /// on unless their peer's certificate is no longer accepted (revoked, or from a CA no
+    /// longer trusted). Files that do not load leave everything as it was.
+    pub fn reloader(&self) -> Arc<tokio::sync::Notify> {
+        self.reload.clone()
     }
 
     pub fn local_addr(&self) -> Result<SocketAddr> {
@@ -394,6 +439,7 @@ impl Server {
             problem,
             endpoint,
             admin,
+            reload,
         } = self;
         let rho = settings.rho.unwrap_or_else(|| default_rho(&problem));
         let cfg = CoordinatorConfig {
@@ -439,6 +485,13 @@ impl Server {
             join_timeout: Duration::from_millis(settings.member_timeout_ms),
             bind_host: settings.bind_host_to_certificate,
         };
+        let reloads = tokio::spawn(reload_loop(
+            reload,
+            endpoint.clone(),
+            settings.tls.clone(),
+            Duration::from_millis(settings.member_timeout_ms),
+            tx.clone(),
+        ));
         let accept = tokio::spawn(accept_loop(endpoint.clone(), tx, metrics.clone(), policy));
         let mut core = Coordinator::new(cfg, problem.facilities.clone());
         core.set_apps(problem.app_names.clone());
@@ -464,12 +517,40 @@ impl Server {
             _ = shutdown => info!("coordinator shutting down"),
         }
         accept.abort();
+        reloads.abort();
         endpoint.close(net::CLOSE_NORMAL.into(), b"coordinator shutting down");
         Ok(())
     }
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Reads the TLS files again on every notification (see [`Server::reloader`]).
+async fn reload_loop(
+    reload: Arc<tokio::sync::Notify>,
+    endpoint: quinn::Endpoint,
+    tls: TlsFiles,
+    idle: Duration,
+    tx: mpsc::UnboundedSender<Input>,
+) {
+    loop {
+        reload.notified().await;
+        match net::ServerTls::load(&tls, idle) {
+            Ok(t) => {
+                endpoint.set_server_config(Some(t.config.clone()));
+                info!(
+                    cert = %tls.cert.display(),
+                    crl = ?tls.crl,
+                    "reloaded the TLS files; new handshakes use them"
+                );
+                if tx.send(Input::Reloaded(Arc::new(t))).is_err() {
+                    return;
+                }
+            }
+            Err(e) => warn!("TLS reload failed, keeping the previous certificates: {e}"),
+        }
+    }
+}
 
 /// What a connection must do before the state machine hears of it.
 #[derive(Clone, Copy, Debug)]
@@ -516,7 +597,13 @@ async fn connection(
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let (out_tx, mut out_rx) = mpsc::unbounded_channel();
     let refuse_tx = out_tx.clone();
-    if tx.send(Input::Connected(id, remote, out_tx)).is_err() {
+    let link = Link {
+        id,
+        remote,
+        conn: conn.clone(),
+        out: out_tx,
+    };
+    if tx.send(Input::Connected(link)).is_err() {
         return Ok(());
     }
     let writer_conn = conn.clone();
@@ -603,8 +690,7 @@ async fn core_loop(
     state_file: Option<PathBuf>,
 ) -> Result<()> {
     let origin = Instant::now();
-    let mut writers: HashMap<MemberId, (SocketAddr, mpsc::UnboundedSender<Outgoing>)> =
-        HashMap::new();
+    let mut writers: HashMap<MemberId, Link> = HashMap::new();
     let mut closing: std::collections::HashSet<MemberId> = std::collections::HashSet::new();
     loop {
         let wake = core
@@ -615,8 +701,27 @@ async fn core_loop(
                 let Some(input) = input else { return Ok(()) };
                 let now = origin.elapsed();
                 match input {
-                    Input::Connected(id, addr, w) => {
-                        writers.insert(id, (addr, w));
+                    Input::Connected(link) => {
+                        writers.insert(link.id, link);
+                        Vec::new()
+                    }
+                    Input::Reloaded(tls) => {
+                        let revoked: Vec<(MemberId, String)> = writers
+                            .values()
+                            .filter_map(|l| tls.check_peer(&l.conn).err().map(|e| (l.id, e)))
+                            .collect();
+                        for (id, e) in revoked {
+                            let l = writers.remove(&id).expect("listed above");
+                            metrics.refused_handshakes.fetch_add(1, Ordering::Relaxed);
+                            warn!(
+                                member = id,
+                                remote = %l.remote,
+                                "refused connection after the reload: {e}; closing it"
+                            );
+                            closing.insert(id);
+                            let reason = format!("certificate no longer accepted: {e}");
+                            let _ = l.out.send(Outgoing::Close(net::CLOSE_PROTOCOL, reason));
+                        }
                         Vec::new()
                     }
                     // A connection being closed may still deliver frames: ignore them.
@@ -656,15 +761,15 @@ async fn core_loop(
         for a in actions {
             match a {
                 Action::Send(id, m) => {
-                    if let Some((_, w)) = writers.get(&id) {
-                        let _ = w.send(Outgoing::Msg(m));
+                    if let Some(l) = writers.get(&id) {
+                        let _ = l.out.send(Outgoing::Msg(m));
                     }
                 }
                 Action::Close(id, reason) => {
-                    if let Some((addr, w)) = writers.remove(&id) {
+                    if let Some(l) = writers.remove(&id) {
                         closing.insert(id);
-                        info!(member = id, remote = %addr, "closing connection: {reason}");
-                        let _ = w.send(Outgoing::Close(net::CLOSE_PROTOCOL, reason));
+                        info!(member = id, remote = %l.remote, "closing connection: {reason}");
+                        let _ = l.out.send(Outgoing::Close(net::CLOSE_PROTOCOL, reason));
                     }
                 }
                 Action::Event(e) => log_event(&e, &metrics),
@@ -718,6 +823,24 @@ fn log_event(e: &Event, metrics: &Metrics) {
             Some(round) => info!(exchange, round, iteration, "selection round started"),
             None => info!(exchange, iteration, "priced restart started"),
         },
+        Event::ReselectRequested {
+            member,
+            host,
+            iteration,
+            taken: true,
+        } => info!(
+            member,
+            host, iteration, "re-selection requested: the host's apps changed"
+        ),
+        Event::ReselectRequested {
+            member,
+            host,
+            iteration,
+            taken: false,
+        } => info!(
+            member,
+            host, iteration, "re-selection request ignored: shards re-select only periodically"
+        ),
         Event::SelectionDone {
             exchange,
             parks,

@@ -24,6 +24,10 @@ fn deploy_example_parses_with_the_selection_defaults() {
     assert_eq!(s.min_members, 1);
     assert_eq!(o.solve_options().rounds, 10);
     assert_eq!(o.schedule().exchanges(), 11);
+    assert_eq!(
+        o.schedule().period,
+        Some(std::time::Duration::from_millis(100))
+    );
 }
 
 #[test]
@@ -31,15 +35,22 @@ fn selection_keys_are_read_and_checked() {
     let dir = tempfile::tempdir().unwrap();
     let (_, o) = ServeSettings::load_with_options(&write(
         dir.path(),
-        "selection_rounds = 3\npriced_start = false\neps_primal = 1e-9\nselection_seed = 7",
+        "selection_rounds = 3\npriced_start = false\neps_primal = 1e-9\nselection_seed = 7\n\
+         selection_period_ms = 0",
     ))
     .unwrap();
+    assert_eq!(o.schedule().period, None, "0: no periodic re-selection");
     assert_eq!(o.selection_rounds, 3);
     assert!(!o.priced_start);
     assert_eq!(o.solve_options().eps_primal, 1e-9);
     assert_eq!(o.solve_options().selection.seed, 7);
     for (body, want) in [
         ("iters_per_round = 0", "iters_per_round must be at least 1"),
+        (
+            "selection_period_ms = 3600001",
+            "selection_period_ms must be at most 3600000",
+        ),
+        ("selection_period_ms = -5", "invalid value"),
         ("eps_dual = -1.0", "eps_dual must be finite"),
         ("selection_round = 3", "unknown field `selection_round`"),
         ("priced_start = 3", "invalid type"),

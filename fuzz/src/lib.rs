@@ -276,6 +276,7 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         ("join", join),
         ("heartbeat", AgentMsg::Heartbeat { seq: 300 }),
         ("leave", AgentMsg::Leave),
+        ("reselect", AgentMsg::Reselect { iteration: 41 }),
         (
             "contribution",
             AgentMsg::Contribution(ContributionMsg {

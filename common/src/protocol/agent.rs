@@ -15,7 +15,7 @@ use super::wire::{
 use crate::admm::{Contribution, HostState};
 use crate::model::Problem;
 use crate::rng::SplitMix64;
-use crate::selection::{evaluate_host, initial_active, SelectionOptions, Swap};
+use crate::selection::{evaluate_present, initial_active, SelectionOptions, Swap};
 use std::time::Duration;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -75,6 +75,11 @@ pub enum AgentEvent {
     Restarted {
         exchange: u32,
     },
+    /// Apps arrived on or left the host (global pair indices); a re-selection follows.
+    AppsChanged {
+        arrived: Vec<usize>,
+        left: Vec<usize>,
+    },
     /// An operator's weight change was taken.
     WeightSet {
         app: String,
@@ -122,6 +127,11 @@ pub struct AgentCore {
     /// Selection exchanges completed.
     exchanges: u32,
     pending: Option<Pending>,
+    /// Which of the host's apps run (indexed from the host's first pair; all, unless the
+    /// driver says otherwise with [`AgentCore::set_present`]).
+    present: Vec<bool>,
+    /// The apps changed since the last exchange: ask for one when (re)joining.
+    unsettled: bool,
 }
 
 impl AgentCore {
@@ -131,6 +141,7 @@ impl AgentCore {
         state.priced_step(problem, |_| 0.0);
         let jitter = SplitMix64::fork(0x5eed, state.host as u64);
         let activity = vec![0.0; problem.hosts[state.host].pairs.len()];
+        let present = vec![true; activity.len()];
         Self {
             cfg,
             state,
@@ -152,7 +163,61 @@ impl AgentCore {
             activity,
             exchanges: 0,
             pending: None,
+            present,
+            unsettled: false,
         }
+    }
+
+    /// Which of the host's apps run: `present[i]` for the host's `i`-th pair. The driver
+    /// calls it whenever it learns that an app arrived or left. A change asks the coordinator
+    /// for a selection exchange at the next round boundary, where an arrived app may take a
+    /// slot and a departed one is parked (or at the next join, if not a member now).
+    pub fn set_present(&mut self, problem: &Problem, present: Vec<bool>) -> Vec<AgentAction> {
+        if present.len() != self.present.len() || present == self.present {
+            return Vec::new();
+        }
+        let first = problem.hosts[self.state.host].pairs.start;
+        let (mut arrived, mut left) = (Vec::new(), Vec::new());
+        for (i, (&now, &was)) in present.iter().zip(&self.present).enumerate() {
+            match (was, now) {
+                (false, true) => arrived.push(first + i),
+                (true, false) => left.push(first + i),
+                _ => {}
+            }
+        }
+        self.present = present;
+        self.unsettled = true;
+        let mut out = vec![AgentAction::Event(AgentEvent::AppsChanged {
+            arrived,
+            left,
+        })];
+        out.extend(self.reselect_request());
+        out
+    }
+
+    /// Whether pair `p` (a global index of this host's) runs.
+    pub fn is_present(&self, problem: &Problem, p: usize) -> bool {
+        self.present[p - problem.hosts[self.state.host].pairs.start]
+    }
+
+    /// Asks for an exchange after the next round, while the apps are unsettled.
+    fn reselect_request(&self) -> Option<AgentAction> {
+        (self.unsettled && self.is_member()).then(|| {
+            AgentAction::Send(AgentMsg::Reselect {
+                iteration: self.iteration + 1,
+            })
+        })
+    }
+
+    /// After an exchange: settled unless a departed app is still active (one park per
+    /// exchange), in which case another exchange is asked for.
+    fn settle(&mut self, problem: &Problem) -> Option<AgentAction> {
+        self.unsettled = self
+            .state
+            .active
+            .iter()
+            .any(|&p| !self.is_present(problem, p));
+        self.reselect_request()
     }
 
     /// Selection exchanges this host has completed.
@@ -358,10 +423,12 @@ impl AgentCore {
                     self.cfg.heartbeat_interval = Duration::from_millis(heartbeat_ms);
                 }
                 self.next_heartbeat = now + self.cfg.heartbeat_interval;
-                vec![
+                let mut out = vec![
                     AgentAction::Event(AgentEvent::Welcomed { epoch, iteration }),
                     AgentAction::Publish,
-                ]
+                ];
+                out.extend(self.reselect_request());
+                out
             }
             CoordMsg::Refused { reason } => {
                 let mut out = vec![AgentAction::Event(AgentEvent::Refused(reason.clone()))];
@@ -452,7 +519,7 @@ impl AgentCore {
         let mut activity = vec![0.0f32; host.pairs.end];
         activity[host.pairs.clone()].copy_from_slice(&self.activity);
         let mut rng = SplitMix64::fork(opts.seed ^ (round as u64) << 32, self.state.host as u64);
-        let eval = evaluate_host(
+        let eval = evaluate_present(
             problem,
             self.state.host,
             &self.state.active,
@@ -460,6 +527,7 @@ impl AgentCore {
             self.state.multipliers.mu,
             self.state.multipliers.nu,
             &activity,
+            |p| self.is_present(problem, p),
             &opts,
             &mut rng,
         );
@@ -511,7 +579,7 @@ impl AgentCore {
             }
         }
         self.exchanges = exchange + 1;
-        vec![
+        let mut out = vec![
             AgentAction::Send(self.selected_msg(problem, exchange)),
             AgentAction::Event(AgentEvent::Selected {
                 exchange,
@@ -519,7 +587,9 @@ impl AgentCore {
                 activated,
             }),
             AgentAction::Publish,
-        ]
+        ];
+        out.extend(self.settle(problem));
+        out
     }
 
     /// The priced restart: the greedy initial selection again, at half the given prices, then
@@ -546,16 +616,22 @@ impl AgentCore {
             }
             dense[f as usize] = 0.5 * p;
         }
-        let active = initial_active(problem, &dense).swap_remove(self.state.host);
+        // The greedy runs over every host's apps, present or not: the other hosts' presence is
+        // not known here, and every agent must compute the same rows. Only this host's own
+        // absent apps are left out of its row.
+        let mut active = initial_active(problem, &dense).swap_remove(self.state.host);
+        active.retain(|&p| self.is_present(problem, p));
         self.state = HostState::new(problem, self.state.host, active);
         self.state.priced_step(problem, |_| 0.0);
         self.pending = None;
         self.exchanges = exchange + 1;
-        vec![
+        let mut out = vec![
             AgentAction::Send(self.selected_msg(problem, exchange)),
             AgentAction::Event(AgentEvent::Restarted { exchange }),
             AgentAction::Publish,
-        ]
+        ];
+        out.extend(self.settle(problem));
+        out
     }
 
     fn round(
@@ -924,6 +1000,48 @@ mod tests {
                 [AgentAction::Event(AgentEvent::IgnoredWeight { .. })]
             ));
         }
+    }
+
+    #[test]
+    fn changed_apps_ask_for_a_reselection_once_a_member() {
+        let (problem, mut core) = setup();
+        let n = problem.hosts[0].pairs.len();
+        let first = problem.hosts[0].pairs.start;
+        let reselects = |out: &[AgentAction]| {
+            out.iter()
+                .filter(|a| matches!(a, AgentAction::Send(AgentMsg::Reselect { .. })))
+                .count()
+        };
+        // Not a member: the change is noted, the request waits for the welcome.
+        let mut present = vec![true; n];
+        present[0] = false;
+        let out = core.set_present(&problem, present.clone());
+        assert_eq!(
+            out,
+            vec![AgentAction::Event(AgentEvent::AppsChanged {
+                arrived: vec![],
+                left: vec![first],
+            })]
+        );
+        assert!(!core.is_present(&problem, first));
+        core.on_connected(Duration::ZERO, &problem);
+        let out = core.on_message(
+            MS,
+            &problem,
+            CoordMsg::Welcome {
+                epoch: 1,
+                iteration: 7,
+                heartbeat_ms: 100,
+                shard: super::super::Shard::WHOLE,
+            },
+        );
+        assert!(out.contains(&AgentAction::Send(AgentMsg::Reselect { iteration: 8 })));
+        // No change, no request; a change as a member asks at once.
+        assert!(core.set_present(&problem, present.clone()).is_empty());
+        present[0] = true;
+        assert_eq!(reselects(&core.set_present(&problem, present)), 1);
+        // A list of the wrong length is not a change.
+        assert!(core.set_present(&problem, vec![false; n + 1]).is_empty());
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //!   joins' contributions, exactly as the in-process solver's [`crate::solver::Engine::new`]; so
 //!   the networked iterates equal the in-process ones when nothing straggles.
 
+use super::reselect::Reselection;
 use super::wire::{
     AgentMsg, ContributionMsg, CoordMsg, Join, ProposalMsg, SelectedMsg, SelectionParams, Shard,
 };
@@ -57,8 +58,9 @@ pub struct CoordinatorConfig {
 /// The selection schedule of `drum_common::solver::solve`, run across the network: an
 /// optional priced restart after `iters_per_round` iterations (exchange 0), then `rounds`
 /// selection rounds (exchanges 1..=rounds), each after `iters_per_round` iterations or as soon
-/// as both residuals are within their tolerance, whichever comes first; afterwards the active
-/// sets stay fixed and ADMM goes on.
+/// as both residuals are within their tolerance, whichever comes first. Afterwards selection
+/// rounds go on every `period` (`T_sel`) and when an agent's apps change
+/// ([`super::reselect`]); without a period the active sets stay until an app arrives or leaves.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SelectionSchedule {
     pub priced_start: bool,
@@ -67,6 +69,9 @@ pub struct SelectionSchedule {
     pub eps_primal: f64,
     pub eps_dual: f64,
     pub options: SelectionParams,
+    /// `T_sel`: re-selection after the schedule at most this often; `None`: only when an
+    /// agent's apps change.
+    pub period: Option<Duration>,
 }
 
 impl SelectionSchedule {
@@ -88,6 +93,7 @@ impl SelectionSchedule {
             eps_primal: o.eps_primal,
             eps_dual: o.eps_dual,
             options: o.selection.into(),
+            period: None,
         }
     }
 
@@ -143,6 +149,14 @@ pub enum Event {
         exchange: u32,
         round: Option<u32>,
         iteration: u64,
+    },
+    /// An agent's apps changed and it asked for a re-selection at `iteration`; `taken` is
+    /// false on a sharded coordinator, which re-selects only periodically.
+    ReselectRequested {
+        member: MemberId,
+        host: String,
+        iteration: u64,
+        taken: bool,
     },
     /// A selection exchange finished: the new active sets are in force.
     SelectionDone {
@@ -229,6 +243,8 @@ pub struct Counters {
     pub parks: u64,
     pub activations: u64,
     pub refused_activations: u64,
+    /// Re-selections agents asked for because their apps changed.
+    pub reselect_requests: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -282,13 +298,16 @@ pub struct OperatorState {
 pub struct SelectionStatus {
     /// Exchanges completed so far (the priced restart is exchange 0).
     pub exchanges_done: u32,
-    /// Exchanges in the schedule; once done, the active sets stay.
+    /// Exchanges in the schedule; afterwards exchanges go on every `period_ms` and when an
+    /// agent's apps change.
     pub exchanges_planned: u32,
     /// Whether an exchange is in progress (rounds pause meanwhile).
     pub in_progress: bool,
     pub priced_start: bool,
     pub rounds: u32,
     pub iters_per_round: u32,
+    /// `T_sel` in milliseconds (none: no periodic re-selection).
+    pub period_ms: Option<u64>,
 }
 
 pub struct Coordinator {
@@ -319,6 +338,8 @@ pub struct Coordinator {
     /// Iterations completed since the last exchange (or the start).
     iters_since: u32,
     exchange: Option<Exchange>,
+    /// When to select again once the schedule is done.
+    reselect: Reselection,
     /// The instance's app ids ([`Self::set_apps`]), to check `set-weight`.
     apps: Vec<String>,
     /// Operator changes: weights by app, capacities by facility.
@@ -330,6 +351,11 @@ impl Coordinator {
     pub fn new(cfg: CoordinatorConfig, facilities: Vec<Facility>) -> Self {
         let admm = CoordinatorState::new(cfg.rho, facilities.len());
         let owned = facilities.iter().map(|f| cfg.shard.owns(&f.id)).collect();
+        let reselect = Reselection::new(
+            cfg.selection.period,
+            cfg.selection.iters_per_round,
+            (cfg.shard.count > 1).then_some(cfg.round_interval),
+        );
         Self {
             cfg,
             facilities,
@@ -351,6 +377,7 @@ impl Coordinator {
             exchange_next: 0,
             iters_since: 0,
             exchange: None,
+            reselect,
             apps: Vec::new(),
             weights: BTreeMap::new(),
             capacities: BTreeMap::new(),
@@ -563,6 +590,7 @@ impl Coordinator {
                 priced_start: self.cfg.selection.priced_start,
                 rounds: self.cfg.selection.rounds,
                 iters_per_round: self.cfg.selection.iters_per_round,
+                period_ms: self.reselect.period().map(|p| p.as_millis() as u64),
             },
             weights: self.weights.clone(),
         }
@@ -587,6 +615,7 @@ impl Coordinator {
             AgentMsg::Contribution(c) => self.contribution(from, c, &mut out),
             AgentMsg::Proposal(p) => self.proposal(from, p, &mut out),
             AgentMsg::Selected(sel) => self.selected(from, sel, &mut out),
+            AgentMsg::Reselect { iteration } => self.reselect_request(from, iteration, &mut out),
         }
         self.advance(now, &mut out);
         out
@@ -991,7 +1020,10 @@ impl Coordinator {
         if self.exchange.as_ref().is_some_and(|x| x.waiting.is_empty()) {
             self.exchange_step(now, out);
         }
-        if self.round.is_none() && self.exchange.is_none() && self.can_run() && self.exchange_due()
+        if self.round.is_none()
+            && self.exchange.is_none()
+            && self.can_run()
+            && self.exchange_due(now)
         {
             self.start_exchange(now, out);
         }
@@ -1050,23 +1082,45 @@ impl Coordinator {
         self.last_round_start = Some(now);
     }
 
-    /// Whether the schedule calls for a selection exchange now (between two rounds).
-    fn exchange_due(&self) -> bool {
+    /// Whether the schedule, or re-selection after it, calls for a selection exchange now
+    /// (between two rounds).
+    fn exchange_due(&self, now: Duration) -> bool {
         let sel = &self.cfg.selection;
         let next = self.exchange_next;
+        // Shards see only their own residuals and must select at the same iteration, so
+        // a sharded coordinator selects every `iters_per_round` iterations, without the
+        // early stop on convergence.
+        let converged = self.cfg.shard.count == 1
+            && self.residuals.primal <= sel.eps_primal
+            && self.residuals.dual <= sel.eps_dual;
         if next == 0 {
             sel.priced_start && self.iters_since >= sel.iters_per_round
         } else if next <= sel.rounds {
-            // Shards see only their own residuals and must select at the same iteration, so
-            // a sharded coordinator selects every `iters_per_round` iterations, without the
-            // early stop on convergence.
-            let converged = self.cfg.shard.count == 1
-                && self.residuals.primal <= sel.eps_primal
-                && self.residuals.dual <= sel.eps_dual;
             self.iters_since >= sel.iters_per_round || (self.iters_since >= 1 && converged)
         } else {
-            false
+            self.reselect
+                .due(now, self.iteration, self.iters_since, converged)
         }
+    }
+
+    /// An agent's apps changed: it asks for an exchange at `iteration` (its last + 1). A
+    /// number beyond the next round (an agent that stepped with a coordinator that counted
+    /// further before a restart) is served at the next round rather than waited for.
+    fn reselect_request(&mut self, from: MemberId, iteration: u64, out: &mut Vec<Action>) {
+        let Some(m) = self.members.get(&from) else {
+            self.violation(from, "re-selection request before join".into(), out);
+            return;
+        };
+        let iteration = iteration.min(self.iteration.max(self.sent_iteration) + 1);
+        let host = m.host.clone();
+        let taken = self.reselect.request(iteration);
+        self.counters.reselect_requests += 1;
+        out.push(Action::Event(Event::ReselectRequested {
+            member: from,
+            host,
+            iteration,
+            taken,
+        }));
     }
 
     fn start_exchange(&mut self, now: Duration, out: &mut Vec<Action>) {
@@ -1105,6 +1159,7 @@ impl Coordinator {
             }
             ExchangePhase::Propose
         };
+        self.reselect.started(self.iteration);
         out.push(Action::Event(Event::SelectionStarted {
             exchange: index,
             round: index.checked_sub(1),
@@ -1124,7 +1179,7 @@ impl Coordinator {
 
     /// Every member answered the exchange's current phase: decide the verdicts, or put the new
     /// active sets in force.
-    fn exchange_step(&mut self, _now: Duration, out: &mut Vec<Action>) {
+    fn exchange_step(&mut self, now: Duration, out: &mut Vec<Action>) {
         let mut x = self.exchange.take().expect("an exchange in progress");
         match x.phase {
             ExchangePhase::Propose => {
@@ -1172,7 +1227,7 @@ impl Coordinator {
                 x.phase = ExchangePhase::Apply;
                 self.exchange = Some(x);
                 if self.exchange.as_ref().is_some_and(|x| x.waiting.is_empty()) {
-                    self.exchange_step(_now, out);
+                    self.exchange_step(now, out);
                 }
             }
             ExchangePhase::Apply => {
@@ -1190,6 +1245,7 @@ impl Coordinator {
                 }
                 self.exchange_next = x.index + 1;
                 self.iters_since = 0;
+                self.reselect.finished(now);
                 self.counters.exchanges += 1;
                 self.counters.parks += x.parks as u64;
                 self.counters.activations += x.activations as u64;
@@ -1691,6 +1747,121 @@ mod tests {
                 assert!((x - y).abs() < 1e-9, "host {}: {x} vs {y}", r.host);
             }
         }
+    }
+
+    /// After the schedule (and without a period) the sets stay, until an agent's apps change:
+    /// its request starts an exchange at the next round boundary, where an arrived app takes
+    /// a free slot and a departed one is parked.
+    #[test]
+    fn apps_arriving_and_leaving_after_the_schedule_start_an_exchange() {
+        let problem = generate(&GeneratorConfig {
+            k: 2,
+            seed: 9,
+            ..GeneratorConfig::new(3, 6)
+        });
+        let mut coord = Coordinator::new(
+            CoordinatorConfig {
+                selection: SelectionSchedule {
+                    priced_start: false,
+                    rounds: 2,
+                    iters_per_round: 5,
+                    options: crate::selection::SelectionOptions {
+                        swap_prob: 1.0,
+                        ..Default::default()
+                    }
+                    .into(),
+                    ..SelectionSchedule::from_solve(&Default::default())
+                },
+                ..cfg(facility_digest(&problem), default_rho(&problem), 3)
+            },
+            problem.facilities.clone(),
+        );
+        let acfg = AgentConfig {
+            heartbeat_interval: 100 * MS,
+            coordinator_timeout: 1000 * MS,
+            backoff_min: 10 * MS,
+            backoff_max: 100 * MS,
+        };
+        let mut active = crate::protocol::fixed_active_sets(&problem);
+        // Host 0 runs none of its apps yet.
+        active[0].clear();
+        let mut agents: Vec<AgentCore> = active
+            .iter()
+            .enumerate()
+            .map(|(h, a)| {
+                AgentCore::new(
+                    &problem,
+                    HostState::new(&problem, h, a.clone()),
+                    acfg.clone(),
+                )
+            })
+            .collect();
+        let n0 = problem.hosts[0].pairs.len();
+        agents[0].set_present(&problem, vec![false; n0]);
+        let now = Duration::ZERO;
+        let mut inbox: Vec<(MemberId, CoordMsg)> = Vec::new();
+        let deliver = |coord: &mut Coordinator,
+                       id: usize,
+                       acts: Vec<AgentAction>,
+                       inbox: &mut Vec<(MemberId, CoordMsg)>| {
+            for act in acts {
+                if let AgentAction::Send(m) = act {
+                    inbox.extend(sends(&coord.on_message(now, id as MemberId, m)));
+                }
+            }
+        };
+        for (i, a) in agents.iter_mut().enumerate() {
+            let acts = a.on_connected(now, &problem);
+            deliver(&mut coord, i, acts, &mut inbox);
+        }
+        let pump = |coord: &mut Coordinator,
+                    agents: &mut Vec<AgentCore>,
+                    inbox: &mut Vec<(MemberId, CoordMsg)>,
+                    until: u64| {
+            while coord.iteration() < until {
+                let batch = std::mem::take(inbox);
+                assert!(!batch.is_empty(), "the cluster stalled");
+                for (id, msg) in batch {
+                    let acts = agents[id as usize].on_message(now, &problem, msg);
+                    deliver(coord, id as usize, acts, inbox);
+                }
+            }
+        };
+        pump(&mut coord, &mut agents, &mut inbox, 60);
+        assert_eq!(coord.exchanges_done(), 3, "the schedule: exchanges 1 and 2");
+        assert!(agents[0].state().active.is_empty());
+        // An app arrives on host 0: one exchange, and it takes a free slot.
+        let app = problem.hosts[0].pairs.start + 1;
+        let mut present = vec![false; n0];
+        present[1] = true;
+        let acts = agents[0].set_present(&problem, present);
+        assert!(acts
+            .iter()
+            .any(|a| matches!(a, AgentAction::Send(AgentMsg::Reselect { iteration: 61 }))));
+        deliver(&mut coord, 0, acts, &mut inbox);
+        pump(&mut coord, &mut agents, &mut inbox, 90);
+        assert_eq!(coord.exchanges_done(), 4);
+        assert_eq!(agents[0].state().active, vec![app]);
+        assert!(agents[0].state().x[0] >= problem.params.x_min);
+        // It leaves again: parked at the next exchange, without waiting for a period.
+        let acts = agents[0].set_present(&problem, vec![false; n0]);
+        deliver(&mut coord, 0, acts, &mut inbox);
+        pump(&mut coord, &mut agents, &mut inbox, 120);
+        assert_eq!(coord.exchanges_done(), 5);
+        assert!(agents[0].state().active.is_empty());
+        // Three requests: the join of host 0 (its apps changed before it joined), the arrival
+        // and the departure.
+        assert_eq!(coord.counters().reselect_requests, 3);
+        assert_eq!(
+            coord
+                .status()
+                .members
+                .iter()
+                .find(|m| m.host == problem.hosts[0].id)
+                .unwrap()
+                .facilities,
+            0
+        );
     }
 
     /// A proposal for an exchange that has not been sent is a violation; a stale one is not.

@@ -8,6 +8,7 @@
 
 pub mod agent;
 pub mod coordinator;
+pub mod reselect;
 pub mod wire;
 
 pub mod shard;
@@ -16,9 +17,10 @@ pub use wire::{AgentMsg, CoordMsg, FrameDecoder, Shard, WireError, MAX_FRAME, PR
 
 use crate::model::Problem;
 
-/// The active sets of this version of the control plane, which keeps them fixed: the greedy
-/// initial selection at zero prices. It is deterministic, so every agent computes the same sets
-/// from the shared instance without a selection protocol (docs/control-plane.md).
+/// The active sets the agents start from, where `solve` starts too: the greedy initial
+/// selection at zero prices. It is deterministic, so every agent computes the same sets from the
+/// shared instance without talking; selection exchanges change them from there
+/// (docs/control-plane.md).
 pub fn fixed_active_sets(problem: &Problem) -> Vec<Vec<usize>> {
     crate::selection::initial_active(problem, &vec![0.0; problem.facilities.len()])
 }

@@ -318,7 +318,9 @@ impl ShardMux {
                         floor: keep(i, &s.floor),
                         entries: keep(i, &s.entries),
                     }),
-                    AgentMsg::Heartbeat { .. } | AgentMsg::Leave => msg.clone(),
+                    AgentMsg::Heartbeat { .. } | AgentMsg::Leave | AgentMsg::Reselect { .. } => {
+                        msg.clone()
+                    }
                 };
                 (i, m)
             })

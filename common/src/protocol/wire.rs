@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 /// The version this build speaks. A peer announcing another one is refused, never guessed at.
 /// Version 2 added top-k selection: the join's `rank`, `interest`, `floor` and `exchanges`, and
 /// the `Select`/`Proposal`/`Verdict`/`Selected`/`Restart` messages (docs/control-plane.md).
-pub const PROTOCOL_VERSION: u16 = 2;
+/// Version 3 added `Reselect`, the agent's request for a re-selection when its apps change.
+pub const PROTOCOL_VERSION: u16 = 3;
 pub const MAGIC: [u8; 2] = *b"DR";
 pub const HEADER_LEN: usize = 8;
 /// Hard limit on a payload: a host reports at most k facilities, so real messages are a few
@@ -50,6 +51,11 @@ pub enum AgentMsg {
     Proposal(ProposalMsg),
     /// The host's active sets after a selection exchange (`Verdict` or `Restart`) were applied.
     Selected(SelectedMsg),
+    /// The set of apps running on the host changed (one arrived or left): please run a
+    /// selection exchange at the first round boundary with at least this iteration.
+    Reselect {
+        iteration: u64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -367,6 +373,7 @@ mod tests {
             join(),
             AgentMsg::Heartbeat { seq: 9 },
             AgentMsg::Leave,
+            AgentMsg::Reselect { iteration: 4 },
             AgentMsg::Contribution(ContributionMsg {
                 epoch: 1,
                 iteration: 2,
@@ -514,6 +521,7 @@ mod tests {
                         entries,
                     })
                 }),
+            any::<u64>().prop_map(|iteration| AgentMsg::Reselect { iteration }),
         ]
     }
 

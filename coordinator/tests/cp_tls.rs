@@ -1,0 +1,200 @@
+//! Certificate revocation and rotation with the real binary: `dev-certs` keeps its CA key and
+//! an empty CRL, `--revoke` and `--reissue`; `serve` refuses a bad CRL file at start with the
+//! reason, reloads its TLS files on SIGHUP, and keeps going when a reload fails.
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_drum-coordinator"))
+}
+
+fn run(args: &[&str]) -> Output {
+    bin().args(args).output().expect("run drum-coordinator")
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn err(out: &Output) -> String {
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The serials `path` revokes.
+fn revoked(path: &Path) -> usize {
+    use rustls_pki_types::pem::PemObject;
+    let der = rustls_pki_types::CertificateRevocationListDer::from_pem_file(path).unwrap();
+    let crl = webpki::BorrowedCertRevocationList::from_der(der.as_ref()).unwrap();
+    (&crl).into_iter().count()
+}
+
+struct Guard(Child);
+
+/// `serve` with a config it must refuse; a serve that starts anyway is killed and fails the
+/// test instead of hanging it.
+fn refused_serve(config: &Path) -> Output {
+    let mut child = bin()
+        .arg("serve")
+        .arg("--config")
+        .arg(config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("serve started with {config:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn dev_certs_revokes_and_reissues_with_its_kept_ca_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let c = certs.to_str().unwrap();
+    let out = ok(&run(&["dev-certs", "--out", c, "--agents", "h0,h1"]));
+    assert!(out.contains("crl.pem"), "{out}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(certs.join("ca.key"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o077, 0, "the CA key is private");
+    assert_eq!(revoked(&certs.join("crl.pem")), 0);
+    for host in ["h1", "h0", "h1"] {
+        ok(&run(&["dev-certs", "--out", c, "--revoke", host]));
+    }
+    assert_eq!(revoked(&certs.join("crl.pem")), 2, "h1 once, h0 kept");
+    let before = std::fs::read(certs.join("agent-h1.pem")).unwrap();
+    ok(&run(&["dev-certs", "--out", c, "--reissue", "h1"]));
+    assert_ne!(std::fs::read(certs.join("agent-h1.pem")).unwrap(), before);
+    // Revoking the new certificate adds its serial; the old ones stay.
+    ok(&run(&["dev-certs", "--out", c, "--revoke", "h1"]));
+    assert_eq!(revoked(&certs.join("crl.pem")), 3);
+    let e = err(&run(&["dev-certs", "--out", c, "--revoke", "nohost"]));
+    assert!(e.contains("agent-nohost.pem"), "{e}");
+    let e = err(&run(&["dev-certs", "--out", c, "--revoke", "../h0"]));
+    assert!(e.contains("may only hold"), "{e}");
+    let other = dir.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    let e = err(&run(&[
+        "dev-certs",
+        "--out",
+        other.to_str().unwrap(),
+        "--reissue",
+        "h0",
+    ]));
+    assert!(e.contains("ca.key") && e.contains("dev-certs --out"), "{e}");
+}
+
+/// A coordinator config in `dir` with `crl` as its CRL file.
+fn config(dir: &Path, crl: &str) -> std::path::PathBuf {
+    let p = dir.join("coordinator.toml");
+    std::fs::write(
+        &p,
+        format!(
+            "listen = \"127.0.0.1:0\"\ninstance = \"instance.json\"\n\
+             [tls]\nca = \"certs/ca.pem\"\ncert = \"certs/coordinator.pem\"\n\
+             key = \"certs/coordinator.key\"\ncrl = \"{crl}\"\n"
+        ),
+    )
+    .unwrap();
+    p
+}
+
+#[test]
+fn serve_checks_its_crl_and_reloads_on_sighup() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(&run(&[
+        "dev-certs",
+        "--out",
+        d.join("certs").to_str().unwrap(),
+    ]));
+    ok(&run(&[
+        "dev-certs",
+        "--out",
+        d.join("other").to_str().unwrap(),
+    ]));
+    ok(&run(&[
+        "simulate",
+        "--hosts",
+        "2",
+        "--apps",
+        "2",
+        "--write-instance",
+        d.join("instance.json").to_str().unwrap(),
+    ]));
+    std::fs::write(d.join("garbage.pem"), "no CRL in here\n").unwrap();
+    for (crl, want) in [
+        ("garbage.pem", "holds no CRL"),
+        ("missing.pem", "missing.pem"),
+        ("other/crl.pem", "is not a valid CRL of the configured CA"),
+        ("certs/ca.pem", "holds no CRL"),
+    ] {
+        let e = err(&refused_serve(&config(d, crl)));
+        assert!(
+            e.contains("certificate revocation list") && e.contains(want),
+            "{crl}: {e}"
+        );
+    }
+    let log = d.join("serve.log");
+    let serve = Guard(
+        bin()
+            .args(["serve", "--config"])
+            .arg(config(d, "certs/crl.pem"))
+            .env("DRUM_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let wait_log = |what: &str, n: usize| {
+        let t = Instant::now();
+        while std::fs::read_to_string(&log).unwrap().matches(what).count() < n {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "no {what:?} in the log"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_log("coordinator serving", 1);
+    let hup = || {
+        let s = Command::new("kill")
+            .args(["-HUP", &serve.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(s.success());
+    };
+    ok(&run(&[
+        "dev-certs",
+        "--out",
+        d.join("certs").to_str().unwrap(),
+        "--revoke",
+        "agent",
+    ]));
+    hup();
+    wait_log("reloaded the TLS files", 1);
+    // A reload that fails keeps the service and its previous files.
+    std::fs::write(d.join("certs/crl.pem"), "broken").unwrap();
+    hup();
+    wait_log("TLS reload failed, keeping the previous certificates", 1);
+    std::thread::sleep(Duration::from_millis(100));
+    let mut serve = serve;
+    assert!(serve.0.try_wait().unwrap().is_none(), "still serving");
+}
