@@ -1359,10 +1359,9 @@ impl Coordinator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admm::HostState;
     use crate::generator::{generate, GeneratorConfig};
     use crate::model::Problem;
-    use crate::protocol::agent::{AgentAction, AgentConfig, AgentCore};
+    use crate::protocol::agent::{AgentAction, AgentCore};
     use crate::protocol::facility_digest;
     use crate::solver::{default_rho, fixed_set_trace, Algorithm};
 
@@ -1670,20 +1669,8 @@ mod tests {
     /// Runs coordinator and agents back to back, delivering every message at once, until no
     /// message is left (the coordinator stops at its `max_iterations`).
     fn run_in_memory(problem: &Problem, coord: &mut Coordinator) -> Vec<AgentCore> {
-        let acfg = AgentConfig {
-            heartbeat_interval: 100 * MS,
-            coordinator_timeout: 1000 * MS,
-            backoff_min: 10 * MS,
-            backoff_max: 100 * MS,
-        };
         let active = crate::protocol::fixed_active_sets(problem);
-        let mut agents: Vec<AgentCore> = active
-            .iter()
-            .enumerate()
-            .map(|(h, a)| {
-                AgentCore::new(problem, HostState::new(problem, h, a.clone()), acfg.clone())
-            })
-            .collect();
+        let mut agents = crate::protocol::test_agents(problem, &active);
         let now = Duration::ZERO;
         let mut inbox: Vec<(MemberId, CoordMsg)> = Vec::new();
         // Join in reverse order: verdicts must follow the hosts' ranks, not member ids.
@@ -1776,26 +1763,10 @@ mod tests {
             },
             problem.facilities.clone(),
         );
-        let acfg = AgentConfig {
-            heartbeat_interval: 100 * MS,
-            coordinator_timeout: 1000 * MS,
-            backoff_min: 10 * MS,
-            backoff_max: 100 * MS,
-        };
         let mut active = crate::protocol::fixed_active_sets(&problem);
         // Host 0 runs none of its apps yet.
         active[0].clear();
-        let mut agents: Vec<AgentCore> = active
-            .iter()
-            .enumerate()
-            .map(|(h, a)| {
-                AgentCore::new(
-                    &problem,
-                    HostState::new(&problem, h, a.clone()),
-                    acfg.clone(),
-                )
-            })
-            .collect();
+        let mut agents = crate::protocol::test_agents(&problem, &active);
         let n0 = problem.hosts[0].pairs.len();
         agents[0].set_present(&problem, vec![false; n0]);
         let now = Duration::ZERO;
@@ -2103,23 +2074,7 @@ mod tests {
             },
             problem.facilities.clone(),
         );
-        let acfg = AgentConfig {
-            heartbeat_interval: 100 * MS,
-            coordinator_timeout: 1000 * MS,
-            backoff_min: 10 * MS,
-            backoff_max: 100 * MS,
-        };
-        let mut agents: Vec<AgentCore> = active
-            .iter()
-            .enumerate()
-            .map(|(h, a)| {
-                AgentCore::new(
-                    &problem,
-                    HostState::new(&problem, h, a.clone()),
-                    acfg.clone(),
-                )
-            })
-            .collect();
+        let mut agents = crate::protocol::test_agents(&problem, &active);
         let now = Duration::ZERO;
         let mut inbox: Vec<(MemberId, CoordMsg)> = Vec::new();
         for (i, a) in agents.iter_mut().enumerate() {

@@ -53,3 +53,26 @@ pub fn facility_digest(problem: &Problem) -> u64 {
     }
     h
 }
+
+/// One agent per host with the given active sets and the timing the in-memory tests use.
+#[cfg(test)]
+pub(crate) fn test_agents(problem: &Problem, active: &[Vec<usize>]) -> Vec<agent::AgentCore> {
+    let ms = std::time::Duration::from_millis(1);
+    let cfg = agent::AgentConfig {
+        heartbeat_interval: 100 * ms,
+        coordinator_timeout: 1000 * ms,
+        backoff_min: 10 * ms,
+        backoff_max: 100 * ms,
+    };
+    active
+        .iter()
+        .enumerate()
+        .map(|(h, a)| {
+            agent::AgentCore::new(
+                problem,
+                crate::admm::HostState::new(problem, h, a.clone()),
+                cfg.clone(),
+            )
+        })
+        .collect()
+}

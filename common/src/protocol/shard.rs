@@ -586,8 +586,7 @@ mod tests {
     /// `solver::solve`'s allocation (selection included).
     #[test]
     fn two_shards_in_memory_match_solve() {
-        use crate::admm::HostState;
-        use crate::protocol::agent::{AgentAction, AgentConfig, AgentCore};
+        use crate::protocol::agent::AgentAction;
         use crate::protocol::coordinator::{
             Action, Coordinator, CoordinatorConfig, MemberId, SelectionSchedule,
         };
@@ -633,24 +632,8 @@ mod tests {
             })
             .collect();
         assert!(coords.iter().all(|c| c.config().min_members > 0));
-        let acfg = AgentConfig {
-            heartbeat_interval: 100 * ms,
-            coordinator_timeout: 1000 * ms,
-            backoff_min: 10 * ms,
-            backoff_max: 100 * ms,
-        };
         let active = crate::protocol::fixed_active_sets(&problem);
-        let mut agents: Vec<AgentCore> = active
-            .iter()
-            .enumerate()
-            .map(|(h, a)| {
-                AgentCore::new(
-                    &problem,
-                    HostState::new(&problem, h, a.clone()),
-                    acfg.clone(),
-                )
-            })
-            .collect();
+        let mut agents = crate::protocol::test_agents(&problem, &active);
         let now = Duration::ZERO;
         // Messages to agents: (host, link, msg).
         let mut inbox: Vec<(usize, usize, CoordMsg)> = Vec::new();
