@@ -397,12 +397,47 @@ fn agents_converge_to_the_in_process_allocation() {
     assert_eq!(s["members"].as_array().unwrap().len(), 4);
 }
 
+/// Two coordinator shards of the 4-host cluster `c`, each expecting the hosts that own one of
+/// its facilities (`settings(members)`), and the four agents, which talk to every shard they
+/// need.
+fn two_shards(
+    c: &Cluster,
+    options: &ServeOptions,
+    settings: impl Fn(usize) -> ServeSettings,
+) -> (Vec<Coord>, Vec<Agent>) {
+    use drum_common::protocol::shard::ShardMux;
+    use drum_common::protocol::Shard;
+    let links: Vec<Vec<u32>> = (0..4)
+        .map(|h| ShardMux::new(&c.problem, h, 2).links().to_vec())
+        .collect();
+    assert!(
+        links.iter().any(|l| l.len() == 2),
+        "some host talks to both"
+    );
+    let coords: Vec<Coord> = (0..2u32)
+        .map(|index| {
+            let members = links.iter().filter(|l| l.contains(&index)).count();
+            assert!(members > 0, "shard {index} owns some host's facility");
+            Coord::start_with(
+                settings(members),
+                ServeOptions {
+                    shard: Shard { index, count: 2 },
+                    ..options.clone()
+                },
+            )
+        })
+        .collect();
+    let extra = format!("coordinator_shards = [\"{}\"]", coords[1].addr);
+    let agents = (0..4)
+        .map(|h| c.agent_tagged(&h.to_string(), h, coords[0].addr, None, &extra))
+        .collect();
+    (coords, agents)
+}
+
 /// Two coordinator shards that share nothing, and agents that talk to every shard owning one
 /// of their facilities: the same allocation as `solve` (and as one coordinator), to 1e-6.
 #[test]
 fn two_shards_converge_to_the_same_allocation() {
-    use drum_common::protocol::shard::ShardMux;
-    use drum_common::protocol::Shard;
     let c = Cluster::new(4, 6, 2, 11);
     let options = ServeOptions {
         eps_primal: 1e-11,
@@ -420,32 +455,13 @@ fn two_shards_converge_to_the_same_allocation() {
     );
     assert!(reference.converged);
     let iterations = (options.iters_per_round as usize + reference.iterations) as u64;
-    let links: Vec<Vec<u32>> = (0..4)
-        .map(|h| ShardMux::new(&c.problem, h, 2).links().to_vec())
-        .collect();
-    let coords: Vec<Coord> = (0..2u32)
-        .map(|index| {
-            let members = links.iter().filter(|l| l.contains(&index)).count();
-            assert!(members > 0, "shard {index} owns some host's facility");
-            Coord::start_with(
-                ServeSettings {
-                    min_members: members,
-                    max_iterations: Some(iterations),
-                    round_interval_ms: 0,
-                    max_staleness: 0,
-                    ..c.settings(localhost())
-                },
-                ServeOptions {
-                    shard: Shard { index, count: 2 },
-                    ..options.clone()
-                },
-            )
-        })
-        .collect();
-    let extra = format!("coordinator_shards = [\"{}\"]", coords[1].addr);
-    let _agents: Vec<Agent> = (0..4)
-        .map(|h| c.agent_tagged(&h.to_string(), h, coords[0].addr, None, &extra))
-        .collect();
+    let (coords, _agents) = two_shards(&c, &options, |members| ServeSettings {
+        min_members: members,
+        max_iterations: Some(iterations),
+        round_interval_ms: 0,
+        max_staleness: 0,
+        ..c.settings(localhost())
+    });
     wait_for(
         "every agent at the last iteration",
         Duration::from_secs(30),
@@ -1112,8 +1128,6 @@ fn an_app_arriving_after_the_schedule_is_selected_and_parked_when_it_leaves() {
 /// talk to both never wait on one shard's exchange while the other sends rounds.
 #[test]
 fn two_shards_reselect_in_step_after_the_schedule() {
-    use drum_common::protocol::shard::ShardMux;
-    use drum_common::protocol::Shard;
     let c = Cluster::new(4, 6, 2, 11);
     let options = ServeOptions {
         selection_rounds: 2,
@@ -1121,32 +1135,11 @@ fn two_shards_reselect_in_step_after_the_schedule() {
         selection_period_ms: 100,
         ..ServeOptions::default()
     };
-    let links: Vec<Vec<u32>> = (0..4)
-        .map(|h| ShardMux::new(&c.problem, h, 2).links().to_vec())
-        .collect();
-    assert!(
-        links.iter().any(|l| l.len() == 2),
-        "some host talks to both"
-    );
-    let coords: Vec<Coord> = (0..2u32)
-        .map(|index| {
-            Coord::start_with(
-                ServeSettings {
-                    min_members: links.iter().filter(|l| l.contains(&index)).count(),
-                    round_interval_ms: 2,
-                    ..c.settings(localhost())
-                },
-                ServeOptions {
-                    shard: Shard { index, count: 2 },
-                    ..options.clone()
-                },
-            )
-        })
-        .collect();
-    let extra = format!("coordinator_shards = [\"{}\"]", coords[1].addr);
-    let _agents: Vec<Agent> = (0..4)
-        .map(|h| c.agent_tagged(&h.to_string(), h, coords[0].addr, None, &extra))
-        .collect();
+    let (coords, _agents) = two_shards(&c, &options, |members| ServeSettings {
+        min_members: members,
+        round_interval_ms: 2,
+        ..c.settings(localhost())
+    });
     let planned = u64::from(options.selection_rounds + 1);
     let done = |i: usize| {
         coords[i].status()["selection"]["exchanges_done"]
