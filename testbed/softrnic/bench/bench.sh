@@ -3,7 +3,8 @@
 #   sudo testbed/softrnic/bench/bench.sh [target/release/softrnic] [section...]
 # Sections: speed (ib_write_bw 64 KiB vs memcpy, ib_send_lat), linerate (throughput against
 # the configured line rate), knee (aggregate throughput vs active QPs, DRUM Fig. 2c),
-# corunner (foreground latency vs a co-runner's batch size, DRUM Fig. 2a). Default: all.
+# corunner (foreground latency vs a co-runner's batch size, DRUM Fig. 2a; environment
+# FETCH_NS and FETCH_BATCH set its --wqe-fetch-ns and --wqe-fetch-batch). Default: all.
 # Every run uses its own run directory, torn down on exit; every program has a timeout.
 set -eu
 B=${1:-target/release/softrnic}
@@ -83,24 +84,36 @@ for sec in $SECTIONS; do
 		;;
 	corunner)
 		# Foreground: ib_write_lat h2 -> h1 (2 B). Co-runner: ib_write_bw h2 -> h1 on its own
-		# QP, 64 KiB messages, posting BATCH work requests per ibv_post_send (-l) with a queue of
-		# max(128, BATCH). Both share h2's NIC (same engine, same line).
-		echo "## foreground latency vs co-runner batch size (--line-rate-gbps 1; fg ib_write_lat 2 B, co-runner ib_write_bw -s 65536 -l BATCH)"
-		echo "| co-runner batch | fg typical us | fg 99 % us |"
-		echo "| --- | --- | --- |"
-		up --hosts 2 --line-rate-gbps 1
-		for batch in none 1 8 32 128; do
+		# QP, 64-byte messages posted BATCH per ibv_post_send (-l; queue 2 x BATCH, at least
+		# 128, so a next list waits while one is sent). Both share h2's NIC (same engine, same
+		# line). Small messages and a WQE fetch of FETCH_NS (default 50 us: a NIC scaled down
+		# as in the knee section, so that the fetch unit, not the emulator's CPU, limits the
+		# co-runner; with 20 us the batch-1 point was dominated by CPU contention) make the
+		# co-runner fetch-bound: each list costs min(BATCH, FETCH_BATCH) x FETCH_NS on the
+		# pipeline clock before any other QP's packet (FETCH_BATCH: --wqe-fetch-batch, default
+		# the model's 64; 1 = fetching one work request at a time, the control). Last column:
+		# work requests per fetch read on h2 while the foreground ran (its own are single).
+		fns=${FETCH_NS:-50000}
+		fb=${FETCH_BATCH:-64}
+		echo "## foreground latency vs co-runner batch size (--line-rate-gbps 1 --wqe-fetch-ns $fns --wqe-fetch-batch $fb; fg ib_write_lat 2 B, co-runner ib_write_bw -s 64 -l BATCH)"
+		echo "| co-runner batch | fg typical us | fg 99 % us | WQEs per fetch read (h2) |"
+		echo "| --- | --- | --- | --- |"
+		up --hosts 2 --line-rate-gbps 1 --wqe-fetch-ns "$fns" --wqe-fetch-batch "$fb"
+		fetched() { "$B" --run-dir "$RUN" stats h2 | awk '/^wqe_fetch(es|_reads) / { printf "%s ", $2 }'; }
+		for batch in none 1 8 32 64 128; do
+			f0=$(fetched)
 			if [ $batch != none ]; then
-				depth=$((batch > 128 ? batch : 128))
-				ex h1 ib_write_bw -x 0 -s 65536 -D 6 -p 18600 -l $batch -t $depth >/dev/null 2>&1 &
+				depth=$((2 * batch > 128 ? 2 * batch : 128))
+				ex h1 ib_write_bw -x 0 -s 64 -D 8 -p 18600 -l $batch -t $depth >/dev/null 2>&1 &
 				cs=$!
 				sleep 0.4
-				ex h2 ib_write_bw -x 0 -s 65536 -D 6 -p 18600 -l $batch -t $depth "$(addr h1)" >/dev/null 2>&1 &
+				ex h2 ib_write_bw -x 0 -s 64 -D 8 -p 18600 -l $batch -t $depth "$(addr h1)" >/dev/null 2>&1 &
 				cc_=$!
 				sleep 1.5
 			fi
 			o=$(pair h1 h2 ib_write_lat -x 0 -n 1000 -p 18601)
-			echo "| $batch | $(echo "$o" | typ) | $(echo "$o" | p99) |"
+			f1=$(fetched)
+			echo "| $batch | $(echo "$o" | typ) | $(echo "$o" | p99) | $(echo "$f0 $f1" | awk '{ printf "%.1f", ($4 - $2) ? ($3 - $1) / ($4 - $2) : 0 }') |"
 			if [ $batch != none ]; then
 				wait $cc_ || true
 				wait $cs || true

@@ -3,8 +3,8 @@
 //! `process_vm_readv/writev`, and runs the RC transport over UDP with peer engines.
 //!
 //! Threads: one per provider connection (control verbs), one UDP receiver, one transmitter
-//! (round-robin over QPs with work, one packet per QP per turn, paced by the NIC model
-//! ([`crate::nic`]), retransmission timers). Work requests and completions travel through
+//! (round-robin over QPs with work, one packet per QP per turn, work requests fetched one
+//! doorbell batch at a time, paced by the NIC model ([`crate::nic`]), retransmission timers). Work requests and completions travel through
 //! rings shared with the applications ([`crate::ring`]); the transmitter takes new work
 //! requests from them and sleeps on the engine's doorbell. All state sits behind one mutex.
 
@@ -27,7 +27,7 @@ use crate::faults::{FaultConfig, LinkInjector};
 use crate::ffi::consts::*;
 use crate::ffi::{mtu_bytes, IbvWc};
 use crate::mw::{BindReq, MrView, Mw};
-use crate::nic::{NicConfig, Pipeline};
+use crate::nic::{self, NicConfig, Pipeline};
 use crate::proto::{self, Caps, QpAttrs, RecvWr, Req, Resp, SendWr, Sge};
 use crate::ring::{self, Doorbell, Map, QpLayout, Ring};
 use crate::wire::{self, psn_add, psn_diff, Packet};
@@ -86,8 +86,10 @@ pub struct Counters {
     /// QP-context cache of the NIC model: lookups that hit and that missed.
     pub qp_cache_hits: u64,
     pub qp_cache_misses: u64,
-    /// Work requests fetched by the transmitter (each costs `wqe_fetch_ns`).
+    /// Work requests fetched by the transmitter (each costs `wqe_fetch_ns`), and the reads
+    /// that fetched them (one per doorbell batch, see [`crate::nic::fetch_count`]).
     pub wqe_fetches: u64,
+    pub wqe_fetch_reads: u64,
     /// Work requests taken from shared rings (send, receive), completions written to rings,
     /// and posts/polls that came over the socket instead (programs whose rings could not be
     /// set up, and tests).
@@ -123,6 +125,7 @@ impl Counters {
             ("qp_cache_hits", self.qp_cache_hits),
             ("qp_cache_misses", self.qp_cache_misses),
             ("wqe_fetches", self.wqe_fetches),
+            ("wqe_fetch_reads", self.wqe_fetch_reads),
             ("ring_send_wqes", self.ring_send_wqes),
             ("ring_recv_wqes", self.ring_recv_wqes),
             ("ring_cqes", self.ring_cqes),
@@ -212,6 +215,10 @@ struct SqWqe {
     signaled: bool,
     /// Set once all the WQE's packets have been built.
     packetized: bool,
+    /// The first work request of its `ibv_post_send` call (its doorbell).
+    doorbell: bool,
+    /// Read by the NIC's fetch unit (its fetch cost is paid).
+    fetched: bool,
     first_psn: u32,
     last_psn: u32,
     /// READ: next response PSN expected; READ and atomics: whether the response arrived.
@@ -1391,6 +1398,8 @@ impl State {
                 wr,
                 len: len as u32,
                 packetized: false,
+                doorbell: ring::get_u32(&slot, ring::SQ_DOORBELL_OFF) != 0,
+                fetched: false,
                 first_psn: 0,
                 last_psn: 0,
                 resp_next: 0,
@@ -1719,6 +1728,7 @@ impl State {
             return bad(0, libc::EINVAL);
         }
         let mut accepted = Vec::with_capacity(wrs.len());
+        // One request is one call: its list is one doorbell.
         for (i, w) in wrs.into_iter().enumerate() {
             if w.sges.len() > q.cap.max_send_sge as usize {
                 return self.finish_post(qpn, accepted, Some(bad(i, libc::EINVAL)));
@@ -1739,6 +1749,8 @@ impl State {
                 len: len as u32,
                 signaled,
                 packetized: false,
+                doorbell: i == 0,
+                fetched: false,
                 first_psn: 0,
                 last_psn: 0,
                 resp_next: 0,
@@ -1980,6 +1992,28 @@ impl State {
     // Requester: building packets
     // -----------------------------------------------------------------------------------------
 
+    /// The NIC's fetch unit reads work request `idx` of a QP's send queue unless it already
+    /// did: one DMA read of it and the rest of its `ibv_post_send` list, up to
+    /// `wqe_fetch_batch` work requests ([`nic::fetch_count`]), costing `wqe_fetch_ns` each,
+    /// charged at once so that no other QP's packet starts before the whole read is done.
+    fn fetch_wqes(&mut self, qpn: u32, idx: usize, now: Instant) {
+        let batch = self.nic.cfg.wqe_fetch_batch;
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        if q.sq.get(idx).is_none_or(|w| w.fetched) {
+            return;
+        }
+        let n = nic::fetch_count(q.sq.iter().skip(idx).map(|w| w.doorbell), batch);
+        for w in q.sq.iter_mut().skip(idx).take(n as usize) {
+            w.fetched = true;
+        }
+        self.counters.wqe_fetches += u64::from(n);
+        self.counters.wqe_fetch_reads += 1;
+        let ns = self.nic.cfg.wqe_fetch_ns.saturating_mul(u64::from(n));
+        self.nic.charge(now, ns);
+    }
+
     /// Next packet of a QP (retransmission first, then new data), or None.
     fn next_packet(&mut self, qpn: u32, now: Instant) -> Option<(SocketAddr, Vec<u8>)> {
         let q = self.qps.get_mut(&qpn)?;
@@ -2009,6 +2043,9 @@ impl State {
             return None;
         }
         let idx = q.sq_next;
+        // Binds and invalidations are work requests the NIC reads like any other.
+        self.fetch_wqes(qpn, idx, now);
+        let q = self.qps.get_mut(&qpn)?;
         if proto::is_local_wr(q.sq[idx].wr.opcode) {
             self.execute_local(qpn, idx);
             return None;
@@ -2018,13 +2055,6 @@ impl State {
             // also keeps each of them within the responder's result cache.
             return None;
         }
-        if q.sq_off == 0 && !q.sq[idx].packetized {
-            // The NIC fetches the work request when it starts on it.
-            self.counters.wqe_fetches += 1;
-            let ns = self.nic.cfg.wqe_fetch_ns;
-            self.nic.charge(now, ns);
-        }
-        let q = self.qps.get_mut(&qpn)?;
         // Resolve the local buffers of a WQE when its first packet is built.
         if q.sq_off == 0 && !q.sq[idx].packetized && q.sq[idx].wr.inline.is_none() {
             let (conn, pd) = (q.conn, q.pd);
@@ -2164,9 +2194,7 @@ impl State {
             return None;
         }
         let idx = q.sq_next;
-        self.counters.wqe_fetches += 1;
-        let ns = self.nic.cfg.wqe_fetch_ns;
-        self.nic.charge(now, ns);
+        self.fetch_wqes(qpn, idx, now);
         let mtu = self.nic.cfg.mtu;
         let q = self.qps.get(&qpn)?;
         let w = &q.sq[idx];
@@ -4109,6 +4137,118 @@ mod tests {
         assert_eq!(order, vec![qpns[1]; 3]);
     }
 
+    /// A 700-byte RDMA WRITE from the start of a rig's buffer (3 packets at 256-byte MTU).
+    fn rig_write(st: &State, buf: &[u8], wr_id: u64) -> SendWr {
+        SendWr {
+            wr_id,
+            opcode: IBV_WR_RDMA_WRITE,
+            flags: IBV_SEND_SIGNALED,
+            remote_addr: 0x10_0000,
+            rkey: 9,
+            sges: vec![Sge {
+                addr: buf.as_ptr() as u64,
+                length: 700,
+                lkey: *st.mrs.keys().next().unwrap(),
+            }],
+            ..Default::default()
+        }
+    }
+
+    /// The transmitter in virtual time from `t0`, as `tx_loop` runs it: wait for the
+    /// pipeline clock, send one packet, again. Each packet's QP and start time after `t0`.
+    fn tx_virtual(st: &mut State, t0: Instant) -> Vec<(u32, Duration)> {
+        let mut t = t0;
+        let mut sent = Vec::new();
+        loop {
+            if let Some(w) = st.nic.wait(t) {
+                t += w;
+            }
+            match st.tx_one(t) {
+                Some(q) => sent.push((q, t - t0)),
+                None => return sent,
+            }
+        }
+    }
+
+    /// The start of `qpn`'s first packet.
+    fn first_of(sent: &[(u32, Duration)], qpn: u32) -> Duration {
+        sent.iter().find(|(q, _)| *q == qpn).unwrap().1
+    }
+
+    /// Doorbell-batch fetching (the DRUM paper's Fig. 2a): a co-runner's list of 32 work
+    /// requests posted with one call is fetched in one read whose 32 fetch costs all come
+    /// before the foreground's packet; posted one by one, they are fetched one by one and the
+    /// foreground waits for one fetch. `wqe_fetch_batch` caps the read; fetched work requests
+    /// are not charged again, and packets still alternate round robin.
+    #[test]
+    fn a_doorbell_list_is_fetched_at_once_before_other_qps_packets() {
+        use crate::nic::{BANK, SLACK};
+        let cfg = NicConfig {
+            line_rate_gbps: 0.0,
+            qp_cache: 0,
+            wqe_fetch_ns: 10_000_000,
+            ..Default::default()
+        };
+        assert_eq!(cfg.wqe_fetch_batch, 64);
+        // Starting BANK after now makes the clock start exactly at t0 - BANK (banked credit),
+        // so every time below is exact.
+        let run = |cfg: NicConfig, lists: &[usize]| {
+            let (mut st, q, buf) = nic_rig(cfg, 2, 0);
+            let (co, fg) = (q[0], q[1]);
+            let mut id = 0;
+            for &n in lists {
+                let list = (0..n).map(|_| {
+                    id += 1;
+                    rig_write(&st, &buf, id)
+                });
+                let list = list.collect();
+                assert_eq!(st.post_send(1, co, list), Resp::Unit);
+            }
+            assert_eq!(
+                st.post_send(1, fg, vec![rig_write(&st, &buf, 0)]),
+                Resp::Unit
+            );
+            let t0 = Instant::now() + BANK;
+            let sent = tx_virtual(&mut st, t0);
+            let fetches = (st.counters.wqe_fetches, st.counters.wqe_fetch_reads);
+            (sent, fetches, co, fg)
+        };
+        let ms = Duration::from_millis;
+        // One list of 32: the foreground's packet waits for 32 fetches (less the bank).
+        let (sent, fetches, co, fg) = run(cfg, &[32]);
+        assert_eq!(first_of(&sent, fg), ms(320) - BANK - SLACK);
+        assert_eq!(fetches, (33, 2));
+        let order: Vec<u32> = sent.iter().map(|p| p.0).collect();
+        assert_eq!(order[..6], [co, fg, co, fg, co, fg], "{order:?}");
+        assert!(order[6..].iter().all(|q| *q == co));
+        assert_eq!(order.len(), 32 * 3 + 3);
+        // Nothing is fetched twice: the clock ends after 33 fetches.
+        assert_eq!(sent.last().unwrap().1, ms(330) - BANK - SLACK);
+        // The same 32 posted one per call: one fetch, then the foreground.
+        let (sent, fetches, _, fg) = run(cfg, &[1; 32]);
+        assert_eq!(first_of(&sent, fg), ms(10) - BANK - SLACK);
+        assert_eq!(fetches, (33, 33));
+        // A read holds at most wqe_fetch_batch work requests; 1 is per-WQE fetching.
+        let small = NicConfig {
+            wqe_fetch_batch: 8,
+            ..cfg
+        };
+        let (sent, fetches, _, fg) = run(small, &[32]);
+        assert_eq!(first_of(&sent, fg), ms(80) - BANK - SLACK);
+        assert_eq!(fetches, (33, 5));
+        let one = NicConfig {
+            wqe_fetch_batch: 1,
+            ..cfg
+        };
+        let (sent, fetches, _, fg) = run(one, &[32]);
+        assert_eq!(first_of(&sent, fg), ms(10) - BANK - SLACK);
+        assert_eq!(fetches, (33, 33));
+        // Two lists waiting together are still two doorbells: two reads.
+        let (sent, fetches, _, fg) = run(cfg, &[4, 3]);
+        assert_eq!(first_of(&sent, fg), ms(40) - BANK - SLACK);
+        assert_eq!(fetches, (8, 3));
+    }
+
     /// The QP-context cache: as many active QPs as entries hit after the cold misses; one more
     /// and round-robin arbitration makes every packet miss (the knee of the DRUM paper's
     /// Fig. 2c), and each miss costs `qp_miss_ns` on the pipeline clock.
@@ -4334,6 +4474,92 @@ mod tests {
         sq.prod(&qmap).store(1_000_000, Ordering::Release);
         st.pull_sq(q2);
         assert!(st.counters.ring_send_wqes < 100);
+    }
+
+    /// Through the shared send ring, a doorbell is what one `ibv_post_send` call published:
+    /// the provider marks the first slot of each call, and two calls waiting in the ring when
+    /// the engine looks are still two fetch reads.
+    #[test]
+    fn ring_doorbell_marks_delimit_fetch_batches() {
+        use crate::nic::{BANK, SLACK};
+        let cfg = NicConfig {
+            line_rate_gbps: 0.0,
+            qp_cache: 0,
+            wqe_fetch_ns: 10_000_000,
+            ..Default::default()
+        };
+        let (mut st, qpns, buf) = nic_rig(cfg, 2, 0);
+        let (co, fg) = (qpns[0], qpns[1]);
+        let pid = std::process::id() as i32;
+        // Give the co-runner's QP a send ring: back to RESET, attach, up to RTS again.
+        let attr = st.qps[&co].attr;
+        let mut a = QpAttrs {
+            qp_state: IBV_QPS_RESET,
+            ..Default::default()
+        };
+        st.modify_qp(co, IBV_QP_STATE, &a).unwrap();
+        let l = QpLayout::new(&st.qps[&co].cap);
+        let (qmap, qfd) = Map::create("t", l.len).unwrap();
+        assert_eq!(st.attach_ring(1, pid, 1, co, qfd, l.len as u64), Ok(()));
+        // SAFETY: our own fd; the engine has its own mapping.
+        unsafe { libc::close(qfd) };
+        a.qp_state = IBV_QPS_INIT;
+        a.port_num = 1;
+        let m = IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS;
+        st.modify_qp(co, m, &a).unwrap();
+        a = attr;
+        a.qp_state = IBV_QPS_RTR;
+        let rtr = IBV_QP_STATE
+            | IBV_QP_AV
+            | IBV_QP_PATH_MTU
+            | IBV_QP_DEST_QPN
+            | IBV_QP_RQ_PSN
+            | IBV_QP_MAX_DEST_RD_ATOMIC
+            | IBV_QP_MIN_RNR_TIMER;
+        st.modify_qp(co, rtr, &a).unwrap();
+        a.qp_state = IBV_QPS_RTS;
+        let rts = IBV_QP_STATE
+            | IBV_QP_TIMEOUT
+            | IBV_QP_RETRY_CNT
+            | IBV_QP_RNR_RETRY
+            | IBV_QP_SQ_PSN
+            | IBV_QP_MAX_QP_RD_ATOMIC;
+        st.modify_qp(co, rts, &a).unwrap();
+        let sq = Ring {
+            off: 0,
+            n: l.sq_n,
+            slot: l.sq_slot,
+        };
+        let lkey = *st.mrs.keys().next().unwrap();
+        // Two calls, a list of 4 and a single work request, as post_send_ring writes them.
+        for (i, first) in [true, false, false, false, true].into_iter().enumerate() {
+            let mut b = vec![0u8; sq.slot];
+            ring::put_u64(&mut b, 0, i as u64);
+            ring::put_u32(&mut b, 8, IBV_WR_RDMA_WRITE as u32);
+            ring::put_u32(&mut b, 20, 1);
+            ring::put_u32(&mut b, 36, ring::NOT_INLINE);
+            ring::put_u32(&mut b, ring::SQ_DOORBELL_OFF, u32::from(first));
+            ring::put_u64(&mut b, 64, buf.as_ptr() as u64);
+            ring::put_u32(&mut b, 72, 700);
+            ring::put_u32(&mut b, 76, lkey);
+            qmap.write(sq.slot_off(i as u32), &b);
+        }
+        sq.prod(&qmap).store(5, Ordering::Release);
+        assert_eq!(
+            st.post_send(1, fg, vec![rig_write(&st, &buf, 9)]),
+            Resp::Unit
+        );
+        let t0 = Instant::now() + BANK;
+        let sent = tx_virtual(&mut st, t0);
+        assert_eq!(st.counters.ring_send_wqes, 5);
+        // The list's 4 fetches come before the foreground's packet; the single is read alone.
+        let ms = Duration::from_millis;
+        assert_eq!(first_of(&sent, fg), ms(40) - BANK - SLACK);
+        assert_eq!(sent.len(), 6 * 3);
+        assert_eq!(
+            (st.counters.wqe_fetches, st.counters.wqe_fetch_reads),
+            (6, 3)
+        );
     }
 
     /// A destroyed connected QP re-acknowledges its peer's duplicates for a while (so a lost

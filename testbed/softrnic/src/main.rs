@@ -66,6 +66,10 @@ enum Cmd {
         /// NIC model: cost of fetching a work request, in ns.
         #[arg(long, default_value_t = nic::NicConfig::default().wqe_fetch_ns)]
         wqe_fetch_ns: u64,
+        /// NIC model: most work requests of one ibv_post_send call fetched in one read (1: one
+        /// at a time); the read costs wqe-fetch-ns per work request, before other QPs' packets.
+        #[arg(long, default_value_t = nic::NicConfig::default().wqe_fetch_batch)]
+        wqe_fetch_batch: u32,
         /// Send every packet with its own sendto (no UDP GSO batching between engines).
         #[arg(long)]
         no_gso: bool,
@@ -144,6 +148,7 @@ fn main() -> Result<()> {
             qp_cache,
             qp_miss_ns,
             wqe_fetch_ns,
+            wqe_fetch_batch,
             no_gso,
         } => {
             let nic = nic::NicConfig {
@@ -152,6 +157,7 @@ fn main() -> Result<()> {
                 qp_cache,
                 qp_miss_ns,
                 wqe_fetch_ns,
+                wqe_fetch_batch,
             };
             let f = hosts::UpFaults {
                 seed,

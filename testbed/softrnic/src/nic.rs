@@ -1,15 +1,20 @@
 //! The NIC model of an engine: line rate, MTU, an LRU QP-context cache with a miss penalty,
-//! and a WQE fetch cost, all charged to one pipeline clock.
+//! and a WQE fetch cost paid per doorbell batch, all charged to one pipeline clock.
 //!
 //! `softrnic up` writes the settings to `<run>/nic`; each engine reads the file at start:
 //!
 //! ```text
-//! line_rate_gbps 25 mtu 4096 qp_cache 20 qp_miss_ns 1000 wqe_fetch_ns 500
+//! line_rate_gbps 25 mtu 4096 qp_cache 20 qp_miss_ns 1000 wqe_fetch_ns 500 wqe_fetch_batch 64
 //! ```
 //!
 //! Every packet the engine sends costs its wire time at the line rate (UDP datagram plus
-//! 42 bytes of Ethernet/IPv4/UDP headers); the first packet of a work request costs a WQE
-//! fetch more; every packet sent or received for a QP whose context is not in the cache costs
+//! 42 bytes of Ethernet/IPv4/UDP headers). Work requests are fetched as a real NIC's fetch
+//! unit does after a doorbell: when the transmitter reaches a work request not fetched yet,
+//! it reads it together with the ones posted after it by the same `ibv_post_send` call, up to
+//! `wqe_fetch_batch` of them ([`fetch_count`]), and the whole read costs `wqe_fetch_ns` per
+//! work request at once, before any other QP's packet; so a co-runner posting long lists
+//! delays everybody else's packets by up to a batch of fetches (the DRUM paper's Fig. 2a).
+//! Every packet sent or received for a QP whose context is not in the cache costs
 //! a miss (the context is then cached, evicting the least recently used one). The costs add up
 //! on a clock (`busy_until`); the transmitter starts a new packet only when the clock is less
 //! than [`SLACK`] ahead of real time, so the average rate is the modelled one even though a
@@ -41,6 +46,8 @@ pub enum NicError {
     Mtu(u32),
     #[error("line rate must be a positive number of Gb/s (or 0 for unlimited), got {0}")]
     Rate(String),
+    #[error("WQE fetch batch must be at least 1")]
+    FetchBatch,
 }
 
 /// The model's parameters (see docs/softrnic.md for the defaults and their sources).
@@ -54,8 +61,10 @@ pub struct NicConfig {
     pub qp_cache: usize,
     /// Cost of a QP-context cache miss.
     pub qp_miss_ns: u64,
-    /// Cost of fetching a work request (charged on its first packet).
+    /// Cost of fetching a work request (charged for a whole fetch batch at once).
     pub wqe_fetch_ns: u64,
+    /// Most work requests of one doorbell the NIC fetches in one read (1: one at a time).
+    pub wqe_fetch_batch: u32,
 }
 
 impl Default for NicConfig {
@@ -66,6 +75,7 @@ impl Default for NicConfig {
             qp_cache: 20,
             qp_miss_ns: 1000,
             wqe_fetch_ns: 500,
+            wqe_fetch_batch: 64,
         }
     }
 }
@@ -90,13 +100,21 @@ impl NicConfig {
         if mtu_enum(self.mtu).is_none() {
             return Err(NicError::Mtu(self.mtu));
         }
+        if self.wqe_fetch_batch == 0 {
+            return Err(NicError::FetchBatch);
+        }
         Ok(())
     }
 
     pub fn encode(&self) -> String {
         format!(
-            "line_rate_gbps {} mtu {} qp_cache {} qp_miss_ns {} wqe_fetch_ns {}\n",
-            self.line_rate_gbps, self.mtu, self.qp_cache, self.qp_miss_ns, self.wqe_fetch_ns
+            "line_rate_gbps {} mtu {} qp_cache {} qp_miss_ns {} wqe_fetch_ns {} wqe_fetch_batch {}\n",
+            self.line_rate_gbps,
+            self.mtu,
+            self.qp_cache,
+            self.qp_miss_ns,
+            self.wqe_fetch_ns,
+            self.wqe_fetch_batch
         )
     }
 
@@ -118,6 +136,7 @@ impl NicConfig {
                 "qp_cache" => c.qp_cache = kv[1].parse().map_err(|_| bad())?,
                 "qp_miss_ns" => c.qp_miss_ns = kv[1].parse().map_err(|_| bad())?,
                 "wqe_fetch_ns" => c.wqe_fetch_ns = kv[1].parse().map_err(|_| bad())?,
+                "wqe_fetch_batch" => c.wqe_fetch_batch = kv[1].parse().map_err(|_| bad())?,
                 _ => return Err(bad()),
             }
         }
@@ -132,6 +151,23 @@ impl NicConfig {
         }
         ((len as u64 + L2_L4_OVERHEAD) as f64 * 8.0 / self.line_rate_gbps) as u64
     }
+}
+
+/// How many work requests one fetch reads: the one at the head of `starts_doorbell` and the
+/// ones after it up to (not including) the next that starts a doorbell of its own, at most
+/// `batch`. `starts_doorbell` yields, for the unfetched work requests of a send queue in order,
+/// whether each is the first of an `ibv_post_send` call. A fetch never crosses a doorbell: each
+/// post is its own DMA read, so posting one by one lets the arbiter serve other QPs in
+/// between, as posting a list does not.
+pub fn fetch_count(starts_doorbell: impl IntoIterator<Item = bool>, batch: u32) -> u32 {
+    let mut it = starts_doorbell.into_iter();
+    if it.next().is_none() {
+        return 0;
+    }
+    1 + it
+        .take(batch.saturating_sub(1) as usize)
+        .take_while(|starts| !starts)
+        .count() as u32
 }
 
 /// LRU set of QP numbers.
@@ -232,6 +268,7 @@ mod tests {
             qp_cache: 4,
             qp_miss_ns: 3000,
             wqe_fetch_ns: 100,
+            wqe_fetch_batch: 8,
         };
         assert_eq!(NicConfig::decode(&c.encode()).unwrap(), c);
         assert_eq!(NicConfig::decode("").unwrap(), NicConfig::default());
@@ -239,6 +276,28 @@ mod tests {
         assert!(NicConfig::decode("line_rate_gbps -1").is_err());
         assert!(NicConfig::decode("colour blue").is_err());
         assert!(NicConfig::decode("qp_cache").is_err());
+        assert_eq!(
+            NicConfig::decode("wqe_fetch_batch 0"),
+            Err(NicError::FetchBatch)
+        );
+        // Files written before the setting existed mean the default.
+        let old = "line_rate_gbps 25 mtu 4096 qp_cache 20 qp_miss_ns 1000 wqe_fetch_ns 500";
+        assert_eq!(NicConfig::decode(old).unwrap().wqe_fetch_batch, 64);
+    }
+
+    #[test]
+    fn a_fetch_reads_one_doorbell_up_to_the_batch_size() {
+        // Two posts: a list of 5, then a single work request.
+        let q = [true, false, false, false, false, true];
+        assert_eq!(fetch_count(q, 64), 5);
+        assert_eq!(fetch_count(q, 3), 3);
+        assert_eq!(fetch_count(q, 1), 1);
+        // The rest of a list cut by the batch size is the next fetch.
+        assert_eq!(fetch_count(q[3..].iter().copied(), 64), 2);
+        assert_eq!(fetch_count(q[5..].iter().copied(), 64), 1);
+        // Work requests posted one by one are fetched one by one.
+        assert_eq!(fetch_count([true; 4], 64), 1);
+        assert_eq!(fetch_count([], 64), 0);
     }
 
     #[test]

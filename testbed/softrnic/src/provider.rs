@@ -1711,6 +1711,7 @@ unsafe fn post_send_ring(
         ring::put_u32(&mut slot, 32, rkey);
         ring::put_u64(&mut slot, ring::SQ_COMPARE_ADD_OFF, compare_add);
         ring::put_u64(&mut slot, ring::SQ_SWAP_OFF, swap);
+        ring::put_u32(&mut slot, ring::SQ_DOORBELL_OFF, u32::from(prod == start));
         if inline {
             // Inline data is read from the caller's buffers at post time, as the verbs API
             // specifies; the caller guarantees they are valid.

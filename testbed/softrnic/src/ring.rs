@@ -8,9 +8,12 @@
 //!   `prod` (written by the producer), `cons` (consumer) and, for work-request rings, `done`
 //!   (work requests the engine has retired: completed or flushed) — followed by fixed-size
 //!   slots. Slot `i` of a ring of `n` slots holds entry `i mod n`.
-//! * `post_send`/`post_recv` write a slot and publish `prod` (release); the provider refuses a
-//!   post when `prod - done` reached the queue's size, so a slot is reused only after its work
-//!   request left the engine. The engine copies entries out at `cons` and validates them as it
+//! * `post_send`/`post_recv` write the slots of all the work requests of the call and publish
+//!   `prod` (release) once; `post_send` then rings the doorbell once. The first send slot of
+//!   each call is marked ([`SQ_DOORBELL_OFF`]), so the engine knows which work requests one
+//!   doorbell announced even when several posts are waiting by the time it looks. The
+//!   provider refuses a post when `prod - done` reached the queue's size, so a slot is reused
+//!   only after its work request left the engine. The engine copies entries out at `cons` and validates them as it
 //!   validated socket requests (the ring is application memory: it is never trusted).
 //! * The engine writes completions (`struct ibv_wc`) at `prod` and publishes it; `poll_cq`
 //!   copies them out and publishes `cons`. The engine publishes `done` of a QP before any
@@ -33,9 +36,13 @@ const CONS: usize = 64;
 const DONE: usize = 128;
 
 /// Send slot: a 64-byte header (`wr_id` 0, opcode 8, flags 12, imm 16, SGE count 20,
-/// remote address 24, rkey 32, inline length 36, atomic compare/add 40 and swap 48), then
-/// `max_sge` SGEs of 16 bytes, then room for inline data.
+/// remote address 24, rkey 32, inline length 36, atomic compare/add 40 and swap 48, doorbell
+/// mark 56), then `max_sge` SGEs of 16 bytes, then room for inline data.
 pub const SQ_SGE_OFF: usize = 64;
+/// Doorbell mark in the send slot's header: 1 on the first work request of an
+/// `ibv_post_send` call, 0 on the others of its list (the NIC model fetches one call's list
+/// as one batch).
+pub const SQ_DOORBELL_OFF: usize = 56;
 /// Atomic operands in the send slot's header.
 pub const SQ_COMPARE_ADD_OFF: usize = 40;
 pub const SQ_SWAP_OFF: usize = 48;

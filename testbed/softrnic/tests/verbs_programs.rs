@@ -884,6 +884,73 @@ fn nic_model_settings_and_qp_cache_knee() {
     assert!(many > 0.5, "16 QPs, cache 4: miss ratio {many}");
 }
 
+/// Doorbell-batch WQE fetching through the real provider: the work requests perftest posts
+/// with one `ibv_post_send` (`-l`) are fetched together, at most `--wqe-fetch-batch` per
+/// read; posted one per call, each is a read of its own. Counts only, no timing (the latency
+/// effect is measured by `bench.sh corunner`).
+#[test]
+fn post_lists_are_fetched_one_doorbell_per_read() {
+    require_privileges!();
+    if !have("ib_write_bw") {
+        eprintln!("SKIPPED: perftest not installed (apt-get install perftest)");
+        return;
+    }
+    let run = Run::new("fetchbatch");
+    let out = run_timeout(
+        run.cmd()
+            .arg("up")
+            .args(["--hosts", "2", "--wqe-fetch-batch", "0"]),
+        Duration::from_secs(30),
+    );
+    assert!(!out.status.success(), "a fetch batch of 0 was accepted");
+    assert!(text(&out).contains("fetch batch"), "{}", text(&out));
+    run.up(&["--hosts", "2", "--wqe-fetch-batch", "16"]);
+    let nic = std::fs::read_to_string(run.dir.join("nic")).unwrap();
+    assert!(nic.contains("wqe_fetch_batch 16"), "{nic}");
+    // WQEs fetched per read by the requester's engine while ib_write_bw posts lists of `list`.
+    let per_read = |list: &str| {
+        let before = run.stats("h2");
+        let args = [
+            "ib_write_bw",
+            "-x",
+            "0",
+            "-s",
+            "64",
+            "-n",
+            "1920",
+            "-t",
+            "128",
+            "-l",
+            list,
+        ];
+        let (server, client) = pair(&run, &args);
+        assert!(
+            server.status.success(),
+            "-l {list} server: {}",
+            text(&server)
+        );
+        assert!(
+            client.status.success(),
+            "-l {list} client: {}",
+            text(&client)
+        );
+        let after = settled_stats(&run, "h2");
+        let d = |k: &str| after[k] - before[k];
+        let (wqes, reads) = (d("wqe_fetches"), d("wqe_fetch_reads"));
+        eprintln!("-l {list}: {wqes} WQEs fetched in {reads} reads");
+        assert!(wqes >= 1920, "-l {list}: {wqes} WQEs fetched");
+        wqes as f64 / reads as f64
+    };
+    let single = per_read("1");
+    assert_eq!(single, 1.0, "posted one per call, fetched one per read");
+    // Lists of 32 are read 16 at a time (a list cut short by a full ring would read less).
+    let listed = per_read("32");
+    assert!(
+        (12.0..=16.0).contains(&listed),
+        "lists of 32: {listed} WQEs per read"
+    );
+}
+
 /// `exec` appends the provider to the program's own LD_PRELOAD (interposers first, the
 /// provider standing for the kernel last): both are loaded, and the device still works.
 #[test]
