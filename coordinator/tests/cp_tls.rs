@@ -36,7 +36,15 @@ fn revoked(path: &Path) -> usize {
     (&crl).into_iter().count()
 }
 
+/// A `serve` child that is killed (and reaped) when the test ends, passed or failed.
 struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
 
 /// `serve` with a config it must refuse; a serve that starts anyway is killed and fails the
 /// test instead of hanging it.
