@@ -511,6 +511,25 @@ fn set_user(st: &CtxState, kind: u8, handle: u32, user: *mut c_void) -> Result<(
     .map(|_| ())
 }
 
+/// Hands a new object to the application once the engine knows its address ([`set_user`]);
+/// if it cannot, undoes the creation (`undo` on the engine side, then the allocation) and
+/// returns NULL with errno set.
+///
+/// # Safety
+/// `obj` came from `Box::<T>::into_raw` and is not handed out yet.
+unsafe fn hand_out<T>(st: &CtxState, kind: u8, handle: u32, obj: *mut T, undo: &Req) -> *mut T {
+    match set_user(st, kind, handle, obj as *mut c_void) {
+        Ok(()) => obj,
+        Err(e) => {
+            let _ = st.call(undo);
+            // SAFETY: per this function's contract.
+            drop(unsafe { Box::from_raw(obj) });
+            set_errno(e);
+            null_mut()
+        }
+    }
+}
+
 /// After a destroy (`resp` is the engine's answer), wait as the kernel's destroy commands make
 /// libibverbs wait: until the application has acknowledged every event of the object it has
 /// read (`*completed`, counted by `ibv_ack_async_event` under `mutex`, signalled on `cond`).
@@ -1078,15 +1097,10 @@ unsafe extern "C" fn create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> *mut
                 qp.qp_num = qpn;
                 qp.state = IBV_QPS_RESET;
                 qp.qp_type = a.qp_type;
-                let qp = Box::into_raw(q) as *mut IbvQp;
-                if let Err(e) = set_user(st, 1, qpn, qp as *mut c_void) {
-                    let _ = st.call(&Req::DestroyQp { qpn });
-                    // SAFETY: allocated just above and not handed out.
-                    drop(unsafe { Box::from_raw(qp as *mut SrQp) });
-                    set_errno(e);
-                    return null_mut();
-                }
-                qp
+                let undo = Req::DestroyQp { qpn };
+                // SAFETY: allocated just above and not handed out.
+                let qp = unsafe { hand_out(st, 1, qpn, Box::into_raw(q), &undo) };
+                qp as *mut IbvQp
             }
             Ok(_) => {
                 set_errno(libc::EIO);
@@ -1255,15 +1269,9 @@ unsafe extern "C" fn create_srq(pd: *mut IbvPd, attr: *mut IbvSrqInitAttr) -> *m
                 b.srq_context = a.srq_context;
                 b.pd = pd;
                 b.handle = handle;
-                let srq = Box::into_raw(b);
-                if let Err(e) = set_user(st, 2, handle, srq as *mut c_void) {
-                    let _ = st.call(&Req::DestroySrq { srq: handle });
-                    // SAFETY: allocated just above and not handed out.
-                    drop(unsafe { Box::from_raw(srq) });
-                    set_errno(e);
-                    return null_mut();
-                }
-                srq
+                let undo = Req::DestroySrq { srq: handle };
+                // SAFETY: allocated just above and not handed out.
+                unsafe { hand_out(st, 2, handle, Box::into_raw(b), &undo) }
             }
             Ok(_) => {
                 set_errno(libc::EIO);

@@ -1103,6 +1103,31 @@ fn polling_fails_instead_of_hanging_when_the_engine_vanishes() {
     let _ = server;
 }
 
+/// Our checker `NAME` (`tests/verify/NAME.c`) as a server on h1 and a client on h2 of a new
+/// two-host run, both of which must succeed; their standard outputs. `None` (said why)
+/// without a C compiler or libibverbs-dev.
+fn checker_pair(name: &str, port: &str) -> Option<(String, String)> {
+    if !have("cc") || !Path::new("/usr/include/infiniband/verbs.h").exists() {
+        eprintln!("SKIPPED: needs cc and libibverbs-dev");
+        return None;
+    }
+    let run = Run::new(name);
+    run.up(&["--hosts", "2"]);
+    let prog = compile_verifier(&run, name);
+    let p = prog.to_str().unwrap();
+    let ip = run.addr("h1");
+    let server = spawn(&mut run.exec("h1", &[p, "server", port]));
+    let client = run_timeout(
+        &mut run.exec("h2", &[p, "client", &ip, port]),
+        Duration::from_secs(60),
+    );
+    let server = wait_timeout(server, Duration::from_secs(30));
+    assert!(client.status.success(), "client: {}", text(&client));
+    assert!(server.status.success(), "server: {}", text(&server));
+    let out = |o: &std::process::Output| String::from_utf8_lossy(&o.stdout).into_owned();
+    Some((out(&server), out(&client)))
+}
+
 /// Compile one of our C test programs (`tests/verify/NAME.c`) into the run directory.
 fn compile_verifier(run: &Run, name: &str) -> PathBuf {
     let prog = run.dir.join(name);
@@ -1449,24 +1474,9 @@ fn uc_pingpong_and_perftest_write_over_uc_and_loss_drops_messages() {
 #[test]
 fn own_async_event_checker_srq_limit_last_wqe_destroy_and_solicited_events() {
     require_privileges!();
-    if !have("cc") || !Path::new("/usr/include/infiniband/verbs.h").exists() {
-        eprintln!("SKIPPED: needs cc and libibverbs-dev");
+    let Some((s, _)) = checker_pair("srn_async", "7474") else {
         return;
-    }
-    let run = Run::new("async");
-    run.up(&["--hosts", "2"]);
-    let prog = compile_verifier(&run, "srn_async");
-    let p = prog.to_str().unwrap();
-    let ip = run.addr("h1");
-    let server = spawn(&mut run.exec("h1", &[p, "server", "7474"]));
-    let client = run_timeout(
-        &mut run.exec("h2", &[p, "client", &ip, "7474"]),
-        Duration::from_secs(60),
-    );
-    let server = wait_timeout(server, Duration::from_secs(30));
-    assert!(client.status.success(), "client: {}", text(&client));
-    assert!(server.status.success(), "server: {}", text(&server));
-    let s = String::from_utf8_lossy(&server.stdout);
+    };
     assert!(s.contains("OK async events"), "{s}");
     eprintln!("{s}");
 }
@@ -1481,26 +1491,10 @@ fn own_async_event_checker_srq_limit_last_wqe_destroy_and_solicited_events() {
 #[test]
 fn own_memory_window_checker_type1_type2_bind_and_invalidate() {
     require_privileges!();
-    if !have("cc") || !Path::new("/usr/include/infiniband/verbs.h").exists() {
-        eprintln!("SKIPPED: needs cc and libibverbs-dev");
+    let Some((s, c)) = checker_pair("srn_mw", "7475") else {
         return;
-    }
-    let run = Run::new("mw");
-    run.up(&["--hosts", "2"]);
-    let prog = compile_verifier(&run, "srn_mw");
-    let p = prog.to_str().unwrap();
-    let ip = run.addr("h1");
-    let server = spawn(&mut run.exec("h1", &[p, "server", "7475"]));
-    let client = run_timeout(
-        &mut run.exec("h2", &[p, "client", &ip, "7475"]),
-        Duration::from_secs(60),
-    );
-    let server = wait_timeout(server, Duration::from_secs(30));
-    assert!(client.status.success(), "client: {}", text(&client));
-    assert!(server.status.success(), "server: {}", text(&server));
-    let s = String::from_utf8_lossy(&server.stdout);
+    };
     assert!(s.contains("OK memory windows"), "{s}");
-    let c = String::from_utf8_lossy(&client.stdout);
     assert!(
         c.contains("6 accesses refused as expected, 5 allowed"),
         "{c}"
