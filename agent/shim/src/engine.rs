@@ -379,11 +379,26 @@ impl Engine {
 /// Serves every QP listed as pending once; returns the shortest limiter wait of those that
 /// still have work, `None` when none waits on a limiter.
 fn drain() -> Option<u64> {
+    let _g = COLD.lock();
+    drain_locked()
+}
+
+/// Called by an application thread that has just paused in an empty poll because work is
+/// held back: it posts what is due itself rather than wait for the engine thread, which on
+/// a loaded machine wakes late, and late posts are a rate the app was granted but lost.
+/// Never waits: a cold verb or another drainer busy means the engine thread will do it.
+pub fn help_drain() {
+    if let Some(_g) = COLD.try_lock() {
+        drain_locked();
+    }
+}
+
+/// [`drain`] with `COLD` held.
+fn drain_locked() -> Option<u64> {
     let batch: Vec<(usize, u32)> = PENDING.lock().drain(..).collect();
     if batch.is_empty() {
         return None;
     }
-    let _g = COLD.lock();
     let mut wait: Option<u64> = None;
     for (key, qpn) in batch {
         let Some(st) = lookup(key as *mut _) else {

@@ -111,6 +111,9 @@ pub static QUEUED: AtomicU64 = AtomicU64::new(0);
 pub fn on_empty_poll(completions_held: bool) {
     if completions_held || QUEUED.load(Relaxed) > 0 {
         std::thread::sleep(empty_poll_pause(now_ps()));
+        if QUEUED.load(Relaxed) > 0 {
+            crate::engine::help_drain();
+        }
     }
 }
 

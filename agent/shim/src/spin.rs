@@ -33,6 +33,14 @@ impl<T> SpinLock<T> {
         SpinGuard(self)
     }
 
+    /// The lock if it is free now; `None` instead of waiting.
+    pub fn try_lock(&self) -> Option<SpinGuard<'_, T>> {
+        self.held
+            .compare_exchange(false, true, Acquire, Relaxed)
+            .is_ok()
+            .then_some(SpinGuard(self))
+    }
+
     /// For fork handlers: acquire without a guard; pair with [`SpinLock::release`].
     pub fn acquire(&self) {
         while self
