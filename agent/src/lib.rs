@@ -327,11 +327,7 @@ pub async fn run_with_reload(
                 .with_context(|| format!("writing the rate table {}", t.path().display()))?;
         }
         if let Some(hub) = &hub {
-            let rates: Vec<(String, bool, f64)> = rate_table::app_rates(problem, core)
-                .into_iter()
-                .map(|a| (a.app, a.active, a.rate))
-                .collect();
-            hub.set_rates(&rates);
+            hub.set_rates(&rate_table::app_decisions(problem, core));
         }
         Ok(())
     };

@@ -4,6 +4,7 @@
 //! (`format: "drum-rate-table/1"`) is documented in docs/control-plane.md; a shared-memory
 //! table for the shim replaces it later.
 
+use crate::shim_hub::AppDecision;
 use drum_common::model::Problem;
 use drum_common::protocol::agent::AgentCore;
 use serde::{Deserialize, Serialize};
@@ -64,6 +65,22 @@ pub fn app_rates(problem: &Problem, core: &AgentCore) -> Vec<AppRate> {
                 poll_rate: pair.cqe_per_wqe * rate,
                 facility: problem.facilities[pair.facility as usize].id.clone(),
             }
+        })
+        .collect()
+}
+
+/// The host's apps and their current grants, for the shims: [`app_rates`] with each app's
+/// completions per WQE, from which the shim hub derives the polling grant.
+pub fn app_decisions(problem: &Problem, core: &AgentCore) -> Vec<AppDecision> {
+    let pairs = problem.hosts[core.state().host].pairs.clone();
+    app_rates(problem, core)
+        .into_iter()
+        .zip(pairs)
+        .map(|(a, p)| AppDecision {
+            app: a.app,
+            active: a.active,
+            rate: a.rate,
+            cqe_per_wqe: problem.pairs[p].cqe_per_wqe,
         })
         .collect()
 }

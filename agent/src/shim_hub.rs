@@ -8,7 +8,8 @@
 //! behind one mutex that no thread holds across a system call that can block.
 
 use anyhow::{bail, Context, Result};
-use drum_table::layout::{monotonic_ms, Grant, TABLE_BYTES};
+use drum_common::demand::{poll_grant, MIN_PROFILE_WQES};
+use drum_table::layout::{monotonic_ms, Grant, MAX_RATE_WQE, TABLE_BYTES};
 use drum_table::mapping::{send_with_fd, Mapping};
 use drum_table::message::{AgentMsg, ShimMsg, MAX_LEN};
 use drum_table::socket;
@@ -62,6 +63,22 @@ pub struct AppPin {
     /// Completions per second delivered to the app (its polling rate).
     pub rate_cqe_per_s: Option<u64>,
     pub max_active_qps: Option<u64>,
+}
+
+/// The optimiser's decision for one app of this host.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AppDecision {
+    pub app: String,
+    pub active: bool,
+    /// Fraction of the line rate.
+    pub rate: f64,
+    pub cqe_per_wqe: f64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Decided {
+    rate: f64,
+    cqe_per_wqe: f64,
 }
 
 fn d_socket() -> PathBuf {
@@ -188,8 +205,8 @@ struct Conn {
 struct HubState {
     next_id: u64,
     conns: BTreeMap<u64, Conn>,
-    /// The optimiser's rate fraction per app (None: it has not decided; unlimited).
-    optimiser: BTreeMap<String, f64>,
+    /// The optimiser's decision per app (absent: it has not decided; unlimited).
+    optimiser: BTreeMap<String, Decided>,
     /// Receivers with long-message traffic from this host: GID → busy QPs.
     busy_peers: BTreeMap<[u8; 16], usize>,
     caps: BTreeMap<[u8; 16], (u64, u64)>,
@@ -197,6 +214,20 @@ struct HubState {
     /// only after [`END_LINGER`], so the gaps between back-to-back messages do not flap the
     /// receiver's sender count.
     ending: BTreeMap<[u8; 16], std::time::Instant>,
+}
+
+impl HubState {
+    /// The mean size of `app`'s send WQEs so far, over its registered processes; `None`
+    /// until they have posted enough to say.
+    fn bytes_per_wqe(&self, app: &str) -> Option<f64> {
+        let (mut wqes, mut bytes) = (0u64, 0u64);
+        for c in self.conns.values().filter(|c| c.app == app) {
+            let s = &c.map.table().shim;
+            wqes = wqes.saturating_add(s.send_wqes.load(Relaxed));
+            bytes = bytes.saturating_add(s.send_bytes.load(Relaxed));
+        }
+        (wqes >= MIN_PROFILE_WQES).then(|| bytes as f64 / wqes as f64)
+    }
 }
 
 struct Shared {
@@ -238,17 +269,24 @@ impl ShimHub {
         Ok(ShimHub { shared, threads })
     }
 
-    /// The optimiser's decision: each app's rate as a fraction of line rate, and whether it
-    /// is in the active set. Published to every registered process of those apps.
-    pub fn set_rates(&self, rates: &[(String, bool, f64)]) {
+    /// The optimiser's decision: each app's rate as a fraction of line rate, whether it is
+    /// in the active set, and its completions per WQE (the model's `a`, for the polling
+    /// grant). Published to every registered process of those apps.
+    pub fn set_rates(&self, rates: &[AppDecision]) {
         let mut st = self.shared.lock();
-        for (app, active, rate) in rates {
-            let r = if *active && rate.is_finite() && *rate > 0.0 {
-                rate.min(1.0)
+        for d in rates {
+            let rate = if d.active && d.rate.is_finite() && d.rate > 0.0 {
+                d.rate.min(1.0)
             } else {
                 self.shared.settings.parked_rate
             };
-            st.optimiser.insert(app.clone(), r);
+            st.optimiser.insert(
+                d.app.clone(),
+                Decided {
+                    rate,
+                    cqe_per_wqe: d.cqe_per_wqe,
+                },
+            );
         }
         for c in st.conns.values() {
             let g = self.shared.grant_for(&st, &c.app);
@@ -396,11 +434,26 @@ impl Shared {
     fn grant_for(&self, st: &HubState, app: &str) -> Grant {
         let s = &self.settings;
         let pin = s.apps.get(app).cloned().unwrap_or_default();
-        let fraction = pin.rate.or_else(|| st.optimiser.get(app).copied());
+        let decided = st.optimiser.get(app).copied();
+        let fraction = pin.rate.or(decided.map(|d| d.rate));
+        // The optimiser's polling rate `a·x`, unless the operator fixed the app's rate (then
+        // only a polling pin meters its completions).
+        let polling = || {
+            let d = decided.filter(|_| pin.rate.is_none())?;
+            poll_grant(
+                d.rate,
+                d.cqe_per_wqe,
+                s.line_rate_bytes(),
+                st.bytes_per_wqe(app),
+            )
+        };
         Grant {
             rate_bytes_per_s: fraction.map_or(0, |f| (f * s.line_rate_bytes()).round() as u64),
             rate_wqe_per_s: pin.rate_wqe_per_s.unwrap_or(0),
-            rate_cqe_per_s: pin.rate_cqe_per_s.unwrap_or(0),
+            rate_cqe_per_s: pin
+                .rate_cqe_per_s
+                .or_else(polling)
+                .map_or(0, |r| r.min(MAX_RATE_WQE)),
             max_active_qps: pin.max_active_qps.unwrap_or(s.max_active_qps),
             quantum_us: s.quantum_us,
             long_msg_bytes: s.long_msg_bytes,
@@ -657,6 +710,15 @@ mod tests {
     use super::*;
     use drum_table::mapping::recv_with_fd;
 
+    fn decided(app: &str, active: bool, rate: f64) -> AppDecision {
+        AppDecision {
+            app: app.into(),
+            active,
+            rate,
+            cqe_per_wqe: 1.0,
+        }
+    }
+
     fn settings(dir: &Path) -> ShimSettings {
         ShimSettings {
             socket: dir.join("shim.sock"),
@@ -739,7 +801,7 @@ mod tests {
             0,
             "unlimited until the optimiser decides"
         );
-        hub.set_rates(&[("free".into(), true, 0.5), ("pinned".into(), true, 0.9)]);
+        hub.set_rates(&[decided("free", true, 0.5), decided("pinned", true, 0.9)]);
         assert_eq!(
             tb.table().read_grant().unwrap().rate_bytes_per_s,
             500_000_000
@@ -749,7 +811,7 @@ mod tests {
             250_000_000,
             "the pin wins"
         );
-        hub.set_rates(&[("free".into(), false, 0.0)]);
+        hub.set_rates(&[decided("free", false, 0.0)]);
         assert_eq!(
             tb.table().read_grant().unwrap().rate_bytes_per_s,
             10_000_000,
@@ -775,6 +837,35 @@ mod tests {
         let path = hub.socket().to_path_buf();
         drop(hub);
         assert!(!path.exists(), "socket removed on stop");
+    }
+
+    /// The polling grant follows the optimiser: `a·x` in completions per second, for the
+    /// WQE size the app's shims have measured, with headroom; nothing before that size is
+    /// known, and a parked app's trickle is metered the same way.
+    #[test]
+    fn polling_grant_is_the_optimisers_a_times_x_at_the_measured_wqe_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = ShimHub::start(settings(dir.path()), None).unwrap();
+        let s = connect(hub.socket());
+        let (_, fd) = hello(&s, std::process::id(), "free");
+        let t = Mapping::open(fd.unwrap().as_raw_fd()).unwrap();
+        let cqe = || t.table().read_grant().unwrap().rate_cqe_per_s;
+        let two = AppDecision {
+            cqe_per_wqe: 2.0,
+            ..decided("free", true, 0.5)
+        };
+        hub.set_rates(std::slice::from_ref(&two));
+        assert_eq!(cqe(), 0, "WQE size not known yet: unmetered");
+        t.table().shim.send_wqes.store(1000, Relaxed);
+        t.table().shim.send_bytes.store(1000 * 65536, Relaxed);
+        hub.set_rates(std::slice::from_ref(&two));
+        // 0.5 × 1 GB/s in 64 KiB WQEs, two completions each, 25 % headroom.
+        assert_eq!(cqe(), 19074);
+        hub.set_rates(&[AppDecision {
+            active: false,
+            ..two
+        }]);
+        assert_eq!(cqe(), 382, "parked: 1 % of the line");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! peers and frames, an agent killed, the coordinator stopped and restarted. Every process and
 //! server a test starts is stopped by a Drop guard; every wait is bounded.
 
-use drum_agent::rate_table::{LinkState, RateTable, TableFile};
+use drum_agent::rate_table::{AppRate, LinkState, RateTable, TableFile};
 use drum_common::generator::{generate, GeneratorConfig};
 use drum_common::instance::Instance;
 use drum_common::model::Problem;
@@ -973,9 +973,11 @@ fn optimiser_rates_reach_the_shims_registered_with_an_agent() {
 
 /// The shims' counters become the optimiser's demand: an app whose registered process sends
 /// far less than its grant gets, within a few measuring intervals, a grant near its usage
-/// (its demand cap becomes its usage plus 25 %), and the rest goes to others.
+/// (its demand cap becomes its usage plus 25 %), and the rest goes to others. Its measured
+/// completions per WQE become the model's `a` (the rate table's `poll_rate / rate`), and the
+/// shim's polling grant is `a·x` in completions per second at the measured WQE size.
 #[test]
-fn shim_counters_become_the_optimisers_demand() {
+fn shim_counters_become_the_optimisers_demand_and_polling_grant() {
     use std::sync::atomic::Ordering::Relaxed;
     let c = Cluster::new(2, 4, 2, 5);
     let coord = Coord::start(ServeSettings {
@@ -1015,7 +1017,13 @@ fn shim_counters_become_the_optimisers_demand() {
     };
     while t0.elapsed() < Duration::from_secs(20) {
         let sent = (t0.elapsed().as_secs_f64() * usage * line) as u64;
-        map.table().shim.send_bytes.store(sent, Relaxed);
+        // 4 KiB WQEs, one in four signalled: a = 0.25.
+        map.table().shim.send_wqes.store(sent / 4096, Relaxed);
+        map.table().shim.completions.store(sent / 4096 / 4, Relaxed);
+        map.table()
+            .shim
+            .send_bytes
+            .store(sent / 4096 * 4096, Relaxed);
         if rate_now() <= usage * 1.25 * 1.05 {
             break;
         }
@@ -1032,6 +1040,24 @@ fn shim_counters_become_the_optimisers_demand() {
         after <= usage * 1.25 * 1.05,
         "{}: still granted {after} while using {usage}",
         app.app
+    );
+    let now = || {
+        c.table(0)
+            .and_then(|t| t.apps.into_iter().find(|a| a.app == app.app))
+            .expect("the app in the rate table")
+    };
+    let a = |r: &AppRate| r.poll_rate / r.rate;
+    assert!((a(&now()) - 0.25).abs() < 0.01, "a = {:?}", now());
+    // The table and the grant are published in the same step; read both until they agree.
+    let want = |r: &AppRate| (r.rate * line / 4096.0 * 0.25 * 1.25).ceil();
+    wait_for(
+        "the polling grant a·x at 4 KiB per WQE",
+        Duration::from_secs(5),
+        || {
+            let r = now();
+            let got = map.table().read_grant().unwrap().rate_cqe_per_s as f64;
+            (got - want(&r)).abs() <= 0.02 * want(&r)
+        },
     );
 }
 

@@ -99,6 +99,86 @@ impl UsageMeter {
     }
 }
 
+/// The model's `a` is kept within this range: a ratio outside it (no completions polled in an
+/// interval, or thousands per WQE) says more about the interval than about the app.
+pub const CQE_PER_WQE_RANGE: (f64, f64) = (1e-3, 1e3);
+/// Fewer WQEs than this in an interval say nothing reliable about an app's pattern.
+pub const MIN_PROFILE_WQES: u64 = 256;
+/// The polling grant's margin over the completions the granted WQE rate implies, so that an
+/// app using its grant fully is not throttled by jitter, and an app whose `a` grew is
+/// measured at up to this much more next time (the grant then follows).
+pub const POLL_HEADROOM: f64 = 1.25;
+
+/// Cumulative counters of an app (summed over its processes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WqeCounts {
+    pub wqes: u64,
+    pub completions: u64,
+}
+
+/// Completions per WQE (the model's `a_ij`, DESIGN.md §3) per app, from cumulative counters,
+/// over intervals of at least [`MIN_PROFILE_WQES`] WQEs, smoothed.
+#[derive(Debug, Clone)]
+pub struct CqeMeter {
+    smoothing: f64,
+    apps: BTreeMap<String, (WqeCounts, Option<f64>)>,
+}
+
+impl CqeMeter {
+    pub fn new(smoothing: f64) -> CqeMeter {
+        CqeMeter {
+            smoothing: smoothing.clamp(0.0, 1.0),
+            apps: BTreeMap::new(),
+        }
+    }
+
+    /// One reading of `app`'s counters. A counter that went down (a process of the app
+    /// exited) starts a new baseline.
+    pub fn observe(&mut self, app: &str, now: WqeCounts) {
+        let (base, a) = self.apps.entry(app.to_string()).or_insert((now, None));
+        if now.wqes < base.wqes || now.completions < base.completions {
+            *base = now;
+            return;
+        }
+        let wqes = now.wqes - base.wqes;
+        if wqes < MIN_PROFILE_WQES {
+            return;
+        }
+        let r = ((now.completions - base.completions) as f64 / wqes as f64)
+            .clamp(CQE_PER_WQE_RANGE.0, CQE_PER_WQE_RANGE.1);
+        *a = Some(match *a {
+            Some(old) => old + self.smoothing * (r - old),
+            None => r,
+        });
+        *base = now;
+    }
+
+    /// Forgets apps not in `present` (their shims are gone).
+    pub fn retain(&mut self, present: impl Fn(&str) -> bool) {
+        self.apps.retain(|a, _| present(a));
+    }
+
+    /// The measured completions per WQE of `app`, once measured.
+    pub fn cqe_per_wqe(&self, app: &str) -> Option<f64> {
+        self.apps.get(app).and_then(|t| t.1)
+    }
+}
+
+/// The completion-polling grant, in completions per second, of an app granted `rate` (a
+/// fraction of line rate in bytes) whose WQEs carry `bytes_per_wqe` bytes on average and
+/// produce `cqe_per_wqe` completions each: the polling rate `z = a·x` of the model in
+/// absolute terms, with [`POLL_HEADROOM`]. `None` (no limit) while the WQE size is unknown.
+pub fn poll_grant(
+    rate: f64,
+    cqe_per_wqe: f64,
+    line_bytes_per_s: f64,
+    bytes_per_wqe: Option<f64>,
+) -> Option<u64> {
+    let b = bytes_per_wqe.filter(|b| b.is_finite() && *b >= 1.0)?;
+    let v = rate * line_bytes_per_s / b * cqe_per_wqe * POLL_HEADROOM;
+    (v.is_finite() && v > 0.0).then(|| v.ceil() as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,5 +218,42 @@ mod tests {
         assert!((m.rate("a").unwrap() - 0.875).abs() < 1e-12);
         m.retain(|a| a != "a");
         assert_eq!(m.rate("a"), None);
+    }
+
+    #[test]
+    fn cqe_meter_measures_completions_per_wqe_over_enough_wqes() {
+        let c = |wqes, completions| WqeCounts { wqes, completions };
+        let mut m = CqeMeter::new(0.5);
+        m.observe("a", c(0, 0));
+        m.observe("a", c(100, 100));
+        assert_eq!(m.cqe_per_wqe("a"), None, "too few WQEs yet");
+        m.observe("a", c(1000, 250));
+        assert_eq!(m.cqe_per_wqe("a"), Some(0.25), "1 signalled in 4");
+        m.observe("a", c(2000, 2250));
+        assert!(
+            (m.cqe_per_wqe("a").unwrap() - 1.125).abs() < 1e-12,
+            "0.25 → 2 half-way"
+        );
+        m.observe("a", c(10, 10)); // a process exited: new baseline
+        assert!((m.cqe_per_wqe("a").unwrap() - 1.125).abs() < 1e-12);
+        m.observe("a", c(5000, 10));
+        assert!(
+            (m.cqe_per_wqe("a").unwrap() - (1.125 + 1e-3) / 2.0).abs() < 1e-12,
+            "no completions polled: the range's floor, never 0"
+        );
+        m.retain(|a| a != "a");
+        assert_eq!(m.cqe_per_wqe("a"), None);
+    }
+
+    #[test]
+    fn poll_grant_is_the_granted_wqe_rate_times_a_with_headroom() {
+        // Half of 1 GB/s in 64 KiB WQEs, every one signalled: 7 630 WQE/s, 9 537 CQE/s.
+        let g = poll_grant(0.5, 1.0, 1e9, Some(65536.0)).unwrap();
+        assert_eq!(g, 9537);
+        assert_eq!(poll_grant(0.5, 2.0, 1e9, Some(65536.0)), Some(19074));
+        assert_eq!(poll_grant(0.5, 1.0, 1e9, None), None, "size unknown");
+        assert_eq!(poll_grant(0.5, 1.0, 1e9, Some(0.0)), None);
+        assert_eq!(poll_grant(0.0, 1.0, 1e9, Some(4096.0)), None);
+        assert_eq!(poll_grant(f64::NAN, 1.0, 1e9, Some(4096.0)), None);
     }
 }

@@ -153,13 +153,8 @@ fn program_without_verbs_is_unaffected() {
 }
 
 /// The pacer (`DRUM_SHIM_RATE_WQE_PER_S`) holds an unmodified `ib_write_bw` to the granted
-/// WQE rate: perftest's own message rate never exceeds it by more than 5 % and comes within
-/// 5 % of it, while the same run without a rate is far faster.
-///
-/// Exceeding the grant would be a pacer bug, so every paced run must stay under the ceiling.
-/// Falling short is lateness: the thread that posts held-back work was not scheduled in time
-/// (a shared 2-core CI machine once lost 110 ms of a 0.6 s run to that), so the floor is
-/// checked on the best of up to three paced runs.
+/// WQE rate: perftest's own message rate is within 5 % of it (never above; see
+/// [`assert_holds_grant`] for the floor), while the same run without a rate is far faster.
 #[test]
 fn pacer_holds_ib_write_bw_to_the_granted_wqe_rate() {
     require_privileges!();
@@ -171,23 +166,10 @@ fn pacer_holds_ib_write_bw_to_the_granted_wqe_rate() {
     run.up(&["--hosts", "2"]);
     let unpaced = write_bw_msg_rate(&run, None);
     assert!(unpaced > 1000.0, "unpaced only {unpaced} msg/s");
-    let mut paced = Vec::new();
-    for _ in 0..3 {
-        let r = write_bw_msg_rate(&run, Some("500"));
-        assert!(
-            r <= 525.0,
-            "paced at 500 WQE/s, perftest measured {r} msg/s"
-        );
-        paced.push(r);
-        if r >= 475.0 {
-            break;
-        }
-    }
+    let paced = assert_holds_grant("ib_write_bw paced at 500 WQE/s", 500.0, 0.05, || {
+        write_bw_msg_rate(&run, Some("500"))
+    });
     eprintln!("ib_write_bw 4 KiB: {unpaced:.0} msg/s unpaced, {paced:.0?} msg/s granted 500");
-    assert!(
-        paced.iter().any(|&r| r >= 475.0),
-        "paced at 500 WQE/s, perftest measured {paced:?} msg/s"
-    );
 }
 
 /// perftest's message rate for 300 writes of 4 KiB, under a static WQE grant if one is given.

@@ -127,7 +127,7 @@ impl std::fmt::Display for TableError {
 /// Upper bounds that no real grant reaches (1 Tb/s, 1e9 WQE or CQE/s, 1 M QPs, 1 h): anything
 /// above is corruption, not a decision.
 const MAX_RATE_BYTES: u64 = 125_000_000_000;
-const MAX_RATE_WQE: u64 = 1_000_000_000;
+pub const MAX_RATE_WQE: u64 = 1_000_000_000;
 const MAX_QPS: u64 = 1 << 20;
 const MAX_QUANTUM_US: u64 = 3_600_000_000;
 
