@@ -348,6 +348,43 @@ fn sge_sum(w: &IbvSendWr) -> u64 {
     s.iter().map(|e| u64::from(e.length)).sum()
 }
 
+/// A rate limit is in force: the app's own, or a receiver's cap.
+fn paced() -> bool {
+    limiter(&LIMITS.byte).is_some() || limiter(&LIMITS.wqe).is_some() || CAPS_PRESENT.load(Relaxed)
+}
+
+/// Posts the first `n` WRs of the list one provider call each. A NIC fetches the WRs of one
+/// doorbell as one batch, ahead of other QPs' work (DESIGN.md §6, the DRUM paper's Fig. 2a);
+/// a paced app's burst handed over as one list would hold other apps' work for the whole
+/// batch, however well its rate is kept. One doorbell per WR lets the NIC's arbitration
+/// interleave them. Returns the first failure (the provider set `*bad` to that WR).
+///
+/// # Safety
+/// `wr` is the application's list with at least `n` WRs; the other arguments as for
+/// [`post`].
+unsafe fn post_one_by_one(
+    qp: *mut IbvQp,
+    wr: *mut IbvSendWr,
+    n: u64,
+    bad: *mut *mut IbvSendWr,
+    orig: PostSendFn,
+) -> c_int {
+    let mut p = wr;
+    for _ in 0..n {
+        // SAFETY: within the application's list; its link is restored right after.
+        let rest = unsafe { std::mem::replace(&mut (*p).next, ptr::null_mut()) };
+        // SAFETY: forwarding one of the application's own WRs.
+        let rc = unsafe { orig(qp, p, bad) };
+        // SAFETY: as above.
+        unsafe { (*p).next = rest };
+        if rc != 0 {
+            return rc;
+        }
+        p = rest;
+    }
+    0
+}
+
 /// The governed `ibv_post_send`.
 ///
 /// # Safety
@@ -395,13 +432,19 @@ pub unsafe fn post(
     }
     let mut rc = 0;
     if !last_direct.is_null() {
-        // Hand the admitted prefix over in one call, cutting the list there for the call.
-        // SAFETY: `last_direct` is in the application's list; restored right after.
-        let rest = unsafe { std::mem::replace(&mut (*last_direct).next, ptr::null_mut()) };
-        // SAFETY: forwarding the application's own WRs.
-        rc = unsafe { orig(qp, wr, bad) };
-        // SAFETY: as above.
-        unsafe { (*last_direct).next = rest };
+        rc = if paced() {
+            // SAFETY: the admitted prefix of the application's list.
+            unsafe { post_one_by_one(qp, wr, n_direct, bad, orig) }
+        } else {
+            // Hand the admitted prefix over in one call, cutting the list there for the call.
+            // SAFETY: `last_direct` is in the application's list; restored right after.
+            let rest = unsafe { std::mem::replace(&mut (*last_direct).next, ptr::null_mut()) };
+            // SAFETY: forwarding the application's own WRs.
+            let rc = unsafe { orig(qp, wr, bad) };
+            // SAFETY: as above.
+            unsafe { (*last_direct).next = rest };
+            rc
+        };
         let fail_at = if rc != 0 && !bad.is_null() {
             // SAFETY: the provider set `*bad` on failure.
             unsafe { *bad }

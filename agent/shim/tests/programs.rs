@@ -172,6 +172,50 @@ fn pacer_holds_ib_write_bw_to_the_granted_wqe_rate() {
     eprintln!("ib_write_bw 4 KiB: {unpaced:.0} msg/s unpaced, {paced:.0?} msg/s granted 500");
 }
 
+/// A paced application's lists reach the NIC one doorbell per work request: unmodified
+/// `ib_write_bw` posting lists of 32 is fetched 32 at a time through the shim without a
+/// grant, and one at a time under a WQE grant, so a paced app's burst cannot hold other
+/// QPs behind one long fetch (softrnic models doorbell-batch fetching, the paper's Fig. 2a).
+#[test]
+fn paced_lists_reach_the_nic_one_doorbell_per_work_request() {
+    require_privileges!();
+    if !have("ib_write_bw") {
+        eprintln!("SKIPPED: perftest not installed (apt-get install perftest)");
+        return;
+    }
+    let run = Run::new("doorbells");
+    run.up(&["--hosts", "2"]);
+    let args = [
+        "ib_write_bw",
+        "-x",
+        "0",
+        "-s",
+        "64",
+        "-n",
+        "1920",
+        "-t",
+        "128",
+        "-l",
+        "32",
+    ];
+    let per_read = |env: &[(&str, &str)]| {
+        let before = run.settled_stats("h2");
+        let who = format!("{args:?} {env:?}");
+        let (server, client) = pair_env(&run, &args, true, env);
+        assert_pair_ok(&server, &client, &who);
+        let after = run.settled_stats("h2");
+        let d = |k: &str| after[k] - before[k];
+        let (wqes, reads) = (d("wqe_fetches"), d("wqe_fetch_reads"));
+        assert!(wqes >= 1920, "{who}: {wqes} WQEs fetched");
+        wqes as f64 / reads as f64
+    };
+    let free = per_read(&[]);
+    let paced = per_read(&[("DRUM_SHIM_RATE_WQE_PER_S", "20000")]);
+    eprintln!("WQEs per fetch read: {free:.1} unpaced, {paced:.2} paced");
+    assert!(free >= 8.0, "unpaced lists: {free} WQEs per read");
+    assert_eq!(paced, 1.0, "paced: one WQE per read");
+}
+
 /// perftest's message rate for 300 writes of 4 KiB, under a static WQE grant if one is given.
 fn write_bw_msg_rate(run: &Run, rate: Option<&str>) -> f64 {
     let args = ["ib_write_bw", "-x", "0", "-s", "4096", "-n", "300"];
