@@ -3,7 +3,7 @@
 //! whichever threads post and poll. Each QP's slot also holds its governance state (its
 //! software send queue and work in flight, see `govern`).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 
 /// Counters of one context (or of all closed contexts together).
@@ -102,6 +102,8 @@ pub struct QpCounters {
     pub queued: AtomicU64,
     /// Listed for the engine thread.
     pub pending: AtomicBool,
+    /// The provider's `ibv_wr_*` ops of this QP, when the shim wraps them (`wr_api`).
+    pub ex: [AtomicUsize; crate::wr_api::EX_OPS],
 }
 
 /// Per-QP counters in a fixed open-addressing table, so that the data path never takes a

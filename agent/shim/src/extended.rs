@@ -1,9 +1,10 @@
 //! The extended verbs: `ibv_create_cq_ex` (whose completions are read with
 //! `ibv_start_poll`/`ibv_next_poll` through the CQ's own function pointers),
 //! `ibv_create_qp_ex` with extended attributes, and `ibv_qp_to_qp_ex` (whose `ibv_wr_*`
-//! posts go through the QP's own pointers). They do not pass through `ctx->ops`, so the
-//! shim does not govern them; rather than let such an application look governed, it
-//! reports their use (once on stderr, and counted in the summary).
+//! posts go through the QP's own pointers). They do not pass through `ctx->ops`. The
+//! `ibv_wr_*` pointers of a QP are wrapped (`wr_api`); for the rest, rather than let such an
+//! application look governed, the shim reports their use (once on stderr, and counted in
+//! the summary).
 //!
 //! The first two are reached through `struct verbs_context`, which sits *before*
 //! `struct ibv_context` and exists only when `ctx->abi_compat == __VERBS_ABI_IS_EXTENDED`;
@@ -154,7 +155,17 @@ pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut IbvQp) -> *mut c_void {
     // SAFETY: the real function has this signature; forwarding unchanged.
     let r = unsafe { std::mem::transmute::<usize, QpToQpExFn>(f)(qp) };
     if !r.is_null() {
-        let _ = std::panic::catch_unwind(|| note("ibv_qp_to_qp_ex (ibv_wr_* posting)"));
+        let _ = std::panic::catch_unwind(|| {
+            // SAFETY: the `ibv_qp_ex` of the application's live QP.
+            if unsafe { crate::wr_api::wrap(r.cast()) } {
+                warn_once(
+                    Trouble::WrApi,
+                    "the application posts with ibv_wr_*: counted and paced, not gated",
+                );
+            } else {
+                note("ibv_qp_to_qp_ex (ibv_wr_* posting)");
+            }
+        });
     }
     r
 }

@@ -215,6 +215,7 @@ pub struct IbvWc {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wr_api::{IbvDataBuf, IbvQpEx};
     use std::mem::{offset_of, size_of};
 
     #[test]
@@ -317,6 +318,22 @@ mod tests {
             ("ibv_wc.opcode", offset_of!(IbvWc, opcode)),
             ("ibv_wc.byte_len", offset_of!(IbvWc, byte_len)),
             ("ibv_wc.qp_num", offset_of!(IbvWc, qp_num)),
+            ("sizeof ibv_qp_ex", size_of::<IbvQpEx>()),
+            ("ibv_qp_ex.comp_mask", offset_of!(IbvQpEx, comp_mask)),
+            (
+                "ibv_qp_ex.wr_atomic_cmp_swp",
+                offset_of!(IbvQpEx, wr_atomic_cmp_swp),
+            ),
+            ("ibv_qp_ex.wr_send", offset_of!(IbvQpEx, wr_send)),
+            ("ibv_qp_ex.wr_set_sge", offset_of!(IbvQpEx, wr_set_sge)),
+            ("ibv_qp_ex.wr_start", offset_of!(IbvQpEx, wr_start)),
+            ("ibv_qp_ex.wr_complete", offset_of!(IbvQpEx, wr_complete)),
+            ("ibv_qp_ex.wr_abort", offset_of!(IbvQpEx, wr_abort)),
+            (
+                "ibv_qp_ex.wr_atomic_write",
+                offset_of!(IbvQpEx, wr_atomic_write),
+            ),
+            ("sizeof ibv_data_buf", size_of::<IbvDataBuf>()),
         ];
         drum_test_support::assert_c_layout(&checks);
     }

@@ -40,6 +40,8 @@ pub struct QpGov {
     pub peer: Option<[u8; 16]>,
     /// Long messages under way (announced to the receiver's agent).
     pub busy: bool,
+    /// Bytes of each request of the `ibv_wr_*` batch being built (`wr_api`).
+    pub ex_batch: Vec<u64>,
 }
 
 /// The limits in force, as plain atomics the data path reads without a lock. A limiter is
@@ -723,10 +725,11 @@ pub fn summary(queued: u64) -> String {
         limiter(c).map_or(0, |g| (1e12 / g.interval_ps() as f64).round() as u64)
     };
     format!(
-        "extended_verbs={} governed={} grant_generation={} rate_bytes_per_s={} rate_wqe_per_s={} rate_cqe_per_s={} max_active_qps={} \
+        "extended_verbs={} wr_api_qps={} governed={} grant_generation={} rate_bytes_per_s={} rate_wqe_per_s={} rate_cqe_per_s={} max_active_qps={} \
          direct_wqes={} deferred_wqes={} queue_delay_us={} queued_wqes={} deferred_post_errors={} \
          dropped_wqes={}",
         crate::extended::USES.load(Relaxed),
+        crate::wr_api::WRAPPED_QPS.load(Relaxed),
         if LIMITS.active.load(Relaxed) {
             "yes"
         } else {

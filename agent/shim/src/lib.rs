@@ -30,6 +30,7 @@ pub mod pacer;
 pub mod sendq;
 mod spin;
 pub(crate) mod vcq;
+mod wr_api;
 
 use counters::{Counters, QpCounters, QpTable, Snapshot};
 use ffi::*;
@@ -150,6 +151,7 @@ pub(crate) enum Trouble {
     Governing = 4096,
     Extended = 8192,
     Completions = 16384,
+    WrApi = 32768,
 }
 
 static WARNED: AtomicU32 = AtomicU32::new(0);
