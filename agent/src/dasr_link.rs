@@ -6,7 +6,7 @@
 //! on the same DASR port as ours.
 
 use crate::dasr::{CapMap, DasrConfig, DasrHandle, DasrService};
-use crate::shim_hub::{ShimHub, ShimSettings, TrafficHook};
+use crate::shim_hub::{Flow, ShimHub, ShimSettings, TrafficHook};
 use drum_table::message::{gid_of_ipv4, ipv4_of_gid};
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
@@ -37,19 +37,20 @@ pub async fn start(
     Ok((hub, dasr))
 }
 
-/// The hub's traffic hook: announce to the receiver's agent at `port`. One message per
-/// receiver (the hub reports its first busy QP and its last), so the message id is fixed.
+/// The hub's traffic hook: announce to the receiver's agent at `port`, one message per
+/// receiver and app (the hub reports its first busy QP and its last), in the app's incast
+/// group when it has one.
 pub fn announcer(dasr: DasrHandle, port: u16) -> TrafficHook {
-    Box::new(move |gid, busy| {
-        let Some(ip) = ipv4_of_gid(&gid) else {
+    Box::new(move |f: &Flow, busy| {
+        let Some(ip) = ipv4_of_gid(&f.peer) else {
             tracing::debug!("peer GID is not IPv4-mapped; no DASR announcement");
             return;
         };
         let dest = SocketAddr::new(IpAddr::V4(ip), port);
-        if busy {
-            dasr.message_started(dest, 1);
-        } else {
-            dasr.message_ended(dest, 1);
+        match (busy, f.lookahead) {
+            (true, Some(group)) => dasr.message_started_in_group(dest, f.msg_id, group),
+            (true, None) => dasr.message_started(dest, f.msg_id),
+            (false, _) => dasr.message_ended(dest, f.msg_id),
         }
     })
 }

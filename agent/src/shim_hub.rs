@@ -8,6 +8,7 @@
 //! behind one mutex that no thread holds across a system call that can block.
 
 use anyhow::{bail, Context, Result};
+use drum_common::dasr::Lookahead;
 use drum_common::demand::{poll_grant, MIN_PROFILE_WQES};
 use drum_table::layout::{monotonic_ms, Grant, MAX_RATE_WQE, TABLE_BYTES};
 use drum_table::mapping::{send_with_fd, Mapping};
@@ -63,6 +64,19 @@ pub struct AppPin {
     /// Completions per second delivered to the app (its polling rate).
     pub rate_cqe_per_s: Option<u64>,
     pub max_active_qps: Option<u64>,
+    /// Incast look-ahead (Dart, DESIGN.md §4; off unless set): the app's long messages
+    /// announce that they belong to an incast of `members` senders, so a receiver with
+    /// `[dasr] lookahead = true` counts them all at the first announcement.
+    pub incast: Option<IncastPin>,
+}
+
+/// An app's incast group, the same on every sending host.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct IncastPin {
+    pub group: u64,
+    /// Senders in the incast, this host's included (≥ 1).
+    pub members: u16,
 }
 
 /// The optimiser's decision for one app of this host.
@@ -136,6 +150,9 @@ impl ShimSettings {
                     );
                 }
             }
+            if pin.incast.is_some_and(|i| i.members == 0) {
+                bail!("shim.apps.{app}.incast.members must be at least 1");
+            }
             let pinned = Grant {
                 rate_wqe_per_s: pin.rate_wqe_per_s.unwrap_or(0),
                 rate_cqe_per_s: pin.rate_cqe_per_s.unwrap_or(0),
@@ -189,7 +206,27 @@ pub struct PeerCapView {
 }
 
 /// Long-message traffic towards a receiver started or ended (for DASR).
-pub type TrafficHook = Box<dyn Fn([u8; 16], bool) + Send + Sync>;
+pub type TrafficHook = Box<dyn Fn(&Flow, bool) + Send + Sync>;
+
+/// Long-message traffic of one app towards one receiver: one DASR message (the receiver
+/// counts this host once however many it has open), so that an app's look-ahead group
+/// covers its own traffic only.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Flow {
+    pub peer: [u8; 16],
+    /// Stable per app name (FNV-1a), never 0.
+    pub msg_id: u64,
+    pub lookahead: Option<Lookahead>,
+}
+
+/// FNV-1a of an app name: the same on every host, so the tenant of a look-ahead group and
+/// the message id need no coordination.
+fn name_hash(app: &str) -> u64 {
+    let h = app.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    h.max(1)
+}
 
 struct Conn {
     pid: u32,
@@ -208,12 +245,12 @@ struct HubState {
     /// The optimiser's decision per app (absent: it has not decided; unlimited).
     optimiser: BTreeMap<String, Decided>,
     /// Receivers with long-message traffic from this host: GID → busy QPs.
-    busy_peers: BTreeMap<[u8; 16], usize>,
+    busy_peers: BTreeMap<([u8; 16], String), usize>,
     caps: BTreeMap<[u8; 16], (u64, u64)>,
     /// Receivers whose traffic from this host ended, and since when: the end is announced
     /// only after [`END_LINGER`], so the gaps between back-to-back messages do not flap the
     /// receiver's sender count.
-    ending: BTreeMap<[u8; 16], std::time::Instant>,
+    ending: BTreeMap<([u8; 16], String), std::time::Instant>,
 }
 
 impl HubState {
@@ -431,6 +468,19 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn flow(&self, peer: [u8; 16], app: &str) -> Flow {
+        let incast = self.settings.apps.get(app).and_then(|p| p.incast);
+        Flow {
+            peer,
+            msg_id: name_hash(app),
+            lookahead: incast.map(|i| Lookahead {
+                tenant: name_hash(app) as u32,
+                group: i.group,
+                members: i.members,
+            }),
+        }
+    }
+
     fn grant_for(&self, st: &HubState, app: &str) -> Grant {
         let s = &self.settings;
         let pin = s.apps.get(app).cloned().unwrap_or_default();
@@ -527,16 +577,16 @@ fn heartbeat_loop(sh: Arc<Shared>) {
             }
             last_beat = std::time::Instant::now();
         }
-        let due: Vec<[u8; 16]> = st
+        let due: Vec<([u8; 16], String)> = st
             .ending
             .iter()
             .filter(|(_, t)| t.elapsed() >= END_LINGER)
-            .map(|(g, _)| *g)
+            .map(|(k, _)| k.clone())
             .collect();
-        for g in due {
-            st.ending.remove(&g);
+        for (peer, app) in due {
+            st.ending.remove(&(peer, app.clone()));
             if let Some(h) = &sh.hook {
-                h(g, false);
+                h(&sh.flow(peer, &app), false);
             }
         }
         drop(st);
@@ -589,7 +639,7 @@ fn serve_conn(sh: Arc<Shared>, sock: Arc<OwnedFd>) {
         info!(pid = c.pid, app = %c.app, "shim left");
         let busy: Vec<u32> = c.busy.iter().copied().collect();
         for qpn in busy {
-            traffic(&sh, &mut st, c.qps.get(&qpn).copied(), false);
+            traffic(&sh, &mut st, c.qps.get(&qpn).copied(), &c.app, false);
         }
     }
 }
@@ -661,7 +711,8 @@ fn on_message(sh: &Shared, id: u64, m: ShimMsg) {
         ShimMsg::QpGone { qpn } => {
             let peer = c.qps.remove(&qpn);
             if c.busy.remove(&qpn) {
-                traffic(sh, &mut st, peer, false);
+                let app = c.app.clone();
+                traffic(sh, &mut st, peer, &app, false);
             }
         }
         ShimMsg::Traffic { qpn, busy } => {
@@ -672,20 +723,22 @@ fn on_message(sh: &Shared, id: u64, m: ShimMsg) {
                 c.busy.remove(&qpn)
             };
             if changed {
-                traffic(sh, &mut st, peer, busy);
+                let app = c.app.clone();
+                traffic(sh, &mut st, peer, &app, busy);
             }
         }
     }
 }
 
-/// Tracks long-message traffic per receiver; the hook hears when a receiver gains its first
-/// busy QP from this host, and [`END_LINGER`] after it lost its last one (unless traffic
-/// resumed meanwhile).
-fn traffic(sh: &Shared, st: &mut HubState, peer: Option<[u8; 16]>, busy: bool) {
+/// Tracks long-message traffic per receiver and app; the hook hears when the pair gains
+/// its first busy QP, and [`END_LINGER`] after it lost its last one (unless traffic resumed
+/// meanwhile).
+fn traffic(sh: &Shared, st: &mut HubState, peer: Option<[u8; 16]>, app: &str, busy: bool) {
     let Some(peer) = peer else {
         return;
     };
-    let n = st.busy_peers.entry(peer).or_insert(0);
+    let key = (peer, app.to_string());
+    let n = st.busy_peers.entry(key.clone()).or_insert(0);
     let before = *n;
     if busy {
         *n += 1;
@@ -694,13 +747,13 @@ fn traffic(sh: &Shared, st: &mut HubState, peer: Option<[u8; 16]>, busy: bool) {
     }
     let after = *n;
     if after == 0 {
-        st.busy_peers.remove(&peer);
+        st.busy_peers.remove(&key);
     }
     if before > 0 && after == 0 {
-        st.ending.insert(peer, std::time::Instant::now());
-    } else if before == 0 && after > 0 && st.ending.remove(&peer).is_none() {
+        st.ending.insert(key, std::time::Instant::now());
+    } else if before == 0 && after > 0 && st.ending.remove(&key).is_none() {
         if let Some(h) = &sh.hook {
-            h(peer, true);
+            h(&sh.flow(peer, app), true);
         }
     }
 }
@@ -875,8 +928,8 @@ mod tests {
         let h = heard.clone();
         let hub = ShimHub::start(
             settings(dir.path()),
-            Some(Box::new(move |g, busy| {
-                h.lock().unwrap().push((g[15], busy))
+            Some(Box::new(move |f: &Flow, busy| {
+                h.lock().unwrap().push((f.peer[15], busy))
             })),
         )
         .unwrap();
@@ -909,6 +962,83 @@ mod tests {
         drop(a); // QP 2 still busy: leaving ends its traffic
         wait_for(|| heard.lock().unwrap().len() == 2);
         assert_eq!(heard.lock().unwrap()[1], (9, false));
+    }
+
+    /// Each app's traffic towards a receiver is its own DASR message, with a message id
+    /// stable across hosts; an app with an incast pin carries its group, others none; a
+    /// group of 0 members is refused.
+    #[test]
+    fn flows_are_per_app_and_carry_the_apps_incast_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = settings(dir.path());
+        s.apps.get_mut("pinned").unwrap().incast = Some(IncastPin {
+            group: 7,
+            members: 0,
+        });
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("incast.members"), "{e}");
+        s.apps.get_mut("pinned").unwrap().incast = Some(IncastPin {
+            group: 7,
+            members: 4,
+        });
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let h = heard.clone();
+        let hub = ShimHub::start(
+            s,
+            Some(Box::new(move |f: &Flow, busy| {
+                h.lock().unwrap().push((f.clone(), busy))
+            })),
+        )
+        .unwrap();
+        let mut peer = [0u8; 16];
+        peer[15] = 9;
+        let socks: Vec<_> = ["pinned", "x"]
+            .iter()
+            .map(|app| {
+                let c = connect(hub.socket());
+                let (_, fd) = hello(&c, std::process::id(), app);
+                for m in [
+                    ShimMsg::QpUp {
+                        qpn: 1,
+                        peer,
+                        peer_qpn: 5,
+                    },
+                    ShimMsg::Traffic { qpn: 1, busy: true },
+                ] {
+                    socket::send(c.as_raw_fd(), m.encode().as_bytes()).unwrap();
+                }
+                wait_for(|| {
+                    heard
+                        .lock()
+                        .unwrap()
+                        .iter()
+                        .any(|h| h.0.msg_id == name_hash(app))
+                });
+                (c, fd)
+            })
+            .collect();
+        let got = heard.lock().unwrap().clone();
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(
+            got[0],
+            (
+                Flow {
+                    peer,
+                    msg_id: name_hash("pinned"),
+                    lookahead: Some(Lookahead {
+                        tenant: name_hash("pinned") as u32,
+                        group: 7,
+                        members: 4,
+                    }),
+                },
+                true
+            )
+        );
+        assert_eq!(got[1].0.lookahead, None);
+        assert_ne!(got[0].0.msg_id, got[1].0.msg_id);
+        // FNV-1a's published value for "a": the same ids on every host and build.
+        assert_eq!(name_hash("a"), 0xaf63_dc4c_8601_ec8c);
+        drop(socks);
     }
 
     #[test]

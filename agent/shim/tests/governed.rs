@@ -599,6 +599,90 @@ fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Durat
     t.elapsed()
 }
 
+/// Incast look-ahead end to end: h2's agent names the incast group of app `bulk` (4 senders),
+/// h1's agent has look-ahead on. The first and only sender already gets a quarter of h1's
+/// rate, with 4 senders counted — without look-ahead it would get all of it until the other
+/// three started. An app of the same host without a group announces its own message, and the
+/// host still counts once.
+#[test]
+fn incast_lookahead_gives_the_first_sender_its_share_at_once() {
+    require_privileges!();
+    let _turn = take_turn();
+    if !require_perftest() {
+        return;
+    }
+    let run = Run::new("lookahead");
+    run.up(&["--hosts", "2", "--line-rate-gbps", "1"]);
+    let dasr = |h: &str, extra: &str| {
+        let ip = run.addr(h);
+        format!("[dasr]\nlisten = \"{ip}:7410\"\nexpiry_ms = 500\n{extra}")
+    };
+    let h1_agent = Agent::start_on(
+        Some((&run, "h1")),
+        &run.dir,
+        "agent-h1",
+        1.0,
+        "long_msg_bytes = 65536",
+        &dasr("h1", "lookahead = true\n"),
+    );
+    let h2_agent = Agent::start_on(
+        Some((&run, "h2")),
+        &run.dir,
+        "agent-h2",
+        1.0,
+        "long_msg_bytes = 65536",
+        &format!(
+            "[shim.apps.bulk]\nincast = {{ group = 7, members = 4 }}\n{}",
+            dasr("h2", "")
+        ),
+    );
+    let h1 = run.addr("h1");
+    let gid_h1 =
+        drum_table::message::gid_hex(&drum_table::message::gid_of_ipv4(h1.parse().unwrap()));
+    let cap = || {
+        h2_agent
+            .caps()
+            .into_iter()
+            .find(|c| c.0 == gid_h1)
+            .map(|c| (c.1, c.2))
+    };
+    let r = 125_000_000u64;
+    let send = |app: &str, port: &str| {
+        let args = [
+            "ib_write_bw",
+            "-x",
+            "0",
+            "-s",
+            "65536",
+            "-D",
+            "3",
+            "-p",
+            port,
+        ];
+        let server = spawn(&mut run.exec("h1", &args, true, &h1_agent.env("sink")));
+        std::thread::sleep(Duration::from_millis(400));
+        let mut cargs = args.to_vec();
+        cargs.push(&h1);
+        let client = spawn(&mut run.exec("h2", &cargs, true, &h2_agent.env(app)));
+        (server, client)
+    };
+    let (s1, c1) = send("bulk", "18611");
+    let t = wait_until(
+        "the first sender's cap at R/4 with 4 counted",
+        Duration::from_secs(5),
+        || cap() == Some((r / 4, 4)),
+    );
+    let (s2, c2) = send("other", "18612");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(cap(), Some((r / 4, 4)), "one host, counted once");
+    eprintln!("look-ahead: the first of a 4-sender incast capped at R/4 {t:?} after its launch");
+    for (s, c, who) in [(s1, c1, "bulk"), (s2, c2, "other")] {
+        let c = wait_timeout(c, Duration::from_secs(30));
+        let s = wait_timeout(s, Duration::from_secs(30));
+        assert_pair_ok(&s, &c, who);
+    }
+}
+
 /// DASR end to end: the shims of two senders (h2, h3) announce their long messages to the
 /// receiver's (h1) agent; when the second sender starts, the first one's cap towards h1
 /// halves, and its shim holds it to that; when the second stops, the cap returns; when the
