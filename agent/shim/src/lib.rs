@@ -371,19 +371,30 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut c_void, attr: *mut IbvQpInitAttr
     let qp = unsafe { f(pd, attr) };
     // SAFETY: as above.
     unsafe { vcq::unbind(attr, app_cqs) };
-    if !qp.is_null() && !attr.is_null() {
-        qp_bookkeeping(|| {
-            // SAFETY: a QP just created from `attr`.
-            let (ctx, qpn, sig_all) = unsafe { ((*qp).context, (*qp).qp_num, (*attr).sq_sig_all) };
-            if let Some(q) = lookup(ctx).and_then(|st| st.qps.get(qpn)) {
-                let mut g = q.gov.lock().unwrap_or_else(|e| e.into_inner());
-                *g = govern::QpGov::default();
-                g.qp = qp as usize;
-                g.sig_all = sig_all != 0;
-            }
-        });
-    }
+    // SAFETY: as above.
+    unsafe { new_qp(qp, attr) };
     qp
+}
+
+/// Starts the shim's record of a QP just created from `attr` (by `ibv_create_qp` or
+/// `ibv_create_qp_ex`, whose attributes begin the same way).
+///
+/// # Safety
+/// `qp` is null or the QP just created from `attr`, which is null or valid.
+pub(crate) unsafe fn new_qp(qp: *mut IbvQp, attr: *const IbvQpInitAttr) {
+    if qp.is_null() || attr.is_null() {
+        return;
+    }
+    qp_bookkeeping(|| {
+        // SAFETY: per the contract.
+        let (ctx, qpn, sig_all) = unsafe { ((*qp).context, (*qp).qp_num, (*attr).sq_sig_all) };
+        if let Some(q) = lookup(ctx).and_then(|st| st.qps.get(qpn)) {
+            let mut g = q.gov.lock().unwrap_or_else(|e| e.into_inner());
+            *g = govern::QpGov::default();
+            g.qp = qp as usize;
+            g.sig_all = sig_all != 0;
+        }
+    });
 }
 
 /// Interposes `ibv_modify_qp` to learn each connected QP's peer (for the agent and DASR).
