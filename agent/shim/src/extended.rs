@@ -11,7 +11,7 @@
 //! an op exists only within the size the provider recorded in `vctx->sz` (libibverbs'
 //! own `verbs_get_ctx_op` rule). The shim wraps the two creation ops there.
 
-use crate::ffi::{IbvContext, IbvQp, IbvQpInitAttr};
+use crate::ffi::{IbvCompChannel, IbvContext, IbvQp, IbvQpInitAttr};
 use crate::{lookup, real, warn_once, Trouble};
 use libc::c_void;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -25,6 +25,8 @@ type QpToQpExFn = unsafe extern "C" fn(*mut IbvQp) -> *mut c_void;
 pub const CREATE_CQ_EX_BACK: usize = 120;
 pub const CREATE_QP_EX_BACK: usize = 56;
 pub const SZ_BACK: usize = 8;
+/// Offset of `ibv_cq_init_attr_ex.channel` (checked against the headers by `ffi::tests`).
+pub const CQ_ATTR_EX_CHANNEL: usize = 16;
 
 /// Extended objects the application created (each bypasses the shim).
 pub static USES: AtomicU64 = AtomicU64::new(0);
@@ -114,8 +116,22 @@ unsafe extern "C" fn drum_create_cq_ex(ctx: *mut IbvContext, attr: *mut c_void) 
     let Some(f) = lookup(ctx).and_then(|st| st.ext.create_cq_ex) else {
         return std::ptr::null_mut();
     };
-    // SAFETY: forwarding unchanged to the provider's op.
+    // The application's channel is the shim's: the provider must see the real one behind
+    // it (whose events the shim's `ibv_get_cq_event` hands on for a CQ that is not virtual).
+    let ch = (!attr.is_null()).then(|| attr.cast::<u8>().wrapping_add(CQ_ATTR_EX_CHANNEL));
+    // SAFETY: `ibv_cq_init_attr_ex.channel` of the caller's attributes.
+    let app_ch = ch.map(|c| unsafe { *c.cast::<*mut IbvCompChannel>() });
+    let real = app_ch.and_then(crate::vcq::real_channel);
+    if let (Some(c), Some(r)) = (ch, real) {
+        // SAFETY: as above; restored after the call.
+        unsafe { *c.cast::<*mut IbvCompChannel>() = r };
+    }
+    // SAFETY: forwarding to the provider's op.
     let cq = unsafe { f(ctx, attr) };
+    if let (Some(c), Some(a), Some(_)) = (ch, app_ch, real) {
+        // SAFETY: as above.
+        unsafe { *c.cast::<*mut IbvCompChannel>() = a };
+    }
     if !cq.is_null() {
         let _ =
             std::panic::catch_unwind(|| note("ibv_create_cq_ex (ibv_start_poll/ibv_next_poll)"));

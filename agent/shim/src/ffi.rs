@@ -277,6 +277,10 @@ mod tests {
                 crate::extended::CREATE_QP_EX_BACK,
             ),
             ("back verbs_context.sz", crate::extended::SZ_BACK),
+            (
+                "ibv_cq_init_attr_ex.channel",
+                crate::extended::CQ_ATTR_EX_CHANNEL,
+            ),
             ("ibv_cq.context", offset_of!(IbvCq, context)),
             ("ibv_cq.channel", offset_of!(IbvCq, channel)),
             ("ibv_cq.cq_context", offset_of!(IbvCq, cq_context)),

@@ -260,6 +260,11 @@ fn channel(ch: *mut IbvCompChannel) -> Option<Arc<Channel>> {
     CHANNELS.lock().as_ref()?.get(&(ch as usize)).cloned()
 }
 
+/// The real channel behind an application channel that is the shim's; `None` for any other.
+pub fn real_channel(ch: *mut IbvCompChannel) -> Option<*mut IbvCompChannel> {
+    channel(ch).map(|c| c.real as *mut IbvCompChannel)
+}
+
 /// Waits until `a` has no holder but the caller (another thread may be using it), for at
 /// most a second: a thread still inside after that uses a CQ or channel the application is
 /// destroying, which is the application's own error.
