@@ -475,9 +475,72 @@ pub struct VerbsMr {
 #[repr(C)]
 pub struct VerbsQp {
     pub qp: IbvQp,
-    pub _qp_ex_rest: [u8; IBV_QP_EX_SIZE - std::mem::size_of::<IbvQp>()],
+    pub ex: QpExTail,
     pub comp_mask: u32,
     pub xrcd: *mut c_void,
+}
+
+/// `verbs_qp.comp_mask` bit: the QP has an `ibv_qp_ex` (found by `ibv_qp_to_qp_ex`).
+pub const VERBS_QP_EX: u32 = 1 << 1;
+
+/// What `struct ibv_qp_ex` adds after its `struct ibv_qp`: the request being built and the
+/// `ibv_wr_*` ops, kept as addresses (each is called through its own signature).
+#[repr(C)]
+pub struct QpExTail {
+    pub comp_mask: u64,
+    pub wr_id: u64,
+    pub wr_flags: u32,
+    pub wr_atomic_cmp_swp: usize,
+    pub wr_atomic_fetch_add: usize,
+    pub wr_bind_mw: usize,
+    pub wr_local_inv: usize,
+    pub wr_rdma_read: usize,
+    pub wr_rdma_write: usize,
+    pub wr_rdma_write_imm: usize,
+    pub wr_send: usize,
+    pub wr_send_imm: usize,
+    pub wr_send_inv: usize,
+    pub wr_send_tso: usize,
+    pub wr_set_ud_addr: usize,
+    pub wr_set_xrc_srqn: usize,
+    pub wr_set_inline_data: usize,
+    pub wr_set_inline_data_list: usize,
+    pub wr_set_sge: usize,
+    pub wr_set_sge_list: usize,
+    pub wr_start: usize,
+    pub wr_complete: usize,
+    pub wr_abort: usize,
+    pub wr_atomic_write: usize,
+}
+
+/// `struct ibv_qp_init_attr_ex`: its first members are `struct ibv_qp_init_attr`'s (which,
+/// padded to 64 bytes on its own, cannot be embedded: `comp_mask` sits in that padding).
+#[repr(C)]
+pub struct IbvQpInitAttrEx {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut IbvCq,
+    pub recv_cq: *mut IbvCq,
+    pub srq: *mut c_void,
+    pub cap: IbvQpCap,
+    pub qp_type: c_int,
+    pub sq_sig_all: c_int,
+    pub comp_mask: u32,
+    pub pd: *mut IbvPd,
+    pub xrcd: *mut c_void,
+    pub create_flags: u32,
+    pub max_tso_header: u16,
+    pub rwq_ind_tbl: *mut c_void,
+    /// `struct ibv_rx_hash_conf`: function, key length, key, fields mask.
+    pub rx_hash_conf: [u64; 3],
+    pub source_qpn: u32,
+    pub send_ops_flags: u64,
+}
+
+/// `struct ibv_data_buf`.
+#[repr(C)]
+pub struct IbvDataBuf {
+    pub addr: *mut c_void,
+    pub length: usize,
 }
 
 /// Names of the 76 entries of `struct verbs_context_ops`, in declaration order.
@@ -769,6 +832,57 @@ mod tests {
                 offset_of!(IbvQp, events_completed),
             ),
             ("sizeof ibv_qp_ex", IBV_QP_EX_SIZE),
+            (
+                "sizeof ibv_qp_ex",
+                size_of::<IbvQp>() + size_of::<QpExTail>(),
+            ),
+            (
+                "ibv_qp_ex.wr_id",
+                size_of::<IbvQp>() + offset_of!(QpExTail, wr_id),
+            ),
+            (
+                "ibv_qp_ex.wr_flags",
+                size_of::<IbvQp>() + offset_of!(QpExTail, wr_flags),
+            ),
+            (
+                "ibv_qp_ex.wr_atomic_cmp_swp",
+                size_of::<IbvQp>() + offset_of!(QpExTail, wr_atomic_cmp_swp),
+            ),
+            (
+                "ibv_qp_ex.wr_send",
+                size_of::<IbvQp>() + offset_of!(QpExTail, wr_send),
+            ),
+            (
+                "ibv_qp_ex.wr_set_sge",
+                size_of::<IbvQp>() + offset_of!(QpExTail, wr_set_sge),
+            ),
+            (
+                "ibv_qp_ex.wr_start",
+                size_of::<IbvQp>() + offset_of!(QpExTail, wr_start),
+            ),
+            (
+                "ibv_qp_ex.wr_atomic_write",
+                size_of::<IbvQp>() + offset_of!(QpExTail, wr_atomic_write),
+            ),
+            ("sizeof ibv_qp_init_attr_ex", size_of::<IbvQpInitAttrEx>()),
+            (
+                "ibv_qp_init_attr_ex.comp_mask",
+                offset_of!(IbvQpInitAttrEx, comp_mask),
+            ),
+            ("ibv_qp_init_attr_ex.pd", offset_of!(IbvQpInitAttrEx, pd)),
+            (
+                "ibv_qp_init_attr_ex.create_flags",
+                offset_of!(IbvQpInitAttrEx, create_flags),
+            ),
+            (
+                "ibv_qp_init_attr_ex.rx_hash_conf",
+                offset_of!(IbvQpInitAttrEx, rx_hash_conf),
+            ),
+            (
+                "ibv_qp_init_attr_ex.send_ops_flags",
+                offset_of!(IbvQpInitAttrEx, send_ops_flags),
+            ),
+            ("sizeof ibv_data_buf", size_of::<IbvDataBuf>()),
             ("sizeof ibv_ah", size_of::<IbvAh>()),
             ("ibv_ah.handle", offset_of!(IbvAh, handle)),
             ("ibv_send_wr.wr.ud.ah", offset_of!(IbvSendWr, wr)),

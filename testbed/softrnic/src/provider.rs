@@ -24,6 +24,8 @@ use crate::proto::{self, Caps, QpAttrs, RecvWr, Req, Resp, SendWr, Sge};
 use crate::ring::{self, Doorbell, Map, QpLayout, Ring};
 use std::sync::atomic::Ordering;
 
+mod qp_ex;
+
 /// rdma-core's provider ABI version this provider is written for.
 pub const PABI_VERSION: &CStr = c"IBVERBS_PRIVATE_34";
 
@@ -83,6 +85,7 @@ fn ctx_ops() -> &'static VerbsContextOps {
             set("poll_cq", poll_cq as *const c_void);
             set("req_notify_cq", req_notify_cq as *const c_void);
             set("create_qp", create_qp as *const c_void);
+            set("create_qp_ex", qp_ex::create_qp_ex as *const c_void);
             set("modify_qp", modify_qp as *const c_void);
             set("query_qp", query_qp as *const c_void);
             set("destroy_qp", destroy_qp as *const c_void);
@@ -273,6 +276,8 @@ fn coarse_ms() -> u64 {
 struct SrQp {
     vqp: VerbsQp,
     rings: Option<ProvQpRings>,
+    /// The `ibv_wr_*` batch being built (QPs from `create_qp_ex` with send ops).
+    batch: Mutex<qp_ex::Batch>,
 }
 
 struct ProvQpRings {
@@ -1068,6 +1073,7 @@ unsafe extern "C" fn create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> *mut
                 let mut q: Box<SrQp> = Box::new(SrQp {
                     vqp: unsafe { std::mem::zeroed() },
                     rings: None,
+                    batch: Mutex::default(),
                 });
                 let l = QpLayout::new(&cap);
                 q.rings = share_ring(st, 1, qpn, l.len).map(|map| ProvQpRings {
@@ -1562,7 +1568,7 @@ unsafe extern "C" fn post_send(
     guard(libc::EIO, || {
         // SAFETY: qp was made by create_qp (an SrQp); wr is the caller's list of valid WRs.
         if let Some(rings) = unsafe { &(*(qp as *const SrQp)).rings } {
-            return unsafe { post_send_ring(qp, rings, wr, bad) };
+            return unsafe { post_send_ring(qp, rings, wr, bad, false) };
         }
         // SAFETY: qp is ours; wr is the caller's NULL-terminated list of valid WRs.
         unsafe {
@@ -1661,7 +1667,9 @@ unsafe extern "C" fn post_recv(
 }
 
 /// `post_send` through the QP's send ring: validate, write the slots, publish, ring the
-/// doorbell. No request to the engine.
+/// doorbell. No request to the engine. With `whole`, a list with a bad request posts none
+/// of it (`ibv_wr_complete`); otherwise the requests before the bad one are posted
+/// (`ibv_post_send`).
 ///
 /// # Safety
 /// `qp` is an SrQp made by create_qp with `rings`; `wr` is the caller's NULL-terminated list of
@@ -1671,6 +1679,7 @@ unsafe fn post_send_ring(
     rings: &ProvQpRings,
     wr: *mut IbvSendWr,
     bad: *mut *mut IbvSendWr,
+    whole: bool,
 ) -> c_int {
     let qstate = (*qp).state;
     if qstate != IBV_QPS_RTS && qstate != IBV_QPS_ERR {
@@ -1743,7 +1752,8 @@ unsafe fn post_send_ring(
         prod = prod.wrapping_add(1);
         w = x.next;
     }
-    if prod != start {
+    // Slots written beyond `prod` are invisible to the engine until it is published.
+    if prod != start && !(whole && ret != 0) {
         r.prod(m).store(prod, Ordering::Release);
         if let Some(db) = &state((*qp).context).db {
             db.ring();

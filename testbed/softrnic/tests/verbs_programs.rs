@@ -253,6 +253,19 @@ fn rc_pingpong_event_mode_with_completion_channels_1b_to_1mb() {
     assert!(out.stderr.is_empty(), "{}", text(&out));
 }
 
+/// `ibv_rc_pingpong -N` creates its QP with `ibv_create_qp_ex` and posts with the
+/// `ibv_wr_*` interface (`ibv_qp_to_qp_ex`): data checked from 1 B to 1 MB, polling and with
+/// completion events.
+#[test]
+fn rc_pingpong_new_send_api_1b_to_1mb() {
+    require_privileges!();
+    let run = Run::new("pingpong-wr");
+    run.up(&["--hosts", "2"]);
+    let cases = [("1", "100"), ("4096", "50"), ("1048576", "5")];
+    pingpong_sizes(&run, &["-N"], &cases);
+    pingpong_sizes(&run, &["-N", "-e"], &cases);
+}
+
 #[test]
 fn rc_pingpong_over_loopback_addresses_with_mtu_4096() {
     require_privileges!();
@@ -1499,4 +1512,19 @@ fn own_memory_window_checker_type1_type2_bind_and_invalidate() {
         c.contains("6 accesses refused as expected, 5 allowed"),
         "{c}"
     );
+}
+
+/// Our own checker of the `ibv_wr_*` interface (`tests/verify/srn_wr.c`) between two
+/// namespaces: RDMA WRITE (SGE and inline, the inline source overwritten after the call),
+/// FETCH_AND_ADD and CMP_AND_SWP in one batch, RDMA READs back, an aborted batch, an empty
+/// one, a `wr_set_sge` with no request and a batch with too much inline data refused with
+/// `EINVAL` and posting nothing, and SEND_WITH_IMM with its immediate at the receiver.
+#[test]
+fn own_wr_api_checker_batches_opcodes_and_refusals() {
+    require_privileges!();
+    let Some((s, c)) = checker_pair("srn_wr", "7476") else {
+        return;
+    };
+    assert!(s.contains("OK wr api"), "{s}");
+    assert!(c.contains("OK wr api"), "{c}");
 }
