@@ -51,10 +51,68 @@ fn pingpong_both_ways(run: &Run, mode: &[&str]) {
                     assert!(s["notify_arms"] > 0, "{who}: {s:?}");
                     assert!(s["cq_events"] > 0, "{who}: {s:?}");
                 }
-                assert!(shim_complaints(o).is_empty(), "{who}: {err}");
+                let complaints = shim_complaints(o);
+                if mode.contains(&"-N") {
+                    // Posted with ibv_wr_*: the QP is wrapped, and the app is told once.
+                    assert_eq!(s["wr_api_qps"], 1, "{who}: {s:?}");
+                    assert_eq!(s["extended_verbs"], 0, "{who}: {s:?}");
+                    assert_eq!(complaints.len(), 1, "{who}: {err}");
+                    assert!(
+                        complaints[0].contains("counted and paced, not gated"),
+                        "{who}: {err}"
+                    );
+                } else {
+                    assert!(complaints.is_empty(), "{who}: {err}");
+                }
             }
         }
     }
+}
+
+/// `ibv_rc_pingpong -N` posts with the `ibv_wr_*` interface (`ibv_qp_to_qp_ex`): through
+/// the shim it gets the same results, its sends are counted as posted ones are, polling and
+/// in event mode.
+#[test]
+fn rc_pingpong_new_send_api_same_results_through_the_shim_and_counted() {
+    require_privileges!();
+    let run = Run::new("pingpong-wr");
+    run.up(&["--hosts", "2"]);
+    pingpong_both_ways(&run, &["-N"]);
+    pingpong_both_ways(&run, &["-N", "-e"]);
+}
+
+/// The `ibv_wr_*` interface is paced: `ibv_rc_pingpong -N` granted 500 WQEs per second
+/// sends at that rate (never above; see [`assert_holds_grant`] for the floor), where it is
+/// far faster ungoverned.
+#[test]
+fn pacer_holds_the_new_send_api_to_the_granted_wqe_rate() {
+    require_privileges!();
+    let run = Run::new("pacer-wr");
+    run.up(&["--hosts", "2"]);
+    let args = ["ibv_rc_pingpong", "-g", "0", "-N", "-n", "500"];
+    let rate = |env: &[(&str, &str)]| {
+        let who = format!("{args:?} {env:?}");
+        let (server, client) = pair_env(&run, &args, true, env);
+        assert_pair_ok(&server, &client, &who);
+        let out = String::from_utf8_lossy(&client.stdout);
+        let secs: f64 = out
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("500 iters in ")?
+                    .split(' ')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("{who}: {out}"));
+        500.0 / secs
+    };
+    let free = rate(&[]);
+    let paced = assert_holds_grant("rc_pingpong -N at 500 WQE/s", 500.0, 0.05, || {
+        rate(&[("DRUM_SHIM_RATE_WQE_PER_S", "500")])
+    });
+    eprintln!("ibv_rc_pingpong -N: {free:.0} sends/s ungoverned, {paced:.0?} granted 500");
+    assert!(free > 1000.0, "ungoverned only {free} sends/s");
 }
 
 #[test]
