@@ -745,6 +745,8 @@ impl State {
                 r.prod(m).store(prod.wrapping_add(1), Ordering::Release);
                 self.counters.ring_cqes += 1;
             }
+            // Pairs with the provider's fence after arming (see `ring`).
+            std::sync::atomic::fence(Ordering::SeqCst);
             room
         } else if c.q.len() < c.cap {
             c.q.push_back(wc);
@@ -760,8 +762,19 @@ impl State {
             }
             return;
         }
-        let fires = !c.solicited_only || solicited || wc.status != IBV_WC_SUCCESS;
-        if c.armed && c.channel != 0 && fires {
+        // Armed through the ring's word (the provider's `ibv_req_notify_cq`) or the socket.
+        let word = c.ring.as_ref().map(|(m, r)| r.arm(m));
+        let shm = word.map_or(0, |a| a.load(Ordering::SeqCst));
+        let (armed, solicited_only) = if shm != 0 {
+            (true, shm == ring::ARM_SOLICITED)
+        } else {
+            (c.armed, c.solicited_only)
+        };
+        let fires = !solicited_only || solicited || wc.status != IBV_WC_SUCCESS;
+        if armed && c.channel != 0 && fires {
+            if let Some(a) = word {
+                a.store(0, Ordering::SeqCst);
+            }
             c.armed = false;
             let sink = self
                 .channels

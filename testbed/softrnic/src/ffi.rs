@@ -513,6 +513,50 @@ pub struct QpExTail {
     pub wr_atomic_write: usize,
 }
 
+/// What `struct ibv_cq_ex` adds after its `struct ibv_cq`: the completion being read and
+/// the polling and reading ops, kept as addresses.
+#[repr(C)]
+pub struct CqExTail {
+    pub comp_mask: u32,
+    pub status: c_int,
+    pub wr_id: u64,
+    pub start_poll: usize,
+    pub next_poll: usize,
+    pub end_poll: usize,
+    pub read_opcode: usize,
+    pub read_vendor_err: usize,
+    pub read_byte_len: usize,
+    pub read_imm_data: usize,
+    pub read_qp_num: usize,
+    pub read_src_qp: usize,
+    pub read_wc_flags: usize,
+    pub read_slid: usize,
+    pub read_sl: usize,
+    pub read_dlid_path_bits: usize,
+    pub read_completion_ts: usize,
+    pub read_cvlan: usize,
+    pub read_flow_tag: usize,
+    pub read_tm_info: usize,
+    pub read_completion_wallclock_ns: usize,
+}
+
+/// `struct ibv_cq_init_attr_ex`.
+#[repr(C)]
+pub struct IbvCqInitAttrEx {
+    pub cqe: u32,
+    pub cq_context: *mut c_void,
+    pub channel: *mut c_void,
+    pub comp_vector: u32,
+    pub wc_flags: u64,
+    pub comp_mask: u32,
+    pub flags: u32,
+    pub parent_domain: *mut c_void,
+}
+
+/// Offsets in `struct ibv_device_attr_ex` of what the completion timestamps need.
+pub const DEVICE_ATTR_EX_TS_MASK: usize = 264;
+pub const DEVICE_ATTR_EX_CORE_CLOCK: usize = 272;
+
 /// `struct ibv_qp_init_attr_ex`: its first members are `struct ibv_qp_init_attr`'s (which,
 /// padded to 64 bytes on its own, cannot be embedded: `comp_mask` sits in that padding).
 #[repr(C)]
@@ -883,6 +927,47 @@ mod tests {
                 offset_of!(IbvQpInitAttrEx, send_ops_flags),
             ),
             ("sizeof ibv_data_buf", size_of::<IbvDataBuf>()),
+            (
+                "sizeof ibv_cq_ex",
+                size_of::<IbvCq>() + size_of::<CqExTail>(),
+            ),
+            (
+                "ibv_cq_ex.comp_mask",
+                size_of::<IbvCq>() + offset_of!(CqExTail, comp_mask),
+            ),
+            (
+                "ibv_cq_ex.wr_id",
+                size_of::<IbvCq>() + offset_of!(CqExTail, wr_id),
+            ),
+            (
+                "ibv_cq_ex.start_poll",
+                size_of::<IbvCq>() + offset_of!(CqExTail, start_poll),
+            ),
+            (
+                "ibv_cq_ex.read_completion_ts",
+                size_of::<IbvCq>() + offset_of!(CqExTail, read_completion_ts),
+            ),
+            (
+                "ibv_cq_ex.read_completion_wallclock_ns",
+                size_of::<IbvCq>() + offset_of!(CqExTail, read_completion_wallclock_ns),
+            ),
+            ("sizeof ibv_cq_init_attr_ex", size_of::<IbvCqInitAttrEx>()),
+            (
+                "ibv_cq_init_attr_ex.wc_flags",
+                offset_of!(IbvCqInitAttrEx, wc_flags),
+            ),
+            (
+                "ibv_cq_init_attr_ex.parent_domain",
+                offset_of!(IbvCqInitAttrEx, parent_domain),
+            ),
+            (
+                "ibv_device_attr_ex.completion_timestamp_mask",
+                DEVICE_ATTR_EX_TS_MASK,
+            ),
+            (
+                "ibv_device_attr_ex.hca_core_clock",
+                DEVICE_ATTR_EX_CORE_CLOCK,
+            ),
             ("sizeof ibv_ah", size_of::<IbvAh>()),
             ("ibv_ah.handle", offset_of!(IbvAh, handle)),
             ("ibv_send_wr.wr.ud.ah", offset_of!(IbvSendWr, wr)),

@@ -24,6 +24,7 @@ use crate::proto::{self, Caps, QpAttrs, RecvWr, Req, Resp, SendWr, Sge};
 use crate::ring::{self, Doorbell, Map, QpLayout, Ring};
 use std::sync::atomic::Ordering;
 
+mod cq_ex;
 mod qp_ex;
 
 /// rdma-core's provider ABI version this provider is written for.
@@ -86,6 +87,7 @@ fn ctx_ops() -> &'static VerbsContextOps {
             set("req_notify_cq", req_notify_cq as *const c_void);
             set("create_qp", create_qp as *const c_void);
             set("create_qp_ex", qp_ex::create_qp_ex as *const c_void);
+            set("create_cq_ex", cq_ex::create_cq_ex as *const c_void);
             set("modify_qp", modify_qp as *const c_void);
             set("query_qp", query_qp as *const c_void);
             set("destroy_qp", destroy_qp as *const c_void);
@@ -253,6 +255,10 @@ struct CtxState {
 #[repr(C)]
 struct SrCq {
     cq: IbvCq,
+    /// The `ibv_cq_ex` part (filled for CQs from `create_cq_ex`).
+    ex: CqExTail,
+    /// The completion `ibv_start_poll`/`ibv_next_poll` took last, and its timestamp.
+    cur: Mutex<(IbvWc, u64)>,
     ring: Option<(Map, Ring)>,
     poll: Mutex<()>,
     /// Empty polls in a row, and when (coarse monotonic ms) the engine was last checked.
@@ -704,6 +710,13 @@ unsafe extern "C" fn query_device_ex(
         unsafe {
             std::ptr::write_bytes(attr as *mut u8, 0, attr_size);
             device::fill_device_attr(&mut *attr, state(ctx).guid);
+            // Completion timestamps (`ibv_create_cq_ex`): a 1 GHz clock over 64 bits.
+            if attr_size >= DEVICE_ATTR_EX_CORE_CLOCK + 8 {
+                let b = attr as *mut u8;
+                (b.add(DEVICE_ATTR_EX_TS_MASK) as *mut u64).write_unaligned(u64::MAX);
+                (b.add(DEVICE_ATTR_EX_CORE_CLOCK) as *mut u64)
+                    .write_unaligned(cq_ex::CORE_CLOCK_KHZ);
+            }
         }
         0
     })
@@ -873,6 +886,9 @@ unsafe extern "C" fn create_cq(
         // libibverbs' verbs_init_cq fills the rest.
         let cq = Box::into_raw(Box::new(SrCq {
             cq: unsafe { std::mem::zeroed::<IbvCq>() },
+            // SAFETY: all-zero is valid: no ops, no current completion.
+            ex: unsafe { std::mem::zeroed::<CqExTail>() },
+            cur: Mutex::default(),
             ring: None,
             poll: Mutex::new(()),
             empty: std::sync::atomic::AtomicU32::new(0),
@@ -1006,6 +1022,24 @@ unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, solicited_only: c_int) -> c_i
         // SAFETY: cq was made by create_cq.
         if unsafe { (*cq).channel.is_null() } {
             // Arming a CQ without a completion channel has no observable effect.
+            return 0;
+        }
+        // SAFETY: cq was made by create_cq, as an SrCq.
+        if let Some((m, r)) = &unsafe { &*(cq as *const SrCq) }.ring {
+            // Widening a solicited-only arming to any completion, never narrowing it.
+            let arm = r.arm(m);
+            if solicited_only == 0 {
+                arm.store(ring::ARM_ANY, Ordering::SeqCst);
+            } else {
+                let _ = arm.compare_exchange(
+                    0,
+                    ring::ARM_SOLICITED,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                );
+            }
+            // Pairs with the engine's fence after publishing a completion (see `ring`).
+            std::sync::atomic::fence(Ordering::SeqCst);
             return 0;
         }
         // SAFETY: cq was made by create_cq.

@@ -16,7 +16,13 @@
 //!   only after its work request left the engine. The engine copies entries out at `cons` and validates them as it
 //!   validated socket requests (the ring is application memory: it is never trusted).
 //! * The engine writes completions (`struct ibv_wc`) at `prod` and publishes it; `poll_cq`
-//!   copies them out and publishes `cons`. The engine publishes `done` of a QP before any
+//!   copies them out and publishes `cons`. `ibv_req_notify_cq` arms the CQ by writing the
+//!   ring's arming word; the engine, after publishing a completion, takes the arming (back to
+//!   0) when the completion fires it and sends the event. Both sides fence between their
+//!   write and their read of the other's word, so a completion published as the CQ is armed
+//!   is either seen by the poll after arming or fires the event (never neither). Arming
+//!   costs no round trip, so an event for a completion the program already polled is as
+//!   rare as on a NIC. The engine publishes `done` of a QP before any
 //!   completion of it, so an application that posts again after polling finds the room.
 //! * Doorbell: one page per engine (`<host dir>/doorbell`, mapped by every provider of the
 //!   host) holding a sequence word and a "sleeping" flag. A post increments the sequence and,
@@ -34,6 +40,11 @@ pub const HDR: usize = 256;
 const PROD: usize = 0;
 const CONS: usize = 64;
 const DONE: usize = 128;
+/// A completion ring's arming word, written by `ibv_req_notify_cq` without a socket round
+/// trip: 0 not armed, [`ARM_SOLICITED`] for a solicited completion, anything else for any.
+const ARM: usize = 192;
+pub const ARM_ANY: u32 = 1;
+pub const ARM_SOLICITED: u32 = 2;
 
 /// Send slot: a 64-byte header (`wr_id` 0, opcode 8, flags 12, imm 16, SGE count 20,
 /// remote address 24, rkey 32, inline length 36, atomic compare/add 40 and swap 48, doorbell
@@ -213,6 +224,9 @@ impl Ring {
     }
     pub fn done<'a>(&self, m: &'a Map) -> &'a AtomicU32 {
         m.word(self.off + DONE)
+    }
+    pub fn arm<'a>(&self, m: &'a Map) -> &'a AtomicU32 {
+        m.word(self.off + ARM)
     }
     /// Offset of the slot of entry `i`.
     pub fn slot_off(&self, i: u32) -> usize {
