@@ -81,6 +81,43 @@ fn rc_pingpong_new_send_api_same_results_through_the_shim_and_counted() {
     pingpong_both_ways(&run, &["-N", "-e"]);
 }
 
+/// `ibv_rc_pingpong -t` reads completions through an `ibv_create_cq_ex` CQ (with
+/// timestamps), which the shim does not virtualise: the same results through the shim, its
+/// sends still counted, and the CQ reported once as bypassing.
+#[test]
+fn rc_pingpong_extended_cq_same_results_through_the_shim_and_reported() {
+    require_privileges!();
+    let run = Run::new("pingpong-cq-ex");
+    run.up(&["--hosts", "2"]);
+    let args = [
+        "ibv_rc_pingpong",
+        "-g",
+        "0",
+        "-t",
+        "-c",
+        "-s",
+        "4096",
+        "-n",
+        "50",
+    ];
+    let who = format!("{args:?}");
+    let (server, client) = pair(&run, &args, true);
+    assert_pair_ok(&server, &client, &who);
+    for o in [&server, &client] {
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(out.contains("50 iters in"), "{who}: {out}");
+        let s = summary(o, &who);
+        assert_eq!(s["send_wqes"], 50, "{who}: {s:?}");
+        assert_eq!(s["extended_verbs"], 1, "{who}: {s:?}");
+        assert_eq!(s["virtual_cqs"], 0, "{who}: {s:?}");
+        let complaints = shim_complaints(o);
+        assert!(
+            complaints.len() == 1 && complaints[0].contains("ibv_create_cq_ex"),
+            "{who}: {complaints:?}"
+        );
+    }
+}
+
 /// The `ibv_wr_*` interface is paced: `ibv_rc_pingpong -N` granted 500 WQEs per second
 /// sends at that rate (never above; see [`assert_holds_grant`] for the floor), where it is
 /// far faster ungoverned.
