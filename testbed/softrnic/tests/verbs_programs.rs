@@ -80,15 +80,7 @@ impl Run {
     }
 
     fn stats(&self, host: &str) -> std::collections::HashMap<String, u64> {
-        let out = run_timeout(self.cmd().args(["stats", host]), Duration::from_secs(10));
-        assert!(out.status.success(), "stats failed: {}", text(&out));
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| {
-                let (k, v) = l.split_once(' ')?;
-                Some((k.to_string(), v.parse().ok()?))
-            })
-            .collect()
+        drum_test_support::softrnic_stats(self.cmd().args(["stats", host]))
     }
 
     fn state(&self) -> String {

@@ -95,6 +95,20 @@ pub fn run_timeout(c: &mut Command, limit: Duration) -> Output {
     wait_timeout(spawn(c), limit)
 }
 
+/// The counters `softrnic stats HOST` printed by the command `c` (one `name value` per
+/// line).
+pub fn softrnic_stats(c: &mut Command) -> std::collections::HashMap<String, u64> {
+    let out = run_timeout(c, Duration::from_secs(10));
+    assert!(out.status.success(), "stats failed: {}", text(&out));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
 /// Compiles a C probe against the installed `<infiniband/verbs.h>` and asserts that every
 /// `(name, value)` of `checks` equals what C says. Names: `sizeof S` (`sizeof(struct S)`),
 /// `S.f` (`offsetof(struct S, f)`), and `back verbs_context.f` (bytes from `f` to the

@@ -88,15 +88,7 @@ impl Run {
     /// publish the last ones.
     pub fn settled_stats(&self, host: &str) -> HashMap<String, u64> {
         std::thread::sleep(Duration::from_millis(450));
-        let out = run_timeout(self.cmd().args(["stats", host]), Duration::from_secs(10));
-        assert!(out.status.success(), "stats failed: {}", text(&out));
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| {
-                let (k, v) = l.split_once(' ')?;
-                Some((k.to_string(), v.parse().ok()?))
-            })
-            .collect()
+        drum_test_support::softrnic_stats(self.cmd().args(["stats", host]))
     }
 
     /// `prog` on `host`, through the shim when `with_shim`. `LD_PRELOAD` is given to
