@@ -11,7 +11,7 @@
 //! an op exists only within the size the provider recorded in `vctx->sz` (libibverbs'
 //! own `verbs_get_ctx_op` rule). The shim wraps the two creation ops there.
 
-use crate::ffi::{IbvCompChannel, IbvContext, IbvQp, IbvQpInitAttr};
+use crate::ffi::{IbvContext, IbvCq, IbvCqInitAttrEx, IbvQp, IbvQpInitAttr};
 use crate::{lookup, real, warn_once, Trouble};
 use libc::c_void;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -25,8 +25,8 @@ type QpToQpExFn = unsafe extern "C" fn(*mut IbvQp) -> *mut c_void;
 pub const CREATE_CQ_EX_BACK: usize = 120;
 pub const CREATE_QP_EX_BACK: usize = 56;
 pub const SZ_BACK: usize = 8;
-/// Offset of `ibv_cq_init_attr_ex.channel` (checked against the headers by `ffi::tests`).
-pub const CQ_ATTR_EX_CHANNEL: usize = 16;
+/// `IBV_CQ_INIT_ATTR_MASK_PD`: the CQ belongs to a parent domain.
+const CQ_INIT_ATTR_MASK_PD: u32 = 1 << 1;
 
 /// Extended objects the application created (each bypasses the shim).
 pub static USES: AtomicU64 = AtomicU64::new(0);
@@ -116,27 +116,50 @@ unsafe extern "C" fn drum_create_cq_ex(ctx: *mut IbvContext, attr: *mut c_void) 
     let Some(f) = lookup(ctx).and_then(|st| st.ext.create_cq_ex) else {
         return std::ptr::null_mut();
     };
+    if attr.is_null() {
+        // SAFETY: forwarding unchanged; the provider refuses it.
+        return unsafe { f(ctx, attr) };
+    }
+    let a = attr.cast::<IbvCqInitAttrEx>();
     // The application's channel is the shim's: the provider must see the real one behind
-    // it (whose events the shim's `ibv_get_cq_event` hands on for a CQ that is not virtual).
-    let ch = (!attr.is_null()).then(|| attr.cast::<u8>().wrapping_add(CQ_ATTR_EX_CHANNEL));
-    // SAFETY: `ibv_cq_init_attr_ex.channel` of the caller's attributes.
-    let app_ch = ch.map(|c| unsafe { *c.cast::<*mut IbvCompChannel>() });
-    let real = app_ch.and_then(crate::vcq::real_channel);
-    if let (Some(c), Some(r)) = (ch, real) {
-        // SAFETY: as above; restored after the call.
-        unsafe { *c.cast::<*mut IbvCompChannel>() = r };
-    }
-    // SAFETY: forwarding to the provider's op.
-    let cq = unsafe { f(ctx, attr) };
-    if let (Some(c), Some(a), Some(_)) = (ch, app_ch, real) {
+    // it (whose events the shim's `ibv_get_cq_event` hands on).
+    // SAFETY: the caller's attributes.
+    let app_ch = unsafe { (*a).channel };
+    let real = crate::vcq::real_channel(app_ch);
+    // A parent domain's CQ is the domain's business: not made virtual.
+    // SAFETY: as above.
+    let plain = unsafe { (*a).comp_mask } & CQ_INIT_ATTR_MASK_PD == 0;
+    let make = |app: bool| -> *mut IbvCq {
+        // SAFETY: the caller's attributes; a copy for the dedicated CQ.
+        let mut mine = unsafe { std::ptr::read(a) };
+        let target = if app {
+            a
+        } else {
+            mine.cq_context = std::ptr::null_mut();
+            mine.wc_flags |= crate::cq_ex::WITH_QP_NUM;
+            &mut mine as *mut IbvCqInitAttrEx
+        };
+        if let Some(r) = real {
+            // SAFETY: as above; the application's copy is restored below.
+            unsafe { (*target).channel = r };
+        }
+        // SAFETY: forwarding to the provider's op.
+        let cq = unsafe { f(ctx, target.cast()) }.cast::<IbvCq>();
         // SAFETY: as above.
-        unsafe { *c.cast::<*mut IbvCompChannel>() = a };
-    }
-    if !cq.is_null() {
+        unsafe { (*a).channel = app_ch };
+        cq
+    };
+    let cq = if plain {
+        // SAFETY: `make` creates CQs on `ctx` on the real channel behind `app_ch`.
+        unsafe { crate::vcq::create_cq_ex(ctx, app_ch, make) }
+    } else {
+        make(true)
+    };
+    if !cq.is_null() && crate::vcq::find(cq).is_none() {
         let _ =
             std::panic::catch_unwind(|| note("ibv_create_cq_ex (ibv_start_poll/ibv_next_poll)"));
     }
-    cq
+    cq.cast()
 }
 
 unsafe extern "C" fn drum_create_qp_ex(ctx: *mut IbvContext, attr: *mut c_void) -> *mut IbvQp {

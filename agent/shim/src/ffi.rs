@@ -212,6 +212,20 @@ pub struct IbvWc {
     pub dlid_path_bits: u8,
 }
 
+/// `struct ibv_cq_init_attr_ex`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IbvCqInitAttrEx {
+    pub cqe: u32,
+    pub cq_context: *mut c_void,
+    pub channel: *mut IbvCompChannel,
+    pub comp_vector: u32,
+    pub wc_flags: u64,
+    pub comp_mask: u32,
+    pub flags: u32,
+    pub parent_domain: *mut c_void,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -277,9 +291,36 @@ mod tests {
                 crate::extended::CREATE_QP_EX_BACK,
             ),
             ("back verbs_context.sz", crate::extended::SZ_BACK),
+            ("sizeof ibv_cq_init_attr_ex", size_of::<IbvCqInitAttrEx>()),
             (
                 "ibv_cq_init_attr_ex.channel",
-                crate::extended::CQ_ATTR_EX_CHANNEL,
+                offset_of!(IbvCqInitAttrEx, channel),
+            ),
+            (
+                "ibv_cq_init_attr_ex.wc_flags",
+                offset_of!(IbvCqInitAttrEx, wc_flags),
+            ),
+            (
+                "ibv_cq_init_attr_ex.comp_mask",
+                offset_of!(IbvCqInitAttrEx, comp_mask),
+            ),
+            ("ibv_cq_ex.comp_mask", crate::cq_ex::TAIL),
+            (
+                "ibv_cq_ex.wr_id",
+                crate::cq_ex::TAIL + offset_of!(crate::cq_ex::CqExTail, wr_id),
+            ),
+            (
+                "ibv_cq_ex.start_poll",
+                crate::cq_ex::TAIL + offset_of!(crate::cq_ex::CqExTail, start_poll),
+            ),
+            (
+                "ibv_cq_ex.read_completion_wallclock_ns",
+                crate::cq_ex::TAIL
+                    + offset_of!(crate::cq_ex::CqExTail, read_completion_wallclock_ns),
+            ),
+            (
+                "sizeof ibv_cq_ex",
+                crate::cq_ex::TAIL + size_of::<crate::cq_ex::CqExTail>(),
             ),
             ("ibv_cq.context", offset_of!(IbvCq, context)),
             ("ibv_cq.channel", offset_of!(IbvCq, channel)),

@@ -19,6 +19,7 @@
 //! gating, per-receiver caps. See docs/shim.md.
 
 pub mod counters;
+mod cq_ex;
 mod engine;
 pub mod extended;
 pub mod ffi;
@@ -991,13 +992,24 @@ unsafe extern "C" fn drum_poll_cq(cq: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c
         // SAFETY: forwarding unchanged.
         None => (unsafe { f(cq, n, wc) }, false),
     };
+    let done: &[IbvWc] = if rc > 0 && !wc.is_null() {
+        // SAFETY: the provider has just written `rc` completions into the caller's array.
+        unsafe { std::slice::from_raw_parts(wc, rc as usize) }
+    } else {
+        &[]
+    };
+    polled(st, done);
+    if rc == 0 {
+        govern::on_empty_poll(held);
+    }
+    rc
+}
+
+/// Completions the application just polled (by `ibv_poll_cq` or from an `ibv_cq_ex`): counted,
+/// and followed for gating.
+pub(crate) fn polled(st: &ContextState, done: &[IbvWc]) {
     count(|| {
         st.counters.poll_calls.fetch_add(1, Relaxed);
-        if rc <= 0 || wc.is_null() {
-            return;
-        }
-        // SAFETY: the provider has just written `rc` completions into the caller's array.
-        let done = unsafe { std::slice::from_raw_parts(wc, rc as usize) };
         let errors = done.iter().filter(|w| w.status != 0).count() as u64;
         st.counters
             .completions
@@ -1009,21 +1021,13 @@ unsafe extern "C" fn drum_poll_cq(cq: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c
             }
         }
     });
-    if rc == 0 {
-        govern::on_empty_poll(held);
-    }
-    if rc > 0
-        && !wc.is_null()
+    if !done.is_empty()
         && govern::LIMITS.tracking.load(Relaxed)
         && !GOVERNING_STOPPED.load(Relaxed)
+        && catch_unwind(AssertUnwindSafe(|| govern::on_completions(st, done))).is_err()
     {
-        // SAFETY: as above.
-        let done = unsafe { std::slice::from_raw_parts(wc, rc as usize) };
-        if catch_unwind(AssertUnwindSafe(|| govern::on_completions(st, done))).is_err() {
-            stop_governing();
-        }
+        stop_governing();
     }
-    rc
 }
 
 unsafe extern "C" fn drum_req_notify_cq(cq: *mut IbvCq, solicited_only: c_int) -> c_int {

@@ -81,6 +81,10 @@ struct Inner {
     armed: bool,
     /// The grant may have left completions in the dedicated CQ.
     backlog: bool,
+    /// `ibv_cq_ex` only: the completion being read came from `ring`, not the dedicated CQ.
+    current: Option<IbvWc>,
+    /// `ibv_cq_ex` only: a poll of the dedicated CQ is open (its `end_poll` is owed).
+    dedicated_polling: bool,
 }
 
 /// One application completion channel: the real channel behind it, the eventfd for events
@@ -429,6 +433,77 @@ impl Vcq {
         }
     }
 
+    /// `ibv_start_poll` (`start`) or `ibv_next_poll` on a virtual `ibv_cq_ex`: the next
+    /// completion becomes the current one, from the ring of moved completions first, then
+    /// from the dedicated CQ as the polling grant admits. Returns 0, `ENOENT` (none, or
+    /// held back by the grant), or the provider's error; with 0, the completion (from the
+    /// ring, else `None`: read it from the dedicated CQ).
+    ///
+    /// # Safety
+    /// Both CQs are `ibv_cq_ex`; `attr` is the application's `ibv_poll_cq_attr` (or null).
+    pub unsafe fn poll_ex(&self, start: bool, attr: *mut c_void) -> (c_int, Option<IbvWc>) {
+        let mut inner = self.inner.lock();
+        if start {
+            inner.dedicated_polling = false;
+        }
+        if let Some(w) = inner.ring.pop_front() {
+            inner.current = Some(w);
+            // SAFETY: the application's `ibv_cq_ex`.
+            unsafe { crate::cq_ex::set_current(self.app as *mut IbvCq, w.wr_id, w.status) };
+            return (0, Some(w));
+        }
+        inner.current = None;
+        let now = govern::now_ps();
+        let metered = govern::completions_metered();
+        if metered && govern::completion_allowance(now, 1).unwrap_or(0) == 0 {
+            inner.backlog = true;
+            let look_again = inner.armed && self.channel.is_some();
+            drop(inner);
+            if look_again {
+                if let Some(me) = owner(self.app) {
+                    defer(now, me);
+                }
+            }
+            return (libc::ENOENT, None);
+        }
+        let ded = self.dedicated as *mut IbvCq;
+        // SAFETY: our dedicated `ibv_cq_ex`, alive while `self` is registered; a poll of it
+        // is started once and continued until the application ends its own.
+        let rc = unsafe {
+            if inner.dedicated_polling {
+                crate::cq_ex::next_poll(ded)
+            } else {
+                crate::cq_ex::start_poll(ded, attr)
+            }
+        };
+        if rc == 0 {
+            inner.dedicated_polling = true;
+            if metered {
+                govern::consume_completions(now, 1);
+            }
+            // SAFETY: as above, and the application's `ibv_cq_ex`.
+            unsafe { crate::cq_ex::copy_current(ded, self.app as *mut IbvCq) };
+        } else if rc == libc::ENOENT {
+            inner.backlog = false;
+        }
+        (rc, None)
+    }
+
+    /// `ibv_end_poll` on a virtual `ibv_cq_ex`.
+    pub fn end_poll_ex(&self) {
+        let mut inner = self.inner.lock();
+        inner.current = None;
+        if std::mem::take(&mut inner.dedicated_polling) {
+            // SAFETY: our dedicated `ibv_cq_ex`, whose poll is open.
+            unsafe { crate::cq_ex::end_poll(self.dedicated as *mut IbvCq) };
+        }
+    }
+
+    /// The current completion when it came from the ring (`None`: read the dedicated CQ).
+    pub fn current_ex(&self) -> Option<IbvWc> {
+        self.inner.lock().current
+    }
+
     /// Delivers `wc` (an error completion the shim makes for a WR it held back and the
     /// provider then refused) after what is already in the ring.
     fn inject(&self, wc: IbvWc) {
@@ -761,6 +836,52 @@ pub fn ack(cq: *mut IbvCq) -> bool {
     find(cq).is_some()
 }
 
+/// `ibv_create_cq_ex` on a governed context: as [`create_cq`], with `create(app)` making
+/// the application's `ibv_cq_ex` (`true`) or the dedicated one (`false`) through the
+/// provider. Returns the application's CQ (virtual when it could be made so).
+///
+/// # Safety
+/// `create` makes CQs on `ctx` on the real channel behind `app_ch`.
+pub unsafe fn create_cq_ex(
+    ctx: *mut IbvContext,
+    app_ch: *mut IbvCompChannel,
+    mut create: impl FnMut(bool) -> *mut IbvCq,
+) -> *mut IbvCq {
+    let chan = if app_ch.is_null() {
+        None
+    } else {
+        channel(app_ch)
+    };
+    let st = crate::lookup(ctx);
+    let app = create(true);
+    let usable = enabled() && (app_ch.is_null() || chan.is_some());
+    // SAFETY: a non-null CQ the provider just made as an `ibv_cq_ex`.
+    if st.is_none() || app.is_null() || !usable || !unsafe { crate::cq_ex::wrappable(app) } {
+        return app;
+    }
+    let Some(st) = st else {
+        return app;
+    };
+    let Some(poll) = st.orig.poll_cq else {
+        return app;
+    };
+    let dedicated = create(false);
+    if dedicated.is_null() {
+        warn_once(
+            Trouble::Completions,
+            "could not create a dedicated CQ; the application's CQs get their completions \
+             directly",
+        );
+        return app;
+    }
+    // SAFETY: both just created on the real channel behind the application's.
+    if unsafe { adopt(poll, st.orig.req_notify_cq, app, dedicated, chan) } {
+        // SAFETY: the application's new `ibv_cq_ex`, not handed out yet.
+        unsafe { crate::cq_ex::wrap(app) };
+    }
+    app
+}
+
 /// `ibv_create_cq` on a governed context: the application's CQ and its dedicated CQ.
 ///
 /// # Safety
@@ -804,11 +925,29 @@ pub unsafe fn create_cq(
         );
         return app;
     }
+    // SAFETY: the CQs just created, on the real channel behind `chan`.
+    unsafe { adopt(poll, st.orig.req_notify_cq, app, dedicated, chan) };
+    app
+}
+
+/// Makes `app` virtual over `dedicated`. When the index is full
+/// the dedicated CQ is destroyed and `app` stays an ordinary CQ; returns whether it is
+/// virtual.
+///
+/// # Safety
+/// `app` and `dedicated` are CQs just created on the same context and real channel.
+unsafe fn adopt(
+    poll: PollCqFn,
+    notify: Option<ReqNotifyCqFn>,
+    app: *mut IbvCq,
+    dedicated: *mut IbvCq,
+    chan: Option<Arc<Channel>>,
+) -> bool {
     let v = Arc::new(Vcq {
         app: app as usize,
         dedicated: dedicated as usize,
         poll,
-        notify: st.orig.req_notify_cq,
+        notify,
         // SAFETY: the CQ just created; the provider rounds its size up.
         capacity: AtomicUsize::new(unsafe { (*app).cqe }.max(1) as usize),
         channel: chan.clone(),
@@ -825,7 +964,7 @@ pub unsafe fn create_cq(
             // SAFETY: our own, unused dedicated CQ.
             unsafe { d(dedicated) };
         }
-        return app;
+        return false;
     }
     let m = reg.get_or_insert_with(HashMap::new);
     m.insert(app as usize, v.clone());
@@ -835,7 +974,7 @@ pub unsafe fn create_cq(
         c.cqs.fetch_add(1, Relaxed);
     }
     CREATED.fetch_add(1, Relaxed);
-    app
+    true
 }
 
 /// `ibv_destroy_cq`; `None` when `cq` is not virtual.

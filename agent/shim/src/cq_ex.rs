@@ -1,0 +1,276 @@
+//! Virtual `ibv_cq_ex`: a CQ from `ibv_create_cq_ex` is made virtual as one from
+//! `ibv_create_cq` is (`vcq`), over a dedicated `ibv_cq_ex` created with the same completion
+//! fields (and the QP number, which the shim needs to follow gating). Programs read such a
+//! CQ with `ibv_start_poll`/`ibv_next_poll`/`ibv_end_poll` and `ibv_wc_read_*`, inline calls
+//! through the CQ's own pointers: the shim swaps them for its own, which take completions
+//! from the dedicated CQ as the polling grant admits (`Vcq::poll_ex`) and read the current
+//! one there. `ibv_poll_cq`, arming and events on the CQ work as for any virtual CQ.
+//!
+//! A CQ with readers the shim does not forward (CVLAN, flow tag, tag matching) is left an
+//! ordinary CQ and reported.
+
+use crate::ffi::{IbvCq, IbvWc};
+use crate::vcq::{self, Vcq};
+use crate::{lookup, warn_once, Trouble};
+use libc::{c_int, c_uint, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// Where `struct ibv_cq_ex` continues after the members it shares with `struct ibv_cq`.
+pub const TAIL: usize = 128;
+
+/// The rest of `struct ibv_cq_ex` (rdma-core 44; checked against the headers by
+/// `ffi::tests`); function pointers kept as addresses.
+#[repr(C)]
+pub struct CqExTail {
+    pub comp_mask: u32,
+    pub status: c_int,
+    pub wr_id: u64,
+    pub start_poll: usize,
+    pub next_poll: usize,
+    pub end_poll: usize,
+    pub read_opcode: usize,
+    pub read_vendor_err: usize,
+    pub read_byte_len: usize,
+    pub read_imm_data: usize,
+    pub read_qp_num: usize,
+    pub read_src_qp: usize,
+    pub read_wc_flags: usize,
+    pub read_slid: usize,
+    pub read_sl: usize,
+    pub read_dlid_path_bits: usize,
+    pub read_completion_ts: usize,
+    pub read_cvlan: usize,
+    pub read_flow_tag: usize,
+    pub read_tm_info: usize,
+    pub read_completion_wallclock_ns: usize,
+}
+
+/// `IBV_WC_EX_WITH_QP_NUM`.
+pub const WITH_QP_NUM: u64 = 1 << 2;
+
+/// # Safety
+/// `cq` is an `ibv_cq_ex`.
+unsafe fn tail<'a>(cq: *mut IbvCq) -> &'a mut CqExTail {
+    // SAFETY: per the contract.
+    unsafe { &mut *(cq.cast::<u8>().add(TAIL).cast::<CqExTail>()) }
+}
+
+/// Whether the shim forwards every reader `cq` has.
+///
+/// # Safety
+/// `cq` is a live `ibv_cq_ex`.
+pub unsafe fn wrappable(cq: *mut IbvCq) -> bool {
+    // SAFETY: per the contract.
+    let t = unsafe { tail(cq) };
+    t.start_poll != 0
+        && t.next_poll != 0
+        && t.end_poll != 0
+        && t.read_cvlan == 0
+        && t.read_flow_tag == 0
+        && t.read_tm_info == 0
+}
+
+/// # Safety
+/// `cq` is a live `ibv_cq_ex`.
+pub unsafe fn set_current(cq: *mut IbvCq, wr_id: u64, status: c_int) {
+    // SAFETY: per the contract.
+    let t = unsafe { tail(cq) };
+    (t.wr_id, t.status) = (wr_id, status);
+}
+
+/// # Safety
+/// Both are live `ibv_cq_ex`.
+pub unsafe fn copy_current(from: *mut IbvCq, to: *mut IbvCq) {
+    // SAFETY: per the contract.
+    let (id, status) = unsafe { (tail(from).wr_id, tail(from).status) };
+    // SAFETY: as above.
+    unsafe { set_current(to, id, status) };
+}
+
+/// The provider's `start_poll` of `cq`.
+///
+/// # Safety
+/// `cq` is a live `ibv_cq_ex` of the provider's; `attr` the application's.
+pub unsafe fn start_poll(cq: *mut IbvCq, attr: *mut c_void) -> c_int {
+    type F = unsafe extern "C" fn(*mut IbvCq, *mut c_void) -> c_int;
+    // SAFETY: per the contract; the provider filled the pointer.
+    unsafe { std::mem::transmute::<usize, F>(tail(cq).start_poll)(cq, attr) }
+}
+
+/// # Safety
+/// As [`start_poll`], with a poll of `cq` open.
+pub unsafe fn next_poll(cq: *mut IbvCq) -> c_int {
+    type F = unsafe extern "C" fn(*mut IbvCq) -> c_int;
+    // SAFETY: per the contract.
+    unsafe { std::mem::transmute::<usize, F>(tail(cq).next_poll)(cq) }
+}
+
+/// # Safety
+/// As [`next_poll`].
+pub unsafe fn end_poll(cq: *mut IbvCq) {
+    type F = unsafe extern "C" fn(*mut IbvCq);
+    // SAFETY: per the contract.
+    unsafe { std::mem::transmute::<usize, F>(tail(cq).end_poll)(cq) }
+}
+
+/// Swaps the polling and reading pointers of the application's `ibv_cq_ex` for the shim's
+/// (a reader stays absent where the application did not ask for it).
+///
+/// # Safety
+/// `cq` is the application's new virtual `ibv_cq_ex`, not handed out yet.
+pub unsafe fn wrap(cq: *mut IbvCq) {
+    // SAFETY: per the contract.
+    let t = unsafe { tail(cq) };
+    let set = |slot: &mut usize, f: usize| {
+        if *slot != 0 {
+            *slot = f;
+        }
+    };
+    set(&mut t.start_poll, w_start_poll as *const () as usize);
+    set(&mut t.next_poll, w_next_poll as *const () as usize);
+    set(&mut t.end_poll, w_end_poll as *const () as usize);
+    set(&mut t.read_opcode, read_opcode as *const () as usize);
+    set(
+        &mut t.read_vendor_err,
+        read_vendor_err as *const () as usize,
+    );
+    set(&mut t.read_byte_len, read_byte_len as *const () as usize);
+    set(&mut t.read_imm_data, read_imm_data as *const () as usize);
+    set(&mut t.read_qp_num, read_qp_num as *const () as usize);
+    set(&mut t.read_src_qp, read_src_qp as *const () as usize);
+    set(&mut t.read_wc_flags, read_wc_flags as *const () as usize);
+    set(&mut t.read_slid, read_slid as *const () as usize);
+    set(&mut t.read_sl, read_sl as *const () as usize);
+    set(
+        &mut t.read_dlid_path_bits,
+        read_dlid_path_bits as *const () as usize,
+    );
+    set(
+        &mut t.read_completion_ts,
+        read_completion_ts as *const () as usize,
+    );
+    set(
+        &mut t.read_completion_wallclock_ns,
+        read_completion_wallclock_ns as *const () as usize,
+    );
+}
+
+fn lost() -> c_int {
+    warn_once(
+        Trouble::Completions,
+        "an ibv_start_poll on a CQ the shim no longer knows; the poll fails",
+    );
+    libc::EINVAL
+}
+
+/// One poll of a virtual `ibv_cq_ex`, and the account of what it took.
+///
+/// # Safety
+/// `cq` is the application's virtual `ibv_cq_ex`.
+unsafe fn poll(cq: *mut IbvCq, start: bool, attr: *mut c_void) -> c_int {
+    let Some(v) = vcq::find(cq) else {
+        return lost();
+    };
+    // SAFETY: per the contract.
+    let r = catch_unwind(AssertUnwindSafe(|| unsafe { v.poll_ex(start, attr) }));
+    let Ok((rc, from_ring)) = r else {
+        return lost();
+    };
+    if rc == 0 {
+        // SAFETY: the current completion, from the ring or the dedicated CQ.
+        let wc = from_ring.unwrap_or_else(|| unsafe { dedicated_wc(v) });
+        // SAFETY: the application's CQ.
+        if let Some(st) = lookup(unsafe { (*cq).context }) {
+            crate::polled(st, &[wc]);
+        }
+    } else if rc == libc::ENOENT {
+        crate::govern::on_empty_poll(false);
+    }
+    rc
+}
+
+/// What the shim follows of the dedicated CQ's current completion.
+///
+/// # Safety
+/// A poll of `v`'s dedicated `ibv_cq_ex` has just returned a completion.
+unsafe fn dedicated_wc(v: &Vcq) -> IbvWc {
+    let d = v.dedicated as *mut IbvCq;
+    // SAFETY: per the contract; the dedicated CQ was made with the opcode and QP number
+    // readers.
+    unsafe {
+        IbvWc {
+            wr_id: tail(d).wr_id,
+            status: tail(d).status,
+            opcode: call::<c_int>(d, tail(d).read_opcode),
+            qp_num: call::<u32>(d, tail(d).read_qp_num),
+            ..IbvWc::default()
+        }
+    }
+}
+
+/// Calls a reader of `cq` (0 when it has none).
+///
+/// # Safety
+/// `f` is null or a reader of `cq` returning `T`.
+unsafe fn call<T: Default>(cq: *mut IbvCq, f: usize) -> T {
+    if f == 0 {
+        return T::default();
+    }
+    // SAFETY: per the contract.
+    unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(*mut IbvCq) -> T>(f)(cq) }
+}
+
+unsafe extern "C" fn w_start_poll(cq: *mut IbvCq, attr: *mut c_void) -> c_int {
+    // SAFETY: reached through the application's virtual CQ.
+    unsafe { poll(cq, true, attr) }
+}
+
+unsafe extern "C" fn w_next_poll(cq: *mut IbvCq) -> c_int {
+    // SAFETY: as above.
+    unsafe { poll(cq, false, std::ptr::null_mut()) }
+}
+
+unsafe extern "C" fn w_end_poll(cq: *mut IbvCq) {
+    if let Some(v) = vcq::find(cq) {
+        let _ = catch_unwind(AssertUnwindSafe(|| v.end_poll_ex()));
+    }
+}
+
+/// A reader: the field of a completion taken from the ring, else the dedicated CQ's reader.
+macro_rules! reader {
+    ($name:ident, $t:ty, $field:ident, |$w:ident| $from_ring:expr) => {
+        unsafe extern "C" fn $name(cq: *mut IbvCq) -> $t {
+            let Some(v) = vcq::find(cq) else {
+                return <$t>::default();
+            };
+            match v.current_ex() {
+                Some($w) => $from_ring,
+                None => {
+                    let d = v.dedicated as *mut IbvCq;
+                    // SAFETY: the dedicated CQ has every reader the application's has.
+                    unsafe { call::<$t>(d, tail(d).$field) }
+                }
+            }
+        }
+    };
+}
+
+reader!(read_opcode, c_int, read_opcode, |w| w.opcode);
+reader!(read_vendor_err, u32, read_vendor_err, |w| w.vendor_err);
+reader!(read_byte_len, u32, read_byte_len, |w| w.byte_len);
+reader!(read_imm_data, u32, read_imm_data, |w| w.imm_data);
+reader!(read_qp_num, u32, read_qp_num, |w| w.qp_num);
+reader!(read_src_qp, u32, read_src_qp, |w| w.src_qp);
+reader!(read_wc_flags, c_uint, read_wc_flags, |w| w.wc_flags);
+reader!(read_slid, u32, read_slid, |w| u32::from(w.slid));
+reader!(read_sl, u8, read_sl, |w| w.sl);
+reader!(read_dlid_path_bits, u8, read_dlid_path_bits, |w| w
+    .dlid_path_bits);
+// A completion the shim made itself has no time of the device's.
+reader!(read_completion_ts, u64, read_completion_ts, |_w| 0);
+reader!(
+    read_completion_wallclock_ns,
+    u64,
+    read_completion_wallclock_ns,
+    |_w| 0
+);
