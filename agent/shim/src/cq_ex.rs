@@ -15,35 +15,7 @@ use crate::{lookup, warn_once, Trouble};
 use libc::{c_int, c_uint, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-/// Where `struct ibv_cq_ex` continues after the members it shares with `struct ibv_cq`.
-pub const TAIL: usize = 128;
-
-/// The rest of `struct ibv_cq_ex` (rdma-core 44; checked against the headers by
-/// `ffi::tests`); function pointers kept as addresses.
-#[repr(C)]
-pub struct CqExTail {
-    pub comp_mask: u32,
-    pub status: c_int,
-    pub wr_id: u64,
-    pub start_poll: usize,
-    pub next_poll: usize,
-    pub end_poll: usize,
-    pub read_opcode: usize,
-    pub read_vendor_err: usize,
-    pub read_byte_len: usize,
-    pub read_imm_data: usize,
-    pub read_qp_num: usize,
-    pub read_src_qp: usize,
-    pub read_wc_flags: usize,
-    pub read_slid: usize,
-    pub read_sl: usize,
-    pub read_dlid_path_bits: usize,
-    pub read_completion_ts: usize,
-    pub read_cvlan: usize,
-    pub read_flow_tag: usize,
-    pub read_tm_info: usize,
-    pub read_completion_wallclock_ns: usize,
-}
+pub use drum_verbs_abi::{CqExTail, CQ_EX_TAIL as TAIL};
 
 /// `IBV_WC_EX_WITH_QP_NUM`.
 pub const WITH_QP_NUM: u64 = 1 << 2;

@@ -11,7 +11,7 @@
 //! an op exists only within the size the provider recorded in `vctx->sz` (libibverbs'
 //! own `verbs_get_ctx_op` rule). The shim wraps the two creation ops there.
 
-use crate::ffi::{IbvContext, IbvCq, IbvCqInitAttrEx, IbvQp, IbvQpInitAttr};
+use crate::ffi::{IbvCompChannel, IbvContext, IbvCq, IbvCqInitAttrEx, IbvQp, IbvQpInitAttr};
 use crate::{lookup, real, warn_once, Trouble};
 use libc::c_void;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -124,7 +124,7 @@ unsafe extern "C" fn drum_create_cq_ex(ctx: *mut IbvContext, attr: *mut c_void) 
     // The application's channel is the shim's: the provider must see the real one behind
     // it (whose events the shim's `ibv_get_cq_event` hands on).
     // SAFETY: the caller's attributes.
-    let app_ch = unsafe { (*a).channel };
+    let app_ch = unsafe { (*a).channel }.cast::<IbvCompChannel>();
     let real = crate::vcq::real_channel(app_ch);
     // A parent domain's CQ is the domain's business: not made virtual.
     // SAFETY: as above.
@@ -141,12 +141,12 @@ unsafe extern "C" fn drum_create_cq_ex(ctx: *mut IbvContext, attr: *mut c_void) 
         };
         if let Some(r) = real {
             // SAFETY: as above; the application's copy is restored below.
-            unsafe { (*target).channel = r };
+            unsafe { (*target).channel = r.cast() };
         }
         // SAFETY: forwarding to the provider's op.
         let cq = unsafe { f(ctx, target.cast()) }.cast::<IbvCq>();
         // SAFETY: as above.
-        unsafe { (*a).channel = app_ch };
+        unsafe { (*a).channel = app_ch.cast() };
         cq
     };
     let cq = if plain {

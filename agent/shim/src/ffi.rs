@@ -212,19 +212,7 @@ pub struct IbvWc {
     pub dlid_path_bits: u8,
 }
 
-/// `struct ibv_cq_init_attr_ex`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct IbvCqInitAttrEx {
-    pub cqe: u32,
-    pub cq_context: *mut c_void,
-    pub channel: *mut IbvCompChannel,
-    pub comp_vector: u32,
-    pub wc_flags: u64,
-    pub comp_mask: u32,
-    pub flags: u32,
-    pub parent_domain: *mut c_void,
-}
+pub use drum_verbs_abi::IbvCqInitAttrEx;
 
 #[cfg(test)]
 mod tests {
@@ -364,19 +352,19 @@ mod tests {
             ("ibv_wc.byte_len", offset_of!(IbvWc, byte_len)),
             ("ibv_wc.qp_num", offset_of!(IbvWc, qp_num)),
             ("sizeof ibv_qp_ex", size_of::<IbvQpEx>()),
-            ("ibv_qp_ex.comp_mask", offset_of!(IbvQpEx, comp_mask)),
+            ("ibv_qp_ex.comp_mask", offset_of!(IbvQpEx, ex.comp_mask)),
             (
                 "ibv_qp_ex.wr_atomic_cmp_swp",
-                offset_of!(IbvQpEx, wr_atomic_cmp_swp),
+                offset_of!(IbvQpEx, ex.wr_atomic_cmp_swp),
             ),
-            ("ibv_qp_ex.wr_send", offset_of!(IbvQpEx, wr_send)),
-            ("ibv_qp_ex.wr_set_sge", offset_of!(IbvQpEx, wr_set_sge)),
-            ("ibv_qp_ex.wr_start", offset_of!(IbvQpEx, wr_start)),
-            ("ibv_qp_ex.wr_complete", offset_of!(IbvQpEx, wr_complete)),
-            ("ibv_qp_ex.wr_abort", offset_of!(IbvQpEx, wr_abort)),
+            ("ibv_qp_ex.wr_send", offset_of!(IbvQpEx, ex.wr_send)),
+            ("ibv_qp_ex.wr_set_sge", offset_of!(IbvQpEx, ex.wr_set_sge)),
+            ("ibv_qp_ex.wr_start", offset_of!(IbvQpEx, ex.wr_start)),
+            ("ibv_qp_ex.wr_complete", offset_of!(IbvQpEx, ex.wr_complete)),
+            ("ibv_qp_ex.wr_abort", offset_of!(IbvQpEx, ex.wr_abort)),
             (
                 "ibv_qp_ex.wr_atomic_write",
-                offset_of!(IbvQpEx, wr_atomic_write),
+                offset_of!(IbvQpEx, ex.wr_atomic_write),
             ),
             ("sizeof ibv_data_buf", size_of::<IbvDataBuf>()),
         ];

@@ -24,45 +24,16 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering::Acquire, Ordering::Relaxed};
 use std::time::Duration;
 
-/// `struct ibv_qp_ex` of rdma-core 44 (checked against the headers by `ffi::tests`). The
-/// function pointers are kept as addresses: each is called through its own signature.
+/// `struct ibv_qp_ex` of rdma-core 44 (checked against the headers by `ffi::tests`).
 #[repr(C)]
 pub struct IbvQpEx {
     pub qp_base: IbvQp,
     /// The rest of `struct ibv_qp`: mutex, cond, events_completed.
     pub qp_rest: [u64; 12],
-    pub comp_mask: u64,
-    pub wr_id: u64,
-    pub wr_flags: u32,
-    pub wr_atomic_cmp_swp: usize,
-    pub wr_atomic_fetch_add: usize,
-    pub wr_bind_mw: usize,
-    pub wr_local_inv: usize,
-    pub wr_rdma_read: usize,
-    pub wr_rdma_write: usize,
-    pub wr_rdma_write_imm: usize,
-    pub wr_send: usize,
-    pub wr_send_imm: usize,
-    pub wr_send_inv: usize,
-    pub wr_send_tso: usize,
-    pub wr_set_ud_addr: usize,
-    pub wr_set_xrc_srqn: usize,
-    pub wr_set_inline_data: usize,
-    pub wr_set_inline_data_list: usize,
-    pub wr_set_sge: usize,
-    pub wr_set_sge_list: usize,
-    pub wr_start: usize,
-    pub wr_complete: usize,
-    pub wr_abort: usize,
-    pub wr_atomic_write: usize,
+    pub ex: QpExTail,
 }
 
-/// `struct ibv_data_buf`.
-#[repr(C)]
-pub struct IbvDataBuf {
-    pub addr: *mut c_void,
-    pub length: usize,
-}
+pub use drum_verbs_abi::{IbvDataBuf, QpExTail};
 
 /// QPs whose `ibv_wr_*` the shim wraps.
 pub static WRAPPED_QPS: AtomicU64 = AtomicU64::new(0);
@@ -71,72 +42,78 @@ pub static WRAPPED_QPS: AtomicU64 = AtomicU64::new(0);
 fn wrappers() -> [(usize, usize); EX_OPS] {
     [
         (
-            offset_of!(IbvQpEx, wr_atomic_cmp_swp),
+            offset_of!(IbvQpEx, ex.wr_atomic_cmp_swp),
             cmp_swp as *const () as usize,
         ),
         (
-            offset_of!(IbvQpEx, wr_atomic_fetch_add),
+            offset_of!(IbvQpEx, ex.wr_atomic_fetch_add),
             fetch_add as *const () as usize,
         ),
         (
-            offset_of!(IbvQpEx, wr_bind_mw),
+            offset_of!(IbvQpEx, ex.wr_bind_mw),
             bind_mw as *const () as usize,
         ),
         (
-            offset_of!(IbvQpEx, wr_local_inv),
+            offset_of!(IbvQpEx, ex.wr_local_inv),
             local_inv as *const () as usize,
         ),
         (
-            offset_of!(IbvQpEx, wr_rdma_read),
+            offset_of!(IbvQpEx, ex.wr_rdma_read),
             rdma_read as *const () as usize,
         ),
         (
-            offset_of!(IbvQpEx, wr_rdma_write),
+            offset_of!(IbvQpEx, ex.wr_rdma_write),
             rdma_write as *const () as usize,
         ),
         (
-            offset_of!(IbvQpEx, wr_rdma_write_imm),
+            offset_of!(IbvQpEx, ex.wr_rdma_write_imm),
             rdma_write_imm as *const () as usize,
         ),
-        (offset_of!(IbvQpEx, wr_send), send as *const () as usize),
+        (offset_of!(IbvQpEx, ex.wr_send), send as *const () as usize),
         (
-            offset_of!(IbvQpEx, wr_send_imm),
+            offset_of!(IbvQpEx, ex.wr_send_imm),
             send_imm as *const () as usize,
         ),
         (
-            offset_of!(IbvQpEx, wr_send_inv),
+            offset_of!(IbvQpEx, ex.wr_send_inv),
             send_inv as *const () as usize,
         ),
         (
-            offset_of!(IbvQpEx, wr_send_tso),
+            offset_of!(IbvQpEx, ex.wr_send_tso),
             send_tso as *const () as usize,
         ),
         (
-            offset_of!(IbvQpEx, wr_atomic_write),
+            offset_of!(IbvQpEx, ex.wr_atomic_write),
             atomic_write as *const () as usize,
         ),
         (
-            offset_of!(IbvQpEx, wr_set_inline_data),
+            offset_of!(IbvQpEx, ex.wr_set_inline_data),
             set_inline_data as *const () as usize,
         ),
         (
-            offset_of!(IbvQpEx, wr_set_inline_data_list),
+            offset_of!(IbvQpEx, ex.wr_set_inline_data_list),
             set_inline_data_list as *const () as usize,
         ),
         (
-            offset_of!(IbvQpEx, wr_set_sge),
+            offset_of!(IbvQpEx, ex.wr_set_sge),
             set_sge as *const () as usize,
         ),
         (
-            offset_of!(IbvQpEx, wr_set_sge_list),
+            offset_of!(IbvQpEx, ex.wr_set_sge_list),
             set_sge_list as *const () as usize,
         ),
-        (offset_of!(IbvQpEx, wr_start), start as *const () as usize),
         (
-            offset_of!(IbvQpEx, wr_complete),
+            offset_of!(IbvQpEx, ex.wr_start),
+            start as *const () as usize,
+        ),
+        (
+            offset_of!(IbvQpEx, ex.wr_complete),
             complete as *const () as usize,
         ),
-        (offset_of!(IbvQpEx, wr_abort), abort as *const () as usize),
+        (
+            offset_of!(IbvQpEx, ex.wr_abort),
+            abort as *const () as usize,
+        ),
     ]
 }
 
@@ -413,7 +390,7 @@ mod tests {
     unsafe extern "C" fn p_complete(qpx: *mut IbvQpEx) -> c_int {
         log("complete".into());
         // SAFETY: the test's QP.
-        if unsafe { (*qpx).wr_id } == 99 {
+        if unsafe { (*qpx).ex.wr_id } == 99 {
             libc::ENOMEM
         } else {
             0
@@ -445,22 +422,22 @@ mod tests {
         q.qp_base.context = cp;
         q.qp_base.qp_num = 0x77;
         q.qp_base.state = IBV_QPS_RTS;
-        q.wr_start = p_start as *const () as usize;
-        q.wr_send = p_send as *const () as usize;
-        q.wr_rdma_write = p_write as *const () as usize;
-        q.wr_set_sge = p_sge as *const () as usize;
-        q.wr_set_inline_data = p_inline as *const () as usize;
-        q.wr_complete = p_complete as *const () as usize;
-        q.wr_abort = p_abort as *const () as usize;
+        q.ex.wr_start = p_start as *const () as usize;
+        q.ex.wr_send = p_send as *const () as usize;
+        q.ex.wr_rdma_write = p_write as *const () as usize;
+        q.ex.wr_set_sge = p_sge as *const () as usize;
+        q.ex.wr_set_inline_data = p_inline as *const () as usize;
+        q.ex.wr_complete = p_complete as *const () as usize;
+        q.ex.wr_abort = p_abort as *const () as usize;
         let qx: *mut IbvQpEx = &mut *q;
         // SAFETY: the test's live QP.
         assert!(unsafe { wrap(qx) });
-        assert_ne!(q.wr_send, p_send as *const () as usize, "wrapped");
-        assert_eq!(q.wr_rdma_read, 0, "an absent op stays absent");
-        let (send_ptr, before) = (q.wr_send, WRAPPED_QPS.load(Relaxed));
+        assert_ne!(q.ex.wr_send, p_send as *const () as usize, "wrapped");
+        assert_eq!(q.ex.wr_rdma_read, 0, "an absent op stays absent");
+        let (send_ptr, before) = (q.ex.wr_send, WRAPPED_QPS.load(Relaxed));
         // SAFETY: as above.
         assert!(unsafe { wrap(qx) }, "asked again");
-        assert_eq!(q.wr_send, send_ptr, "not wrapped twice");
+        assert_eq!(q.ex.wr_send, send_ptr, "not wrapped twice");
         assert_eq!(WRAPPED_QPS.load(Relaxed), before);
 
         type Op = unsafe extern "C" fn(*mut IbvQpEx);
@@ -472,12 +449,12 @@ mod tests {
             q_wr_id(qx, if fail { 99 } else { 1 });
             // SAFETY: the wrapped ops with their signatures, on the test's QP.
             unsafe {
-                call::<Op>((*qx).wr_start)(qx);
-                call::<Write>((*qx).wr_rdma_write)(qx, 5, 4096);
-                call::<Sge>((*qx).wr_set_sge)(qx, 7, 8192, 1000);
-                call::<Op>((*qx).wr_send)(qx);
-                call::<Inline>((*qx).wr_set_inline_data)(qx, std::ptr::null_mut(), 24);
-                call::<Complete>((*qx).wr_complete)(qx)
+                call::<Op>((*qx).ex.wr_start)(qx);
+                call::<Write>((*qx).ex.wr_rdma_write)(qx, 5, 4096);
+                call::<Sge>((*qx).ex.wr_set_sge)(qx, 7, 8192, 1000);
+                call::<Op>((*qx).ex.wr_send)(qx);
+                call::<Inline>((*qx).ex.wr_set_inline_data)(qx, std::ptr::null_mut(), 24);
+                call::<Complete>((*qx).ex.wr_complete)(qx)
             }
         };
         let st = lookup(cp).unwrap();
@@ -495,15 +472,15 @@ mod tests {
         assert_eq!(counted(st), (2, 1024), "a failed batch counts nothing");
         // SAFETY: as above.
         unsafe {
-            call::<Op>((*qx).wr_start)(qx);
-            call::<Op>((*qx).wr_send)(qx);
-            call::<Op>((*qx).wr_abort)(qx);
+            call::<Op>((*qx).ex.wr_start)(qx);
+            call::<Op>((*qx).ex.wr_send)(qx);
+            call::<Op>((*qx).ex.wr_abort)(qx);
         }
         q_wr_id(qx, 1);
         // SAFETY: as above: an empty batch.
         unsafe {
-            call::<Op>((*qx).wr_start)(qx);
-            assert_eq!(call::<Complete>((*qx).wr_complete)(qx), 0);
+            call::<Op>((*qx).ex.wr_start)(qx);
+            assert_eq!(call::<Complete>((*qx).ex.wr_complete)(qx), 0);
         }
         assert_eq!(
             counted(st),
@@ -528,6 +505,6 @@ mod tests {
 
     fn q_wr_id(qx: *mut IbvQpEx, id: u64) {
         // SAFETY: the test's QP.
-        unsafe { (*qx).wr_id = id };
+        unsafe { (*qx).ex.wr_id = id };
     }
 }

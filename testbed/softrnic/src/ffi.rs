@@ -483,75 +483,7 @@ pub struct VerbsQp {
 /// `verbs_qp.comp_mask` bit: the QP has an `ibv_qp_ex` (found by `ibv_qp_to_qp_ex`).
 pub const VERBS_QP_EX: u32 = 1 << 1;
 
-/// What `struct ibv_qp_ex` adds after its `struct ibv_qp`: the request being built and the
-/// `ibv_wr_*` ops, kept as addresses (each is called through its own signature).
-#[repr(C)]
-pub struct QpExTail {
-    pub comp_mask: u64,
-    pub wr_id: u64,
-    pub wr_flags: u32,
-    pub wr_atomic_cmp_swp: usize,
-    pub wr_atomic_fetch_add: usize,
-    pub wr_bind_mw: usize,
-    pub wr_local_inv: usize,
-    pub wr_rdma_read: usize,
-    pub wr_rdma_write: usize,
-    pub wr_rdma_write_imm: usize,
-    pub wr_send: usize,
-    pub wr_send_imm: usize,
-    pub wr_send_inv: usize,
-    pub wr_send_tso: usize,
-    pub wr_set_ud_addr: usize,
-    pub wr_set_xrc_srqn: usize,
-    pub wr_set_inline_data: usize,
-    pub wr_set_inline_data_list: usize,
-    pub wr_set_sge: usize,
-    pub wr_set_sge_list: usize,
-    pub wr_start: usize,
-    pub wr_complete: usize,
-    pub wr_abort: usize,
-    pub wr_atomic_write: usize,
-}
-
-/// What `struct ibv_cq_ex` adds after its `struct ibv_cq`: the completion being read and
-/// the polling and reading ops, kept as addresses.
-#[repr(C)]
-pub struct CqExTail {
-    pub comp_mask: u32,
-    pub status: c_int,
-    pub wr_id: u64,
-    pub start_poll: usize,
-    pub next_poll: usize,
-    pub end_poll: usize,
-    pub read_opcode: usize,
-    pub read_vendor_err: usize,
-    pub read_byte_len: usize,
-    pub read_imm_data: usize,
-    pub read_qp_num: usize,
-    pub read_src_qp: usize,
-    pub read_wc_flags: usize,
-    pub read_slid: usize,
-    pub read_sl: usize,
-    pub read_dlid_path_bits: usize,
-    pub read_completion_ts: usize,
-    pub read_cvlan: usize,
-    pub read_flow_tag: usize,
-    pub read_tm_info: usize,
-    pub read_completion_wallclock_ns: usize,
-}
-
-/// `struct ibv_cq_init_attr_ex`.
-#[repr(C)]
-pub struct IbvCqInitAttrEx {
-    pub cqe: u32,
-    pub cq_context: *mut c_void,
-    pub channel: *mut c_void,
-    pub comp_vector: u32,
-    pub wc_flags: u64,
-    pub comp_mask: u32,
-    pub flags: u32,
-    pub parent_domain: *mut c_void,
-}
+pub use drum_verbs_abi::{CqExTail, IbvCqInitAttrEx, IbvDataBuf, QpExTail};
 
 /// Offsets in `struct ibv_device_attr_ex` of what the completion timestamps need.
 pub const DEVICE_ATTR_EX_TS_MASK: usize = 264;
@@ -578,13 +510,6 @@ pub struct IbvQpInitAttrEx {
     pub rx_hash_conf: [u64; 3],
     pub source_qpn: u32,
     pub send_ops_flags: u64,
-}
-
-/// `struct ibv_data_buf`.
-#[repr(C)]
-pub struct IbvDataBuf {
-    pub addr: *mut c_void,
-    pub length: usize,
 }
 
 /// Names of the 76 entries of `struct verbs_context_ops`, in declaration order.
