@@ -145,7 +145,7 @@ unsafe fn poll(cq: *mut IbvCq, start: bool, attr: *mut c_void) -> c_int {
     };
     // SAFETY: per the contract.
     let r = catch_unwind(AssertUnwindSafe(|| unsafe { v.poll_ex(start, attr) }));
-    let Ok((rc, from_ring)) = r else {
+    let Ok((rc, from_ring, held)) = r else {
         return lost();
     };
     if rc == 0 {
@@ -156,7 +156,7 @@ unsafe fn poll(cq: *mut IbvCq, start: bool, attr: *mut c_void) -> c_int {
             crate::polled(st, &[wc]);
         }
     } else if rc == libc::ENOENT {
-        crate::govern::on_empty_poll(false);
+        crate::govern::on_empty_poll(held);
     }
     rc
 }

@@ -437,11 +437,12 @@ impl Vcq {
     /// completion becomes the current one, from the ring of moved completions first, then
     /// from the dedicated CQ as the polling grant admits. Returns 0, `ENOENT` (none, or
     /// held back by the grant), or the provider's error; with 0, the completion (from the
-    /// ring, else `None`: read it from the dedicated CQ).
+    /// ring, else `None`: read it from the dedicated CQ); and whether the grant held
+    /// completions back.
     ///
     /// # Safety
     /// Both CQs are `ibv_cq_ex`; `attr` is the application's `ibv_poll_cq_attr` (or null).
-    pub unsafe fn poll_ex(&self, start: bool, attr: *mut c_void) -> (c_int, Option<IbvWc>) {
+    pub unsafe fn poll_ex(&self, start: bool, attr: *mut c_void) -> (c_int, Option<IbvWc>, bool) {
         let mut inner = self.inner.lock();
         if start {
             inner.dedicated_polling = false;
@@ -450,7 +451,7 @@ impl Vcq {
             inner.current = Some(w);
             // SAFETY: the application's `ibv_cq_ex`.
             unsafe { crate::cq_ex::set_current(self.app as *mut IbvCq, w.wr_id, w.status) };
-            return (0, Some(w));
+            return (0, Some(w), false);
         }
         inner.current = None;
         let now = govern::now_ps();
@@ -464,7 +465,7 @@ impl Vcq {
                     defer(now, me);
                 }
             }
-            return (libc::ENOENT, None);
+            return (libc::ENOENT, None, true);
         }
         let ded = self.dedicated as *mut IbvCq;
         // SAFETY: our dedicated `ibv_cq_ex`, alive while `self` is registered; a poll of it
@@ -486,7 +487,7 @@ impl Vcq {
         } else if rc == libc::ENOENT {
             inner.backlog = false;
         }
-        (rc, None)
+        (rc, None, false)
     }
 
     /// `ibv_end_poll` on a virtual `ibv_cq_ex`.
