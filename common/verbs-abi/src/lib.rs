@@ -1,8 +1,8 @@
 //! Layouts of rdma-core 44's extended verbs structures that both sides of libibverbs in
 //! this project read: the shim (wrapping an application's QPs and CQs) and softrnic's
 //! provider (filling them). Function pointers are kept as addresses: each is called
-//! through its own signature. Both crates check these layouts against the installed
-//! `<infiniband/verbs.h>` in their `ffi` tests.
+//! through its own signature. The layouts are checked against the installed
+//! `<infiniband/verbs.h>` here; the two crates check where they embed them.
 
 use std::ffi::c_void;
 
@@ -87,4 +87,70 @@ pub struct IbvCqInitAttrEx {
     pub comp_mask: u32,
     pub flags: u32,
     pub parent_domain: *mut c_void,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    #[test]
+    fn layout_matches_public_headers() {
+        let q = |off: usize| QP_EX_TAIL + off;
+        let c = |off: usize| CQ_EX_TAIL + off;
+        drum_test_support::assert_c_layout(&[
+            ("sizeof ibv_qp", QP_EX_TAIL),
+            ("sizeof ibv_cq", CQ_EX_TAIL),
+            ("sizeof ibv_qp_ex", q(size_of::<QpExTail>())),
+            ("ibv_qp_ex.comp_mask", q(offset_of!(QpExTail, comp_mask))),
+            ("ibv_qp_ex.wr_id", q(offset_of!(QpExTail, wr_id))),
+            ("ibv_qp_ex.wr_flags", q(offset_of!(QpExTail, wr_flags))),
+            (
+                "ibv_qp_ex.wr_atomic_cmp_swp",
+                q(offset_of!(QpExTail, wr_atomic_cmp_swp)),
+            ),
+            ("ibv_qp_ex.wr_send", q(offset_of!(QpExTail, wr_send))),
+            ("ibv_qp_ex.wr_set_sge", q(offset_of!(QpExTail, wr_set_sge))),
+            ("ibv_qp_ex.wr_start", q(offset_of!(QpExTail, wr_start))),
+            (
+                "ibv_qp_ex.wr_complete",
+                q(offset_of!(QpExTail, wr_complete)),
+            ),
+            ("ibv_qp_ex.wr_abort", q(offset_of!(QpExTail, wr_abort))),
+            (
+                "ibv_qp_ex.wr_atomic_write",
+                q(offset_of!(QpExTail, wr_atomic_write)),
+            ),
+            ("sizeof ibv_cq_ex", c(size_of::<CqExTail>())),
+            ("ibv_cq_ex.comp_mask", c(offset_of!(CqExTail, comp_mask))),
+            ("ibv_cq_ex.wr_id", c(offset_of!(CqExTail, wr_id))),
+            ("ibv_cq_ex.start_poll", c(offset_of!(CqExTail, start_poll))),
+            (
+                "ibv_cq_ex.read_completion_ts",
+                c(offset_of!(CqExTail, read_completion_ts)),
+            ),
+            (
+                "ibv_cq_ex.read_completion_wallclock_ns",
+                c(offset_of!(CqExTail, read_completion_wallclock_ns)),
+            ),
+            ("sizeof ibv_data_buf", size_of::<IbvDataBuf>()),
+            ("sizeof ibv_cq_init_attr_ex", size_of::<IbvCqInitAttrEx>()),
+            (
+                "ibv_cq_init_attr_ex.channel",
+                offset_of!(IbvCqInitAttrEx, channel),
+            ),
+            (
+                "ibv_cq_init_attr_ex.wc_flags",
+                offset_of!(IbvCqInitAttrEx, wc_flags),
+            ),
+            (
+                "ibv_cq_init_attr_ex.comp_mask",
+                offset_of!(IbvCqInitAttrEx, comp_mask),
+            ),
+            (
+                "ibv_cq_init_attr_ex.parent_domain",
+                offset_of!(IbvCqInitAttrEx, parent_domain),
+            ),
+        ]);
+    }
 }
