@@ -20,6 +20,9 @@
  *      completion comes);
  *   4. SEND_WITH_IMM of 32 bytes: the server's receive reports IBV_WC_WITH_IMM, the
  *      immediate and the bytes.
+ * Both CQs come from ibv_create_cq_ex (byte length, immediate, QP number, timestamp): the
+ * client reads its own with ibv_poll_cq; the server reads the receive with ibv_start_poll
+ * and the ibv_wc_read_* functions (after an ibv_start_poll on the empty CQ said ENOENT).
  * The server then checks its memory: offsets 0 and 512 as written, 1024 = 5, 1032 = 0x77,
  * 2048 untouched.
  *
@@ -27,6 +30,7 @@
  */
 #define _GNU_SOURCE
 #include "srn_common.h"
+#include <errno.h>
 
 struct info {
 	uint32_t qpn, psn, rkey, pad;
@@ -36,6 +40,7 @@ struct info {
 
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
+static struct ibv_cq_ex *cqx; /* read with ibv_start_poll by the server, ibv_poll_cq by the client */
 static struct ibv_cq *cq;
 static uint8_t *buf;
 static struct ibv_mr *mr;
@@ -44,7 +49,12 @@ static void setup(void)
 {
 	ctx = open_first_device();
 	pd = ibv_alloc_pd(ctx);
-	cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+	struct ibv_cq_init_attr_ex ca = {.cqe = 64,
+					 .wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM |
+						     IBV_WC_EX_WITH_QP_NUM |
+						     IBV_WC_EX_WITH_COMPLETION_TIMESTAMP};
+	cqx = ibv_create_cq_ex(ctx, &ca);
+	cq = cqx ? ibv_cq_ex_to_cq(cqx) : NULL;
 	buf = aligned_alloc(4096, 4096);
 	memset(buf, 0, 4096);
 	mr = ibv_reg_mr(pd, buf, 4096,
@@ -89,6 +99,9 @@ static int server(int port)
 {
 	setup();
 	struct ibv_qp *qp = create_rc_qp(pd, cq, cq, NULL, 16, 16);
+	struct ibv_poll_cq_attr empty = {0};
+	if (ibv_start_poll(cqx, &empty) != ENOENT)
+		die("start_poll on an empty CQ");
 	int ls = tcp_listen(port, 1), fd = tcp_accept(ls);
 	struct info peer;
 	connect_qp(qp, fd, 1, &peer);
@@ -97,10 +110,20 @@ static int server(int port)
 	struct ibv_recv_wr rwr = {.wr_id = 9, .sg_list = &sge, .num_sge = 1}, *bad;
 	if (ibv_post_recv(qp, &rwr, &bad))
 		die("post_recv");
-	struct ibv_wc wc = wait_one();
-	if (wc.opcode != IBV_WC_RECV || !(wc.wc_flags & IBV_WC_WITH_IMM) ||
-	    ntohl(wc.imm_data) != 0xabcd || wc.byte_len != 32)
-		die("SEND_WITH_IMM received wrong");
+	struct ibv_poll_cq_attr pa = {0};
+	int rc;
+	while ((rc = ibv_start_poll(cqx, &pa)) == ENOENT)
+		;
+	if (rc)
+		die("start_poll");
+	if (cqx->status != IBV_WC_SUCCESS || cqx->wr_id != 9 ||
+	    ibv_wc_read_opcode(cqx) != IBV_WC_RECV || !(ibv_wc_read_wc_flags(cqx) & IBV_WC_WITH_IMM) ||
+	    ntohl(ibv_wc_read_imm_data(cqx)) != 0xabcd || ibv_wc_read_byte_len(cqx) != 32 ||
+	    ibv_wc_read_qp_num(cqx) != qp->qp_num || ibv_wc_read_completion_ts(cqx) == 0)
+		die("SEND_WITH_IMM read wrong through ibv_cq_ex");
+	if (ibv_next_poll(cqx) != ENOENT)
+		die("a second completion");
+	ibv_end_poll(cqx);
 	char done;
 	xfer(fd, &done, 1, 0);
 	for (int i = 0; i < 256; i++)
@@ -119,7 +142,7 @@ static int server(int port)
 	for (int i = 0; i < 32; i++)
 		if (buf[3072 + i] != (uint8_t)(0xa0 + i))
 			die("SEND data");
-	printf("OK wr api: server memory as written\n");
+	printf("OK wr api: server memory as written; SEND_WITH_IMM read through ibv_cq_ex\n");
 	return 0;
 }
 
