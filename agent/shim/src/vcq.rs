@@ -545,9 +545,16 @@ impl Vcq {
             inner.armed = true;
             inner.backlog
         };
-        // Outside the lock: arming may cost the provider a round trip.
-        // SAFETY: the dedicated CQ is alive while `self` is registered.
-        let rc = unsafe { notify(self.dedicated as *mut IbvCq, solicited_only) };
+        // Outside the lock: arming may cost the provider a round trip. The application's
+        // own CQ is armed too: completions of QPs the shim did not bind (XRC SRQs' CQ,
+        // `ibv_create_wq`) arrive there, and its events come on the same real channel.
+        // SAFETY: both CQs are alive while `self` is registered.
+        let rc = unsafe {
+            match notify(self.dedicated as *mut IbvCq, solicited_only) {
+                0 => notify(self.app as *mut IbvCq, solicited_only),
+                e => e,
+            }
+        };
         if rc != 0 {
             self.inner.lock().armed = false;
             return rc;

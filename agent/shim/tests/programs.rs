@@ -213,6 +213,49 @@ fn perftest_write_bw_send_lat_read_lat_same_results_through_the_shim_and_counted
     }
 }
 
+/// XRC through the shim: unmodified `ibv_xsrq_pingpong` (polling and `-e`) gives the same
+/// result. Its initiator QP (made by `ibv_create_qp`) is governed like any other; its target
+/// QP has no CQ, and the receives of its XRC SRQ complete on the application's own CQ,
+/// which the virtual CQ drains. Every send, SRQ receive and completion is counted.
+#[test]
+fn xsrq_pingpong_same_results_through_the_shim_and_counted() {
+    require_privileges!();
+    if !have("ibv_xsrq_pingpong") {
+        eprintln!("SKIPPED: ibverbs-utils without ibv_xsrq_pingpong");
+        return;
+    }
+    let run = Run::new("xsrq");
+    run.up(&["--hosts", "2"]);
+    let n = 20u64;
+    for mode in [&[][..], &["-e"][..]] {
+        let ns = n.to_string();
+        let mut args = vec!["ibv_xsrq_pingpong", "-g", "0", "-n", &ns];
+        args.extend_from_slice(mode);
+        for with_shim in [false, true] {
+            let who = format!("{args:?} shim={with_shim}");
+            let (server, client) = pair(&run, &args, with_shim);
+            assert_pair_ok(&server, &client, &who);
+            for o in [&server, &client] {
+                let out = String::from_utf8_lossy(&o.stdout);
+                assert!(out.contains("success"), "{who}: {out}");
+                if !with_shim {
+                    continue;
+                }
+                let s = summary(o, &who);
+                assert_eq!(s["governed_contexts"], 1, "{who}: {s:?}");
+                assert_eq!(s["qps"], 2, "{who}: {s:?}");
+                assert_eq!(s["send_wqes"], n, "{who}: {s:?}");
+                // One receive posted per client up front, one more per message.
+                assert_eq!(s["srq_recv_wqes"], n + 1, "{who}: {s:?}");
+                // Every message received, and the last send (the only signalled one).
+                assert_eq!(s["completions"], n + 1, "{who}: {s:?}");
+                assert_eq!(s["completion_errors"], 0, "{who}: {s:?}");
+                assert!(shim_complaints(o).is_empty(), "{who}");
+            }
+        }
+    }
+}
+
 /// A program that never touches libibverbs runs unchanged under the shim, which reports
 /// that it governed nothing. Needs neither root nor softrnic. (`true`: dash leaves with
 /// `_exit`, which runs no destructors, and coreutils' `echo` closes stderr at exit, so neither

@@ -28,6 +28,8 @@ pub const MAX_MW: u32 = 65536;
 pub const MAX_PD: u32 = 4096;
 pub const MAX_RD_ATOM: u32 = 16;
 pub const MAX_SRQ: u32 = 4096;
+/// XRC domains per host (the verbs report no such limit; a bound on what one engine keeps).
+pub const MAX_XRCD: u32 = 4096;
 /// Address handles per process (they live in the provider: an AH is an address).
 pub const MAX_AH: u32 = 65536;
 pub const MAX_SRQ_WR: u32 = 16384;
@@ -107,8 +109,8 @@ pub fn fill_device_attr(a: &mut IbvDeviceAttr, guid: u64) {
     a.max_qp = MAX_QP as i32;
     a.max_qp_wr = MAX_QP_WR as i32;
     // IBV_DEVICE_RC_RNR_NAK_GEN: the responder generates RNR NAKs; MEM_WINDOW and
-    // MEM_WINDOW_TYPE_2B: memory windows of type 1 and 2 (2B: bound to one QP).
-    a.device_cap_flags = 1 << 12 | 1 << 17 | 1 << 24;
+    // MEM_WINDOW_TYPE_2B: memory windows of type 1 and 2 (2B: bound to one QP); XRC.
+    a.device_cap_flags = 1 << 12 | 1 << 17 | 1 << 20 | 1 << 24;
     a.max_sge = MAX_SGE as i32;
     a.max_sge_rd = MAX_SGE as i32;
     a.max_cq = MAX_CQ as i32;

@@ -32,6 +32,8 @@ use crate::proto::{self, Caps, QpAttrs, RecvWr, Req, Resp, SendWr, Sge};
 use crate::ring::{self, Doorbell, Map, QpLayout, Ring};
 use crate::wire::{self, psn_add, psn_diff, Packet};
 
+mod xrc;
+
 /// How long a destroyed QP still acknowledges duplicates of what it had received.
 const TOMBSTONE: Duration = Duration::from_secs(3);
 /// Most packets a QP keeps unacknowledged.
@@ -238,7 +240,11 @@ struct Inflight {
 /// A shared receive queue: receives any of its QPs may consume, resolved against its PD.
 struct Srq {
     conn: u64,
+    pid: i32,
     pd: u32,
+    /// An XRC SRQ: its XRC domain and the CQ its receives complete on (basic SRQs: 0, 0).
+    xrcd: u32,
+    cq: u32,
     max_wr: u32,
     max_sge: u32,
     q: VecDeque<RecvWr>,
@@ -249,10 +255,23 @@ struct Srq {
     user: u64,
 }
 
+/// The receive a multi-packet SEND is being written into: where its buffers are (the
+/// process of its queue's owner — for an XRC SRQ not the target QP's) and its CQ.
 struct CurRecv {
     wr_id: u64,
     segs: Vec<(u64, u64)>,
-    is_write_imm: bool,
+    pid: i32,
+    cq: u32,
+}
+
+/// A receive taken from a QP's receive queue or SRQ, with the owner and PD its buffers
+/// belong to and the CQ it completes on.
+struct Landing {
+    wr: RecvWr,
+    conn: u64,
+    pid: i32,
+    pd: u32,
+    cq: u32,
 }
 
 struct Qp {
@@ -263,7 +282,10 @@ struct Qp {
     recv_cq: u32,
     /// Shared receive queue the QP takes its receives from (0: its own `rq`).
     srq: u32,
-    /// Transport: `IBV_QPT_RC`, `IBV_QPT_UC` or `IBV_QPT_UD`.
+    /// An XRC target QP's XRC domain (0 for other QPs).
+    xrcd: u32,
+    /// Transport: `IBV_QPT_RC`, `IBV_QPT_UC`, `IBV_QPT_UD`, `IBV_QPT_XRC_SEND` or
+    /// `IBV_QPT_XRC_RECV`.
     qpt: i32,
     /// UC responder: discarding the rest of a message one of whose packets was lost.
     uc_broken: bool,
@@ -358,6 +380,7 @@ struct State {
     channels: HashMap<u32, Channel>,
     qps: HashMap<u32, Qp>,
     srqs: HashMap<u32, Srq>,
+    xrcds: HashMap<u32, xrc::Xrcd>,
     /// Memory windows by index (rkey >> 8).
     mws: HashMap<u32, Mw>,
     /// This host's address (the destination in the GRH of received UD datagrams).
@@ -614,6 +637,7 @@ impl State {
             channels: HashMap::new(),
             qps: HashMap::new(),
             srqs: HashMap::new(),
+            xrcds: HashMap::new(),
             mws: HashMap::new(),
             my_ip: Ipv4Addr::LOCALHOST,
             rr: VecDeque::new(),
@@ -632,7 +656,8 @@ impl State {
     /// to anyone; only duplicates of packets already received are answered.
     fn remove_qp(&mut self, qpn: u32) {
         if let Some(q) = self.qps.remove(&qpn) {
-            if let (Some(peer), IBV_QPS_RTR | IBV_QPS_RTS, IBV_QPT_RC) = (q.remote, q.state, q.qpt)
+            if let (Some(peer), IBV_QPS_RTR | IBV_QPS_RTS, IBV_QPT_RC | IBV_QPT_XRC_RECV) =
+                (q.remote, q.state, q.qpt)
             {
                 self.tombstones.insert(
                     qpn,
@@ -1087,6 +1112,7 @@ impl State {
                     .qps
                     .values()
                     .any(|q| q.send_cq == cq || q.recv_cq == cq)
+                    || self.srqs.values().any(|s| s.cq == cq)
                 {
                     return err(libc::EBUSY);
                 }
@@ -1105,18 +1131,26 @@ impl State {
                 send_cq,
                 recv_cq,
                 srq,
+                xrcd,
                 qp_type,
                 sq_sig_all,
                 cap,
             } => {
-                if !matches!(qp_type, IBV_QPT_RC | IBV_QPT_UC | IBV_QPT_UD) {
-                    return err(libc::EOPNOTSUPP);
-                }
-                if self.pds.get(&pd) != Some(&conn)
-                    || self.cqs.get(&send_cq).map(|c| c.conn) != Some(conn)
-                    || self.cqs.get(&recv_cq).map(|c| c.conn) != Some(conn)
-                    || (srq != 0 && self.srqs.get(&srq).map(|s| s.conn) != Some(conn))
-                {
+                let own_cq = |cq: u32| self.cqs.get(&cq).map(|c| c.conn) == Some(conn);
+                let valid = match qp_type {
+                    IBV_QPT_RC | IBV_QPT_UC | IBV_QPT_UD => {
+                        own_cq(send_cq)
+                            && own_cq(recv_cq)
+                            && (srq == 0 || self.srqs.get(&srq).map(|s| s.conn) == Some(conn))
+                    }
+                    // Sends only: no receive queue, CQ or SRQ of its own.
+                    IBV_QPT_XRC_SEND => own_cq(send_cq) && srq == 0,
+                    // Receives into its domain's SRQs: no PD, CQs or queues of its own.
+                    IBV_QPT_XRC_RECV => self.xrcd_opened_by(xrcd, conn),
+                    _ => return err(libc::EOPNOTSUPP),
+                };
+                let pd_ok = qp_type == IBV_QPT_XRC_RECV || self.pds.get(&pd) == Some(&conn);
+                if !valid || !pd_ok || (xrcd != 0) != (qp_type == IBV_QPT_XRC_RECV) {
                     return err(libc::EINVAL);
                 }
                 if cap.max_send_wr > device::MAX_QP_WR
@@ -1130,9 +1164,11 @@ impl State {
                 if self.qps.len() >= device::MAX_QP as usize {
                     return err(libc::ENOMEM);
                 }
+                let xrc = matches!(qp_type, IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV);
                 let cap = Caps {
                     max_send_wr: cap.max_send_wr.max(1),
-                    max_recv_wr: cap.max_recv_wr.max(1),
+                    // XRC QPs have no receive queue (XRC SRQs hold their receives).
+                    max_recv_wr: if xrc { 0 } else { cap.max_recv_wr.max(1) },
                     max_send_sge: cap.max_send_sge.max(1),
                     max_recv_sge: cap.max_recv_sge.max(1),
                     max_inline_data: device::MAX_INLINE,
@@ -1148,6 +1184,7 @@ impl State {
                         send_cq,
                         recv_cq,
                         srq,
+                        xrcd,
                         qpt: qp_type,
                         uc_broken: false,
                         sq_sig_all,
@@ -1218,7 +1255,17 @@ impl State {
                 pd,
                 max_wr,
                 max_sge,
-            } => self.create_srq(conn, pd, max_wr, max_sge),
+                xrcd,
+                cq,
+            } => {
+                if (xrcd != 0 || cq != 0)
+                    && (!self.xrcd_opened_by(xrcd, conn)
+                        || self.cqs.get(&cq).map(|c| c.conn) != Some(conn))
+                {
+                    return err(libc::EINVAL);
+                }
+                self.create_srq(conn, pid, pd, (max_wr, max_sge), (xrcd, cq))
+            }
             Req::ModifySrq {
                 srq,
                 mask,
@@ -1246,6 +1293,8 @@ impl State {
                 self.forget_events(conn, Obj::Srq(srq))
             }
             Req::PostSrqRecv { srq, wrs } => self.post_srq_recv(conn, srq, wrs),
+            Req::OpenXrcd { file, oflags } => self.open_xrcd(conn, file, oflags),
+            Req::CloseXrcd { xrcd } => self.close_xrcd(conn, xrcd),
             Req::AttachRing {
                 kind,
                 handle,
@@ -1405,6 +1454,7 @@ impl State {
                 swap: ring::get_u64(&slot, ring::SQ_SWAP_OFF),
                 sges: if inline.is_some() { Vec::new() } else { sges },
                 inline,
+                xrc_srqn: ring::get_u32(&slot, ring::SQ_XRC_SRQN_OFF),
             };
             accepted.push(SqWqe {
                 signaled: q.sq_sig_all || flags & IBV_SEND_SIGNALED != 0,
@@ -1513,6 +1563,7 @@ impl State {
         let has = |m: i32| mask & m == m;
         let (required, optional) = match q.qpt {
             IBV_QPT_RC => rc_masks(cur, new),
+            IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV => xrc::masks(q.qpt, cur, new),
             IBV_QPT_UC => uc_masks(cur, new),
             _ => ud_masks(cur, new),
         }
@@ -1659,9 +1710,9 @@ impl State {
         q.state = IBV_QPS_ERR;
         let (scq, rcq) = (q.send_cq, q.recv_cq);
         let sq: Vec<SqWqe> = q.sq.drain(..).collect();
-        let mut rq: Vec<u64> = q.rq.drain(..).map(|r| r.wr_id).collect();
+        let mut rq: Vec<(u64, u32)> = q.rq.drain(..).map(|r| (r.wr_id, rcq)).collect();
         if let Some(c) = q.cur_recv.take() {
-            rq.insert(0, c.wr_id);
+            rq.insert(0, (c.wr_id, c.cq));
         }
         q.inflight.clear();
         q.sq_next = 0;
@@ -1677,7 +1728,7 @@ impl State {
             };
             self.push_cqe(scq, wc);
         }
-        for id in rq {
+        for (id, cq) in rq {
             let wc = IbvWc {
                 wr_id: id,
                 status: IBV_WC_WR_FLUSH_ERR,
@@ -1685,7 +1736,7 @@ impl State {
                 qp_num: qpn,
                 ..Default::default()
             };
-            self.push_cqe(rcq, wc);
+            self.push_cqe(cq, wc);
         }
         if entering {
             self.last_wqe_reached(qpn);
@@ -1793,8 +1844,11 @@ impl State {
         if q.conn != conn {
             return err(libc::EINVAL);
         }
-        // A QP with an SRQ has no receive queue of its own.
-        if q.state == IBV_QPS_RESET || q.srq != 0 {
+        // A QP with an SRQ, and an XRC QP, has no receive queue of its own.
+        if q.state == IBV_QPS_RESET
+            || q.srq != 0
+            || matches!(q.qpt, IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV)
+        {
             return Resp::Err {
                 errno: libc::EINVAL,
                 bad_index: 0,
@@ -1824,7 +1878,15 @@ impl State {
         result
     }
 
-    fn create_srq(&mut self, conn: u64, pd: u32, max_wr: u32, max_sge: u32) -> Resp {
+    /// `xrc`: the XRC domain and CQ of an XRC SRQ, (0, 0) for a basic one.
+    fn create_srq(
+        &mut self,
+        conn: u64,
+        pid: i32,
+        pd: u32,
+        (max_wr, max_sge): (u32, u32),
+        (xrcd, cq): (u32, u32),
+    ) -> Resp {
         if self.pds.get(&pd) != Some(&conn) {
             return err(libc::EINVAL);
         }
@@ -1841,7 +1903,10 @@ impl State {
             handle,
             Srq {
                 conn,
+                pid,
                 pd,
+                xrcd,
+                cq,
                 max_wr,
                 max_sge,
                 q: VecDeque::new(),
@@ -1909,36 +1974,58 @@ impl State {
         Resp::Unit
     }
 
-    /// Whether a receive is available to a QP (from its SRQ or its own queue).
-    fn has_recv(&mut self, qpn: u32) -> bool {
-        let Some(q) = self.qps.get(&qpn) else {
-            return false;
-        };
-        if q.srq != 0 {
-            return self.srqs.get(&q.srq).is_some_and(|s| !s.q.is_empty());
+    /// The SRQ request `p` to QP `qpn` takes its receive from: the XRC SRQ the packet names
+    /// for an XRC target (checked by [`State::xrc_srq`] before), the QP's SRQ otherwise (0:
+    /// the QP's own receive queue).
+    fn srq_for(&self, qpn: u32, p: &Packet) -> u32 {
+        match self.qps.get(&qpn) {
+            Some(q) if q.qpt == IBV_QPT_XRC_RECV => p.srqn,
+            Some(q) => q.srq,
+            None => 0,
         }
-        self.pull_rq(qpn);
-        !self.qps[&qpn].rq.is_empty()
     }
 
-    /// Take the next receive for a QP, with the PD its buffers are checked against (the
-    /// SRQ's for a QP with an SRQ).
-    fn take_recv(&mut self, qpn: u32) -> Option<(RecvWr, u32)> {
+    /// Whether a receive is available to request `p` on a QP (from an SRQ or its own queue).
+    fn has_recv(&mut self, qpn: u32, p: &Packet) -> bool {
+        let srq = self.srq_for(qpn, p);
+        if srq != 0 {
+            return self.srqs.get(&srq).is_some_and(|s| !s.q.is_empty());
+        }
+        self.pull_rq(qpn);
+        self.qps.get(&qpn).is_some_and(|q| !q.rq.is_empty())
+    }
+
+    /// Take the next receive for request `p` on a QP: from the SRQ (whose owner, PD and, for
+    /// an XRC SRQ, CQ apply) or from the QP's own queue.
+    fn take_recv(&mut self, qpn: u32, p: &Packet) -> Option<Landing> {
+        let srq = self.srq_for(qpn, p);
         let q = self.qps.get(&qpn)?;
-        if q.srq != 0 {
-            let srq = q.srq;
+        let qp_cq = q.recv_cq;
+        if srq != 0 {
             let s = self.srqs.get_mut(&srq)?;
-            let r = (s.q.pop_front()?, s.pd);
+            let l = Landing {
+                wr: s.q.pop_front()?,
+                conn: s.conn,
+                pid: s.pid,
+                pd: s.pd,
+                cq: if s.cq != 0 { s.cq } else { qp_cq },
+            };
             if s.limit != 0 && s.q.len() < s.limit as usize {
                 s.limit = 0;
                 let (conn, user) = (s.conn, s.user);
                 self.raise(conn, Obj::Srq(srq), user, IBV_EVENT_SRQ_LIMIT_REACHED);
             }
-            return Some(r);
+            return Some(l);
         }
         self.pull_rq(qpn);
         let q = self.qps.get_mut(&qpn)?;
-        Some((q.rq.pop_front()?, q.pd))
+        Some(Landing {
+            wr: q.rq.pop_front()?,
+            conn: q.conn,
+            pid: q.pid,
+            pd: q.pd,
+            cq: q.recv_cq,
+        })
     }
 
     /// Resolve local SGEs against MRs: same process, same PD, in bounds, access.
@@ -2091,6 +2178,7 @@ impl State {
         let psn = q.next_psn;
         let dest_qpn = q.attr.dest_qp_num;
         let pid = q.pid;
+        let xrc = q.qpt == IBV_QPT_XRC_SEND;
         let w = &mut q.sq[idx];
         let mut p = Packet {
             dst_qpn: dest_qpn,
@@ -2103,6 +2191,10 @@ impl State {
             rkey: w.wr.rkey,
             ..Default::default()
         };
+        if xrc {
+            p.flags |= wire::F_XRC;
+            p.srqn = w.wr.xrc_srqn;
+        }
         if w.wr.opcode == IBV_WR_RDMA_READ || proto::is_atomic_wr(w.wr.opcode) {
             // One request packet answered by response packets (READ: one PSN per response
             // packet; atomic: one PSN, one 8-byte response).
@@ -2118,7 +2210,7 @@ impl State {
                 p.payload = atomic_operands(w.wr.compare_add, w.wr.swap);
                 1
             };
-            p.flags = wire::F_FIRST | wire::F_LAST | wire::F_ACKREQ;
+            p.flags |= wire::F_FIRST | wire::F_LAST | wire::F_ACKREQ;
             w.first_psn = psn;
             w.last_psn = psn_add(psn, n - 1);
             w.resp_next = psn;
@@ -2460,9 +2552,24 @@ impl State {
             }
             return;
         }
-        // Only the connected peer may talk to an RC or UC QP.
+        // Only the connected peer may talk to an RC, UC or XRC QP.
         if q.remote != Some(from) || q.attr.dest_qp_num != p.src_qpn {
             self.counters.rx_dropped_unknown_qp += 1;
+            return;
+        }
+        // Requests to an XRC target, and only those, carry the XRC extension; an XRC
+        // initiator takes no requests, a target no responses.
+        let request = !matches!(
+            p.op,
+            wire::OP_ACK | wire::OP_NAK | wire::OP_READ_RESP | wire::OP_ATOMIC_RESP
+        );
+        let misdirected = match q.qpt {
+            IBV_QPT_XRC_SEND => request,
+            IBV_QPT_XRC_RECV => !request,
+            _ => false,
+        };
+        if misdirected || (p.flags & wire::F_XRC != 0) != (request && q.qpt == IBV_QPT_XRC_RECV) {
+            self.counters.rx_dropped_malformed += 1;
             return;
         }
         self.touch_qp(p.dst_qpn, now);
@@ -2541,8 +2648,9 @@ impl State {
             }
             return;
         }
-        // In order.
+        // In order. A request to an XRC target must name an SRQ of the target's domain.
         let status = match p.op {
+            _ if !self.xrc_srq_ok(qpn, &p) => Err(wire::NAK_REM_INVALID),
             wire::OP_SEND => self.rx_send(qpn, &p),
             wire::OP_WRITE => self.rx_write(qpn, &p),
             wire::OP_CMP_SWAP | wire::OP_FETCH_ADD => self.rx_atomic(from, &p),
@@ -2667,8 +2775,14 @@ impl State {
             self.counters.rx_dropped_qkey += 1;
             return;
         }
-        let (conn, pid, rcq) = (q.conn, q.pid, q.recv_cq);
-        let Some((r, pd)) = self.take_recv(qpn) else {
+        let Some(Landing {
+            wr: r,
+            conn,
+            pid,
+            pd,
+            cq: rcq,
+        }) = self.take_recv(qpn, p)
+        else {
             self.counters.rx_dropped_no_recv += 1;
             return;
         };
@@ -2720,7 +2834,7 @@ impl State {
             let q = self.qps.get_mut(&qpn).ok_or(wire::NAK_REM_OP)?;
             let total: u64 = q.cur_recv.iter().flat_map(|c| &c.segs).map(|s| s.1).sum();
             if p.msg_len as u64 > total {
-                let wr_id = q.cur_recv.take().map_or(0, |c| c.wr_id);
+                let (wr_id, rcq) = q.cur_recv.take().map_or((0, 0), |c| (c.wr_id, c.cq));
                 let wc = IbvWc {
                     wr_id,
                     status: IBV_WC_LOC_LEN_ERR,
@@ -2728,16 +2842,20 @@ impl State {
                     qp_num: qpn,
                     ..Default::default()
                 };
-                let rcq = q.recv_cq;
                 self.push_cqe(rcq, wc);
                 return Err(wire::NAK_REM_INVALID);
             }
         } else if p.flags & wire::F_FIRST != 0 {
-            let Some((r, pd)) = self.take_recv(qpn) else {
+            let Some(Landing {
+                wr: r,
+                conn,
+                pid,
+                pd,
+                cq: rcq,
+            }) = self.take_recv(qpn, p)
+            else {
                 return Err(wire::NAK_RNR);
             };
-            let q = self.qps.get(&qpn).ok_or(wire::NAK_REM_OP)?;
-            let (conn, rcq) = (q.conn, q.recv_cq);
             let total: u64 = r.sges.iter().map(|s| s.length as u64).sum();
             let segs = self.resolve_local(conn, pd, &r.sges, true);
             let bad = match segs {
@@ -2764,20 +2882,20 @@ impl State {
             q.cur_recv = Some(CurRecv {
                 wr_id: r.wr_id,
                 segs: segs.unwrap_or_default(),
-                is_write_imm: false,
+                pid,
+                cq: rcq,
             });
         }
         let q = self.qps.get_mut(&qpn).ok_or(wire::NAK_REM_OP)?;
-        let pid = q.pid;
         let Some(cur) = q.cur_recv.as_ref() else {
             return Err(wire::NAK_REM_INVALID);
         };
-        if scatter(pid, &cur.segs, p.offset as u64, &p.payload).is_err() {
+        if scatter(cur.pid, &cur.segs, p.offset as u64, &p.payload).is_err() {
             return Err(wire::NAK_REM_OP);
         }
         if p.flags & wire::F_LAST != 0 {
             let cur = q.cur_recv.take().unwrap();
-            let (rcq, conn, pd) = (q.recv_cq, q.conn, q.pd);
+            let (rcq, conn, pd) = (cur.cq, q.conn, q.pd);
             let mut wc = IbvWc {
                 wr_id: cur.wr_id,
                 status: IBV_WC_SUCCESS,
@@ -2803,7 +2921,6 @@ impl State {
                 // `invalidated_rkey` shares the union with `imm_data`.
                 wc.imm_data = p.imm;
             }
-            let _ = cur.is_write_imm;
             self.push_cqe_solicited(rcq, wc, p.flags & wire::F_SOLICITED != 0);
         }
         Ok(1)
@@ -2814,7 +2931,7 @@ impl State {
         if q.attr.access_flags & IBV_ACCESS_REMOTE_WRITE == 0 {
             return Err(wire::NAK_REM_ACCESS);
         }
-        let pd = q.pd;
+        let pd = self.responder_pd(qpn, p).ok_or(wire::NAK_REM_INVALID)?;
         if p.flags & wire::F_FIRST != 0
             && self
                 .check_remote(
@@ -2844,19 +2961,18 @@ impl State {
             )
             .ok_or(wire::NAK_REM_ACCESS)?;
         let imm_last = p.flags & wire::F_IMM != 0 && p.flags & wire::F_LAST != 0;
-        if imm_last && !self.has_recv(qpn) {
+        if imm_last && !self.has_recv(qpn, p) {
             return Err(wire::NAK_RNR);
         }
         if !p.payload.is_empty() && write_mem(pid, addr, &p.payload).is_err() {
             return Err(wire::NAK_REM_ACCESS);
         }
         if imm_last {
-            let (r, _) = self.take_recv(qpn).ok_or(wire::NAK_RNR)?;
-            let rcq = self.qps.get(&qpn).ok_or(wire::NAK_REM_OP)?.recv_cq;
+            let l = self.take_recv(qpn, p).ok_or(wire::NAK_RNR)?;
             self.push_cqe_solicited(
-                rcq,
+                l.cq,
                 IbvWc {
-                    wr_id: r.wr_id,
+                    wr_id: l.wr.wr_id,
                     status: IBV_WC_SUCCESS,
                     opcode: IBV_WC_RECV_RDMA_WITH_IMM,
                     byte_len: p.msg_len,
@@ -2887,15 +3003,9 @@ impl State {
         if p.payload.len() != 16 || p.remote_addr % 8 != 0 {
             return Err(wire::NAK_REM_INVALID);
         }
+        let pd = self.responder_pd(qpn, p).ok_or(wire::NAK_REM_INVALID)?;
         let pid = self
-            .check_remote(
-                qpn,
-                q.pd,
-                p.rkey,
-                p.remote_addr,
-                8,
-                IBV_ACCESS_REMOTE_ATOMIC,
-            )
+            .check_remote(qpn, pd, p.rkey, p.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC)
             .ok_or(wire::NAK_REM_ACCESS)?;
         let operand = u64::from_le_bytes(p.payload[..8].try_into().unwrap());
         let swap = u64::from_le_bytes(p.payload[8..].try_into().unwrap());
@@ -2955,7 +3065,10 @@ impl State {
         if q.attr.access_flags & IBV_ACCESS_REMOTE_READ == 0 {
             return false;
         }
-        let (pd, mtu) = (q.pd, q.mtu);
+        let mtu = q.mtu;
+        let Some(pd) = self.responder_pd(qpn, p) else {
+            return false;
+        };
         let len = p.msg_len as u64;
         let pid = if len == 0 {
             0
@@ -3134,6 +3247,7 @@ impl State {
             self.remove_qp(*q);
         }
         self.srqs.retain(|_, s| s.conn != conn);
+        self.forget_xrcd_opens(conn);
         self.mws.retain(|_, w| w.conn != conn);
         self.mrs.retain(|_, m| m.conn != conn);
         self.cqs.retain(|_, c| c.conn != conn);
@@ -3873,6 +3987,7 @@ mod tests {
             1,
             pid,
             Req::CreateQp {
+                xrcd: 0,
                 pd,
                 send_cq: cq,
                 recv_cq: cq,
@@ -3907,6 +4022,7 @@ mod tests {
         st.modify_qp(qpn, m, &a).unwrap();
         // post_send before RTS is refused.
         let wr = SendWr {
+            xrc_srqn: 0,
             wr_id: 1,
             opcode: IBV_WR_SEND,
             flags: 0,
@@ -4058,6 +4174,7 @@ mod tests {
                 1,
                 pid,
                 Req::CreateQp {
+                    xrcd: 0,
                     pd,
                     send_cq: cq,
                     recv_cq: cq,
@@ -4106,6 +4223,7 @@ mod tests {
             st.modify_qp(qpn, rts, &a).unwrap();
             let list = (0..wrs)
                 .map(|k| SendWr {
+                    xrc_srqn: 0,
                     wr_id: k as u64,
                     opcode: IBV_WR_RDMA_WRITE,
                     flags: IBV_SEND_SIGNALED,
@@ -4358,6 +4476,7 @@ mod tests {
             1,
             pid,
             Req::CreateQp {
+                xrcd: 0,
                 pd: st.qps[&qpn].pd,
                 send_cq: cq2,
                 recv_cq: cq2,
@@ -4696,6 +4815,7 @@ mod tests {
                 1,
                 pid,
                 Req::CreateQp {
+                    xrcd: 0,
                     pd,
                     send_cq: cq,
                     recv_cq: cq,
@@ -4786,6 +4906,7 @@ mod tests {
                 .collect();
             assert_eq!(st.post_recv(1, qpn, recvs), Resp::Unit);
             let wr = |id: u64, opcode: i32, off: u64, len: u32| SendWr {
+                xrc_srqn: 0,
                 wr_id: id,
                 opcode,
                 flags: IBV_SEND_SIGNALED,
@@ -4850,6 +4971,7 @@ mod tests {
                     )| {
                         let base = if near_rq { 1000 } else { 5000 };
                         let p = Packet {
+                            srqn: 0,
                             op,
                             flags,
                             syndrome,
@@ -5078,8 +5200,10 @@ mod tests {
             let pd = r.st.qps[&r.qpn].pd;
             let Resp::Srq { handle: srq, .. } = r.st.request(
                 1,
-                0,
+                r.st.qps[&r.qpn].pid,
                 Req::CreateSrq {
+                    xrcd: 0,
+                    cq: 0,
                     pd,
                     max_wr: 2,
                     max_sge: 1,
@@ -5196,8 +5320,10 @@ mod tests {
             let pd = r.st.qps[&r.qpn].pd;
             let Resp::Srq { handle: srq, .. } = r.st.request(
                 1,
-                0,
+                r.st.qps[&r.qpn].pid,
                 Req::CreateSrq {
+                    xrcd: 0,
+                    cq: 0,
                     pd,
                     max_wr: 4,
                     max_sge: 1,

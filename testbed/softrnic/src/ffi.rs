@@ -178,6 +178,47 @@ pub struct IbvSrqInitAttr {
     pub attr: IbvSrqAttr,
 }
 
+/// `struct ibv_srq_init_attr_ex` (`ibv_create_srq_ex`).
+#[repr(C)]
+pub struct IbvSrqInitAttrEx {
+    pub srq_context: *mut c_void,
+    pub attr: IbvSrqAttr,
+    pub comp_mask: u32,
+    pub srq_type: c_int,
+    pub pd: *mut IbvPd,
+    pub xrcd: *mut VerbsXrcd,
+    pub cq: *mut IbvCq,
+    /// `struct ibv_tm_cap`: tag matching (not offered).
+    pub tm_cap: [u32; 2],
+}
+
+/// `struct ibv_xrcd_init_attr` (`ibv_open_xrcd`).
+#[repr(C)]
+pub struct IbvXrcdInitAttr {
+    pub comp_mask: u32,
+    pub fd: c_int,
+    pub oflags: c_int,
+}
+
+/// `struct verbs_xrcd` (driver.h): `struct ibv_xrcd` (its context) and the handle.
+#[repr(C)]
+pub struct VerbsXrcd {
+    pub context: *mut IbvContext,
+    pub comp_mask: u32,
+    pub handle: u32,
+}
+
+/// `struct verbs_srq` (driver.h): every SRQ this provider makes is one, so that
+/// `ibv_get_srq_num` and the XRC fields have a place.
+#[repr(C)]
+pub struct VerbsSrq {
+    pub srq: IbvSrq,
+    pub srq_type: c_int,
+    pub xrcd: *mut VerbsXrcd,
+    pub cq: *mut IbvCq,
+    pub srq_num: u32,
+}
+
 /// Size of `struct ibv_qp_ex` (it starts with `struct ibv_qp qp_base`).
 pub const IBV_QP_EX_SIZE: usize = 352;
 
@@ -480,7 +521,9 @@ pub struct VerbsQp {
     pub xrcd: *mut c_void,
 }
 
-/// `verbs_qp.comp_mask` bit: the QP has an `ibv_qp_ex` (found by `ibv_qp_to_qp_ex`).
+/// `verbs_qp.comp_mask` bits: the QP belongs to an XRC domain (`xrcd` is set); it has an
+/// `ibv_qp_ex` (found by `ibv_qp_to_qp_ex`).
+pub const VERBS_QP_XRCD: u32 = 1 << 0;
 pub const VERBS_QP_EX: u32 = 1 << 1;
 
 pub use drum_verbs_abi::{CqExTail, IbvCqInitAttrEx, IbvDataBuf, QpExTail};
@@ -624,6 +667,12 @@ pub mod consts {
     pub const IBV_QPT_RC: i32 = 2;
     pub const IBV_QPT_UC: i32 = 3;
     pub const IBV_QPT_UD: i32 = 4;
+    /// XRC initiator (sends into another host's XRC SRQs) and target (receives into this
+    /// host's XRC SRQs; no CQ, no queues of its own).
+    pub const IBV_QPT_XRC_SEND: i32 = 9;
+    pub const IBV_QPT_XRC_RECV: i32 = 10;
+    pub const IBV_SRQT_BASIC: i32 = 0;
+    pub const IBV_SRQT_XRC: i32 = 1;
 
     pub const IBV_QP_STATE: i32 = 1;
     pub const IBV_QP_CUR_STATE: i32 = 1 << 1;
@@ -853,6 +902,31 @@ mod tests {
             ("ibv_srq_attr.srq_limit", offset_of!(IbvSrqAttr, srq_limit)),
             ("sizeof ibv_srq_init_attr", size_of::<IbvSrqInitAttr>()),
             ("ibv_srq_init_attr.attr", offset_of!(IbvSrqInitAttr, attr)),
+            ("sizeof ibv_srq_init_attr_ex", size_of::<IbvSrqInitAttrEx>()),
+            (
+                "ibv_srq_init_attr_ex.comp_mask",
+                offset_of!(IbvSrqInitAttrEx, comp_mask),
+            ),
+            (
+                "ibv_srq_init_attr_ex.srq_type",
+                offset_of!(IbvSrqInitAttrEx, srq_type),
+            ),
+            ("ibv_srq_init_attr_ex.pd", offset_of!(IbvSrqInitAttrEx, pd)),
+            (
+                "ibv_srq_init_attr_ex.xrcd",
+                offset_of!(IbvSrqInitAttrEx, xrcd),
+            ),
+            ("ibv_srq_init_attr_ex.cq", offset_of!(IbvSrqInitAttrEx, cq)),
+            (
+                "ibv_srq_init_attr_ex.tm_cap",
+                offset_of!(IbvSrqInitAttrEx, tm_cap),
+            ),
+            ("sizeof ibv_xrcd_init_attr", size_of::<IbvXrcdInitAttr>()),
+            ("ibv_xrcd_init_attr.fd", offset_of!(IbvXrcdInitAttr, fd)),
+            (
+                "ibv_xrcd_init_attr.oflags",
+                offset_of!(IbvXrcdInitAttr, oflags),
+            ),
             ("sizeof ibv_sge", size_of::<IbvSge>()),
             ("sizeof ibv_send_wr", size_of::<IbvSendWr>()),
             ("ibv_send_wr.opcode", offset_of!(IbvSendWr, opcode)),
@@ -966,6 +1040,15 @@ mod tests {
 
         assert_eq!(size_of::<VerbsQp>(), 368);
         assert_eq!(offset_of!(VerbsQp, comp_mask), 352);
+
+        assert_eq!(size_of::<VerbsXrcd>(), 16);
+        assert_eq!(offset_of!(VerbsXrcd, comp_mask), 8);
+        assert_eq!(offset_of!(VerbsXrcd, handle), 12);
+        assert_eq!(size_of::<VerbsSrq>(), 160);
+        assert_eq!(offset_of!(VerbsSrq, srq_type), 128);
+        assert_eq!(offset_of!(VerbsSrq, xrcd), 136);
+        assert_eq!(offset_of!(VerbsSrq, cq), 144);
+        assert_eq!(offset_of!(VerbsSrq, srq_num), 152);
 
         assert_eq!(size_of::<VerbsContextOps>(), 608);
         let off = |n: &str| VerbsContextOps::index(n) * 8;

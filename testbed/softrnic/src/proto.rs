@@ -243,6 +243,8 @@ pub struct SendWr {
     pub sges: Vec<Sge>,
     /// Data copied at post time for `IBV_SEND_INLINE` (then `sges` is empty).
     pub inline: Option<Vec<u8>>,
+    /// XRC initiator QPs: the responder's SRQ number (`wr.qp_type.xrc.remote_srqn`).
+    pub xrc_srqn: u32,
 }
 
 /// The `swap` field of a bind work request: the MR's lkey and the window's access flags.
@@ -274,9 +276,11 @@ pub fn check_send_wr(qp_type: i32, opcode: i32, inline: bool, len: u64) -> Resul
     let write = matches!(opcode, IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM);
     let read_atomic = opcode == IBV_WR_RDMA_READ || is_atomic_wr(opcode);
     let local = is_local_wr(opcode);
-    // RC: everything; UC: SEND, WRITE and windows (no responses); UD: SEND only.
+    // RC: everything; XRC: the remote operations; UC: SEND, WRITE and windows (no
+    // responses); UD: SEND only.
     let supported = match qp_type {
         IBV_QPT_RC => send || write || read_atomic || local || opcode == IBV_WR_SEND_WITH_INV,
+        IBV_QPT_XRC_SEND => send || write || read_atomic,
         IBV_QPT_UC => send || write || local,
         IBV_QPT_UD => send,
         _ => false,
@@ -362,12 +366,14 @@ pub enum Req {
         cq: u32,
         max: u32,
     },
-    /// `srq`: the shared receive queue the QP takes its receives from (0: its own).
+    /// `srq`: the shared receive queue the QP takes its receives from (0: its own). An XRC
+    /// target QP has no PD, CQs or SRQ, but an XRC domain (`xrcd`; 0 for other QPs).
     CreateQp {
         pd: u32,
         send_cq: u32,
         recv_cq: u32,
         srq: u32,
+        xrcd: u32,
         qp_type: i32,
         sq_sig_all: bool,
         cap: Caps,
@@ -415,11 +421,16 @@ pub enum Req {
         fd: i32,
         len: u64,
     },
-    /// A shared receive queue; answered with [`Resp::Srq`] (the granted sizes).
+    /// A shared receive queue; answered with [`Resp::Srq`] (the granted sizes; the handle
+    /// is also the SRQ number XRC initiators name). An XRC SRQ (`xrcd` not 0) belongs to an
+    /// XRC domain and completes on its own CQ `cq`; a basic one (`xrcd`, `cq` 0) completes on
+    /// the CQ of the QP that took the receive.
     CreateSrq {
         pd: u32,
         max_wr: u32,
         max_sge: u32,
+        xrcd: u32,
+        cq: u32,
     },
     /// `mask`: `IBV_SRQ_MAX_WR` (resize) and/or `IBV_SRQ_LIMIT`.
     ModifySrq {
@@ -464,6 +475,17 @@ pub enum Req {
     DeallocMw {
         rkey: u32,
     },
+    /// Open an XRC domain ([`Resp::Handle`]): a new private one (`file` None), or the one
+    /// shared by every process of this host that opens the same file (`file`: its device
+    /// and inode), created if missing when `oflags` has `O_CREAT` (refused if present with
+    /// `O_EXCL`).
+    OpenXrcd {
+        file: Option<(u64, u64)>,
+        oflags: i32,
+    },
+    CloseXrcd {
+        xrcd: u32,
+    },
 }
 
 impl Req {
@@ -501,6 +523,7 @@ impl Req {
                 send_cq,
                 recv_cq,
                 srq,
+                xrcd,
                 qp_type,
                 sq_sig_all,
                 cap,
@@ -510,6 +533,7 @@ impl Req {
                     .u32(*send_cq)
                     .u32(*recv_cq)
                     .u32(*srq)
+                    .u32(*xrcd)
                     .i32(*qp_type)
                     .u8(*sq_sig_all as u8);
                 cap.enc(&mut e);
@@ -534,7 +558,8 @@ impl Req {
                         .u64(w.remote_addr)
                         .u32(w.rkey)
                         .u64(w.compare_add)
-                        .u64(w.swap);
+                        .u64(w.swap)
+                        .u32(w.xrc_srqn);
                     enc_sges(&mut e, &w.sges);
                     match &w.inline {
                         Some(b) => {
@@ -574,8 +599,15 @@ impl Req {
                 pd,
                 max_wr,
                 max_sge,
+                xrcd,
+                cq,
             } => {
-                e.u32(18).u32(*pd).u32(*max_wr).u32(*max_sge);
+                e.u32(18)
+                    .u32(*pd)
+                    .u32(*max_wr)
+                    .u32(*max_sge)
+                    .u32(*xrcd)
+                    .u32(*cq);
             }
             Req::ModifySrq {
                 srq,
@@ -613,6 +645,17 @@ impl Req {
             Req::DeallocMw { rkey } => {
                 e.u32(27).u32(*rkey);
             }
+            Req::OpenXrcd { file, oflags } => {
+                e.u32(28);
+                match file {
+                    Some((dev, ino)) => e.u8(1).u64(*dev).u64(*ino),
+                    None => e.u8(0),
+                }
+                .i32(*oflags);
+            }
+            Req::CloseXrcd { xrcd } => {
+                e.u32(29).u32(*xrcd);
+            }
         }
         e.0
     }
@@ -645,6 +688,7 @@ impl Req {
                 send_cq: d.u32()?,
                 recv_cq: d.u32()?,
                 srq: d.u32()?,
+                xrcd: d.u32()?,
                 qp_type: d.i32()?,
                 sq_sig_all: d.u8()? != 0,
                 cap: Caps::dec(&mut d)?,
@@ -669,6 +713,7 @@ impl Req {
                     let rkey = d.u32()?;
                     let compare_add = d.u64()?;
                     let swap = d.u64()?;
+                    let xrc_srqn = d.u32()?;
                     let sges = dec_sges(&mut d)?;
                     let inline = if d.u8()? != 0 {
                         Some(d.bytes()?.to_vec())
@@ -686,6 +731,7 @@ impl Req {
                         swap,
                         sges,
                         inline,
+                        xrc_srqn,
                     });
                 }
                 Req::PostSend { qpn, wrs }
@@ -714,6 +760,8 @@ impl Req {
                 pd: d.u32()?,
                 max_wr: d.u32()?,
                 max_sge: d.u32()?,
+                xrcd: d.u32()?,
+                cq: d.u32()?,
             },
             19 => Req::ModifySrq {
                 srq: d.u32()?,
@@ -742,6 +790,14 @@ impl Req {
                 mw_type: d.i32()?,
             },
             27 => Req::DeallocMw { rkey: d.u32()? },
+            28 => Req::OpenXrcd {
+                file: match d.u8()? {
+                    0 => None,
+                    _ => Some((d.u64()?, d.u64()?)),
+                },
+                oflags: d.i32()?,
+            },
+            29 => Req::CloseXrcd { xrcd: d.u32()? },
             o => return Err(WireError::Opcode(o)),
         })
     }
@@ -878,7 +934,7 @@ impl Resp {
             return Ok(Resp::Err { errno, bad_index });
         }
         Ok(match req {
-            Req::AllocPd | Req::AllocMw { .. } => Resp::Handle(d.u32()?),
+            Req::AllocPd | Req::AllocMw { .. } | Req::OpenXrcd { .. } => Resp::Handle(d.u32()?),
             Req::RegMr { .. } => Resp::Mr {
                 lkey: d.u32()?,
                 rkey: d.u32()?,
@@ -998,6 +1054,7 @@ mod tests {
                         lkey: 3,
                     }],
                     inline: Some(vec![1, 2, 3]),
+                    xrc_srqn: 0x77,
                 }],
             },
             Req::PostRecv {
@@ -1011,7 +1068,18 @@ mod tests {
                 pd: 1,
                 max_wr: 500,
                 max_sge: 2,
+                xrcd: 3,
+                cq: 4,
             },
+            Req::OpenXrcd {
+                file: Some((0x803, 123456)),
+                oflags: libc::O_CREAT,
+            },
+            Req::OpenXrcd {
+                file: None,
+                oflags: 0,
+            },
+            Req::CloseXrcd { xrcd: 6 },
             Req::ModifySrq {
                 srq: 4,
                 mask: 3,

@@ -26,6 +26,7 @@ use std::sync::atomic::Ordering;
 
 mod cq_ex;
 mod qp_ex;
+mod xrc;
 
 /// rdma-core's provider ABI version this provider is written for.
 pub const PABI_VERSION: &CStr = c"IBVERBS_PRIVATE_34";
@@ -100,6 +101,10 @@ fn ctx_ops() -> &'static VerbsContextOps {
             set("query_srq", query_srq as *const c_void);
             set("destroy_srq", destroy_srq as *const c_void);
             set("post_srq_recv", post_srq_recv as *const c_void);
+            set("open_xrcd", xrc::open_xrcd as *const c_void);
+            set("close_xrcd", xrc::close_xrcd as *const c_void);
+            set("create_srq_ex", xrc::create_srq_ex as *const c_void);
+            set("get_srq_num", xrc::get_srq_num as *const c_void);
             set("alloc_mw", alloc_mw as *const c_void);
             set("dealloc_mw", dealloc_mw as *const c_void);
             set("bind_mw", bind_mw as *const c_void);
@@ -1060,98 +1065,147 @@ unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, solicited_only: c_int) -> c_i
 
 unsafe extern "C" fn create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> *mut IbvQp {
     guard(null_mut(), || {
+        // SAFETY: pd is ours.
+        let ctx = unsafe { (*pd).context };
         // SAFETY: pd is ours; attr is a valid init attr from the caller.
-        let (ctx, pdh, a) = unsafe { ((*pd).context, (*pd).handle, &mut *attr) };
-        if !matches!(a.qp_type, IBV_QPT_RC | IBV_QPT_UC | IBV_QPT_UD) {
-            // No XRC, raw packet or driver QPs.
-            set_errno(libc::EOPNOTSUPP);
-            return null_mut();
-        }
-        if a.send_cq.is_null() || a.recv_cq.is_null() {
-            set_errno(libc::EINVAL);
-            return null_mut();
-        }
-        // SAFETY: ctx is ours; CQs were made by create_cq.
-        let (st, scq, rcq) = unsafe { (state(ctx), (*a.send_cq).handle, (*a.recv_cq).handle) };
-        // SAFETY: a non-null srq was made by create_srq.
-        let srq = if a.srq.is_null() {
+        unsafe { new_qp(ctx, pd, &mut *attr, null_mut()) }
+    })
+}
+
+/// Create a QP of `ctx`: RC, UC, UD and XRC initiator QPs in PD `pd`, XRC target QPs
+/// (without PD, CQs or queues) in XRC domain `xrcd`.
+///
+/// # Safety
+/// `pd` is null or a PD of `ctx`; `xrcd` is null or an open XRC domain of `ctx`; the CQs and
+/// SRQ `a` names are null or objects of `ctx`.
+unsafe fn new_qp(
+    ctx: *mut IbvContext,
+    pd: *mut IbvPd,
+    a: &mut IbvQpInitAttr,
+    xrcd: *mut VerbsXrcd,
+) -> *mut IbvQp {
+    let target = a.qp_type == IBV_QPT_XRC_RECV;
+    let known = matches!(
+        a.qp_type,
+        IBV_QPT_RC | IBV_QPT_UC | IBV_QPT_UD | IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV
+    );
+    if !known {
+        // No raw packet or driver QPs.
+        set_errno(libc::EOPNOTSUPP);
+        return null_mut();
+    }
+    // Initiators send only (no receive CQ needed); targets have neither CQ nor PD.
+    let needs_recv_cq = !matches!(a.qp_type, IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV);
+    let bad = if target {
+        xrcd.is_null()
+    } else {
+        pd.is_null()
+            || a.send_cq.is_null()
+            || (needs_recv_cq && a.recv_cq.is_null())
+            || (!needs_recv_cq && !a.srq.is_null())
+    };
+    if bad {
+        set_errno(libc::EINVAL);
+        return null_mut();
+    }
+    let handle_of = |cq: *mut IbvCq| {
+        if cq.is_null() || target {
             0
         } else {
-            unsafe { (*(a.srq as *const IbvSrq)).handle }
-        };
-        let req = Req::CreateQp {
-            pd: pdh,
-            send_cq: scq,
-            recv_cq: rcq,
-            srq,
-            qp_type: a.qp_type,
-            sq_sig_all: a.sq_sig_all != 0,
-            cap: Caps {
-                max_send_wr: a.cap.max_send_wr,
-                max_recv_wr: a.cap.max_recv_wr,
-                max_send_sge: a.cap.max_send_sge,
-                max_recv_sge: a.cap.max_recv_sge,
-                max_inline_data: a.cap.max_inline_data,
-            },
-        };
-        match st.call(&req) {
-            Ok(Resp::Qp { qpn, cap }) => {
-                a.cap = IbvQpCap {
-                    max_send_wr: cap.max_send_wr,
-                    max_recv_wr: cap.max_recv_wr,
-                    max_send_sge: cap.max_send_sge,
-                    max_recv_sge: cap.max_recv_sge,
-                    max_inline_data: cap.max_inline_data,
-                };
-                // SAFETY: verbs_qp is plain C data; all-zero is valid (see create_cq).
-                let mut q: Box<SrQp> = Box::new(SrQp {
-                    vqp: unsafe { std::mem::zeroed() },
-                    rings: None,
-                    batch: Mutex::default(),
-                });
-                let l = QpLayout::new(&cap);
-                q.rings = share_ring(st, 1, qpn, l.len).map(|map| ProvQpRings {
-                    map,
-                    sq: Ring {
-                        off: 0,
-                        n: l.sq_n,
-                        slot: l.sq_slot,
-                    },
-                    rq: Ring {
-                        off: l.rq_off,
-                        n: l.rq_n,
-                        slot: l.rq_slot,
-                    },
-                    cap,
-                    post_send: Mutex::new(()),
-                    post_recv: Mutex::new(()),
-                });
-                let qp = &mut q.vqp.qp;
-                qp.context = ctx;
-                qp.qp_context = a.qp_context;
-                qp.pd = pd;
-                qp.send_cq = a.send_cq;
-                qp.recv_cq = a.recv_cq;
-                qp.srq = a.srq;
-                qp.handle = qpn;
-                qp.qp_num = qpn;
-                qp.state = IBV_QPS_RESET;
-                qp.qp_type = a.qp_type;
-                let undo = Req::DestroyQp { qpn };
-                // SAFETY: allocated just above and not handed out.
-                let qp = unsafe { hand_out(st, 1, qpn, Box::into_raw(q), &undo) };
-                qp as *mut IbvQp
-            }
-            Ok(_) => {
-                set_errno(libc::EIO);
-                null_mut()
-            }
-            Err(e) => {
-                set_errno(e);
-                null_mut()
-            }
+            (*cq).handle
         }
-    })
+    };
+    // SAFETY: ctx is ours; CQs were made by create_cq.
+    let (st, scq, rcq) = (state(ctx), handle_of(a.send_cq), handle_of(a.recv_cq));
+    // SAFETY: a non-null srq was made by create_srq.
+    let srq = if a.srq.is_null() || target {
+        0
+    } else {
+        (*(a.srq as *const IbvSrq)).handle
+    };
+    let req = Req::CreateQp {
+        pd: if pd.is_null() { 0 } else { (*pd).handle },
+        send_cq: scq,
+        recv_cq: rcq,
+        srq,
+        xrcd: if target { (*xrcd).handle } else { 0 },
+        qp_type: a.qp_type,
+        sq_sig_all: a.sq_sig_all != 0,
+        cap: Caps {
+            max_send_wr: a.cap.max_send_wr,
+            max_recv_wr: a.cap.max_recv_wr,
+            max_send_sge: a.cap.max_send_sge,
+            max_recv_sge: a.cap.max_recv_sge,
+            max_inline_data: a.cap.max_inline_data,
+        },
+    };
+    match st.call(&req) {
+        Ok(Resp::Qp { qpn, cap }) => {
+            a.cap = IbvQpCap {
+                max_send_wr: cap.max_send_wr,
+                max_recv_wr: cap.max_recv_wr,
+                max_send_sge: cap.max_send_sge,
+                max_recv_sge: cap.max_recv_sge,
+                max_inline_data: cap.max_inline_data,
+            };
+            // SAFETY: verbs_qp is plain C data; all-zero is valid (see create_cq).
+            let mut q: Box<SrQp> = Box::new(SrQp {
+                vqp: std::mem::zeroed(),
+                rings: None,
+                batch: Mutex::default(),
+            });
+            if target {
+                q.vqp.comp_mask |= VERBS_QP_XRCD;
+                q.vqp.xrcd = xrcd.cast();
+            }
+            let l = QpLayout::new(&cap);
+            // A target has no queues to share.
+            let shared = if target {
+                None
+            } else {
+                share_ring(st, 1, qpn, l.len)
+            };
+            q.rings = shared.map(|map| ProvQpRings {
+                map,
+                sq: Ring {
+                    off: 0,
+                    n: l.sq_n,
+                    slot: l.sq_slot,
+                },
+                rq: Ring {
+                    off: l.rq_off,
+                    n: l.rq_n,
+                    slot: l.rq_slot,
+                },
+                cap,
+                post_send: Mutex::new(()),
+                post_recv: Mutex::new(()),
+            });
+            let qp = &mut q.vqp.qp;
+            qp.context = ctx;
+            qp.qp_context = a.qp_context;
+            qp.pd = pd;
+            qp.send_cq = a.send_cq;
+            qp.recv_cq = a.recv_cq;
+            qp.srq = a.srq;
+            qp.handle = qpn;
+            qp.qp_num = qpn;
+            qp.state = IBV_QPS_RESET;
+            qp.qp_type = a.qp_type;
+            let undo = Req::DestroyQp { qpn };
+            // SAFETY: allocated just above and not handed out.
+            let qp = hand_out(st, 1, qpn, Box::into_raw(q), &undo);
+            qp as *mut IbvQp
+        }
+        Ok(_) => {
+            set_errno(libc::EIO);
+            null_mut()
+        }
+        Err(e) => {
+            set_errno(e);
+            null_mut()
+        }
+    }
 }
 
 unsafe extern "C" fn modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, mask: c_int) -> c_int {
@@ -1285,44 +1339,68 @@ unsafe extern "C" fn destroy_qp(qp: *mut IbvQp) -> c_int {
 unsafe extern "C" fn create_srq(pd: *mut IbvPd, attr: *mut IbvSrqInitAttr) -> *mut IbvSrq {
     guard(null_mut(), || {
         // SAFETY: pd is ours; attr is a valid init attr from the caller.
-        let (ctx, pdh, a) = unsafe { ((*pd).context, (*pd).handle, &mut *attr) };
-        // SAFETY: ctx is ours.
-        let st = unsafe { state(ctx) };
-        let req = Req::CreateSrq {
-            pd: pdh,
-            max_wr: a.attr.max_wr,
-            max_sge: a.attr.max_sge,
-        };
-        match st.call(&req) {
-            Ok(Resp::Srq {
-                handle,
-                max_wr,
-                max_sge,
-                ..
-            }) => {
-                a.attr.max_wr = max_wr;
-                a.attr.max_sge = max_sge;
-                // SAFETY: ibv_srq is plain C data; all-zero is valid (an initialised
-                // pthread mutex and condition variable in glibc).
-                let mut b: Box<IbvSrq> = Box::new(unsafe { std::mem::zeroed() });
-                b.context = ctx;
-                b.srq_context = a.srq_context;
-                b.pd = pd;
-                b.handle = handle;
-                let undo = Req::DestroySrq { srq: handle };
-                // SAFETY: allocated just above and not handed out.
-                unsafe { hand_out(st, 2, handle, Box::into_raw(b), &undo) }
-            }
-            Ok(_) => {
-                set_errno(libc::EIO);
-                null_mut()
-            }
-            Err(e) => {
-                set_errno(e);
-                null_mut()
-            }
+        unsafe {
+            let a = &mut *attr;
+            new_srq(pd, a.srq_context, &mut a.attr, null_mut(), null_mut())
         }
     })
+}
+
+/// Create an SRQ in PD `pd`: a basic one, or with `xrcd` and `cq` an XRC SRQ of that domain
+/// whose receives complete on `cq`. `attr` gets the granted sizes.
+///
+/// # Safety
+/// `pd` is ours; `xrcd` and `cq` are null or objects of the PD's context.
+unsafe fn new_srq(
+    pd: *mut IbvPd,
+    srq_context: *mut c_void,
+    attr: &mut IbvSrqAttr,
+    xrcd: *mut VerbsXrcd,
+    cq: *mut IbvCq,
+) -> *mut IbvSrq {
+    let (ctx, pdh) = ((*pd).context, (*pd).handle);
+    let st = state(ctx);
+    let xrc = !xrcd.is_null();
+    let req = Req::CreateSrq {
+        pd: pdh,
+        max_wr: attr.max_wr,
+        max_sge: attr.max_sge,
+        xrcd: if xrc { (*xrcd).handle } else { 0 },
+        cq: if xrc { (*cq).handle } else { 0 },
+    };
+    match st.call(&req) {
+        Ok(Resp::Srq {
+            handle,
+            max_wr,
+            max_sge,
+            ..
+        }) => {
+            attr.max_wr = max_wr;
+            attr.max_sge = max_sge;
+            // SAFETY: verbs_srq is plain C data; all-zero is valid (an initialised pthread
+            // mutex and condition variable in glibc).
+            let mut b: Box<VerbsSrq> = Box::new(std::mem::zeroed());
+            b.srq.context = ctx;
+            b.srq.srq_context = srq_context;
+            b.srq.pd = pd;
+            b.srq.handle = handle;
+            b.srq_num = handle;
+            if xrc {
+                (b.srq_type, b.xrcd, b.cq) = (IBV_SRQT_XRC, xrcd, cq);
+            }
+            let undo = Req::DestroySrq { srq: handle };
+            // SAFETY: allocated just above and not handed out.
+            hand_out(st, 2, handle, Box::into_raw(b), &undo).cast()
+        }
+        Ok(_) => {
+            set_errno(libc::EIO);
+            null_mut()
+        }
+        Err(e) => {
+            set_errno(e);
+            null_mut()
+        }
+    }
 }
 
 unsafe extern "C" fn modify_srq(srq: *mut IbvSrq, attr: *mut IbvSrqAttr, mask: c_int) -> c_int {
@@ -1380,8 +1458,8 @@ unsafe extern "C" fn destroy_srq(srq: *mut IbvSrq) -> c_int {
                     let s = &mut *srq;
                     settle_events(s.context, r, &mut s.mutex, &mut s.cond, &s.events_completed);
                 }
-                // SAFETY: allocated by create_srq as a boxed IbvSrq.
-                drop(unsafe { Box::from_raw(srq) });
+                // SAFETY: allocated by new_srq as a boxed VerbsSrq (which begins with it).
+                drop(unsafe { Box::from_raw(srq.cast::<VerbsSrq>()) });
                 0
             }
             Err(e) => e,
@@ -1648,6 +1726,7 @@ unsafe extern "C" fn post_send(
                     swap,
                     sges: if inline.is_some() { Vec::new() } else { g },
                     inline,
+                    xrc_srqn: r.qp_type_xrc_remote_srqn,
                 });
                 ptrs.push(w);
                 w = r.next;
@@ -1673,8 +1752,9 @@ unsafe extern "C" fn post_recv(
 ) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: qp was made by create_qp; bad is writable.
-        if unsafe { !(*qp).srq.is_null() } {
-            // Its receives come from the SRQ (ibv_post_srq_recv).
+        let xrc = unsafe { matches!((*qp).qp_type, IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV) };
+        if xrc || unsafe { !(*qp).srq.is_null() } {
+            // Its receives come from an SRQ (ibv_post_srq_recv).
             unsafe { *bad = wr };
             return libc::EINVAL;
         }
@@ -1763,6 +1843,7 @@ unsafe fn post_send_ring(
         ring::put_u64(&mut slot, ring::SQ_COMPARE_ADD_OFF, compare_add);
         ring::put_u64(&mut slot, ring::SQ_SWAP_OFF, swap);
         ring::put_u32(&mut slot, ring::SQ_DOORBELL_OFF, u32::from(prod == start));
+        ring::put_u32(&mut slot, ring::SQ_XRC_SRQN_OFF, x.qp_type_xrc_remote_srqn);
         if inline {
             // Inline data is read from the caller's buffers at post time, as the verbs API
             // specifies; the caller guarantees they are valid.

@@ -48,7 +48,8 @@ pub const ARM_SOLICITED: u32 = 2;
 
 /// Send slot: a 64-byte header (`wr_id` 0, opcode 8, flags 12, imm 16, SGE count 20,
 /// remote address 24, rkey 32, inline length 36, atomic compare/add 40 and swap 48, doorbell
-/// mark 56), then `max_sge` SGEs of 16 bytes, then room for inline data.
+/// mark 56, XRC remote SRQ number 60), then `max_sge` SGEs of 16 bytes, then room for inline
+/// data.
 pub const SQ_SGE_OFF: usize = 64;
 /// Doorbell mark in the send slot's header: 1 on the first work request of an
 /// `ibv_post_send` call, 0 on the others of its list (the NIC model fetches one call's list
@@ -57,6 +58,8 @@ pub const SQ_DOORBELL_OFF: usize = 56;
 /// Atomic operands in the send slot's header.
 pub const SQ_COMPARE_ADD_OFF: usize = 40;
 pub const SQ_SWAP_OFF: usize = 48;
+/// An XRC initiator's work request: the responder's SRQ number.
+pub const SQ_XRC_SRQN_OFF: usize = 60;
 /// `inline_len` value of a work request that is not inline.
 pub const NOT_INLINE: u32 = u32::MAX;
 

@@ -3,6 +3,9 @@
 //! Header (48 bytes, little endian), then the payload:
 //! `magic u32 | op u8 | flags u8 | syndrome u8 | pad u8 | dst_qpn u32 | src_qpn u32 | psn u32 |
 //!  msg_len u32 | offset u32 | imm u32 | remote_addr u64 | rkey u32 | payload_len u32`
+//!
+//! An XRC request ([`F_XRC`]) carries a 4-byte extension after the header, before the
+//! payload: the responder's SRQ number (`srqn u32`; InfiniBand's XRCETH).
 
 pub const MAGIC: u32 = 0x534e_5231;
 pub const HDR_LEN: usize = 48;
@@ -32,6 +35,10 @@ pub const F_ACKREQ: u8 = 8;
 pub const F_SOLICITED: u8 = 16;
 /// SEND with invalidate: `imm` is the rkey of a memory window the responder invalidates.
 pub const F_INV: u8 = 32;
+/// An XRC request: the [`XRC_EXT_LEN`]-byte extension with the target SRQ number follows
+/// the header.
+pub const F_XRC: u8 = 64;
+pub const XRC_EXT_LEN: usize = 4;
 
 pub const NAK_SEQ: u8 = 1;
 pub const NAK_RNR: u8 = 2;
@@ -63,12 +70,14 @@ pub struct Packet {
     pub imm: u32,
     pub remote_addr: u64,
     pub rkey: u32,
+    /// The XRC target SRQ number; on the wire only with [`F_XRC`] (else 0).
+    pub srqn: u32,
     pub payload: Vec<u8>,
 }
 
 impl Packet {
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(HDR_LEN + self.payload.len());
+        let mut b = Vec::with_capacity(HDR_LEN + XRC_EXT_LEN + self.payload.len());
         b.extend_from_slice(&MAGIC.to_le_bytes());
         b.extend_from_slice(&[self.op, self.flags, self.syndrome, 0]);
         for v in [
@@ -84,6 +93,9 @@ impl Packet {
         b.extend_from_slice(&self.remote_addr.to_le_bytes());
         b.extend_from_slice(&self.rkey.to_le_bytes());
         b.extend_from_slice(&(self.payload.len() as u32).to_le_bytes());
+        if self.flags & F_XRC != 0 {
+            b.extend_from_slice(&self.srqn.to_le_bytes());
+        }
         b.extend_from_slice(&self.payload);
         b
     }
@@ -102,7 +114,9 @@ impl Packet {
             return None;
         }
         let plen = u32_at(44) as usize;
-        if b.len() != HDR_LEN + plen {
+        let flags = b[5];
+        let ext = if flags & F_XRC != 0 { XRC_EXT_LEN } else { 0 };
+        if b.len() != HDR_LEN + ext + plen {
             return None;
         }
         let psn = u32_at(16);
@@ -111,7 +125,7 @@ impl Packet {
         }
         Some(Packet {
             op,
-            flags: b[5],
+            flags,
             syndrome: b[6],
             dst_qpn: u32_at(8),
             src_qpn: u32_at(12),
@@ -121,7 +135,8 @@ impl Packet {
             imm: u32_at(28),
             remote_addr: u64::from_le_bytes(b[32..40].try_into().unwrap()),
             rkey: u32_at(40),
-            payload: b[HDR_LEN..].to_vec(),
+            srqn: if ext != 0 { u32_at(HDR_LEN) } else { 0 },
+            payload: b[HDR_LEN + ext..].to_vec(),
         })
     }
 }
@@ -165,6 +180,31 @@ mod tests {
         assert_eq!(Packet::decode(&bad), None);
     }
 
+    #[test]
+    fn xrc_requests_carry_the_srq_number_between_header_and_payload() {
+        let p = Packet {
+            op: OP_SEND,
+            flags: F_FIRST | F_LAST | F_XRC,
+            dst_qpn: 17,
+            src_qpn: 18,
+            msg_len: 2,
+            srqn: 0x0123_4567,
+            payload: vec![9, 8],
+            ..Default::default()
+        };
+        let e = p.encode();
+        assert_eq!(e.len(), HDR_LEN + XRC_EXT_LEN + 2);
+        assert_eq!(e[HDR_LEN..HDR_LEN + 4], 0x0123_4567u32.to_le_bytes());
+        assert_eq!(Packet::decode(&e), Some(p.clone()));
+        // The flag without its extension (or an extension without the flag) is malformed.
+        let mut no_ext = e.clone();
+        no_ext.drain(HDR_LEN..HDR_LEN + XRC_EXT_LEN);
+        assert_eq!(Packet::decode(&no_ext), None);
+        let mut no_flag = e;
+        no_flag[5] &= !F_XRC;
+        assert_eq!(Packet::decode(&no_flag), None);
+    }
+
     mod fuzz {
         use super::*;
         use proptest::prelude::*;
@@ -174,7 +214,7 @@ mod tests {
                 (OP_SEND..=OP_MAX, any::<u8>(), any::<u8>()),
                 (any::<u32>(), any::<u32>(), 0..=PSN_MASK),
                 (any::<u32>(), any::<u32>(), any::<u32>()),
-                (any::<u64>(), any::<u32>()),
+                (any::<u64>(), any::<u32>(), any::<u32>()),
                 proptest::collection::vec(any::<u8>(), 0..300),
             )
                 .prop_map(
@@ -182,7 +222,7 @@ mod tests {
                         (op, flags, syndrome),
                         (dst_qpn, src_qpn, psn),
                         (msg_len, offset, imm),
-                        (remote_addr, rkey),
+                        (remote_addr, rkey, srqn),
                         payload,
                     )| Packet {
                         op,
@@ -196,6 +236,7 @@ mod tests {
                         imm,
                         remote_addr,
                         rkey,
+                        srqn: if flags & F_XRC != 0 { srqn } else { 0 },
                         payload,
                     },
                 )

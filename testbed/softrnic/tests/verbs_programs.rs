@@ -1546,3 +1546,84 @@ fn own_wr_api_checker_batches_opcodes_and_refusals() {
     assert!(s.contains("OK wr api"), "{s}");
     assert!(c.contains("OK wr api"), "{c}");
 }
+
+/// XRC: unmodified `ibv_xsrq_pingpong` (polling and `-e`, 1 B to 1 MB); a server with two
+/// clients on one host, which share the XRC domain through its file, so that the server's
+/// sends to one client's SRQ arrive through the other client's target QP; and perftest's
+/// `-c XRC` programs (SEND, WRITE and READ bandwidth with several QPs, SEND latency, atomics).
+#[test]
+fn xsrq_pingpong_and_perftest_over_xrc() {
+    require_privileges!();
+    if !have("ibv_xsrq_pingpong") || !have("ib_send_bw") {
+        eprintln!("SKIPPED: needs ibverbs-utils and perftest");
+        return;
+    }
+    let run = Run::new("xrc");
+    run.up(&["--hosts", "2"]);
+    pairs_succeed(
+        &run,
+        &[
+            &["ibv_xsrq_pingpong", "-g", "0", "-n", "50"],
+            &["ibv_xsrq_pingpong", "-g", "0", "-e", "-n", "50"],
+            &["ibv_xsrq_pingpong", "-g", "0", "-s", "1", "-n", "50"],
+            &["ibv_xsrq_pingpong", "-g", "0", "-s", "1048576", "-n", "5"],
+        ],
+        "success",
+    );
+    let ip = run.addr("h1");
+    fn xsrq<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+        let mut a = vec!["ibv_xsrq_pingpong", "-g", "0", "-p", "18720", "-n", "20"];
+        a.extend_from_slice(extra);
+        a
+    }
+    let server = spawn(&mut run.exec("h1", &xsrq(&["-c", "2"])));
+    std::thread::sleep(Duration::from_millis(500));
+    let first = spawn(&mut run.exec("h2", &xsrq(&[&ip])));
+    std::thread::sleep(Duration::from_millis(200));
+    let second = run_timeout(&mut run.exec("h2", &xsrq(&[&ip])), Duration::from_secs(60));
+    let first = wait_timeout(first, Duration::from_secs(30));
+    let server = wait_timeout(server, Duration::from_secs(30));
+    for (who, o) in [
+        ("server", &server),
+        ("client 1", &first),
+        ("client 2", &second),
+    ] {
+        assert!(o.status.success(), "{who}: {}", text(o));
+        assert!(text(o).contains("success"), "{who}: {}", text(o));
+    }
+    pairs_succeed(
+        &run,
+        &[
+            &["ib_send_bw", "-x", "0", "-c", "XRC", "-q", "2", "-n", "300"],
+            &[
+                "ib_write_bw",
+                "-x",
+                "0",
+                "-c",
+                "XRC",
+                "-q",
+                "2",
+                "-n",
+                "300",
+            ],
+            &["ib_read_bw", "-x", "0", "-c", "XRC", "-n", "300"],
+            &["ib_send_lat", "-x", "0", "-c", "XRC", "-n", "200"],
+            &["ib_atomic_bw", "-x", "0", "-c", "XRC", "-n", "200"],
+        ],
+        "#bytes",
+    );
+}
+
+/// Our `srn_xrc` checker: a domain shared by two processes of the receiving host, SENDs,
+/// WRITEs (with immediate) and READs into both through one target QP, an atomic, and the
+/// refusals (an SRQ of another PD than the MR's: remote access error; an SRQ number outside
+/// the domain: invalid request).
+#[test]
+fn own_xrc_checker_shares_a_domain_between_processes() {
+    require_privileges!();
+    let Some((s, c)) = checker_pair("srn_xrc", "7477") else {
+        return;
+    };
+    assert!(s.contains("OK server"), "{s}");
+    assert!(c.contains("OK client"), "{c}");
+}

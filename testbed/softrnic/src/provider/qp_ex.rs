@@ -11,6 +11,7 @@ use super::*;
 /// except memory windows and invalidation.
 const SUPPORTED_OPS: u64 = 0x7f;
 const IBV_QP_INIT_ATTR_PD: u32 = 1 << 0;
+const IBV_QP_INIT_ATTR_XRCD: u32 = 1 << 1;
 const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
 const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
 
@@ -86,8 +87,10 @@ pub(super) unsafe extern "C" fn create_qp_ex(
     guard(null_mut(), || {
         // SAFETY: the caller's attributes.
         let a = unsafe { &mut *attr };
-        let known =
-            IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        let known = IBV_QP_INIT_ATTR_PD
+            | IBV_QP_INIT_ATTR_XRCD
+            | IBV_QP_INIT_ATTR_CREATE_FLAGS
+            | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
         let flags = a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0;
         let ops = if a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
             a.send_ops_flags
@@ -95,21 +98,35 @@ pub(super) unsafe extern "C" fn create_qp_ex(
             0
         };
         if a.comp_mask & !known != 0 || flags || ops & !SUPPORTED_OPS != 0 {
-            // XRC, RSS, TSO, creation flags, memory-window or invalidation ops.
+            // RSS, TSO, creation flags, memory-window or invalidation ops.
             set_errno(libc::EOPNOTSUPP);
             return null_mut();
         }
-        // SAFETY: a non-null PD was made by alloc_pd.
-        if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0
-            || a.pd.is_null()
-            || unsafe { (*a.pd).context } != ctx
-        {
-            set_errno(libc::EINVAL);
-            return null_mut();
-        }
-        // SAFETY: the attributes begin as `ibv_qp_init_attr`'s (create_qp reads and writes
-        // only its named members, not the padding `comp_mask` occupies here).
-        let qp = unsafe { create_qp(a.pd, attr.cast::<IbvQpInitAttr>()) };
+        // An XRC target belongs to a domain instead of a PD; every other QP to a PD.
+        let (pd, xrcd) = if a.qp_type == IBV_QPT_XRC_RECV {
+            let x = a.xrcd.cast::<VerbsXrcd>();
+            let given = a.comp_mask & IBV_QP_INIT_ATTR_XRCD != 0 && !x.is_null();
+            // SAFETY: a non-null domain was made by open_xrcd.
+            if !given || unsafe { (*x).context } != ctx || ops != 0 {
+                set_errno(libc::EINVAL);
+                return null_mut();
+            }
+            (null_mut(), x)
+        } else {
+            // SAFETY: a non-null PD was made by alloc_pd.
+            if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0
+                || a.pd.is_null()
+                || unsafe { (*a.pd).context } != ctx
+            {
+                set_errno(libc::EINVAL);
+                return null_mut();
+            }
+            (a.pd, null_mut())
+        };
+        // SAFETY: the attributes begin as `ibv_qp_init_attr`'s (new_qp reads and writes only
+        // its named members, not the padding `comp_mask` occupies here); PD and domain are
+        // checked above.
+        let qp = unsafe { new_qp(ctx, pd, &mut *attr.cast::<IbvQpInitAttr>(), xrcd) };
         if qp.is_null() || ops == 0 {
             return qp;
         }
@@ -132,6 +149,7 @@ pub(super) unsafe extern "C" fn create_qp_ex(
         t.wr_set_inline_data = wr_set_inline_data as *const () as usize;
         t.wr_set_inline_data_list = wr_set_inline_data_list as *const () as usize;
         t.wr_set_ud_addr = wr_set_ud_addr as *const () as usize;
+        t.wr_set_xrc_srqn = wr_set_xrc_srqn as *const () as usize;
         qp
     })
 }
@@ -322,6 +340,15 @@ unsafe extern "C" fn wr_set_ud_addr(qpx: *mut VerbsQp, ah: *mut IbvAh, qpn: u32,
         if let Some(w) = unsafe { batch(qpx) }.last() {
             w.wr.wr[0] = ah as u64;
             w.wr.wr[1] = u64::from(qpn) | u64::from(qkey) << 32;
+        }
+    })
+}
+
+unsafe extern "C" fn wr_set_xrc_srqn(qpx: *mut VerbsQp, srqn: u32) {
+    guard((), || {
+        // SAFETY: the application's QP.
+        if let Some(w) = unsafe { batch(qpx) }.last() {
+            w.wr.qp_type_xrc_remote_srqn = srqn;
         }
     })
 }

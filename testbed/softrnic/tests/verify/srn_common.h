@@ -1,5 +1,6 @@
 /*
- * srn_common.h: what softrnic's C checkers (srn_verify, srn_atomic, srn_async, srn_mw) share —
+ * srn_common.h: what softrnic's C checkers (srn_verify, srn_atomic, srn_async, srn_mw, srn_wr,
+ * srn_xrc) share —
  * failing, the TCP side channel that carries connection data, opening the device, creating RC
  * QPs and moving them through INIT, RTR and RTS. Included with quotes, so compiling a checker needs no -I
  * flag (the shim's tests compile srn_async.c from its own path). The functions are
