@@ -134,9 +134,9 @@ pub fn fill_device_attr(a: &mut IbvDeviceAttr, guid: u64) {
 }
 
 /// Fill `ibv_port_attr` for port 1 (the caller has zeroed it); `active_mtu` is the NIC
-/// model's MTU (an `IBV_MTU_*` value).
-pub fn fill_port_attr(p: &mut IbvPortAttr, active_mtu: i32) {
-    p.state = IBV_PORT_ACTIVE;
+/// model's MTU (an `IBV_MTU_*` value), `up` whether the link is up (see [`port_state_text`]).
+pub fn fill_port_attr(p: &mut IbvPortAttr, active_mtu: i32, up: bool) {
+    p.state = if up { IBV_PORT_ACTIVE } else { IBV_PORT_DOWN };
     p.max_mtu = IBV_MTU_4096;
     p.active_mtu = active_mtu;
     p.gid_tbl_len = 1;
@@ -145,13 +145,51 @@ pub fn fill_port_attr(p: &mut IbvPortAttr, active_mtu: i32) {
     p.max_vl_num = 1;
     p.active_width = 1; // 1X
     p.active_speed = 32; // EDR (25 Gb/s per lane)
-    p.phys_state = 5; // LinkUp
+    p.phys_state = if up { 5 } else { 3 }; // LinkUp, Disabled
     p.link_layer = IBV_LINK_LAYER_ETHERNET;
+}
+
+/// Port 1's directory under a host's sysfs root.
+pub fn port_dir(sysfs_root: &std::path::Path) -> std::path::PathBuf {
+    sysfs_root
+        .join("class/infiniband")
+        .join(IBDEV_NAME)
+        .join("ports/1")
+}
+
+/// The sysfs `state` and `phys_state` of a port whose link is up or down, as the kernel
+/// writes them. The `state` file is also where `softrnic link` tells the engine and the
+/// provider: it is the port's one source of truth.
+pub fn port_state_text(up: bool) -> (&'static str, &'static str) {
+    if up {
+        ("4: ACTIVE\n", "5: LinkUp\n")
+    } else {
+        ("1: DOWN\n", "3: Disabled\n")
+    }
+}
+
+/// Whether a sysfs port `state` says the link is up (anything unreadable counts as up, as
+/// `up` wrote it).
+pub fn port_is_up(state: &str) -> bool {
+    !state.trim_start().starts_with('1')
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn port_state_text_round_trips_and_drives_query_port() {
+        for up in [true, false] {
+            let (state, _) = port_state_text(up);
+            assert_eq!(port_is_up(state), up);
+            // SAFETY: plain C data; all-zero is what query_port starts from.
+            let mut p: IbvPortAttr = unsafe { std::mem::zeroed() };
+            fill_port_attr(&mut p, IBV_MTU_4096, up);
+            assert_eq!(p.state, if up { IBV_PORT_ACTIVE } else { IBV_PORT_DOWN });
+        }
+        assert!(port_is_up(""), "an unreadable state counts as up");
+    }
 
     #[test]
     fn gid_roundtrip() {

@@ -46,6 +46,8 @@ const TICK: Duration = Duration::from_millis(1);
 const TX_BURST: usize = 64;
 /// The stats file is rewritten at most this often (and only when a counter changed).
 const STATS_EVERY: Duration = Duration::from_millis(200);
+/// How often the engine reads its port's sysfs state (`softrnic link`).
+pub const PORT_CHECK_EVERY: Duration = Duration::from_millis(100);
 /// Atomic results a responder QP remembers by PSN, so that a retransmitted atomic request is
 /// answered from here instead of being executed twice (IBTA's responder resources). Twice the
 /// most any requester may have outstanding (`max_rd_atomic` ≤ [`device::MAX_RD_ATOM`]): every
@@ -67,6 +69,8 @@ pub struct EngineConfig {
     /// Batch same-size packets into UDP GSO sends and receive with UDP GRO (a host-side
     /// optimisation: every packet stays a packet for the model, faults and peers).
     pub gso: bool,
+    /// The port's sysfs `state` file, watched for `softrnic link` (None: always up).
+    pub port_state: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +109,8 @@ pub struct Counters {
     pub rx_dropped_no_recv: u64,
     /// UC packets dropped because an earlier packet of their message was lost.
     pub rx_uc_broken: u64,
+    /// Packets not sent or not taken because the port's link was down.
+    pub port_down_dropped: u64,
 }
 
 impl Counters {
@@ -135,6 +141,7 @@ impl Counters {
             ("rx_dropped_qkey", self.rx_dropped_qkey),
             ("rx_dropped_no_recv", self.rx_dropped_no_recv),
             ("rx_uc_broken", self.rx_uc_broken),
+            ("port_down_dropped", self.port_down_dropped),
         ] {
             s.push_str(&format!("{k} {v}\n"));
         }
@@ -381,6 +388,8 @@ struct State {
     qps: HashMap<u32, Qp>,
     srqs: HashMap<u32, Srq>,
     xrcds: HashMap<u32, xrc::Xrcd>,
+    /// The port's link (`softrnic link`): while down, nothing is sent or received.
+    port_up: bool,
     /// Memory windows by index (rkey >> 8).
     mws: HashMap<u32, Mw>,
     /// This host's address (the destination in the GRH of received UD datagrams).
@@ -426,6 +435,12 @@ impl Shared {
 
     fn flush_out(&self, st: &mut State) {
         let st = &mut *st;
+        if !st.port_up {
+            // No link: what the NIC sends goes nowhere.
+            st.counters.port_down_dropped += st.out.len() as u64;
+            st.out.clear();
+            return;
+        }
         let Some(inj) = st.inject.as_mut() else {
             if self.gso {
                 st.counters.tx_packets += send_batched(&self.udp, &mut st.out);
@@ -480,7 +495,9 @@ impl Shared {
                 return Some(h.at);
             }
             let Reverse(h) = inj.held.pop().unwrap();
-            if self.udp.send_to(&h.bytes, h.dst).is_ok() {
+            if !st.port_up {
+                st.counters.port_down_dropped += 1;
+            } else if self.udp.send_to(&h.bytes, h.dst).is_ok() {
                 st.counters.tx_packets += 1;
             }
         }
@@ -638,6 +655,7 @@ impl State {
             qps: HashMap::new(),
             srqs: HashMap::new(),
             xrcds: HashMap::new(),
+            port_up: true,
             mws: HashMap::new(),
             my_ip: Ipv4Addr::LOCALHOST,
             rr: VecDeque::new(),
@@ -821,6 +839,31 @@ impl State {
             eprintln!("softrnic engine: async event {event_type} dropped (queue full)");
         }
         self.pump_events(id);
+    }
+
+    /// The link went down or came up: every context of the host learns it from an
+    /// asynchronous event (`IBV_EVENT_PORT_ERR`, `IBV_EVENT_PORT_ACTIVE`; element: port 1).
+    /// QPs are left alone, as on hardware: their retransmissions fail while the link is down
+    /// and run out after their retry count, or succeed once it is back.
+    fn set_port(&mut self, up: bool) {
+        if up == self.port_up {
+            return;
+        }
+        self.port_up = up;
+        let event = if up {
+            IBV_EVENT_PORT_ACTIVE
+        } else {
+            IBV_EVENT_PORT_ERR
+        };
+        let conns: Vec<u64> = self
+            .channels
+            .values()
+            .filter(|c| c.events.is_some())
+            .map(|c| c.conn)
+            .collect();
+        for conn in conns {
+            self.raise(conn, Obj::Port, 1, event);
+        }
     }
 
     /// The channel id and event queue of connection `conn`'s asynchronous event stream.
@@ -3522,6 +3565,10 @@ fn rx_loop(sh: Arc<Shared>) {
             }
         };
         let mut st = sh.lock();
+        if !st.port_up {
+            st.counters.port_down_dropped += 1;
+            continue;
+        }
         // Only requester-side packets (ACK, NAK, READ response) can give the transmitter
         // something to do (a window opens, a resend is due); a responder answers by itself.
         let mut wake = false;
@@ -3559,14 +3606,23 @@ fn rx_loop(sh: Arc<Shared>) {
     }
 }
 
-fn tx_loop(sh: Arc<Shared>, stats: Option<PathBuf>) {
+fn tx_loop(sh: Arc<Shared>, stats: Option<PathBuf>, port_state: Option<PathBuf>) {
     let mut st = sh.lock();
     let mut written = Counters::default();
     let mut last_write = Instant::now();
+    let mut port_checked = Instant::now();
     loop {
         // Read before scanning the rings: a post after this makes the wait below return.
         let seen = sh.db.seq();
         let now = Instant::now();
+        if let Some(p) = port_state.as_ref() {
+            if now.duration_since(port_checked) >= PORT_CHECK_EVERY {
+                port_checked = now;
+                if let Ok(s) = std::fs::read_to_string(p) {
+                    st.set_port(device::port_is_up(&s));
+                }
+            }
+        }
         st.timers(now);
         let next_held = sh.flush_held(&mut st, now);
         if let Some(path) = &stats {
@@ -3822,9 +3878,10 @@ pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
     {
         let sh = sh.clone();
         let stats = cfg.stats.clone();
+        let port_state = cfg.port_state.clone();
         std::thread::Builder::new()
             .name("tx".into())
-            .spawn(move || tx_loop(sh, stats))?;
+            .spawn(move || tx_loop(sh, stats, port_state))?;
     }
     eprintln!(
         "softrnic engine for {} on {}:{} ({})",
@@ -3866,6 +3923,36 @@ pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A link change raises one port event on every context with an event stream (element:
+    /// port 1), none for a repeated state, none for a context without a stream.
+    #[test]
+    fn link_changes_raise_port_events_on_every_context() {
+        let mut st = State::new();
+        for conn in [1, 2] {
+            assert!(matches!(
+                st.request(conn, 0, Req::CreateAsyncChannel),
+                Resp::Channel { .. }
+            ));
+        }
+        st.request(3, 0, Req::AllocPd);
+        let next = |st: &mut State, conn: u64| st.event_queue(conn)?.1.next_record();
+        st.set_port(true);
+        st.set_port(false);
+        st.set_port(false);
+        for conn in [1, 2] {
+            let r = next(&mut st, conn);
+            assert_eq!(r, Some(crate::events::record(1, IBV_EVENT_PORT_ERR)));
+            st.event_queue(conn).unwrap().1.consumed(false);
+            assert_eq!(next(&mut st, conn), None);
+        }
+        assert!(st.event_queue(3).is_none());
+        st.set_port(true);
+        for conn in [1, 2] {
+            let r = next(&mut st, conn);
+            assert_eq!(r, Some(crate::events::record(1, IBV_EVENT_PORT_ACTIVE)));
+        }
+    }
 
     /// An armed CQ with a channel sends exactly one event (its `ibv_cq *`) per arming.
     #[test]

@@ -28,6 +28,8 @@ pub enum Obj {
     Cq(u32),
     Qp(u32),
     Srq(u32),
+    /// The device's port (never destroyed: its events need no bookkeeping for a destroy).
+    Port,
 }
 
 /// `struct ib_uverbs_async_event_desc { u64 element; u32 event_type; u32 reserved; }`.

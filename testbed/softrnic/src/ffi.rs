@@ -749,9 +749,12 @@ pub mod consts {
     pub const IBV_EVENT_QP_REQ_ERR: u32 = 2;
     pub const IBV_EVENT_QP_ACCESS_ERR: u32 = 3;
     pub const IBV_EVENT_COMM_EST: u32 = 4;
+    pub const IBV_EVENT_PORT_ACTIVE: u32 = 9;
+    pub const IBV_EVENT_PORT_ERR: u32 = 10;
     pub const IBV_EVENT_SRQ_LIMIT_REACHED: u32 = 15;
     pub const IBV_EVENT_QP_LAST_WQE_REACHED: u32 = 16;
 
+    pub const IBV_PORT_DOWN: i32 = 1;
     pub const IBV_PORT_ACTIVE: i32 = 4;
     pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;
     pub const IBV_MTU_4096: i32 = 5;

@@ -206,7 +206,7 @@ pub fn write_sysfs(root: &Path, ip: Ipv4Addr, engine_socket: &Path, mtu: u32) ->
     let verbs = root.join("class/infiniband_verbs");
     let uv = verbs.join(device::UVERBS_NAME);
     let ib = root.join("class/infiniband").join(device::IBDEV_NAME);
-    let port = ib.join("ports/1");
+    let port = device::port_dir(root);
     for d in [
         &uv,
         &port.join("gids"),
@@ -241,12 +241,38 @@ pub fn write_sysfs(root: &Path, ip: Ipv4Addr, engine_socket: &Path, mtu: u32) ->
     w(port.join("gids/0"), &format!("{gid}\n"))?;
     w(port.join("gid_attrs/types/0"), "RoCE v2\n")?;
     w(port.join("pkeys/0"), "0xffff\n")?;
-    w(port.join("state"), "4: ACTIVE\n")?;
-    w(port.join("phys_state"), "5: LinkUp\n")?;
+    write_port_state(&port, true)?;
     w(port.join("link_layer"), "Ethernet\n")?;
     w(port.join("lid"), "0x0\n")?;
     w(port.join("rate"), "25 Gb/sec (1X EDR)\n")?;
     Ok(())
+}
+
+fn write_port_state(port: &Path, up: bool) -> Result<()> {
+    let (state, phys) = device::port_state_text(up);
+    for (f, s) in [("phys_state", phys), ("state", state)] {
+        let p = port.join(f);
+        fs::write(&p, s).with_context(|| p.display().to_string())?;
+    }
+    Ok(())
+}
+
+/// The port `state` file of host `name`'s device, which its engine watches.
+pub fn port_state_path(host_dir: &Path) -> PathBuf {
+    device::port_dir(&host_dir.join("sys")).join("state")
+}
+
+/// Take host `name`'s link down or bring it up, as pulling or plugging its cable would: the
+/// port's sysfs state changes at once; within [`crate::engine::PORT_CHECK_EVERY`] the engine
+/// stops (or resumes) sending and receiving and raises `IBV_EVENT_PORT_ERR` (or
+/// `IBV_EVENT_PORT_ACTIVE`) on every open context of the host.
+pub fn set_link(run: &Path, name: &str, up: bool) -> Result<()> {
+    let st = load_state(run)?;
+    if !st.hosts.iter().any(|h| h.name == name) {
+        bail!("no host {name} (hosts: {})", host_names(&st));
+    }
+    let dir = run.join("hosts").join(name);
+    write_port_state(&device::port_dir(&dir.join("sys")), up)
 }
 
 /// Whether `pid` is this run's `role` process ("engine" or "holder"), by its command line.

@@ -85,6 +85,12 @@ enum Cmd {
     },
     /// Print the IP address of host NAME.
     Addr { name: String },
+    /// Take host NAME's link down or bring it up (port events, packets dropped while down).
+    Link {
+        name: String,
+        #[arg(value_parser = ["up", "down"])]
+        state: String,
+    },
     /// List the hosts of the current run.
     Status,
     /// Tear everything down (engines, namespaces, run directory).
@@ -181,6 +187,7 @@ fn main() -> Result<()> {
         }
         Cmd::Exec { host, cmd } => hosts::exec(&run, &host, &cmd)?,
         Cmd::Addr { name } => println!("{}", hosts::addr(&run, &name)?),
+        Cmd::Link { name, state } => hosts::set_link(&run, &name, state == "up")?,
         Cmd::Status => {
             let st = hosts::load_state(&run)?;
             for h in &st.hosts {
@@ -231,6 +238,7 @@ fn main() -> Result<()> {
                 None => nic::NicConfig::default(),
             };
             engine::run(engine::EngineConfig {
+                port_state: socket.parent().map(hosts::port_state_path),
                 nic,
                 gso: !no_gso,
                 host,

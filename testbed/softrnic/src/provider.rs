@@ -183,6 +183,8 @@ struct SrDevice {
     guid: u64,
     /// Active MTU of the port (`IBV_MTU_*`), from the NIC model's settings.
     active_mtu: i32,
+    /// The port's sysfs `state` file (`softrnic link` changes it).
+    port_state: std::path::PathBuf,
 }
 
 fn cstr_field(b: &[c_char]) -> String {
@@ -232,6 +234,7 @@ unsafe extern "C" fn alloc_device(sysfs: *mut VerbsSysfsDev) -> *mut VerbsDevice
             engine_socket,
             guid,
             active_mtu,
+            port_state: format!("{path}/ports/1/state").into(),
         });
         Box::into_raw(dev) as *mut VerbsDevice
     })
@@ -736,8 +739,10 @@ unsafe extern "C" fn query_port(ctx: *mut IbvContext, port: u8, attr: *mut IbvPo
         // libibverbs passes a full-size ibv_port_attr.
         unsafe {
             let dev = &*((*ctx).device as *const SrDevice);
+            let up =
+                std::fs::read_to_string(&dev.port_state).map_or(true, |s| device::port_is_up(&s));
             std::ptr::write_bytes(attr, 0, 1);
-            device::fill_port_attr(&mut *attr, dev.active_mtu);
+            device::fill_port_attr(&mut *attr, dev.active_mtu, up);
         }
         0
     })

@@ -1627,3 +1627,91 @@ fn own_xrc_checker_shares_a_domain_between_processes() {
     assert!(s.contains("OK server"), "{s}");
     assert!(c.contains("OK client"), "{c}");
 }
+
+/// `softrnic link`: taking h1's link down raises `IBV_EVENT_PORT_ERR` on its open contexts
+/// (unmodified `ibv_asyncwatch` prints it), `ibv_devinfo` shows the port down, and RDMA
+/// traffic fails once its retries run out (the TCP side channel is not affected); bringing
+/// it up raises `IBV_EVENT_PORT_ACTIVE` and traffic works again; a short flap under a running
+/// `ibv_rc_pingpong -c` costs retransmissions, not data.
+#[test]
+fn link_down_and_up_raise_port_events_and_traffic_resumes() {
+    require_privileges!();
+    if !have("ibv_asyncwatch") || !have("stdbuf") {
+        eprintln!("SKIPPED: needs ibv_asyncwatch (ibverbs-utils) and stdbuf (coreutils)");
+        return;
+    }
+    let run = Run::new("link");
+    run.up(&["--hosts", "2"]);
+    let link = |state: &str| {
+        let out = run_timeout(
+            run.cmd().args(["link", "h1", state]),
+            Duration::from_secs(10),
+        );
+        assert!(out.status.success(), "link {state}: {}", text(&out));
+    };
+    let devinfo = || {
+        text(&run_timeout(
+            &mut run.exec("h1", &["ibv_devinfo"]),
+            Duration::from_secs(10),
+        ))
+    };
+    let watch = spawn(&mut run.exec("h1", &["stdbuf", "-o0", "ibv_asyncwatch"]));
+    std::thread::sleep(Duration::from_millis(500));
+    link("down");
+    // The engine reads the port state every 100 ms.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(devinfo().contains("PORT_DOWN"), "{}", devinfo());
+    let ip = run.addr("h1");
+    let pp = ["ibv_rc_pingpong", "-g", "0", "-p", "18740", "-n", "5"];
+    let server = spawn(&mut run.exec("h1", &pp));
+    std::thread::sleep(Duration::from_millis(300));
+    let mut cargs = pp.to_vec();
+    cargs.push(&ip);
+    let client = run_timeout(&mut run.exec("h2", &cargs), Duration::from_secs(20));
+    let _ = wait_timeout(server, Duration::from_secs(2));
+    assert!(!client.status.success(), "{}", text(&client));
+    assert!(
+        text(&client).contains("retry counter exceeded"),
+        "{}",
+        text(&client)
+    );
+    assert!(run.stats("h1")["port_down_dropped"] > 0);
+    link("up");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(devinfo().contains("PORT_ACTIVE"), "{}", devinfo());
+    let events = wait_timeout(watch, Duration::from_millis(200));
+    let ev = String::from_utf8_lossy(&events.stdout);
+    let err = ev.find("IBV_EVENT_PORT_ERR (10), port 1");
+    let active = ev.find("IBV_EVENT_PORT_ACTIVE (9), port 1");
+    assert!(
+        matches!((err, active), (Some(e), Some(a)) if e < a),
+        "ibv_asyncwatch: {ev}"
+    );
+    pingpong_sizes(&run, &[], &[("4096", "100")]);
+
+    // A flap of 100-300 ms while a pingpong runs: its retries (up to 7 timeouts of 67 ms)
+    // outlast it.
+    std::thread::sleep(Duration::from_millis(300));
+    let dropped = run.stats("h1")["port_down_dropped"];
+    let flap = std::thread::scope(|s| {
+        let t = s.spawn(|| pingpong(&run, &["-c", "-s", "64", "-n", "20000"]));
+        std::thread::sleep(Duration::from_millis(600));
+        link("down");
+        std::thread::sleep(Duration::from_millis(150));
+        link("up");
+        t.join().unwrap()
+    });
+    let (server, client) = flap;
+    assert!(server.status.success(), "server: {}", text(&server));
+    assert!(client.status.success(), "client: {}", text(&client));
+    assert!(
+        text(&client).contains("20000 iters in"),
+        "{}",
+        text(&client)
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        run.stats("h1")["port_down_dropped"] > dropped,
+        "the flap did not meet the pingpong's traffic"
+    );
+}
