@@ -1,0 +1,416 @@
+//! The engine's threads and host I/O: the provider connections, the UDP receive and transmit loops with GSO/GRO, and the counters file.
+
+use super::*;
+
+/// Send `bytes` on an event stream without blocking (a process that does not read its events
+/// cannot stall the engine). Whether all of it was sent.
+pub(super) fn send_nowait(sink: &UnixStream, bytes: &[u8]) -> bool {
+    // SAFETY: sends from a live buffer of the given length on a socket we own.
+    let n = unsafe {
+        libc::send(
+            sink.as_raw_fd(),
+            bytes.as_ptr() as *const libc::c_void,
+            bytes.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    n == bytes.len() as isize
+}
+
+pub(super) fn peer_pid(s: &UnixStream) -> io::Result<i32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: cred and len are valid out-parameters of the sizes passed.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred.pid)
+}
+
+pub(super) fn serve_conn(sh: Arc<Shared>, mut s: UnixStream, conn: u64) {
+    let pid = match peer_pid(&s) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("softrnic engine: SO_PEERCRED: {e}");
+            return;
+        }
+    };
+    let mut first = true;
+    while let Ok(body) = proto::read_frame(&mut s) {
+        if std::mem::take(&mut first) {
+            if let Ok(Req::AttachChannel { id, token }) = Req::decode(&body) {
+                serve_channel(&sh, s, pid, id, token);
+                return;
+            }
+        }
+        let resp = match Req::decode(&body) {
+            Ok(req) => {
+                let mut st = sh.lock();
+                let r = st.request(conn, pid, req);
+                sh.flush_out(&mut st);
+                drop(st);
+                sh.kick();
+                r
+            }
+            Err(_) => err(libc::EINVAL),
+        };
+        if proto::write_frame(&mut s, &resp.encode()).is_err() {
+            break;
+        }
+    }
+    sh.lock().drop_conn(conn);
+}
+
+/// A channel's event connection: attach it, then wait for the process to close it.
+pub(super) fn serve_channel(sh: &Shared, mut s: UnixStream, pid: i32, id: u32, token: u64) {
+    let resp = match s.try_clone() {
+        Ok(sink) => sh.lock().attach_channel(pid, id, token, sink),
+        Err(_) => err(libc::ENOMEM),
+    };
+    let ok = resp == Resp::Unit;
+    if proto::write_frame(&mut s, &resp.encode()).is_err() || !ok {
+        return;
+    }
+    // Nothing more is sent on this connection; EOF means the channel was destroyed.
+    while proto::read_frame(&mut s).is_ok() {}
+    let mut st = sh.lock();
+    st.channels.remove(&id);
+    for c in st.cqs.values_mut().filter(|c| c.channel == id) {
+        c.channel = 0;
+        c.armed = false;
+    }
+}
+
+/// A secret that only the process that created a channel learns.
+pub(super) fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most b.len() bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, b.len(), 0) };
+    if n == 8 {
+        return u64::from_ne_bytes(b);
+    }
+    // No getrandom: the clock's nanoseconds, mixed (the socket is root-only anyway).
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    crate::faults::Rng::new(t ^ u64::from(std::process::id())).next_u64()
+}
+
+pub(super) fn rx_loop(sh: Arc<Shared>) {
+    let mut buf = vec![0u8; 65536];
+    loop {
+        let got = if sh.gso {
+            recv_gro(&sh.udp, &mut buf)
+        } else {
+            sh.udp.recv_from(&mut buf).map(|(n, f)| (n, f, None))
+        };
+        let (n, from, seg) = match got {
+            Ok(v) => v,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                eprintln!("softrnic engine: udp receive: {e}");
+                std::thread::sleep(TICK);
+                continue;
+            }
+        };
+        let mut st = sh.lock();
+        if !st.port_up {
+            st.counters.port_down_dropped += 1;
+            continue;
+        }
+        // Only requester-side packets (ACK, NAK, READ response) can give the transmitter
+        // something to do (a window opens, a resend is due); a responder answers by itself.
+        let mut wake = false;
+        // With GRO the kernel may have coalesced datagrams of one size (the last may be
+        // shorter): each is one packet.
+        let seg = seg.unwrap_or(n).max(1);
+        let mut off = 0;
+        // (A zero-length datagram is one packet too: malformed.)
+        while off < n || (n == 0 && off == 0) {
+            let d = &buf[off..(off + seg).min(n)];
+            off += seg;
+            st.counters.rx_packets += 1;
+            match Packet::decode(d) {
+                Some(p) => {
+                    wake |= matches!(
+                        p.op,
+                        wire::OP_ACK | wire::OP_NAK | wire::OP_READ_RESP | wire::OP_ATOMIC_RESP
+                    );
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        st.on_packet(from, p, Instant::now())
+                    }));
+                    if r.is_err() {
+                        st.counters.rx_handler_panics += 1;
+                        eprintln!("softrnic engine: BUG: panic while handling a packet (dropped)");
+                    }
+                }
+                None => st.counters.rx_dropped_malformed += 1,
+            }
+        }
+        sh.flush_out(&mut st);
+        drop(st);
+        if wake {
+            sh.kick();
+        }
+    }
+}
+
+pub(super) fn tx_loop(sh: Arc<Shared>, stats: Option<PathBuf>, port_state: Option<PathBuf>) {
+    let mut st = sh.lock();
+    let mut written = Counters::default();
+    let mut last_write = Instant::now();
+    let mut port_checked = Instant::now();
+    loop {
+        // Read before scanning the rings: a post after this makes the wait below return.
+        let seen = sh.db.seq();
+        let now = Instant::now();
+        if let Some(p) = port_state.as_ref() {
+            if now.duration_since(port_checked) >= PORT_CHECK_EVERY {
+                port_checked = now;
+                if let Ok(s) = std::fs::read_to_string(p) {
+                    st.set_port(device::port_is_up(&s));
+                }
+            }
+        }
+        st.timers(now);
+        let next_held = sh.flush_held(&mut st, now);
+        if let Some(path) = &stats {
+            if now.duration_since(last_write) >= STATS_EVERY && st.counters != written {
+                written = st.counters;
+                last_write = now;
+                write_stats(path, &written);
+            }
+        }
+        let mut sent = 0usize;
+        let mut paced = None;
+        // One packet at a time, round robin over the QPs with work, while the NIC model's
+        // pipeline clock allows; a bounded burst per wakeup.
+        for _ in 0..TX_BURST {
+            let now = Instant::now();
+            if let Some(w) = st.nic.wait(now) {
+                paced = Some(w);
+                break;
+            }
+            if st.tx_one(now).is_none() {
+                break;
+            }
+            sent += 1;
+        }
+        sh.flush_out(&mut st);
+        if sent == 0 {
+            let wait = next_held
+                .map(|t| t.saturating_duration_since(now).min(TICK))
+                .unwrap_or(TICK);
+            drop(st);
+            match paced {
+                // Work is waiting for the NIC model's clock: nothing can go out before then.
+                Some(p) => std::thread::sleep(wait.min(p.max(Duration::from_micros(10)))),
+                None => sh.db.wait(seen, wait),
+            }
+            st = sh.lock();
+        } else {
+            // Let receivers and verbs in between bursts.
+            drop(st);
+            std::thread::yield_now();
+            st = sh.lock();
+        }
+    }
+}
+
+/// Send `out` (drained), handing each run of consecutive packets to the same destination
+/// whose sizes are equal (the last may be shorter) to the kernel as one `sendmsg` with
+/// `UDP_SEGMENT`: the kernel cuts it back into exactly these datagrams (or passes it whole to
+/// a receiver with UDP GRO, which splits it at the same boundaries). Returns packets sent.
+pub(super) fn send_batched(udp: &UdpSocket, out: &mut Vec<(SocketAddr, Vec<u8>)>) -> u64 {
+    let mut sent = 0u64;
+    let mut i = 0;
+    while i < out.len() {
+        let (dst, seg) = (out[i].0, out[i].1.len());
+        let mut j = i + 1;
+        let mut bytes = seg;
+        while j < out.len()
+            && j - i < GSO_MAX_SEGS
+            && out[j].0 == dst
+            && out[j].1.len() <= seg
+            && bytes + out[j].1.len() <= GSO_MAX_BYTES
+            && out[j - 1].1.len() == seg
+        {
+            bytes += out[j].1.len();
+            j += 1;
+        }
+        if j - i == 1 || !send_gso(udp, dst, seg, &out[i..j]) {
+            for (d, b) in &out[i..j] {
+                if udp.send_to(b, *d).is_ok() {
+                    sent += 1;
+                }
+            }
+        } else {
+            sent += (j - i) as u64;
+        }
+        i = j;
+    }
+    out.clear();
+    sent
+}
+
+/// One `sendmsg` of `pkts` (all to `dst`) with `UDP_SEGMENT = seg`. false if it failed.
+pub(super) fn send_gso(
+    udp: &UdpSocket,
+    dst: SocketAddr,
+    seg: usize,
+    pkts: &[(SocketAddr, Vec<u8>)],
+) -> bool {
+    let SocketAddr::V4(d) = dst else { return false };
+    let mut iov: Vec<libc::iovec> = pkts
+        .iter()
+        .map(|(_, b)| libc::iovec {
+            iov_base: b.as_ptr() as *mut libc::c_void,
+            iov_len: b.len(),
+        })
+        .collect();
+    // SAFETY: sockaddr_in and msghdr are plain C data for which all-zero is valid.
+    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    sa.sin_family = libc::AF_INET as libc::sa_family_t;
+    sa.sin_port = d.port().to_be();
+    sa.sin_addr.s_addr = u32::from_ne_bytes(d.ip().octets());
+    // SAFETY: CMSG_SPACE is a pure computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<u16>() as u32) } as usize;
+    let mut cbuf = vec![0u64; space.div_ceil(8)];
+    // SAFETY: as above.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = &mut sa as *mut _ as *mut libc::c_void;
+    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = iov.len();
+    msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = space;
+    // SAFETY: msg points to live buffers (address, iovecs into `pkts`, control buffer of
+    // `space` bytes); the cmsg macros stay within the control buffer.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = SOL_UDP;
+        (*c).cmsg_type = UDP_SEGMENT;
+        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<u16>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, seg as u16);
+        libc::sendmsg(udp.as_raw_fd(), &msg, 0) >= 0
+    }
+}
+
+/// Turn UDP GRO on (the kernel may then deliver several same-size datagrams of a flow as one
+/// buffer with their size in a control message). false if the kernel refuses.
+pub(super) fn enable_gro(udp: &UdpSocket) -> bool {
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt reads sizeof(c_int) bytes from a valid c_int.
+    unsafe {
+        libc::setsockopt(
+            udp.as_raw_fd(),
+            SOL_UDP,
+            UDP_GRO,
+            &one as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        ) == 0
+    }
+}
+
+/// Receive one buffer: (bytes, sender, GRO segment size if the kernel coalesced datagrams).
+pub(super) fn recv_gro(
+    udp: &UdpSocket,
+    buf: &mut [u8],
+) -> io::Result<(usize, SocketAddr, Option<usize>)> {
+    // SAFETY: sockaddr_in and msghdr are plain C data for which all-zero is valid.
+    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: as above.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = &mut sa as *mut _ as *mut libc::c_void;
+    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = std::mem::size_of_val(&cbuf);
+    // SAFETY: msg points to live buffers of the sizes given.
+    let n = unsafe { libc::recvmsg(udp.as_raw_fd(), &mut msg, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let from = SocketAddr::V4(SocketAddrV4::new(
+        Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)),
+        u16::from_be(sa.sin_port),
+    ));
+    let mut seg = None;
+    // SAFETY: walking the control messages the kernel wrote into cbuf.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == SOL_UDP && (*c).cmsg_type == UDP_GRO {
+                let v = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::c_int);
+                if v > 0 {
+                    seg = Some(v as usize);
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok((n as usize, from, seg))
+}
+
+/// Write the counters atomically (temporary file, then rename).
+pub(super) fn write_stats(path: &std::path::Path, c: &Counters) {
+    let tmp = path.with_extension("tmp");
+    if std::fs::write(&tmp, c.encode()).is_ok() {
+        let _ = std::fs::rename(&tmp, path);
+    }
+}
+
+/// Large socket buffers: a window of full-MTU packets from several QPs must fit.
+pub(super) fn set_buffers(udp: &UdpSocket, bytes: libc::c_int) {
+    for (force, plain) in [
+        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+    ] {
+        for opt in [force, plain] {
+            // SAFETY: setsockopt reads sizeof(c_int) bytes from a valid c_int.
+            let r = unsafe {
+                libc::setsockopt(
+                    udp.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    &bytes as *const libc::c_int as *const libc::c_void,
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if r == 0 {
+                break;
+            }
+        }
+    }
+}
+
+pub(super) const SOL_UDP: libc::c_int = 17;
+
+pub(super) const UDP_SEGMENT: libc::c_int = 103;
+
+pub(super) const UDP_GRO: libc::c_int = 104;
+
+/// Most bytes and segments in one GSO send.
+pub(super) const GSO_MAX_BYTES: usize = 60_000;
+
+pub(super) const GSO_MAX_SEGS: usize = 64;

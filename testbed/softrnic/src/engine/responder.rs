@@ -1,0 +1,635 @@
+//! Packets from the wire: dispatch to the requester or the responder, and the responder's execution of SEND, WRITE, READ and atomics for RC, UC and UD.
+
+use super::*;
+
+/// The 40-byte GRH area of a UD receive for RoCE v2 over IPv4: as on hardware, the first 20
+/// bytes are unused and the last 20 hold the IPv4 header of the datagram (version 4, TTL 64,
+/// protocol UDP, source and destination, header checksum), which is what
+/// `ibv_init_ah_from_wc` parses.
+pub(super) fn grh_ipv4(src: Ipv4Addr, dst: Ipv4Addr, payload_len: u32) -> [u8; GRH_LEN] {
+    let mut g = [0u8; GRH_LEN];
+    let h = &mut g[20..];
+    // IPv4 + UDP + BTH + DETH + payload + ICRC, as the datagram would be on the wire.
+    let total = (20 + 8 + 12 + 8 + 4 + payload_len).min(u16::MAX as u32) as u16;
+    h[0] = 0x45;
+    h[2..4].copy_from_slice(&total.to_be_bytes());
+    h[6] = 0x40; // don't fragment
+    h[8] = 64;
+    h[9] = 17;
+    h[12..16].copy_from_slice(&src.octets());
+    h[16..20].copy_from_slice(&dst.octets());
+    let mut sum: u32 = h
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    h[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    g
+}
+
+/// Whether a wire op is an atomic request.
+pub(super) fn is_atomic_op(op: u8) -> bool {
+    matches!(op, wire::OP_CMP_SWAP | wire::OP_FETCH_ADD)
+}
+
+/// The asynchronous event of an RC responder error that moves the responder's QP to the error
+/// state (IBTA class C): an invalid request (e.g. a misaligned atomic, a message larger than
+/// the receive) is `IBV_EVENT_QP_REQ_ERR`, an access violation (rkey, bounds, rights)
+/// `QP_ACCESS_ERR`, a local failure while executing it `QP_FATAL`.
+pub(super) fn responder_error_event(syndrome: u8) -> Option<u32> {
+    match syndrome {
+        wire::NAK_REM_INVALID => Some(IBV_EVENT_QP_REQ_ERR),
+        wire::NAK_REM_ACCESS => Some(IBV_EVENT_QP_ACCESS_ERR),
+        wire::NAK_REM_OP => Some(IBV_EVENT_QP_FATAL),
+        _ => None,
+    }
+}
+
+/// Bytes of the GRH in front of every UD receive.
+pub(super) const GRH_LEN: usize = 40;
+
+impl State {
+    pub(super) fn on_packet(&mut self, from: SocketAddr, p: Packet, now: Instant) {
+        let Some(q) = self.qps.get(&p.dst_qpn) else {
+            if !self.tombstone_rx(from, &p, now) {
+                self.counters.rx_dropped_unknown_qp += 1;
+            }
+            return;
+        };
+        // UD QPs take datagrams from anyone (the Q_Key decides), and nothing else.
+        if q.qpt == IBV_QPT_UD || p.op == wire::OP_UD_SEND {
+            if q.qpt == IBV_QPT_UD && p.op == wire::OP_UD_SEND {
+                self.touch_qp(p.dst_qpn, now);
+                self.ud_rx(from, &p);
+            } else {
+                self.counters.rx_dropped_unknown_qp += 1;
+            }
+            return;
+        }
+        // Only the connected peer may talk to an RC, UC or XRC QP.
+        if q.remote != Some(from) || q.attr.dest_qp_num != p.src_qpn {
+            self.counters.rx_dropped_unknown_qp += 1;
+            return;
+        }
+        // Requests to an XRC target, and only those, carry the XRC extension; an XRC
+        // initiator takes no requests, a target no responses.
+        let request = !matches!(
+            p.op,
+            wire::OP_ACK | wire::OP_NAK | wire::OP_READ_RESP | wire::OP_ATOMIC_RESP
+        );
+        let misdirected = match q.qpt {
+            IBV_QPT_XRC_SEND => request,
+            IBV_QPT_XRC_RECV => !request,
+            _ => false,
+        };
+        if misdirected || (p.flags & wire::F_XRC != 0) != (request && q.qpt == IBV_QPT_XRC_RECV) {
+            self.counters.rx_dropped_malformed += 1;
+            return;
+        }
+        self.touch_qp(p.dst_qpn, now);
+        let qpn = p.dst_qpn;
+        if let Some(q) = self
+            .qps
+            .get_mut(&qpn)
+            .filter(|q| q.state == IBV_QPS_RTR && !q.comm_est)
+        {
+            // IBTA's Communication Established: the first packet from the peer arrived while
+            // the QP is still in RTR.
+            q.comm_est = true;
+            self.raise_qp(qpn, IBV_EVENT_COMM_EST);
+        }
+        let uc = self.qps[&qpn].qpt == IBV_QPT_UC;
+        match p.op {
+            // UC has no acknowledgements or responses: such packets are stale by definition.
+            wire::OP_ACK | wire::OP_NAK | wire::OP_READ_RESP | wire::OP_ATOMIC_RESP if uc => {
+                self.counters.rx_stale += 1
+            }
+            wire::OP_ACK | wire::OP_NAK | wire::OP_READ_RESP | wire::OP_ATOMIC_RESP => {
+                self.requester_rx(p, now)
+            }
+            wire::OP_SEND | wire::OP_WRITE if uc => self.uc_rx(p),
+            _ if uc => self.counters.rx_dropped_malformed += 1,
+            _ => self.responder_rx(from, p),
+        }
+        self.sync_done(qpn);
+    }
+
+    pub(super) fn reply(
+        &mut self,
+        to: SocketAddr,
+        qpn: u32,
+        dst: u32,
+        op: u8,
+        syndrome: u8,
+        psn: u32,
+    ) {
+        let p = Packet {
+            op,
+            syndrome,
+            dst_qpn: dst,
+            src_qpn: qpn,
+            psn,
+            ..Default::default()
+        };
+        self.emit(to, p.encode());
+    }
+
+    pub(super) fn responder_rx(&mut self, from: SocketAddr, p: Packet) {
+        let qpn = p.dst_qpn;
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        if q.state != IBV_QPS_RTR && q.state != IBV_QPS_RTS {
+            return;
+        }
+        let peer = p.src_qpn;
+        let d = psn_diff(p.psn, q.epsn);
+        if p.op == wire::OP_READ_REQ && d < 0 {
+            // Duplicate read request: execute it again (reads are idempotent).
+            self.counters.rx_duplicate += 1;
+            self.do_read(from, &p);
+            return;
+        }
+        if is_atomic_op(p.op) && d < 0 {
+            // Duplicate atomic: answer from the result cache, never execute it again.
+            self.counters.rx_duplicate += 1;
+            self.replay_atomic(from, &p);
+            return;
+        }
+        if d < 0 {
+            self.counters.rx_duplicate += 1;
+            let e = psn_add(q.epsn, wire::PSN_MASK); // epsn - 1
+            self.reply(from, qpn, peer, wire::OP_ACK, 0, e);
+            return;
+        }
+        if d > 0 {
+            if !q.nak_sent {
+                q.nak_sent = true;
+                let e = q.epsn;
+                self.reply(from, qpn, peer, wire::OP_NAK, wire::NAK_SEQ, e);
+            }
+            return;
+        }
+        // In order. A request to an XRC target must name an SRQ of the target's domain.
+        let status = match p.op {
+            _ if !self.xrc_srq_ok(qpn, &p) => Err(wire::NAK_REM_INVALID),
+            wire::OP_SEND => self.rx_send(qpn, &p),
+            wire::OP_WRITE => self.rx_write(qpn, &p),
+            wire::OP_CMP_SWAP | wire::OP_FETCH_ADD => self.rx_atomic(from, &p),
+            wire::OP_READ_REQ => {
+                if self.do_read(from, &p) {
+                    let n = p.msg_len.div_ceil(self.qps[&qpn].mtu).max(1);
+                    Ok(n)
+                } else {
+                    Err(wire::NAK_REM_ACCESS)
+                }
+            }
+            _ => return,
+        };
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        match status {
+            Ok(n) => {
+                q.epsn = psn_add(q.epsn, n);
+                q.nak_sent = false;
+                // READ and atomic requests are acknowledged by their responses.
+                let answered = p.op == wire::OP_READ_REQ || is_atomic_op(p.op);
+                if !answered && p.flags & wire::F_ACKREQ != 0 {
+                    let e = psn_add(q.epsn, wire::PSN_MASK);
+                    self.reply(from, qpn, peer, wire::OP_ACK, 0, e);
+                }
+            }
+            Err(syn) => {
+                if !q.nak_sent || syn != wire::NAK_RNR {
+                    q.nak_sent = true;
+                    let mut n = Packet {
+                        op: wire::OP_NAK,
+                        syndrome: syn,
+                        dst_qpn: peer,
+                        src_qpn: qpn,
+                        psn: p.psn,
+                        ..Default::default()
+                    };
+                    n.imm = q.attr.min_rnr_timer as u32;
+                    self.emit(from, n.encode());
+                }
+                if let Some(ev) = responder_error_event(syn) {
+                    // Responder errors of class C: the responder QP goes to error as well.
+                    self.qp_error(qpn, ev);
+                }
+            }
+        }
+    }
+
+    /// A packet for a UC QP. In order: applied like RC, but never acknowledged. A gap (a lost
+    /// packet) drops the rest of its message: packets are discarded until the first packet of
+    /// a later message, where the PSN is resynchronised (the receive the broken SEND had taken
+    /// serves that next message). Packets from before the expected PSN (duplicates) are
+    /// dropped, never applied twice. Errors (no receive, access) drop the message silently,
+    /// as UC cannot tell the requester.
+    pub(super) fn uc_rx(&mut self, p: Packet) {
+        let qpn = p.dst_qpn;
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        if q.state != IBV_QPS_RTR && q.state != IBV_QPS_RTS {
+            return;
+        }
+        let first = p.flags & wire::F_FIRST != 0;
+        let d = psn_diff(p.psn, q.epsn);
+        if d < 0 {
+            self.counters.rx_duplicate += 1;
+            return;
+        }
+        if d > 0 || q.uc_broken {
+            if !first {
+                q.uc_broken = true;
+                self.counters.rx_uc_broken += 1;
+                return;
+            }
+            q.uc_broken = false;
+            q.epsn = p.psn;
+        }
+        let status = match p.op {
+            wire::OP_SEND => self.rx_send(qpn, &p),
+            _ => self.rx_write(qpn, &p),
+        };
+        let last = p.flags & wire::F_LAST != 0;
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        q.epsn = psn_add(p.psn, 1);
+        match status {
+            Ok(_) => {}
+            Err(wire::NAK_RNR) => {
+                self.counters.rx_dropped_no_recv += 1;
+                q.uc_broken = !last;
+            }
+            // UC cannot tell the requester: only errors of the QP itself stop it.
+            Err(syn @ (wire::NAK_REM_INVALID | wire::NAK_REM_OP)) => {
+                if let Some(ev) = responder_error_event(syn) {
+                    self.qp_error(qpn, ev);
+                }
+            }
+            Err(_) => q.uc_broken = !last,
+        }
+    }
+
+    /// A UD datagram for one of our UD QPs: Q_Key checked, then placed after a 40-byte GRH in
+    /// the next receive (byte_len counts the GRH, as on hardware). Without a receive posted
+    /// the datagram is lost (UD has no RNR).
+    pub(super) fn ud_rx(&mut self, from: SocketAddr, p: &Packet) {
+        let qpn = p.dst_qpn;
+        let Some(q) = self.qps.get(&qpn) else {
+            return;
+        };
+        if q.state != IBV_QPS_RTR && q.state != IBV_QPS_RTS {
+            self.counters.rx_dropped_unknown_qp += 1;
+            return;
+        }
+        let whole = p.flags & (wire::F_FIRST | wire::F_LAST) == wire::F_FIRST | wire::F_LAST;
+        if !whole || p.payload.len() != p.msg_len as usize {
+            self.counters.rx_dropped_malformed += 1;
+            return;
+        }
+        if p.rkey != q.attr.qkey {
+            self.counters.rx_dropped_qkey += 1;
+            return;
+        }
+        let Some(Landing {
+            wr: r,
+            conn,
+            pid,
+            pd,
+            cq: rcq,
+        }) = self.take_recv(qpn, p)
+        else {
+            self.counters.rx_dropped_no_recv += 1;
+            return;
+        };
+        let mut wc = IbvWc {
+            wr_id: r.wr_id,
+            status: IBV_WC_SUCCESS,
+            opcode: IBV_WC_RECV,
+            byte_len: GRH_LEN as u32 + p.msg_len,
+            qp_num: qpn,
+            src_qp: p.src_qpn,
+            wc_flags: IBV_WC_GRH,
+            ..Default::default()
+        };
+        if p.flags & wire::F_IMM != 0 {
+            wc.wc_flags |= IBV_WC_WITH_IMM;
+            wc.imm_data = p.imm;
+        }
+        let total: u64 = r.sges.iter().map(|s| s.length as u64).sum();
+        match self.resolve_local(conn, pd, &r.sges, true) {
+            None => wc.status = IBV_WC_LOC_PROT_ERR,
+            Some(_) if total < GRH_LEN as u64 + p.msg_len as u64 => wc.status = IBV_WC_LOC_LEN_ERR,
+            Some(segs) => {
+                let src = match from {
+                    SocketAddr::V4(a) => *a.ip(),
+                    SocketAddr::V6(_) => Ipv4Addr::UNSPECIFIED,
+                };
+                let grh = grh_ipv4(src, self.my_ip, p.msg_len);
+                if scatter(pid, &segs, 0, &grh).is_err()
+                    || scatter(pid, &segs, GRH_LEN as u64, &p.payload).is_err()
+                {
+                    wc.status = IBV_WC_LOC_PROT_ERR;
+                }
+            }
+        }
+        if wc.status != IBV_WC_SUCCESS {
+            wc.byte_len = 0;
+            wc.wc_flags = 0;
+        }
+        self.push_cqe_solicited(rcq, wc, p.flags & wire::F_SOLICITED != 0);
+    }
+
+    /// SEND packet in order. Ok(psns consumed) or Err(NAK syndrome).
+    pub(super) fn rx_send(&mut self, qpn: u32, p: &Packet) -> Result<u32, u8> {
+        let first = p.flags & wire::F_FIRST != 0;
+        let unfinished = first && self.qps.get(&qpn).is_some_and(|q| q.cur_recv.is_some());
+        if unfinished {
+            // The previous message never finished (UC: its rest was lost): its receive
+            // serves this one, as the receive queue's head on hardware would.
+            let q = self.qps.get_mut(&qpn).ok_or(wire::NAK_REM_OP)?;
+            let total: u64 = q.cur_recv.iter().flat_map(|c| &c.segs).map(|s| s.1).sum();
+            if p.msg_len as u64 > total {
+                let (wr_id, rcq) = q.cur_recv.take().map_or((0, 0), |c| (c.wr_id, c.cq));
+                let wc = IbvWc {
+                    wr_id,
+                    status: IBV_WC_LOC_LEN_ERR,
+                    opcode: IBV_WC_RECV,
+                    qp_num: qpn,
+                    ..Default::default()
+                };
+                self.push_cqe(rcq, wc);
+                return Err(wire::NAK_REM_INVALID);
+            }
+        } else if p.flags & wire::F_FIRST != 0 {
+            let Some(Landing {
+                wr: r,
+                conn,
+                pid,
+                pd,
+                cq: rcq,
+            }) = self.take_recv(qpn, p)
+            else {
+                return Err(wire::NAK_RNR);
+            };
+            let total: u64 = r.sges.iter().map(|s| s.length as u64).sum();
+            let segs = self.resolve_local(conn, pd, &r.sges, true);
+            let bad = match segs {
+                None => Some((IBV_WC_LOC_PROT_ERR, wire::NAK_REM_OP)),
+                Some(_) if (p.msg_len as u64) > total => {
+                    Some((IBV_WC_LOC_LEN_ERR, wire::NAK_REM_INVALID))
+                }
+                _ => None,
+            };
+            if let Some((st, syn)) = bad {
+                self.push_cqe(
+                    rcq,
+                    IbvWc {
+                        wr_id: r.wr_id,
+                        status: st,
+                        opcode: IBV_WC_RECV,
+                        qp_num: qpn,
+                        ..Default::default()
+                    },
+                );
+                return Err(syn);
+            }
+            let q = self.qps.get_mut(&qpn).ok_or(wire::NAK_REM_OP)?;
+            q.cur_recv = Some(CurRecv {
+                wr_id: r.wr_id,
+                segs: segs.unwrap_or_default(),
+                pid,
+                cq: rcq,
+            });
+        }
+        let q = self.qps.get_mut(&qpn).ok_or(wire::NAK_REM_OP)?;
+        let Some(cur) = q.cur_recv.as_ref() else {
+            return Err(wire::NAK_REM_INVALID);
+        };
+        if scatter(cur.pid, &cur.segs, p.offset as u64, &p.payload).is_err() {
+            return Err(wire::NAK_REM_OP);
+        }
+        if p.flags & wire::F_LAST != 0 {
+            let cur = q.cur_recv.take().unwrap();
+            let (rcq, conn, pd) = (cur.cq, q.conn, q.pd);
+            let mut wc = IbvWc {
+                wr_id: cur.wr_id,
+                status: IBV_WC_SUCCESS,
+                opcode: IBV_WC_RECV,
+                byte_len: p.msg_len,
+                qp_num: qpn,
+                src_qp: p.src_qpn,
+                ..Default::default()
+            };
+            if p.flags & wire::F_IMM != 0 {
+                wc.wc_flags |= IBV_WC_WITH_IMM;
+                wc.imm_data = p.imm;
+            } else if p.flags & wire::F_INV != 0 {
+                // SEND with invalidate: a type 2 window bound to this QP, else an invalid
+                // request (the receive completes in error, both QPs go to error).
+                if !self.invalidate_mw(conn, pd, qpn, p.imm) {
+                    wc.status = IBV_WC_REM_INV_REQ_ERR;
+                    wc.byte_len = 0;
+                    self.push_cqe(rcq, wc);
+                    return Err(wire::NAK_REM_INVALID);
+                }
+                wc.wc_flags |= IBV_WC_WITH_INV;
+                // `invalidated_rkey` shares the union with `imm_data`.
+                wc.imm_data = p.imm;
+            }
+            self.push_cqe_solicited(rcq, wc, p.flags & wire::F_SOLICITED != 0);
+        }
+        Ok(1)
+    }
+
+    pub(super) fn rx_write(&mut self, qpn: u32, p: &Packet) -> Result<u32, u8> {
+        let q = self.qps.get(&qpn).ok_or(wire::NAK_REM_OP)?;
+        if q.attr.access_flags & IBV_ACCESS_REMOTE_WRITE == 0 {
+            return Err(wire::NAK_REM_ACCESS);
+        }
+        let pd = self.responder_pd(qpn, p).ok_or(wire::NAK_REM_INVALID)?;
+        if p.flags & wire::F_FIRST != 0
+            && self
+                .check_remote(
+                    qpn,
+                    pd,
+                    p.rkey,
+                    p.remote_addr,
+                    p.msg_len as u64,
+                    IBV_ACCESS_REMOTE_WRITE,
+                )
+                .is_none()
+        {
+            return Err(wire::NAK_REM_ACCESS);
+        }
+        let addr = p
+            .remote_addr
+            .checked_add(p.offset as u64)
+            .ok_or(wire::NAK_REM_ACCESS)?;
+        let pid = self
+            .check_remote(
+                qpn,
+                pd,
+                p.rkey,
+                addr,
+                p.payload.len() as u64,
+                IBV_ACCESS_REMOTE_WRITE,
+            )
+            .ok_or(wire::NAK_REM_ACCESS)?;
+        let imm_last = p.flags & wire::F_IMM != 0 && p.flags & wire::F_LAST != 0;
+        if imm_last && !self.has_recv(qpn, p) {
+            return Err(wire::NAK_RNR);
+        }
+        if !p.payload.is_empty() && write_mem(pid, addr, &p.payload).is_err() {
+            return Err(wire::NAK_REM_ACCESS);
+        }
+        if imm_last {
+            let l = self.take_recv(qpn, p).ok_or(wire::NAK_RNR)?;
+            self.push_cqe_solicited(
+                l.cq,
+                IbvWc {
+                    wr_id: l.wr.wr_id,
+                    status: IBV_WC_SUCCESS,
+                    opcode: IBV_WC_RECV_RDMA_WITH_IMM,
+                    byte_len: p.msg_len,
+                    imm_data: p.imm,
+                    wc_flags: IBV_WC_WITH_IMM,
+                    qp_num: qpn,
+                    src_qp: p.src_qpn,
+                    ..Default::default()
+                },
+                p.flags & wire::F_SOLICITED != 0,
+            );
+        }
+        Ok(1)
+    }
+
+    /// Execute an in-order atomic request and answer it with the original value. Every atomic
+    /// of this host's NICs runs under the engine's one state lock, so atomics from any number
+    /// of requesters on one target are serialised (atomicity `IBV_ATOMIC_HCA`: against other
+    /// atomics through this NIC, not against the target process's own CPU stores).
+    pub(super) fn rx_atomic(&mut self, from: SocketAddr, p: &Packet) -> Result<u32, u8> {
+        let qpn = p.dst_qpn;
+        let q = self.qps.get(&qpn).ok_or(wire::NAK_REM_OP)?;
+        if q.attr.access_flags & IBV_ACCESS_REMOTE_ATOMIC == 0 {
+            return Err(wire::NAK_REM_ACCESS);
+        }
+        // The target must be a naturally aligned 8-byte word (IBTA o9-19: otherwise an
+        // invalid request).
+        if p.payload.len() != 16 || p.remote_addr % 8 != 0 {
+            return Err(wire::NAK_REM_INVALID);
+        }
+        let pd = self.responder_pd(qpn, p).ok_or(wire::NAK_REM_INVALID)?;
+        let pid = self
+            .check_remote(qpn, pd, p.rkey, p.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC)
+            .ok_or(wire::NAK_REM_ACCESS)?;
+        let operand = u64::from_le_bytes(p.payload[..8].try_into().unwrap());
+        let swap = u64::from_le_bytes(p.payload[8..].try_into().unwrap());
+        let mut word = [0u8; 8];
+        read_mem(pid, p.remote_addr, &mut word).map_err(|_| wire::NAK_REM_ACCESS)?;
+        // The target word is in the target host's byte order (as rxe and siw do).
+        let orig = u64::from_ne_bytes(word);
+        let new = match p.op {
+            wire::OP_CMP_SWAP => (orig == operand).then_some(swap),
+            _ => Some(orig.wrapping_add(operand)),
+        };
+        if let Some(v) = new {
+            write_mem(pid, p.remote_addr, &v.to_ne_bytes()).map_err(|_| wire::NAK_REM_ACCESS)?;
+        }
+        let q = self.qps.get_mut(&qpn).ok_or(wire::NAK_REM_OP)?;
+        if q.atomic_cache.len() >= ATOMIC_CACHE {
+            q.atomic_cache.pop_front();
+        }
+        q.atomic_cache.push_back((p.psn, orig));
+        self.atomic_resp(from, qpn, p.src_qpn, p.psn, orig);
+        Ok(1)
+    }
+
+    /// A duplicate atomic request: resend the cached response. One no longer cached is
+    /// dropped: its requester cannot still be waiting for it (see [`ATOMIC_CACHE`]), so this
+    /// is a late copy or a replay.
+    pub(super) fn replay_atomic(&mut self, from: SocketAddr, p: &Packet) {
+        let Some(q) = self.qps.get(&p.dst_qpn) else {
+            return;
+        };
+        let cached = q.atomic_cache.iter().find(|(psn, _)| *psn == p.psn);
+        if let Some(&(_, orig)) = cached {
+            self.atomic_resp(from, p.dst_qpn, p.src_qpn, p.psn, orig);
+        }
+    }
+
+    pub(super) fn atomic_resp(&mut self, to: SocketAddr, qpn: u32, dst: u32, psn: u32, orig: u64) {
+        let r = Packet {
+            op: wire::OP_ATOMIC_RESP,
+            flags: wire::F_FIRST | wire::F_LAST,
+            dst_qpn: dst,
+            src_qpn: qpn,
+            psn,
+            msg_len: 8,
+            payload: orig.to_le_bytes().to_vec(),
+            ..Default::default()
+        };
+        self.emit(to, r.encode());
+    }
+
+    /// Execute a read request: send the response packets. false if access is refused.
+    pub(super) fn do_read(&mut self, to: SocketAddr, p: &Packet) -> bool {
+        let qpn = p.dst_qpn;
+        let Some(q) = self.qps.get(&qpn) else {
+            return false;
+        };
+        if q.attr.access_flags & IBV_ACCESS_REMOTE_READ == 0 {
+            return false;
+        }
+        let mtu = q.mtu;
+        let Some(pd) = self.responder_pd(qpn, p) else {
+            return false;
+        };
+        let len = p.msg_len as u64;
+        let pid = if len == 0 {
+            0
+        } else {
+            match self.check_remote(
+                p.dst_qpn,
+                pd,
+                p.rkey,
+                p.remote_addr,
+                len,
+                IBV_ACCESS_REMOTE_READ,
+            ) {
+                Some(pid) => pid,
+                None => return false,
+            }
+        };
+        let n = p.msg_len.div_ceil(mtu).max(1);
+        for i in 0..n {
+            let off = i * mtu;
+            let chunk = (p.msg_len - off).min(mtu);
+            let mut payload = vec![0u8; chunk as usize];
+            if chunk > 0 && read_mem(pid, p.remote_addr + off as u64, &mut payload).is_err() {
+                return false;
+            }
+            let r = Packet {
+                op: wire::OP_READ_RESP,
+                flags: if i + 1 == n { wire::F_LAST } else { 0 },
+                dst_qpn: p.src_qpn,
+                src_qpn: qpn,
+                psn: psn_add(p.psn, i),
+                msg_len: p.msg_len,
+                offset: off,
+                payload,
+                ..Default::default()
+            };
+            self.emit(to, r.encode());
+        }
+        true
+    }
+}
