@@ -152,6 +152,7 @@ fn request_for(selector: u8) -> Req {
             sq_sig_all: false,
             cap: Default::default(),
             srq: 0,
+            xrcd: 0,
         },
         5 => Req::QueryQp { qpn: 1 },
         6 => Req::PollCq { cq: 1, max: 16 },
@@ -159,6 +160,8 @@ fn request_for(selector: u8) -> Req {
             pd: 1,
             max_wr: 16,
             max_sge: 1,
+            xrcd: 0,
+            cq: 0,
         },
         _ => Req::DestroyQp { qpn: 1 },
     }
@@ -387,6 +390,7 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         imm: 0,
         remote_addr: 0x1000,
         rkey: 77,
+        srqn: 0,
         payload: payload.to_vec(),
     };
     let first_last = sw::F_FIRST | sw::F_LAST;
@@ -397,6 +401,13 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             pkt(sw::OP_WRITE, first_last | sw::F_ACKREQ, b"xyz"),
         ),
         ("read_req", pkt(sw::OP_READ_REQ, first_last, b"")),
+        (
+            "xrc_send",
+            Packet {
+                srqn: 0x42,
+                ..pkt(sw::OP_SEND, first_last | sw::F_XRC, b"abc")
+            },
+        ),
         ("read_resp", pkt(sw::OP_READ_RESP, sw::F_FIRST, b"data")),
         ("ack", pkt(sw::OP_ACK, 0, b"")),
         (
@@ -443,6 +454,14 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
                     max_inline_data: 64,
                 },
                 srq: 0,
+                xrcd: 0,
+            },
+        ),
+        (
+            "open_xrcd",
+            Req::OpenXrcd {
+                file: Some((0x803, 4242)),
+                oflags: 0o100,
             },
         ),
         (
