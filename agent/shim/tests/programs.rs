@@ -224,6 +224,7 @@ fn xsrq_pingpong_same_results_through_the_shim_and_counted() {
         eprintln!("SKIPPED: ibverbs-utils without ibv_xsrq_pingpong");
         return;
     }
+    let _files = drum_test_support::CreatedFiles::watch(&drum_test_support::XRC_DOMAIN_FILES);
     let run = Run::new("xsrq");
     run.up(&["--hosts", "2"]);
     let n = 20u64;

@@ -1558,6 +1558,7 @@ fn xsrq_pingpong_and_perftest_over_xrc() {
         eprintln!("SKIPPED: needs ibverbs-utils and perftest");
         return;
     }
+    let _files = drum_test_support::CreatedFiles::watch(&drum_test_support::XRC_DOMAIN_FILES);
     let run = Run::new("xrc");
     run.up(&["--hosts", "2"]);
     pairs_succeed(

@@ -40,6 +40,38 @@ pub fn privileged(tools: &[&str]) -> Result<(), String> {
 }
 
 /// Status, stdout and stderr, for assertion messages.
+/// Files that unmodified programs create at fixed paths (`ibv_xsrq_pingpong`'s and perftest's
+/// XRC domain files in /tmp): those that did not exist when the guard was made are removed
+/// when it is dropped, so a test leaves nothing behind and never deletes a file it found.
+pub struct CreatedFiles(Vec<&'static str>);
+
+impl CreatedFiles {
+    pub fn watch(paths: &[&'static str]) -> CreatedFiles {
+        CreatedFiles(
+            paths
+                .iter()
+                .copied()
+                .filter(|p| !std::path::Path::new(p).exists())
+                .collect(),
+        )
+    }
+}
+
+impl Drop for CreatedFiles {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// The files `ibv_xsrq_pingpong` and perftest's `-c XRC` open their XRC domains through.
+pub const XRC_DOMAIN_FILES: [&str; 3] = [
+    "/tmp/xrc_domain",
+    "/tmp/xrc_domain_server",
+    "/tmp/xrc_domain_client",
+];
+
 pub fn text(o: &Output) -> String {
     format!(
         "status {:?}\nstdout:\n{}\nstderr:\n{}",
