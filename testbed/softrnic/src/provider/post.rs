@@ -1,0 +1,340 @@
+//! Posting: `ibv_post_send` and `ibv_post_recv` through the QP's shared rings (or the engine's socket), with the checks a NIC's provider makes.
+
+use super::*;
+
+pub(super) unsafe extern "C" fn post_send(
+    qp: *mut IbvQp,
+    wr: *mut IbvSendWr,
+    bad: *mut *mut IbvSendWr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: qp was made by create_qp (an SrQp); wr is the caller's list of valid WRs.
+        if let Some(rings) = unsafe { &(*(qp as *const SrQp)).rings } {
+            return unsafe { post_send_ring(qp, rings, wr, bad, false) };
+        }
+        // SAFETY: qp is ours; wr is the caller's NULL-terminated list of valid WRs.
+        unsafe {
+            let st = state((*qp).context);
+            let mut list = Vec::new();
+            let mut ptrs = Vec::new();
+            let mut w = wr;
+            while !w.is_null() {
+                let r = &*w;
+                let g = sges(r.sg_list, r.num_sge);
+                let inline = if r.send_flags & IBV_SEND_INLINE != 0 {
+                    let total: u64 = g.iter().map(|s| s.length as u64).sum();
+                    if total > device::MAX_INLINE as u64 {
+                        *bad = w;
+                        return libc::EINVAL;
+                    }
+                    let mut data = Vec::with_capacity(total as usize);
+                    for s in &g {
+                        // SAFETY: inline data is read from the caller's buffers at post time,
+                        // as the verbs API specifies; the caller guarantees they are valid.
+                        data.extend_from_slice(std::slice::from_raw_parts(
+                            s.addr as *const u8,
+                            s.length as usize,
+                        ));
+                    }
+                    Some(data)
+                } else {
+                    None
+                };
+                if !has_destination(r, (*qp).qp_type) {
+                    *bad = w;
+                    return libc::EINVAL;
+                }
+                let (remote_addr, rkey, compare_add, swap) = remote_of(r, (*qp).qp_type);
+                list.push(SendWr {
+                    wr_id: r.wr_id,
+                    opcode: r.opcode,
+                    flags: r.send_flags,
+                    imm: r.imm_data,
+                    remote_addr,
+                    rkey,
+                    compare_add,
+                    swap,
+                    sges: if inline.is_some() { Vec::new() } else { g },
+                    inline,
+                    xrc_srqn: r.qp_type_xrc_remote_srqn,
+                });
+                ptrs.push(w);
+                w = r.next;
+            }
+            match st.call_post(&Req::PostSend {
+                qpn: (*qp).qp_num,
+                wrs: list,
+            }) {
+                Ok(()) => 0,
+                Err((e, i)) => {
+                    *bad = ptrs.get(i).copied().unwrap_or(wr);
+                    e
+                }
+            }
+        }
+    })
+}
+
+pub(super) unsafe extern "C" fn post_recv(
+    qp: *mut IbvQp,
+    wr: *mut IbvRecvWr,
+    bad: *mut *mut IbvRecvWr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: qp was made by create_qp; bad is writable.
+        let xrc = unsafe { matches!((*qp).qp_type, IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV) };
+        if xrc || unsafe { !(*qp).srq.is_null() } {
+            // Its receives come from an SRQ (ibv_post_srq_recv).
+            unsafe { *bad = wr };
+            return libc::EINVAL;
+        }
+        // SAFETY: qp was made by create_qp (an SrQp); wr is the caller's list of valid WRs.
+        if let Some(rings) = unsafe { &(*(qp as *const SrQp)).rings } {
+            return unsafe { post_recv_ring(qp, rings, wr, bad) };
+        }
+        // SAFETY: qp is ours; wr is the caller's NULL-terminated list of valid WRs.
+        unsafe {
+            let st = state((*qp).context);
+            let (list, ptrs) = recv_list(wr);
+            match st.call_post(&Req::PostRecv {
+                qpn: (*qp).qp_num,
+                wrs: list,
+            }) {
+                Ok(()) => 0,
+                Err((e, i)) => {
+                    *bad = ptrs.get(i).copied().unwrap_or(wr);
+                    e
+                }
+            }
+        }
+    })
+}
+
+/// `post_send` through the QP's send ring: validate, write the slots, publish, ring the
+/// doorbell. No request to the engine. With `whole`, a list with a bad request posts none
+/// of it (`ibv_wr_complete`); otherwise the requests before the bad one are posted
+/// (`ibv_post_send`).
+///
+/// # Safety
+/// `qp` is an SrQp made by create_qp with `rings`; `wr` is the caller's NULL-terminated list of
+/// valid work requests; `bad` is writable.
+pub(super) unsafe fn post_send_ring(
+    qp: *mut IbvQp,
+    rings: &ProvQpRings,
+    wr: *mut IbvSendWr,
+    bad: *mut *mut IbvSendWr,
+    whole: bool,
+) -> c_int {
+    let qstate = (*qp).state;
+    if qstate != IBV_QPS_RTS && qstate != IBV_QPS_ERR {
+        *bad = wr;
+        return libc::EINVAL;
+    }
+    let (m, r, cap) = (&rings.map, &rings.sq, &rings.cap);
+    let _g = rings.post_send.lock().unwrap_or_else(|p| p.into_inner());
+    let start = r.prod(m).load(Ordering::Relaxed);
+    let mut prod = start;
+    let mut slot = vec![0u8; r.slot];
+    let mut ret = 0;
+    let mut w = wr;
+    while !w.is_null() {
+        let x = &*w;
+        let inline = x.send_flags & IBV_SEND_INLINE != 0;
+        if x.num_sge < 0
+            || x.num_sge as u32 > cap.max_send_sge
+            || !has_destination(x, (*qp).qp_type)
+        {
+            ret = libc::EINVAL;
+            break;
+        }
+        if prod.wrapping_sub(r.done(m).load(Ordering::Acquire)) >= r.n {
+            ret = libc::ENOMEM;
+            break;
+        }
+        let g = sges(x.sg_list, x.num_sge);
+        let total: u64 = g.iter().map(|s| s.length as u64).sum();
+        if let Err(e) = proto::check_send_wr((*qp).qp_type, x.opcode, inline, total) {
+            ret = e;
+            break;
+        }
+        if inline && total > cap.max_inline_data as u64 {
+            ret = libc::EINVAL;
+            break;
+        }
+        slot.fill(0);
+        ring::put_u64(&mut slot, 0, x.wr_id);
+        ring::put_u32(&mut slot, 8, x.opcode as u32);
+        ring::put_u32(&mut slot, 12, x.send_flags);
+        ring::put_u32(&mut slot, 16, x.imm_data);
+        ring::put_u32(&mut slot, 20, g.len() as u32);
+        let (remote_addr, rkey, compare_add, swap) = remote_of(x, (*qp).qp_type);
+        ring::put_u64(&mut slot, 24, remote_addr);
+        ring::put_u32(&mut slot, 32, rkey);
+        ring::put_u64(&mut slot, ring::SQ_COMPARE_ADD_OFF, compare_add);
+        ring::put_u64(&mut slot, ring::SQ_SWAP_OFF, swap);
+        ring::put_u32(&mut slot, ring::SQ_DOORBELL_OFF, u32::from(prod == start));
+        ring::put_u32(&mut slot, ring::SQ_XRC_SRQN_OFF, x.qp_type_xrc_remote_srqn);
+        if inline {
+            // Inline data is read from the caller's buffers at post time, as the verbs API
+            // specifies; the caller guarantees they are valid.
+            ring::put_u32(&mut slot, 36, total as u32);
+            let mut o = ring::SQ_SGE_OFF + 16 * cap.max_send_sge as usize;
+            for s in &g {
+                let src = std::slice::from_raw_parts(s.addr as *const u8, s.length as usize);
+                slot[o..o + src.len()].copy_from_slice(src);
+                o += src.len();
+            }
+        } else {
+            ring::put_u32(&mut slot, 36, ring::NOT_INLINE);
+            for (i, s) in g.iter().enumerate() {
+                let o = ring::SQ_SGE_OFF + 16 * i;
+                ring::put_u64(&mut slot, o, s.addr);
+                ring::put_u32(&mut slot, o + 8, s.length);
+                ring::put_u32(&mut slot, o + 12, s.lkey);
+            }
+        }
+        m.write(r.slot_off(prod), &slot);
+        prod = prod.wrapping_add(1);
+        w = x.next;
+    }
+    // Slots written beyond `prod` are invisible to the engine until it is published.
+    if prod != start && !(whole && ret != 0) {
+        r.prod(m).store(prod, Ordering::Release);
+        if let Some(db) = &state((*qp).context).db {
+            db.ring();
+        }
+    }
+    if ret != 0 {
+        *bad = w;
+    }
+    ret
+}
+
+/// `post_recv` through the QP's receive ring (the engine takes receives when a message
+/// arrives, so no doorbell unless the QP is in the error state and they must be flushed).
+///
+/// # Safety
+/// As [`post_send_ring`].
+pub(super) unsafe fn post_recv_ring(
+    qp: *mut IbvQp,
+    rings: &ProvQpRings,
+    wr: *mut IbvRecvWr,
+    bad: *mut *mut IbvRecvWr,
+) -> c_int {
+    let qstate = (*qp).state;
+    if qstate == IBV_QPS_RESET {
+        *bad = wr;
+        return libc::EINVAL;
+    }
+    let (m, r, cap) = (&rings.map, &rings.rq, &rings.cap);
+    let _g = rings.post_recv.lock().unwrap_or_else(|p| p.into_inner());
+    let start = r.prod(m).load(Ordering::Relaxed);
+    let mut prod = start;
+    let mut slot = vec![0u8; r.slot];
+    let mut ret = 0;
+    let mut w = wr;
+    while !w.is_null() {
+        let x = &*w;
+        if x.num_sge < 0 || x.num_sge as u32 > cap.max_recv_sge {
+            ret = libc::EINVAL;
+            break;
+        }
+        if prod.wrapping_sub(r.done(m).load(Ordering::Acquire)) >= r.n {
+            ret = libc::ENOMEM;
+            break;
+        }
+        let g = sges(x.sg_list, x.num_sge);
+        slot.fill(0);
+        ring::put_u64(&mut slot, 0, x.wr_id);
+        ring::put_u32(&mut slot, 8, g.len() as u32);
+        for (i, s) in g.iter().enumerate() {
+            let o = 16 + 16 * i;
+            ring::put_u64(&mut slot, o, s.addr);
+            ring::put_u32(&mut slot, o + 8, s.length);
+            ring::put_u32(&mut slot, o + 12, s.lkey);
+        }
+        m.write(r.slot_off(prod), &slot);
+        prod = prod.wrapping_add(1);
+        w = x.next;
+    }
+    if prod != start {
+        r.prod(m).store(prod, Ordering::Release);
+        if qstate == IBV_QPS_ERR {
+            if let Some(db) = &state((*qp).context).db {
+                db.ring();
+            }
+        }
+    }
+    if ret != 0 {
+        *bad = w;
+    }
+    ret
+}
+
+/// Copy a NULL-terminated list of receive WRs, with the pointer of each (for `bad_wr`).
+///
+/// # Safety
+/// `wr` is a NULL-terminated list of valid receive work requests.
+pub(super) unsafe fn recv_list(wr: *mut IbvRecvWr) -> (Vec<RecvWr>, Vec<*mut IbvRecvWr>) {
+    let mut list = Vec::new();
+    let mut ptrs = Vec::new();
+    let mut w = wr;
+    while !w.is_null() {
+        let r = &*w;
+        list.push(RecvWr {
+            wr_id: r.wr_id,
+            sges: sges(r.sg_list, r.num_sge),
+        });
+        ptrs.push(w);
+        w = r.next;
+    }
+    (list, ptrs)
+}
+
+/// # Safety
+/// `sg` must point to `n` valid SGEs (or be unused when `n == 0`).
+pub(super) unsafe fn sges(sg: *const IbvSge, n: c_int) -> Vec<Sge> {
+    if n <= 0 || sg.is_null() {
+        return Vec::new();
+    }
+    std::slice::from_raw_parts(sg, n as usize)
+        .iter()
+        .map(|s| Sge {
+            addr: s.addr,
+            length: s.length,
+            lkey: s.lkey,
+        })
+        .collect()
+}
+
+/// The remote side of a send WR from the `wr` union: (remote address, rkey, compare/add,
+/// swap). `wr.rdma` is {remote_addr, rkey}; `wr.atomic` is {remote_addr, compare_add, swap,
+/// rkey}, so an atomic's rkey sits in the fourth word; `wr.ud` is {ah, remote_qpn,
+/// remote_qkey}, carried as (destination IPv4 address, QPN, Q_Key) (see [`SendWr`]).
+///
+/// # Safety
+/// On a UD QP, `wr.ud.ah` must be an address handle made by [`create_ah`] (as the verbs API
+/// requires of the application).
+pub(super) unsafe fn remote_of(w: &IbvSendWr, qp_type: c_int) -> (u64, u32, u64, u64) {
+    if qp_type == IBV_QPT_UD {
+        let ah = w.wr[0] as *const SrAh;
+        let ip = if ah.is_null() { 0 } else { (*ah).ip };
+        let (qpn, qkey) = (w.wr[1] as u32, (w.wr[1] >> 32) as u32);
+        (u64::from(ip), qpn, u64::from(qkey), 0)
+    } else if proto::is_atomic_wr(w.opcode) {
+        (w.wr[0], w.wr[3] as u32, w.wr[1], w.wr[2])
+    } else if w.opcode == IBV_WR_BIND_MW {
+        let b = w.bind_mw();
+        let i = b.bind_info;
+        let lkey = if i.mr.is_null() { 0 } else { (*i.mr).lkey };
+        let fields = proto::bind_fields(lkey, i.mw_access_flags);
+        (i.addr, b.rkey, i.length, fields)
+    } else {
+        (w.wr[0], w.wr[1] as u32, 0, 0)
+    }
+}
+
+/// A UD send must name an address handle (nothing else is addressed per work request).
+pub(super) fn has_destination(w: &IbvSendWr, qp_type: c_int) -> bool {
+    qp_type != IBV_QPT_UD || w.wr[0] != 0
+}
