@@ -341,6 +341,9 @@ struct Qp {
     user: u64,
     /// `IBV_EVENT_COMM_EST` was raised (the first packet that arrived in RTR).
     comm_est: bool,
+    /// An XRC target's other handles: (connection, the application's `ibv_qp *`) of the
+    /// processes that opened it with `ibv_open_qp` (see `xrc::State::release_qp`).
+    openers: Vec<(u64, u64)>,
 }
 
 /// A QP's send and receive rings, and how far the engine has consumed them.
@@ -953,11 +956,13 @@ impl State {
         let qpns: Vec<u32> = self
             .qps
             .iter()
-            .filter(|(_, q)| q.conn == conn)
+            .filter(|(_, q)| q.held_by(conn))
             .map(|(k, _)| *k)
             .collect();
-        for q in &qpns {
-            self.remove_qp(*q);
+        for q in qpns {
+            if self.release_qp(conn, q) {
+                self.remove_qp(q);
+            }
         }
         self.srqs.retain(|_, s| s.conn != conn);
         self.forget_xrcd_opens(conn);

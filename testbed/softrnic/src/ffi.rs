@@ -200,6 +200,16 @@ pub struct IbvXrcdInitAttr {
     pub oflags: c_int,
 }
 
+/// `struct ibv_qp_open_attr` (`ibv_open_qp`).
+#[repr(C)]
+pub struct IbvQpOpenAttr {
+    pub comp_mask: u32,
+    pub qp_num: u32,
+    pub xrcd: *mut VerbsXrcd,
+    pub qp_context: *mut c_void,
+    pub qp_type: c_int,
+}
+
 /// `struct verbs_xrcd` (driver.h): `struct ibv_xrcd` (its context) and the handle.
 #[repr(C)]
 pub struct VerbsXrcd {
@@ -923,6 +933,16 @@ mod tests {
             (
                 "ibv_srq_init_attr_ex.tm_cap",
                 offset_of!(IbvSrqInitAttrEx, tm_cap),
+            ),
+            ("sizeof ibv_qp_open_attr", size_of::<IbvQpOpenAttr>()),
+            ("ibv_qp_open_attr.xrcd", offset_of!(IbvQpOpenAttr, xrcd)),
+            (
+                "ibv_qp_open_attr.qp_context",
+                offset_of!(IbvQpOpenAttr, qp_context),
+            ),
+            (
+                "ibv_qp_open_attr.qp_type",
+                offset_of!(IbvQpOpenAttr, qp_type),
             ),
             ("sizeof ibv_xrcd_init_attr", size_of::<IbvXrcdInitAttr>()),
             ("ibv_xrcd_init_attr.fd", offset_of!(IbvXrcdInitAttr, fd)),

@@ -486,6 +486,12 @@ pub enum Req {
     CloseXrcd {
         xrcd: u32,
     },
+    /// Another handle of XRC target QP `qpn` of domain `xrcd` (`ibv_open_qp`); answered
+    /// like [`Req::CreateQp`].
+    OpenQp {
+        xrcd: u32,
+        qpn: u32,
+    },
 }
 
 impl Req {
@@ -656,6 +662,9 @@ impl Req {
             Req::CloseXrcd { xrcd } => {
                 e.u32(29).u32(*xrcd);
             }
+            Req::OpenQp { xrcd, qpn } => {
+                e.u32(30).u32(*xrcd).u32(*qpn);
+            }
         }
         e.0
     }
@@ -798,6 +807,10 @@ impl Req {
                 oflags: d.i32()?,
             },
             29 => Req::CloseXrcd { xrcd: d.u32()? },
+            30 => Req::OpenQp {
+                xrcd: d.u32()?,
+                qpn: d.u32()?,
+            },
             o => return Err(WireError::Opcode(o)),
         })
     }
@@ -947,7 +960,7 @@ impl Resp {
                 id: d.u32()?,
                 token: d.u64()?,
             },
-            Req::CreateQp { .. } => Resp::Qp {
+            Req::CreateQp { .. } | Req::OpenQp { .. } => Resp::Qp {
                 qpn: d.u32()?,
                 cap: Caps::dec(&mut d)?,
             },
@@ -1080,6 +1093,7 @@ mod tests {
                 oflags: 0,
             },
             Req::CloseXrcd { xrcd: 6 },
+            Req::OpenQp { xrcd: 6, qpn: 0x11 },
             Req::ModifySrq {
                 srq: 4,
                 mask: 3,

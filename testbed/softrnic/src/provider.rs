@@ -122,6 +122,7 @@ fn ctx_ops() -> &'static VerbsContextOps {
             set("close_xrcd", xrc::close_xrcd as *const c_void);
             set("create_srq_ex", xrc::create_srq_ex as *const c_void);
             set("get_srq_num", xrc::get_srq_num as *const c_void);
+            set("open_qp", xrc::open_qp as *const c_void);
             set("alloc_mw", alloc_mw as *const c_void);
             set("dealloc_mw", dealloc_mw as *const c_void);
             set("bind_mw", bind_mw as *const c_void);

@@ -183,11 +183,13 @@ impl State {
             }
             Req::UserHandle { kind, handle, user } => {
                 let slot = match kind {
-                    1 => self
-                        .qps
-                        .get_mut(&handle)
-                        .filter(|q| q.conn == conn)
-                        .map(|q| &mut q.user),
+                    1 => self.qps.get_mut(&handle).and_then(|q| {
+                        if q.conn == conn {
+                            Some(&mut q.user)
+                        } else {
+                            q.openers.iter_mut().find(|o| o.0 == conn).map(|o| &mut o.1)
+                        }
+                    }),
                     2 => self
                         .srqs
                         .get_mut(&handle)
@@ -323,6 +325,7 @@ impl State {
                         rings: None,
                         user: 0,
                         comm_est: false,
+                        openers: Vec::new(),
                     },
                 );
                 self.rr.push_back(qpn);
@@ -330,7 +333,7 @@ impl State {
                 Resp::Qp { qpn, cap }
             }
             Req::ModifyQp { qpn, mask, attr } => {
-                if self.qps.get(&qpn).map(|q| q.conn) != Some(conn) {
+                if !self.qps.get(&qpn).is_some_and(|q| q.held_by(conn)) {
                     return err(libc::EINVAL);
                 }
                 let r = match self.modify_qp(qpn, mask, &attr) {
@@ -341,7 +344,7 @@ impl State {
                 r
             }
             Req::QueryQp { qpn } => match self.qps.get(&qpn) {
-                Some(q) if q.conn == conn => {
+                Some(q) if q.held_by(conn) => {
                     let mut a = q.attr;
                     a.qp_state = q.state;
                     a.cur_qp_state = q.state;
@@ -355,10 +358,12 @@ impl State {
                 _ => err(libc::EINVAL),
             },
             Req::DestroyQp { qpn } => {
-                if self.qps.get(&qpn).map(|q| q.conn) != Some(conn) {
+                if !self.qps.get(&qpn).is_some_and(|q| q.held_by(conn)) {
                     return err(libc::EINVAL);
                 }
-                self.remove_qp(qpn);
+                if self.release_qp(conn, qpn) {
+                    self.remove_qp(qpn);
+                }
                 self.forget_events(conn, Obj::Qp(qpn))
             }
             Req::PostSend { qpn, wrs } => self.post_send(conn, qpn, wrs),
@@ -406,6 +411,7 @@ impl State {
             }
             Req::PostSrqRecv { srq, wrs } => self.post_srq_recv(conn, srq, wrs),
             Req::OpenXrcd { file, oflags } => self.open_xrcd(conn, file, oflags),
+            Req::OpenQp { xrcd, qpn } => self.open_qp(conn, xrcd, qpn),
             Req::CloseXrcd { xrcd } => self.close_xrcd(conn, xrcd),
             Req::AttachRing {
                 kind,

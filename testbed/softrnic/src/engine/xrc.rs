@@ -9,6 +9,13 @@
 
 use super::*;
 
+impl Qp {
+    /// Whether process `conn` has a handle of this QP (its own, or one from `ibv_open_qp`).
+    pub(super) fn held_by(&self, conn: u64) -> bool {
+        self.conn == conn || self.openers.iter().any(|o| o.0 == conn)
+    }
+}
+
 pub(super) struct Xrcd {
     /// The file (device, inode) the domain was opened through; `None` for a private one.
     file: Option<(u64, u64)>,
@@ -56,12 +63,47 @@ impl State {
             return err(libc::EINVAL);
         };
         let in_use = self.srqs.values().any(|s| s.conn == conn && s.xrcd == xrcd)
-            || self.qps.values().any(|q| q.conn == conn && q.xrcd == xrcd);
+            || self.qps.values().any(|q| q.held_by(conn) && q.xrcd == xrcd);
         if n == 1 && in_use {
             return err(libc::EBUSY);
         }
         self.drop_opens(xrcd, conn, n == 1);
         Resp::Unit
+    }
+
+    /// `ibv_open_qp`: another handle of XRC target `qpn` for a process that has its domain
+    /// open. One handle per process (a second, or one for the QP's creator, is `EINVAL`:
+    /// destroying a handle names only the QP, so two of one process could not be told apart).
+    pub(super) fn open_qp(&mut self, conn: u64, xrcd: u32, qpn: u32) -> Resp {
+        let opened = self.xrcd_opened_by(xrcd, conn);
+        match self.qps.get_mut(&qpn) {
+            Some(q)
+                if opened && q.qpt == IBV_QPT_XRC_RECV && q.xrcd == xrcd && !q.held_by(conn) =>
+            {
+                q.openers.push((conn, 0));
+                Resp::Qp { qpn, cap: q.cap }
+            }
+            _ => err(libc::EINVAL),
+        }
+    }
+
+    /// A process gives up its handle of QP `qpn` (destroy, or exit). Returns whether that was
+    /// the last handle, so the QP itself goes. An XRC target lives while any process holds
+    /// it: when its creator lets go first, the oldest opener becomes the holder that gets its
+    /// asynchronous events.
+    pub(super) fn release_qp(&mut self, conn: u64, qpn: u32) -> bool {
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return false;
+        };
+        if let Some(i) = q.openers.iter().position(|o| o.0 == conn) {
+            q.openers.remove(i);
+            return false;
+        }
+        if q.openers.is_empty() {
+            return true;
+        }
+        (q.conn, q.user) = q.openers.remove(0);
+        false
     }
 
     /// A connection is gone (its SRQs and QPs went before): so are its opens.
@@ -258,6 +300,50 @@ mod tests {
         assert!(!st.xrcds.contains_key(&a) && !st.xrcds.contains_key(&private));
         st.drop_conn(2);
         assert!(st.xrcds.is_empty());
+    }
+
+    /// `ibv_open_qp`: only a process with the domain open, one handle each; the target lives
+    /// until its last handle goes, and its creator's departure hands it to the oldest opener.
+    #[test]
+    fn opened_targets_outlive_their_creators_handle() {
+        let mut st = State::new();
+        let f = Some((1, 2));
+        let x = handle(open(&mut st, 1, f, libc::O_CREAT));
+        let qpn = handle(st.request(1, 0, target_qp(x)));
+        let open_qp = |st: &mut State, conn| st.request(conn, 0, Req::OpenQp { xrcd: x, qpn });
+        assert_eq!(errno(open_qp(&mut st, 2)), libc::EINVAL, "domain not open");
+        assert_eq!(errno(open_qp(&mut st, 1)), libc::EINVAL, "its creator");
+        for conn in [2, 3] {
+            handle(open(&mut st, conn, f, libc::O_CREAT));
+            assert!(matches!(open_qp(&mut st, conn), Resp::Qp { .. }));
+        }
+        assert_eq!(errno(open_qp(&mut st, 2)), libc::EINVAL, "a second handle");
+        let set_user = |st: &mut State, conn, user| {
+            st.request(
+                conn,
+                0,
+                Req::UserHandle {
+                    kind: 1,
+                    handle: qpn,
+                    user,
+                },
+            )
+        };
+        assert_eq!(set_user(&mut st, 2, 0x2000), Resp::Unit);
+        assert_eq!(set_user(&mut st, 4, 0x4000), err(libc::EINVAL));
+        assert!(matches!(
+            st.request(1, 0, Req::DestroyQp { qpn }),
+            Resp::Destroyed { .. }
+        ));
+        let q = &st.qps[&qpn];
+        assert_eq!(
+            (q.conn, q.user, q.openers.clone()),
+            (2, 0x2000, vec![(3, 0)])
+        );
+        st.drop_conn(3);
+        assert!(st.qps.contains_key(&qpn));
+        st.drop_conn(2);
+        assert!(!st.qps.contains_key(&qpn));
     }
 
     #[test]

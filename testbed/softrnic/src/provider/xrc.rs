@@ -137,3 +137,76 @@ pub(super) unsafe extern "C" fn get_srq_num(srq: *mut IbvSrq, srq_num: *mut u32)
         0
     })
 }
+
+const IBV_QP_OPEN_ATTR_NUM: u32 = 1 << 0;
+const IBV_QP_OPEN_ATTR_XRCD: u32 = 1 << 1;
+const IBV_QP_OPEN_ATTR_CONTEXT: u32 = 1 << 2;
+const IBV_QP_OPEN_ATTR_TYPE: u32 = 1 << 3;
+
+/// `ibv_open_qp`: another handle of an XRC target QP of an open domain, possibly created by
+/// another process of the host. It may be modified, queried and destroyed like the
+/// creator's; the QP lives until its last handle goes.
+pub(super) unsafe extern "C" fn open_qp(
+    ctx: *mut IbvContext,
+    attr: *mut IbvQpOpenAttr,
+) -> *mut IbvQp {
+    guard(null_mut(), || {
+        // SAFETY: the caller's attributes.
+        let a = unsafe { &*attr };
+        let needed = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+        let known = needed | IBV_QP_OPEN_ATTR_CONTEXT;
+        if a.comp_mask & !known != 0 {
+            set_errno(libc::EOPNOTSUPP);
+            return null_mut();
+        }
+        // SAFETY: a non-null domain was made by open_xrcd.
+        if a.comp_mask & needed != needed
+            || a.qp_type != IBV_QPT_XRC_RECV
+            || a.xrcd.is_null()
+            || unsafe { (*a.xrcd).context } != ctx
+        {
+            set_errno(libc::EINVAL);
+            return null_mut();
+        }
+        // SAFETY: ctx is ours; the domain was checked above.
+        let (st, xrcd) = unsafe { (state(ctx), (*a.xrcd).handle) };
+        let qpn = match st.call(&Req::OpenQp {
+            xrcd,
+            qpn: a.qp_num,
+        }) {
+            Ok(Resp::Qp { qpn, .. }) => qpn,
+            Ok(_) => {
+                set_errno(libc::EIO);
+                return null_mut();
+            }
+            Err(e) => {
+                set_errno(e);
+                return null_mut();
+            }
+        };
+        let qp_state = match st.call(&Req::QueryQp { qpn }) {
+            Ok(Resp::QpAttr { attr, .. }) => attr.qp_state,
+            _ => IBV_QPS_RESET,
+        };
+        // SAFETY: verbs_qp is plain C data; all-zero is valid (see create_cq).
+        let mut q: Box<SrQp> = Box::new(SrQp {
+            vqp: unsafe { std::mem::zeroed() },
+            rings: None,
+            batch: Mutex::default(),
+        });
+        q.vqp.comp_mask |= VERBS_QP_XRCD;
+        q.vqp.xrcd = a.xrcd.cast();
+        let qp = &mut q.vqp.qp;
+        qp.context = ctx;
+        if a.comp_mask & IBV_QP_OPEN_ATTR_CONTEXT != 0 {
+            qp.qp_context = a.qp_context;
+        }
+        qp.handle = qpn;
+        qp.qp_num = qpn;
+        qp.state = qp_state;
+        qp.qp_type = IBV_QPT_XRC_RECV;
+        let undo = Req::DestroyQp { qpn };
+        // SAFETY: allocated just above and not handed out.
+        unsafe { hand_out(st, 1, qpn, Box::into_raw(q), &undo) as *mut IbvQp }
+    })
+}

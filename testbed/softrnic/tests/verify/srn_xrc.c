@@ -15,8 +15,12 @@
  *   2. RDMA WRITE 256 bytes into the server's MR (naming its SRQ) and RDMA WRITE_WITH_IMM 64
  *      bytes into the sibling's MR (naming the sibling's SRQ, whose receive it consumes);
  *   3. RDMA READ both back, and FETCH_AND_ADD +7 on the server's MR (original 0);
- *   4. an RDMA WRITE into the sibling's MR naming the server's SRQ: the SRQ's PD is not the
- *      MR's, so it completes with IBV_WC_REM_ACCESS_ERR and nothing is written;
+ *   4. the sibling opened the first target QP (ibv_open_qp) at the start; the server now
+ *      destroys its own handle of it, and a SEND of 50 bytes to the sibling's SRQ still
+ *      arrives through it;
+ *   5. an RDMA WRITE into the sibling's MR naming the server's SRQ: the SRQ's PD is not the
+ *      MR's, so it completes with IBV_WC_REM_ACCESS_ERR and nothing is written (the sibling's
+ *      handle then shows the target QP in the error state);
  * and on the second, a SEND naming an SRQ number that is not an XRC SRQ of the domain:
  * IBV_WC_REM_INV_REQ_ERR. Every completion is checked (status, opcode, length, immediate,
  * QP number) and each side checks its memory afterwards.
@@ -154,7 +158,8 @@ static void expect_recv(struct ibv_cq *cq, uint32_t qpn, enum ibv_wc_opcode op, 
 		die("immediate");
 }
 
-/* The sibling: its own receiver objects in the shared domain; checks what arrived. */
+/* The sibling: its own receiver objects in the shared domain, and its own handle of the
+ * server's first target QP; checks what arrived. */
 static int sibling(int ch, const char *domain_file)
 {
 	struct rx r;
@@ -162,17 +167,36 @@ static int sibling(int ch, const char *domain_file)
 	struct side s = rx_side(&r);
 	xfer(ch, &s, sizeof s, 1);
 	uint32_t tgt;
-	xfer(ch, &tgt, sizeof tgt, 0); /* sent once the client is done */
+	xfer(ch, &tgt, sizeof tgt, 0);
+	struct ibv_qp_open_attr oa = {.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD |
+						   IBV_QP_OPEN_ATTR_TYPE,
+				      .qp_num = tgt,
+				      .xrcd = r.xrcd,
+				      .qp_type = IBV_QPT_XRC_RECV};
+	struct ibv_qp *opened = ibv_open_qp(r.ctx, &oa);
+	if (!opened || opened->qp_num != tgt)
+		die("ibv_open_qp");
+	uint8_t ok = 1;
+	xfer(ch, &ok, 1, 1);
+	xfer(ch, &ok, 1, 0); /* the client is done */
 	expect_recv(r.cq, tgt, IBV_WC_RECV, 200, "sibling SEND");
 	expect_recv(r.cq, tgt, IBV_WC_RECV_RDMA_WITH_IMM, 64, "sibling WRITE_WITH_IMM");
+	expect_recv(r.cq, tgt, IBV_WC_RECV, 50, "SEND through the opened target QP");
 	struct ibv_wc extra;
 	if (ibv_poll_cq(r.cq, 1, &extra) != 0)
 		die("sibling: an extra completion");
-	if (!same(r.buf + 2048, 200, 2) || !same(r.buf + 1024, 64, 4))
+	if (!same(r.buf + 2048, 200, 2) || !same(r.buf + 1024, 64, 4) ||
+	    !same(r.buf + 3072, 50, 5))
 		die("sibling memory");
 	for (int i = 0; i < 1024; i++)
 		if (r.buf[i] != 0)
 			die("sibling memory written through the wrong PD");
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qi;
+	if (ibv_query_qp(opened, &qa, IBV_QP_STATE, &qi) || qa.qp_state != IBV_QPS_ERR)
+		die("the opened target QP's state after the access error");
+	if (ibv_destroy_qp(opened))
+		die("destroy the opened target QP");
 	return 0;
 }
 
@@ -212,6 +236,9 @@ static int server(int port, const char *domain_file, int remove_file)
 			die("create XRC target QP");
 		si.tgt[i] = tgt[i]->qp_num;
 	}
+	uint8_t ready = 1, done;
+	xfer(ch[0], &si.tgt[0], sizeof si.tgt[0], 1);
+	xfer(ch[0], &done, 1, 0); /* the sibling opened it */
 	local_gid(r.ctx, si.gid);
 	int ls = tcp_listen(port, 1);
 	int fd = tcp_accept(ls);
@@ -220,10 +247,13 @@ static int server(int port, const char *domain_file, int remove_file)
 	xfer(fd, &ci, sizeof ci, 0);
 	for (int i = 0; i < 2; i++)
 		connect_tgt(tgt[i], ci.ini[i], ci.psn, ci.gid, port_mtu(r.ctx));
-	uint8_t ready = 1, done;
+	xfer(fd, &ready, 1, 1);
+	xfer(fd, &done, 1, 0); /* steps 1-3 done: let go of the first target QP */
+	if (ibv_destroy_qp(tgt[0]))
+		die("destroy target QP");
 	xfer(fd, &ready, 1, 1);
 	xfer(fd, &done, 1, 0);
-	xfer(ch[0], &si.tgt[0], sizeof si.tgt[0], 1);
+	xfer(ch[0], &ready, 1, 1);
 	expect_recv(r.cq, si.tgt[0], IBV_WC_RECV, 100, "server SEND");
 	struct ibv_wc extra;
 	if (ibv_poll_cq(r.cq, 1, &extra) != 0)
@@ -237,15 +267,15 @@ static int server(int port, const char *domain_file, int remove_file)
 	int st;
 	if (waitpid(kid, &st, 0) != kid || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
 		die("sibling failed");
-	for (int i = 0; i < 2; i++)
-		if (ibv_destroy_qp(tgt[i]))
-			die("destroy target QP");
+	if (ibv_destroy_qp(tgt[1]))
+		die("destroy target QP");
 	if (ibv_destroy_srq(r.srq) || ibv_close_xrcd(r.xrcd))
 		die("destroy SRQ, close domain");
 	if (remove_file)
 		unlink(domain_file);
 	xfer(fd, &ready, 1, 1);
-	printf("OK server: both SRQs of the shared domain served through one target QP\n");
+	printf("OK server: both SRQs of the shared domain served through one target QP, which "
+	       "outlived its creator's handle\n");
 	return 0;
 }
 
@@ -357,7 +387,13 @@ static int client(const char *ip, int port)
 	memcpy(&orig, buf + 512, 8);
 	if (orig != 0)
 		die("FETCH_AND_ADD original value");
+	uint8_t done = 1;
+	xfer(fd, &done, 1, 1);
+	xfer(fd, &ready, 1, 0); /* the server destroyed its handle of the first target QP */
 	sg.addr = (uintptr_t)buf;
+	fill(buf, 50, 5);
+	sg.length = 50;
+	ok(run(ini[0], cq, IBV_WR_SEND, si.sib.srqn, sg, 0, 0), "SEND through the opened QP");
 	sg.length = 16;
 	struct ibv_wc wc = run(ini[0], cq, IBV_WR_RDMA_WRITE, si.own.srqn, sg, si.sib.addr,
 			       si.sib.rkey);
@@ -366,10 +402,9 @@ static int client(const char *ip, int port)
 	wc = run(ini[1], cq, IBV_WR_SEND, WRONG_SRQN, sg, 0, 0);
 	if (wc.status != IBV_WC_REM_INV_REQ_ERR)
 		die("a SEND to an SRQ outside the domain was not refused");
-	uint8_t done = 1;
 	xfer(fd, &done, 1, 1);
 	xfer(fd, &ready, 1, 0);
-	printf("OK client: 8 requests through XRC, 2 refused as expected\n");
+	printf("OK client: 9 requests through XRC, 2 refused as expected\n");
 	return 0;
 }
 
