@@ -708,6 +708,7 @@ pub mod consts {
     pub const IBV_ACCESS_REMOTE_READ: u32 = 4;
     pub const IBV_ACCESS_REMOTE_ATOMIC: u32 = 8;
     pub const IBV_ACCESS_MW_BIND: u32 = 16;
+    pub const IBV_ACCESS_ZERO_BASED: u32 = 32;
 
     pub const IBV_MW_TYPE_1: i32 = 1;
     pub const IBV_MW_TYPE_2: i32 = 2;

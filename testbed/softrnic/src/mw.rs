@@ -9,11 +9,13 @@
 //! (type 2B): only that QP's peer can use the rkey. They are invalidated by
 //! `IBV_WR_LOCAL_INV` or by the peer's `IBV_WR_SEND_WITH_INV`. An rkey is `index << 8 | key`:
 //! the index names the window, the key byte changes with each bind, so an old rkey stops
-//! working as soon as the window is bound again or invalidated.
+//! working as soon as the window is bound again or invalidated. A window bound with
+//! `IBV_ACCESS_ZERO_BASED` is addressed by offsets from its start instead of by virtual
+//! addresses.
 
 use crate::ffi::consts::*;
 
-/// The remote rights a window may grant (`IBV_ACCESS_ZERO_BASED` windows are not offered).
+/// The remote rights a window may grant.
 const REMOTE_RIGHTS: u32 =
     IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 
@@ -26,6 +28,8 @@ pub struct Binding {
     pub access: u32,
     /// Type 2: the QP it is bound to.
     pub qpn: u32,
+    /// Remote addresses are offsets from `addr` (`IBV_ACCESS_ZERO_BASED`).
+    pub zero_based: bool,
 }
 
 #[derive(Debug)]
@@ -93,7 +97,7 @@ impl Mw {
             || m.access & IBV_ACCESS_MW_BIND == 0
             || b.len == 0
             || !inside
-            || b.access & !REMOTE_RIGHTS != 0
+            || b.access & !(REMOTE_RIGHTS | IBV_ACCESS_ZERO_BASED) != 0
             || (needs_local_write && m.access & IBV_ACCESS_LOCAL_WRITE == 0)
         {
             return fail;
@@ -103,8 +107,9 @@ impl Mw {
             mr: b.mr,
             addr: b.addr,
             len: b.len,
-            access: b.access,
+            access: b.access & REMOTE_RIGHTS,
             qpn: if self.kind == IBV_MW_TYPE_2 { qpn } else { 0 },
+            zero_based: b.access & IBV_ACCESS_ZERO_BASED != 0,
         });
         Ok(())
     }
@@ -123,8 +128,9 @@ impl Mw {
         ok
     }
 
-    /// Remote access through `rkey` arriving on QP `qpn` of PD `qp_pd`: the MR key to access
-    /// if the window is bound with that rkey, grants `access` and holds the whole range.
+    /// Remote access through `rkey` arriving on QP `qpn` of PD `qp_pd` at remote address
+    /// `addr`: the MR key to access and the virtual address `addr` stands for, if the window
+    /// is bound with that rkey, grants `access` and holds the whole range.
     pub fn grant(
         &self,
         rkey: u32,
@@ -133,16 +139,21 @@ impl Mw {
         addr: u64,
         len: u64,
         access: u32,
-    ) -> Option<u32> {
+    ) -> Option<(u32, u64)> {
         let b = self.bound.as_ref()?;
-        let end = addr.checked_add(len)?;
+        let va = if b.zero_based {
+            b.addr.checked_add(addr)?
+        } else {
+            addr
+        };
+        let end = va.checked_add(len)?;
         let ok = self.rkey == rkey
             && self.pd == qp_pd
             && b.access & access != 0
             && (self.kind == IBV_MW_TYPE_1 || b.qpn == qpn)
-            && addr >= b.addr
+            && va >= b.addr
             && end <= b.addr + b.len;
-        ok.then_some(b.mr)
+        ok.then_some((b.mr, va))
     }
 }
 
@@ -191,7 +202,7 @@ mod tests {
         let g = |w: &Mw, rkey, qpn, addr, len, acc| w.grant(rkey, 3, qpn, addr, len, acc);
         assert_eq!(
             g(&w, 0x501, 7, 0x1100, 0x100, IBV_ACCESS_REMOTE_READ),
-            Some(0x200)
+            Some((0x200, 0x1100))
         );
         // Any QP of the PD; not another PD, not outside the range, not other rights.
         assert_eq!(
@@ -208,10 +219,31 @@ mod tests {
         assert_eq!(g(&w, 0x501, 7, 0x1000, 8, IBV_ACCESS_REMOTE_READ), None);
         assert_eq!(
             g(&w, 0x502, 7, 0x1000, 8, IBV_ACCESS_REMOTE_READ),
-            Some(0x200)
+            Some((0x200, 0x1000))
         );
         w.bind(1, 3, 9, &req(0x503, 0, 0, 0), None).unwrap();
         assert_eq!(g(&w, 0x503, 7, 0x1000, 8, IBV_ACCESS_REMOTE_READ), None);
+    }
+
+    /// A zero-based window is addressed by offsets: remote address 0 is its first byte, and
+    /// its length bounds the offsets; the flag is not a right of its own.
+    #[test]
+    fn zero_based_windows_translate_offsets_into_their_range() {
+        let mut w = mw(IBV_MW_TYPE_1);
+        let zr = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_ZERO_BASED;
+        w.bind(1, 3, 9, &req(0x501, 0x1100, 0x100, zr), Some(MR))
+            .unwrap();
+        let read = |addr, len| w.grant(0x501, 3, 7, addr, len, IBV_ACCESS_REMOTE_READ);
+        assert_eq!(read(0, 0x100), Some((0x200, 0x1100)));
+        assert_eq!(read(0xf8, 8), Some((0x200, 0x11f8)));
+        assert_eq!(read(0xf9, 8), None);
+        assert_eq!(read(0x1100, 8), None, "a virtual address is out of range");
+        assert_eq!(read(u64::MAX, 1), None);
+        assert_eq!(
+            w.grant(0x501, 3, 7, 0, 8, IBV_ACCESS_ZERO_BASED),
+            None,
+            "ZERO_BASED grants nothing by itself"
+        );
     }
 
     #[test]
@@ -258,7 +290,7 @@ mod tests {
         let r = IBV_ACCESS_REMOTE_READ;
         w.bind(1, 3, 9, &req(0x5aa, 0x1000, 0x100, r), Some(MR))
             .unwrap();
-        assert_eq!(w.grant(0x5aa, 3, 9, 0x1000, 8, r), Some(0x200));
+        assert_eq!(w.grant(0x5aa, 3, 9, 0x1000, 8, r), Some((0x200, 0x1000)));
         assert_eq!(w.grant(0x5aa, 3, 7, 0x1000, 8, r), None);
         assert_eq!(
             w.bind(1, 3, 9, &req(0x5ab, 0x1000, 0x100, r), Some(MR)),
@@ -271,6 +303,6 @@ mod tests {
         assert!(!w.invalidate(1, 3, 9, 0x5aa)); // already invalid
         w.bind(1, 3, 9, &req(0x5ab, 0x1000, 0x100, r), Some(MR))
             .unwrap();
-        assert_eq!(w.grant(0x5ab, 3, 9, 0x1000, 8, r), Some(0x200));
+        assert_eq!(w.grant(0x5ab, 3, 9, 0x1000, 8, r), Some((0x200, 0x1000)));
     }
 }

@@ -1516,7 +1516,8 @@ fn own_async_event_checker_srq_limit_last_wqe_destroy_and_solicited_events() {
 /// only knows window rkeys, never the MR's. A type 1 window (`ibv_bind_mw`) grants READ of its
 /// range only (one byte past it, or a WRITE, fails with `IBV_WC_REM_ACCESS_ERR`); a type 2
 /// window (`IBV_WR_BIND_MW`) grants WRITE and READ through the QP that bound it only; a rebind
-/// retires the old rkey; `IBV_WR_LOCAL_INV` and the peer's `IBV_WR_SEND_WITH_INV` (reported
+/// retires the old rkey, and a zero-based one is read from remote address 0 (one byte beyond
+/// its length fails); `IBV_WR_LOCAL_INV` and the peer's `IBV_WR_SEND_WITH_INV` (reported
 /// in the receive's `invalidated_rkey`) revoke the window; bytes outside the windows stay; the
 /// server's QP of each refused access reports `IBV_EVENT_QP_ACCESS_ERR`.
 #[test]
@@ -1527,7 +1528,7 @@ fn own_memory_window_checker_type1_type2_bind_and_invalidate() {
     };
     assert!(s.contains("OK memory windows"), "{s}");
     assert!(
-        c.contains("6 accesses refused as expected, 5 allowed"),
+        c.contains("7 accesses refused as expected, 5 allowed"),
         "{c}"
     );
 }

@@ -474,7 +474,7 @@ impl State {
             .remote_addr
             .checked_add(p.offset as u64)
             .ok_or(wire::NAK_REM_ACCESS)?;
-        let pid = self
+        let (pid, addr) = self
             .check_remote(
                 qpn,
                 pd,
@@ -528,13 +528,13 @@ impl State {
             return Err(wire::NAK_REM_INVALID);
         }
         let pd = self.responder_pd(qpn, p).ok_or(wire::NAK_REM_INVALID)?;
-        let pid = self
+        let (pid, target) = self
             .check_remote(qpn, pd, p.rkey, p.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC)
             .ok_or(wire::NAK_REM_ACCESS)?;
         let operand = u64::from_le_bytes(p.payload[..8].try_into().unwrap());
         let swap = u64::from_le_bytes(p.payload[8..].try_into().unwrap());
         let mut word = [0u8; 8];
-        read_mem(pid, p.remote_addr, &mut word).map_err(|_| wire::NAK_REM_ACCESS)?;
+        read_mem(pid, target, &mut word).map_err(|_| wire::NAK_REM_ACCESS)?;
         // The target word is in the target host's byte order (as rxe and siw do).
         let orig = u64::from_ne_bytes(word);
         let new = match p.op {
@@ -542,7 +542,7 @@ impl State {
             _ => Some(orig.wrapping_add(operand)),
         };
         if let Some(v) = new {
-            write_mem(pid, p.remote_addr, &v.to_ne_bytes()).map_err(|_| wire::NAK_REM_ACCESS)?;
+            write_mem(pid, target, &v.to_ne_bytes()).map_err(|_| wire::NAK_REM_ACCESS)?;
         }
         let q = self.qps.get_mut(&qpn).ok_or(wire::NAK_REM_OP)?;
         if q.atomic_cache.len() >= ATOMIC_CACHE {
@@ -594,8 +594,8 @@ impl State {
             return false;
         };
         let len = p.msg_len as u64;
-        let pid = if len == 0 {
-            0
+        let (pid, base) = if len == 0 {
+            (0, 0)
         } else {
             match self.check_remote(
                 p.dst_qpn,
@@ -605,7 +605,7 @@ impl State {
                 len,
                 IBV_ACCESS_REMOTE_READ,
             ) {
-                Some(pid) => pid,
+                Some(target) => target,
                 None => return false,
             }
         };
@@ -614,7 +614,7 @@ impl State {
             let off = i * mtu;
             let chunk = (p.msg_len - off).min(mtu);
             let mut payload = vec![0u8; chunk as usize];
-            if chunk > 0 && read_mem(pid, p.remote_addr + off as u64, &mut payload).is_err() {
+            if chunk > 0 && read_mem(pid, base + off as u64, &mut payload).is_err() {
                 return false;
             }
             let r = Packet {

@@ -291,8 +291,10 @@ impl State {
     }
 
     /// Check a remote access against an MR: rkey, PD of the target QP, bounds, access bit.
-    /// Remote access through `rkey` arriving on QP `qpn` of PD `pd`: the process to access
-    /// if an MR, or a memory window bound over one, grants it for the whole range.
+    /// Remote access through `rkey` arriving on QP `qpn` of PD `pd` at remote address
+    /// `addr`: the process to access and the address there, if an MR, or a memory window
+    /// bound over one, grants it for the whole range (a zero-based window's remote addresses
+    /// are offsets).
     pub(super) fn check_remote(
         &self,
         qpn: u32,
@@ -301,14 +303,14 @@ impl State {
         addr: u64,
         len: u64,
         access: u32,
-    ) -> Option<i32> {
+    ) -> Option<(i32, u64)> {
         let m = match self.mrs.get(&rkey) {
             Some(m) => m,
             None => {
                 let w = self.mws.get(&(rkey >> 8))?;
-                let mr = w.grant(rkey, pd, qpn, addr, len, access)?;
+                let (mr, va) = w.grant(rkey, pd, qpn, addr, len, access)?;
                 // The window lies inside its MR, which cannot go while it is bound.
-                return self.mrs.get(&mr).map(|m| m.pid);
+                return self.mrs.get(&mr).map(|m| (m.pid, va));
             }
         };
         if m.pd != pd || m.access & access == 0 {
@@ -318,6 +320,6 @@ impl State {
         if addr < m.addr || end > m.addr + m.len {
             return None;
         }
-        Some(m.pid)
+        Some((m.pid, addr))
     }
 }

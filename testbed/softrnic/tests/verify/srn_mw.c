@@ -8,7 +8,7 @@
  * The server registers one 8 KiB MR (remote read and write, MW_BIND) but never tells the
  * client its rkey: the client only gets windows. NQP RC QPs are connected between the two;
  * an access error sends a requester QP to the error state, so every expected failure uses a
- * fresh client QP (1..6), and QP 0 does everything that must succeed. In lockstep over TCP:
+ * fresh client QP (1..7), and QP 0 does everything that must succeed. In lockstep over TCP:
  *   1. the server binds a type 1 window (ibv_bind_mw, a signalled IBV_WC_BIND_MW completion)
  *      over [1024, 2048) read-only, and a type 2 window (IBV_WR_BIND_MW on QP 0, rkey chosen
  *      with ibv_inc_rkey) over [4096, 4608) read-write;
@@ -16,14 +16,17 @@
  *      WRITE into it, each fail with IBV_WC_REM_ACCESS_ERR; it WRITEs the type 2 range through
  *      QP 0 and READs it back; the same rkey through another QP fails (type 2B windows belong
  *      to the QP that bound them);
- *   3. the server binds the type 1 window again: its old rkey fails, the new one works;
+ *   3. the server binds the type 1 window again, zero-based (IBV_ACCESS_ZERO_BASED: remote
+ *      addresses are offsets into the window): its old rkey fails; the new one READs the
+ *      window from remote address 0 (data checked), and one byte beyond its length fails;
  *   4. the server invalidates the type 2 window (IBV_WR_LOCAL_INV, IBV_WC_LOCAL_INV): its
  *      rkey fails;
  *   5. the server binds it again with the next rkey; the client sends IBV_WR_SEND_WITH_INV
  *      naming it: the server's receive completes with IBV_WC_WITH_INV and that rkey in
  *      invalidated_rkey, and the rkey fails afterwards;
- *   6. the server checks the bytes the client wrote in step 2, and that each of its QPs 1..6
- *      reported the access violation it refused with IBV_EVENT_QP_ACCESS_ERR (in order).
+ *   6. the server checks the bytes the client wrote in step 2, and that each of its QPs 1..7
+ *      reported the access violation it refused with IBV_EVENT_QP_ACCESS_ERR (in the order of
+ *      the steps).
  * Exit status 0 and a final line "OK ..." when everything matched; otherwise a message and 1.
  */
 #define _GNU_SOURCE
@@ -31,7 +34,7 @@
 
 #include "srn_common.h"
 
-#define NQP 7
+#define NQP 8
 #define BUF 8192
 #define W1_OFF 1024
 #define W1_LEN 1024
@@ -150,13 +153,14 @@ static void bind_type2(struct ibv_mw *mw, uint32_t rkey)
 	mw->rkey = rkey;
 }
 
-static void bind_type1(struct ibv_mw *mw)
+static void bind_type1(struct ibv_mw *mw, int zero_based)
 {
 	struct ibv_mw_bind b = {.wr_id = 1, .send_flags = IBV_SEND_SIGNALED};
 	b.bind_info.mr = mr;
 	b.bind_info.addr = (uintptr_t)(buf + W1_OFF);
 	b.bind_info.length = W1_LEN;
-	b.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_READ;
+	b.bind_info.mw_access_flags =
+		IBV_ACCESS_REMOTE_READ | (zero_based ? IBV_ACCESS_ZERO_BASED : 0);
 	uint32_t old = mw->rkey;
 	if (ibv_bind_mw(qps[0], mw, &b))
 		die("ibv_bind_mw");
@@ -185,13 +189,13 @@ static int server(int port)
 	struct ibv_mw *mw2 = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
 	if (!mw1 || !mw2)
 		die("alloc_mw");
-	bind_type1(mw1);
+	bind_type1(mw1, 0);
 	bind_type2(mw2, ibv_inc_rkey(mw2->rkey));
 	struct keys k = {.base = (uintptr_t)buf, .rkey1 = mw1->rkey, .rkey2 = mw2->rkey};
 	xfer(fd, &k, sizeof k, 1);
 
 	sync_step(fd, 1); /* step 2 done */
-	bind_type1(mw1);
+	bind_type1(mw1, 1);
 	k.rkey1 = mw1->rkey;
 	xfer(fd, &k, sizeof k, 1);
 
@@ -223,7 +227,9 @@ static int server(int port)
 	for (int i = W2_OFF + W2_LEN; i < BUF - 64; i++)
 		if (buf[i] != (uint8_t)(i * 7))
 			die("memory outside the windows changed");
-	for (int q = 1; q < NQP; q++) {
+	static const int refused_in_order[] = {1, 2, 3, 4, 7, 5, 6};
+	for (int i = 0; i < NQP - 1; i++) {
+		int q = refused_in_order[i];
 		struct pollfd p = {.fd = ctx->async_fd, .events = POLLIN};
 		struct ibv_async_event ev;
 		if (poll(&p, 1, 5000) != 1 || ibv_get_async_event(ctx, &ev))
@@ -238,8 +244,8 @@ static int server(int port)
 	}
 	if (ibv_dealloc_mw(mw1) || ibv_dealloc_mw(mw2))
 		die("dealloc_mw");
-	printf("OK memory windows: type 1 and 2 binds, range, rights, QP, rebind, local and "
-	       "remote invalidation enforced; QP_ACCESS_ERR for each refused access\n");
+	printf("OK memory windows: type 1 and 2 binds, zero-based, range, rights, QP, rebind, "
+	       "local and remote invalidation enforced; QP_ACCESS_ERR for each refused access\n");
 	return 0;
 }
 
@@ -276,7 +282,16 @@ static int client(const char *ip, int port)
 	/* Step 3. */
 	xfer(fd, &k, sizeof k, 0);
 	expect(rdma(4, IBV_WR_RDMA_READ, &k, old1, W1_OFF, 8, 0), denied, "the rkey before a rebind");
-	expect(rdma(0, IBV_WR_RDMA_READ, &k, k.rkey1, W1_OFF, 8, 0), ok, "the rkey after a rebind");
+	struct keys zero = k;
+	zero.base = 0;
+	memset(buf, 0, W1_LEN);
+	expect(rdma(0, IBV_WR_RDMA_READ, &zero, k.rkey1, 0, W1_LEN, 0), ok,
+	       "READ a zero-based window from offset 0");
+	for (int i = 0; i < W1_LEN; i++)
+		if (buf[i] != (uint8_t)((W1_OFF + i) * 7))
+			die("the bytes read through the zero-based window");
+	expect(rdma(7, IBV_WR_RDMA_READ, &zero, k.rkey1, 1, W1_LEN, 0), denied,
+	       "READ one byte beyond a zero-based window");
 	sync_step(fd, 0);
 	/* Step 4. */
 	xfer(fd, &k, sizeof k, 0);
@@ -293,7 +308,7 @@ static int client(const char *ip, int port)
 	expect(rdma(6, IBV_WR_RDMA_WRITE, &k, k.rkey2, W2_OFF, 8, 0), denied,
 	       "a window after remote invalidation");
 	sync_step(fd, 0);
-	printf("OK client: 6 accesses refused as expected, 5 allowed\n");
+	printf("OK client: 7 accesses refused as expected, 5 allowed\n");
 	return 0;
 }
 
