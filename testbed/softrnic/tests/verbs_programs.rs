@@ -1692,12 +1692,17 @@ fn link_down_and_up_raise_port_events_and_traffic_resumes() {
     pingpong_sizes(&run, &[], &[("4096", "100")]);
 
     // A flap of 100-300 ms while a pingpong runs: its retries (up to 7 timeouts of 67 ms)
-    // outlast it.
+    // outlast it. The flap starts once the engine has counted the pingpong's traffic (a
+    // loaded machine may take a while to get there).
     std::thread::sleep(Duration::from_millis(300));
-    let dropped = run.stats("h1")["port_down_dropped"];
+    let stats = run.stats("h1");
+    let (dropped, rx) = (stats["port_down_dropped"], stats["rx_packets"]);
     let flap = std::thread::scope(|s| {
         let t = s.spawn(|| pingpong(&run, &["-c", "-s", "64", "-n", "20000"]));
-        std::thread::sleep(Duration::from_millis(600));
+        let t0 = Instant::now();
+        while run.stats("h1")["rx_packets"] < rx + 2000 && t0.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         link("down");
         std::thread::sleep(Duration::from_millis(150));
         link("up");
