@@ -132,11 +132,18 @@ fn pair(run: &Run, sargs: &[&str]) -> (Output, Output) {
     let server = spawn(&mut run.exec("h1", sargs));
     let mut cargs = sargs.to_vec();
     cargs.push(&server_ip);
-    let mut client;
+    let client = client_retrying(run, "h2", &cargs);
+    let server = wait_timeout(server, Duration::from_secs(60));
+    (server, client)
+}
+
+/// Run client `args` on `host`, again while it cannot connect because its server does not
+/// listen yet (for up to 10 s).
+fn client_retrying(run: &Run, host: &str, args: &[&str]) -> Output {
     let t = Instant::now();
     loop {
         std::thread::sleep(Duration::from_millis(200));
-        client = run_timeout(&mut run.exec("h2", &cargs), Duration::from_secs(60));
+        let client = run_timeout(&mut run.exec(host, args), Duration::from_secs(60));
         let all = format!(
             "{}{}",
             String::from_utf8_lossy(&client.stdout),
@@ -144,11 +151,9 @@ fn pair(run: &Run, sargs: &[&str]) -> (Output, Output) {
         );
         let refused = all.contains("Couldn't connect") || all.contains("Unable to init the socket");
         if !refused || t.elapsed() > Duration::from_secs(10) {
-            break;
+            return client;
         }
     }
-    let server = wait_timeout(server, Duration::from_secs(60));
-    (server, client)
 }
 
 #[test]
@@ -1579,11 +1584,15 @@ fn xsrq_pingpong_and_perftest_over_xrc() {
         a
     }
     let server = spawn(&mut run.exec("h1", &xsrq(&["-c", "2"])));
-    std::thread::sleep(Duration::from_millis(500));
-    let first = spawn(&mut run.exec("h2", &xsrq(&[&ip])));
-    std::thread::sleep(Duration::from_millis(200));
-    let second = run_timeout(&mut run.exec("h2", &xsrq(&[&ip])), Duration::from_secs(60));
-    let first = wait_timeout(first, Duration::from_secs(30));
+    // Both clients run at once (the server talks to them only when both have connected),
+    // each retried while the server does not listen yet.
+    let client = || client_retrying(&run, "h2", &xsrq(&[&ip]));
+    let (first, second) = std::thread::scope(|s| {
+        let first = s.spawn(client);
+        std::thread::sleep(Duration::from_millis(200));
+        let second = client();
+        (first.join().unwrap(), second)
+    });
     let server = wait_timeout(server, Duration::from_secs(30));
     for (who, o) in [
         ("server", &server),
