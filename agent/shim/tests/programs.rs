@@ -288,6 +288,7 @@ fn program_without_verbs_is_unaffected() {
 /// The pacer (`DRUM_SHIM_RATE_WQE_PER_S`) holds an unmodified `ib_write_bw` to the granted
 /// WQE rate: perftest's own message rate is within 5 % of it (never above; see
 /// [`assert_holds_grant`] for the floor), while the same run without a rate is far faster.
+/// The same over XRC (`-c XRC`: an initiator QP writing through the server's target QP).
 #[test]
 fn pacer_holds_ib_write_bw_to_the_granted_wqe_rate() {
     require_privileges!();
@@ -295,14 +296,19 @@ fn pacer_holds_ib_write_bw_to_the_granted_wqe_rate() {
         eprintln!("SKIPPED: perftest not installed (apt-get install perftest)");
         return;
     }
+    let _files = drum_test_support::CreatedFiles::watch(&drum_test_support::XRC_DOMAIN_FILES);
     let run = Run::new("pacer");
     run.up(&["--hosts", "2"]);
-    let unpaced = write_bw_msg_rate(&run, None);
+    let unpaced = write_bw_msg_rate(&run, None, &[]);
     assert!(unpaced > 1000.0, "unpaced only {unpaced} msg/s");
     let paced = assert_holds_grant("ib_write_bw paced at 500 WQE/s", 500.0, 0.05, || {
-        write_bw_msg_rate(&run, Some("500"))
+        write_bw_msg_rate(&run, Some("500"), &[])
     });
     eprintln!("ib_write_bw 4 KiB: {unpaced:.0} msg/s unpaced, {paced:.0?} msg/s granted 500");
+    let xrc = assert_holds_grant("ib_write_bw -c XRC paced at 500 WQE/s", 500.0, 0.05, || {
+        write_bw_msg_rate(&run, Some("500"), &["-c", "XRC"])
+    });
+    eprintln!("ib_write_bw -c XRC 4 KiB: {xrc:.0?} msg/s granted 500");
 }
 
 /// A paced application's lists reach the NIC one doorbell per work request: unmodified
@@ -350,8 +356,9 @@ fn paced_lists_reach_the_nic_one_doorbell_per_work_request() {
 }
 
 /// perftest's message rate for 300 writes of 4 KiB, under a static WQE grant if one is given.
-fn write_bw_msg_rate(run: &Run, rate: Option<&str>) -> f64 {
-    let args = ["ib_write_bw", "-x", "0", "-s", "4096", "-n", "300"];
+fn write_bw_msg_rate(run: &Run, rate: Option<&str>, extra: &[&str]) -> f64 {
+    let mut args = vec!["ib_write_bw", "-x", "0", "-s", "4096", "-n", "300"];
+    args.extend_from_slice(extra);
     let env: Vec<(&str, &str)> = rate
         .map(|r| vec![("DRUM_SHIM_RATE_WQE_PER_S", r)])
         .unwrap_or_default();
