@@ -394,16 +394,11 @@ pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut IbvContext) -> *m
         }
         // SAFETY: context is ours (checked above).
         let st = unsafe { state(context) };
-        let (id, token) = match st.call(&Req::CreateChannel) {
-            Ok(Resp::Channel { id, token }) => (id, token),
-            Ok(_) => {
-                set_errno(libc::EIO);
-                return null_mut();
-            }
-            Err(e) => {
-                set_errno(e);
-                return null_mut();
-            }
+        let Some((id, token)) = call_expect(st, &Req::CreateChannel, |r| match r {
+            Resp::Channel { id, token } => Some((id, token)),
+            _ => None,
+        }) else {
+            return null_mut();
         };
         let s = match attach_stream(&st.socket, id, token) {
             Ok(s) => s,
@@ -762,12 +757,20 @@ unsafe extern "C" fn query_port(ctx: *mut IbvContext, port: u8, attr: *mut IbvPo
 /// An engine call that answers with a handle (alloc_pd, alloc_mw). On failure errno is set —
 /// EIO for any other answer — and None returned: allocation verbs report failure as NULL.
 fn call_for_handle(st: &CtxState, req: &Req) -> Option<u32> {
+    call_expect(st, req, |r| match r {
+        Resp::Handle(h) => Some(h),
+        _ => None,
+    })
+}
+
+/// An engine call whose answer `pick` takes apart. On failure errno is set — EIO for an
+/// answer of another kind — and None returned: creation verbs report failure as NULL.
+fn call_expect<T>(st: &CtxState, req: &Req, pick: impl FnOnce(Resp) -> Option<T>) -> Option<T> {
     match st.call(req) {
-        Ok(Resp::Handle(h)) => Some(h),
-        Ok(_) => {
+        Ok(r) => pick(r).or_else(|| {
             set_errno(libc::EIO);
             None
-        }
+        }),
         Err(e) => {
             set_errno(e);
             None

@@ -94,6 +94,21 @@ pub struct QpLayout {
 }
 
 impl QpLayout {
+    /// The send ring and the receive ring of this layout.
+    pub fn rings(&self) -> (Ring, Ring) {
+        let sq = Ring {
+            off: 0,
+            n: self.sq_n,
+            slot: self.sq_slot,
+        };
+        let rq = Ring {
+            off: self.rq_off,
+            n: self.rq_n,
+            slot: self.rq_slot,
+        };
+        (sq, rq)
+    }
+
     pub fn new(cap: &crate::proto::Caps) -> QpLayout {
         let sq_slot = sq_slot(cap.max_send_sge, cap.max_inline_data);
         let rq_slot = rq_slot(cap.max_recv_sge);

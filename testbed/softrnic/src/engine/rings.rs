@@ -55,19 +55,11 @@ impl State {
             }
             _ => {
                 let q = self.qps.get_mut(&handle).ok_or(libc::EINVAL)?;
-                let l = QpLayout::new(&q.cap);
+                let (sq, rq) = QpLayout::new(&q.cap).rings();
                 q.rings = Some(QpRings {
                     map,
-                    sq: Ring {
-                        off: 0,
-                        n: l.sq_n,
-                        slot: l.sq_slot,
-                    },
-                    rq: Ring {
-                        off: l.rq_off,
-                        n: l.rq_n,
-                        slot: l.rq_slot,
-                    },
+                    sq,
+                    rq,
                     sq_cons: 0,
                     rq_cons: 0,
                 });

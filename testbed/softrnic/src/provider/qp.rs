@@ -78,73 +78,60 @@ pub(super) unsafe fn new_qp(
             max_inline_data: a.cap.max_inline_data,
         },
     };
-    match st.call(&req) {
-        Ok(Resp::Qp { qpn, cap }) => {
-            a.cap = IbvQpCap {
-                max_send_wr: cap.max_send_wr,
-                max_recv_wr: cap.max_recv_wr,
-                max_send_sge: cap.max_send_sge,
-                max_recv_sge: cap.max_recv_sge,
-                max_inline_data: cap.max_inline_data,
-            };
-            // SAFETY: verbs_qp is plain C data; all-zero is valid (see create_cq).
-            let mut q: Box<SrQp> = Box::new(SrQp {
-                vqp: std::mem::zeroed(),
-                rings: None,
-                batch: Mutex::default(),
-            });
-            if target {
-                q.vqp.comp_mask |= VERBS_QP_XRCD;
-                q.vqp.xrcd = xrcd.cast();
-            }
-            let l = QpLayout::new(&cap);
-            // A target has no queues to share.
-            let shared = if target {
-                None
-            } else {
-                share_ring(st, 1, qpn, l.len)
-            };
-            q.rings = shared.map(|map| ProvQpRings {
-                map,
-                sq: Ring {
-                    off: 0,
-                    n: l.sq_n,
-                    slot: l.sq_slot,
-                },
-                rq: Ring {
-                    off: l.rq_off,
-                    n: l.rq_n,
-                    slot: l.rq_slot,
-                },
-                cap,
-                post_send: Mutex::new(()),
-                post_recv: Mutex::new(()),
-            });
-            let qp = &mut q.vqp.qp;
-            qp.context = ctx;
-            qp.qp_context = a.qp_context;
-            qp.pd = pd;
-            qp.send_cq = a.send_cq;
-            qp.recv_cq = a.recv_cq;
-            qp.srq = a.srq;
-            qp.handle = qpn;
-            qp.qp_num = qpn;
-            qp.state = IBV_QPS_RESET;
-            qp.qp_type = a.qp_type;
-            let undo = Req::DestroyQp { qpn };
-            // SAFETY: allocated just above and not handed out.
-            let qp = hand_out(st, 1, qpn, Box::into_raw(q), &undo);
-            qp as *mut IbvQp
-        }
-        Ok(_) => {
-            set_errno(libc::EIO);
-            null_mut()
-        }
-        Err(e) => {
-            set_errno(e);
-            null_mut()
-        }
+    let Some((qpn, cap)) = call_expect(st, &req, |r| match r {
+        Resp::Qp { qpn, cap } => Some((qpn, cap)),
+        _ => None,
+    }) else {
+        return null_mut();
+    };
+    a.cap = IbvQpCap {
+        max_send_wr: cap.max_send_wr,
+        max_recv_wr: cap.max_recv_wr,
+        max_send_sge: cap.max_send_sge,
+        max_recv_sge: cap.max_recv_sge,
+        max_inline_data: cap.max_inline_data,
+    };
+    // SAFETY: verbs_qp is plain C data; all-zero is valid (see create_cq).
+    let mut q: Box<SrQp> = Box::new(SrQp {
+        vqp: std::mem::zeroed(),
+        rings: None,
+        batch: Mutex::default(),
+    });
+    if target {
+        q.vqp.comp_mask |= VERBS_QP_XRCD;
+        q.vqp.xrcd = xrcd.cast();
     }
+    let l = QpLayout::new(&cap);
+    // A target has no queues to share.
+    let shared = if target {
+        None
+    } else {
+        share_ring(st, 1, qpn, l.len)
+    };
+    let (sq, rq) = l.rings();
+    q.rings = shared.map(|map| ProvQpRings {
+        map,
+        sq,
+        rq,
+        cap,
+        post_send: Mutex::new(()),
+        post_recv: Mutex::new(()),
+    });
+    let qp = &mut q.vqp.qp;
+    qp.context = ctx;
+    qp.qp_context = a.qp_context;
+    qp.pd = pd;
+    qp.send_cq = a.send_cq;
+    qp.recv_cq = a.recv_cq;
+    qp.srq = a.srq;
+    qp.handle = qpn;
+    qp.qp_num = qpn;
+    qp.state = IBV_QPS_RESET;
+    qp.qp_type = a.qp_type;
+    let undo = Req::DestroyQp { qpn };
+    // SAFETY: allocated just above and not handed out.
+    let qp = hand_out(st, 1, qpn, Box::into_raw(q), &undo);
+    qp as *mut IbvQp
 }
 
 pub(super) unsafe extern "C" fn modify_qp(

@@ -37,39 +37,33 @@ pub(super) unsafe fn new_srq(
         xrcd: if xrc { (*xrcd).handle } else { 0 },
         cq: if xrc { (*cq).handle } else { 0 },
     };
-    match st.call(&req) {
-        Ok(Resp::Srq {
+    let Some((handle, max_wr, max_sge)) = call_expect(st, &req, |r| match r {
+        Resp::Srq {
             handle,
             max_wr,
             max_sge,
             ..
-        }) => {
-            attr.max_wr = max_wr;
-            attr.max_sge = max_sge;
-            // SAFETY: verbs_srq is plain C data; all-zero is valid (an initialised pthread
-            // mutex and condition variable in glibc).
-            let mut b: Box<VerbsSrq> = Box::new(std::mem::zeroed());
-            b.srq.context = ctx;
-            b.srq.srq_context = srq_context;
-            b.srq.pd = pd;
-            b.srq.handle = handle;
-            b.srq_num = handle;
-            if xrc {
-                (b.srq_type, b.xrcd, b.cq) = (IBV_SRQT_XRC, xrcd, cq);
-            }
-            let undo = Req::DestroySrq { srq: handle };
-            // SAFETY: allocated just above and not handed out.
-            hand_out(st, 2, handle, Box::into_raw(b), &undo).cast()
-        }
-        Ok(_) => {
-            set_errno(libc::EIO);
-            null_mut()
-        }
-        Err(e) => {
-            set_errno(e);
-            null_mut()
-        }
+        } => Some((handle, max_wr, max_sge)),
+        _ => None,
+    }) else {
+        return null_mut();
+    };
+    attr.max_wr = max_wr;
+    attr.max_sge = max_sge;
+    // SAFETY: verbs_srq is plain C data; all-zero is valid (an initialised pthread
+    // mutex and condition variable in glibc).
+    let mut b: Box<VerbsSrq> = Box::new(std::mem::zeroed());
+    b.srq.context = ctx;
+    b.srq.srq_context = srq_context;
+    b.srq.pd = pd;
+    b.srq.handle = handle;
+    b.srq_num = handle;
+    if xrc {
+        (b.srq_type, b.xrcd, b.cq) = (IBV_SRQT_XRC, xrcd, cq);
     }
+    let undo = Req::DestroySrq { srq: handle };
+    // SAFETY: allocated just above and not handed out.
+    hand_out(st, 2, handle, Box::into_raw(b), &undo).cast()
 }
 
 pub(super) unsafe extern "C" fn modify_srq(

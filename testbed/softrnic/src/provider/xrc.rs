@@ -45,23 +45,17 @@ pub(super) unsafe extern "C" fn open_xrcd(
         };
         // SAFETY: ctx is ours.
         let st = unsafe { state(ctx) };
-        match st.call(&Req::OpenXrcd {
+        let req = Req::OpenXrcd {
             file,
             oflags: a.oflags,
-        }) {
-            Ok(Resp::Handle(handle)) => Box::into_raw(Box::new(VerbsXrcd {
+        };
+        match call_for_handle(st, &req) {
+            Some(handle) => Box::into_raw(Box::new(VerbsXrcd {
                 context: ctx,
                 comp_mask: 0,
                 handle,
             })),
-            Ok(_) => {
-                set_errno(libc::EIO);
-                null_mut()
-            }
-            Err(e) => {
-                set_errno(e);
-                null_mut()
-            }
+            None => null_mut(),
         }
     })
 }
@@ -170,19 +164,15 @@ pub(super) unsafe extern "C" fn open_qp(
         }
         // SAFETY: ctx is ours; the domain was checked above.
         let (st, xrcd) = unsafe { (state(ctx), (*a.xrcd).handle) };
-        let qpn = match st.call(&Req::OpenQp {
+        let req = Req::OpenQp {
             xrcd,
             qpn: a.qp_num,
-        }) {
-            Ok(Resp::Qp { qpn, .. }) => qpn,
-            Ok(_) => {
-                set_errno(libc::EIO);
-                return null_mut();
-            }
-            Err(e) => {
-                set_errno(e);
-                return null_mut();
-            }
+        };
+        let Some(qpn) = call_expect(st, &req, |r| match r {
+            Resp::Qp { qpn, .. } => Some(qpn),
+            _ => None,
+        }) else {
+            return null_mut();
         };
         let qp_state = match st.call(&Req::QueryQp { qpn }) {
             Ok(Resp::QpAttr { attr, .. }) => attr.qp_state,
