@@ -40,8 +40,10 @@ fn run(cli: Cli) -> Result<()> {
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     rt.block_on(async {
         use tokio::signal::unix::{signal, SignalKind};
-        // SIGHUP: read the certificate, key, CA and CRL again, without a restart.
+        // SIGHUP, or a change of one of the files: read the certificate, key, CA and CRL
+        // again, without a restart.
         let reload = Arc::new(tokio::sync::Notify::new());
+        settings.tls.watch(reload.clone());
         let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
         let notify = reload.clone();
         tokio::spawn(async move {

@@ -400,13 +400,16 @@ fn serve(config: &std::path::Path, shard: Option<drum_common::protocol::Shard>) 
         options.shard = shard;
     }
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let tls = settings.tls.clone();
     rt.block_on(async {
         let server = drum_coordinator::server::Server::bind_with(settings, options).await?;
         if let Some(a) = server.admin_addr() {
             tracing::info!(admin = %a, "admin endpoint listening");
         }
-        // SIGHUP: read the certificate, key, CA and CRL again, without a restart.
+        // SIGHUP, or a change of one of the files: read the certificate, key, CA and CRL
+        // again, without a restart.
         let reload = server.reloader();
+        tls.watch(reload.clone());
         let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
             .context("installing the SIGHUP handler")?;
         tokio::spawn(async move {

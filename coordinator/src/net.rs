@@ -78,6 +78,9 @@ pub struct TlsFiles {
     pub crl: Option<PathBuf>,
 }
 
+/// How often the daemons look at their TLS files for changes ([`TlsFiles::watch`]).
+pub const TLS_WATCH_PERIOD: Duration = Duration::from_secs(2);
+
 impl TlsFiles {
     /// Resolves relative paths against `base`, the directory of the config file naming them.
     pub fn rebase(&mut self, base: &Path) {
@@ -87,6 +90,43 @@ impl TlsFiles {
         {
             *p = base.join(&*p);
         }
+    }
+
+    /// The files, in a fixed order.
+    fn paths(&self) -> impl Iterator<Item = &Path> {
+        [&self.ca, &self.cert, &self.key]
+            .into_iter()
+            .chain(self.crl.as_ref())
+            .map(PathBuf::as_path)
+    }
+
+    /// Watches the files: when one is replaced or rewritten (its modification time, size or
+    /// inode changes, checked every [`TLS_WATCH_PERIOD`]), `reload` is notified, as on
+    /// SIGHUP — a rotated certificate or a new CRL takes effect without `systemctl reload`.
+    pub fn watch(&self, reload: Arc<tokio::sync::Notify>) -> tokio::task::JoinHandle<()> {
+        let paths: Vec<PathBuf> = self.paths().map(Path::to_path_buf).collect();
+        let stamps = move || -> Vec<Option<(Option<std::time::SystemTime>, u64, u64)>> {
+            use std::os::unix::fs::MetadataExt;
+            paths
+                .iter()
+                .map(|p| {
+                    let m = std::fs::metadata(p).ok()?;
+                    Some((m.modified().ok(), m.len(), m.ino()))
+                })
+                .collect()
+        };
+        tokio::spawn(async move {
+            let mut seen = stamps();
+            loop {
+                tokio::time::sleep(TLS_WATCH_PERIOD).await;
+                let now = stamps();
+                if now != seen {
+                    seen = now;
+                    tracing::info!("a TLS file changed on disk: reloading");
+                    reload.notify_one();
+                }
+            }
+        })
     }
 
     /// The CA certificates and, if configured, the CRLs (checked against those CAs).

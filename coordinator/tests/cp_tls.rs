@@ -124,19 +124,40 @@ fn config(dir: &Path, crl: &str) -> std::path::PathBuf {
     p
 }
 
-#[test]
-fn serve_checks_its_crl_and_reloads_on_sighup() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
+/// `serve` with the CRL `certs/crl.pem` in `d` (set up as below), logging to `d/serve.log`.
+fn serving(d: &Path) -> (Guard, std::path::PathBuf) {
+    let log = d.join("serve.log");
+    let serve = Guard(
+        bin()
+            .args(["serve", "--config"])
+            .arg(config(d, "certs/crl.pem"))
+            .env("DRUM_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    (serve, log)
+}
+
+/// Waits (at most 10 s) until `what` stands `n` times in the log.
+fn wait_in_log(log: &Path, what: &str, n: usize) {
+    let t = Instant::now();
+    while std::fs::read_to_string(log).unwrap().matches(what).count() < n {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no {what:?} in the log"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Certificates, a CRL and an instance in `d`.
+fn tls_setup(d: &Path) {
     ok(&run(&[
         "dev-certs",
         "--out",
         d.join("certs").to_str().unwrap(),
-    ]));
-    ok(&run(&[
-        "dev-certs",
-        "--out",
-        d.join("other").to_str().unwrap(),
     ]));
     ok(&run(&[
         "simulate",
@@ -146,6 +167,39 @@ fn serve_checks_its_crl_and_reloads_on_sighup() {
         "2",
         "--write-instance",
         d.join("instance.json").to_str().unwrap(),
+    ]));
+}
+
+/// A CRL (or certificate) rewritten on disk is read again without SIGHUP: the daemon watches
+/// its TLS files ([`drum_coordinator::net::TLS_WATCH_PERIOD`]).
+#[test]
+fn serve_reloads_its_tls_files_when_they_change_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    tls_setup(d);
+    let (mut serve, log) = serving(d);
+    wait_in_log(&log, "coordinator serving", 1);
+    ok(&run(&[
+        "dev-certs",
+        "--out",
+        d.join("certs").to_str().unwrap(),
+        "--revoke",
+        "agent",
+    ]));
+    wait_in_log(&log, "a TLS file changed on disk", 1);
+    wait_in_log(&log, "reloaded the TLS files", 1);
+    assert!(serve.0.try_wait().unwrap().is_none(), "still serving");
+}
+
+#[test]
+fn serve_checks_its_crl_and_reloads_on_sighup() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    tls_setup(d);
+    ok(&run(&[
+        "dev-certs",
+        "--out",
+        d.join("other").to_str().unwrap(),
     ]));
     std::fs::write(d.join("garbage.pem"), "no CRL in here\n").unwrap();
     for (crl, want) in [
@@ -160,27 +214,8 @@ fn serve_checks_its_crl_and_reloads_on_sighup() {
             "{crl}: {e}"
         );
     }
-    let log = d.join("serve.log");
-    let serve = Guard(
-        bin()
-            .args(["serve", "--config"])
-            .arg(config(d, "certs/crl.pem"))
-            .env("DRUM_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    let wait_log = |what: &str, n: usize| {
-        let t = Instant::now();
-        while std::fs::read_to_string(&log).unwrap().matches(what).count() < n {
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "no {what:?} in the log"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
+    let (serve, log) = serving(d);
+    let wait_log = |what: &str, n: usize| wait_in_log(&log, what, n);
     wait_log("coordinator serving", 1);
     let hup = || {
         let s = Command::new("kill")
