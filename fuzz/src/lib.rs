@@ -13,6 +13,7 @@ use drum_common::protocol::wire::{self, FrameDecoder, WireError};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use softrnic::proto::{self, Req, Resp};
+use softrnic::rdma_cm::msg::Msg as CmMsg;
 use softrnic::wire::{psn_add, psn_diff, Packet, PSN_MASK};
 
 // ---------------------------------------------------------------------------------------------
@@ -102,6 +103,23 @@ pub fn softrnic_packet(data: &[u8]) {
         let n = p.offset & (PSN_MASK >> 1);
         assert_eq!(psn_diff(psn_add(p.psn, n), p.psn), n as i32);
         assert_eq!(psn_diff(p.psn, psn_add(p.psn, n)), -(n as i32));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// softrnic RDMA CM messages between programs (softrnic::rdma_cm::msg)
+// ---------------------------------------------------------------------------------------------
+
+/// One framed RDMA CM message body as the connection reader gets it: [`CmMsg::decode`], and
+/// what it accepts encodes back to the same body.
+pub fn softrnic_cm_msg(data: &[u8]) {
+    if let Ok(m) = CmMsg::decode(data) {
+        let e = m.encode().expect("an accepted message encodes");
+        assert_eq!(
+            &e[2..],
+            data,
+            "an accepted message does not re-encode to itself"
+        );
     }
 }
 
@@ -591,6 +609,55 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
     ));
 
     // Daemon configs, as in deploy/config/.
+    {
+        use softrnic::rdma_cm::msg::{Rep, Req as CmReq};
+        let cm = [
+            (
+                "req",
+                CmMsg::Req(CmReq {
+                    qpn: 0x11,
+                    psn: 0xabcdef,
+                    gid: [9; 16],
+                    responder_resources: 1,
+                    initiator_depth: 1,
+                    retry_count: 7,
+                    rnr_retry_count: 7,
+                    private: b"perftest".to_vec(),
+                    ..CmReq::default()
+                }),
+            ),
+            (
+                "rep",
+                CmMsg::Rep(Rep {
+                    qpn: 0x22,
+                    psn: 5,
+                    ..Rep::default()
+                }),
+            ),
+            ("rtu", CmMsg::Rtu),
+            (
+                "rej",
+                CmMsg::Rej {
+                    reason: 28,
+                    private: vec![1, 2, 3],
+                },
+            ),
+            ("dreq", CmMsg::Dreq),
+            (
+                "sidr_rep",
+                CmMsg::SidrRep {
+                    status: 0,
+                    qpn: 7,
+                    qkey: 0x0123_4567,
+                    gid: [3; 16],
+                    private: vec![],
+                },
+            ),
+        ];
+        for (name, m) in cm {
+            out.push(("softrnic_cm_msg", name, m.encode().unwrap()[2..].to_vec()));
+        }
+    }
     out.push((
         "daemon_config",
         "agent",
@@ -633,6 +700,7 @@ mod tests {
                     "control_agent_frames" => control_frames::<wire::AgentMsg>(&bytes),
                     "control_coord_frames" => control_frames::<wire::CoordMsg>(&bytes),
                     "softrnic_packet" => softrnic_packet(&bytes),
+                    "softrnic_cm_msg" => softrnic_cm_msg(&bytes),
                     "softrnic_request" => softrnic_request(&bytes),
                     "softrnic_response" => softrnic_response(&bytes),
                     "instance_json" => instance_json(&bytes),
@@ -658,6 +726,10 @@ mod tests {
                 "softrnic_packet" => {
                     assert!(Packet::decode(&bytes).is_some());
                     softrnic_packet(&bytes);
+                }
+                "softrnic_cm_msg" => {
+                    assert!(CmMsg::decode(&bytes).is_ok());
+                    softrnic_cm_msg(&bytes);
                 }
                 "softrnic_request" => softrnic_request(&bytes),
                 "softrnic_response" => softrnic_response(&bytes),

@@ -1,5 +1,6 @@
-//! The device node libibverbs requires, `/dev/infiniband/uverbs0`, made visible only to the
-//! program `exec` runs, in a private mount namespace. Libibverbs accepts any character device
+//! The device nodes libibverbs and librdmacm require, `/dev/infiniband/uverbs0` and
+//! `/dev/infiniband/rdma_cm`, made visible only to the program `exec` runs, in a private mount
+//! namespace. Libibverbs accepts any character device
 //! there (sysfs says `dev 0:0`); we use 1:7, the kernel's "full" device: opening succeeds,
 //! ioctl() fails with ENOTTY so libibverbs falls back to its sysfs paths, and any kernel command
 //! it would write() fails loudly (ENOSPC) instead of silently succeeding. As root the node is
@@ -13,6 +14,9 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 
 pub const DEVDIR: &str = "/dev/infiniband";
+/// The verbs device and the RDMA CM's device; the provider turns an open of the latter into an
+/// RDMA CM channel (`crate::rdma_cm`).
+const NODES: [&str; 2] = ["uverbs0", "rdma_cm"];
 
 fn cstr(s: &str) -> Result<CString> {
     Ok(CString::new(s)?)
@@ -68,13 +72,12 @@ pub fn private_devdir_root() -> Result<()> {
         libc::MS_NOSUID | libc::MS_NOEXEC,
         Some("mode=0755,size=64k"),
     )?;
-    let node = cstr(&format!("{DEVDIR}/uverbs0"))?;
-    // SAFETY: valid NUL-terminated path.
-    if unsafe { libc::mknod(node.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 7)) } != 0 {
-        bail!(
-            "mknod {DEVDIR}/uverbs0: {}",
-            std::io::Error::last_os_error()
-        );
+    for name in NODES {
+        let node = cstr(&format!("{DEVDIR}/{name}"))?;
+        // SAFETY: valid NUL-terminated path.
+        if unsafe { libc::mknod(node.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 7)) } != 0 {
+            bail!("mknod {DEVDIR}/{name}: {}", std::io::Error::last_os_error());
+        }
     }
     Ok(())
 }
@@ -115,7 +118,9 @@ pub fn private_devdir_userns(stage: &Path) -> Result<()> {
     }
     let ib = stage.join("infiniband");
     fs::create_dir(&ib)?;
-    bind(Path::new("/dev/full"), &ib.join("uverbs0"), false)?;
+    for name in NODES {
+        bind(Path::new("/dev/full"), &ib.join(name), false)?;
+    }
     mount(st, "/dev", None, libc::MS_MOVE, None)
 }
 

@@ -224,6 +224,13 @@ pub fn write_sysfs(root: &Path, ip: Ipv4Addr, engine_socket: &Path, mtu: u32) ->
     // dev 0:0: libibverbs then accepts whatever character device /dev/infiniband/uverbs0 is.
     w(uv.join("dev"), "0:0\n")?;
     w(uv.join("abi_version"), &format!("{}\n", device::UVERBS_ABI))?;
+    // librdmacm reads the RDMA CM's ABI version here when RDMA netlink is not there.
+    let cm = root.join("class/misc/rdma_cm");
+    fs::create_dir_all(&cm)?;
+    w(
+        cm.join("abi_version"),
+        &format!("{}\n", crate::rdma_cm::abi::ABI_VERSION),
+    )?;
     w(ib.join("node_type"), "1: CA\n")?;
     let guid = device::guid_sysfs(device::node_guid(ip));
     w(ib.join("node_guid"), &format!("{guid}\n"))?;

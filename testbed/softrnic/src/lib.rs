@@ -9,6 +9,7 @@
 //! - [`hosts`]: emulated hosts (namespaces or loopback), `up`/`down`/`exec`/`addr`;
 //! - [`userns`], [`devdir`]: hosts without root (a user namespace held by one process), and
 //!   the private `/dev/infiniband` that `exec` mounts;
+//! - [`rdma_cm`]: the RDMA connection manager behind `/dev/infiniband/rdma_cm`, for librdmacm;
 //! - [`ring`]: shared-memory work-request and completion rings, and the engine's doorbell;
 //! - [`ffi`], [`proto`], [`wire`], [`device`]: C layouts, the provider-engine protocol, the
 //!   engine-engine packet format, and what the device reports.
@@ -26,6 +27,7 @@ pub mod mw;
 pub mod nic;
 pub mod proto;
 pub mod provider;
+pub mod rdma_cm;
 pub mod ring;
 pub mod userns;
 pub mod wire;

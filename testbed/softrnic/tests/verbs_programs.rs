@@ -4,98 +4,14 @@
 //! These tests need root (mount and network namespaces); without it they print why and skip.
 //! Each test uses its own run directory, and a guard runs `softrnic down` even on failure.
 
+#[macro_use]
+mod common;
+
+use common::*;
 use drum_test_support::{have, run_timeout, spawn, text, wait_timeout};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
-
-const BIN: &str = env!("CARGO_BIN_EXE_softrnic");
-
-fn privileged() -> Result<(), String> {
-    drum_test_support::privileged(&["ibv_devices", "ibv_devinfo", "ibv_rc_pingpong", "ip"])
-}
-
-macro_rules! require_privileges {
-    () => {
-        if let Err(why) = privileged() {
-            eprintln!("SKIPPED: {why}");
-            return;
-        }
-    };
-}
-
-/// A run directory that is torn down (`softrnic down`) when dropped.
-struct Run {
-    dir: PathBuf,
-    /// Run every `softrnic` command as this unprivileged user (uid = gid), through `setpriv`.
-    user: Option<u32>,
-}
-
-impl Run {
-    fn new(name: &str) -> Run {
-        let dir = std::env::temp_dir().join(format!("softrnic-test-{}-{name}", std::process::id()));
-        Run { dir, user: None }
-    }
-
-    /// A run of user `uid`, in a run directory that user owns.
-    fn unprivileged(name: &str, uid: u32) -> Run {
-        let mut run = Run::new(name);
-        std::fs::create_dir_all(&run.dir).unwrap();
-        std::os::unix::fs::chown(&run.dir, Some(uid), Some(uid)).unwrap();
-        run.user = Some(uid);
-        run
-    }
-
-    fn cmd(&self) -> Command {
-        let mut c = match self.user {
-            Some(uid) => {
-                let mut c = Command::new("setpriv");
-                c.arg(format!("--reuid={uid}"))
-                    .arg(format!("--regid={uid}"))
-                    .args(["--clear-groups", BIN]);
-                c
-            }
-            None => Command::new(BIN),
-        };
-        c.arg("--run-dir").arg(&self.dir);
-        c
-    }
-
-    fn up(&self, args: &[&str]) -> String {
-        let out = run_timeout(self.cmd().arg("up").args(args), Duration::from_secs(60));
-        assert!(out.status.success(), "up failed: {}", text(&out));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn addr(&self, host: &str) -> String {
-        let out = run_timeout(self.cmd().args(["addr", host]), Duration::from_secs(10));
-        assert!(out.status.success(), "addr failed: {}", text(&out));
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    }
-
-    fn exec(&self, host: &str, prog: &[&str]) -> Command {
-        let mut c = self.cmd();
-        c.args(["exec", "--host", host, "--"]).args(prog);
-        c
-    }
-
-    fn stats(&self, host: &str) -> std::collections::HashMap<String, u64> {
-        drum_test_support::softrnic_stats(self.cmd().args(["stats", host]))
-    }
-
-    fn state(&self) -> String {
-        std::fs::read_to_string(self.dir.join("state")).unwrap_or_default()
-    }
-}
-
-impl Drop for Run {
-    fn drop(&mut self) {
-        let out = run_timeout(self.cmd().arg("down"), Duration::from_secs(30));
-        if !out.status.success() {
-            eprintln!("softrnic down failed: {}", text(&out));
-        }
-    }
-}
 
 /// Server on h1, client on h2; retries the client while the server is not listening yet.
 /// `ibv_rc_pingpong -c` (data check) at each (size, iterations), both sides must succeed and the
@@ -124,36 +40,6 @@ fn pingpong(run: &Run, extra: &[&str]) -> (Output, Output) {
     let mut args = vec!["ibv_rc_pingpong", "-g", "0"];
     args.extend_from_slice(extra);
     pair(run, &args)
-}
-
-/// Run `args` as a server on h1 and as a client (`args` + h1's address) on h2.
-fn pair(run: &Run, sargs: &[&str]) -> (Output, Output) {
-    let server_ip = run.addr("h1");
-    let server = spawn(&mut run.exec("h1", sargs));
-    let mut cargs = sargs.to_vec();
-    cargs.push(&server_ip);
-    let client = client_retrying(run, "h2", &cargs);
-    let server = wait_timeout(server, Duration::from_secs(60));
-    (server, client)
-}
-
-/// Run client `args` on `host`, again while it cannot connect because its server does not
-/// listen yet (for up to 10 s).
-fn client_retrying(run: &Run, host: &str, args: &[&str]) -> Output {
-    let t = Instant::now();
-    loop {
-        std::thread::sleep(Duration::from_millis(200));
-        let client = run_timeout(&mut run.exec(host, args), Duration::from_secs(60));
-        let all = format!(
-            "{}{}",
-            String::from_utf8_lossy(&client.stdout),
-            String::from_utf8_lossy(&client.stderr)
-        );
-        let refused = all.contains("Couldn't connect") || all.contains("Unable to init the socket");
-        if !refused || t.elapsed() > Duration::from_secs(10) {
-            return client;
-        }
-    }
 }
 
 #[test]
@@ -1353,24 +1239,6 @@ fn srq_pingpong_between_namespaces_checks_data() {
 
 /// Run each of `cases` between h1 (server) and h2 (client); both must succeed and the client
 /// must print `want`.
-fn pairs_succeed(run: &Run, cases: &[&[&str]], want: &str) {
-    for args in cases {
-        let (server, client) = pair(run, args);
-        assert!(
-            server.status.success(),
-            "{args:?} server: {}",
-            text(&server)
-        );
-        assert!(
-            client.status.success(),
-            "{args:?} client: {}",
-            text(&client)
-        );
-        let c = String::from_utf8_lossy(&client.stdout);
-        assert!(c.contains(want), "{args:?}: no {want:?} in:\n{c}");
-    }
-}
-
 /// UD with address handles: unmodified `ibv_ud_pingpong -c` (data checked; its receives
 /// have room for the 40-byte GRH) at 1 B, 1 KiB and the 4 KiB MTU, then perftest's
 /// `ib_send_bw -c UD` and `ib_send_lat -c UD`.

@@ -146,9 +146,16 @@ pub fn softrnic_stats(c: &mut Command) -> std::collections::HashMap<String, u64>
 /// `S.f` (`offsetof(struct S, f)`), and `back verbs_context.f` (bytes from `f` to the
 /// embedded `ibv_context`, which the extended context precedes).
 pub fn assert_c_layout(checks: &[(&str, usize)]) {
-    let mut c = String::from(
-        "#include <infiniband/verbs.h>\n#include <stdio.h>\n#include <stddef.h>\nint main(void){\n",
-    );
+    assert_c_layout_with(&["infiniband/verbs.h"], checks);
+}
+
+/// [`assert_c_layout`] against other installed headers (`<h>` for each of `headers`).
+pub fn assert_c_layout_with(headers: &[&str], checks: &[(&str, usize)]) {
+    let mut c: String = headers
+        .iter()
+        .map(|h| format!("#include <{h}>\n"))
+        .collect();
+    c.push_str("#include <stdio.h>\n#include <stddef.h>\nint main(void){\n");
     for (name, _) in checks {
         let expr = if let Some(t) = name.strip_prefix("sizeof ") {
             format!("sizeof(struct {t})")

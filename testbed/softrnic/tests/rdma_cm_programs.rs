@@ -1,0 +1,194 @@
+//! Unmodified librdmacm programs (rdmacm-utils and perftest's `-R`) over softrnic's RDMA
+//! connection manager, between two emulated hosts.
+//!
+//! These tests need root (mount and network namespaces); without it they print why and skip.
+
+#[macro_use]
+mod common;
+
+use common::*;
+use drum_test_support::{have, run_timeout, text};
+use std::time::Duration;
+
+fn cm_tools_present() -> bool {
+    let need = [
+        "rping",
+        "ucmatose",
+        "udaddy",
+        "rdma_server",
+        "rdma_xserver",
+        "riostream",
+    ];
+    let missing: Vec<&str> = need.into_iter().filter(|p| !have(p)).collect();
+    if !missing.is_empty() {
+        eprintln!("SKIPPED: needs rdmacm-utils ({missing:?} missing)");
+    }
+    missing.is_empty()
+}
+
+/// Server on h1, client (with `-s`/`-a` and h1's address) on h2: both must succeed.
+fn cm_pair(run: &Run, server: &[&str], client: &[&str], want: &str) -> String {
+    let (s, c) = pair_with(run, server, client);
+    assert!(s.status.success(), "{server:?} server: {}", text(&s));
+    assert!(c.status.success(), "{client:?} client: {}", text(&c));
+    let all = text(&c);
+    assert!(all.contains(want), "{client:?}: no {want:?} in:\n{all}");
+    all
+}
+
+fn pair_with(
+    run: &Run,
+    server: &[&str],
+    client: &[&str],
+) -> (std::process::Output, std::process::Output) {
+    let ip = run.addr("h1");
+    let s = drum_test_support::spawn(&mut run.exec("h1", server));
+    let cargs: Vec<&str> = client
+        .iter()
+        .map(|a| if *a == "SERVER" { ip.as_str() } else { a })
+        .collect();
+    let c = client_retrying(run, "h2", &cargs);
+    let s = drum_test_support::wait_timeout(s, Duration::from_secs(60));
+    (s, c)
+}
+
+/// rping (data validated), ucmatose (4 RC connections, 20 messages each), udaddy (UD found
+/// through SIDR), rdma_server/rdma_client (synchronous ids, so MIGRATE_ID), rdma_xserver/
+/// rdma_xclient (XRC through the CM) and riostream (rsockets).
+#[test]
+fn rdmacm_utils_connect_transfer_and_disconnect() {
+    require_privileges!();
+    if !cm_tools_present() {
+        return;
+    }
+    let run = Run::new("cm-utils");
+    run.up(&["--hosts", "2"]);
+    let ip = run.addr("h1");
+    let out = cm_pair(
+        &run,
+        &["rping", "-s", "-a", &ip, "-C", "10", "-V"],
+        &["rping", "-c", "-a", "SERVER", "-C", "10", "-V", "-v"],
+        "ping data: rdma-ping-9",
+    );
+    assert!(!out.contains("rror"), "{out}");
+    cm_pair(
+        &run,
+        &["ucmatose", "-c", "4", "-C", "20"],
+        &["ucmatose", "-s", "SERVER", "-c", "4", "-C", "20"],
+        "return status 0",
+    );
+    cm_pair(
+        &run,
+        &["udaddy", "-c", "4", "-C", "20"],
+        &["udaddy", "-s", "SERVER", "-c", "4", "-C", "20"],
+        "return status 0",
+    );
+    cm_pair(
+        &run,
+        &["rdma_server"],
+        &["rdma_client", "-s", "SERVER"],
+        "rdma_client: end 0",
+    );
+    cm_pair(
+        &run,
+        &["rdma_xserver"],
+        &["rdma_xclient", "-s", "SERVER"],
+        "rdma_xclient: end 0",
+    );
+    cm_pair(
+        &run,
+        &["riostream", "-S", "4096", "-C", "50"],
+        &["riostream", "-s", "SERVER", "-S", "4096", "-C", "50"],
+        "4k",
+    );
+}
+
+/// perftest connected through the RDMA CM (`-R`): RC write bandwidth, send and read latency,
+/// and UD send latency (the UD peer found through SIDR).
+#[test]
+fn perftest_connects_through_the_rdma_cm() {
+    require_privileges!();
+    if !have("ib_write_bw") {
+        eprintln!("SKIPPED: needs perftest");
+        return;
+    }
+    let run = Run::new("cm-perftest");
+    run.up(&["--hosts", "2"]);
+    for args in [
+        &["ib_write_bw", "-R", "-x", "0", "-s", "65536", "-n", "300"][..],
+        &["ib_send_lat", "-R", "-x", "0", "-n", "300"],
+        &["ib_read_lat", "-R", "-x", "0", "-n", "200"],
+        &["ib_send_lat", "-R", "-x", "0", "-c", "UD", "-n", "200"],
+    ] {
+        let mut client = args.to_vec();
+        client.push("SERVER");
+        cm_pair(&run, args, &client, "#bytes");
+    }
+}
+
+/// What a program is told when the other side is missing or an address is taken: as on a
+/// NIC, a connect without a listener is rejected (reason 8, invalid service ID), a UD lookup
+/// finds nobody, a second listener on a port gets EADDRINUSE, multicast is refused, and
+/// nothing crashes.
+#[test]
+fn rdma_cm_refusals_are_reported_as_on_a_nic() {
+    require_privileges!();
+    if !cm_tools_present() || !have("mckey") {
+        return;
+    }
+    let run = Run::new("cm-refusals");
+    run.up(&["--hosts", "2"]);
+    let ip = run.addr("h1");
+    let t = Duration::from_secs(30);
+    let c = run_timeout(
+        &mut run.exec("h2", &["rping", "-c", "-a", &ip, "-C", "1"]),
+        t,
+    );
+    assert!(
+        !c.status.success() && c.status.code().is_some(),
+        "{}",
+        text(&c)
+    );
+    assert!(
+        text(&c).contains("RDMA_CM_EVENT_REJECTED, error 8"),
+        "{}",
+        text(&c)
+    );
+    let c = run_timeout(&mut run.exec("h2", &["udaddy", "-s", &ip]), t);
+    assert!(
+        text(&c).contains("RDMA_CM_EVENT_UNREACHABLE"),
+        "{}",
+        text(&c)
+    );
+    assert!(c.status.code().is_some(), "{}", text(&c));
+
+    // A port is the first listener's until it ends.
+    let first =
+        drum_test_support::spawn(&mut run.exec("h1", &["rping", "-s", "-a", &ip, "-C", "1"]));
+    std::thread::sleep(Duration::from_millis(800));
+    let second = run_timeout(
+        &mut run.exec("h1", &["rping", "-s", "-a", &ip, "-C", "1"]),
+        t,
+    );
+    assert!(!second.status.success(), "{}", text(&second));
+    assert!(
+        text(&second).contains("Address already in use"),
+        "{}",
+        text(&second)
+    );
+    let c = client_retrying(&run, "h2", &["rping", "-c", "-a", &ip, "-C", "1"]);
+    assert!(c.status.success(), "{}", text(&c));
+    let first = drum_test_support::wait_timeout(first, t);
+    assert!(first.status.success(), "{}", text(&first));
+
+    let h2 = run.addr("h2");
+    let m = run_timeout(
+        &mut run.exec("h2", &["mckey", "-m", "239.1.1.1", "-b", &h2]),
+        t,
+    );
+    assert!(
+        !m.status.success() && m.status.code().is_some(),
+        "{}",
+        text(&m)
+    );
+}
