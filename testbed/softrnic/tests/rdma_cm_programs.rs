@@ -54,7 +54,7 @@ fn pair_with(
 
 /// rping (data validated), ucmatose (4 RC connections, 20 messages each), udaddy (UD found
 /// through SIDR), rdma_server/rdma_client (synchronous ids, so MIGRATE_ID), rdma_xserver/
-/// rdma_xclient (XRC through the CM) and riostream (rsockets).
+/// rdma_xclient (XRC through the CM), riostream and rstream (rsockets).
 #[test]
 fn rdmacm_utils_connect_transfer_and_disconnect() {
     require_privileges!();
@@ -100,6 +100,26 @@ fn rdmacm_utils_connect_transfer_and_disconnect() {
         &["riostream", "-S", "4096", "-C", "50"],
         &["riostream", "-s", "SERVER", "-S", "4096", "-C", "50"],
         "4k",
+    );
+    // rsockets' control messages are zero-length WRITE_WITH_IMMs with uninitialised R_Keys:
+    // hundreds of them, blocking and non-blocking, data verified.
+    for mode in ["b", "n"] {
+        cm_pair(
+            &run,
+            &["rstream", "-S", "1024", "-C", "500", "-T", mode],
+            &[
+                "rstream", "-s", "SERVER", "-S", "1024", "-C", "500", "-T", mode,
+            ],
+            "1k",
+        );
+    }
+    cm_pair(
+        &run,
+        &["rstream", "-S", "65536", "-C", "40", "-T", "v"],
+        &[
+            "rstream", "-s", "SERVER", "-S", "65536", "-C", "40", "-T", "v",
+        ],
+        "64k",
     );
 }
 

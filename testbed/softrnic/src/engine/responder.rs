@@ -456,7 +456,11 @@ impl State {
             return Err(wire::NAK_REM_ACCESS);
         }
         let pd = self.responder_pd(qpn, p).ok_or(wire::NAK_REM_INVALID)?;
-        if p.flags & wire::F_FIRST != 0
+        // A zero-length RDMA WRITE touches no memory: the InfiniBand spec has the responder
+        // skip its R_Key and address checks, and rsockets sends its control messages as
+        // zero-length WRITE_WITH_IMMs whose R_Key and address are left uninitialised.
+        if p.msg_len != 0
+            && p.flags & wire::F_FIRST != 0
             && self
                 .check_remote(
                     qpn,
@@ -470,26 +474,31 @@ impl State {
         {
             return Err(wire::NAK_REM_ACCESS);
         }
-        let addr = p
-            .remote_addr
-            .checked_add(p.offset as u64)
-            .ok_or(wire::NAK_REM_ACCESS)?;
-        let (pid, addr) = self
-            .check_remote(
+        let target = if p.payload.is_empty() {
+            None
+        } else {
+            let addr = p
+                .remote_addr
+                .checked_add(p.offset as u64)
+                .ok_or(wire::NAK_REM_ACCESS)?;
+            let t = self.check_remote(
                 qpn,
                 pd,
                 p.rkey,
                 addr,
                 p.payload.len() as u64,
                 IBV_ACCESS_REMOTE_WRITE,
-            )
-            .ok_or(wire::NAK_REM_ACCESS)?;
+            );
+            Some(t.ok_or(wire::NAK_REM_ACCESS)?)
+        };
         let imm_last = p.flags & wire::F_IMM != 0 && p.flags & wire::F_LAST != 0;
         if imm_last && !self.has_recv(qpn, p) {
             return Err(wire::NAK_RNR);
         }
-        if !p.payload.is_empty() && write_mem(pid, addr, &p.payload).is_err() {
-            return Err(wire::NAK_REM_ACCESS);
+        if let Some((pid, addr)) = target {
+            if write_mem(pid, addr, &p.payload).is_err() {
+                return Err(wire::NAK_REM_ACCESS);
+            }
         }
         if imm_last {
             let l = self.take_recv(qpn, p).ok_or(wire::NAK_RNR)?;

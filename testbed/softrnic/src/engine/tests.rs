@@ -1268,6 +1268,40 @@ mod fuzz {
         assert_eq!(word(&r, 0), 0xa5a5_a5a5_a5a5_a5a5);
     }
 
+    /// A zero-length RDMA WRITE (rsockets' control messages are zero-length WRITE_WITH_IMMs
+    /// with whatever R_Key and address were on the stack) is not checked against any MR: the
+    /// immediate completes a receive and the request is acknowledged. With a payload, the same
+    /// R_Key is refused.
+    #[test]
+    fn zero_length_writes_skip_the_rkey_check() {
+        let mut r = rig_with(false);
+        let write = |psn: u32, payload: Vec<u8>| Packet {
+            op: wire::OP_WRITE,
+            flags: wire::F_FIRST | wire::F_LAST | wire::F_IMM | wire::F_ACKREQ,
+            dst_qpn: r.qpn,
+            src_qpn: PEER_QPN,
+            psn,
+            msg_len: payload.len() as u32,
+            remote_addr: 0xdead_beef_0000,
+            rkey: r.rkey ^ 0x5a5a,
+            imm: 0x1234,
+            payload,
+            ..Default::default()
+        };
+        let (empty, full) = (write(1000, vec![]), write(1001, vec![7; 8]));
+        r.st.on_packet(r.peer, empty, Instant::now());
+        let ack = Packet::decode(&r.st.out.remove(0).1).unwrap();
+        assert_eq!(ack.op, wire::OP_ACK);
+        let wc = cqes(&r)[0];
+        assert_eq!(
+            (wc.status, wc.opcode, wc.byte_len, wc.imm_data),
+            (IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, 0, 0x1234)
+        );
+        r.st.on_packet(r.peer, full, Instant::now());
+        let nak = Packet::decode(&r.st.out.remove(0).1).unwrap();
+        assert_eq!((nak.op, nak.syndrome), (wire::OP_NAK, wire::NAK_REM_ACCESS));
+    }
+
     /// Requester: malformed atomic work requests are refused at post time; a posted
     /// FETCH_ADD becomes one request packet, at most max_rd_atomic (here 1) wait for
     /// responses, and the response puts the original value into the local buffer and
