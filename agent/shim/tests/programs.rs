@@ -261,6 +261,79 @@ fn xsrq_pingpong_same_results_through_the_shim_and_counted() {
 /// that it governed nothing. Needs neither root nor softrnic. (`true`: dash leaves with
 /// `_exit`, which runs no destructors, and coreutils' `echo` closes stderr at exit, so neither
 /// could show a summary.)
+/// Programs that connect through the RDMA CM — librdmacm opens the device, creates their
+/// CQs, completion channels and QPs, and takes the QPs to RTS itself — give the same results
+/// through the shim, which governs and counts them: `rping -V` (data validated) and perftest
+/// `ib_write_bw -R` and `ib_send_lat -R`.
+#[test]
+fn rdma_cm_programs_same_results_through_the_shim_and_counted() {
+    require_privileges!();
+    if !have("rping") || !have("ib_write_bw") {
+        eprintln!("SKIPPED: needs rdmacm-utils and perftest");
+        return;
+    }
+    let run = Run::new("rdma-cm");
+    run.up(&["--hosts", "2"]);
+    let ip = run.addr("h1");
+    for with_shim in [false, true] {
+        let who = format!("rping shim={with_shim}");
+        let server = spawn(&mut run.exec("h1", &["rping", "-s", "-C", "20", "-V"], with_shim, &[]));
+        let t = std::time::Instant::now();
+        let client = loop {
+            std::thread::sleep(Duration::from_millis(200));
+            let c = run_timeout(
+                &mut run.exec(
+                    "h2",
+                    &["rping", "-c", "-C", "20", "-V", "-v", "-a", &ip],
+                    with_shim,
+                    &[],
+                ),
+                Duration::from_secs(60),
+            );
+            let not_listening = text(&c).contains("RDMA_CM_EVENT_REJECTED");
+            if !not_listening || t.elapsed() > Duration::from_secs(10) {
+                break c;
+            }
+        };
+        let server = wait_timeout(server, Duration::from_secs(60));
+        assert_pair_ok(&server, &client, &who);
+        let out = String::from_utf8_lossy(&client.stdout);
+        assert!(out.contains("ping data: rdma-ping-19"), "{who}: {out}");
+        if with_shim {
+            for o in [&server, &client] {
+                let s = summary(o, &who);
+                assert_eq!(s["governed_contexts"], 1, "{who}: {s:?}");
+                assert_eq!(s["qps"], 1, "{who}: {s:?}");
+                assert!(s["send_wqes"] >= 20, "{who}: {s:?}");
+                assert!(s["completions"] >= 20, "{who}: {s:?}");
+                assert!(shim_complaints(o).is_empty(), "{who}: {}", text(o));
+            }
+        }
+    }
+    for args in [
+        &["ib_write_bw", "-R", "-x", "0", "-s", "65536", "-n", "200"][..],
+        &["ib_send_lat", "-R", "-x", "0", "-n", "200"],
+    ] {
+        for with_shim in [false, true] {
+            let who = format!("{args:?} shim={with_shim}");
+            let (server, client) = pair(&run, args, with_shim);
+            assert_pair_ok(&server, &client, &who);
+            assert_eq!(result_row(&client, &who).1, 200, "{who}");
+            if with_shim {
+                for o in [&server, &client] {
+                    let s = summary(o, &who);
+                    assert!(s["governed_contexts"] >= 1, "{who}: {s:?}");
+                    assert_eq!(s["pass_through_contexts"], 0, "{who}: {s:?}");
+                    assert_eq!(s["completion_errors"], 0, "{who}: {s:?}");
+                }
+                // The client posts every measured operation (the write_bw server none).
+                let s = summary(&client, &who);
+                assert!(s["send_wqes"] >= 200, "{who}: {s:?}");
+            }
+        }
+    }
+}
+
 #[test]
 fn program_without_verbs_is_unaffected() {
     let out = run_timeout(

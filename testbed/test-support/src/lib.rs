@@ -90,6 +90,14 @@ pub fn spawn(c: &mut Command) -> Child {
         .expect("spawn")
 }
 
+/// perftest with `-R` connects its data QPs right after a handshake with its server, which
+/// only then starts to listen: a client that wins that race is rejected (no listener, reason
+/// 8), as it would be on a NIC, and perftest 4.5's retry path then uses the ids it has just
+/// destroyed and crashes. A test that sees this in a client's output runs both sides again.
+pub fn perftest_cm_listen_race(client: &Output) -> bool {
+    !client.status.success() && text(client).contains("Event: RDMA_CM_EVENT_REJECTED; error: 8")
+}
+
 /// Waits for a child with a deadline; kills it when the deadline passes.
 pub fn wait_timeout(mut child: Child, limit: Duration) -> Output {
     let t = Instant::now();
