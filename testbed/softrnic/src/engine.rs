@@ -38,6 +38,7 @@ use crate::ring::{self, Doorbell, Map, QpLayout, Ring};
 use crate::wire::{self, psn_add, psn_diff, Packet};
 
 mod host_io;
+mod multicast;
 mod qp_state;
 mod requester;
 mod responder;
@@ -86,6 +87,8 @@ pub struct EngineConfig {
     pub gso: bool,
     /// The port's sysfs `state` file, watched for `softrnic link` (None: always up).
     pub port_state: Option<PathBuf>,
+    /// The addresses of every host of the run (multicast goes to all of them).
+    pub peers: Vec<Ipv4Addr>,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -412,6 +415,10 @@ struct State {
     mws: HashMap<u32, Mw>,
     /// This host's address (the destination in the GRH of received UD datagrams).
     my_ip: Ipv4Addr,
+    /// Every host of the run, to which multicast datagrams are replicated.
+    peers: Vec<Ipv4Addr>,
+    /// Multicast groups (IPv4 address) and the local UD QPs attached to each.
+    mcast: HashMap<u32, std::collections::BTreeSet<u32>>,
     rr: VecDeque<u32>,
     counters: Counters,
     /// Packets waiting to be sent (built under the lock, sent by whoever holds it).
@@ -676,6 +683,8 @@ impl State {
             port_up: true,
             mws: HashMap::new(),
             my_ip: Ipv4Addr::LOCALHOST,
+            peers: Vec::new(),
+            mcast: HashMap::new(),
             rr: VecDeque::new(),
             counters: Counters::default(),
             out: Vec::new(),
@@ -685,12 +694,15 @@ impl State {
         }
     }
 
-    /// Remove a QP. A connected one leaves a tombstone: when the last ACK to its peer was
+    /// Remove a QP (a UD QP sends what was posted to it first, see
+    /// [`State::send_posted_datagrams`]). A connected one leaves a tombstone: when the last ACK to its peer was
     /// lost and the application destroyed the QP right after its last receive (as
     /// `ibv_rc_pingpong` does), the peer's retransmissions are still acknowledged instead of
     /// ending in a retry-exceeded error — the TIME_WAIT of this transport. Nothing is delivered
     /// to anyone; only duplicates of packets already received are answered.
     fn remove_qp(&mut self, qpn: u32) {
+        self.send_posted_datagrams(qpn, Instant::now());
+        self.leave_all_mcast(qpn);
         if let Some(q) = self.qps.remove(&qpn) {
             if let (Some(peer), IBV_QPS_RTR | IBV_QPS_RTS, IBV_QPT_RC | IBV_QPT_XRC_RECV) =
                 (q.remote, q.state, q.qpt)
@@ -738,10 +750,14 @@ impl State {
     }
 
     /// Queue a packet for sending; it occupies the line for its wire time.
+    /// One packet onto the wire: charged once to the NIC model, replicated by the network
+    /// when it goes to a multicast group.
     fn emit(&mut self, dst: SocketAddr, bytes: Vec<u8>) {
         let ns = self.nic.cfg.wire_ns(bytes.len());
         self.nic.charge(Instant::now(), ns);
-        self.out.push((dst, bytes));
+        for d in self.fanout(dst) {
+            self.out.push((d, bytes.clone()));
+        }
     }
 
     /// Look a QP's context up in the NIC's cache; a miss costs `qp_miss_ns`.
@@ -991,6 +1007,7 @@ pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
     set_buffers(&udp, 16 << 20);
     let mut state = State::with_nic(cfg.nic);
     state.my_ip = cfg.ip;
+    state.peers = cfg.peers.clone();
     if !cfg.faults.is_none() {
         state.inject = Some(Injection {
             cfg: cfg.faults.clone(),

@@ -549,6 +549,7 @@ pub fn up(
         let nic_file = run.join("nic");
         fs::write(&nic_file, nic.encode())?;
         let exe = std::env::current_exe()?;
+        let peers: Vec<String> = st.hosts.iter().map(|h| h.ip.to_string()).collect();
         for i in 0..st.hosts.len() {
             let h = st.hosts[i].clone();
             let dir = run.join("hosts").join(&h.name);
@@ -571,7 +572,9 @@ pub fn up(
                 .arg("--stats")
                 .arg(stats_path(&run, &h.name))
                 .arg("--nic")
-                .arg(&nic_file);
+                .arg(&nic_file)
+                .arg("--peers")
+                .arg(peers.join(","));
             if let Some(ns) = &h.netns {
                 cmd.arg("--netns").arg(ns);
             }

@@ -117,6 +117,9 @@ enum Cmd {
         nic: Option<PathBuf>,
         #[arg(long)]
         no_gso: bool,
+        /// Every host's address (multicast datagrams are replicated to each).
+        #[arg(long, value_delimiter = ',')]
+        peers: Vec<Ipv4Addr>,
     },
     /// Hold the user and network namespaces of a run without root (started by `up`).
     #[command(hide = true)]
@@ -213,6 +216,7 @@ fn main() -> Result<()> {
             stats,
             nic: nic_file,
             no_gso,
+            peers,
         } => {
             match (holder, netns) {
                 (Some(pid), ns) => userns::join(&run, pid, ns.as_deref())?,
@@ -247,6 +251,7 @@ fn main() -> Result<()> {
                 socket,
                 faults,
                 stats,
+                peers,
             })?;
         }
     }

@@ -492,6 +492,16 @@ pub enum Req {
         xrcd: u32,
         qpn: u32,
     },
+    /// Attach UD QP `qpn` to the multicast group with IPv4 address `group`
+    /// (`ibv_attach_mcast` with the group's IPv4-mapped GID).
+    AttachMcast {
+        qpn: u32,
+        group: u32,
+    },
+    DetachMcast {
+        qpn: u32,
+        group: u32,
+    },
 }
 
 impl Req {
@@ -665,6 +675,12 @@ impl Req {
             Req::OpenQp { xrcd, qpn } => {
                 e.u32(30).u32(*xrcd).u32(*qpn);
             }
+            Req::AttachMcast { qpn, group } => {
+                e.u32(31).u32(*qpn).u32(*group);
+            }
+            Req::DetachMcast { qpn, group } => {
+                e.u32(32).u32(*qpn).u32(*group);
+            }
         }
         e.0
     }
@@ -810,6 +826,14 @@ impl Req {
             30 => Req::OpenQp {
                 xrcd: d.u32()?,
                 qpn: d.u32()?,
+            },
+            31 => Req::AttachMcast {
+                qpn: d.u32()?,
+                group: d.u32()?,
+            },
+            32 => Req::DetachMcast {
+                qpn: d.u32()?,
+                group: d.u32()?,
             },
             o => return Err(WireError::Opcode(o)),
         })
@@ -1094,6 +1118,14 @@ mod tests {
             },
             Req::CloseXrcd { xrcd: 6 },
             Req::OpenQp { xrcd: 6, qpn: 0x11 },
+            Req::AttachMcast {
+                qpn: 0x12,
+                group: 0xef01_0101,
+            },
+            Req::DetachMcast {
+                qpn: 0x12,
+                group: 0xef01_0101,
+            },
             Req::ModifySrq {
                 srq: 4,
                 mask: 3,

@@ -31,6 +31,7 @@ use std::sync::atomic::Ordering;
 mod ah;
 mod cq;
 mod cq_ex;
+mod mcast;
 mod mw;
 mod post;
 mod qp;
@@ -112,6 +113,8 @@ fn ctx_ops() -> &'static VerbsContextOps {
             set("post_send", post_send as *const c_void);
             set("post_recv", post_recv as *const c_void);
             set("create_ah", create_ah as *const c_void);
+            set("attach_mcast", mcast::attach_mcast as *const c_void);
+            set("detach_mcast", mcast::detach_mcast as *const c_void);
             set("destroy_ah", destroy_ah as *const c_void);
             set("create_srq", create_srq as *const c_void);
             set("modify_srq", modify_srq as *const c_void);

@@ -23,6 +23,9 @@ pub const OP_FETCH_ADD: u8 = 8;
 pub const OP_ATOMIC_RESP: u8 = 9;
 /// A UD datagram: one packet, `rkey` carries the Q_Key, no acknowledgement.
 pub const OP_UD_SEND: u8 = 10;
+/// The destination QPN of a UD datagram to a multicast group (IBTA: 0xFFFFFF); the group's
+/// IPv4 address travels in `remote_addr`.
+pub const MCAST_QPN: u32 = 0xFF_FFFF;
 /// The highest op the decoder accepts.
 pub const OP_MAX: u8 = OP_UD_SEND;
 

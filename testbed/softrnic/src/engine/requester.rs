@@ -287,6 +287,7 @@ impl State {
         if w.wr.flags & IBV_SEND_SOLICITED != 0 {
             flags |= wire::F_SOLICITED;
         }
+        let ip = Ipv4Addr::from(w.wr.remote_addr as u32);
         let p = Packet {
             op: wire::OP_UD_SEND,
             flags,
@@ -296,10 +297,15 @@ impl State {
             msg_len: w.len,
             imm: w.wr.imm,
             rkey: qkey,
+            // The group, for the receiving engines (the datagram goes to each host).
+            remote_addr: if ip.is_multicast() {
+                u64::from(u32::from(ip))
+            } else {
+                0
+            },
             payload,
             ..Default::default()
         };
-        let ip = Ipv4Addr::from(w.wr.remote_addr as u32);
         w.packetized = true;
         w.first_psn = psn;
         w.last_psn = psn;
@@ -308,6 +314,28 @@ impl State {
         self.complete_sends(qpn, psn);
         let dst = SocketAddr::V4(SocketAddrV4::new(ip, device::ENGINE_UDP_PORT));
         Some((dst, p.encode()))
+    }
+
+    /// A UD QP being destroyed first sends the datagrams already posted to it: a NIC has long
+    /// sent them by the time a destroy reaches it, and a program may destroy right after
+    /// posting unsignalled sends (`mckey -s` does), while softrnic's transmitter may not have
+    /// run yet. Nobody waits for a datagram, so this ends with the send queue.
+    pub(super) fn send_posted_datagrams(&mut self, qpn: u32, now: Instant) {
+        let ud_rts = self
+            .qps
+            .get(&qpn)
+            .is_some_and(|q| q.qpt == IBV_QPT_UD && q.state == IBV_QPS_RTS);
+        if !ud_rts {
+            return;
+        }
+        self.pull_sq(qpn);
+        let posted = self.qps.get(&qpn).map_or(0, |q| q.sq.len());
+        for _ in 0..posted {
+            let Some((dst, bytes)) = self.next_ud_packet(qpn, now) else {
+                break;
+            };
+            self.emit(dst, bytes);
+        }
     }
 
     /// A local error while building a WQE: complete it with `status`, QP to error.

@@ -52,6 +52,9 @@ pub(super) const GRH_LEN: usize = 40;
 
 impl State {
     pub(super) fn on_packet(&mut self, from: SocketAddr, p: Packet, now: Instant) {
+        if p.op == wire::OP_UD_SEND && p.dst_qpn == wire::MCAST_QPN {
+            return self.mcast_rx(from, &p, now);
+        }
         let Some(q) = self.qps.get(&p.dst_qpn) else {
             if !self.tombstone_rx(from, &p, now) {
                 self.counters.rx_dropped_unknown_qp += 1;
@@ -282,7 +285,13 @@ impl State {
     /// the next receive (byte_len counts the GRH, as on hardware). Without a receive posted
     /// the datagram is lost (UD has no RNR).
     pub(super) fn ud_rx(&mut self, from: SocketAddr, p: &Packet) {
-        let qpn = p.dst_qpn;
+        let my_ip = self.my_ip;
+        self.ud_deliver(p.dst_qpn, from, p, my_ip);
+    }
+
+    /// Deliver UD datagram `p` to QP `qpn`; `dst` is the GRH's destination (this host, or the
+    /// multicast group).
+    pub(super) fn ud_deliver(&mut self, qpn: u32, from: SocketAddr, p: &Packet, dst: Ipv4Addr) {
         let Some(q) = self.qps.get(&qpn) else {
             return;
         };
@@ -333,7 +342,7 @@ impl State {
                     SocketAddr::V4(a) => *a.ip(),
                     SocketAddr::V6(_) => Ipv4Addr::UNSPECIFIED,
                 };
-                let grh = grh_ipv4(src, self.my_ip, p.msg_len);
+                let grh = grh_ipv4(src, dst, p.msg_len);
                 if scatter(pid, &segs, 0, &grh).is_err()
                     || scatter(pid, &segs, GRH_LEN as u64, &p.payload).is_err()
                 {

@@ -1740,6 +1740,78 @@ mod fuzz {
     /// = the sender's address), byte_len counts the GRH; a receive too small for GRH +
     /// payload completes with LOC_LEN_ERR; with no receive posted the datagram is lost
     /// and counted; RC packets are not for UD QPs.
+    /// UD multicast: only UD QPs join, and only multicast groups; a datagram to a group
+    /// reaches each attached QP (the GRH names the group), none after it left; a packet to a
+    /// group goes to every host of the run, charged once.
+    #[test]
+    fn multicast_datagrams_reach_attached_qps_and_fan_out_to_every_host() {
+        let mut r = rig_typed(false, IBV_QPT_UD);
+        let pid = std::process::id() as i32;
+        let group = u32::from(Ipv4Addr::new(239, 1, 1, 1));
+        let member = |r: &mut Rig, attach: bool, group: u32| {
+            let req = if attach {
+                Req::AttachMcast { qpn: r.qpn, group }
+            } else {
+                Req::DetachMcast { qpn: r.qpn, group }
+            };
+            r.st.request(1, pid, req)
+        };
+        assert_eq!(
+            member(&mut r, true, u32::from(Ipv4Addr::new(10, 0, 0, 1))),
+            err(libc::EINVAL)
+        );
+        assert_eq!(member(&mut r, false, group), err(libc::EINVAL));
+        assert_eq!(member(&mut r, true, group), Resp::Unit);
+        assert_eq!(member(&mut r, true, group), Resp::Unit);
+        let stranger = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(10, 9, 9, 9), 4791));
+        let dgram = Packet {
+            op: wire::OP_UD_SEND,
+            flags: wire::F_FIRST | wire::F_LAST,
+            dst_qpn: wire::MCAST_QPN,
+            src_qpn: PEER_QPN,
+            psn: 1,
+            msg_len: 3,
+            rkey: UD_QKEY,
+            remote_addr: u64::from(group),
+            payload: vec![4, 5, 6],
+            ..Default::default()
+        };
+        r.st.on_packet(stranger, dgram.clone(), Instant::now());
+        let wc = cqes(&r)[0];
+        assert_eq!(
+            (wc.status, wc.byte_len, wc.src_qp),
+            (IBV_WC_SUCCESS, 43, PEER_QPN)
+        );
+        assert_eq!(&r.buf[GUARD + 40..GUARD + 43], &[4, 5, 6]);
+        assert_eq!(
+            &r.buf[GUARD + 36..GUARD + 40],
+            &[239, 1, 1, 1],
+            "GRH destination"
+        );
+        // A group field that is no multicast address is malformed.
+        let mut bad = dgram.clone();
+        bad.remote_addr = 0x0a00_0001;
+        r.st.on_packet(stranger, bad, Instant::now());
+        assert_eq!(r.st.counters.rx_dropped_malformed, 1);
+        assert_eq!(member(&mut r, false, group), Resp::Unit);
+        r.st.on_packet(stranger, dgram, Instant::now());
+        assert_eq!(cqes(&r).len(), 1, "nobody attached any more");
+        assert_eq!(r.st.counters.rx_dropped_unknown_qp, 0);
+
+        r.st.my_ip = Ipv4Addr::new(10, 0, 0, 2);
+        r.st.peers = vec![Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2)];
+        let to = |ip: [u8; 4]| SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::from(ip), 4791));
+        assert_eq!(
+            r.st.fanout(to([239, 1, 1, 1])),
+            vec![to([10, 0, 0, 1]), to([10, 0, 0, 2])]
+        );
+        assert_eq!(r.st.fanout(to([10, 0, 0, 1])), vec![to([10, 0, 0, 1])]);
+        // Destroying a QP takes it out of its groups.
+        assert_eq!(member(&mut r, true, group), Resp::Unit);
+        r.st.remove_qp(r.qpn);
+        assert!(r.st.mcast.is_empty());
+    }
+
     #[test]
     fn ud_datagrams_check_the_qkey_place_a_grh_and_need_a_receive() {
         let mut r = rig_typed(false, IBV_QPT_UD);
@@ -1841,6 +1913,42 @@ mod fuzz {
             (cqes(&r)[1].wr_id, cqes(&r)[1].status),
             (3, IBV_WC_LOC_LEN_ERR)
         );
+    }
+
+    /// A UD QP destroyed right after posting (before the transmitter ran) still sends its
+    /// datagrams, to a multicast group to every host, as a NIC would long have.
+    #[test]
+    fn a_destroyed_ud_qp_sends_what_was_posted_first() {
+        let mut r = rig_typed(false, IBV_QPT_UD);
+        r.st.peers = vec![Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2)];
+        r.st.my_ip = Ipv4Addr::new(10, 0, 0, 1);
+        let group = u32::from(Ipv4Addr::new(239, 1, 1, 1));
+        let wrs = (0..3)
+            .map(|i| SendWr {
+                wr_id: i,
+                opcode: IBV_WR_SEND,
+                remote_addr: u64::from(group),
+                rkey: wire::MCAST_QPN,
+                compare_add: 0x8000_0000,
+                sges: vec![Sge {
+                    addr: r.mr_addr,
+                    length: 16,
+                    lkey: r.lkey,
+                }],
+                ..Default::default()
+            })
+            .collect();
+        assert_eq!(r.st.post_send(1, r.qpn, wrs), Resp::Unit);
+        assert!(r.st.out.is_empty());
+        r.st.remove_qp(r.qpn);
+        assert_eq!(r.st.out.len(), 6, "3 datagrams to 2 hosts");
+        for (_, b) in &r.st.out {
+            let p = Packet::decode(b).unwrap();
+            assert_eq!(
+                (p.dst_qpn, p.remote_addr),
+                (wire::MCAST_QPN, u64::from(group))
+            );
+        }
     }
 
     /// UC responder: no acknowledgements at all; a lost packet (a PSN gap) drops the rest

@@ -412,6 +412,8 @@ impl State {
             Req::PostSrqRecv { srq, wrs } => self.post_srq_recv(conn, srq, wrs),
             Req::OpenXrcd { file, oflags } => self.open_xrcd(conn, file, oflags),
             Req::OpenQp { xrcd, qpn } => self.open_qp(conn, xrcd, qpn),
+            Req::AttachMcast { qpn, group } => self.attach_mcast(conn, qpn, group, true),
+            Req::DetachMcast { qpn, group } => self.attach_mcast(conn, qpn, group, false),
             Req::CloseXrcd { xrcd } => self.close_xrcd(conn, xrcd),
             Req::AttachRing {
                 kind,

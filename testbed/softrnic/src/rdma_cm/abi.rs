@@ -50,6 +50,7 @@ pub mod event {
     pub const REJECTED: u32 = 8;
     pub const ESTABLISHED: u32 = 9;
     pub const DISCONNECTED: u32 = 10;
+    pub const MULTICAST_JOIN: u32 = 12;
 }
 
 /// `rdma_set_option` levels and names.
@@ -317,6 +318,26 @@ pub struct Notify {
 }
 
 #[repr(C)]
+#[derive(Clone, Copy)]
+pub struct JoinIpMcast {
+    pub response: u64,
+    pub uid: u64,
+    pub addr: SockaddrIn6,
+    pub id: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct JoinMcast {
+    pub response: u64,
+    pub uid: u64,
+    pub id: u32,
+    pub addr_size: u16,
+    pub join_flags: u16,
+    pub addr: SockaddrStorage,
+}
+
+#[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub struct GetEvent {
     pub response: u64,
@@ -463,7 +484,9 @@ pod!(
     SetOption,
     MigrateId,
     UverbsQpAttr,
-    UdParam
+    UdParam,
+    JoinIpMcast,
+    JoinMcast
 );
 
 #[cfg(test)]
@@ -543,6 +566,10 @@ mod tests {
             ("sizeof rdma_ucm_init_qp_attr", size_of::<InitQpAttr>()),
             ("sizeof rdma_ucm_notify", size_of::<Notify>()),
             ("sizeof rdma_ucm_get_event", size_of::<GetEvent>()),
+            ("sizeof rdma_ucm_join_ip_mcast", size_of::<JoinIpMcast>()),
+            ("rdma_ucm_join_ip_mcast.id", offset_of!(JoinIpMcast, id)),
+            ("sizeof rdma_ucm_join_mcast", size_of::<JoinMcast>()),
+            ("rdma_ucm_join_mcast.addr", offset_of!(JoinMcast, addr)),
             ("sizeof rdma_ucm_event_resp", size_of::<EventResp>()),
             ("rdma_ucm_event_resp.status", offset_of!(EventResp, status)),
             ("rdma_ucm_event_resp.param", offset_of!(EventResp, param)),

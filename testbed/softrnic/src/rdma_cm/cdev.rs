@@ -529,13 +529,52 @@ impl Driver {
                     &EventsReportedResp { events_reported: n },
                 )
             }
-            // Multicast is not offered (softrnic has no ibv_attach_mcast); the kernel has no
-            // GET_OPTION; QUERY (AF_IB queries) is never sent once BIND refused AF_IB.
-            CMD_JOIN_IP_MCAST | CMD_JOIN_MCAST | CMD_LEAVE_MCAST | CMD_GET_OPTION | CMD_QUERY => {
-                Err(libc::ENOSYS)
+            CMD_JOIN_IP_MCAST => {
+                let c = JoinIpMcast::from_prefix(input);
+                let a = state::parse_sockaddr(&c.addr)?.ok_or(libc::EINVAL)?;
+                self.join(fd, hdr.out, c.response, (c.id, c.uid), a)
             }
+            CMD_JOIN_MCAST => {
+                let c = JoinMcast::from_prefix(input);
+                let n = (c.addr_size as usize).min(c.addr.len());
+                let a = state::parse_sockaddr(&c.addr[..n])?.ok_or(libc::EINVAL)?;
+                self.join(fd, hdr.out, c.response, (c.id, c.uid), a)
+            }
+            CMD_LEAVE_MCAST => {
+                let c = DestroyId::from_prefix(input);
+                if (hdr.out as usize) < size_of::<EventsReportedResp>() {
+                    return Err(libc::ENOSPC);
+                }
+                let n = self.cm.leave_mcast(fd, c.id)?;
+                respond(
+                    c.response,
+                    hdr.out,
+                    &EventsReportedResp { events_reported: n },
+                )
+            }
+            // The kernel has no GET_OPTION; QUERY (AF_IB queries) is never sent once BIND
+            // refused AF_IB.
+            CMD_GET_OPTION | CMD_QUERY => Err(libc::ENOSYS),
             _ => Err(libc::EINVAL),
         }
+    }
+
+    /// JOIN_IP_MCAST / JOIN_MCAST of id `h` with the program's `uid` for the membership.
+    fn join(
+        &mut self,
+        fd: c_int,
+        out: u16,
+        response: u64,
+        (h, uid): (Handle, u64),
+        group: SocketAddrV4,
+    ) -> Result<(), i32> {
+        if (out as usize) < size_of::<abi::CreateIdResp>() {
+            return Err(libc::ENOSPC);
+        }
+        let m = self.cm.join_mcast(fd, h, uid, *group.ip())?;
+        respond(response, out, &abi::CreateIdResp { id: m }).inspect_err(|_| {
+            let _ = self.cm.leave_mcast(fd, m);
+        })
     }
 
     fn bind(&mut self, fd: c_int, h: Handle, a: SocketAddrV4) -> Result<(), i32> {
@@ -556,7 +595,14 @@ impl Driver {
         let st = self
             .cm
             .check(fd, h, &[State::Idle, State::Bound, State::AddrResolved])?;
-        let Some(route_ip) = route_source(dst) else {
+        // A multicast group needs no route: the port reaches it (see the engine's
+        // multicast.rs).
+        let route = if dst.ip().is_multicast() {
+            Some(self.host_ip.unwrap_or(Ipv4Addr::UNSPECIFIED))
+        } else {
+            route_source(dst)
+        };
+        let Some(route_ip) = route else {
             return self.cm.resolve_ip_failed(fd, h, libc::ENETUNREACH);
         };
         let bound = self.cm.src(h);

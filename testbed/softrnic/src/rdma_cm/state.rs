@@ -123,6 +123,8 @@ pub struct Event {
     pub param: Param,
     /// The id whose `events_reported` counts it (for a connect request: the listener).
     counted_by: Handle,
+    /// The multicast membership the event is about (it counts the event instead).
+    mc: Option<Handle>,
 }
 
 impl Event {
@@ -200,6 +202,13 @@ impl Id {
     }
 }
 
+/// An id's membership of a multicast group.
+#[derive(Clone, Debug)]
+struct Mc {
+    id: Handle,
+    events_reported: u32,
+}
+
 /// What the driver must do on the state's behalf.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Out {
@@ -219,6 +228,8 @@ pub enum Out {
 pub struct Cm {
     dev: Option<Device>,
     ids: HashMap<Handle, Id>,
+    /// Multicast memberships (JOIN_IP_MCAST), by their own handles.
+    mcs: HashMap<Handle, Mc>,
     next: Handle,
     queues: HashMap<Channel, VecDeque<Event>>,
     out: Vec<Out>,
@@ -297,6 +308,7 @@ impl Cm {
             status,
             param,
             counted_by: h,
+            mc: None,
         });
     }
 
@@ -317,11 +329,7 @@ impl Cm {
         if !matches!(ps, abi::PS_TCP | abi::PS_UDP | abi::PS_IB | abi::PS_IPOIB) || !ok_type {
             return Err(libc::EINVAL);
         }
-        self.next = self.next.wrapping_add(1);
-        while self.ids.contains_key(&self.next) {
-            self.next = self.next.wrapping_add(1);
-        }
-        let h = self.next;
+        let h = self.new_handle();
         self.ids.insert(
             h,
             Id {
@@ -342,6 +350,14 @@ impl Cm {
             },
         );
         Ok(h)
+    }
+
+    fn new_handle(&mut self) -> Handle {
+        self.next = self.next.wrapping_add(1);
+        while self.ids.contains_key(&self.next) || self.mcs.contains_key(&self.next) {
+            self.next = self.next.wrapping_add(1);
+        }
+        self.next
     }
 
     /// Destroy an id: its undelivered events go, its connection is refused or disconnected,
@@ -367,6 +383,15 @@ impl Cm {
             _ => {}
         }
         self.out.push(Out::Close(h));
+        let mine: Vec<Handle> = self
+            .mcs
+            .iter()
+            .filter(|(_, m)| m.id == h)
+            .map(|(k, _)| *k)
+            .collect();
+        for m in mine {
+            self.drop_mc(id.channel, m);
+        }
         let mut children = Vec::new();
         if let Some(q) = self.queues.get_mut(&id.channel) {
             q.retain(|e| {
@@ -655,6 +680,7 @@ impl Cm {
             status: 0,
             param,
             counted_by: l,
+            mc: None,
         });
         Some(h)
     }
@@ -872,7 +898,7 @@ impl Cm {
         let q = self.queues.get_mut(&from).expect("checked");
         let (moving, staying): (VecDeque<Event>, VecDeque<Event>) = q
             .drain(..)
-            .partition(|e| e.handle == h && e.counted_by == h);
+            .partition(|e| e.counted_by == h && (e.handle == h || e.mc.is_some()));
         *q = staying;
         self.queues.get_mut(&to).expect("checked").extend(moving);
         Ok(reported)
@@ -884,7 +910,11 @@ impl Cm {
         let Some(ev) = q.pop_front() else {
             return Ok(None);
         };
-        if let Some(id) = self.ids.get_mut(&ev.counted_by) {
+        if let Some(m) = ev.mc {
+            if let Some(m) = self.mcs.get_mut(&m) {
+                m.events_reported += 1;
+            }
+        } else if let Some(id) = self.ids.get_mut(&ev.counted_by) {
             id.events_reported += 1;
         }
         if ev.event == event::CONNECT_REQUEST {
@@ -893,6 +923,57 @@ impl Cm {
             }
         }
         Ok(Some(ev))
+    }
+
+    /// JOIN_IP_MCAST: UD id `h`, bound to the device, joins IPv4 multicast `group`; the
+    /// MULTICAST_JOIN event carries the group's address vector, QPN 0xFFFFFF and the Q_Key
+    /// (librdmacm then attaches the id's QP).
+    pub fn join_mcast(&mut self, ch: Channel, h: Handle, uid: u64, group: Ipv4Addr) -> R<Handle> {
+        let id = self.id(ch, h)?;
+        let bound = matches!(id.state, State::Bound | State::AddrResolved) && id.has_device();
+        if !id.ud() || !bound || !group.is_multicast() || self.dev.is_none() {
+            return Err(libc::EINVAL);
+        }
+        let tos = id.tos;
+        let m = self.new_handle();
+        self.mcs.insert(
+            m,
+            Mc {
+                id: h,
+                events_reported: 0,
+            },
+        );
+        if let Some(q) = self.queues.get_mut(&ch) {
+            q.push_back(Event {
+                handle: m,
+                uid,
+                event: event::MULTICAST_JOIN,
+                status: 0,
+                param: Param::Ud {
+                    qp_num: crate::wire::MCAST_QPN,
+                    qkey: abi::UDP_QKEY,
+                    ah: Some(ah_to(device::gid_for(group), tos)),
+                    private: Vec::new(),
+                },
+                counted_by: h,
+                mc: Some(m),
+            });
+        }
+        Ok(m)
+    }
+
+    /// LEAVE_MCAST: how many events the program was given about the membership.
+    pub fn leave_mcast(&mut self, ch: Channel, m: Handle) -> R<u32> {
+        let id = self.mcs.get(&m).ok_or(libc::ENOENT)?.id;
+        self.id(ch, id)?;
+        Ok(self.drop_mc(ch, m))
+    }
+
+    fn drop_mc(&mut self, ch: Channel, m: Handle) -> u32 {
+        if let Some(q) = self.queues.get_mut(&ch) {
+            q.retain(|e| e.mc != Some(m));
+        }
+        self.mcs.remove(&m).map_or(0, |m| m.events_reported)
     }
 
     // -- from the peer --------------------------------------------------------------------

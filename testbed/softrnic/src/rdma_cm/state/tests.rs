@@ -323,3 +323,45 @@ fn sockaddrs_parse_and_print() {
     assert_eq!(parse_sockaddr(&ib), Err(libc::EAFNOSUPPORT));
     assert_eq!(parse_sockaddr(&[2, 0]), Err(libc::EINVAL));
 }
+
+#[test]
+fn ud_ids_join_multicast_groups_and_leave_them() {
+    let mut c = Cm::new(Some(dev(2)));
+    c.open_channel(CLI);
+    let a = c
+        .create_id(CLI, 2, abi::PS_UDP, IBV_QPT_UD as u8, 0)
+        .unwrap();
+    let group = Ipv4Addr::new(239, 1, 1, 1);
+    assert_eq!(
+        c.join_mcast(CLI, a, 9, group),
+        Err(libc::EINVAL),
+        "not bound"
+    );
+    c.resolve_ip(CLI, a, addr(2, 1), SocketAddrV4::new(group, 0))
+        .unwrap();
+    next(&mut c, CLI);
+    let unicast = Ipv4Addr::new(10, 0, 0, 1);
+    assert_eq!(c.join_mcast(CLI, a, 9, unicast), Err(libc::EINVAL));
+    let m = c.join_mcast(CLI, a, 9, group).unwrap();
+    let ev = next(&mut c, CLI);
+    assert_eq!((ev.event, ev.handle, ev.uid), (event::MULTICAST_JOIN, m, 9));
+    let Param::Ud {
+        qp_num, qkey, ah, ..
+    } = ev.param
+    else {
+        panic!()
+    };
+    assert_eq!((qp_num, qkey), (0xFF_FFFF, abi::UDP_QKEY));
+    assert_eq!(ah.unwrap().grh.dgid, device::gid_for(group));
+    assert_eq!(c.leave_mcast(CLI, m), Ok(1));
+    assert_eq!(c.leave_mcast(CLI, m), Err(libc::ENOENT));
+    // A membership whose event was not fetched goes with its id, event and all; the id's
+    // own count is its address event only.
+    let m2 = c.join_mcast(CLI, a, 10, group).unwrap();
+    assert_eq!(c.destroy_id(CLI, a), Ok(1));
+    assert_eq!(c.get_event(CLI), Ok(None));
+    assert_eq!(c.leave_mcast(CLI, m2), Err(libc::ENOENT));
+    // Connected (RC) ids do not join.
+    let (_, _, mut c, a) = listening_pair();
+    assert_eq!(c.join_mcast(CLI, a, 0, group), Err(libc::EINVAL));
+}

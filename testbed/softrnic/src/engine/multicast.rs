@@ -1,0 +1,79 @@
+//! UD multicast (`ibv_attach_mcast`, RoCE v2 over IPv4): groups are IPv4 multicast addresses
+//! (a group's GID is IPv4-mapped, as the RDMA CM makes it). The sending engine charges the
+//! NIC model for one packet and replicates it to every host of the run, itself included — what
+//! the switch does for a NIC — and each engine hands a copy to every local QP attached to the
+//! group, as a NIC's multicast filter does; hosts without members drop it silently.
+
+use std::collections::BTreeSet;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+
+use super::*;
+
+impl State {
+    pub(super) fn attach_mcast(&mut self, conn: u64, qpn: u32, group: u32, attach: bool) -> Resp {
+        let ud = self
+            .qps
+            .get(&qpn)
+            .is_some_and(|q| q.conn == conn && q.qpt == IBV_QPT_UD);
+        if !ud || !Ipv4Addr::from(group).is_multicast() {
+            return err(libc::EINVAL);
+        }
+        let members = self.mcast.entry(group).or_default();
+        let changed = if attach {
+            members.insert(qpn)
+        } else {
+            members.remove(&qpn)
+        };
+        if members.is_empty() {
+            self.mcast.remove(&group);
+        }
+        // Attaching twice is harmless; leaving a group not joined is an error, as on mlx5.
+        if !attach && !changed {
+            return err(libc::EINVAL);
+        }
+        Resp::Unit
+    }
+
+    /// A destroyed QP leaves its groups.
+    pub(super) fn leave_all_mcast(&mut self, qpn: u32) {
+        self.mcast.retain(|_, m| {
+            m.remove(&qpn);
+            !m.is_empty()
+        });
+    }
+
+    /// Where a packet for `dst` goes: a multicast destination to every host of the run.
+    pub(super) fn fanout(&self, dst: SocketAddr) -> Vec<SocketAddr> {
+        match dst {
+            SocketAddr::V4(a) if a.ip().is_multicast() => {
+                let mut hosts: BTreeSet<Ipv4Addr> = self.peers.iter().copied().collect();
+                hosts.insert(self.my_ip);
+                hosts
+                    .into_iter()
+                    .map(|ip| SocketAddr::V4(SocketAddrV4::new(ip, a.port())))
+                    .collect()
+            }
+            _ => vec![dst],
+        }
+    }
+
+    /// A datagram to a multicast group: a copy for every local QP attached to it.
+    pub(super) fn mcast_rx(&mut self, from: SocketAddr, p: &Packet, now: Instant) {
+        let group = match u32::try_from(p.remote_addr) {
+            Ok(g) if Ipv4Addr::from(g).is_multicast() => g,
+            _ => {
+                self.counters.rx_dropped_malformed += 1;
+                return;
+            }
+        };
+        let members: Vec<u32> = self
+            .mcast
+            .get(&group)
+            .map(|m| m.iter().copied().collect())
+            .unwrap_or_default();
+        for qpn in members {
+            self.touch_qp(qpn, now);
+            self.ud_deliver(qpn, from, p, Ipv4Addr::from(group));
+        }
+    }
+}

@@ -1,0 +1,45 @@
+//! `ibv_attach_mcast` / `ibv_detach_mcast`: UD QPs join IPv4 multicast groups, named by their
+//! IPv4-mapped GIDs (see the engine's `multicast.rs`).
+
+use libc::c_int;
+
+use super::*;
+
+unsafe fn membership(qp: *mut IbvQp, gid: *const [u8; 16], attach: bool) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: qp is ours; gid points at a union ibv_gid (16 bytes).
+        let (ctx, qpn, gid) = unsafe { ((*qp).context, (*qp).qp_num, *gid) };
+        let Some(group) = device::ip_of_gid(&gid).filter(|ip| ip.is_multicast()) else {
+            return libc::EINVAL;
+        };
+        let group = u32::from(group);
+        let req = if attach {
+            Req::AttachMcast { qpn, group }
+        } else {
+            Req::DetachMcast { qpn, group }
+        };
+        // SAFETY: ctx is a softrnic context (the QP is ours).
+        match unsafe { state(ctx) }.call(&req) {
+            Ok(_) => 0,
+            Err(e) => e,
+        }
+    })
+}
+
+pub(super) unsafe extern "C" fn attach_mcast(
+    qp: *mut IbvQp,
+    gid: *const [u8; 16],
+    _lid: u16,
+) -> c_int {
+    // SAFETY: forwarded from libibverbs' ibv_attach_mcast.
+    unsafe { membership(qp, gid, true) }
+}
+
+pub(super) unsafe extern "C" fn detach_mcast(
+    qp: *mut IbvQp,
+    gid: *const [u8; 16],
+    _lid: u16,
+) -> c_int {
+    // SAFETY: forwarded from libibverbs' ibv_detach_mcast.
+    unsafe { membership(qp, gid, false) }
+}
