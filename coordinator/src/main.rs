@@ -127,6 +127,10 @@ enum Command {
         /// `crl.pem`; daemons with `tls.crl` refuse it after a reload (SIGHUP).
         #[arg(long, value_name = "HOST", conflicts_with_all = ["reissue", "san", "agents"])]
         revoke: Option<String>,
+        /// With `--revoke`: days until the new CRL's next update. Daemons refuse a CRL past
+        /// it, and every peer it would vouch for, until a fresh one is installed.
+        #[arg(long, value_name = "DAYS", default_value_t = drum_coordinator::pki::CRL_DAYS, requires = "revoke")]
+        crl_days: u32,
         /// Issue host HOST a new key and certificate (`agent-HOST.pem/.key`), e.g. after a
         /// revocation; its agent uses them after a reload (SIGHUP).
         #[arg(long, value_name = "HOST", conflicts_with_all = ["san", "agents"])]
@@ -314,6 +318,7 @@ fn run(cli: Cli) -> Result<()> {
             san,
             agents,
             revoke,
+            crl_days,
             reissue,
         } => {
             for a in agents.iter().chain(&revoke).chain(&reissue) {
@@ -326,7 +331,9 @@ fn run(cli: Cli) -> Result<()> {
                 }
             }
             if let Some(host) = revoke {
-                let crl = drum_coordinator::pki::DevCa::open(&out)?.revoke_agent(&host)?;
+                let crl = drum_coordinator::pki::DevCa::open(&out)?
+                    .with_crl_days(crl_days)
+                    .revoke_agent(&host)?;
                 println!("revoked agent {host}: {}", crl.display());
                 return Ok(());
             }

@@ -206,6 +206,7 @@ impl ServerTls {
         let verifier =
             rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider())
                 .with_crls(crls)
+                .enforce_revocation_expiration()
                 .build()?;
         let mut crypto = rustls::ServerConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13])?
@@ -285,6 +286,7 @@ pub fn client_config(tls: &TlsFiles, idle: Duration) -> Result<quinn::ClientConf
     let (roots, crls) = tls.trust()?;
     let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(roots, provider())
         .with_crls(crls)
+        .enforce_revocation_expiration()
         .build()?;
     let mut crypto = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?

@@ -37,9 +37,20 @@ pub struct DevCa {
     cert: Certificate,
     key: KeyPair,
     dir: PathBuf,
+    crl_days: u32,
 }
 
+/// How long a CRL written by [`DevCa`] is valid (days to its next update), unless told.
+pub const CRL_DAYS: u32 = 365;
+
 impl DevCa {
+    /// CRLs this CA writes from now on are valid for `days` (0: already past their next
+    /// update, which daemons refuse).
+    pub fn with_crl_days(mut self, days: u32) -> Self {
+        self.crl_days = days;
+        self
+    }
+
     /// A new CA in `dir`: writes `ca.pem`, `ca.key` (mode 0600) and an empty `crl.pem`.
     pub fn create(dir: &Path) -> Result<Self, NetError> {
         std::fs::create_dir_all(dir)?;
@@ -51,6 +62,7 @@ impl DevCa {
             cert,
             key,
             dir: dir.to_path_buf(),
+            crl_days: CRL_DAYS,
         };
         ca.write_crl(Vec::new())?;
         Ok(ca)
@@ -72,6 +84,7 @@ impl DevCa {
             cert,
             key,
             dir: dir.to_path_buf(),
+            crl_days: CRL_DAYS,
         })
     }
 
@@ -165,9 +178,12 @@ impl DevCa {
         let now = time::OffsetDateTime::now_utc();
         let number = now.unix_timestamp().max(0) as u64;
         let params = CertificateRevocationListParams {
-            this_update: now,
-            // Daemons do not enforce the next update (rustls' default); a year is a hint.
-            next_update: now + time::Duration::days(365),
+            // Backdated a minute, as CAs do, so that a peer whose clock is a little behind
+            // takes it; with 0 days of validity the CRL is past its next update at once.
+            this_update: now - time::Duration::minutes(1),
+            // Daemons refuse a CRL past its next update, and every peer it would vouch for:
+            // a fresh one must be installed before (`dev-certs --revoke` writes one).
+            next_update: now + time::Duration::days(i64::from(self.crl_days)),
             crl_number: SerialNumber::from(number),
             issuing_distribution_point: None,
             revoked_certs: serials
@@ -239,6 +255,7 @@ pub fn load_crls(
     let refs: Vec<&webpki::CertRevocationList<'_>> = parsed.iter().collect();
     let revocation = webpki::RevocationOptionsBuilder::new(&refs)
         .expect("at least one CRL")
+        .with_expiration_policy(webpki::ExpirationPolicy::Enforce)
         .build();
     let (Some(leaf), intermediates) = (own.first(), own.get(1..).unwrap_or_default()) else {
         return Ok(crls);
@@ -269,6 +286,11 @@ pub fn load_crls(
         // Our own certificate is from another CA than the peers': nothing to check it with.
         Ok(()) | Err(E::UnknownIssuer | E::RequiredEkuNotFoundContext(_)) => Ok(crls),
         Err(E::CertRevoked) => Err(bad("revokes this daemon's own certificate".into())),
+        Err(E::CrlExpired { time, next_update }) => Err(bad(format!(
+            "expired {} s ago (its next update was Unix time {}): install a fresh one",
+            time.as_secs().saturating_sub(next_update.as_secs()),
+            next_update.as_secs()
+        ))),
         Err(e) => Err(bad(format!(
             "is not a valid CRL of the configured CA (checking our own certificate: {e:?})"
         ))),

@@ -191,6 +191,39 @@ fn serve_reloads_its_tls_files_when_they_change_on_disk() {
     assert!(serve.0.try_wait().unwrap().is_none(), "still serving");
 }
 
+/// A CRL past its next update vouches for nobody: a running `serve` keeps its previous TLS
+/// files when the one on disk is expired, and refuses to start with it.
+#[test]
+fn an_expired_crl_is_refused_at_reload_and_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    tls_setup(d);
+    let (mut serve, log) = serving(d);
+    wait_in_log(&log, "coordinator serving", 1);
+    ok(&run(&[
+        "dev-certs",
+        "--out",
+        d.join("certs").to_str().unwrap(),
+        "--revoke",
+        "agent",
+        "--crl-days",
+        "0",
+    ]));
+    wait_in_log(
+        &log,
+        "TLS reload failed, keeping the previous certificates",
+        1,
+    );
+    assert!(std::fs::read_to_string(&log).unwrap().contains("expired"));
+    assert!(serve.0.try_wait().unwrap().is_none(), "still serving");
+    drop(serve);
+    let e = err(&refused_serve(&config(d, "certs/crl.pem")));
+    assert!(
+        e.contains("certificate revocation list") && e.contains("expired"),
+        "{e}"
+    );
+}
+
 #[test]
 fn serve_checks_its_crl_and_reloads_on_sighup() {
     let dir = tempfile::tempdir().unwrap();
