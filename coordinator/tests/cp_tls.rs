@@ -152,6 +152,20 @@ fn wait_in_log(log: &Path, what: &str, n: usize) {
     }
 }
 
+/// `dev-certs --revoke agent` (and `extra`) on the certificates `tls_setup` made in `d`.
+fn revoke_agent(d: &Path, extra: &[&str]) {
+    let out = d.join("certs");
+    let mut args = vec![
+        "dev-certs",
+        "--out",
+        out.to_str().unwrap(),
+        "--revoke",
+        "agent",
+    ];
+    args.extend_from_slice(extra);
+    ok(&run(&args));
+}
+
 /// Certificates, a CRL and an instance in `d`.
 fn tls_setup(d: &Path) {
     ok(&run(&[
@@ -179,13 +193,7 @@ fn serve_reloads_its_tls_files_when_they_change_on_disk() {
     tls_setup(d);
     let (mut serve, log) = serving(d);
     wait_in_log(&log, "coordinator serving", 1);
-    ok(&run(&[
-        "dev-certs",
-        "--out",
-        d.join("certs").to_str().unwrap(),
-        "--revoke",
-        "agent",
-    ]));
+    revoke_agent(d, &[]);
     wait_in_log(&log, "a TLS file changed on disk", 1);
     wait_in_log(&log, "reloaded the TLS files", 1);
     assert!(serve.0.try_wait().unwrap().is_none(), "still serving");
@@ -200,15 +208,7 @@ fn an_expired_crl_is_refused_at_reload_and_at_start() {
     tls_setup(d);
     let (mut serve, log) = serving(d);
     wait_in_log(&log, "coordinator serving", 1);
-    ok(&run(&[
-        "dev-certs",
-        "--out",
-        d.join("certs").to_str().unwrap(),
-        "--revoke",
-        "agent",
-        "--crl-days",
-        "0",
-    ]));
+    revoke_agent(d, &["--crl-days", "0"]);
     wait_in_log(
         &log,
         "TLS reload failed, keeping the previous certificates",
@@ -257,13 +257,7 @@ fn serve_checks_its_crl_and_reloads_on_sighup() {
             .unwrap();
         assert!(s.success());
     };
-    ok(&run(&[
-        "dev-certs",
-        "--out",
-        d.join("certs").to_str().unwrap(),
-        "--revoke",
-        "agent",
-    ]));
+    revoke_agent(d, &[]);
     hup();
     wait_log("reloaded the TLS files", 1);
     // A reload that fails keeps the service and its previous files.

@@ -575,6 +575,15 @@ impl Cm {
         Ok(())
     }
 
+    /// REJECTED with `status` and the REJ's private data as the receiver sees it.
+    fn rejected(&mut self, h: Handle, status: i32, private: &[u8]) {
+        let param = Param::Conn(ConnParam {
+            private: msg::padded(private, msg::REJ_PRIVATE),
+            ..ConnParam::default()
+        });
+        self.event(h, event::REJECTED, status, param);
+    }
+
     /// The driver could not reach the destination: refused (no listener) or unreachable.
     pub fn connect_failed(&mut self, h: Handle, refused: bool) {
         let Some(id) = self.ids.get_mut(&h) else {
@@ -586,11 +595,7 @@ impl Cm {
         id.state = State::Rejected;
         self.out.push(Out::Close(h));
         if refused && !self.ids[&h].ud() {
-            let param = Param::Conn(ConnParam {
-                private: msg::padded(&[], msg::REJ_PRIVATE),
-                ..ConnParam::default()
-            });
-            self.event(h, event::REJECTED, REJ_INVALID_SERVICE_ID as i32, param);
+            self.rejected(h, REJ_INVALID_SERVICE_ID as i32, &[]);
         } else {
             self.event(h, event::UNREACHABLE, -libc::ETIMEDOUT, Param::None);
         }
@@ -1009,11 +1014,7 @@ impl Cm {
             (State::ReqSent, Msg::Rej { reason, private }) if !id.ud() => {
                 id.state = State::Rejected;
                 self.out.push(Out::Close(h));
-                let param = Param::Conn(ConnParam {
-                    private: msg::padded(&private, msg::REJ_PRIVATE),
-                    ..ConnParam::default()
-                });
-                self.event(h, event::REJECTED, reason as i32, param);
+                self.rejected(h, reason as i32, &private);
             }
             (
                 State::ReqSent,
@@ -1074,11 +1075,7 @@ impl Cm {
             }
             State::ReqRcvd if !ud => {
                 id.state = State::Rejected;
-                let param = Param::Conn(ConnParam {
-                    private: msg::padded(&[], msg::REJ_PRIVATE),
-                    ..ConnParam::default()
-                });
-                self.event(h, event::REJECTED, REJ_CONSUMER_DEFINED as i32, param);
+                self.rejected(h, REJ_CONSUMER_DEFINED as i32, &[]);
             }
             State::RepSent => {
                 id.state = State::Rejected;
