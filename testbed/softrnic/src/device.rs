@@ -55,6 +55,31 @@ pub fn ip_of_gid(g: &[u8; 16]) -> Option<Ipv4Addr> {
     }
 }
 
+/// Marks a multicast group key that stands for an IB-style MGID (`ff…`), not an IPv4 group.
+pub const HASHED_GROUP: u64 = 1 << 63;
+
+/// The key a multicast GID is known by between provider and engines: an IPv4-mapped group's
+/// IPv4 address, or for an IB-style MGID (first byte 0xff; perftest's `--mcg` default) a
+/// 64-bit FNV-1a hash of it with [`HASHED_GROUP`] set. None for unicast GIDs.
+pub fn mcast_group(g: &[u8; 16]) -> Option<u64> {
+    match ip_of_gid(g) {
+        Some(ip) if ip.is_multicast() => Some(u64::from(u32::from(ip))),
+        Some(_) => None,
+        None if g[0] == 0xff => {
+            let h = g.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+            });
+            Some(h | HASHED_GROUP)
+        }
+        None => None,
+    }
+}
+
+/// Whether `key` (a UD destination) names a multicast group.
+pub fn is_group(key: u64) -> bool {
+    key & HASHED_GROUP != 0 || u32::try_from(key).is_ok_and(|ip| Ipv4Addr::from(ip).is_multicast())
+}
+
 /// GID in the sysfs text form (`0000:0000:...`, eight groups of four hex digits).
 pub fn gid_sysfs(g: &[u8; 16]) -> String {
     g.chunks(2)
@@ -189,6 +214,21 @@ mod tests {
             assert_eq!(p.state, if up { IBV_PORT_ACTIVE } else { IBV_PORT_DOWN });
         }
         assert!(port_is_up(""), "an unreadable state counts as up");
+    }
+
+    #[test]
+    fn multicast_gids_have_group_keys_and_unicast_ones_none() {
+        let v4 = gid_for(Ipv4Addr::new(239, 1, 1, 1));
+        assert_eq!(mcast_group(&v4), Some(0xef01_0101));
+        assert_eq!(mcast_group(&gid_for(Ipv4Addr::new(10, 0, 0, 1))), None);
+        let ib = [0xff, 1, 0, 0, 0, 2, 0xc9, 0x85, 0, 0, 0, 0, 0, 0, 0, 0];
+        let k = mcast_group(&ib).unwrap();
+        assert!(k & HASHED_GROUP != 0 && is_group(k));
+        let mut other = ib;
+        other[15] = 1;
+        assert_ne!(mcast_group(&other), Some(k));
+        assert_eq!(mcast_group(&[0; 16]), None);
+        assert!(is_group(0xef01_0101) && !is_group(0x0a00_0001) && !is_group(0));
     }
 
     #[test]

@@ -417,8 +417,8 @@ struct State {
     my_ip: Ipv4Addr,
     /// Every host of the run, to which multicast datagrams are replicated.
     peers: Vec<Ipv4Addr>,
-    /// Multicast groups (IPv4 address) and the local UD QPs attached to each.
-    mcast: HashMap<u32, std::collections::BTreeSet<u32>>,
+    /// Multicast groups (keys of [`device::mcast_group`]) and the local UD QPs attached to each.
+    mcast: HashMap<u64, std::collections::BTreeSet<u32>>,
     rr: VecDeque<u32>,
     counters: Counters,
     /// Packets waiting to be sent (built under the lock, sent by whoever holds it).

@@ -492,15 +492,15 @@ pub enum Req {
         xrcd: u32,
         qpn: u32,
     },
-    /// Attach UD QP `qpn` to the multicast group with IPv4 address `group`
-    /// (`ibv_attach_mcast` with the group's IPv4-mapped GID).
+    /// Attach UD QP `qpn` to multicast group `group` (`ibv_attach_mcast`; the key of
+    /// [`crate::device::mcast_group`]).
     AttachMcast {
         qpn: u32,
-        group: u32,
+        group: u64,
     },
     DetachMcast {
         qpn: u32,
-        group: u32,
+        group: u64,
     },
 }
 
@@ -676,10 +676,10 @@ impl Req {
                 e.u32(30).u32(*xrcd).u32(*qpn);
             }
             Req::AttachMcast { qpn, group } => {
-                e.u32(31).u32(*qpn).u32(*group);
+                e.u32(31).u32(*qpn).u64(*group);
             }
             Req::DetachMcast { qpn, group } => {
-                e.u32(32).u32(*qpn).u32(*group);
+                e.u32(32).u32(*qpn).u64(*group);
             }
         }
         e.0
@@ -829,11 +829,11 @@ impl Req {
             },
             31 => Req::AttachMcast {
                 qpn: d.u32()?,
-                group: d.u32()?,
+                group: d.u64()?,
             },
             32 => Req::DetachMcast {
                 qpn: d.u32()?,
-                group: d.u32()?,
+                group: d.u64()?,
             },
             o => return Err(WireError::Opcode(o)),
         })
@@ -1124,7 +1124,7 @@ mod tests {
             },
             Req::DetachMcast {
                 qpn: 0x12,
-                group: 0xef01_0101,
+                group: 0x8123_4567_89ab_cdef,
             },
             Req::ModifySrq {
                 srq: 4,

@@ -215,7 +215,8 @@ fn rdma_cm_refusals_are_reported_as_on_a_nic() {
 
 /// UD multicast: unmodified `mckey` receivers on h1 and h3 join group 239.1.1.1 through the
 /// RDMA CM and each gets all 20 datagrams that `mckey -s` on h2 sends to the group (and then
-/// at once destroys its QP); perftest's `ib_send_lat --mcg` attaches with `ibv_attach_mcast`.
+/// at once destroys its QP); perftest's `ib_send_lat --mcg` attaches with `ibv_attach_mcast`,
+/// to an IPv4-mapped group GID and to its default IB-style MGID.
 #[test]
 fn mckey_multicast_reaches_every_member() {
     require_privileges!();
@@ -245,20 +246,14 @@ fn mckey_multicast_reaches_every_member() {
         assert!(r.status.success(), "receiver: {}", text(&r));
         assert!(text(&r).contains("data transfers complete"), "{}", text(&r));
     }
-    // perftest's multicast mode, with the group's IPv4-mapped GID (RoCE over IPv4).
+    // perftest's multicast mode: a group with an IPv4-mapped GID (RoCE over IPv4), then
+    // perftest's default, IB-style MGID.
     let mgid = "--MGID=0:0:0:0:0:0:0:0:0:0:255:255:239:1:1:7";
-    let args = [
-        "ib_send_lat",
-        "-c",
-        "UD",
-        "--mcg",
-        "-x",
-        "0",
-        "-n",
-        "100",
-        mgid,
-    ];
-    let mut client = args.to_vec();
-    client.push("SERVER");
-    cm_pair(&run, &args, &client, "#bytes");
+    for extra in [&[mgid][..], &[]] {
+        let mut args = vec!["ib_send_lat", "-c", "UD", "--mcg", "-x", "0", "-n", "100"];
+        args.extend_from_slice(extra);
+        let mut client = args.clone();
+        client.push("SERVER");
+        cm_pair(&run, &args, &client, "#bytes");
+    }
 }

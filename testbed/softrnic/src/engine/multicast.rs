@@ -1,5 +1,6 @@
-//! UD multicast (`ibv_attach_mcast`, RoCE v2 over IPv4): groups are IPv4 multicast addresses
-//! (a group's GID is IPv4-mapped, as the RDMA CM makes it). The sending engine charges the
+//! UD multicast (`ibv_attach_mcast`): a group is known by its key (`device::mcast_group`: the
+//! IPv4 address of an IPv4-mapped group GID, as the RDMA CM makes them, or a hash of an
+//! IB-style MGID), which every multicast datagram carries. The sending engine charges the
 //! NIC model for one packet and replicates it to every host of the run, itself included — what
 //! the switch does for a NIC — and each engine hands a copy to every local QP attached to the
 //! group, as a NIC's multicast filter does; hosts without members drop it silently.
@@ -10,12 +11,12 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use super::*;
 
 impl State {
-    pub(super) fn attach_mcast(&mut self, conn: u64, qpn: u32, group: u32, attach: bool) -> Resp {
+    pub(super) fn attach_mcast(&mut self, conn: u64, qpn: u32, group: u64, attach: bool) -> Resp {
         let ud = self
             .qps
             .get(&qpn)
             .is_some_and(|q| q.conn == conn && q.qpt == IBV_QPT_UD);
-        if !ud || !Ipv4Addr::from(group).is_multicast() {
+        if !ud || !device::is_group(group) {
             return err(libc::EINVAL);
         }
         let members = self.mcast.entry(group).or_default();
@@ -59,13 +60,13 @@ impl State {
 
     /// A datagram to a multicast group: a copy for every local QP attached to it.
     pub(super) fn mcast_rx(&mut self, from: SocketAddr, p: &Packet, now: Instant) {
-        let group = match u32::try_from(p.remote_addr) {
-            Ok(g) if Ipv4Addr::from(g).is_multicast() => g,
-            _ => {
-                self.counters.rx_dropped_malformed += 1;
-                return;
-            }
-        };
+        let group = p.remote_addr;
+        if !device::is_group(group) {
+            self.counters.rx_dropped_malformed += 1;
+            return;
+        }
+        // The GRH names an IPv4 group; an IB-style MGID has no IPv4 form.
+        let grh_dst = u32::try_from(group).map_or(Ipv4Addr::UNSPECIFIED, Ipv4Addr::from);
         let members: Vec<u32> = self
             .mcast
             .get(&group)
@@ -73,7 +74,7 @@ impl State {
             .unwrap_or_default();
         for qpn in members {
             self.touch_qp(qpn, now);
-            self.ud_deliver(qpn, from, p, Ipv4Addr::from(group));
+            self.ud_deliver(qpn, from, p, grh_dst);
         }
     }
 }

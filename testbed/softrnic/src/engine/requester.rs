@@ -252,9 +252,11 @@ impl State {
             self.fail_wqe_local(qpn, idx, IBV_WC_LOC_LEN_ERR);
             return None;
         }
-        // The provider always puts an address handle's IPv4 address here; the ring is
-        // application memory, so anything else is refused rather than sent somewhere.
-        if w.wr.remote_addr == 0 || w.wr.remote_addr > u64::from(u32::MAX) {
+        // The provider always puts an address handle's IPv4 address or multicast group key
+        // here; the ring is application memory, so anything else is refused rather than sent
+        // somewhere.
+        let dest = w.wr.remote_addr;
+        if dest == 0 || (dest > u64::from(u32::MAX) && !device::is_group(dest)) {
             self.fail_wqe_local(qpn, idx, IBV_WC_LOC_QP_OP_ERR);
             return None;
         }
@@ -287,7 +289,15 @@ impl State {
         if w.wr.flags & IBV_SEND_SOLICITED != 0 {
             flags |= wire::F_SOLICITED;
         }
-        let ip = Ipv4Addr::from(w.wr.remote_addr as u32);
+        let group = device::is_group(dest);
+        // An IB-style group has no IPv4 address: any multicast address makes the packet go
+        // to every host (`fanout`), which finds the group by the key it carries.
+        let ip = u32::try_from(dest).map_or(Ipv4Addr::BROADCAST, Ipv4Addr::from);
+        let ip = if group && !ip.is_multicast() {
+            Ipv4Addr::new(239, 255, 255, 255)
+        } else {
+            ip
+        };
         let p = Packet {
             op: wire::OP_UD_SEND,
             flags,
@@ -298,11 +308,7 @@ impl State {
             imm: w.wr.imm,
             rkey: qkey,
             // The group, for the receiving engines (the datagram goes to each host).
-            remote_addr: if ip.is_multicast() {
-                u64::from(u32::from(ip))
-            } else {
-                0
-            },
+            remote_addr: if group { dest } else { 0 },
             payload,
             ..Default::default()
         };

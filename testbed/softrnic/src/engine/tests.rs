@@ -1747,8 +1747,8 @@ mod fuzz {
     fn multicast_datagrams_reach_attached_qps_and_fan_out_to_every_host() {
         let mut r = rig_typed(false, IBV_QPT_UD);
         let pid = std::process::id() as i32;
-        let group = u32::from(Ipv4Addr::new(239, 1, 1, 1));
-        let member = |r: &mut Rig, attach: bool, group: u32| {
+        let group = u64::from(u32::from(Ipv4Addr::new(239, 1, 1, 1)));
+        let member = |r: &mut Rig, attach: bool, group: u64| {
             let req = if attach {
                 Req::AttachMcast { qpn: r.qpn, group }
             } else {
@@ -1756,10 +1756,7 @@ mod fuzz {
             };
             r.st.request(1, pid, req)
         };
-        assert_eq!(
-            member(&mut r, true, u32::from(Ipv4Addr::new(10, 0, 0, 1))),
-            err(libc::EINVAL)
-        );
+        assert_eq!(member(&mut r, true, 0x0a00_0001), err(libc::EINVAL));
         assert_eq!(member(&mut r, false, group), err(libc::EINVAL));
         assert_eq!(member(&mut r, true, group), Resp::Unit);
         assert_eq!(member(&mut r, true, group), Resp::Unit);
@@ -1772,7 +1769,7 @@ mod fuzz {
             psn: 1,
             msg_len: 3,
             rkey: UD_QKEY,
-            remote_addr: u64::from(group),
+            remote_addr: group,
             payload: vec![4, 5, 6],
             ..Default::default()
         };
@@ -1794,7 +1791,7 @@ mod fuzz {
         r.st.on_packet(stranger, bad, Instant::now());
         assert_eq!(r.st.counters.rx_dropped_malformed, 1);
         assert_eq!(member(&mut r, false, group), Resp::Unit);
-        r.st.on_packet(stranger, dgram, Instant::now());
+        r.st.on_packet(stranger, dgram.clone(), Instant::now());
         assert_eq!(cqes(&r).len(), 1, "nobody attached any more");
         assert_eq!(r.st.counters.rx_dropped_unknown_qp, 0);
 
@@ -1806,6 +1803,15 @@ mod fuzz {
             vec![to([10, 0, 0, 1]), to([10, 0, 0, 2])]
         );
         assert_eq!(r.st.fanout(to([10, 0, 0, 1])), vec![to([10, 0, 0, 1])]);
+        // An IB-style MGID's group: same delivery, no IPv4 destination in the GRH.
+        let ib = device::mcast_group(&[0xff, 1, 0, 0, 0, 2, 0xc9, 0x85, 0, 0, 0, 0, 0, 0, 0, 0])
+            .unwrap();
+        assert_eq!(member(&mut r, true, ib), Resp::Unit);
+        let mut to_ib = dgram.clone();
+        to_ib.remote_addr = ib;
+        r.st.on_packet(stranger, to_ib, Instant::now());
+        assert_eq!(cqes(&r).len(), 2);
+        assert_eq!(&r.buf[GUARD + 1024 + 36..GUARD + 1024 + 40], &[0; 4]);
         // Destroying a QP takes it out of its groups.
         assert_eq!(member(&mut r, true, group), Resp::Unit);
         r.st.remove_qp(r.qpn);

@@ -6,7 +6,8 @@ use super::*;
 #[repr(C)]
 pub(super) struct SrAh {
     ah: IbvAh,
-    pub(super) ip: u32,
+    /// The destination: an IPv4 address, or a multicast group key ([`device::mcast_group`]).
+    pub(super) dest: u64,
 }
 
 /// Address handles alive in this process (bounded by `max_ah`).
@@ -17,8 +18,12 @@ pub(super) unsafe extern "C" fn create_ah(pd: *mut IbvPd, attr: *mut IbvAhAttr) 
         // SAFETY: pd is ours; attr is valid.
         let (ctx, a) = unsafe { ((*pd).context, &*attr) };
         // The port is RoCE-like: the destination is a GRH with an IPv4-mapped GID.
-        let ip = match device::ip_of_gid(&a.grh.dgid) {
-            Some(ip) if a.is_global == 1 && a.port_num == 1 && a.grh.sgid_index == 0 => ip,
+        let dgid = &a.grh.dgid;
+        let dest = device::ip_of_gid(dgid)
+            .map(|ip| u64::from(u32::from(ip)))
+            .or_else(|| device::mcast_group(dgid));
+        let dest = match dest {
+            Some(d) if a.is_global == 1 && a.port_num == 1 && a.grh.sgid_index == 0 => d,
             _ => {
                 set_errno(libc::EINVAL);
                 return null_mut();
@@ -36,7 +41,7 @@ pub(super) unsafe extern "C" fn create_ah(pd: *mut IbvPd, attr: *mut IbvAhAttr) 
                 pd,
                 handle: n,
             },
-            ip: u32::from(ip),
+            dest,
         });
         Box::into_raw(b) as *mut IbvAh
     })

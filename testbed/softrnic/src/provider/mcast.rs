@@ -1,5 +1,6 @@
-//! `ibv_attach_mcast` / `ibv_detach_mcast`: UD QPs join IPv4 multicast groups, named by their
-//! IPv4-mapped GIDs (see the engine's `multicast.rs`).
+//! `ibv_attach_mcast` / `ibv_detach_mcast`: UD QPs join multicast groups, named by their
+//! IPv4-mapped GIDs or IB-style MGIDs (see [`device::mcast_group`] and the engine's
+//! `multicast.rs`).
 
 use libc::c_int;
 
@@ -9,10 +10,9 @@ unsafe fn membership(qp: *mut IbvQp, gid: *const [u8; 16], attach: bool) -> c_in
     guard(libc::EIO, || {
         // SAFETY: qp is ours; gid points at a union ibv_gid (16 bytes).
         let (ctx, qpn, gid) = unsafe { ((*qp).context, (*qp).qp_num, *gid) };
-        let Some(group) = device::ip_of_gid(&gid).filter(|ip| ip.is_multicast()) else {
+        let Some(group) = device::mcast_group(&gid) else {
             return libc::EINVAL;
         };
-        let group = u32::from(group);
         let req = if attach {
             Req::AttachMcast { qpn, group }
         } else {

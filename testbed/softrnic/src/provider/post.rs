@@ -310,7 +310,8 @@ pub(super) unsafe fn sges(sg: *const IbvSge, n: c_int) -> Vec<Sge> {
 /// The remote side of a send WR from the `wr` union: (remote address, rkey, compare/add,
 /// swap). `wr.rdma` is {remote_addr, rkey}; `wr.atomic` is {remote_addr, compare_add, swap,
 /// rkey}, so an atomic's rkey sits in the fourth word; `wr.ud` is {ah, remote_qpn,
-/// remote_qkey}, carried as (destination IPv4 address, QPN, Q_Key) (see [`SendWr`]).
+/// remote_qkey}, carried as (destination IPv4 address or multicast group key, QPN, Q_Key)
+/// (see [`SendWr`]).
 ///
 /// # Safety
 /// On a UD QP, `wr.ud.ah` must be an address handle made by [`create_ah`] (as the verbs API
@@ -318,9 +319,9 @@ pub(super) unsafe fn sges(sg: *const IbvSge, n: c_int) -> Vec<Sge> {
 pub(super) unsafe fn remote_of(w: &IbvSendWr, qp_type: c_int) -> (u64, u32, u64, u64) {
     if qp_type == IBV_QPT_UD {
         let ah = w.wr[0] as *const SrAh;
-        let ip = if ah.is_null() { 0 } else { (*ah).ip };
+        let dest = if ah.is_null() { 0 } else { (*ah).dest };
         let (qpn, qkey) = (w.wr[1] as u32, (w.wr[1] >> 32) as u32);
-        (u64::from(ip), qpn, u64::from(qkey), 0)
+        (dest, qpn, u64::from(qkey), 0)
     } else if proto::is_atomic_wr(w.opcode) {
         (w.wr[0], w.wr[3] as u32, w.wr[1], w.wr[2])
     } else if w.opcode == IBV_WR_BIND_MW {
