@@ -1077,43 +1077,32 @@ fn perftest_atomic_bw_and_lat_cmp_swap_and_fetch_add() {
     }
     let run = Run::new("atomics");
     run.up(&["--hosts", "2"]);
-    for args in [
-        &["ib_atomic_bw", "-x", "0", "-n", "500"][..],
+    pairs_succeed(
+        &run,
         &[
-            "ib_atomic_bw",
-            "-x",
-            "0",
-            "-n",
-            "500",
-            "-A",
-            "FETCH_AND_ADD",
-        ][..],
-        &["ib_atomic_lat", "-x", "0", "-n", "300"][..],
-        &[
-            "ib_atomic_lat",
-            "-x",
-            "0",
-            "-n",
-            "300",
-            "-A",
-            "FETCH_AND_ADD",
-        ][..],
-    ] {
-        let (server, client) = pair(&run, args);
-        assert!(
-            server.status.success(),
-            "{args:?} server: {}",
-            text(&server)
-        );
-        assert!(
-            client.status.success(),
-            "{args:?} client: {}",
-            text(&client)
-        );
-        let c = String::from_utf8_lossy(&client.stdout);
-        assert!(c.contains("#bytes"), "{args:?}: no result table:\n{c}");
-        eprintln!("{args:?}:\n{c}");
-    }
+            &["ib_atomic_bw", "-x", "0", "-n", "500"][..],
+            &[
+                "ib_atomic_bw",
+                "-x",
+                "0",
+                "-n",
+                "500",
+                "-A",
+                "FETCH_AND_ADD",
+            ][..],
+            &["ib_atomic_lat", "-x", "0", "-n", "300"][..],
+            &[
+                "ib_atomic_lat",
+                "-x",
+                "0",
+                "-n",
+                "300",
+                "-A",
+                "FETCH_AND_ADD",
+            ][..],
+        ],
+        "#bytes",
+    );
 }
 
 /// Our own atomics checker (`tests/verify/srn_atomic.c`) with 1 % loss, duplication and

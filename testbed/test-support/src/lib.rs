@@ -90,6 +90,22 @@ pub fn spawn(c: &mut Command) -> Child {
         .expect("spawn")
 }
 
+/// Whether a client failed only because its server does not listen yet: its TCP exchange
+/// (ibverbs-utils, perftest) was refused, or its RDMA CM connection was rejected for want of a
+/// listener (`rping`, `ucmatose`: "RDMA_CM_EVENT_REJECTED, error 8"; not perftest's
+/// post-handshake rejection, see [`perftest_cm_listen_race`]).
+pub fn server_not_listening_yet(client: &Output) -> bool {
+    let all = text(client);
+    [
+        "Couldn't connect",
+        "Unable to init the socket",
+        "RDMA_CM_EVENT_REJECTED, error",
+        "rdma_connect: Connection refused",
+    ]
+    .iter()
+    .any(|m| all.contains(m))
+}
+
 /// perftest with `-R` connects its data QPs right after a handshake with its server, which
 /// only then starts to listen: a client that wins that race is rejected (no listener, reason
 /// 8), as it would be on a NIC, and perftest 4.5's retry path then uses the ids it has just

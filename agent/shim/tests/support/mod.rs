@@ -174,15 +174,7 @@ pub fn pair_env(
                 &mut run.exec("h2", &cargs, with_shim, shim_env),
                 Duration::from_secs(60),
             );
-            let all = format!(
-                "{}{}",
-                String::from_utf8_lossy(&client.stdout),
-                String::from_utf8_lossy(&client.stderr)
-            );
-            // Its TCP exchange, or its RDMA CM connection (no listener: REJECTED, reason 8).
-            let refused = all.contains("Couldn't connect")
-                || all.contains("Unable to init the socket")
-                || all.contains("cma event RDMA_CM_EVENT_REJECTED");
+            let refused = drum_test_support::server_not_listening_yet(&client);
             if !refused || t.elapsed() > Duration::from_secs(10) {
                 break;
             }

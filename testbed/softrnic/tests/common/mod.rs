@@ -114,16 +114,7 @@ pub fn client_retrying(run: &Run, host: &str, args: &[&str]) -> Output {
     loop {
         std::thread::sleep(Duration::from_millis(200));
         let client = run_timeout(&mut run.exec(host, args), Duration::from_secs(60));
-        let all = format!(
-            "{}{}",
-            String::from_utf8_lossy(&client.stdout),
-            String::from_utf8_lossy(&client.stderr)
-        );
-        // Its TCP exchange, or its RDMA CM connection (no listener: REJECTED, reason 8).
-        let refused = all.contains("Couldn't connect")
-            || all.contains("Unable to init the socket")
-            || all.contains("RDMA_CM_EVENT_REJECTED")
-            || all.contains("rdma_connect: Connection refused");
+        let refused = drum_test_support::server_not_listening_yet(&client);
         if !refused || t.elapsed() > Duration::from_secs(10) {
             return client;
         }
