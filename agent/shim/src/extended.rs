@@ -197,12 +197,7 @@ pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut IbvQp) -> *mut c_void {
     if !r.is_null() {
         let _ = std::panic::catch_unwind(|| {
             // SAFETY: the `ibv_qp_ex` of the application's live QP.
-            if unsafe { crate::wr_api::wrap(r.cast()) } {
-                warn_once(
-                    Trouble::WrApi,
-                    "the application posts with ibv_wr_*: counted and paced, not gated",
-                );
-            } else {
+            if !unsafe { crate::wr_api::wrap(r.cast()) } {
                 note("ibv_qp_to_qp_ex (ibv_wr_* posting)");
             }
         });

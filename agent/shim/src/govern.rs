@@ -40,8 +40,8 @@ pub struct QpGov {
     pub peer: Option<[u8; 16]>,
     /// Long messages under way (announced to the receiver's agent).
     pub busy: bool,
-    /// Bytes of each request of the `ibv_wr_*` batch being built (`wr_api`).
-    pub ex_batch: Vec<u64>,
+    /// The `ibv_wr_*` batch being built (`wr_api`).
+    pub ex_batch: crate::wr_api::Batch,
 }
 
 /// The limits in force, as plain atomics the data path reads without a lock. A limiter is

@@ -806,7 +806,12 @@ unsafe fn sge_bytes(sg: *const IbvSge, n: c_int) -> u64 {
     s.iter().map(|e| u64::from(e.length)).sum()
 }
 
-unsafe extern "C" fn drum_post_send(
+/// Whether a post on this QP takes the governed way (see [`drum_post_send`]).
+pub(crate) fn governing(q: &QpCounters) -> bool {
+    !GOVERNING_STOPPED.load(Relaxed) && govern::governs(q)
+}
+
+pub(crate) unsafe extern "C" fn drum_post_send(
     qp: *mut IbvQp,
     wr: *mut IbvSendWr,
     bad: *mut *mut IbvSendWr,
@@ -820,7 +825,7 @@ unsafe extern "C" fn drum_post_send(
         return libc::EOPNOTSUPP;
     };
     let q = st.qps.get(qpn);
-    if let Some(q) = q.filter(|q| !GOVERNING_STOPPED.load(Relaxed) && govern::governs(q)) {
+    if let Some(q) = q.filter(|q| governing(q)) {
         // SAFETY: the application's arguments, its QP's slot and the provider's op.
         let r = catch_unwind(AssertUnwindSafe(|| unsafe {
             govern::post(st, q, qp, wr, bad, f)

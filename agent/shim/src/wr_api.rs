@@ -2,20 +2,23 @@
 //! from `ibv_qp_to_qp_ex` builds work requests with `ibv_wr_start`, one `ibv_wr_<opcode>`
 //! and `ibv_wr_set_*` per request, and posts the batch with `ibv_wr_complete` — all inline
 //! calls through the QP's own function pointers, around `ctx->ops`. The shim swaps those
-//! pointers (the originals are kept in the QP's slot of the context's table) so that:
+//! pointers (the originals are kept in the QP's slot of the context's table). At
+//! `ibv_wr_start` it makes the choice `ibv_post_send` makes per call:
 //!
-//! * every request and its bytes are counted, as `ibv_post_send` counts them;
-//! * `ibv_wr_complete` waits until the app's limiters (and a receiver's DASR cap) admit
-//!   each request of the batch, then posts it. The batch lives in the provider between
-//!   `wr_start` and `wr_complete`, so it cannot be queued and drained later as posted lists
-//!   are; the posting thread is held back instead, for exactly the limiters' wait.
+//! * nothing in force (and nothing of the QP held back): every call goes to the provider as
+//!   it comes, and `ibv_wr_complete` counts the batch's requests and bytes (waiting for the
+//!   limiters first, should a grant have arrived while the batch was being built);
+//! * a grant in force: the calls are recorded — each request as the `ibv_send_wr` it
+//!   amounts to, inline data copied at once (the application may reuse its buffer when the
+//!   call returns) — and `ibv_wr_complete` hands the list to the governed `ibv_post_send`:
+//!   gated, paced, one doorbell per request while paced, the rest queued behind the QP's
+//!   earlier work and drained by the engine. The provider never sees the batch as such.
 //!
-//! Not done for these QPs: top-k gating. A `wr_start` held until the QP gets a gate slot
-//! could wait forever in a single-threaded application, whose other QPs give their slots up
-//! only when it polls their completions.
+//! `ibv_wr_atomic_write` and `ibv_wr_send_tso` have no `ibv_send_wr` form: under a grant a
+//! batch using them is refused (`EOPNOTSUPP`, said once) rather than posted ungoverned.
 
 use crate::counters::QpCounters;
-use crate::ffi::{IbvQp, IbvSge};
+use crate::ffi::{IbvQp, IbvSendWr, IbvSge, IBV_SEND_INLINE};
 use crate::govern::{admit, now_ps, LIMITS};
 use crate::{lookup, warn_once, Trouble};
 use libc::{c_int, c_void};
@@ -114,10 +117,18 @@ fn wrappers() -> [(usize, usize); EX_OPS] {
             offset_of!(IbvQpEx, ex.wr_abort),
             abort as *const () as usize,
         ),
+        (
+            offset_of!(IbvQpEx, ex.wr_set_ud_addr),
+            set_ud_addr as *const () as usize,
+        ),
+        (
+            offset_of!(IbvQpEx, ex.wr_set_xrc_srqn),
+            set_xrc_srqn as *const () as usize,
+        ),
     ]
 }
 
-pub const EX_OPS: usize = 19;
+pub const EX_OPS: usize = 21;
 const SET_INLINE_DATA: usize = 12;
 const SET_INLINE_DATA_LIST: usize = 13;
 const SET_SGE: usize = 14;
@@ -125,6 +136,8 @@ const SET_SGE_LIST: usize = 15;
 const START: usize = 16;
 const COMPLETE: usize = 17;
 const ABORT: usize = 18;
+const SET_UD_ADDR: usize = 19;
+const SET_XRC_SRQN: usize = 20;
 
 /// Swaps the `ibv_wr_*` pointers of `qpx` (just returned by the real `ibv_qp_to_qp_ex`)
 /// for the shim's, keeping the provider's in the QP's slot. Nothing is swapped for a QP of
@@ -192,50 +205,171 @@ fn lost() {
     );
 }
 
-fn with_batch(q: &QpCounters, f: impl FnOnce(&mut Vec<u64>)) {
+/// The `ibv_wr_*` batch a QP is building.
+#[derive(Default)]
+pub enum Batch {
+    #[default]
+    Idle,
+    /// Nothing was in force at `wr_start`: the calls go to the provider as they come; the
+    /// bytes of each request are kept for the counters.
+    Passing(Vec<u64>),
+    /// A grant was in force at `wr_start`: the calls are recorded as `ibv_send_wr`s and
+    /// `wr_complete` posts them the governed way, as `ibv_post_send` would.
+    Recording(Vec<Recorded>),
+    /// A recorded batch used an op that no `ibv_send_wr` can express (named).
+    Refused(&'static str),
+}
+
+/// One recorded request: the WR and the buffers its lists point into once posted.
+pub struct Recorded {
+    wr: IbvSendWr,
+    sges: Vec<IbvSge>,
+    /// Inline data, copied when the application set it (it may reuse its buffer at once).
+    inline: Option<Vec<u8>>,
+}
+
+// SAFETY: the pointers inside are the application's (an AH, an MW), valid until the request
+// completes whichever thread posts it, or point into this value's own buffers.
+unsafe impl Send for Recorded {}
+
+fn with_batch(q: &QpCounters, f: impl FnOnce(&mut Batch)) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         f(&mut q.gov.lock().unwrap_or_else(|e| e.into_inner()).ex_batch)
     }));
 }
 
-/// A request-building op: forwards, then opens a request of `bytes` (its data follows
-/// with the `wr_set_*` calls).
+/// The request being recorded, if the batch is recording one.
+fn with_recorded(q: &QpCounters, f: impl FnOnce(&mut Recorded)) -> bool {
+    let mut recording = false;
+    with_batch(q, |b| {
+        if let Batch::Recording(v) = b {
+            recording = true;
+            if let Some(r) = v.last_mut() {
+                f(r);
+            }
+        }
+    });
+    recording
+}
+
+/// `ibv_send_wr` opcodes (`enum ibv_wr_opcode`).
+const WR_RDMA_WRITE: i32 = 0;
+const WR_RDMA_WRITE_WITH_IMM: i32 = 1;
+const WR_SEND: i32 = 2;
+const WR_SEND_WITH_IMM: i32 = 3;
+const WR_RDMA_READ: i32 = 4;
+const WR_ATOMIC_CMP_AND_SWP: i32 = 5;
+const WR_ATOMIC_FETCH_AND_ADD: i32 = 6;
+const WR_LOCAL_INV: i32 = 7;
+const WR_BIND_MW: i32 = 8;
+const WR_SEND_WITH_INV: i32 = 9;
+
+/// A request-building op, which opens a request of `bytes` (its data follows with the
+/// `wr_set_*` calls; an atomic's 8 bytes are its SGE's, as `ibv_post_send` counts them). Recording, it fills an `ibv_send_wr` with `$fill` (None: no WR can
+/// express it); otherwise it forwards.
 macro_rules! request_op {
-    ($name:ident, $idx:expr, $bytes:expr, ($($a:ident: $t:ty),*)) => {
+    ($name:ident, $idx:expr, $bytes:expr, ($($a:ident: $t:ty),*), |$w:ident| $fill:expr) => {
         unsafe extern "C" fn $name(qpx: *mut IbvQpEx $(, $a: $t)*) {
             // SAFETY: reached through the pointer `wrap` installed on this QP.
             let Some((q, f)) = (unsafe { original(qpx, $idx) }) else {
                 return lost();
             };
+            let mut passing = true;
+            with_batch(q, |b| match b {
+                Batch::Recording(v) => {
+                    passing = false;
+                    // SAFETY: all-zero is a valid `ibv_send_wr`.
+                    let mut $w: IbvSendWr = unsafe { std::mem::zeroed() };
+                    // SAFETY: the application's QP; it set these before this call.
+                    unsafe {
+                        $w.wr_id = (*qpx).ex.wr_id;
+                        $w.send_flags = (*qpx).ex.wr_flags;
+                    }
+                    let opcode: Option<i32> = $fill;
+                    match opcode {
+                        Some(op) => {
+                            $w.opcode = op;
+                            v.push(Recorded { wr: $w, sges: Vec::new(), inline: None });
+                        }
+                        None => *b = Batch::Refused(stringify!($name)),
+                    }
+                }
+                Batch::Refused(_) => passing = false,
+                _ => {}
+            });
+            if !passing {
+                return;
+            }
             // SAFETY: the provider's op of this signature, with the caller's arguments.
             unsafe {
                 std::mem::transmute::<usize, unsafe extern "C" fn(*mut IbvQpEx $(, $t)*)>(f)(
                     qpx $(, $a)*,
                 )
             };
-            with_batch(q, |b| b.push($bytes));
+            with_batch(q, |b| {
+                if let Batch::Passing(v) = b {
+                    v.push($bytes)
+                }
+            });
         }
     };
 }
 
-request_op!(cmp_swp, 0, 8, (rkey: u32, addr: u64, compare: u64, swap: u64));
-request_op!(fetch_add, 1, 8, (rkey: u32, addr: u64, add: u64));
-request_op!(bind_mw, 2, 0, (mw: *mut c_void, rkey: u32, info: *const c_void));
-request_op!(local_inv, 3, 0, (rkey: u32));
-request_op!(rdma_read, 4, 0, (rkey: u32, addr: u64));
-request_op!(rdma_write, 5, 0, (rkey: u32, addr: u64));
-request_op!(rdma_write_imm, 6, 0, (rkey: u32, addr: u64, imm: u32));
-request_op!(send, 7, 0, ());
-request_op!(send_imm, 8, 0, (imm: u32));
-request_op!(send_inv, 9, 0, (rkey: u32));
-request_op!(send_tso, 10, 0, (hdr: *mut c_void, hdr_sz: u16, mss: u16));
-request_op!(atomic_write, 11, 8, (rkey: u32, addr: u64, data: *const c_void));
+request_op!(cmp_swp, 0, 0, (rkey: u32, addr: u64, compare: u64, swap: u64), |w| {
+    w.wr = [addr, compare, swap, u64::from(rkey)];
+    Some(WR_ATOMIC_CMP_AND_SWP)
+});
+request_op!(fetch_add, 1, 0, (rkey: u32, addr: u64, add: u64), |w| {
+    w.wr = [addr, add, 0, u64::from(rkey)];
+    Some(WR_ATOMIC_FETCH_AND_ADD)
+});
+request_op!(bind_mw, 2, 0, (mw: *mut c_void, rkey: u32, info: *const c_void), |w| {
+    w._bind_mw_tso[0] = mw as u64;
+    w._bind_mw_tso[1] = u64::from(rkey);
+    if !info.is_null() {
+        // SAFETY: the application's `struct ibv_mw_bind_info` (mr, addr, length, flags).
+        unsafe {
+            std::ptr::copy_nonoverlapping(info as *const u64, w._bind_mw_tso[2..].as_mut_ptr(), 4)
+        };
+    }
+    Some(WR_BIND_MW)
+});
+request_op!(local_inv, 3, 0, (rkey: u32), |w| {
+    w.imm_data = rkey;
+    Some(WR_LOCAL_INV)
+});
+request_op!(rdma_read, 4, 0, (rkey: u32, addr: u64), |w| {
+    w.wr[..2].copy_from_slice(&[addr, u64::from(rkey)]);
+    Some(WR_RDMA_READ)
+});
+request_op!(rdma_write, 5, 0, (rkey: u32, addr: u64), |w| {
+    w.wr[..2].copy_from_slice(&[addr, u64::from(rkey)]);
+    Some(WR_RDMA_WRITE)
+});
+request_op!(rdma_write_imm, 6, 0, (rkey: u32, addr: u64, imm: u32), |w| {
+    w.wr[..2].copy_from_slice(&[addr, u64::from(rkey)]);
+    w.imm_data = imm;
+    Some(WR_RDMA_WRITE_WITH_IMM)
+});
+request_op!(send, 7, 0, (), |w| Some(WR_SEND));
+request_op!(send_imm, 8, 0, (imm: u32), |w| {
+    w.imm_data = imm;
+    Some(WR_SEND_WITH_IMM)
+});
+request_op!(send_inv, 9, 0, (rkey: u32), |w| {
+    w.imm_data = rkey;
+    Some(WR_SEND_WITH_INV)
+});
+request_op!(send_tso, 10, 0, (hdr: *mut c_void, hdr_sz: u16, mss: u16), |w| None);
+request_op!(atomic_write, 11, 8, (rkey: u32, addr: u64, data: *const c_void), |w| None);
 
-/// Adds `bytes` to the request being built.
+/// Adds `bytes` to the request being passed on.
 fn add_bytes(q: &QpCounters, bytes: u64) {
     with_batch(q, |b| {
-        if let Some(last) = b.last_mut() {
-            *last += bytes;
+        if let Batch::Passing(v) = b {
+            if let Some(last) = v.last_mut() {
+                *last += bytes;
+            }
         }
     });
 }
@@ -245,6 +379,16 @@ unsafe extern "C" fn set_inline_data(qpx: *mut IbvQpEx, addr: *mut c_void, lengt
     let Some((q, f)) = (unsafe { original(qpx, SET_INLINE_DATA) }) else {
         return lost();
     };
+    let data = |addr: *const c_void, length: usize| {
+        if addr.is_null() || length == 0 {
+            return &[][..];
+        }
+        // SAFETY: the application's data, which the provider would copy now.
+        unsafe { std::slice::from_raw_parts(addr as *const u8, length) }
+    };
+    if with_recorded(q, |r| r.inline = Some(data(addr, length).to_vec())) {
+        return;
+    }
     type F = unsafe extern "C" fn(*mut IbvQpEx, *mut c_void, usize);
     // SAFETY: as in `request_op`.
     unsafe { std::mem::transmute::<usize, F>(f)(qpx, addr, length) };
@@ -256,14 +400,32 @@ unsafe extern "C" fn set_inline_data_list(qpx: *mut IbvQpEx, n: usize, bufs: *co
     let Some((q, f)) = (unsafe { original(qpx, SET_INLINE_DATA_LIST) }) else {
         return lost();
     };
+    let list = || {
+        if bufs.is_null() {
+            return &[][..];
+        }
+        // SAFETY: the caller's list of `n` buffers, which the provider reads now.
+        unsafe { std::slice::from_raw_parts(bufs, n) }
+    };
+    let recorded = with_recorded(q, |r| {
+        let mut v = Vec::new();
+        for b in list() {
+            if !b.addr.is_null() && b.length > 0 {
+                // SAFETY: as above.
+                v.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(b.addr as *const u8, b.length)
+                });
+            }
+        }
+        r.inline = Some(v);
+    });
+    if recorded {
+        return;
+    }
     type F = unsafe extern "C" fn(*mut IbvQpEx, usize, *const IbvDataBuf);
     // SAFETY: as in `request_op`.
     unsafe { std::mem::transmute::<usize, F>(f)(qpx, n, bufs) };
-    if !bufs.is_null() {
-        // SAFETY: the caller's list of `n` buffers, which the provider has just read.
-        let l = unsafe { std::slice::from_raw_parts(bufs, n) };
-        add_bytes(q, l.iter().map(|b| b.length as u64).sum());
-    }
+    add_bytes(q, list().iter().map(|b| b.length as u64).sum());
 }
 
 unsafe extern "C" fn set_sge(qpx: *mut IbvQpEx, lkey: u32, addr: u64, length: u32) {
@@ -271,6 +433,9 @@ unsafe extern "C" fn set_sge(qpx: *mut IbvQpEx, lkey: u32, addr: u64, length: u3
     let Some((q, f)) = (unsafe { original(qpx, SET_SGE) }) else {
         return lost();
     };
+    if with_recorded(q, |r| r.sges = vec![IbvSge { addr, length, lkey }]) {
+        return;
+    }
     type F = unsafe extern "C" fn(*mut IbvQpEx, u32, u64, u32);
     // SAFETY: as in `request_op`.
     unsafe { std::mem::transmute::<usize, F>(f)(qpx, lkey, addr, length) };
@@ -282,14 +447,48 @@ unsafe extern "C" fn set_sge_list(qpx: *mut IbvQpEx, n: usize, sges: *const IbvS
     let Some((q, f)) = (unsafe { original(qpx, SET_SGE_LIST) }) else {
         return lost();
     };
+    let list = || {
+        if sges.is_null() {
+            return &[][..];
+        }
+        // SAFETY: the caller's list of `n` entries, which the provider reads now.
+        unsafe { std::slice::from_raw_parts(sges, n) }
+    };
+    if with_recorded(q, |r| r.sges = list().to_vec()) {
+        return;
+    }
     type F = unsafe extern "C" fn(*mut IbvQpEx, usize, *const IbvSge);
     // SAFETY: as in `request_op`.
     unsafe { std::mem::transmute::<usize, F>(f)(qpx, n, sges) };
-    if !sges.is_null() {
-        // SAFETY: the caller's list of `n` entries, which the provider has just read.
-        let l = unsafe { std::slice::from_raw_parts(sges, n) };
-        add_bytes(q, l.iter().map(|s| u64::from(s.length)).sum());
+    add_bytes(q, list().iter().map(|s| u64::from(s.length)).sum());
+}
+
+unsafe extern "C" fn set_ud_addr(qpx: *mut IbvQpEx, ah: *mut c_void, qpn: u32, qkey: u32) {
+    // SAFETY: as in `request_op`.
+    let Some((q, f)) = (unsafe { original(qpx, SET_UD_ADDR) }) else {
+        return lost();
+    };
+    if with_recorded(q, |r| {
+        r.wr.wr[..2].copy_from_slice(&[ah as u64, u64::from(qpn) | u64::from(qkey) << 32])
+    }) {
+        return;
     }
+    type F = unsafe extern "C" fn(*mut IbvQpEx, *mut c_void, u32, u32);
+    // SAFETY: as in `request_op`.
+    unsafe { std::mem::transmute::<usize, F>(f)(qpx, ah, qpn, qkey) };
+}
+
+unsafe extern "C" fn set_xrc_srqn(qpx: *mut IbvQpEx, srqn: u32) {
+    // SAFETY: as in `request_op`.
+    let Some((q, f)) = (unsafe { original(qpx, SET_XRC_SRQN) }) else {
+        return lost();
+    };
+    if with_recorded(q, |r| r.wr.qp_type_xrc_remote_srqn = srqn) {
+        return;
+    }
+    type F = unsafe extern "C" fn(*mut IbvQpEx, u32);
+    // SAFETY: as in `request_op`.
+    unsafe { std::mem::transmute::<usize, F>(f)(qpx, srqn) };
 }
 
 unsafe extern "C" fn start(qpx: *mut IbvQpEx) {
@@ -297,7 +496,13 @@ unsafe extern "C" fn start(qpx: *mut IbvQpEx) {
     let Some((q, f)) = (unsafe { original(qpx, START) }) else {
         return lost();
     };
-    with_batch(q, Vec::clear);
+    // The same choice `ibv_post_send` makes per call: governed while anything is in force
+    // (or this QP still has work held back, which the batch must queue behind).
+    if crate::governing(q) {
+        with_batch(q, |b| *b = Batch::Recording(Vec::new()));
+        return;
+    }
+    with_batch(q, |b| *b = Batch::Passing(Vec::new()));
     // SAFETY: as in `request_op`.
     unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(*mut IbvQpEx)>(f)(qpx) };
 }
@@ -307,9 +512,15 @@ unsafe extern "C" fn abort(qpx: *mut IbvQpEx) {
     let Some((q, f)) = (unsafe { original(qpx, ABORT) }) else {
         return lost();
     };
-    // SAFETY: as in `request_op`.
-    unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(*mut IbvQpEx)>(f)(qpx) };
-    with_batch(q, Vec::clear);
+    let mut passing = false;
+    with_batch(q, |b| {
+        passing = matches!(b, Batch::Passing(_));
+        *b = Batch::Idle;
+    });
+    if passing {
+        // SAFETY: as in `request_op`.
+        unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(*mut IbvQpEx)>(f)(qpx) };
+    }
 }
 
 unsafe extern "C" fn complete(qpx: *mut IbvQpEx) -> c_int {
@@ -318,26 +529,84 @@ unsafe extern "C" fn complete(qpx: *mut IbvQpEx) -> c_int {
         lost();
         return libc::EINVAL;
     };
-    let mut batch = Vec::new();
+    let mut batch = Batch::Idle;
     with_batch(q, |b| std::mem::swap(b, &mut batch));
-    let _ = catch_unwind(AssertUnwindSafe(|| pace(q, &batch)));
+    let bytes = match batch {
+        Batch::Passing(v) => v,
+        // SAFETY: the application's live QP.
+        Batch::Recording(v) => return unsafe { post_recorded(qpx, v) },
+        Batch::Refused(op) => {
+            warn_once(
+                Trouble::WrApi,
+                &format!(
+                    "ibv_wr_{op} under a DRUM grant: no ibv_send_wr expresses it, so the \
+                     shim cannot hold it back; the batch is refused (EOPNOTSUPP)"
+                ),
+            );
+            return libc::EOPNOTSUPP;
+        }
+        // `wr_complete` without `wr_start`: the provider says what it thinks of that.
+        Batch::Idle => Vec::new(),
+    };
+    let _ = catch_unwind(AssertUnwindSafe(|| pace(q, &bytes)));
     // SAFETY: as in `request_op`.
     let rc = unsafe {
         std::mem::transmute::<usize, unsafe extern "C" fn(*mut IbvQpEx) -> c_int>(f)(qpx)
     };
     if rc == 0 {
-        let bytes: u64 = batch.iter().sum();
-        let n = batch.len() as u64;
+        let total: u64 = bytes.iter().sum();
+        let n = bytes.len() as u64;
         q.send_wqes.fetch_add(n, Relaxed);
-        q.send_bytes.fetch_add(bytes, Relaxed);
+        q.send_bytes.fetch_add(total, Relaxed);
         // SAFETY: as above.
         let ctx = unsafe { (*qpx).qp_base.context };
         if let Some(st) = lookup(ctx) {
             st.counters.send_wqes.fetch_add(n, Relaxed);
-            st.counters.send_bytes.fetch_add(bytes, Relaxed);
+            st.counters.send_bytes.fetch_add(total, Relaxed);
         }
     }
     rc
+}
+
+/// Posts a recorded batch as one `ibv_send_wr` list through the governed `ibv_post_send`:
+/// what the gate and the limiters admit goes to the provider now, the rest is queued
+/// (deep-copied, inline data included) behind the QP's earlier work.
+///
+/// # Safety
+/// `qpx` is the application's live QP.
+unsafe fn post_recorded(qpx: *mut IbvQpEx, mut v: Vec<Recorded>) -> c_int {
+    if v.is_empty() {
+        return 0;
+    }
+    let n = v.len();
+    for i in 0..n {
+        let next: *mut IbvSendWr = if i + 1 < n {
+            &mut v[i + 1].wr
+        } else {
+            std::ptr::null_mut()
+        };
+        let r = &mut v[i];
+        if let Some(data) = &r.inline {
+            // The provider copies inline data at post time, from where the list points.
+            r.sges = vec![IbvSge {
+                addr: data.as_ptr() as u64,
+                length: data.len() as u32,
+                lkey: 0,
+            }];
+            r.wr.send_flags |= IBV_SEND_INLINE;
+        }
+        r.wr.num_sge = r.sges.len() as c_int;
+        r.wr.sg_list = if r.sges.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            r.sges.as_mut_ptr()
+        };
+        r.wr.next = next;
+    }
+    let mut bad = std::ptr::null_mut();
+    // SAFETY: the application's QP (`ibv_qp_ex` begins with its `ibv_qp`) and a list of
+    // our own WRs, alive for the call; queued ones are copied.
+    unsafe { crate::drum_post_send(&mut (*qpx).qp_base, &mut v[0].wr, &mut bad) }
 }
 
 /// The longest single sleep while waiting for the limiters: a grant that changes meanwhile

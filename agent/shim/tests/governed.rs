@@ -468,7 +468,9 @@ fn agent_killed_and_restarted_while_an_application_runs() {
 /// QP pairs of one context at once, partly inline (the buffer is scribbled over right
 /// after the post), mostly unsignalled; the receiver checks every QP's order and bytes.
 /// It passes ungoverned, and governed by a grant that makes the shim queue almost
-/// everything: few active QPs with a short quantum, and a rate.
+/// everything: few active QPs with a short quantum, and a rate — posting with
+/// `ibv_post_send`, and as `ibv_wr_*` batches (whose requests the shim records and
+/// queues the same way).
 #[test]
 fn many_threads_posting_on_many_qps_keep_order_and_data_under_gating_and_pacing() {
     require_privileges!();
@@ -488,10 +490,13 @@ fn many_threads_posting_on_many_qps_keep_order_and_data_under_gating_and_pacing(
             ("DRUM_SHIM_RATE_BYTES_PER_S", "40000000"),
         ],
     ];
-    for env in grants {
+    for (env, api) in grants.iter().flat_map(|g| [(*g, "post"), (*g, "wr")]) {
         for size in ["32", "2048"] {
-            let who = format!("mt_qps size {size} {env:?}");
-            let args = [bin.as_str(), "6", "6", "200", size];
+            let who = format!("mt_qps size {size} {api} {env:?}");
+            let mut args = vec![bin.as_str(), "6", "6", "200", size];
+            if api == "wr" {
+                args.push("wr");
+            }
             let out = run_timeout(
                 &mut run.exec("h1", &args, true, env),
                 Duration::from_secs(60),
@@ -509,8 +514,54 @@ fn many_threads_posting_on_many_qps_keep_order_and_data_under_gating_and_pacing(
             if !env.is_empty() {
                 assert!(s["deferred_wqes"] > 0, "{who}: nothing was queued: {s:?}");
             }
+            let wrapped = if api == "wr" { 6 * 6 } else { 0 };
+            assert_eq!(s["wr_api_qps"], wrapped, "{who}: {s:?}");
             assert!(shim_complaints(&out).is_empty(), "{who}: {}", text(&out));
         }
+    }
+}
+
+/// Our own probe (tests/c/wr_ops.c) posts every kind of request a shim can hold back as
+/// `ibv_wr_*` batches — RDMA WRITE (SGE), WRITE_WITH_IMM (inline), SEND (SGE list),
+/// FETCH_ADD, CMP_SWP, RDMA READ on an RC QP, and a UD SEND whose address comes from
+/// `ibv_wr_set_ud_addr` — and checks bytes, immediates, atomics and per-QP completion
+/// order. Under a grant that queues nearly everything (one active QP, 1,000 WQE/s)
+/// the shim records the batches and posts them later: the same results and counts.
+#[test]
+fn every_kind_of_wr_request_held_back_by_the_shim_arrives_intact() {
+    require_privileges!();
+    let _turn = take_turn();
+    let run = Run::new("wr-ops");
+    run.up(&["--hosts", "1"]);
+    let bin = compile_probe(&run, "wr_ops");
+    let grants: [&[(&str, &str)]; 2] = [
+        &[],
+        &[
+            ("DRUM_SHIM_MAX_ACTIVE_QPS", "1"),
+            ("DRUM_SHIM_RATE_WQE_PER_S", "1000"),
+        ],
+    ];
+    for env in grants {
+        let who = format!("wr_ops {env:?}");
+        let out = run_timeout(
+            &mut run.exec("h1", &[bin.as_str(), "20"], true, env),
+            Duration::from_secs(60),
+        );
+        assert_ok(&out, &who);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "wr ok\n", "{who}");
+        let s = summary(&out, &who);
+        // 7 requests per round; 64 + 16 + 64 + 8 + 8 + 64 + 8 bytes.
+        assert_eq!(
+            (s["send_wqes"], s["send_bytes"]),
+            (20 * 7, 20 * 232),
+            "{who}: {s:?}"
+        );
+        assert_eq!(s["wr_api_qps"], 2, "{who}: {s:?}");
+        assert_eq!(s["completion_errors"], 0, "{who}: {s:?}");
+        if !env.is_empty() {
+            assert!(s["deferred_wqes"] > 20, "{who}: nothing was queued: {s:?}");
+        }
+        assert!(shim_complaints(&out).is_empty(), "{who}: {}", text(&out));
     }
 }
 

@@ -2,8 +2,9 @@
  * connected to itself through the device (loopback), every message is a SEND_WITH_IMM
  * carrying its sequence number and a payload derived from it, some inline, most
  * unsignalled. The receiver checks that every QP's messages arrive complete, in order,
- * with the right bytes. Exit status 0 and "mt ok" on success.
- * Usage: mt_qps THREADS QPS_PER_THREAD MESSAGES SIZE */
+ * with the right bytes. Exit status 0 and "mt ok" on success. With "wr", the sending QPs
+ * are created with ibv_create_qp_ex and post with the ibv_wr_* interface instead.
+ * Usage: mt_qps THREADS QPS_PER_THREAD MESSAGES SIZE [wr] */
 #include <infiniband/verbs.h>
 #include "loopback.h"
 #include <pthread.h>
@@ -19,10 +20,11 @@
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
 static union ibv_gid gid;
-static int nq, msgs, size;
+static int nq, msgs, size, use_wr;
 
 struct pair {
 	struct ibv_qp *tx, *rx;
+	struct ibv_qp_ex *txx; /* with "wr" */
 	char *buf; /* DEPTH send slots then DEPTH receive slots */
 	struct ibv_mr *mr;
 };
@@ -57,7 +59,15 @@ static void *worker(void *arg) {
 		struct ibv_qp_init_attr ia = { .send_cq = scq, .recv_cq = rcq, .qp_type = IBV_QPT_RC,
 			.cap = { .max_send_wr = DEPTH, .max_recv_wr = DEPTH, .max_send_sge = 1,
 				 .max_recv_sge = 1, .max_inline_data = 64 } };
-		p->tx = ibv_create_qp(pd, &ia);
+		if (use_wr) {
+			struct ibv_qp_init_attr_ex ix = { .send_cq = scq, .recv_cq = rcq, .qp_type = IBV_QPT_RC,
+				.cap = ia.cap, .pd = pd,
+				.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+				.send_ops_flags = IBV_QP_EX_WITH_SEND_WITH_IMM };
+			p->tx = ibv_create_qp_ex(ctx, &ix);
+			if (p->tx && !(p->txx = ibv_qp_to_qp_ex(p->tx))) die("qp_to_qp_ex");
+		} else
+			p->tx = ibv_create_qp(pd, &ia);
 		p->rx = ibv_create_qp(pd, &ia);
 		if (!p->mr || !p->tx || !p->rx) die("qp");
 		connect_qp(p->tx, p->rx->qp_num);
@@ -87,7 +97,20 @@ static void *worker(void *arg) {
 				if (n) w[n - 1].next = &w[n];
 				n++;
 			}
-			if (n && ibv_post_send(p->tx, w, &bad)) die("post_send");
+			if (n && use_wr) {
+				/* The same requests, one batch. */
+				ibv_wr_start(p->txx);
+				for (int i = 0; i < n; i++) {
+					p->txx->wr_id = w[i].wr_id;
+					p->txx->wr_flags = w[i].send_flags & IBV_SEND_SIGNALED;
+					ibv_wr_send_imm(p->txx, w[i].imm_data);
+					if (w[i].send_flags & IBV_SEND_INLINE)
+						ibv_wr_set_inline_data(p->txx, (void *)(uintptr_t)s[i].addr, s[i].length);
+					else
+						ibv_wr_set_sge(p->txx, s[i].lkey, s[i].addr, s[i].length);
+				}
+				if (ibv_wr_complete(p->txx)) die("wr_complete");
+			} else if (n && ibv_post_send(p->tx, w, &bad)) die("post_send");
 			/* Inline data is copied at post time: scribble over it now. */
 			if (size <= 64) for (int i = 0; i < n; i++) memset((char *)(uintptr_t)s[i].addr, 0xEE, size);
 			sent[q] += n;
@@ -136,8 +159,12 @@ static void *worker(void *arg) {
 }
 
 int main(int argc, char **argv) {
-	if (argc != 5) { fprintf(stderr, "usage: mt_qps THREADS QPS MESSAGES SIZE\n"); return 2; }
+	if (argc != 5 && !(argc == 6 && !strcmp(argv[5], "wr"))) {
+		fprintf(stderr, "usage: mt_qps THREADS QPS MESSAGES SIZE [wr]\n");
+		return 2;
+	}
 	int nt = atoi(argv[1]); nq = atoi(argv[2]); msgs = atoi(argv[3]); size = atoi(argv[4]);
+	use_wr = argc == 6;
 	int n;
 	struct ibv_device **l = ibv_get_device_list(&n);
 	if (!l || n < 1) { fprintf(stderr, "no device\n"); return 2; }
