@@ -278,8 +278,10 @@ pub async fn run_with_reload(
     let idle = Duration::from_millis(settings.coordinator_timeout_ms);
     // The TLS config of the next connection; a reload replaces it.
     let client_tls = Arc::new(std::sync::Mutex::new(
-        net::client_config(&settings.tls, idle).context("setting up the QUIC client")?,
+        net::ClientTls::load(&settings.tls, idle).context("setting up the QUIC client")?,
     ));
+    // The session's connections, which a reload checks against the new CA and CRL.
+    let live: Arc<std::sync::Mutex<Vec<quinn::Connection>>> = Arc::default();
     let endpoint = net::bare_client_endpoint().context("setting up the QUIC client")?;
     let table = settings
         .rate_table
@@ -334,13 +336,25 @@ pub async fn run_with_reload(
     publish(&problem, &core, LinkState::Starting)?;
     let reloads = tokio::spawn({
         let (client_tls, tls) = (client_tls.clone(), settings.tls.clone());
+        let (live, server_name) = (live.clone(), settings.server_name.clone());
+        let stats = stats.clone();
         async move {
             loop {
                 reload.notified().await;
-                match net::client_config(&tls, idle) {
+                match net::ClientTls::load(&tls, idle) {
                     Ok(c) => {
-                        *client_tls.lock().expect("not poisoned") = c;
                         info!(cert = %tls.cert.display(), crl = ?tls.crl, "reloaded the TLS files; the next connection uses them");
+                        // A coordinator the new files no longer vouch for (revoked, or from
+                        // another CA) is left now, not at the next reconnection.
+                        for conn in live.lock().expect("not poisoned").iter() {
+                            if let Err(e) = c.check_peer(conn, &server_name) {
+                                stats.refused_coordinators.fetch_add(1, Relaxed);
+                                warn!(remote = %conn.remote_address(), "the coordinator's certificate is no longer accepted after the reload: {e}; closing the connection");
+                                let reason = format!("certificate no longer accepted: {e}");
+                                conn.close(net::CLOSE_PROTOCOL.into(), reason.as_bytes());
+                            }
+                        }
+                        *client_tls.lock().expect("not poisoned") = c;
                     }
                     Err(e) => warn!("TLS reload failed, keeping the previous certificates: {e}"),
                 }
@@ -390,6 +404,7 @@ pub async fn run_with_reload(
         }
         stats.connects.fetch_add(1, Relaxed);
         info!(coordinators = ?addrs, "connected");
+        *live.lock().expect("not poisoned") = links.iter().map(|l| l.0.clone()).collect();
         mux.reset();
         let stop = session(
             &mut core,
@@ -404,6 +419,7 @@ pub async fn run_with_reload(
             &mut shutdown,
         )
         .await?;
+        live.lock().expect("not poisoned").clear();
         if stop {
             break;
         }
@@ -434,11 +450,11 @@ type Link = (quinn::Connection, quinn::SendStream, quinn::RecvStream);
 
 async fn connect(
     endpoint: &quinn::Endpoint,
-    tls: &std::sync::Mutex<quinn::ClientConfig>,
+    tls: &std::sync::Mutex<net::ClientTls>,
     addr: SocketAddr,
     server_name: &str,
 ) -> Result<Link, NetError> {
-    let cfg = tls.lock().expect("not poisoned").clone();
+    let cfg = tls.lock().expect("not poisoned").config.clone();
     let conn = endpoint.connect_with(cfg, addr, server_name)?.await?;
     let (send, recv) = conn.open_bi().await?;
     Ok((conn, send, recv))

@@ -16,6 +16,9 @@ pub struct AgentMetrics {
     pub connects: AtomicU64,
     pub connect_failures: AtomicU64,
     pub fail_static: AtomicU64,
+    /// Established connections closed because a TLS reload no longer accepts the
+    /// coordinator's certificate.
+    pub refused_coordinators: AtomicU64,
     /// Selection exchanges applied (the priced restart included).
     pub exchanges: AtomicU64,
     /// Time spent handling coordinator messages (almost all of it the x-step).
@@ -73,6 +76,12 @@ impl AgentMetrics {
             "counter",
             "Transitions to fail-static.",
             self.fail_static.load(Relaxed) as f64,
+        );
+        line(
+            "drum_agent_refused_coordinators_total",
+            "counter",
+            "Connections closed because a TLS reload no longer accepts the coordinator's certificate.",
+            self.refused_coordinators.load(Relaxed) as f64,
         );
         line(
             "drum_agent_selection_exchanges_total",

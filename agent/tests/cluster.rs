@@ -1292,3 +1292,71 @@ fn a_revoked_agent_is_refused_and_rejoins_with_a_rotated_certificate() {
     });
     assert!(agents[1].log().contains("reloaded the TLS files"));
 }
+
+/// The agent's side of revocation: the coordinator's certificate is revoked while agents are
+/// connected, and one agent reloads its TLS files (SIGHUP). That agent checks its established
+/// connection against the new CRL, closes it at once, keeps its last rates (fail-static) and
+/// cannot reconnect (the handshake is refused); the agent that did not reload goes on.
+#[test]
+fn an_agent_leaves_a_coordinator_revoked_while_connected() {
+    let c = Cluster::new(2, 4, 2, 22);
+    let certs = c.dir.path().join("certs");
+    let crl = certs.join("crl.pem");
+    let coord = Coord::start_with(
+        ServeSettings {
+            tls: TlsFiles {
+                crl: Some(crl.clone()),
+                ..c.coordinator_tls.clone()
+            },
+            ..c.settings(localhost())
+        },
+        fixed_sets(),
+    );
+    let tls = |h: usize| {
+        let id = &c.problem.hosts[h].id;
+        Some(TlsFiles {
+            ca: certs.join("ca.pem"),
+            cert: certs.join(format!("agent-{id}.pem")),
+            key: certs.join(format!("agent-{id}.key")),
+            crl: Some(crl.clone()),
+        })
+    };
+    let agents: Vec<Agent> = (0..2).map(|h| c.agent(h, coord.addr, tls(h))).collect();
+    let members = || coord.status()["members"].as_array().unwrap().len();
+    wait_for("two members iterating", Duration::from_secs(10), || {
+        members() == 2 && coord.status()["iteration"].as_u64().unwrap() > 20
+    });
+    drum_coordinator::pki::DevCa::open(&certs)
+        .unwrap()
+        .revoke("coordinator")
+        .unwrap();
+    // SAFETY: kill(2) on the pid of a child this test started and still owns.
+    assert_eq!(
+        unsafe { libc::kill(agents[0].child.id() as i32, libc::SIGHUP) },
+        0
+    );
+    wait_for(
+        "host 0 closed its connection and went fail-static",
+        Duration::from_secs(10),
+        || {
+            agents[0]
+                .log()
+                .contains("certificate is no longer accepted after the reload")
+                && c.table(0).is_some_and(|t| t.state == LinkState::FailStatic)
+        },
+    );
+    wait_for(
+        "host 0's reconnection refused",
+        Duration::from_secs(10),
+        || {
+            agents[0]
+                .log()
+                .lines()
+                .any(|l| l.contains("unreachable") && l.contains("Revoked"))
+        },
+    );
+    wait_for("host 0 dropped", Duration::from_secs(10), || members() == 1);
+    let log = agents[1].log();
+    assert!(!log.contains("fail-static"), "{log}");
+    assert!(c.table(1).is_some_and(|t| t.state == LinkState::Live));
+}

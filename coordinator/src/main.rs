@@ -127,10 +127,15 @@ enum Command {
         /// `crl.pem`; daemons with `tls.crl` refuse it after a reload (SIGHUP).
         #[arg(long, value_name = "HOST", conflicts_with_all = ["reissue", "san", "agents"])]
         revoke: Option<String>,
-        /// With `--revoke`: days until the new CRL's next update. Daemons refuse a CRL past
-        /// it, and every peer it would vouch for, until a fresh one is installed.
-        #[arg(long, value_name = "DAYS", default_value_t = drum_coordinator::pki::CRL_DAYS, requires = "revoke")]
-        crl_days: u32,
+        /// Add the coordinator's current certificate (`coordinator.pem`) to `crl.pem`;
+        /// agents with `tls.crl` leave it after a reload (SIGHUP).
+        #[arg(long, conflicts_with_all = ["revoke", "reissue", "san", "agents"])]
+        revoke_coordinator: bool,
+        /// With `--revoke` or `--revoke-coordinator`: days until the new CRL's next update.
+        /// Daemons refuse a CRL past it, and every peer it would vouch for, until a fresh one
+        /// is installed.
+        #[arg(long, value_name = "DAYS")]
+        crl_days: Option<u32>,
         /// Issue host HOST a new key and certificate (`agent-HOST.pem/.key`), e.g. after a
         /// revocation; its agent uses them after a reload (SIGHUP).
         #[arg(long, value_name = "HOST", conflicts_with_all = ["san", "agents"])]
@@ -318,6 +323,7 @@ fn run(cli: Cli) -> Result<()> {
             san,
             agents,
             revoke,
+            revoke_coordinator,
             crl_days,
             reissue,
         } => {
@@ -329,6 +335,17 @@ fn run(cli: Cli) -> Result<()> {
                 {
                     bail!("agent name {a:?} may only hold letters, digits, '-', '_' and '.'");
                 }
+            }
+            if crl_days.is_some() && revoke.is_none() && !revoke_coordinator {
+                bail!("--crl-days applies to --revoke and --revoke-coordinator");
+            }
+            let crl_days = crl_days.unwrap_or(drum_coordinator::pki::CRL_DAYS);
+            if revoke_coordinator {
+                let crl = drum_coordinator::pki::DevCa::open(&out)?
+                    .with_crl_days(crl_days)
+                    .revoke("coordinator")?;
+                println!("revoked the coordinator's certificate: {}", crl.display());
+                return Ok(());
             }
             if let Some(host) = revoke {
                 let crl = drum_coordinator::pki::DevCa::open(&out)?

@@ -281,23 +281,63 @@ fn server_socket(listen: SocketAddr) -> Result<std::net::UdpSocket, NetError> {
 
 /// A client config presenting `tls.cert` and trusting only servers whose certificate chains
 /// to `tls.ca` and is not revoked by `tls.crl`. Connections made after
-/// `Endpoint::set_default_client_config` use a reloaded one; established ones go on.
+/// `Endpoint::set_default_client_config` use a reloaded one; established ones go on unless
+/// the holder checks them with [`ClientTls::check_peer`].
 pub fn client_config(tls: &TlsFiles, idle: Duration) -> Result<quinn::ClientConfig, NetError> {
-    let (roots, crls) = tls.trust()?;
-    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(roots, provider())
-        .with_crls(crls)
-        .enforce_revocation_expiration()
-        .build()?;
-    let mut crypto = rustls::ClientConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_webpki_verifier(verifier)
-        .with_client_auth_cert(load_certs(&tls.cert)?, load_key(&tls.key)?)?;
-    crypto.alpn_protocols = vec![ALPN.to_vec()];
-    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(crypto)
-        .map_err(|e| NetError::QuicCrypto(e.to_string()))?;
-    let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
-    cfg.transport_config(transport(idle));
-    Ok(cfg)
+    Ok(ClientTls::load(tls, idle)?.config)
+}
+
+/// A client config and the verifier inside it, kept so that an agent can check its
+/// established connections again after a reload (a revoked coordinator must not stay).
+#[derive(Clone)]
+pub struct ClientTls {
+    pub config: quinn::ClientConfig,
+    verifier: Arc<rustls::client::WebPkiServerVerifier>,
+}
+
+impl ClientTls {
+    /// Reads `tls` (see [`client_config`]).
+    pub fn load(tls: &TlsFiles, idle: Duration) -> Result<Self, NetError> {
+        let (roots, crls) = tls.trust()?;
+        let verifier =
+            rustls::client::WebPkiServerVerifier::builder_with_provider(roots, provider())
+                .with_crls(crls)
+                .enforce_revocation_expiration()
+                .build()?;
+        let mut crypto = rustls::ClientConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .with_webpki_verifier(verifier.clone())
+            .with_client_auth_cert(load_certs(&tls.cert)?, load_key(&tls.key)?)?;
+        crypto.alpn_protocols = vec![ALPN.to_vec()];
+        let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(crypto)
+            .map_err(|e| NetError::QuicCrypto(e.to_string()))?;
+        let mut config = quinn::ClientConfig::new(Arc::new(crypto));
+        config.transport_config(transport(idle));
+        Ok(Self { config, verifier })
+    }
+
+    /// Whether the server of an established connection would be accepted now, as
+    /// `server_name`: its chain checked as in a handshake, against this CA and CRL.
+    pub fn check_peer(&self, conn: &quinn::Connection, server_name: &str) -> Result<(), String> {
+        use rustls::client::danger::ServerCertVerifier;
+        let chain = conn
+            .peer_identity()
+            .and_then(|i| i.downcast::<Vec<CertificateDer<'static>>>().ok())
+            .ok_or("no server certificate")?;
+        let (leaf, intermediates) = chain.split_first().ok_or("empty certificate chain")?;
+        let name = rustls::pki_types::ServerName::try_from(server_name.to_string())
+            .map_err(|e| e.to_string())?;
+        self.verifier
+            .verify_server_cert(
+                leaf,
+                intermediates,
+                &name,
+                &[],
+                rustls::pki_types::UnixTime::now(),
+            )
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
 }
 
 /// A client endpoint with [`client_config`].

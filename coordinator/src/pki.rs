@@ -135,7 +135,13 @@ impl DevCa {
     /// Adds the current certificate of host `host` (`agent-HOST.pem`) to `crl.pem`, keeping
     /// the serials revoked before; returns the CRL's path.
     pub fn revoke_agent(&self, host: &str) -> Result<PathBuf, NetError> {
-        let cert_path = self.dir.join(format!("agent-{host}.pem"));
+        self.revoke(&format!("agent-{host}"))
+    }
+
+    /// Adds the current certificate `NAME.pem` (e.g. `coordinator`) to `crl.pem`, as
+    /// [`DevCa::revoke_agent`] does.
+    pub fn revoke(&self, name: &str) -> Result<PathBuf, NetError> {
+        let cert_path = self.dir.join(format!("{name}.pem"));
         let der = CertificateDer::from_pem_file(&cert_path).map_err(|e| NetError::Pem {
             path: cert_path.clone(),
             source: e,

@@ -93,6 +93,14 @@ fn dev_certs_revokes_and_reissues_with_its_kept_ca_key() {
     // Revoking the new certificate adds its serial; the old ones stay.
     ok(&run(&["dev-certs", "--out", c, "--revoke", "h1"]));
     assert_eq!(revoked(&certs.join("crl.pem")), 3);
+    let out = ok(&run(&["dev-certs", "--out", c, "--revoke-coordinator"]));
+    assert!(
+        out.contains("revoked the coordinator's certificate"),
+        "{out}"
+    );
+    assert_eq!(revoked(&certs.join("crl.pem")), 4);
+    let e = err(&run(&["dev-certs", "--out", c, "--crl-days", "3"]));
+    assert!(e.contains("--crl-days applies to"), "{e}");
     let e = err(&run(&["dev-certs", "--out", c, "--revoke", "nohost"]));
     assert!(e.contains("agent-nohost.pem"), "{e}");
     let e = err(&run(&["dev-certs", "--out", c, "--revoke", "../h0"]));
