@@ -215,8 +215,9 @@ fn rdma_cm_refusals_are_reported_as_on_a_nic() {
 
 /// UD multicast: unmodified `mckey` receivers on h1 and h3 join group 239.1.1.1 through the
 /// RDMA CM and each gets all 20 datagrams that `mckey -s` on h2 sends to the group (and then
-/// at once destroys its QP); perftest's `ib_send_lat --mcg` attaches with `ibv_attach_mcast`,
-/// to an IPv4-mapped group GID and to its default IB-style MGID.
+/// at once destroys its QP); a send-only full member (`-o`) sends to a group and receives
+/// nothing from it; perftest's `ib_send_lat --mcg` attaches with `ibv_attach_mcast`, to an
+/// IPv4-mapped group GID and to its default IB-style MGID.
 #[test]
 fn mckey_multicast_reaches_every_member() {
     require_privileges!();
@@ -246,6 +247,41 @@ fn mckey_multicast_reaches_every_member() {
         assert!(r.status.success(), "receiver: {}", text(&r));
         assert!(text(&r).contains("data transfers complete"), "{}", text(&r));
     }
+    // A send-only full member (`mckey -o`) sends without being attached to the group: the
+    // full member on h1 gets every datagram, the send-only member on h3 none (librdmacm
+    // attaches a QP only for full joins; the engine drops what no attached QP wants).
+    let group = ["-m", "239.1.1.2", "-C", "20"];
+    let member = |h: &str, extra: &[&str]| {
+        let ip = run.addr(h);
+        let mut args = vec!["mckey", "-b", &ip];
+        args.extend_from_slice(&group);
+        args.extend_from_slice(extra);
+        drum_test_support::spawn(&mut run.exec(h, &args))
+    };
+    let full = member("h1", &[]);
+    let send_only = member("h3", &["-o"]);
+    std::thread::sleep(Duration::from_millis(500));
+    let mut args = vec!["mckey", "-b", &ip, "-s", "-o"];
+    args.extend_from_slice(&group);
+    let sender = run_timeout(&mut run.exec("h2", &args), t);
+    assert!(
+        sender.status.success(),
+        "send-only sender: {}",
+        text(&sender)
+    );
+    let full = drum_test_support::wait_timeout(full, t);
+    assert!(
+        text(&full).contains("data transfers complete"),
+        "{}",
+        text(&full)
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let send_only = drum_test_support::wait_timeout(send_only, Duration::ZERO);
+    assert!(
+        !send_only.status.success() && !text(&send_only).contains("data transfers complete"),
+        "a send-only member received: {}",
+        text(&send_only)
+    );
     // perftest's multicast mode: a group with an IPv4-mapped GID (RoCE over IPv4), then
     // perftest's default, IB-style MGID.
     let mgid = "--MGID=0:0:0:0:0:0:0:0:0:0:255:255:239:1:1:7";
