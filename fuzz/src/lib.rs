@@ -12,6 +12,7 @@ use drum_common::instance::Instance;
 use drum_common::protocol::wire::{self, FrameDecoder, WireError};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use softrnic::flow::FlowRule;
 use softrnic::proto::{self, Req, Resp};
 use softrnic::rdma_cm::msg::Msg as CmMsg;
 use softrnic::wire::{psn_add, psn_diff, Packet, PSN_MASK};
@@ -121,6 +122,22 @@ pub fn softrnic_cm_msg(data: &[u8]) {
             "an accepted message does not re-encode to itself"
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// softrnic flow-steering rules (softrnic::flow)
+// ---------------------------------------------------------------------------------------------
+
+/// An application's `struct ibv_flow_attr` with its specs as the engine gets it
+/// ([`FlowRule::parse`]); a rule that parses is then tried on the input's bytes after the rule,
+/// as an Ethernet frame. A parsed rule parses the same from its own bytes alone.
+pub fn softrnic_flow_attr(data: &[u8]) {
+    let Ok(rule) = FlowRule::parse(data) else {
+        return;
+    };
+    let size = usize::from(u16::from_le_bytes([data[8], data[9]]));
+    assert_eq!(FlowRule::parse(&data[..size]).as_ref(), Ok(&rule));
+    let _ = rule.matches(&data[size..]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -658,6 +675,36 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             out.push(("softrnic_cm_msg", name, m.encode().unwrap()[2..].to_vec()));
         }
     }
+    {
+        // perftest raw_ethernet_bw's rule (ETH on the destination MAC, IPv4, UDP ports), then
+        // a frame it matches.
+        let mut rule = vec![0u8; 20];
+        rule[8..10].copy_from_slice(&100u16.to_le_bytes());
+        rule[12] = 3;
+        rule[13] = 1;
+        let mut eth = vec![0u8; 40];
+        eth[0] = 0x20;
+        eth[4] = 40;
+        eth[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 1]);
+        eth[22..28].fill(0xff);
+        let mut ip = vec![0u8; 24];
+        ip[0] = 0x30;
+        ip[4] = 24;
+        ip[8..16].copy_from_slice(&[10, 77, 0, 2, 10, 77, 0, 1]);
+        ip[16..24].fill(0xff);
+        let mut udp = vec![0u8; 16];
+        udp[0] = 0x41;
+        udp[4] = 16;
+        udp[6..10].copy_from_slice(&[0x13, 0x88, 0x13, 0x89]);
+        udp[10..14].fill(0xff);
+        let mut frame = vec![
+            2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2, 0x08, 0x00, 0x45, 0, 0, 0, 0, 0,
+        ];
+        frame.extend_from_slice(&[0, 0, 64, 17, 0, 0, 10, 77, 0, 2, 10, 77, 0, 1]);
+        frame.extend_from_slice(&[0x13, 0x89, 0x13, 0x88, 0, 8, 0, 0]);
+        let seed = [rule, eth, ip, udp, frame].concat();
+        out.push(("softrnic_flow_attr", "perftest_raw_bw", seed));
+    }
     out.push((
         "daemon_config",
         "agent",
@@ -701,6 +748,7 @@ mod tests {
                     "control_coord_frames" => control_frames::<wire::CoordMsg>(&bytes),
                     "softrnic_packet" => softrnic_packet(&bytes),
                     "softrnic_cm_msg" => softrnic_cm_msg(&bytes),
+                    "softrnic_flow_attr" => softrnic_flow_attr(&bytes),
                     "softrnic_request" => softrnic_request(&bytes),
                     "softrnic_response" => softrnic_response(&bytes),
                     "instance_json" => instance_json(&bytes),
@@ -730,6 +778,11 @@ mod tests {
                 "softrnic_cm_msg" => {
                     assert!(CmMsg::decode(&bytes).is_ok());
                     softrnic_cm_msg(&bytes);
+                }
+                "softrnic_flow_attr" => {
+                    let r = FlowRule::parse(&bytes).expect("the seed rule parses");
+                    assert!(r.matches(&bytes[100..]), "the seed frame matches");
+                    softrnic_flow_attr(&bytes);
                 }
                 "softrnic_request" => softrnic_request(&bytes),
                 "softrnic_response" => softrnic_response(&bytes),

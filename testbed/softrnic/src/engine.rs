@@ -40,6 +40,7 @@ use crate::wire::{self, psn_add, psn_diff, Packet};
 mod host_io;
 mod multicast;
 mod qp_state;
+mod raw;
 mod requester;
 mod responder;
 mod rings;
@@ -125,6 +126,8 @@ pub struct Counters {
     /// receive was posted (those transports have no RNR: the message is lost).
     pub rx_dropped_qkey: u64,
     pub rx_dropped_no_recv: u64,
+    /// Ethernet frames (raw-packet QPs) that no flow rule of this host wants.
+    pub rx_dropped_no_flow: u64,
     /// UC packets dropped because an earlier packet of their message was lost.
     pub rx_uc_broken: u64,
     /// Packets not sent or not taken because the port's link was down.
@@ -158,6 +161,7 @@ impl Counters {
             ("socket_posts_polls", self.socket_posts_polls),
             ("rx_dropped_qkey", self.rx_dropped_qkey),
             ("rx_dropped_no_recv", self.rx_dropped_no_recv),
+            ("rx_dropped_no_flow", self.rx_dropped_no_flow),
             ("rx_uc_broken", self.rx_uc_broken),
             ("port_down_dropped", self.port_down_dropped),
         ] {
@@ -419,6 +423,8 @@ struct State {
     peers: Vec<Ipv4Addr>,
     /// Multicast groups (keys of [`device::mcast_group`]) and the local UD QPs attached to each.
     mcast: HashMap<u64, std::collections::BTreeSet<u32>>,
+    /// Flow rules of raw-packet QPs, by handle (in creation order).
+    flows: std::collections::BTreeMap<u32, raw::RawFlow>,
     rr: VecDeque<u32>,
     counters: Counters,
     /// Packets waiting to be sent (built under the lock, sent by whoever holds it).
@@ -685,6 +691,7 @@ impl State {
             my_ip: Ipv4Addr::LOCALHOST,
             peers: Vec::new(),
             mcast: HashMap::new(),
+            flows: std::collections::BTreeMap::new(),
             rr: VecDeque::new(),
             counters: Counters::default(),
             out: Vec::new(),
@@ -703,6 +710,7 @@ impl State {
     fn remove_qp(&mut self, qpn: u32) {
         self.send_posted_datagrams(qpn, Instant::now());
         self.leave_all_mcast(qpn);
+        self.forget_flows(qpn);
         if let Some(q) = self.qps.remove(&qpn) {
             if let (Some(peer), IBV_QPS_RTR | IBV_QPS_RTS, IBV_QPT_RC | IBV_QPT_XRC_RECV) =
                 (q.remote, q.state, q.qpt)
@@ -981,6 +989,7 @@ impl State {
             }
         }
         self.srqs.retain(|_, s| s.conn != conn);
+        self.flows.retain(|_, f| !f.owned_by(conn));
         self.forget_xrcd_opens(conn);
         self.mws.retain(|_, w| w.conn != conn);
         self.mrs.retain(|_, m| m.conn != conn);

@@ -677,6 +677,8 @@ pub mod consts {
     pub const IBV_QPT_RC: i32 = 2;
     pub const IBV_QPT_UC: i32 = 3;
     pub const IBV_QPT_UD: i32 = 4;
+    /// Whole Ethernet frames, steered to it by flow rules (`ibv_create_flow`).
+    pub const IBV_QPT_RAW_PACKET: i32 = 8;
     /// XRC initiator (sends into another host's XRC SRQs) and target (receives into this
     /// host's XRC SRQs; no CQ, no queues of its own).
     pub const IBV_QPT_XRC_SEND: i32 = 9;

@@ -22,6 +22,7 @@ pub mod engine;
 pub mod events;
 pub mod faults;
 pub mod ffi;
+pub mod flow;
 pub mod hosts;
 pub mod mw;
 pub mod nic;

@@ -283,6 +283,8 @@ pub fn check_send_wr(qp_type: i32, opcode: i32, inline: bool, len: u64) -> Resul
         IBV_QPT_XRC_SEND => send || write || read_atomic,
         IBV_QPT_UC => send || write || local,
         IBV_QPT_UD => send,
+        // A frame is sent as it is: no immediate data, nothing remote.
+        IBV_QPT_RAW_PACKET => opcode == IBV_WR_SEND,
         _ => false,
     };
     if !supported
@@ -502,6 +504,15 @@ pub enum Req {
         qpn: u32,
         group: u64,
     },
+    /// Steer frames matching `attr` (the application's `struct ibv_flow_attr` and its
+    /// specs, as bytes; [`crate::flow`]) to raw-packet QP `qpn` ([`Resp::Handle`]).
+    CreateFlow {
+        qpn: u32,
+        attr: Vec<u8>,
+    },
+    DestroyFlow {
+        handle: u32,
+    },
 }
 
 impl Req {
@@ -681,6 +692,12 @@ impl Req {
             Req::DetachMcast { qpn, group } => {
                 e.u32(32).u32(*qpn).u64(*group);
             }
+            Req::CreateFlow { qpn, attr } => {
+                e.u32(33).u32(*qpn).bytes(attr);
+            }
+            Req::DestroyFlow { handle } => {
+                e.u32(34).u32(*handle);
+            }
         }
         e.0
     }
@@ -835,6 +852,11 @@ impl Req {
                 qpn: d.u32()?,
                 group: d.u64()?,
             },
+            33 => Req::CreateFlow {
+                qpn: d.u32()?,
+                attr: d.bytes()?.to_vec(),
+            },
+            34 => Req::DestroyFlow { handle: d.u32()? },
             o => return Err(WireError::Opcode(o)),
         })
     }
@@ -971,7 +993,9 @@ impl Resp {
             return Ok(Resp::Err { errno, bad_index });
         }
         Ok(match req {
-            Req::AllocPd | Req::AllocMw { .. } | Req::OpenXrcd { .. } => Resp::Handle(d.u32()?),
+            Req::AllocPd | Req::AllocMw { .. } | Req::OpenXrcd { .. } | Req::CreateFlow { .. } => {
+                Resp::Handle(d.u32()?)
+            }
             Req::RegMr { .. } => Resp::Mr {
                 lkey: d.u32()?,
                 rkey: d.u32()?,
@@ -1126,6 +1150,11 @@ mod tests {
                 qpn: 0x12,
                 group: 0x8123_4567_89ab_cdef,
             },
+            Req::CreateFlow {
+                qpn: 0x13,
+                attr: vec![1, 2, 3, 4],
+            },
+            Req::DestroyFlow { handle: 9 },
             Req::ModifySrq {
                 srq: 4,
                 mask: 3,

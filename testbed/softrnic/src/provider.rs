@@ -31,6 +31,7 @@ use std::sync::atomic::Ordering;
 mod ah;
 mod cq;
 mod cq_ex;
+mod flow;
 mod mcast;
 mod mw;
 mod post;
@@ -115,6 +116,8 @@ fn ctx_ops() -> &'static VerbsContextOps {
             set("create_ah", create_ah as *const c_void);
             set("attach_mcast", mcast::attach_mcast as *const c_void);
             set("detach_mcast", mcast::detach_mcast as *const c_void);
+            set("create_flow", flow::create_flow as *const c_void);
+            set("destroy_flow", flow::destroy_flow as *const c_void);
             set("destroy_ah", destroy_ah as *const c_void);
             set("create_srq", create_srq as *const c_void);
             set("modify_srq", modify_srq as *const c_void);

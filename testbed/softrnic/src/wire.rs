@@ -26,8 +26,11 @@ pub const OP_UD_SEND: u8 = 10;
 /// The destination QPN of a UD datagram to a multicast group (IBTA: 0xFFFFFF); the group's
 /// IPv4 address travels in `remote_addr`.
 pub const MCAST_QPN: u32 = 0xFF_FFFF;
+/// An Ethernet frame of a raw-packet QP (the payload, as the application built it), flooded
+/// to every host as a switch floods unknown unicast; receivers steer it by their flow rules.
+pub const OP_RAW: u8 = 11;
 /// The highest op the decoder accepts.
-pub const OP_MAX: u8 = OP_UD_SEND;
+pub const OP_MAX: u8 = OP_RAW;
 
 pub const F_FIRST: u8 = 1;
 pub const F_LAST: u8 = 2;

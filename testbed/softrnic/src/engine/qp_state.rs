@@ -79,6 +79,7 @@ impl State {
             IBV_QPT_RC => rc_masks(cur, new),
             IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV => xrc::masks(q.qpt, cur, new),
             IBV_QPT_UC => uc_masks(cur, new),
+            IBV_QPT_RAW_PACKET => raw::raw_masks(cur, new),
             _ => ud_masks(cur, new),
         }
         .ok_or(libc::EINVAL)?;

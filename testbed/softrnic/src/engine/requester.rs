@@ -64,6 +64,9 @@ impl State {
         if q.qpt == IBV_QPT_UD {
             return self.next_ud_packet(qpn, now);
         }
+        if q.qpt == IBV_QPT_RAW_PACKET {
+            return self.next_raw_packet(qpn, now);
+        }
         let dst = q.remote?;
         if let Some(t) = q.rnr_until {
             if now < t {
@@ -322,22 +325,21 @@ impl State {
         Some((dst, p.encode()))
     }
 
-    /// A UD QP being destroyed first sends the datagrams already posted to it: a NIC has long
+    /// A UD (or raw-packet) QP being destroyed first sends the datagrams already posted to it: a NIC has long
     /// sent them by the time a destroy reaches it, and a program may destroy right after
     /// posting unsignalled sends (`mckey -s` does), while softrnic's transmitter may not have
     /// run yet. Nobody waits for a datagram, so this ends with the send queue.
     pub(super) fn send_posted_datagrams(&mut self, qpn: u32, now: Instant) {
-        let ud_rts = self
-            .qps
-            .get(&qpn)
-            .is_some_and(|q| q.qpt == IBV_QPT_UD && q.state == IBV_QPS_RTS);
+        let ud_rts = self.qps.get(&qpn).is_some_and(|q| {
+            matches!(q.qpt, IBV_QPT_UD | IBV_QPT_RAW_PACKET) && q.state == IBV_QPS_RTS
+        });
         if !ud_rts {
             return;
         }
         self.pull_sq(qpn);
         let posted = self.qps.get(&qpn).map_or(0, |q| q.sq.len());
         for _ in 0..posted {
-            let Some((dst, bytes)) = self.next_ud_packet(qpn, now) else {
+            let Some((dst, bytes)) = self.next_packet(qpn, now) else {
                 break;
             };
             self.emit(dst, bytes);

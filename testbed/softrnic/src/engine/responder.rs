@@ -55,12 +55,20 @@ impl State {
         if p.op == wire::OP_UD_SEND && p.dst_qpn == wire::MCAST_QPN {
             return self.mcast_rx(from, &p, now);
         }
+        if p.op == wire::OP_RAW {
+            return self.raw_rx(&p, now);
+        }
         let Some(q) = self.qps.get(&p.dst_qpn) else {
             if !self.tombstone_rx(from, &p, now) {
                 self.counters.rx_dropped_unknown_qp += 1;
             }
             return;
         };
+        // Raw-packet QPs take frames only through their flow rules (above).
+        if q.qpt == IBV_QPT_RAW_PACKET {
+            self.counters.rx_dropped_unknown_qp += 1;
+            return;
+        }
         // UD QPs take datagrams from anyone (the Q_Key decides), and nothing else.
         if q.qpt == IBV_QPT_UD || p.op == wire::OP_UD_SEND {
             if q.qpt == IBV_QPT_UD && p.op == wire::OP_UD_SEND {

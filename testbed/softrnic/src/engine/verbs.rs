@@ -252,7 +252,7 @@ impl State {
             } => {
                 let own_cq = |cq: u32| self.cqs.get(&cq).map(|c| c.conn) == Some(conn);
                 let valid = match qp_type {
-                    IBV_QPT_RC | IBV_QPT_UC | IBV_QPT_UD => {
+                    IBV_QPT_RC | IBV_QPT_UC | IBV_QPT_UD | IBV_QPT_RAW_PACKET => {
                         own_cq(send_cq)
                             && own_cq(recv_cq)
                             && (srq == 0 || self.srqs.get(&srq).map(|s| s.conn) == Some(conn))
@@ -413,6 +413,8 @@ impl State {
             Req::OpenXrcd { file, oflags } => self.open_xrcd(conn, file, oflags),
             Req::OpenQp { xrcd, qpn } => self.open_qp(conn, xrcd, qpn),
             Req::AttachMcast { qpn, group } => self.attach_mcast(conn, qpn, group, true),
+            Req::CreateFlow { qpn, attr } => self.create_flow(conn, qpn, &attr),
+            Req::DestroyFlow { handle } => self.destroy_flow(conn, handle),
             Req::DetachMcast { qpn, group } => self.attach_mcast(conn, qpn, group, false),
             Req::CloseXrcd { xrcd } => self.close_xrcd(conn, xrcd),
             Req::AttachRing {

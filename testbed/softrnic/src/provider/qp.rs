@@ -26,10 +26,15 @@ pub(super) unsafe fn new_qp(
     let target = a.qp_type == IBV_QPT_XRC_RECV;
     let known = matches!(
         a.qp_type,
-        IBV_QPT_RC | IBV_QPT_UC | IBV_QPT_UD | IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV
+        IBV_QPT_RC
+            | IBV_QPT_UC
+            | IBV_QPT_UD
+            | IBV_QPT_XRC_SEND
+            | IBV_QPT_XRC_RECV
+            | IBV_QPT_RAW_PACKET
     );
     if !known {
-        // No raw packet or driver QPs.
+        // No driver QPs.
         set_errno(libc::EOPNOTSUPP);
         return null_mut();
     }
