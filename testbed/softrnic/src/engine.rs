@@ -340,6 +340,11 @@ struct Qp {
     epsn: u32,
     cur_recv: Option<CurRecv>,
     nak_sent: bool,
+    /// RDMA READs being answered, oldest first: their response packets go out one at a time
+    /// through the transmitter's arbitration, at the line rate, as a NIC's responder sends
+    /// them (all at once, a 1 MiB read's 256 packets overflowed the requester's socket and
+    /// every retransmission did it again).
+    read_jobs: VecDeque<ReadJob>,
     /// (PSN, original value) of the last [`ATOMIC_CACHE`] atomics executed, oldest first.
     atomic_cache: VecDeque<(u32, u64)>,
     /// Work-request rings shared with the application.
@@ -436,6 +441,23 @@ struct State {
     /// Destroyed QPs that still re-acknowledge their peer's duplicates for a while.
     tombstones: HashMap<u32, Tombstone>,
 }
+
+/// An RDMA READ being answered: packet `next` of `n` goes out next.
+struct ReadJob {
+    to: SocketAddr,
+    peer_qpn: u32,
+    psn: u32,
+    msg_len: u32,
+    mtu: u32,
+    pid: i32,
+    base: u64,
+    next: u32,
+    n: u32,
+}
+
+/// Most READs a QP answers at once (a requester keeps at most `max_rd_atomic` of them
+/// outstanding; a device allows 16): beyond, requests wait for the requester's retry.
+const MAX_READ_JOBS: usize = 64;
 
 /// What is left of a destroyed connected QP (see [`TOMBSTONE`]).
 struct Tombstone {
@@ -791,7 +813,10 @@ impl State {
                 // Receives posted to a QP in the error state are flushed.
                 self.pull_rq(qpn);
             }
-            let pkt = self.next_packet(qpn, now);
+            let pkt = match self.next_read_response(qpn) {
+                Some(r) => Some(r),
+                None => self.next_packet(qpn, now),
+            };
             self.sync_done(qpn);
             if let Some(pkt) = pkt {
                 self.touch_qp(qpn, now);

@@ -132,8 +132,9 @@ pub(super) fn rx_loop(sh: Arc<Shared>) {
             st.counters.port_down_dropped += 1;
             continue;
         }
-        // Only requester-side packets (ACK, NAK, READ response) can give the transmitter
-        // something to do (a window opens, a resend is due); a responder answers by itself.
+        // Only requester-side packets (ACK, NAK, READ response) and READ requests can give
+        // the transmitter something to do (a window opens, a resend is due, READ responses
+        // are to go out); a responder's other answers are single packets sent at once.
         let mut wake = false;
         // With GRO the kernel may have coalesced datagrams of one size (the last may be
         // shorter): each is one packet.
@@ -148,7 +149,11 @@ pub(super) fn rx_loop(sh: Arc<Shared>) {
                 Some(p) => {
                     wake |= matches!(
                         p.op,
-                        wire::OP_ACK | wire::OP_NAK | wire::OP_READ_RESP | wire::OP_ATOMIC_RESP
+                        wire::OP_ACK
+                            | wire::OP_NAK
+                            | wire::OP_READ_RESP
+                            | wire::OP_ATOMIC_RESP
+                            | wire::OP_READ_REQ
                     );
                     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         st.on_packet(from, p, Instant::now())

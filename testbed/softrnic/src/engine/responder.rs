@@ -635,27 +635,70 @@ impl State {
                 None => return false,
             }
         };
-        let n = p.msg_len.div_ceil(mtu).max(1);
-        for i in 0..n {
-            let off = i * mtu;
-            let chunk = (p.msg_len - off).min(mtu);
-            let mut payload = vec![0u8; chunk as usize];
-            if chunk > 0 && read_mem(pid, base + off as u64, &mut payload).is_err() {
-                return false;
-            }
-            let r = Packet {
-                op: wire::OP_READ_RESP,
-                flags: if i + 1 == n { wire::F_LAST } else { 0 },
-                dst_qpn: p.src_qpn,
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return false;
+        };
+        // A request for a PSN already being answered is the requester going back: it
+        // requests everything from there again, so what was queued from there goes.
+        q.read_jobs.retain(|j| psn_diff(j.psn, p.psn) < 0);
+        if q.read_jobs.len() >= MAX_READ_JOBS {
+            return true;
+        }
+        q.read_jobs.push_back(ReadJob {
+            to,
+            peer_qpn: p.src_qpn,
+            psn: p.psn,
+            msg_len: p.msg_len,
+            mtu,
+            pid,
+            base,
+            next: 0,
+            n: p.msg_len.div_ceil(mtu).max(1),
+        });
+        true
+    }
+
+    /// The next response packet of the oldest READ QP `qpn` answers. Memory is read as
+    /// the packet goes out; memory gone meanwhile (deregistered, the process ended) ends
+    /// the READ with a remote access NAK.
+    pub(super) fn next_read_response(&mut self, qpn: u32) -> Option<(SocketAddr, Vec<u8>)> {
+        let q = self.qps.get_mut(&qpn)?;
+        if q.state != IBV_QPS_RTR && q.state != IBV_QPS_RTS {
+            q.read_jobs.clear();
+            return None;
+        }
+        let j = q.read_jobs.front_mut()?;
+        let off = j.next * j.mtu;
+        let chunk = (j.msg_len - off).min(j.mtu);
+        let mut payload = vec![0u8; chunk as usize];
+        let readable = chunk == 0 || read_mem(j.pid, j.base + u64::from(off), &mut payload).is_ok();
+        let mut r = Packet {
+            op: wire::OP_READ_RESP,
+            flags: if j.next + 1 == j.n { wire::F_LAST } else { 0 },
+            dst_qpn: j.peer_qpn,
+            src_qpn: qpn,
+            psn: psn_add(j.psn, j.next),
+            msg_len: j.msg_len,
+            offset: off,
+            payload,
+            ..Default::default()
+        };
+        let to = j.to;
+        j.next += 1;
+        if !readable {
+            r = Packet {
+                op: wire::OP_NAK,
+                syndrome: wire::NAK_REM_ACCESS,
+                dst_qpn: j.peer_qpn,
                 src_qpn: qpn,
-                psn: psn_add(p.psn, i),
-                msg_len: p.msg_len,
-                offset: off,
-                payload,
+                psn: j.psn,
                 ..Default::default()
             };
-            self.emit(to, r.encode());
+            j.next = j.n;
         }
-        true
+        if j.next == j.n {
+            q.read_jobs.pop_front();
+        }
+        Some((to, r.encode()))
     }
 }

@@ -321,6 +321,7 @@ impl State {
                         epsn: 0,
                         cur_recv: None,
                         nak_sent: false,
+                        read_jobs: VecDeque::new(),
                         atomic_cache: VecDeque::new(),
                         rings: None,
                         user: 0,
