@@ -24,6 +24,14 @@ pub const MAX_SGE: u32 = 32;
 pub const MAX_CQ: u32 = 4096;
 pub const MAX_CQE: u32 = 65536;
 pub const MAX_MR: u32 = 65536;
+/// On-demand paging (`ibv_device_attr_ex.odp_caps`): supported, implicit MRs too
+/// (IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT).
+pub const ODP_GENERAL_CAPS: u64 = 1 | 2;
+/// Per transport: SEND 1, RECV 2, WRITE 4, READ 8, ATOMIC 16, SRQ_RECV 32 — what each
+/// transport executes.
+pub const ODP_RC_CAPS: u32 = 1 | 2 | 4 | 8 | 16 | 32;
+pub const ODP_UC_CAPS: u32 = 1 | 2 | 4 | 32;
+pub const ODP_UD_CAPS: u32 = 1 | 2 | 32;
 pub const MAX_MW: u32 = 65536;
 pub const MAX_PD: u32 = 4096;
 pub const MAX_RD_ATOM: u32 = 16;

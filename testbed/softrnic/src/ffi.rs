@@ -541,6 +541,13 @@ pub use drum_verbs_abi::{CqExTail, IbvCqInitAttrEx, IbvDataBuf, QpExTail};
 /// Offsets in `struct ibv_device_attr_ex` of what the completion timestamps need.
 pub const DEVICE_ATTR_EX_TS_MASK: usize = 264;
 pub const DEVICE_ATTR_EX_CORE_CLOCK: usize = 272;
+/// Offsets in `struct ibv_device_attr_ex` of the on-demand paging capabilities:
+/// `odp_caps.general_caps` (u64), the RC, UC and UD transports' (u32 each), and XRC's.
+pub const DEVICE_ATTR_EX_ODP_GENERAL: usize = 240;
+pub const DEVICE_ATTR_EX_ODP_RC: usize = 248;
+pub const DEVICE_ATTR_EX_ODP_UC: usize = 252;
+pub const DEVICE_ATTR_EX_ODP_UD: usize = 256;
+pub const DEVICE_ATTR_EX_ODP_XRC: usize = 392;
 
 /// `struct ibv_qp_init_attr_ex`: its first members are `struct ibv_qp_init_attr`'s (which,
 /// padded to 64 bytes on its own, cannot be embedded: `comp_mask` sits in that padding).
@@ -711,6 +718,8 @@ pub mod consts {
     pub const IBV_ACCESS_REMOTE_ATOMIC: u32 = 8;
     pub const IBV_ACCESS_MW_BIND: u32 = 16;
     pub const IBV_ACCESS_ZERO_BASED: u32 = 32;
+    /// On-demand paging: the pages need not exist (be pinned) at registration.
+    pub const IBV_ACCESS_ON_DEMAND: u32 = 64;
 
     pub const IBV_MW_TYPE_1: i32 = 1;
     pub const IBV_MW_TYPE_2: i32 = 2;
@@ -896,6 +905,23 @@ mod tests {
                 "ibv_device_attr_ex.hca_core_clock",
                 DEVICE_ATTR_EX_CORE_CLOCK,
             ),
+            (
+                "ibv_device_attr_ex.odp_caps.general_caps",
+                DEVICE_ATTR_EX_ODP_GENERAL,
+            ),
+            (
+                "ibv_device_attr_ex.odp_caps.per_transport_caps.rc_odp_caps",
+                DEVICE_ATTR_EX_ODP_RC,
+            ),
+            (
+                "ibv_device_attr_ex.odp_caps.per_transport_caps.uc_odp_caps",
+                DEVICE_ATTR_EX_ODP_UC,
+            ),
+            (
+                "ibv_device_attr_ex.odp_caps.per_transport_caps.ud_odp_caps",
+                DEVICE_ATTR_EX_ODP_UD,
+            ),
+            ("ibv_device_attr_ex.xrc_odp_caps", DEVICE_ATTR_EX_ODP_XRC),
             ("sizeof ibv_ah", size_of::<IbvAh>()),
             ("ibv_ah.handle", offset_of!(IbvAh, handle)),
             ("ibv_send_wr.wr.ud.ah", offset_of!(IbvSendWr, wr)),

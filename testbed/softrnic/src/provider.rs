@@ -133,6 +133,7 @@ fn ctx_ops() -> &'static VerbsContextOps {
             set("dealloc_mw", dealloc_mw as *const c_void);
             set("bind_mw", bind_mw as *const c_void);
             set("free_context", free_context as *const c_void);
+            set("advise_mr", advise_mr as *const c_void);
             set("async_event", async_event as *const c_void);
             SyncCtxOps(t)
         })
@@ -733,6 +734,21 @@ unsafe extern "C" fn query_device_ex(
                 (b.add(DEVICE_ATTR_EX_CORE_CLOCK) as *mut u64)
                     .write_unaligned(cq_ex::CORE_CLOCK_KHZ);
             }
+            // On-demand paging: the engine reaches a process's memory page by page as it
+            // moves data (it never pins), so every MR is on demand by nature.
+            if attr_size >= DEVICE_ATTR_EX_ODP_XRC + 4 {
+                let b = attr as *mut u8;
+                (b.add(DEVICE_ATTR_EX_ODP_GENERAL) as *mut u64)
+                    .write_unaligned(device::ODP_GENERAL_CAPS);
+                for (at, caps) in [
+                    (DEVICE_ATTR_EX_ODP_RC, device::ODP_RC_CAPS),
+                    (DEVICE_ATTR_EX_ODP_UC, device::ODP_UC_CAPS),
+                    (DEVICE_ATTR_EX_ODP_UD, device::ODP_UD_CAPS),
+                    (DEVICE_ATTR_EX_ODP_XRC, device::ODP_RC_CAPS),
+                ] {
+                    (b.add(at) as *mut u32).write_unaligned(caps);
+                }
+            }
         }
         0
     })
@@ -821,6 +837,23 @@ unsafe extern "C" fn dealloc_pd(pd: *mut IbvPd) -> c_int {
         // SAFETY: allocated by alloc_pd with Box; no longer used by the caller.
         unsafe { destroy_boxed(st, &Req::DeallocPd { pd: h }, pd) }
     })
+}
+
+/// `ibv_advise_mr`: prefetching an on-demand MR's pages. softrnic's engine reads and writes
+/// the process's memory directly as it moves data, faulting pages in as the process itself
+/// would, so there is nothing to prefetch: the advice and flags are checked, nothing else.
+unsafe extern "C" fn advise_mr(
+    _pd: *mut IbvPd,
+    advice: c_int,
+    flags: u32,
+    sg_list: *const IbvSge,
+    num_sge: u32,
+) -> c_int {
+    // IBV_ADVISE_MR_ADVICE_PREFETCH, _PREFETCH_WRITE, _PREFETCH_NO_FAULT; IBV_ADVISE_MR_FLAG_FLUSH.
+    if !(0..=2).contains(&advice) || flags & !1 != 0 || sg_list.is_null() || num_sge == 0 {
+        return libc::EINVAL;
+    }
+    0
 }
 
 unsafe extern "C" fn reg_mr(

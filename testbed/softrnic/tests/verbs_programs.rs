@@ -1695,3 +1695,26 @@ fn raw_ethernet_programs_send_frames_steered_by_flow_rules() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// On-demand paging: the device reports ODP (implicit MRs too) for every transport, and
+/// unmodified programs that register on-demand MRs run and check their data — `ibv_rc_pingpong
+/// -o` with prefetching (`-P`, `ibv_advise_mr`) and with an implicit MR over the whole address
+/// space (`-O`), perftest `--odp` writing and reading.
+#[test]
+fn on_demand_paging_pingpong_and_perftest() {
+    require_privileges!();
+    let run = Run::new("odp");
+    run.up(&["--hosts", "2"]);
+    pingpong_sizes(&run, &["-o", "-P"], &[("4096", "100")]);
+    pingpong_sizes(&run, &["-o", "-O", "-P"], &[("65536", "50")]);
+    if have("ib_write_bw") {
+        pairs_succeed(
+            &run,
+            &[
+                &["ib_write_bw", "-x", "0", "--odp", "-n", "300"],
+                &["ib_read_bw", "-x", "0", "--odp", "-n", "300"],
+            ],
+            "#bytes",
+        );
+    }
+}

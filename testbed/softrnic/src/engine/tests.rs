@@ -284,6 +284,26 @@ fn mr_access_rules() {
     assert!(st
         .check_remote(0, pd + 1, rkey, a, 16, IBV_ACCESS_REMOTE_READ)
         .is_none());
+    // Memory that does not exist: refused, unless on demand (ODP), whose pages need not
+    // exist yet — an implicit MR covers the whole address space.
+    let mr = |st: &mut State, addr: u64, len: u64, odp: bool| {
+        let access = IBV_ACCESS_LOCAL_WRITE | if odp { IBV_ACCESS_ON_DEMAND } else { 0 };
+        st.request(
+            1,
+            pid,
+            Req::RegMr {
+                pd,
+                addr,
+                len,
+                access,
+            },
+        )
+    };
+    let nowhere = 0x10_0000_0000;
+    assert_eq!(mr(&mut st, nowhere, 4096, false), err(libc::EFAULT));
+    assert!(matches!(mr(&mut st, nowhere, 4096, true), Resp::Mr { .. }));
+    assert!(matches!(mr(&mut st, 0, u64::MAX, true), Resp::Mr { .. }));
+    assert_eq!(mr(&mut st, 1, u64::MAX, true), err(libc::EINVAL));
 }
 
 /// Hostile packets against a live QP: arbitrary headers and payloads aimed at a QP that

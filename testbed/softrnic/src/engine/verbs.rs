@@ -54,10 +54,13 @@ impl State {
                 if self.mrs.len() >= device::MAX_MR as usize {
                     return err(libc::ENOMEM);
                 }
-                // The pages must exist in the registering process (as pinning would require).
+                // The pages must exist in the registering process (as pinning would require),
+                // unless the MR is on demand (ODP; the whole address space for an implicit
+                // one: address 0, length SIZE_MAX).
                 let mut probe = [0u8; 1];
-                if read_mem(pid, addr, &mut probe).is_err()
-                    || read_mem(pid, addr + len - 1, &mut probe).is_err()
+                if access & IBV_ACCESS_ON_DEMAND == 0
+                    && (read_mem(pid, addr, &mut probe).is_err()
+                        || read_mem(pid, addr + len - 1, &mut probe).is_err())
                 {
                     return err(libc::EFAULT);
                 }
