@@ -211,7 +211,19 @@ struct Mr {
     pd: u32,
     addr: u64,
     len: u64,
+    /// The address work requests and peers use for it (`addr` unless registered with an
+    /// IOVA of its own: zero-based MRs, device memory).
+    iova: u64,
     access: u32,
+}
+
+impl Mr {
+    /// The process address of `[va, va + len)` named by its IOVA, if the MR holds it all.
+    fn translate(&self, va: u64, len: u64) -> Option<u64> {
+        let end = va.checked_add(len)?;
+        (va >= self.iova && end <= self.iova.checked_add(self.len)?)
+            .then(|| self.addr + (va - self.iova))
+    }
 }
 
 struct Cq {

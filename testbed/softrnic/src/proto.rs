@@ -351,6 +351,15 @@ pub enum Req {
         len: u64,
         access: u32,
     },
+    /// An MR whose work requests and remote peers name it by `iova` rather than by its
+    /// address in the process (`ibv_reg_mr_iova`, zero-based MRs, device memory).
+    RegMrIova {
+        pd: u32,
+        addr: u64,
+        len: u64,
+        iova: u64,
+        access: u32,
+    },
     DeregMr {
         lkey: u32,
     },
@@ -532,6 +541,20 @@ impl Req {
                 access,
             } => {
                 e.u32(3).u32(*pd).u64(*addr).u64(*len).u32(*access);
+            }
+            Req::RegMrIova {
+                pd,
+                addr,
+                len,
+                iova,
+                access,
+            } => {
+                e.u32(35)
+                    .u32(*pd)
+                    .u64(*addr)
+                    .u64(*len)
+                    .u64(*iova)
+                    .u32(*access);
             }
             Req::DeregMr { lkey } => {
                 e.u32(4).u32(*lkey);
@@ -857,6 +880,13 @@ impl Req {
                 attr: d.bytes()?.to_vec(),
             },
             34 => Req::DestroyFlow { handle: d.u32()? },
+            35 => Req::RegMrIova {
+                pd: d.u32()?,
+                addr: d.u64()?,
+                len: d.u64()?,
+                iova: d.u64()?,
+                access: d.u32()?,
+            },
             o => return Err(WireError::Opcode(o)),
         })
     }
@@ -996,7 +1026,7 @@ impl Resp {
             Req::AllocPd | Req::AllocMw { .. } | Req::OpenXrcd { .. } | Req::CreateFlow { .. } => {
                 Resp::Handle(d.u32()?)
             }
-            Req::RegMr { .. } => Resp::Mr {
+            Req::RegMr { .. } | Req::RegMrIova { .. } => Resp::Mr {
                 lkey: d.u32()?,
                 rkey: d.u32()?,
             },
@@ -1155,6 +1185,13 @@ mod tests {
                 attr: vec![1, 2, 3, 4],
             },
             Req::DestroyFlow { handle: 9 },
+            Req::RegMrIova {
+                pd: 3,
+                addr: 0xdead_beef,
+                len: 4096,
+                iova: 0,
+                access: 0x27,
+            },
             Req::ModifySrq {
                 srq: 4,
                 mask: 3,

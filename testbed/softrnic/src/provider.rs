@@ -864,18 +864,25 @@ unsafe extern "C" fn reg_mr(
     access: c_int,
 ) -> *mut IbvMr {
     guard(null_mut(), || {
-        if hca_va != addr as u64 {
-            // MRs whose IO virtual address differs from the process address: not yet.
-            set_errno(libc::EOPNOTSUPP);
-            return null_mut();
-        }
         // SAFETY: pd was made by alloc_pd.
         let (st, h, ctx) = unsafe { (state((*pd).context), (*pd).handle, (*pd).context) };
-        let req = Req::RegMr {
-            pd: h,
-            addr: addr as u64,
-            len: length as u64,
-            access: access as u32,
+        // An MR whose IO virtual address differs from its address (`ibv_reg_mr_iova`):
+        // work requests and peers name it by `hca_va`.
+        let req = if hca_va == addr as u64 {
+            Req::RegMr {
+                pd: h,
+                addr: addr as u64,
+                len: length as u64,
+                access: access as u32,
+            }
+        } else {
+            Req::RegMrIova {
+                pd: h,
+                addr: addr as u64,
+                len: length as u64,
+                iova: hca_va,
+                access: access as u32,
+            }
         };
         match st.call(&req) {
             Ok(Resp::Mr { lkey, rkey }) => {

@@ -29,8 +29,12 @@ fn cm_tools_present() -> bool {
 /// Server on h1, client (with `-s`/`-a` and h1's address) on h2: both must succeed.
 fn cm_pair(run: &Run, server: &[&str], client: &[&str], want: &str) -> String {
     let (s, c) = pair_with(run, server, client);
-    assert!(s.status.success(), "{server:?} server: {}", text(&s));
-    assert!(c.status.success(), "{client:?} client: {}", text(&c));
+    assert!(
+        s.status.success() && c.status.success(),
+        "{server:?} server: {}\n{client:?} client: {}",
+        text(&s),
+        text(&c)
+    );
     let all = text(&c);
     assert!(all.contains(want), "{client:?}: no {want:?} in:\n{all}");
     all
@@ -50,7 +54,7 @@ fn pair_with(
     loop {
         let mut s = drum_test_support::spawn(&mut run.exec("h1", server));
         let c = client_retrying(run, "h2", &cargs);
-        if attempt < 3 && drum_test_support::perftest_cm_listen_race(&c) {
+        if attempt < 5 && drum_test_support::perftest_cm_listen_race(&c) {
             eprintln!("{client:?}: perftest's listen race (attempt {attempt}); both sides again");
             let _ = s.kill();
             drum_test_support::wait_timeout(s, Duration::from_secs(10));

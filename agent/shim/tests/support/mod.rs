@@ -179,7 +179,7 @@ pub fn pair_env(
                 break;
             }
         }
-        if attempt < 3 && drum_test_support::perftest_cm_listen_race(&client) {
+        if attempt < 5 && drum_test_support::perftest_cm_listen_race(&client) {
             eprintln!("{sargs:?}: perftest's listen race (attempt {attempt}); both sides again");
             let _ = server.kill();
             wait_timeout(server, Duration::from_secs(10));

@@ -385,7 +385,7 @@ impl State {
             let mr = self.mrs.get(&b.mr).map(|m| MrView {
                 conn: m.conn,
                 pd: m.pd,
-                addr: m.addr,
+                addr: m.iova,
                 len: m.len,
                 access: m.access,
             });

@@ -304,6 +304,54 @@ fn mr_access_rules() {
     assert!(matches!(mr(&mut st, nowhere, 4096, true), Resp::Mr { .. }));
     assert!(matches!(mr(&mut st, 0, u64::MAX, true), Resp::Mr { .. }));
     assert_eq!(mr(&mut st, 1, u64::MAX, true), err(libc::EINVAL));
+    // An MR named by an IOVA of its own (zero-based here): work requests and peers use
+    // offsets, which land in the registered memory and nowhere else.
+    let Resp::Mr { lkey, rkey } = st.request(
+        1,
+        pid,
+        Req::RegMrIova {
+            pd,
+            addr: a + 1024,
+            len: 1024,
+            iova: 0,
+            access: IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ,
+        },
+    ) else {
+        panic!()
+    };
+    let read = IBV_ACCESS_REMOTE_READ;
+    assert_eq!(
+        st.check_remote(0, pd, rkey, 8, 16, read),
+        Some((pid, a + 1032))
+    );
+    assert_eq!(
+        st.check_remote(0, pd, rkey, 1016, 8, read),
+        Some((pid, a + 2040))
+    );
+    assert_eq!(st.check_remote(0, pd, rkey, 1016, 9, read), None);
+    assert_eq!(
+        st.check_remote(0, pd, rkey, a + 1032, 8, read),
+        None,
+        "not by address"
+    );
+    let sge = |addr, length| Sge { addr, length, lkey };
+    assert_eq!(
+        st.resolve_local(1, pd, &[sge(0, 4), sge(1000, 24)], true),
+        Some(vec![(a + 1024, 4), (a + 2024, 24)])
+    );
+    assert_eq!(st.resolve_local(1, pd, &[sge(1000, 25)], true), None);
+    let wraps = st.request(
+        1,
+        pid,
+        Req::RegMrIova {
+            pd,
+            addr: a,
+            len: 4096,
+            iova: u64::MAX - 10,
+            access: 0,
+        },
+    );
+    assert_eq!(wraps, err(libc::EINVAL));
 }
 
 /// Hostile packets against a live QP: arbitrary headers and payloads aimed at a QP that

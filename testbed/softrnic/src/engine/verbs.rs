@@ -3,6 +3,65 @@
 use super::*;
 
 impl State {
+    /// Registers `[addr, addr + len)` of process `pid`, named `iova` in work requests and by
+    /// peers.
+    #[allow(clippy::too_many_arguments)]
+    fn reg_mr(
+        &mut self,
+        conn: u64,
+        pid: i32,
+        pd: u32,
+        addr: u64,
+        len: u64,
+        iova: u64,
+        access: u32,
+    ) -> Resp {
+        if self.pds.get(&pd) != Some(&conn) {
+            return err(libc::EINVAL);
+        }
+        // Remote write/atomic access requires local write (as the kernel enforces).
+        if access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC) != 0
+            && access & IBV_ACCESS_LOCAL_WRITE == 0
+        {
+            return err(libc::EINVAL);
+        }
+        if len == 0 || addr.checked_add(len).is_none() || iova.checked_add(len).is_none() {
+            return err(libc::EINVAL);
+        }
+        if self.mrs.len() >= device::MAX_MR as usize {
+            return err(libc::ENOMEM);
+        }
+        // The pages must exist in the registering process (as pinning would require),
+        // unless the MR is on demand (ODP; the whole address space for an implicit one:
+        // address 0, length SIZE_MAX).
+        let mut probe = [0u8; 1];
+        if access & IBV_ACCESS_ON_DEMAND == 0
+            && (read_mem(pid, addr, &mut probe).is_err()
+                || read_mem(pid, addr + len - 1, &mut probe).is_err())
+        {
+            return err(libc::EFAULT);
+        }
+        // key = index << 8 | 8-bit key; keys are never reused within an engine run.
+        let key = self.next_key;
+        self.next_key = self.next_key.wrapping_add(0x101);
+        self.mrs.insert(
+            key,
+            Mr {
+                conn,
+                pid,
+                pd,
+                addr,
+                len,
+                iova,
+                access,
+            },
+        );
+        Resp::Mr {
+            lkey: key,
+            rkey: key,
+        }
+    }
+
     pub(super) fn request(&mut self, conn: u64, pid: i32, req: Req) -> Resp {
         if matches!(
             req,
@@ -38,51 +97,14 @@ impl State {
                 addr,
                 len,
                 access,
-            } => {
-                if self.pds.get(&pd) != Some(&conn) {
-                    return err(libc::EINVAL);
-                }
-                // Remote write/atomic access requires local write (as the kernel enforces).
-                if access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC) != 0
-                    && access & IBV_ACCESS_LOCAL_WRITE == 0
-                {
-                    return err(libc::EINVAL);
-                }
-                if len == 0 || addr.checked_add(len).is_none() {
-                    return err(libc::EINVAL);
-                }
-                if self.mrs.len() >= device::MAX_MR as usize {
-                    return err(libc::ENOMEM);
-                }
-                // The pages must exist in the registering process (as pinning would require),
-                // unless the MR is on demand (ODP; the whole address space for an implicit
-                // one: address 0, length SIZE_MAX).
-                let mut probe = [0u8; 1];
-                if access & IBV_ACCESS_ON_DEMAND == 0
-                    && (read_mem(pid, addr, &mut probe).is_err()
-                        || read_mem(pid, addr + len - 1, &mut probe).is_err())
-                {
-                    return err(libc::EFAULT);
-                }
-                // key = index << 8 | 8-bit key; keys are never reused within an engine run.
-                let key = self.next_key;
-                self.next_key = self.next_key.wrapping_add(0x101);
-                self.mrs.insert(
-                    key,
-                    Mr {
-                        conn,
-                        pid,
-                        pd,
-                        addr,
-                        len,
-                        access,
-                    },
-                );
-                Resp::Mr {
-                    lkey: key,
-                    rkey: key,
-                }
-            }
+            } => self.reg_mr(conn, pid, pd, addr, len, addr, access),
+            Req::RegMrIova {
+                pd,
+                addr,
+                len,
+                iova,
+                access,
+            } => self.reg_mr(conn, pid, pd, addr, len, iova, access),
             Req::DeregMr { lkey } => match self.mrs.get(&lkey) {
                 Some(m) if m.conn == conn => {
                     // Windows bound over it keep it (as the kernel refuses with EBUSY).

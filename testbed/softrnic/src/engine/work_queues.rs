@@ -281,11 +281,7 @@ impl State {
             if need_write && m.access & IBV_ACCESS_LOCAL_WRITE == 0 {
                 return None;
             }
-            let end = s.addr.checked_add(s.length as u64)?;
-            if s.addr < m.addr || end > m.addr + m.len {
-                return None;
-            }
-            v.push((s.addr, s.length as u64));
+            v.push((m.translate(s.addr, s.length as u64)?, s.length as u64));
         }
         Some(v)
     }
@@ -310,16 +306,15 @@ impl State {
                 let w = self.mws.get(&(rkey >> 8))?;
                 let (mr, va) = w.grant(rkey, pd, qpn, addr, len, access)?;
                 // The window lies inside its MR, which cannot go while it is bound.
-                return self.mrs.get(&mr).map(|m| (m.pid, va));
+                return self
+                    .mrs
+                    .get(&mr)
+                    .and_then(|m| Some((m.pid, m.translate(va, len)?)));
             }
         };
         if m.pd != pd || m.access & access == 0 {
             return None;
         }
-        let end = addr.checked_add(len)?;
-        if addr < m.addr || end > m.addr + m.len {
-            return None;
-        }
-        Some((m.pid, addr))
+        Some((m.pid, m.translate(addr, len)?))
     }
 }

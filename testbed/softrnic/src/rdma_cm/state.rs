@@ -21,8 +21,10 @@ pub type Channel = i32;
 /// IB CM reject reasons used here.
 pub const REJ_INVALID_SERVICE_ID: u8 = 8;
 pub const REJ_CONSUMER_DEFINED: u8 = 28;
-/// A SIDR REP status: the responder refused.
-pub const SIDR_REJECT: u8 = 1;
+/// SIDR REP statuses (the kernel's `enum ib_cm_sidr_status`): nobody listens on the service
+/// ID; the responder refused.
+pub const SIDR_UNSUPPORTED: u8 = 1;
+pub const SIDR_REJECT: u8 = 2;
 /// The local ACK timeout (4.096 µs · 2^18 ≈ 1 s) the kernel computes for RoCE paths.
 const DEFAULT_ACK_TIMEOUT: u8 = 18;
 const HOP_LIMIT: u8 = 64;
@@ -594,8 +596,11 @@ impl Cm {
         }
         id.state = State::Rejected;
         self.out.push(Out::Close(h));
-        if refused && !self.ids[&h].ud() {
+        let ud = self.ids[&h].ud();
+        if refused && !ud {
             self.rejected(h, REJ_INVALID_SERVICE_ID as i32, &[]);
+        } else if refused {
+            self.event(h, event::UNREACHABLE, SIDR_UNSUPPORTED as i32, Param::None);
         } else {
             self.event(h, event::UNREACHABLE, -libc::ETIMEDOUT, Param::None);
         }

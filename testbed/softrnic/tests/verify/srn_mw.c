@@ -6,16 +6,19 @@
  *   srn_mw client SERVER_IP PORT
  *
  * The server registers one 8 KiB MR (remote read and write, MW_BIND) but never tells the
- * client its rkey: the client only gets windows. NQP RC QPs are connected between the two;
- * an access error sends a requester QP to the error state, so every expected failure uses a
- * fresh client QP (1..7), and QP 0 does everything that must succeed. In lockstep over TCP:
+ * client its rkey: the client only gets windows, and one more MR over [6144, 7168) that is
+ * named by an IO virtual address of its own (ibv_reg_mr_iova). NQP RC QPs are connected
+ * between the two; an access error sends a requester QP to the error state, so every expected
+ * failure uses a fresh client QP (1..8), and QP 0 does everything that must succeed. In
+ * lockstep over TCP:
  *   1. the server binds a type 1 window (ibv_bind_mw, a signalled IBV_WC_BIND_MW completion)
  *      over [1024, 2048) read-only, and a type 2 window (IBV_WR_BIND_MW on QP 0, rkey chosen
- *      with ibv_inc_rkey) over [4096, 4608) read-write;
+ *      with ibv_inc_rkey) over [4096, 4608) read-write, and registers the IOVA MR;
  *   2. the client READs the whole type 1 range (data checked); READ one byte past it, and
  *      WRITE into it, each fail with IBV_WC_REM_ACCESS_ERR; it WRITEs the type 2 range through
  *      QP 0 and READs it back; the same rkey through another QP fails (type 2B windows belong
- *      to the QP that bound them);
+ *      to the QP that bound them); it READs the IOVA MR at its IOVA (data checked), and
+ *      READing it at its process address fails;
  *   3. the server binds the type 1 window again, zero-based (IBV_ACCESS_ZERO_BASED: remote
  *      addresses are offsets into the window): its old rkey fails; the new one READs the
  *      window from remote address 0 (data checked), and one byte beyond its length fails;
@@ -34,12 +37,15 @@
 
 #include "srn_common.h"
 
-#define NQP 8
+#define NQP 9
 #define BUF 8192
 #define W1_OFF 1024
 #define W1_LEN 1024
 #define W2_OFF 4096
 #define W2_LEN 512
+#define M3_OFF 6144
+#define M3_LEN 1024
+#define M3_IOVA 0x5eed00000000ull
 
 struct qpinfo {
 	uint32_t qpn, psn;
@@ -49,7 +55,7 @@ struct qpinfo {
 /* What the server tells the client after each step. */
 struct keys {
 	uint64_t base;
-	uint32_t rkey1, rkey2;
+	uint32_t rkey1, rkey2, rkey3;
 };
 
 static struct ibv_context *ctx;
@@ -191,7 +197,14 @@ static int server(int port)
 		die("alloc_mw");
 	bind_type1(mw1, 0);
 	bind_type2(mw2, ibv_inc_rkey(mw2->rkey));
-	struct keys k = {.base = (uintptr_t)buf, .rkey1 = mw1->rkey, .rkey2 = mw2->rkey};
+	struct ibv_mr *mr3 = ibv_reg_mr_iova(pd, buf + M3_OFF, M3_LEN, M3_IOVA,
+					     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+	if (!mr3)
+		die("ibv_reg_mr_iova");
+	struct keys k = {.base = (uintptr_t)buf,
+			 .rkey1 = mw1->rkey,
+			 .rkey2 = mw2->rkey,
+			 .rkey3 = mr3->rkey};
 	xfer(fd, &k, sizeof k, 1);
 
 	sync_step(fd, 1); /* step 2 done */
@@ -227,7 +240,7 @@ static int server(int port)
 	for (int i = W2_OFF + W2_LEN; i < BUF - 64; i++)
 		if (buf[i] != (uint8_t)(i * 7))
 			die("memory outside the windows changed");
-	static const int refused_in_order[] = {1, 2, 3, 4, 7, 5, 6};
+	static const int refused_in_order[] = {1, 2, 3, 8, 4, 7, 5, 6};
 	for (int i = 0; i < NQP - 1; i++) {
 		int q = refused_in_order[i];
 		struct pollfd p = {.fd = ctx->async_fd, .events = POLLIN};
@@ -242,10 +255,11 @@ static int server(int port)
 		}
 		ibv_ack_async_event(&ev);
 	}
-	if (ibv_dealloc_mw(mw1) || ibv_dealloc_mw(mw2))
-		die("dealloc_mw");
+	if (ibv_dealloc_mw(mw1) || ibv_dealloc_mw(mw2) || ibv_dereg_mr(mr3))
+		die("dealloc_mw/dereg_mr");
 	printf("OK memory windows: type 1 and 2 binds, zero-based, range, rights, QP, rebind, "
-	       "local and remote invalidation enforced; QP_ACCESS_ERR for each refused access\n");
+	       "local and remote invalidation enforced; an MR named by its IOVA; QP_ACCESS_ERR "
+	       "for each refused access\n");
 	return 0;
 }
 
@@ -277,6 +291,16 @@ static int client(const char *ip, int port)
 		die("read back what was written through the type 2 window");
 	expect(rdma(3, IBV_WR_RDMA_WRITE, &k, k.rkey2, W2_OFF, 8, 0), denied,
 	       "a type 2 window through another QP");
+	struct keys iova = k;
+	iova.base = M3_IOVA;
+	memset(buf, 0, M3_LEN);
+	expect(rdma(0, IBV_WR_RDMA_READ, &iova, k.rkey3, 0, M3_LEN, 0), ok,
+	       "READ an MR at its IOVA");
+	for (int i = 0; i < M3_LEN; i++)
+		if (buf[i] != (uint8_t)((M3_OFF + i) * 7))
+			die("the bytes read through the IOVA MR");
+	expect(rdma(8, IBV_WR_RDMA_READ, &k, k.rkey3, M3_OFF, 8, 0), denied,
+	       "an IOVA MR at its process address");
 	uint32_t old1 = k.rkey1, old2 = k.rkey2;
 	sync_step(fd, 0);
 	/* Step 3. */
@@ -308,7 +332,7 @@ static int client(const char *ip, int port)
 	expect(rdma(6, IBV_WR_RDMA_WRITE, &k, k.rkey2, W2_OFF, 8, 0), denied,
 	       "a window after remote invalidation");
 	sync_step(fd, 0);
-	printf("OK client: 7 accesses refused as expected, 5 allowed\n");
+	printf("OK client: 8 accesses refused as expected, 6 allowed\n");
 	return 0;
 }
 

@@ -256,6 +256,38 @@ fn ud_peers_find_each_other_through_sidr() {
         s.conn_request(l, addr(2, 2), addr(1, 7000), 0, Msg::Req(Req::default())),
         None
     );
+
+    // Unreachable with the SIDR REP status, as the kernel's CM reports it: "unsupported" (1)
+    // when nobody listens, "reject" (2) when the listener refuses.
+    let ud_client = |c: &mut Cm, uid| {
+        let a = c
+            .create_id(CLI, uid, abi::PS_UDP, IBV_QPT_UD as u8, 0)
+            .unwrap();
+        c.resolve_ip(CLI, a, addr(2, 1), addr(1, 7000)).unwrap();
+        c.resolve_route(CLI, a).unwrap();
+        next(c, CLI);
+        next(c, CLI);
+        c.connect(CLI, a, param(5, &[])).unwrap();
+        a
+    };
+    let a = ud_client(&mut c, 3);
+    c.connect_failed(a, true);
+    let ev = next(&mut c, CLI);
+    assert_eq!(
+        (ev.event, ev.status),
+        (event::UNREACHABLE, SIDR_UNSUPPORTED as i32)
+    );
+    let a = ud_client(&mut c, 4);
+    let p = s
+        .conn_request(l, addr(2, 1), addr(1, 7000), 0, sent(&mut c).pop().unwrap())
+        .unwrap();
+    s.reject(SRV, p, 0, vec![]).unwrap();
+    c.on_msg(a, sent(&mut s).pop().unwrap());
+    let ev = next(&mut c, CLI);
+    assert_eq!(
+        (ev.event, ev.status),
+        (event::UNREACHABLE, SIDR_REJECT as i32)
+    );
 }
 
 #[test]
