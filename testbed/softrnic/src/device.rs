@@ -1,7 +1,7 @@
 //! What the emulated device reports: names, identifiers, limits and the GID encoding.
 //!
 //! The limits are the ones the engine (or, for address handles, the provider) enforces;
-//! features not implemented (memory windows, XRC) are reported as absent (zero).
+//! features not implemented (tag matching, RSS, TSO) are reported as absent (zero).
 
 use std::net::Ipv4Addr;
 
@@ -33,6 +33,9 @@ pub const ODP_RC_CAPS: u32 = 1 | 2 | 4 | 8 | 16 | 32;
 pub const ODP_UC_CAPS: u32 = 1 | 2 | 4 | 32;
 pub const ODP_UD_CAPS: u32 = 1 | 2 | 32;
 pub const MAX_MW: u32 = 65536;
+/// Device memory of the host (`ibv_device_attr_ex.max_dm_size`), shared by its processes:
+/// 256 KiB, the size of ConnectX-6's on-chip memory (MEMIC) that mlx5 offers.
+pub const MAX_DM_SIZE: u64 = 256 << 10;
 pub const MAX_PD: u32 = 4096;
 pub const MAX_RD_ATOM: u32 = 16;
 pub const MAX_SRQ: u32 = 4096;

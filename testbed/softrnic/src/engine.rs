@@ -434,6 +434,8 @@ struct State {
     port_up: bool,
     /// Memory windows by index (rkey >> 8).
     mws: HashMap<u32, Mw>,
+    /// Device memory reservations: handle → (connection, bytes).
+    dms: HashMap<u32, (u64, u64)>,
     /// This host's address (the destination in the GRH of received UD datagrams).
     my_ip: Ipv4Addr,
     /// Every host of the run, to which multicast datagrams are replicated.
@@ -715,6 +717,7 @@ impl State {
             next_key: 0x100,
             pds: HashMap::new(),
             mrs: HashMap::new(),
+            dms: HashMap::new(),
             cqs: HashMap::new(),
             channels: HashMap::new(),
             qps: HashMap::new(),
@@ -1030,6 +1033,7 @@ impl State {
         self.forget_xrcd_opens(conn);
         self.mws.retain(|_, w| w.conn != conn);
         self.mrs.retain(|_, m| m.conn != conn);
+        self.dms.retain(|_, d| d.0 != conn);
         self.cqs.retain(|_, c| c.conn != conn);
         self.channels.retain(|_, c| c.conn != conn);
         self.pds.retain(|_, c| *c != conn);

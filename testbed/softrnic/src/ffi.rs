@@ -548,6 +548,26 @@ pub const DEVICE_ATTR_EX_ODP_RC: usize = 248;
 pub const DEVICE_ATTR_EX_ODP_UC: usize = 252;
 pub const DEVICE_ATTR_EX_ODP_UD: usize = 256;
 pub const DEVICE_ATTR_EX_ODP_XRC: usize = 392;
+/// Offset in `struct ibv_device_attr_ex` of `max_dm_size` (u64).
+pub const DEVICE_ATTR_EX_MAX_DM_SIZE: usize = 376;
+
+/// `struct ibv_dm`.
+#[repr(C)]
+pub struct IbvDm {
+    pub context: *mut IbvContext,
+    pub memcpy_to_dm: unsafe extern "C" fn(*mut IbvDm, u64, *const c_void, usize) -> c_int,
+    pub memcpy_from_dm: unsafe extern "C" fn(*mut c_void, *mut IbvDm, u64, usize) -> c_int,
+    pub comp_mask: u32,
+    pub handle: u32,
+}
+
+/// `struct ibv_alloc_dm_attr`.
+#[repr(C)]
+pub struct IbvAllocDmAttr {
+    pub length: usize,
+    pub log_align_req: u32,
+    pub comp_mask: u32,
+}
 
 /// `struct ibv_qp_init_attr_ex`: its first members are `struct ibv_qp_init_attr`'s (which,
 /// padded to 64 bytes on its own, cannot be embedded: `comp_mask` sits in that padding).
@@ -922,6 +942,21 @@ mod tests {
                 DEVICE_ATTR_EX_ODP_UD,
             ),
             ("ibv_device_attr_ex.xrc_odp_caps", DEVICE_ATTR_EX_ODP_XRC),
+            ("ibv_device_attr_ex.max_dm_size", DEVICE_ATTR_EX_MAX_DM_SIZE),
+            ("sizeof ibv_dm", size_of::<IbvDm>()),
+            ("ibv_dm.memcpy_to_dm", offset_of!(IbvDm, memcpy_to_dm)),
+            ("ibv_dm.memcpy_from_dm", offset_of!(IbvDm, memcpy_from_dm)),
+            ("ibv_dm.comp_mask", offset_of!(IbvDm, comp_mask)),
+            ("ibv_dm.handle", offset_of!(IbvDm, handle)),
+            ("sizeof ibv_alloc_dm_attr", size_of::<IbvAllocDmAttr>()),
+            (
+                "ibv_alloc_dm_attr.log_align_req",
+                offset_of!(IbvAllocDmAttr, log_align_req),
+            ),
+            (
+                "ibv_alloc_dm_attr.comp_mask",
+                offset_of!(IbvAllocDmAttr, comp_mask),
+            ),
             ("sizeof ibv_ah", size_of::<IbvAh>()),
             ("ibv_ah.handle", offset_of!(IbvAh, handle)),
             ("ibv_send_wr.wr.ud.ah", offset_of!(IbvSendWr, wr)),

@@ -522,6 +522,14 @@ pub enum Req {
     DestroyFlow {
         handle: u32,
     },
+    /// Reserve `len` bytes of the host's device memory ([`Resp::Handle`]); the provider
+    /// keeps the bytes, the engine the host's capacity.
+    AllocDm {
+        len: u64,
+    },
+    FreeDm {
+        handle: u32,
+    },
 }
 
 impl Req {
@@ -721,6 +729,12 @@ impl Req {
             Req::DestroyFlow { handle } => {
                 e.u32(34).u32(*handle);
             }
+            Req::AllocDm { len } => {
+                e.u32(36).u64(*len);
+            }
+            Req::FreeDm { handle } => {
+                e.u32(37).u32(*handle);
+            }
         }
         e.0
     }
@@ -887,6 +901,8 @@ impl Req {
                 iova: d.u64()?,
                 access: d.u32()?,
             },
+            36 => Req::AllocDm { len: d.u64()? },
+            37 => Req::FreeDm { handle: d.u32()? },
             o => return Err(WireError::Opcode(o)),
         })
     }
@@ -1023,9 +1039,11 @@ impl Resp {
             return Ok(Resp::Err { errno, bad_index });
         }
         Ok(match req {
-            Req::AllocPd | Req::AllocMw { .. } | Req::OpenXrcd { .. } | Req::CreateFlow { .. } => {
-                Resp::Handle(d.u32()?)
-            }
+            Req::AllocPd
+            | Req::AllocMw { .. }
+            | Req::OpenXrcd { .. }
+            | Req::CreateFlow { .. }
+            | Req::AllocDm { .. } => Resp::Handle(d.u32()?),
             Req::RegMr { .. } | Req::RegMrIova { .. } => Resp::Mr {
                 lkey: d.u32()?,
                 rkey: d.u32()?,
@@ -1185,6 +1203,8 @@ mod tests {
                 attr: vec![1, 2, 3, 4],
             },
             Req::DestroyFlow { handle: 9 },
+            Req::AllocDm { len: 4096 },
+            Req::FreeDm { handle: 5 },
             Req::RegMrIova {
                 pd: 3,
                 addr: 0xdead_beef,

@@ -31,6 +31,7 @@ use std::sync::atomic::Ordering;
 mod ah;
 mod cq;
 mod cq_ex;
+mod dm;
 mod flow;
 mod mcast;
 mod mw;
@@ -134,6 +135,9 @@ fn ctx_ops() -> &'static VerbsContextOps {
             set("bind_mw", bind_mw as *const c_void);
             set("free_context", free_context as *const c_void);
             set("advise_mr", advise_mr as *const c_void);
+            set("alloc_dm", dm::alloc_dm as *const c_void);
+            set("free_dm", dm::free_dm as *const c_void);
+            set("reg_dm_mr", dm::reg_dm_mr as *const c_void);
             set("async_event", async_event as *const c_void);
             SyncCtxOps(t)
         })
@@ -734,6 +738,12 @@ unsafe extern "C" fn query_device_ex(
                 (b.add(DEVICE_ATTR_EX_CORE_CLOCK) as *mut u64)
                     .write_unaligned(cq_ex::CORE_CLOCK_KHZ);
             }
+            if attr_size >= DEVICE_ATTR_EX_MAX_DM_SIZE + 8 {
+                (attr as *mut u8)
+                    .add(DEVICE_ATTR_EX_MAX_DM_SIZE)
+                    .cast::<u64>()
+                    .write_unaligned(device::MAX_DM_SIZE);
+            }
             // On-demand paging: the engine reaches a process's memory page by page as it
             // moves data (it never pins), so every MR is on demand by nature.
             if attr_size >= DEVICE_ATTR_EX_ODP_XRC + 4 {
@@ -865,7 +875,7 @@ unsafe extern "C" fn reg_mr(
 ) -> *mut IbvMr {
     guard(null_mut(), || {
         // SAFETY: pd was made by alloc_pd.
-        let (st, h, ctx) = unsafe { (state((*pd).context), (*pd).handle, (*pd).context) };
+        let h = unsafe { (*pd).handle };
         // An MR whose IO virtual address differs from its address (`ibv_reg_mr_iova`):
         // work requests and peers name it by `hca_va`.
         let req = if hca_va == addr as u64 {
@@ -884,40 +894,72 @@ unsafe extern "C" fn reg_mr(
                 access: access as u32,
             }
         };
-        match st.call(&req) {
-            Ok(Resp::Mr { lkey, rkey }) => {
-                let mr = Box::new(VerbsMr {
-                    ibv_mr: IbvMr {
-                        context: ctx,
-                        pd,
-                        addr,
-                        length,
-                        handle: lkey,
-                        lkey,
-                        rkey,
-                    },
-                    mr_type: 0, // IBV_MR_TYPE_MR
-                    access,
-                });
-                Box::into_raw(mr) as *mut IbvMr
-            }
-            Ok(_) => {
-                set_errno(libc::EIO);
-                null_mut()
-            }
-            Err(e) => {
-                set_errno(e);
-                null_mut()
-            }
-        }
+        new_mr(pd, req, addr, length, access, null_mut())
     })
 }
 
-unsafe extern "C" fn dereg_mr(vmr: *mut VerbsMr) -> c_int {
+/// An MR: libibverbs' `verbs_mr`, then the device memory it lies in (null if none).
+#[repr(C)]
+struct SrMr {
+    vmr: VerbsMr,
+    dm: *mut dm::SrDm,
+}
+
+/// Registers an MR with the engine (`req`) and makes its `ibv_mr`, which shows `addr` and
+/// `length`; null with errno set on failure.
+fn new_mr(
+    pd: *mut IbvPd,
+    req: Req,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+    dm: *mut dm::SrDm,
+) -> *mut IbvMr {
+    // SAFETY: pd was made by alloc_pd.
+    let ctx = unsafe { (*pd).context };
+    // SAFETY: ctx is ours.
+    let st = unsafe { state(ctx) };
+    let Some((lkey, rkey)) = call_expect(st, &req, |r| match r {
+        Resp::Mr { lkey, rkey } => Some((lkey, rkey)),
+        _ => None,
+    }) else {
+        return null_mut();
+    };
+    let mr = Box::new(SrMr {
+        vmr: VerbsMr {
+            ibv_mr: IbvMr {
+                context: ctx,
+                pd,
+                addr,
+                length,
+                handle: lkey,
+                lkey,
+                rkey,
+            },
+            mr_type: 0, // IBV_MR_TYPE_MR
+            access,
+        },
+        dm,
+    });
+    Box::into_raw(mr) as *mut IbvMr
+}
+
+unsafe extern "C" fn dereg_mr(mr: *mut SrMr) -> c_int {
     guard(libc::EIO, || {
-        // SAFETY: vmr was made by reg_mr.
-        let (st, lkey) = unsafe { (state((*vmr).ibv_mr.context), (*vmr).ibv_mr.lkey) };
-        // SAFETY: allocated by reg_mr with Box; no longer used by the caller.
-        unsafe { destroy_boxed(st, &Req::DeregMr { lkey }, vmr) }
+        // SAFETY: mr was made by new_mr.
+        let (st, lkey, dm) = unsafe {
+            (
+                state((*mr).vmr.ibv_mr.context),
+                (*mr).vmr.ibv_mr.lkey,
+                (*mr).dm,
+            )
+        };
+        // SAFETY: allocated by new_mr with Box; no longer used by the caller.
+        let r = unsafe { destroy_boxed(st, &Req::DeregMr { lkey }, mr) };
+        if r == 0 {
+            // SAFETY: the MR held the DM.
+            unsafe { dm::mr_gone(dm) };
+        }
+        r
     })
 }

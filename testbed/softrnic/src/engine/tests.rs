@@ -2269,3 +2269,30 @@ mod fuzz {
         }
     }
 }
+
+/// Device memory is the host's, shared by its processes: reservations beyond what is left
+/// fail with ENOMEM, only the owner frees one, and a process that goes returns its share.
+#[test]
+fn device_memory_is_reserved_from_the_hosts_capacity() {
+    let mut st = State::new();
+    let pid = std::process::id() as i32;
+    let dm = |st: &mut State, conn, len| st.request(conn, pid, Req::AllocDm { len });
+    let Resp::Handle(a) = dm(&mut st, 1, device::MAX_DM_SIZE - 4096) else {
+        panic!()
+    };
+    assert_eq!(dm(&mut st, 2, 8192), err(libc::ENOMEM));
+    assert_eq!(dm(&mut st, 2, 0), err(libc::EINVAL));
+    assert!(matches!(dm(&mut st, 2, 4096), Resp::Handle(_)));
+    assert_eq!(dm(&mut st, 2, 1), err(libc::ENOMEM));
+    assert_eq!(
+        st.request(2, pid, Req::FreeDm { handle: a }),
+        err(libc::EINVAL),
+        "not its own"
+    );
+    st.drop_conn(1);
+    assert!(matches!(dm(&mut st, 3, 8192), Resp::Handle(_)));
+    assert_eq!(
+        st.request(1, pid, Req::FreeDm { handle: a }),
+        err(libc::EINVAL)
+    );
+}

@@ -441,6 +441,25 @@ impl State {
             Req::AttachMcast { qpn, group } => self.attach_mcast(conn, qpn, group, true),
             Req::CreateFlow { qpn, attr } => self.create_flow(conn, qpn, &attr),
             Req::DestroyFlow { handle } => self.destroy_flow(conn, handle),
+            Req::AllocDm { len } => {
+                let used: u64 = self.dms.values().map(|d| d.1).sum();
+                if len == 0 {
+                    return err(libc::EINVAL);
+                }
+                if len > device::MAX_DM_SIZE - used {
+                    return err(libc::ENOMEM);
+                }
+                let h = self.handle();
+                self.dms.insert(h, (conn, len));
+                Resp::Handle(h)
+            }
+            Req::FreeDm { handle } => match self.dms.get(&handle) {
+                Some(d) if d.0 == conn => {
+                    self.dms.remove(&handle);
+                    Resp::Unit
+                }
+                _ => err(libc::EINVAL),
+            },
             Req::DetachMcast { qpn, group } => self.attach_mcast(conn, qpn, group, false),
             Req::CloseXrcd { xrcd } => self.close_xrcd(conn, xrcd),
             Req::AttachRing {

@@ -13,12 +13,16 @@
  * lockstep over TCP:
  *   1. the server binds a type 1 window (ibv_bind_mw, a signalled IBV_WC_BIND_MW completion)
  *      over [1024, 2048) read-only, and a type 2 window (IBV_WR_BIND_MW on QP 0, rkey chosen
- *      with ibv_inc_rkey) over [4096, 4608) read-write, and registers the IOVA MR;
+ *      with ibv_inc_rkey) over [4096, 4608) read-write, and registers the IOVA MR; it
+ *      allocates device memory (ibv_alloc_dm; more than the device reports fails with ENOMEM),
+ *      copies a pattern in (a copy past its end fails with EFAULT) and registers part of it
+ *      zero-based for remote READ (not zero-based: EINVAL; freeing it under the MR: EBUSY);
  *   2. the client READs the whole type 1 range (data checked); READ one byte past it, and
  *      WRITE into it, each fail with IBV_WC_REM_ACCESS_ERR; it WRITEs the type 2 range through
  *      QP 0 and READs it back; the same rkey through another QP fails (type 2B windows belong
  *      to the QP that bound them); it READs the IOVA MR at its IOVA (data checked), and
- *      READing it at its process address fails;
+ *      READing it at its process address fails; it READs the device memory MR from remote
+ *      address 0 (data checked);
  *   3. the server binds the type 1 window again, zero-based (IBV_ACCESS_ZERO_BASED: remote
  *      addresses are offsets into the window): its old rkey fails; the new one READs the
  *      window from remote address 0 (data checked), and one byte beyond its length fails;
@@ -46,6 +50,8 @@
 #define M3_OFF 6144
 #define M3_LEN 1024
 #define M3_IOVA 0x5eed00000000ull
+#define DM_LEN 512
+#define DM_OFF 64
 
 struct qpinfo {
 	uint32_t qpn, psn;
@@ -55,7 +61,7 @@ struct qpinfo {
 /* What the server tells the client after each step. */
 struct keys {
 	uint64_t base;
-	uint32_t rkey1, rkey2, rkey3;
+	uint32_t rkey1, rkey2, rkey3, rkey4;
 };
 
 static struct ibv_context *ctx;
@@ -201,10 +207,36 @@ static int server(int port)
 					     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
 	if (!mr3)
 		die("ibv_reg_mr_iova");
+	struct ibv_device_attr_ex dev;
+	if (ibv_query_device_ex(ctx, NULL, &dev) || dev.max_dm_size < DM_LEN)
+		die("ibv_query_device_ex: no device memory");
+	struct ibv_alloc_dm_attr dma = {.length = dev.max_dm_size + 1};
+	if (ibv_alloc_dm(ctx, &dma) || errno != ENOMEM)
+		die("more device memory than the device has");
+	dma.length = DM_LEN;
+	struct ibv_dm *dm = ibv_alloc_dm(ctx, &dma);
+	if (!dm)
+		die("ibv_alloc_dm");
+	uint8_t pattern[DM_LEN];
+	for (int i = 0; i < DM_LEN; i++)
+		pattern[i] = (uint8_t)(0x3c ^ i);
+	if (ibv_memcpy_to_dm(dm, 0, pattern, DM_LEN))
+		die("ibv_memcpy_to_dm");
+	if (ibv_memcpy_to_dm(dm, DM_LEN - 1, pattern, 2) != EFAULT)
+		die("ibv_memcpy_to_dm past the end");
+	if (ibv_reg_dm_mr(pd, dm, 0, DM_LEN, IBV_ACCESS_REMOTE_READ) || errno != EINVAL)
+		die("a device memory MR that is not zero-based");
+	struct ibv_mr *dmr = ibv_reg_dm_mr(pd, dm, DM_OFF, DM_LEN - DM_OFF,
+					   IBV_ACCESS_ZERO_BASED | IBV_ACCESS_REMOTE_READ);
+	if (!dmr)
+		die("ibv_reg_dm_mr");
+	if (ibv_free_dm(dm) != EBUSY)
+		die("ibv_free_dm under an MR");
 	struct keys k = {.base = (uintptr_t)buf,
 			 .rkey1 = mw1->rkey,
 			 .rkey2 = mw2->rkey,
-			 .rkey3 = mr3->rkey};
+			 .rkey3 = mr3->rkey,
+			 .rkey4 = dmr->rkey};
 	xfer(fd, &k, sizeof k, 1);
 
 	sync_step(fd, 1); /* step 2 done */
@@ -255,10 +287,16 @@ static int server(int port)
 		}
 		ibv_ack_async_event(&ev);
 	}
-	if (ibv_dealloc_mw(mw1) || ibv_dealloc_mw(mw2) || ibv_dereg_mr(mr3))
+	if (ibv_dealloc_mw(mw1) || ibv_dealloc_mw(mw2) || ibv_dereg_mr(mr3) || ibv_dereg_mr(dmr))
 		die("dealloc_mw/dereg_mr");
+	uint8_t back[DM_LEN];
+	if (ibv_memcpy_from_dm(back, dm, 0, DM_LEN) || memcmp(back, pattern, DM_LEN))
+		die("ibv_memcpy_from_dm");
+	if (ibv_free_dm(dm))
+		die("ibv_free_dm");
 	printf("OK memory windows: type 1 and 2 binds, zero-based, range, rights, QP, rebind, "
-	       "local and remote invalidation enforced; an MR named by its IOVA; QP_ACCESS_ERR "
+	       "local and remote invalidation enforced; an MR named by its IOVA; device memory; "
+	       "QP_ACCESS_ERR "
 	       "for each refused access\n");
 	return 0;
 }
@@ -301,6 +339,14 @@ static int client(const char *ip, int port)
 			die("the bytes read through the IOVA MR");
 	expect(rdma(8, IBV_WR_RDMA_READ, &k, k.rkey3, M3_OFF, 8, 0), denied,
 	       "an IOVA MR at its process address");
+	struct keys dmk = k;
+	dmk.base = 0;
+	memset(buf, 0, DM_LEN);
+	expect(rdma(0, IBV_WR_RDMA_READ, &dmk, k.rkey4, 0, DM_LEN - DM_OFF, 0), ok,
+	       "READ device memory");
+	for (int i = 0; i < DM_LEN - DM_OFF; i++)
+		if (buf[i] != (uint8_t)(0x3c ^ (DM_OFF + i)))
+			die("the bytes read from device memory");
 	uint32_t old1 = k.rkey1, old2 = k.rkey2;
 	sync_step(fd, 0);
 	/* Step 3. */
@@ -332,7 +378,7 @@ static int client(const char *ip, int port)
 	expect(rdma(6, IBV_WR_RDMA_WRITE, &k, k.rkey2, W2_OFF, 8, 0), denied,
 	       "a window after remote invalidation");
 	sync_step(fd, 0);
-	printf("OK client: 8 accesses refused as expected, 6 allowed\n");
+	printf("OK client: 8 accesses refused as expected, 7 allowed\n");
 	return 0;
 }
 
