@@ -36,6 +36,23 @@ pub const MAX_MW: u32 = 65536;
 /// Device memory of the host (`ibv_device_attr_ex.max_dm_size`), shared by its processes:
 /// 256 KiB, the size of ConnectX-6's on-chip memory (MEMIC) that mlx5 offers.
 pub const MAX_DM_SIZE: u64 = 256 << 10;
+/// Packet pacing (`ibv_device_attr_ex.packet_pacing_caps`): per-QP rates from 1 kb/s to
+/// 100 Gb/s (ConnectX-5's range), on the QP types that send.
+pub const PP_RATE_MIN_KBPS: u32 = 1;
+pub const PP_RATE_MAX_KBPS: u32 = 100_000_000;
+pub const PP_QP_TYPES: [i32; 5] = [
+    IBV_QPT_RC,
+    IBV_QPT_UC,
+    IBV_QPT_UD,
+    IBV_QPT_RAW_PACKET,
+    IBV_QPT_XRC_SEND,
+];
+
+/// Whether `kbps` is a rate a QP of type `qpt` may be paced at (0: not paced).
+pub fn pacing_allowed(qpt: i32, kbps: u32) -> bool {
+    kbps == 0
+        || (PP_QP_TYPES.contains(&qpt) && (PP_RATE_MIN_KBPS..=PP_RATE_MAX_KBPS).contains(&kbps))
+}
 pub const MAX_PD: u32 = 4096;
 pub const MAX_RD_ATOM: u32 = 16;
 pub const MAX_SRQ: u32 = 4096;

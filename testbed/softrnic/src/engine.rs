@@ -365,6 +365,8 @@ struct Qp {
     user: u64,
     /// `IBV_EVENT_COMM_EST` was raised (the first packet that arrived in RTR).
     comm_est: bool,
+    /// Packet pacing (`IBV_QP_RATE_LIMIT`): None, unpaced.
+    pacer: Option<nic::Pacer>,
     /// An XRC target's other handles: (connection, the application's `ibv_qp *`) of the
     /// processes that opened it with `ibv_open_qp` (see `xrc::State::release_qp`).
     openers: Vec<(u64, u64)>,
@@ -436,6 +438,8 @@ struct State {
     mws: HashMap<u32, Mw>,
     /// Device memory reservations: handle → (connection, bytes).
     dms: HashMap<u32, (u64, u64)>,
+    /// The earliest time a paced QP that `tx_one` passed over may send again.
+    pace_wake: Option<Instant>,
     /// This host's address (the destination in the GRH of received UD datagrams).
     my_ip: Ipv4Addr,
     /// Every host of the run, to which multicast datagrams are replicated.
@@ -718,6 +722,7 @@ impl State {
             pds: HashMap::new(),
             mrs: HashMap::new(),
             dms: HashMap::new(),
+            pace_wake: None,
             cqs: HashMap::new(),
             channels: HashMap::new(),
             qps: HashMap::new(),
@@ -817,12 +822,24 @@ impl State {
     }
 
     /// Transmit arbitration: the next QP in round-robin order that has a packet to send
-    /// (retransmission or new data) sends exactly one; it then goes to the back of the order.
-    /// Returns the QP that sent, or None when no QP has anything to send.
+    /// (retransmission or new data) and whose pacing allows it sends exactly one; it then goes
+    /// to the back of the order. Returns the QP that sent, or None when no QP has anything to
+    /// send now (`pace_wake`: when a paced QP passed over may send again).
     fn tx_one(&mut self, now: Instant) -> Option<u32> {
+        self.pace_wake = None;
         for _ in 0..self.rr.len() {
             let qpn = self.rr.pop_front()?;
             self.rr.push_back(qpn);
+            // A QP leaving RTS (flushing, say) is not held back by its pacing.
+            let paced = self
+                .qps
+                .get(&qpn)
+                .filter(|q| q.state == IBV_QPS_RTS)
+                .and_then(|q| q.pacer?.ready_at(now));
+            if let Some(t) = paced {
+                self.pace_wake = Some(self.pace_wake.map_or(t, |w| w.min(t)));
+                continue;
+            }
             self.pull_sq(qpn);
             if self.qps.get(&qpn).is_some_and(|q| q.state == IBV_QPS_ERR) {
                 // Receives posted to a QP in the error state are flushed.
@@ -835,6 +852,9 @@ impl State {
             self.sync_done(qpn);
             if let Some(pkt) = pkt {
                 self.touch_qp(qpn, now);
+                if let Some(p) = self.qps.get_mut(&qpn).and_then(|q| q.pacer.as_mut()) {
+                    p.charge(now, pkt.1.len());
+                }
                 self.emit(pkt.0, pkt.1);
                 return Some(qpn);
             }

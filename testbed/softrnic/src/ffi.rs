@@ -548,6 +548,9 @@ pub const DEVICE_ATTR_EX_ODP_RC: usize = 248;
 pub const DEVICE_ATTR_EX_ODP_UC: usize = 252;
 pub const DEVICE_ATTR_EX_ODP_UD: usize = 256;
 pub const DEVICE_ATTR_EX_ODP_XRC: usize = 392;
+/// Offset in `struct ibv_device_attr_ex` of `packet_pacing_caps` (three u32: the least and
+/// the greatest rate in kb/s, a mask of QP types).
+pub const DEVICE_ATTR_EX_PACKET_PACING: usize = 332;
 /// Offset in `struct ibv_device_attr_ex` of `max_dm_size` (u64).
 pub const DEVICE_ATTR_EX_MAX_DM_SIZE: usize = 376;
 
@@ -559,6 +562,15 @@ pub struct IbvDm {
     pub memcpy_from_dm: unsafe extern "C" fn(*mut c_void, *mut IbvDm, u64, usize) -> c_int,
     pub comp_mask: u32,
     pub handle: u32,
+}
+
+/// `struct ibv_qp_rate_limit_attr`.
+#[repr(C)]
+pub struct IbvQpRateLimitAttr {
+    pub rate_limit: u32,
+    pub max_burst_sz: u32,
+    pub typical_pkt_sz: u16,
+    pub comp_mask: u32,
 }
 
 /// `struct ibv_alloc_dm_attr`.
@@ -731,6 +743,7 @@ pub mod consts {
     pub const IBV_QP_MAX_DEST_RD_ATOMIC: i32 = 1 << 17;
     pub const IBV_QP_CAP: i32 = 1 << 19;
     pub const IBV_QP_DEST_QPN: i32 = 1 << 20;
+    pub const IBV_QP_RATE_LIMIT: i32 = 1 << 25;
 
     pub const IBV_ACCESS_LOCAL_WRITE: u32 = 1;
     pub const IBV_ACCESS_REMOTE_WRITE: u32 = 2;
@@ -943,6 +956,22 @@ mod tests {
             ),
             ("ibv_device_attr_ex.xrc_odp_caps", DEVICE_ATTR_EX_ODP_XRC),
             ("ibv_device_attr_ex.max_dm_size", DEVICE_ATTR_EX_MAX_DM_SIZE),
+            (
+                "ibv_device_attr_ex.packet_pacing_caps",
+                DEVICE_ATTR_EX_PACKET_PACING,
+            ),
+            (
+                "sizeof ibv_qp_rate_limit_attr",
+                size_of::<IbvQpRateLimitAttr>(),
+            ),
+            (
+                "ibv_qp_rate_limit_attr.typical_pkt_sz",
+                offset_of!(IbvQpRateLimitAttr, typical_pkt_sz),
+            ),
+            (
+                "ibv_qp_rate_limit_attr.comp_mask",
+                offset_of!(IbvQpRateLimitAttr, comp_mask),
+            ),
             ("sizeof ibv_dm", size_of::<IbvDm>()),
             ("ibv_dm.memcpy_to_dm", offset_of!(IbvDm, memcpy_to_dm)),
             ("ibv_dm.memcpy_from_dm", offset_of!(IbvDm, memcpy_from_dm)),

@@ -155,6 +155,8 @@ pub struct QpAttrs {
     pub dlid: u16,
     pub sl: u8,
     pub ah_port_num: u8,
+    /// Packet pacing (`IBV_QP_RATE_LIMIT`), kb/s; 0: none.
+    pub rate_limit: u32,
 }
 
 impl QpAttrs {
@@ -181,7 +183,8 @@ impl QpAttrs {
             .u8(self.is_global)
             .u32(self.dlid as u32)
             .u8(self.sl)
-            .u8(self.ah_port_num);
+            .u8(self.ah_port_num)
+            .u32(self.rate_limit);
     }
     fn dec(d: &mut Dec) -> Result<Self, WireError> {
         let mut a = QpAttrs {
@@ -210,6 +213,7 @@ impl QpAttrs {
         a.dlid = d.u32()? as u16;
         a.sl = d.u8()?;
         a.ah_port_num = d.u8()?;
+        a.rate_limit = d.u32()?;
         Ok(a)
     }
 }
@@ -530,6 +534,13 @@ pub enum Req {
     FreeDm {
         handle: u32,
     },
+    /// `ibv_modify_qp_rate_limit` on a QP in RTS: pace it at `kbps` (0: no pacing) with
+    /// bursts of up to `max_burst` bytes.
+    RateLimit {
+        qpn: u32,
+        kbps: u32,
+        max_burst: u32,
+    },
 }
 
 impl Req {
@@ -735,6 +746,13 @@ impl Req {
             Req::FreeDm { handle } => {
                 e.u32(37).u32(*handle);
             }
+            Req::RateLimit {
+                qpn,
+                kbps,
+                max_burst,
+            } => {
+                e.u32(38).u32(*qpn).u32(*kbps).u32(*max_burst);
+            }
         }
         e.0
     }
@@ -903,6 +921,11 @@ impl Req {
             },
             36 => Req::AllocDm { len: d.u64()? },
             37 => Req::FreeDm { handle: d.u32()? },
+            38 => Req::RateLimit {
+                qpn: d.u32()?,
+                kbps: d.u32()?,
+                max_burst: d.u32()?,
+            },
             o => return Err(WireError::Opcode(o)),
         })
     }
@@ -1205,6 +1228,11 @@ mod tests {
             Req::DestroyFlow { handle: 9 },
             Req::AllocDm { len: 4096 },
             Req::FreeDm { handle: 5 },
+            Req::RateLimit {
+                qpn: 7,
+                kbps: 8_000,
+                max_burst: 4_096,
+            },
             Req::RegMrIova {
                 pd: 3,
                 addr: 0xdead_beef,

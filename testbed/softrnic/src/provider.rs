@@ -138,6 +138,10 @@ fn ctx_ops() -> &'static VerbsContextOps {
             set("alloc_dm", dm::alloc_dm as *const c_void);
             set("free_dm", dm::free_dm as *const c_void);
             set("reg_dm_mr", dm::reg_dm_mr as *const c_void);
+            set(
+                "modify_qp_rate_limit",
+                qp::modify_qp_rate_limit as *const c_void,
+            );
             set("async_event", async_event as *const c_void);
             SyncCtxOps(t)
         })
@@ -737,6 +741,13 @@ unsafe extern "C" fn query_device_ex(
                 (b.add(DEVICE_ATTR_EX_TS_MASK) as *mut u64).write_unaligned(u64::MAX);
                 (b.add(DEVICE_ATTR_EX_CORE_CLOCK) as *mut u64)
                     .write_unaligned(cq_ex::CORE_CLOCK_KHZ);
+            }
+            if attr_size >= DEVICE_ATTR_EX_PACKET_PACING + 12 {
+                let b = (attr as *mut u8).add(DEVICE_ATTR_EX_PACKET_PACING) as *mut u32;
+                let qpts = device::PP_QP_TYPES.iter().fold(0u32, |m, t| m | 1 << t);
+                b.write_unaligned(device::PP_RATE_MIN_KBPS);
+                b.add(1).write_unaligned(device::PP_RATE_MAX_KBPS);
+                b.add(2).write_unaligned(qpts);
             }
             if attr_size >= DEVICE_ATTR_EX_MAX_DM_SIZE + 8 {
                 (attr as *mut u8)

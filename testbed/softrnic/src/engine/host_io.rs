@@ -217,9 +217,12 @@ pub(super) fn tx_loop(sh: Arc<Shared>, stats: Option<PathBuf>, port_state: Optio
         }
         sh.flush_out(&mut st);
         if sent == 0 {
-            let wait = next_held
-                .map(|t| t.saturating_duration_since(now).min(TICK))
-                .unwrap_or(TICK);
+            // Until the next held packet or paced QP is due, at most a tick.
+            let wait = [next_held, st.pace_wake]
+                .into_iter()
+                .flatten()
+                .map(|t| t.saturating_duration_since(now))
+                .fold(TICK, Duration::min);
             drop(st);
             match paced {
                 // Work is waiting for the NIC model's clock: nothing can go out before then.

@@ -86,7 +86,13 @@ impl State {
         if !has(required) {
             return Err(libc::EINVAL);
         }
-        let allowed = required | optional | IBV_QP_STATE | IBV_QP_CUR_STATE;
+        // Packet pacing is set on the way to RTS and in RTS, as mlx5 takes it.
+        let pacing = if new == IBV_QPS_RTS && matches!(cur, IBV_QPS_RTR | IBV_QPS_RTS) {
+            IBV_QP_RATE_LIMIT
+        } else {
+            0
+        };
+        let allowed = required | optional | pacing | IBV_QP_STATE | IBV_QP_CUR_STATE;
         if new != IBV_QPS_RESET && new != IBV_QPS_ERR && mask & !allowed != 0 {
             return Err(libc::EINVAL);
         }
@@ -95,6 +101,9 @@ impl State {
             return Err(libc::EINVAL);
         }
         if has(IBV_QP_PKEY_INDEX) && a.pkey_index != 0 {
+            return Err(libc::EINVAL);
+        }
+        if has(IBV_QP_RATE_LIMIT) && !device::pacing_allowed(q.qpt, a.rate_limit) {
             return Err(libc::EINVAL);
         }
         let mut mtu = q.mtu;
@@ -180,6 +189,10 @@ impl State {
         if has(IBV_QP_RNR_RETRY) {
             t.rnr_retry = a.rnr_retry;
         }
+        if has(IBV_QP_RATE_LIMIT) {
+            t.rate_limit = a.rate_limit;
+            q.pacer = (a.rate_limit != 0).then(|| nic::Pacer::new(a.rate_limit, 0));
+        }
         q.state = new;
         match new {
             IBV_QPS_RESET => {
@@ -194,6 +207,7 @@ impl State {
                 q.comm_est = false;
                 q.remote = None;
                 q.attr = QpAttrs::default();
+                q.pacer = None;
                 // Work requests still in the rings are discarded too (as a reset does).
                 if let Some(r) = q.rings.as_mut() {
                     r.sq_cons = r.sq.prod(&r.map).load(Ordering::Acquire);

@@ -2296,3 +2296,67 @@ fn device_memory_is_reserved_from_the_hosts_capacity() {
         err(libc::EINVAL)
     );
 }
+
+/// Packet pacing: a QP given a rate (`IBV_QP_RATE_LIMIT` in RTS) is passed over until its
+/// pacer allows its next packet, while an unpaced QP takes the line; `pace_wake` says when
+/// the paced one is due. Out-of-range rates, and `ibv_modify_qp_rate_limit` outside RTS, on
+/// another process's QP or with a burst but no rate, are refused.
+#[test]
+fn a_paced_qp_sends_at_its_rate_and_others_are_not_held_up() {
+    let (mut st, qpns, _buf) = nic_rig(NicConfig::default(), 2, 2);
+    let (paced, free) = (qpns[0], qpns[1]);
+    let rate = |kbps| QpAttrs {
+        qp_state: IBV_QPS_RTS,
+        rate_limit: kbps,
+        ..Default::default()
+    };
+    let m = IBV_QP_STATE | IBV_QP_RATE_LIMIT;
+    assert_eq!(
+        st.modify_qp(paced, m, &rate(device::PP_RATE_MAX_KBPS + 1)),
+        Err(libc::EINVAL)
+    );
+    // 1,000 kb/s: a 256-byte packet (+ 48 header + 42 overhead bytes) takes 2.768 ms.
+    st.modify_qp(paced, m, &rate(1_000)).unwrap();
+    let t0 = Instant::now();
+    let order: Vec<u32> = std::iter::from_fn(|| st.tx_one(t0)).collect();
+    assert_eq!(
+        order.iter().filter(|q| **q == paced).count(),
+        1,
+        "{order:?}"
+    );
+    assert_eq!(order.iter().filter(|q| **q == free).count(), 6, "{order:?}");
+    let due = st.pace_wake.expect("the paced QP is due later");
+    assert_eq!(
+        due - t0,
+        Duration::from_nanos((256 + 48 + 42) * 8_000_000 / 1_000)
+    );
+    assert_eq!(st.tx_one(due - Duration::from_micros(1)), None);
+    assert_eq!(st.tx_one(due), Some(paced));
+    // Rate 0 lifts the limit: the rest goes at once.
+    st.modify_qp(paced, m, &rate(0)).unwrap();
+    let rest: Vec<u32> = std::iter::from_fn(|| st.tx_one(due)).collect();
+    assert_eq!(rest, vec![paced; 4]);
+    // ibv_modify_qp_rate_limit: the QP's owner, in RTS, a burst only with a rate.
+    let pid = std::process::id() as i32;
+    let rl = |kbps, max_burst| Req::RateLimit {
+        qpn: paced,
+        kbps,
+        max_burst,
+    };
+    assert_eq!(st.request(1, pid, rl(8_000, 4_096)), Resp::Unit);
+    assert!(st.qps[&paced].pacer.is_some());
+    assert_eq!(st.request(2, pid, rl(8_000, 0)), err(libc::EINVAL));
+    assert_eq!(st.request(1, pid, rl(0, 4_096)), err(libc::EINVAL));
+    assert_eq!(st.request(1, pid, rl(0, 0)), Resp::Unit);
+    assert!(st.qps[&paced].pacer.is_none());
+    let to_err = QpAttrs {
+        qp_state: IBV_QPS_ERR,
+        ..Default::default()
+    };
+    st.modify_qp(paced, IBV_QP_STATE, &to_err).unwrap();
+    assert_eq!(
+        st.request(1, pid, rl(8_000, 0)),
+        err(libc::EINVAL),
+        "not in RTS"
+    );
+}

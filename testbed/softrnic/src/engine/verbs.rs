@@ -351,6 +351,7 @@ impl State {
                         rings: None,
                         user: 0,
                         comm_est: false,
+                        pacer: None,
                         openers: Vec::new(),
                     },
                 );
@@ -453,6 +454,22 @@ impl State {
                 self.dms.insert(h, (conn, len));
                 Resp::Handle(h)
             }
+            Req::RateLimit {
+                qpn,
+                kbps,
+                max_burst,
+            } => match self.qps.get_mut(&qpn) {
+                Some(q)
+                    if q.held_by(conn)
+                        && q.state == IBV_QPS_RTS
+                        && device::pacing_allowed(q.qpt, kbps)
+                        && (kbps != 0 || max_burst == 0) =>
+                {
+                    q.pacer = (kbps != 0).then(|| nic::Pacer::new(kbps, max_burst));
+                    Resp::Unit
+                }
+                _ => err(libc::EINVAL),
+            },
             Req::FreeDm { handle } => match self.dms.get(&handle) {
                 Some(d) if d.0 == conn => {
                     self.dms.remove(&handle);
