@@ -103,6 +103,33 @@ pub fn mcast_group(g: &[u8; 16]) -> Option<u64> {
     }
 }
 
+/// Marks a group key that stands for an Ethernet multicast MAC, which raw-packet QPs join.
+pub const MAC_GROUP: u64 = 1 << 62;
+
+/// The key of the Ethernet multicast group a raw-packet QP joins with `ibv_attach_mcast`: a
+/// GID holding a multicast MAC in its last six bytes after ten zero bytes (mlx4/mlx5's form,
+/// which perftest's `raw_ethernet_bw --raw_mcast` uses), or an IPv4-mapped multicast GID, whose
+/// MAC is 01:00:5e and the group's low 23 bits (RFC 1112). None for anything else.
+pub fn mac_group(g: &[u8; 16]) -> Option<u64> {
+    let mac: [u8; 6] = match ip_of_gid(g) {
+        Some(ip) if ip.is_multicast() => {
+            let o = ip.octets();
+            [0x01, 0x00, 0x5e, o[1] & 0x7f, o[2], o[3]]
+        }
+        Some(_) => return None,
+        None if g[..10].iter().all(|b| *b == 0) && g[10] & 1 == 1 => {
+            g[10..].try_into().expect("six bytes")
+        }
+        None => return None,
+    };
+    Some(mac_group_key(&mac))
+}
+
+/// The group key of a destination MAC (a frame's first six bytes).
+pub fn mac_group_key(mac: &[u8; 6]) -> u64 {
+    mac.iter().fold(0, |k, b| k << 8 | u64::from(*b)) | MAC_GROUP
+}
+
 /// Whether `key` (a UD destination) names a multicast group.
 pub fn is_group(key: u64) -> bool {
     key & HASHED_GROUP != 0 || u32::try_from(key).is_ok_and(|ip| Ipv4Addr::from(ip).is_multicast())
@@ -257,6 +284,20 @@ mod tests {
         assert_ne!(mcast_group(&other), Some(k));
         assert_eq!(mcast_group(&[0; 16]), None);
         assert!(is_group(0xef01_0101) && !is_group(0x0a00_0001) && !is_group(0));
+        // Raw-packet QPs: a multicast MAC in the last six bytes, or an IPv4 group's MAC.
+        let mac = [0x01, 0x00, 0x5e, 0x4d, 0x00, 0x01];
+        let mut raw = [0u8; 16];
+        raw[10..].copy_from_slice(&mac);
+        let key = mac_group(&raw).unwrap();
+        assert_eq!(key, mac_group_key(&mac));
+        assert!(key & MAC_GROUP != 0 && !is_group(key), "not a UD group");
+        let v4_mac = mac_group(&gid_for(Ipv4Addr::new(239, 205, 0, 1)));
+        assert_eq!(v4_mac, Some(key), "the low 23 bits of 239.205.0.1");
+        raw[10] = 0x02;
+        assert_eq!(mac_group(&raw), None, "a unicast MAC");
+        assert_eq!(mac_group(&v4), Some(mac_group_key(&[1, 0, 0x5e, 1, 1, 1])));
+        assert_eq!(mac_group(&gid_for(Ipv4Addr::new(10, 0, 0, 1))), None);
+        assert_eq!(mac_group(&ib), None);
     }
 
     #[test]

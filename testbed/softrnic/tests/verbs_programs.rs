@@ -1631,9 +1631,12 @@ fn raw_pair(run: &Run, prog: &str, extra: &[&str]) -> (Output, Output) {
 }
 
 /// Raw-packet QPs and flow steering, with perftest's unmodified raw Ethernet programs:
-/// `raw_ethernet_bw` one way and both ways (`-b`), `raw_ethernet_lat` (ping-pong),
-/// `raw_ethernet_fs_rate` (creates and destroys flow rules). Then a client whose frames
-/// go to a MAC no rule wants: every host's engine drops every one of them (`rx_dropped_no_flow`).
+/// `raw_ethernet_bw` one way and both ways (`-b`), with VLAN tags, TCP headers, a promiscuous
+/// (ALL_DEFAULT) or sniffer rule next to its own (rules whose `size` perftest leaves 0), and
+/// two QPs with equal rules (`-q 2`: each QP gets every frame, as mlx5 merges equal rules);
+/// `raw_ethernet_lat` (ping-pong), `raw_ethernet_fs_rate` (creates and destroys flow rules).
+/// Then a client whose frames go to a MAC no rule wants: every host's engine drops every one
+/// of them (`rx_dropped_no_flow`).
 #[test]
 fn raw_ethernet_programs_send_frames_steered_by_flow_rules() {
     require_privileges!();
@@ -1646,6 +1649,27 @@ fn raw_ethernet_programs_send_frames_steered_by_flow_rules() {
     for (prog, extra, want) in [
         ("raw_ethernet_bw", &["-n", "2000"][..], "BW average"),
         ("raw_ethernet_bw", &["-n", "500", "-b"][..], "BW average"),
+        (
+            "raw_ethernet_bw",
+            &["-n", "500", "--vlan_en"][..],
+            "BW average",
+        ),
+        ("raw_ethernet_bw", &["-n", "500", "--tcp"][..], "BW average"),
+        (
+            "raw_ethernet_bw",
+            &["-n", "500", "--promiscuous"][..],
+            "BW average",
+        ),
+        (
+            "raw_ethernet_bw",
+            &["-n", "500", "--sniffer"][..],
+            "BW average",
+        ),
+        (
+            "raw_ethernet_bw",
+            &["-n", "500", "-q", "2"][..],
+            "BW average",
+        ),
         ("raw_ethernet_lat", &["-n", "500"][..], "t_typical"),
         (
             "raw_ethernet_fs_rate",
@@ -1696,6 +1720,68 @@ fn raw_ethernet_programs_send_frames_steered_by_flow_rules() {
             t.elapsed() < Duration::from_secs(5),
             "frames for nobody: {before:?} -> {after:?}"
         );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Raw Ethernet multicast: `raw_ethernet_bw --raw_mcast`'s server joins the group's MAC with
+/// `ibv_attach_mcast` (the MAC in the GID's last six bytes); the client's frames to that MAC
+/// reach it and a third host, not a member, drops them. perftest's server then crashes in its
+/// own clean-up (it destroys flow rules it never created in this mode: `ibv_destroy_flow(NULL)`),
+/// after printing its result, so the test checks the result line, not its exit status.
+#[test]
+fn raw_ethernet_multicast_reaches_the_members_of_its_mac() {
+    require_privileges!();
+    if !have("raw_ethernet_bw") {
+        eprintln!("SKIPPED: needs perftest");
+        return;
+    }
+    let run = Run::new("rawmc");
+    run.up(&["--hosts", "3"]);
+    let (h1, h2) = (run.addr("h1"), run.addr("h2"));
+    let args = |role: &str, me: &str, peer: &str| {
+        let mut a: Vec<String> = [
+            "raw_ethernet_bw",
+            role,
+            "-B",
+            me,
+            "-E",
+            peer,
+            "-J",
+            &h1,
+            "-j",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        a.extend([&h2, "-K", "5000", "-k", "5001", "-n", "500", "--raw_mcast"].map(String::from));
+        a
+    };
+    let (m1, m2) = ("02:00:00:00:00:01", "02:00:00:00:00:02");
+    let (s, c) = (args("--server", m1, m2), args("--client", m2, m1));
+    let s: Vec<&str> = s.iter().map(String::as_str).collect();
+    let c: Vec<&str> = c.iter().map(String::as_str).collect();
+    let no_flow = |h| run.stats(h)["rx_dropped_no_flow"];
+    let h3_before = no_flow("h3");
+    let server = spawn(&mut run.exec("h1", &s));
+    std::thread::sleep(Duration::from_secs(1));
+    let client = run_timeout(&mut run.exec("h2", &c), Duration::from_secs(20));
+    let server = wait_timeout(server, Duration::from_secs(10));
+    assert!(client.status.success(), "client: {}", text(&client));
+    let out = text(&server);
+    assert!(
+        out.contains("MGID: 00:00:00:00:00:00:00:00:00:00:01:00:5e"),
+        "{out}"
+    );
+    let line = out
+        .lines()
+        .skip_while(|l| !l.contains("BW average"))
+        .nth(1)
+        .unwrap_or_default();
+    assert_eq!(line.split_whitespace().nth(1), Some("500"), "{out}");
+    let t = Instant::now();
+    while no_flow("h3") - h3_before < 500 {
+        assert!(t.elapsed() < Duration::from_secs(5), "h3 kept frames");
         std::thread::sleep(Duration::from_millis(100));
     }
 }

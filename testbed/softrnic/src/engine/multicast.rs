@@ -3,7 +3,9 @@
 //! IB-style MGID), which every multicast datagram carries. The sending engine charges the
 //! NIC model for one packet and replicates it to every host of the run, itself included — what
 //! the switch does for a NIC — and each engine hands a copy to every local QP attached to the
-//! group, as a NIC's multicast filter does; hosts without members drop it silently.
+//! group, as a NIC's multicast filter does; hosts without members drop it silently. Raw-packet
+//! QPs join Ethernet multicast MACs in the same table (keys of `device::mac_group`), and
+//! `raw.rs` delivers frames to them.
 
 use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -12,11 +14,15 @@ use super::*;
 
 impl State {
     pub(super) fn attach_mcast(&mut self, conn: u64, qpn: u32, group: u64, attach: bool) -> Resp {
-        let ud = self
-            .qps
-            .get(&qpn)
-            .is_some_and(|q| q.conn == conn && q.qpt == IBV_QPT_UD);
-        if !ud || !device::is_group(group) {
+        let fits = self.qps.get(&qpn).is_some_and(|q| {
+            q.conn == conn
+                && match q.qpt {
+                    IBV_QPT_UD => device::is_group(group),
+                    IBV_QPT_RAW_PACKET => group & device::MAC_GROUP != 0,
+                    _ => false,
+                }
+        });
+        if !fits {
             return err(libc::EINVAL);
         }
         let members = self.mcast.entry(group).or_default();

@@ -135,7 +135,7 @@ impl State {
         let frame = &p.payload;
         let ready =
             |q: Option<&Qp>| q.is_some_and(|q| q.state == IBV_QPS_RTR || q.state == IBV_QPS_RTS);
-        let mut normal: Option<(u16, u32)> = None;
+        let mut normal: Option<&flow::FlowRule> = None;
         let mut defaults = BTreeSet::new();
         let mut sniffers = BTreeSet::new();
         let multicast = flow::is_multicast_frame(frame);
@@ -147,9 +147,9 @@ impl State {
             match f.rule.kind {
                 flow::FLOW_ATTR_NORMAL
                     if f.rule.matches(frame)
-                        && normal.is_none_or(|(prio, _)| f.rule.priority < prio) =>
+                        && normal.is_none_or(|n| f.rule.priority < n.priority) =>
                 {
-                    normal = Some((f.rule.priority, f.qpn));
+                    normal = Some(&f.rule);
                 }
                 flow::FLOW_ATTR_ALL_DEFAULT => {
                     defaults.insert(f.qpn);
@@ -163,10 +163,27 @@ impl State {
                 _ => {}
             }
         }
+        // Equal rules of several QPs are one steering entry with several destinations (as
+        // mlx5 merges them): each of those QPs gets the frame (perftest's `-q 2`).
         let mut to: BTreeSet<u32> = match normal {
-            Some((_, qpn)) => BTreeSet::from([qpn]),
-            None => defaults,
+            Some(rule) => self
+                .flows
+                .values()
+                .filter(|f| f.rule == *rule && ready(self.qps.get(&f.qpn)))
+                .map(|f| f.qpn)
+                .collect(),
+            None => BTreeSet::new(),
         };
+        // QPs attached to the frame's multicast MAC (`ibv_attach_mcast`) get it as if by a rule.
+        if multicast {
+            let mac: [u8; 6] = frame[..6].try_into().expect("an Ethernet header");
+            if let Some(members) = self.mcast.get(&device::mac_group_key(&mac)) {
+                to.extend(members.iter().filter(|q| ready(self.qps.get(q))).copied());
+            }
+        }
+        if to.is_empty() {
+            to = defaults;
+        }
         to.extend(sniffers);
         if to.is_empty() {
             self.counters.rx_dropped_no_flow += 1;
@@ -431,6 +448,11 @@ mod tests {
         st.on_packet(from, frame_to(x), Instant::now());
         let last: Vec<u32> = got(&st)[3..].iter().map(|g| g.0).collect();
         assert_eq!(last, vec![b, b]);
+        // An equal rule of a at b's priority: one entry with two destinations.
+        flow(&mut st, 1, a, rule(flow::FLOW_ATTR_NORMAL, 1, Some(x)));
+        st.on_packet(from, frame_to(x), Instant::now());
+        let both: Vec<u32> = got(&st)[5..].iter().map(|g| g.0).collect();
+        assert_eq!(both, vec![a, b]);
         // Destroying b takes its rules: a's NORMAL rule is left for x.
         st.remove_qp(b);
         assert!(st.flows.values().all(|f| f.qpn == a));

@@ -16,8 +16,37 @@ pub struct IbvFlow {
     pub handle: u32,
 }
 
-/// `struct ibv_flow_attr`'s `size` (u16 at offset 8): the bytes of the attribute and its specs.
-const ATTR_SIZE_OFFSET: usize = 8;
+/// `struct ibv_flow_attr`: 20 bytes, `num_of_specs` (u8) at offset 12.
+const ATTR_LEN: usize = 20;
+const NUM_OF_SPECS_OFFSET: usize = 12;
+/// Read no more of one spec than this (the largest spec type is far smaller): a garbage size
+/// then makes a rule the engine refuses, not a read beyond the application's memory.
+const MAX_SPEC_READ: usize = 128;
+
+/// The attribute and its specs, as libibverbs reads them for the kernel: the fixed part, then
+/// `num_of_specs` specs, each as long as its own header says (the attribute's `size` is not
+/// read; perftest leaves it 0 in its sniffer and promiscuous rules).
+///
+/// # Safety
+/// `attr` points to a `struct ibv_flow_attr` followed by its specs.
+unsafe fn attr_bytes<'a>(attr: *const u8) -> &'a [u8] {
+    // SAFETY: per this function's contract.
+    unsafe {
+        let mut len = ATTR_LEN;
+        for _ in 0..*attr.add(NUM_OF_SPECS_OFFSET) {
+            if len + 6 > crate::flow::MAX_ATTR_BYTES {
+                break;
+            }
+            let size = std::ptr::read_unaligned(attr.add(len + 4) as *const u16) as usize;
+            if !(6..=MAX_SPEC_READ).contains(&size) {
+                len += 6;
+                break;
+            }
+            len += size;
+        }
+        std::slice::from_raw_parts(attr, len.min(crate::flow::MAX_ATTR_BYTES))
+    }
+}
 
 pub(super) unsafe extern "C" fn create_flow(qp: *mut IbvQp, attr: *const c_void) -> *mut IbvFlow {
     guard(null_mut(), || {
@@ -25,14 +54,8 @@ pub(super) unsafe extern "C" fn create_flow(qp: *mut IbvQp, attr: *const c_void)
             set_errno(libc::EINVAL);
             return null_mut();
         }
-        // SAFETY: the application's attribute: at least its fixed part, whose `size` says
-        // how many bytes (with the specs) follow from its start — what the kernel reads.
-        let bytes = unsafe {
-            let size =
-                std::ptr::read_unaligned((attr as *const u8).add(ATTR_SIZE_OFFSET) as *const u16)
-                    as usize;
-            std::slice::from_raw_parts(attr as *const u8, size.min(crate::flow::MAX_ATTR_BYTES + 1))
-        };
+        // SAFETY: the application's attribute with its specs.
+        let bytes = unsafe { attr_bytes(attr as *const u8) };
         // SAFETY: qp is ours.
         let (ctx, qpn) = unsafe { ((*qp).context, (*qp).qp_num) };
         let req = Req::CreateFlow {

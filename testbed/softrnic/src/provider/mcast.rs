@@ -1,6 +1,6 @@
 //! `ibv_attach_mcast` / `ibv_detach_mcast`: UD QPs join multicast groups, named by their
 //! IPv4-mapped GIDs or IB-style MGIDs (see [`device::mcast_group`] and the engine's
-//! `multicast.rs`).
+//! `multicast.rs`); raw-packet QPs join Ethernet multicast MACs ([`device::mac_group`]).
 
 use libc::c_int;
 
@@ -9,8 +9,13 @@ use super::*;
 unsafe fn membership(qp: *mut IbvQp, gid: *const [u8; 16], attach: bool) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: qp is ours; gid points at a union ibv_gid (16 bytes).
-        let (ctx, qpn, gid) = unsafe { ((*qp).context, (*qp).qp_num, *gid) };
-        let Some(group) = device::mcast_group(&gid) else {
+        let (ctx, qpn, qpt, gid) = unsafe { ((*qp).context, (*qp).qp_num, (*qp).qp_type, *gid) };
+        let group = if qpt == IBV_QPT_RAW_PACKET {
+            device::mac_group(&gid)
+        } else {
+            device::mcast_group(&gid)
+        };
+        let Some(group) = group else {
             return libc::EINVAL;
         };
         let req = if attach {
