@@ -15,6 +15,8 @@
 //!   vlan_tag;
 //! * IPV4 (24): value at 8, mask at 16, each src_ip[4], dst_ip[4];
 //! * IPV4_EXT (32): value at 8, mask at 20, each src_ip, dst_ip, proto, tos, ttl, flags;
+//! * IPV6 (88): value at 8, mask at 48, each src_ip[16], dst_ip[16], flow_label (u32,
+//!   network order), next_hdr, traffic_class, hop_limit (and a pad byte);
 //! * TCP/UDP (16): value at 6, mask at 10, each dst_port[2], src_port[2].
 
 use std::fmt;
@@ -32,10 +34,13 @@ const ATTR_LEN: usize = 20;
 const SPEC_ETH: u32 = 0x20;
 const SPEC_IPV4: u32 = 0x30;
 const SPEC_IPV4_EXT: u32 = 0x32;
+const SPEC_IPV6: u32 = 0x31;
 const SPEC_TCP: u32 = 0x40;
 const SPEC_UDP: u32 = 0x41;
 
 const ETHERTYPE_IPV4: [u8; 2] = [0x08, 0x00];
+const ETHERTYPE_IPV6: [u8; 2] = [0x86, 0xdd];
+const IPV6_HEADER: usize = 40;
 const ETHERTYPE_VLAN: [u8; 2] = [0x81, 0x00];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +106,13 @@ enum Spec {
         /// IPV4_EXT only: proto, tos, ttl, flags.
         ext: Option<Masked<4>>,
     },
+    Ipv6 {
+        src: Masked<16>,
+        dst: Masked<16>,
+        flow_label: Masked<4>,
+        /// next_hdr, traffic_class, hop_limit.
+        ext: Masked<3>,
+    },
     L4 {
         protocol: u8,
         dst_port: Masked<2>,
@@ -157,12 +169,9 @@ impl FlowRule {
                 SPEC_ETH => 40,
                 SPEC_IPV4 => 24,
                 SPEC_IPV4_EXT => 32,
+                SPEC_IPV6 => 88,
                 SPEC_TCP | SPEC_UDP => 16,
-                _ => {
-                    return Err(Unsupported(
-                        "spec type (IPv6, tunnels, inner headers, actions)",
-                    ))
-                }
+                _ => return Err(Unsupported("spec type (tunnels, inner headers, actions)")),
             };
             if len != want {
                 return Err(Malformed("spec size does not fit its type"));
@@ -187,6 +196,12 @@ impl FlowRule {
                     src: Masked::new(s, 8, 20),
                     dst: Masked::new(s, 12, 24),
                     ext: Some(Masked::new(s, 16, 28)),
+                },
+                SPEC_IPV6 => Spec::Ipv6 {
+                    src: Masked::new(s, 8, 48),
+                    dst: Masked::new(s, 24, 64),
+                    flow_label: Masked::new(s, 40, 80),
+                    ext: Masked::new(s, 44, 84),
                 },
                 _ => Spec::L4 {
                     protocol: if ty == SPEC_TCP { 6 } else { 17 },
@@ -226,6 +241,20 @@ impl FlowRule {
                     && dst.accepts(&h[16..20])
                     && ext.is_none_or(|e| e.accepts(&[h[9], h[1], h[8], h[6] >> 5]))
             }),
+            Spec::Ipv6 {
+                src,
+                dst,
+                flow_label,
+                ext,
+            } => f.ipv6.is_some_and(|ip| {
+                let h = &frame[ip..];
+                let first = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
+                let traffic_class = (first >> 20) as u8;
+                src.accepts(&h[8..24])
+                    && dst.accepts(&h[24..40])
+                    && flow_label.accepts(&(first & 0xf_ffff).to_be_bytes())
+                    && ext.accepts(&[h[6], traffic_class, h[7]])
+            }),
             Spec::L4 {
                 protocol,
                 dst_port,
@@ -244,6 +273,8 @@ struct Frame {
     vlan: [u8; 2],
     /// Offset of a well-formed IPv4 header.
     ipv4: Option<usize>,
+    /// Offset of an IPv6 header.
+    ipv6: Option<usize>,
 }
 
 impl Frame {
@@ -265,20 +296,27 @@ impl Frame {
             && frame[l3] >> 4 == 4
             && usize::from(frame[l3] & 0x0f) * 4 >= 20)
             .then_some(l3);
+        let ipv6 = (ether_type == ETHERTYPE_IPV6
+            && frame.len() >= l3 + IPV6_HEADER
+            && frame[l3] >> 4 == 6)
+            .then_some(l3);
         Some(Frame {
             ether_type,
             vlan,
             ipv4,
+            ipv6,
         })
     }
 
-    /// Offset of the TCP or UDP header (`protocol` 6 or 17), with room for both ports.
+    /// Offset of the TCP or UDP header (`protocol` 6 or 17), with room for both ports: right
+    /// after the IPv4 header, or after an IPv6 header whose next header it is (extension
+    /// headers are not walked).
     fn l4(&self, frame: &[u8], protocol: u8) -> Option<usize> {
-        let ip = self.ipv4?;
-        if frame[ip + 9] != protocol {
-            return None;
-        }
-        let l4 = ip + usize::from(frame[ip] & 0x0f) * 4;
+        let l4 = match (self.ipv4, self.ipv6) {
+            (Some(ip), _) if frame[ip + 9] == protocol => ip + usize::from(frame[ip] & 0x0f) * 4,
+            (_, Some(ip)) if frame[ip + 6] == protocol => ip + IPV6_HEADER,
+            _ => return None,
+        };
         (frame.len() >= l4 + 4).then_some(l4)
     }
 }
@@ -385,6 +423,76 @@ mod tests {
         f
     }
 
+    /// An IPV6 spec on both addresses, the flow label and the next header.
+    fn ipv6(src: [u8; 16], dst: [u8; 16], flow_label: u32, next: u8) -> Vec<u8> {
+        let mut s = header(SPEC_IPV6, 88);
+        s[8..24].copy_from_slice(&src);
+        s[24..40].copy_from_slice(&dst);
+        s[40..44].copy_from_slice(&flow_label.to_be_bytes());
+        s[44] = next;
+        s[48..84].fill(0xff);
+        s[84] = 0xff;
+        s
+    }
+
+    /// Ethernet + IPv6 (traffic class 0x2e, flow label 0x12345) + UDP ports + payload.
+    fn frame6(src: [u8; 16], dst: [u8; 16], next: u8, ports: (u16, u16)) -> Vec<u8> {
+        let mut f = Vec::new();
+        f.extend_from_slice(&SERVER_MAC);
+        f.extend_from_slice(&CLIENT_MAC);
+        f.extend_from_slice(&ETHERTYPE_IPV6);
+        let first: u32 = 6 << 28 | 0x2e << 20 | 0x12345;
+        f.extend_from_slice(&first.to_be_bytes());
+        f.extend_from_slice(&[0, 16, next, 64]);
+        f.extend_from_slice(&src);
+        f.extend_from_slice(&dst);
+        f.extend_from_slice(&ports.0.to_be_bytes());
+        f.extend_from_slice(&ports.1.to_be_bytes());
+        f.extend_from_slice(&[0u8; 4]);
+        f.extend_from_slice(b"payload");
+        f
+    }
+
+    /// perftest's `--raw_ipv6` rule (ETH, IPV6 addresses, UDP ports), plus flow labels, the
+    /// next header and TCP.
+    #[test]
+    fn ipv6_rules_match_addresses_flow_label_next_header_and_ports() {
+        let (a, b) = ([0xfd; 16], [0xfe; 16]);
+        let mut v6 = ipv6(a, b, 0, 0);
+        v6[80..88].fill(0); // neither flow label nor next header nor class nor hop limit
+        let perftest = FlowRule::parse(&attr(
+            FLOW_ATTR_NORMAL,
+            0,
+            &[eth(SERVER_MAC, None), v6, l4(true, 5000, 5001)],
+        ))
+        .unwrap();
+        let good = frame6(a, b, 17, (5001, 5000));
+        assert!(perftest.matches(&good));
+        assert!(!perftest.matches(&frame6(b, a, 17, (5001, 5000))));
+        assert!(!perftest.matches(&frame6(a, b, 17, (5001, 5009))));
+        assert!(
+            !perftest.matches(&frame6(a, b, 6, (5001, 5000))),
+            "UDP only"
+        );
+        let v4 = frame(SERVER_MAC, None, CLIENT_IP, 17, (5001, 5000));
+        assert!(!perftest.matches(&v4), "not an IPv6 frame");
+        let labelled = |label, next| {
+            let mut s = ipv6(a, b, label, next);
+            s[86..88].fill(0); // class and hop limit not checked
+            FlowRule::parse(&attr(FLOW_ATTR_NORMAL, 0, &[s])).unwrap()
+        };
+        assert!(labelled(0x12345, 17).matches(&good));
+        assert!(!labelled(0x12346, 17).matches(&good));
+        assert!(!labelled(0x12345, 6).matches(&good));
+        let tcp = FlowRule::parse(&attr(FLOW_ATTR_NORMAL, 0, &[l4(false, 5000, 5001)])).unwrap();
+        assert!(tcp.matches(&frame6(a, b, 6, (5001, 5000))) && !tcp.matches(&good));
+        // Cut inside the IPv6 header or before both ports: nothing.
+        for n in 0..58 {
+            assert!(!perftest.matches(&good[..n]), "{n}");
+        }
+        assert!(perftest.matches(&good[..58]));
+    }
+
     /// The rule perftest's `raw_ethernet_bw --server` installs with -J, -j, -K and -k.
     fn perftest_rule() -> FlowRule {
         let b = attr(
@@ -478,7 +586,7 @@ mod tests {
         malformed(FlowRule::parse(&good[..19]));
         for r in [
             bad(&|b| b[16] = 2),
-            bad(&|b| b[20] = 0x31),
+            bad(&|b| b[20] = 0x50),
             bad(&|b| b[21] = 0x01),
             bad(&|b| b[20..24].copy_from_slice(&0x1000u32.to_le_bytes())),
         ] {

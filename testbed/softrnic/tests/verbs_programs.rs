@@ -1632,9 +1632,9 @@ fn raw_pair(run: &Run, prog: &str, extra: &[&str]) -> (Output, Output) {
 
 /// Raw-packet QPs and flow steering, with perftest's unmodified raw Ethernet programs:
 /// `raw_ethernet_bw` one way and both ways (`-b`), with VLAN tags, TCP headers, a promiscuous
-/// (ALL_DEFAULT) or sniffer rule next to its own (rules whose `size` perftest leaves 0), and
-/// two QPs with equal rules (`-q 2`: each QP gets every frame, as mlx5 merges equal rules);
-/// `raw_ethernet_lat` (ping-pong), `raw_ethernet_fs_rate` (creates and destroys flow rules).
+/// (ALL_DEFAULT) or sniffer rule next to its own (rules whose `size` perftest leaves 0), two
+/// QPs with equal rules (`-q 2`: each QP gets every frame, as mlx5 merges equal rules) and
+/// IPv6 frames (`--raw_ipv6`, IPV6 specs); `raw_ethernet_lat` (ping-pong, also IPv6 and TCP), `raw_ethernet_fs_rate` (creates and destroys flow rules).
 /// Then a client whose frames go to a MAC no rule wants: every host's engine drops every one
 /// of them (`rx_dropped_no_flow`).
 #[test]
@@ -1669,6 +1669,25 @@ fn raw_ethernet_programs_send_frames_steered_by_flow_rules() {
             "raw_ethernet_bw",
             &["-n", "500", "-q", "2"][..],
             "BW average",
+        ),
+        (
+            "raw_ethernet_bw",
+            &["-n", "500", "--raw_ipv6", "-J", "fd00::1", "-j", "fd00::2"][..],
+            "BW average",
+        ),
+        (
+            "raw_ethernet_lat",
+            &[
+                "-n",
+                "300",
+                "--raw_ipv6",
+                "--tcp",
+                "-J",
+                "fd00::1",
+                "-j",
+                "fd00::2",
+            ][..],
+            "t_typical",
         ),
         ("raw_ethernet_lat", &["-n", "500"][..], "t_typical"),
         (
