@@ -132,12 +132,11 @@ pub fn softrnic_cm_msg(data: &[u8]) {
 /// ([`FlowRule::parse`]); a rule that parses is then tried on the input's bytes after the rule,
 /// as an Ethernet frame. A parsed rule parses the same from its own bytes alone.
 pub fn softrnic_flow_attr(data: &[u8]) {
-    let Ok(rule) = FlowRule::parse(data) else {
+    let Ok((rule, len)) = FlowRule::parse_prefix(data) else {
         return;
     };
-    let size = usize::from(u16::from_le_bytes([data[8], data[9]]));
-    assert_eq!(FlowRule::parse(&data[..size]).as_ref(), Ok(&rule));
-    let _ = rule.matches(&data[size..]);
+    assert_eq!(FlowRule::parse(&data[..len]).as_ref(), Ok(&rule));
+    let _ = rule.matches(&data[len..]);
 }
 
 // ---------------------------------------------------------------------------------------------

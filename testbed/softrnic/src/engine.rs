@@ -493,6 +493,8 @@ struct Shared {
     /// the receiver enables UDP GRO and splits what it gets back into packets.
     gso: bool,
     udp: UdpSocket,
+    /// This engine's own address: packets to it are looped back (see [`Shared::loop_back`]).
+    me: SocketAddr,
 }
 
 impl Shared {
@@ -504,6 +506,43 @@ impl Shared {
         self.db.ring();
     }
 
+    /// Packets between QPs of this host go straight to its own receive path, as a NIC loops
+    /// traffic between its own QPs back inside without putting it on the wire: no socket, no
+    /// wake-up of the receive thread. Their answers (ACKs, READ responses) may be local too,
+    /// hence the loop. Each still is a packet to the NIC model, the transport and the counters.
+    /// (With fault injection configured they take the socket, to meet their fate.)
+    fn loop_back(&self, st: &mut State) {
+        let mut wake = false;
+        while st.out.iter().any(|(d, _)| *d == self.me) {
+            let (local, rest): (Vec<_>, Vec<_>) =
+                st.out.drain(..).partition(|(d, _)| *d == self.me);
+            st.out = rest;
+            for (_, b) in local {
+                st.counters.tx_packets += 1;
+                st.counters.rx_packets += 1;
+                match Packet::decode(&b) {
+                    Some(p) => {
+                        wake |= wakes_transmitter(p.op);
+                        let me = self.me;
+                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            st.on_packet(me, p, Instant::now())
+                        }));
+                        if r.is_err() {
+                            st.counters.rx_handler_panics += 1;
+                            eprintln!(
+                                "softrnic engine: BUG: panic while handling a packet (dropped)"
+                            );
+                        }
+                    }
+                    None => st.counters.rx_dropped_malformed += 1,
+                }
+            }
+        }
+        if wake {
+            self.kick();
+        }
+    }
+
     fn flush_out(&self, st: &mut State) {
         let st = &mut *st;
         if !st.port_up {
@@ -513,6 +552,7 @@ impl Shared {
             return;
         }
         let Some(inj) = st.inject.as_mut() else {
+            self.loop_back(st);
             if self.gso {
                 st.counters.tx_packets += send_batched(&self.udp, &mut st.out);
                 return;
@@ -1094,11 +1134,13 @@ pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
     let db = Doorbell::open(&db_path, true)
         .with_context(|| format!("creating the doorbell {}", db_path.display()))?;
     let gso = cfg.gso && enable_gro(&udp);
+    let me = udp.local_addr()?;
     let sh = Arc::new(Shared {
         st: Mutex::new(state),
         db,
         gso,
         udp,
+        me,
     });
     {
         let sh = sh.clone();

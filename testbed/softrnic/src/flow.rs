@@ -138,6 +138,11 @@ fn u32_at(b: &[u8], o: usize) -> u32 {
 impl FlowRule {
     /// Parses an `ibv_flow_attr` with its specs; bytes after the last spec are ignored.
     pub fn parse(bytes: &[u8]) -> Result<FlowRule, FlowError> {
+        Self::parse_prefix(bytes).map(|(rule, _)| rule)
+    }
+
+    /// [`FlowRule::parse`], and how many bytes the attribute and its specs took.
+    pub fn parse_prefix(bytes: &[u8]) -> Result<(FlowRule, usize), FlowError> {
         use FlowError::{Malformed, Unsupported};
         if bytes.len() < ATTR_LEN {
             return Err(Malformed("shorter than struct ibv_flow_attr"));
@@ -211,11 +216,12 @@ impl FlowRule {
             });
             at += len;
         }
-        Ok(FlowRule {
+        let rule = FlowRule {
             kind,
             priority,
             specs,
-        })
+        };
+        Ok((rule, at))
     }
 
     /// Whether every spec of the rule accepts `frame` (a whole Ethernet frame, no FCS).

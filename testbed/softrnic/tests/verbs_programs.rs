@@ -930,6 +930,67 @@ fn exec_keeps_the_programs_own_ld_preload() {
     assert!(parts[1].ends_with("libsoftrnic-rdmav34.so"), "{v}");
 }
 
+/// Two programs on one host talk through their NIC's loopback (no socket between them):
+/// unmodified `ibv_rc_pingpong -c` from 1 B to 1 MiB, `ib_read_bw`, `ib_atomic_bw` and UD
+/// `ib_send_lat`, then our verifier (8 QPs, WRITE/READ/SEND mixed, every byte checked); the
+/// other host's engine sees none of it.
+#[test]
+fn programs_on_one_host_talk_through_the_nics_loopback() {
+    require_privileges!();
+    let run = Run::new("loopback");
+    run.up(&["--hosts", "2"]);
+    let ip = run.addr("h1");
+    let on_h1 = |args: &[&str]| {
+        let server = spawn(&mut run.exec("h1", args));
+        let mut cargs = args.to_vec();
+        cargs.push(&ip);
+        let client = client_retrying(&run, "h1", &cargs);
+        let server = wait_timeout(server, Duration::from_secs(60));
+        for (who, o) in [("server", &server), ("client", &client)] {
+            assert!(o.status.success(), "{args:?} {who}: {}", text(o));
+        }
+        String::from_utf8_lossy(&client.stdout).into_owned()
+    };
+    let h2_before = run.stats("h2")["rx_packets"];
+    for (size, iters) in [("1", "200"), ("4096", "100"), ("1048576", "20")] {
+        let out = on_h1(&["ibv_rc_pingpong", "-g", "0", "-c", "-s", size, "-n", iters]);
+        assert!(out.contains(&format!("{iters} iters in")), "{out}");
+    }
+    if have("ib_read_bw") {
+        for args in [
+            &["ib_read_bw", "-x", "0", "-n", "300"][..],
+            &["ib_atomic_bw", "-x", "0", "-n", "300"],
+            &["ib_send_lat", "-x", "0", "-c", "UD", "-n", "300"],
+        ] {
+            assert!(on_h1(args).contains("#bytes"), "{args:?}");
+        }
+    }
+    if have("cc") && Path::new("/usr/include/infiniband/verbs.h").exists() {
+        let prog = compile_verifier(&run, "srn_verify");
+        let p = prog.to_str().unwrap();
+        let server = spawn(&mut run.exec("h1", &[p, "server", "7479", "8", "30"]));
+        let client = run_timeout(
+            &mut run.exec("h1", &[p, "client", &ip, "7479", "8", "30", "5"]),
+            Duration::from_secs(60),
+        );
+        let server = wait_timeout(server, Duration::from_secs(20));
+        assert!(client.status.success(), "client: {}", text(&client));
+        assert!(server.status.success(), "server: {}", text(&server));
+        assert!(
+            text(&client).contains("OK 8 QPs 30 rounds"),
+            "{}",
+            text(&client)
+        );
+        assert!(text(&server).contains(" 0 bad"), "{}", text(&server));
+    }
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(
+        run.stats("h2")["rx_packets"],
+        h2_before,
+        "h2 saw h1's traffic"
+    );
+}
+
 /// Our own data-verifying program (`tests/verify/srn_verify.c`, compiled here against the
 /// installed libibverbs): 16 QPs, 60 rounds of WRITE/READ/SEND mixed at random sizes up to
 /// 64 KiB, every byte checksummed or compared, per-QP sequence numbers checked for loss and

@@ -110,6 +110,16 @@ pub(super) fn random_u64() -> u64 {
     crate::faults::Rng::new(t ^ u64::from(std::process::id())).next_u64()
 }
 
+/// Only requester-side packets (ACK, NAK, READ response) and READ requests can give the
+/// transmitter something to do (a window opens, a resend is due, READ responses are to go
+/// out); a responder's other answers are single packets sent at once.
+pub(super) fn wakes_transmitter(op: u8) -> bool {
+    matches!(
+        op,
+        wire::OP_ACK | wire::OP_NAK | wire::OP_READ_RESP | wire::OP_ATOMIC_RESP | wire::OP_READ_REQ
+    )
+}
+
 pub(super) fn rx_loop(sh: Arc<Shared>) {
     let mut buf = vec![0u8; 65536];
     loop {
@@ -132,9 +142,6 @@ pub(super) fn rx_loop(sh: Arc<Shared>) {
             st.counters.port_down_dropped += 1;
             continue;
         }
-        // Only requester-side packets (ACK, NAK, READ response) and READ requests can give
-        // the transmitter something to do (a window opens, a resend is due, READ responses
-        // are to go out); a responder's other answers are single packets sent at once.
         let mut wake = false;
         // With GRO the kernel may have coalesced datagrams of one size (the last may be
         // shorter): each is one packet.
@@ -147,14 +154,7 @@ pub(super) fn rx_loop(sh: Arc<Shared>) {
             st.counters.rx_packets += 1;
             match Packet::decode(d) {
                 Some(p) => {
-                    wake |= matches!(
-                        p.op,
-                        wire::OP_ACK
-                            | wire::OP_NAK
-                            | wire::OP_READ_RESP
-                            | wire::OP_ATOMIC_RESP
-                            | wire::OP_READ_REQ
-                    );
+                    wake |= wakes_transmitter(p.op);
                     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         st.on_packet(from, p, Instant::now())
                     }));
