@@ -176,9 +176,20 @@ impl State {
         let mut payload = vec![0u8; chunk as usize];
         if let Some(b) = &w.wr.inline {
             payload.copy_from_slice(&b[off as usize..(off + chunk) as usize]);
-        } else if gather(pid, &w.segs, off as u64, &mut payload).is_err() {
-            self.fail_wqe_local(qpn, idx, IBV_WC_LOC_PROT_ERR);
-            return None;
+        } else {
+            let staged_end = w.staged_at + w.staged.len() as u32;
+            if off < w.staged_at || off + chunk > staged_end {
+                let mut b = std::mem::take(&mut w.staged);
+                b.resize((w.len - off).min(STAGE_BYTES).max(chunk) as usize, 0);
+                if gather(pid, &w.segs, off as u64, &mut b).is_err() {
+                    self.fail_wqe_local(qpn, idx, IBV_WC_LOC_PROT_ERR);
+                    return None;
+                }
+                w.staged = b;
+                w.staged_at = off;
+            }
+            let at = (off - w.staged_at) as usize;
+            payload.copy_from_slice(&w.staged[at..at + chunk as usize]);
         }
         let q = self.qps.get_mut(&qpn)?;
         let w = &mut q.sq[idx];
@@ -210,6 +221,7 @@ impl State {
             }
             w.last_psn = psn;
             w.packetized = true;
+            w.staged = Vec::new();
             q.sq_next += 1;
             q.sq_off = 0;
         } else {

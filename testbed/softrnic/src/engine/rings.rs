@@ -156,6 +156,8 @@ impl State {
                 resp_next: 0,
                 resp_done: false,
                 segs: Vec::new(),
+                staged: Vec::new(),
+                staged_at: 0,
             });
         }
         let in_error = q.state == IBV_QPS_ERR || q.state == IBV_QPS_RESET;

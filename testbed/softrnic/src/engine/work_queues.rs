@@ -46,6 +46,8 @@ impl State {
                 resp_next: 0,
                 resp_done: false,
                 segs: Vec::new(),
+                staged: Vec::new(),
+                staged_at: 0,
             });
         }
         self.finish_post(qpn, accepted, None)
