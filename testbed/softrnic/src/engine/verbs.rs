@@ -3,19 +3,17 @@
 use super::*;
 
 impl State {
-    /// Registers `[addr, addr + len)` of process `pid`, named `iova` in work requests and by
-    /// peers.
-    #[allow(clippy::too_many_arguments)]
-    fn reg_mr(
-        &mut self,
-        conn: u64,
-        pid: i32,
-        pd: u32,
-        addr: u64,
-        len: u64,
-        iova: u64,
-        access: u32,
-    ) -> Resp {
+    /// Registers MR `m` (its pages checked in its process) under a new key.
+    fn reg_mr(&mut self, m: Mr) -> Resp {
+        let Mr {
+            conn,
+            pid,
+            pd,
+            addr,
+            len,
+            iova,
+            access,
+        } = m;
         if self.pds.get(&pd) != Some(&conn) {
             return err(libc::EINVAL);
         }
@@ -44,18 +42,7 @@ impl State {
         // key = index << 8 | 8-bit key; keys are never reused within an engine run.
         let key = self.next_key;
         self.next_key = self.next_key.wrapping_add(0x101);
-        self.mrs.insert(
-            key,
-            Mr {
-                conn,
-                pid,
-                pd,
-                addr,
-                len,
-                iova,
-                access,
-            },
-        );
+        self.mrs.insert(key, m);
         Resp::Mr {
             lkey: key,
             rkey: key,
@@ -97,14 +84,30 @@ impl State {
                 addr,
                 len,
                 access,
-            } => self.reg_mr(conn, pid, pd, addr, len, addr, access),
+            } => self.reg_mr(Mr {
+                conn,
+                pid,
+                pd,
+                addr,
+                len,
+                iova: addr,
+                access,
+            }),
             Req::RegMrIova {
                 pd,
                 addr,
                 len,
                 iova,
                 access,
-            } => self.reg_mr(conn, pid, pd, addr, len, iova, access),
+            } => self.reg_mr(Mr {
+                conn,
+                pid,
+                pd,
+                addr,
+                len,
+                iova,
+                access,
+            }),
             Req::DeregMr { lkey } => match self.mrs.get(&lkey) {
                 Some(m) if m.conn == conn => {
                     // Windows bound over it keep it (as the kernel refuses with EBUSY).
