@@ -70,7 +70,8 @@ fn pair_with(
 
 /// rping (data validated), ucmatose (4 RC connections, 20 messages each), udaddy (UD found
 /// through SIDR), rdma_server/rdma_client (synchronous ids, so MIGRATE_ID), rdma_xserver/
-/// rdma_xclient (XRC through the CM), riostream and rstream (rsockets).
+/// rdma_xclient (XRC through the CM), riostream and rstream (rsockets), and rcopy (a 3 MB file
+/// over rsockets, compared byte for byte).
 #[test]
 fn rdmacm_utils_connect_transfer_and_disconnect() {
     require_privileges!();
@@ -137,6 +138,21 @@ fn rdmacm_utils_connect_transfer_and_disconnect() {
         ],
         "64k",
     );
+    // rcopy's server serves copies until killed; the hosts share the file system.
+    if have("rcopy") {
+        let (src, dst) = (run.dir.join("rcopy.src"), run.dir.join("rcopy.dst"));
+        let data: Vec<u8> = (0..3_000_000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        std::fs::write(&src, &data).unwrap();
+        let mut server = drum_test_support::spawn(&mut run.exec("h1", &["rcopy"]));
+        let to = format!("{ip}:{}", dst.display());
+        let c = client_retrying(&run, "h2", &["rcopy", src.to_str().unwrap(), &to]);
+        let _ = server.kill();
+        drum_test_support::wait_timeout(server, Duration::from_secs(10));
+        assert!(c.status.success(), "rcopy: {}", text(&c));
+        assert!(std::fs::read(&dst).unwrap() == data, "rcopy's copy differs");
+    }
 }
 
 /// perftest connected through the RDMA CM (`-R`): RC write bandwidth, send and read latency,
