@@ -5,16 +5,8 @@ use super::*;
 impl State {
     /// Registers MR `m` (its pages checked in its process) under a new key.
     fn reg_mr(&mut self, m: Mr) -> Resp {
-        let Mr {
-            conn,
-            pid,
-            pd,
-            addr,
-            len,
-            iova,
-            access,
-        } = m;
-        if self.pds.get(&pd) != Some(&conn) {
+        let (pid, addr, len, access) = (m.pid, m.addr, m.len, m.access);
+        if self.pds.get(&m.pd) != Some(&m.conn) {
             return err(libc::EINVAL);
         }
         // Remote write/atomic access requires local write (as the kernel enforces).
@@ -23,7 +15,7 @@ impl State {
         {
             return err(libc::EINVAL);
         }
-        if len == 0 || addr.checked_add(len).is_none() || iova.checked_add(len).is_none() {
+        if len == 0 || addr.checked_add(len).is_none() || m.iova.checked_add(len).is_none() {
             return err(libc::EINVAL);
         }
         if self.mrs.len() >= device::MAX_MR as usize {
@@ -84,15 +76,20 @@ impl State {
                 addr,
                 len,
                 access,
-            } => self.reg_mr(Mr {
-                conn,
-                pid,
-                pd,
-                addr,
-                len,
-                iova: addr,
-                access,
-            }),
+            } => {
+                let iova = addr;
+                self.request(
+                    conn,
+                    pid,
+                    Req::RegMrIova {
+                        pd,
+                        addr,
+                        len,
+                        iova,
+                        access,
+                    },
+                )
+            }
             Req::RegMrIova {
                 pd,
                 addr,
