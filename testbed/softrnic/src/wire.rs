@@ -83,7 +83,13 @@ pub struct Packet {
 
 impl Packet {
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(HDR_LEN + XRC_EXT_LEN + self.payload.len());
+        self.encode_with(&self.payload)
+    }
+
+    /// The packet with `payload` in place of its own (which is ignored): a requester encodes
+    /// straight from the message's bytes, without copying them into the packet first.
+    pub fn encode_with(&self, payload: &[u8]) -> Vec<u8> {
+        let mut b = Vec::with_capacity(HDR_LEN + XRC_EXT_LEN + payload.len());
         b.extend_from_slice(&MAGIC.to_le_bytes());
         b.extend_from_slice(&[self.op, self.flags, self.syndrome, 0]);
         for v in [
@@ -98,11 +104,11 @@ impl Packet {
         }
         b.extend_from_slice(&self.remote_addr.to_le_bytes());
         b.extend_from_slice(&self.rkey.to_le_bytes());
-        b.extend_from_slice(&(self.payload.len() as u32).to_le_bytes());
+        b.extend_from_slice(&(payload.len() as u32).to_le_bytes());
         if self.flags & F_XRC != 0 {
             b.extend_from_slice(&self.srqn.to_le_bytes());
         }
-        b.extend_from_slice(&self.payload);
+        b.extend_from_slice(payload);
         b
     }
 

@@ -166,6 +166,8 @@ pub(super) fn rx_loop(sh: Arc<Shared>) {
                 None => st.counters.rx_dropped_malformed += 1,
             }
         }
+        // Nothing stays gathered while the lock is free (see `placement`).
+        st.place_writes();
         sh.flush_out(&mut st);
         drop(st);
         if wake {
@@ -243,7 +245,7 @@ pub(super) fn tx_loop(sh: Arc<Shared>, stats: Option<PathBuf>, port_state: Optio
 /// whose sizes are equal (the last may be shorter) to the kernel as one `sendmsg` with
 /// `UDP_SEGMENT`: the kernel cuts it back into exactly these datagrams (or passes it whole to
 /// a receiver with UDP GRO, which splits it at the same boundaries). Returns packets sent.
-pub(super) fn send_batched(udp: &UdpSocket, out: &mut Vec<(SocketAddr, Vec<u8>)>) -> u64 {
+pub(super) fn send_batched(udp: &UdpSocket, out: &mut Vec<(SocketAddr, Encoded)>) -> u64 {
     let mut sent = 0u64;
     let mut i = 0;
     while i < out.len() {
@@ -280,7 +282,7 @@ pub(super) fn send_gso(
     udp: &UdpSocket,
     dst: SocketAddr,
     seg: usize,
-    pkts: &[(SocketAddr, Vec<u8>)],
+    pkts: &[(SocketAddr, Encoded)],
 ) -> bool {
     let SocketAddr::V4(d) = dst else { return false };
     let mut iov: Vec<libc::iovec> = pkts

@@ -74,7 +74,7 @@ impl State {
         &mut self,
         qpn: u32,
         now: Instant,
-    ) -> Option<(SocketAddr, Vec<u8>)> {
+    ) -> Option<(SocketAddr, Encoded)> {
         let q = self.qps.get(&qpn)?;
         if q.sq_next >= q.sq.len() {
             return None;
@@ -122,7 +122,7 @@ impl State {
         // Any multicast address makes `fanout` send it to every host, this one included
         // (a NIC loops frames back to its own matching rules).
         let flood = SocketAddrV4::new(Ipv4Addr::new(239, 255, 255, 255), device::ENGINE_UDP_PORT);
-        Some((SocketAddr::V4(flood), p.encode()))
+        Some((SocketAddr::V4(flood), p.encode().into()))
     }
 
     /// A frame arrived: steer it by the flow rules.

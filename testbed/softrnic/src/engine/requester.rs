@@ -56,7 +56,7 @@ impl State {
     }
 
     /// Next packet of a QP (retransmission first, then new data), or None.
-    pub(super) fn next_packet(&mut self, qpn: u32, now: Instant) -> Option<(SocketAddr, Vec<u8>)> {
+    pub(super) fn next_packet(&mut self, qpn: u32, now: Instant) -> Option<(SocketAddr, Encoded)> {
         let q = self.qps.get_mut(&qpn)?;
         if q.state != IBV_QPS_RTS {
             return None;
@@ -161,7 +161,7 @@ impl State {
             w.packetized = true;
             q.next_psn = psn_add(psn, n);
             q.sq_next += 1;
-            let bytes = p.encode();
+            let bytes = Encoded::new(p.encode());
             let last = w.last_psn;
             q.inflight.push_back(Inflight {
                 psn,
@@ -173,10 +173,7 @@ impl State {
         }
         let off = q.sq_off;
         let chunk = (w.len - off).min(mtu);
-        let mut payload = vec![0u8; chunk as usize];
-        if let Some(b) = &w.wr.inline {
-            payload.copy_from_slice(&b[off as usize..(off + chunk) as usize]);
-        } else {
+        if w.wr.inline.is_none() {
             let staged_end = w.staged_at + w.staged.len() as u32;
             if off < w.staged_at || off + chunk > staged_end {
                 let mut b = std::mem::take(&mut w.staged);
@@ -188,8 +185,6 @@ impl State {
                 w.staged = b;
                 w.staged_at = off;
             }
-            let at = (off - w.staged_at) as usize;
-            payload.copy_from_slice(&w.staged[at..at + chunk as usize]);
         }
         let q = self.qps.get_mut(&qpn)?;
         let w = &mut q.sq[idx];
@@ -211,14 +206,27 @@ impl State {
             w.first_psn = psn;
         }
         let last = off + chunk >= w.len;
-        if last || psn % ACKREQ_EVERY == 0 {
+        q.since_ackreq += 1;
+        if last || q.since_ackreq >= ACKREQ_EVERY {
             p.flags |= wire::F_ACKREQ;
+            q.since_ackreq = 0;
         }
         if last {
             p.flags |= wire::F_LAST;
             if w.wr.flags & IBV_SEND_SOLICITED != 0 {
                 p.flags |= wire::F_SOLICITED;
             }
+        }
+        // Encoded straight from the inline data or the staged bytes of the message.
+        let payload = match &w.wr.inline {
+            Some(b) => &b[off as usize..(off + chunk) as usize],
+            None => {
+                let at = (off - w.staged_at) as usize;
+                &w.staged[at..at + chunk as usize]
+            }
+        };
+        let bytes = Encoded::new(p.encode_with(payload));
+        if last {
             w.last_psn = psn;
             w.packetized = true;
             w.staged = Vec::new();
@@ -227,9 +235,7 @@ impl State {
         } else {
             q.sq_off = off + chunk;
         }
-        p.payload = payload;
         q.next_psn = psn_add(psn, 1);
-        let bytes = p.encode();
         if q.qpt == IBV_QPT_UC {
             // UC: nothing is acknowledged or resent; a message is complete once sent.
             if last {
@@ -253,7 +259,7 @@ impl State {
         &mut self,
         qpn: u32,
         now: Instant,
-    ) -> Option<(SocketAddr, Vec<u8>)> {
+    ) -> Option<(SocketAddr, Encoded)> {
         let q = self.qps.get(&qpn)?;
         if q.sq_next >= q.sq.len() {
             return None;
@@ -334,7 +340,7 @@ impl State {
         q.next_psn = psn_add(psn, 1);
         self.complete_sends(qpn, psn);
         let dst = SocketAddr::V4(SocketAddrV4::new(ip, device::ENGINE_UDP_PORT));
-        Some((dst, p.encode()))
+        Some((dst, p.encode().into()))
     }
 
     /// A UD (or raw-packet) QP being destroyed first sends the datagrams already posted to it: a NIC has long

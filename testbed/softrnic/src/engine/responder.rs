@@ -1,5 +1,6 @@
 //! Packets from the wire: dispatch to the requester or the responder, and the responder's execution of SEND, WRITE, READ and atomics for RC, UC and UD.
 
+use super::placement::PlacementFault;
 use super::*;
 
 /// The 40-byte GRH area of a UD receive for RoCE v2 over IPv4: as on hardware, the first 20
@@ -52,6 +53,10 @@ pub(super) const GRH_LEN: usize = 40;
 
 impl State {
     pub(super) fn on_packet(&mut self, from: SocketAddr, p: Packet, now: Instant) {
+        // Only the next WRITE packet of the QP whose data is gathered may find it unplaced.
+        if p.op != wire::OP_WRITE {
+            self.place_writes();
+        }
         if p.op == wire::OP_UD_SEND && p.dst_qpn == wire::MCAST_QPN {
             return self.mcast_rx(from, &p, now);
         }
@@ -213,25 +218,63 @@ impl State {
                     self.reply(from, qpn, peer, wire::OP_ACK, 0, e);
                 }
             }
-            Err(syn) => {
-                if !q.nak_sent || syn != wire::NAK_RNR {
-                    q.nak_sent = true;
-                    let mut n = Packet {
-                        op: wire::OP_NAK,
-                        syndrome: syn,
-                        dst_qpn: peer,
-                        src_qpn: qpn,
-                        psn: p.psn,
-                        ..Default::default()
-                    };
-                    n.imm = q.attr.min_rnr_timer as u32;
-                    self.emit(from, n.encode());
-                }
-                if let Some(ev) = responder_error_event(syn) {
-                    // Responder errors of class C: the responder QP goes to error as well.
-                    self.qp_error(qpn, ev);
-                }
-            }
+            Err(syn) => self.responder_nak(from, qpn, p.psn, syn),
+        }
+    }
+
+    /// NAK the request at `psn` with `syn` (an RNR NAK once until the QP makes progress);
+    /// after a responder error of class C the responder QP goes to error as well.
+    fn responder_nak(&mut self, to: SocketAddr, qpn: u32, psn: u32, syn: u8) {
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        if !q.nak_sent || syn != wire::NAK_RNR {
+            q.nak_sent = true;
+            let n = Packet {
+                op: wire::OP_NAK,
+                syndrome: syn,
+                dst_qpn: q.attr.dest_qp_num,
+                src_qpn: qpn,
+                psn,
+                imm: q.attr.min_rnr_timer as u32,
+                ..Default::default()
+            };
+            self.emit(to, n.encode());
+        }
+        if let Some(ev) = responder_error_event(syn) {
+            self.qp_error(qpn, ev);
+        }
+    }
+
+    /// Place what is gathered, counted.
+    fn place_gathered(&mut self) -> Result<(), PlacementFault> {
+        if self.writes.is_empty() {
+            return Ok(());
+        }
+        self.counters.rx_write_placements += 1;
+        self.writes.place()
+    }
+
+    /// Place the WRITE data gathered so far ([`super::placement`]). Its message is not
+    /// complete yet, so when the target refuses the data an RC responder NAKs the message
+    /// (and goes to error) as if its packet's own write had failed, and a UC responder
+    /// drops the rest of the message.
+    pub(super) fn place_writes(&mut self) {
+        let Err(f) = self.place_gathered() else {
+            return;
+        };
+        let Some(q) = self.qps.get_mut(&f.qpn) else {
+            return;
+        };
+        if q.state != IBV_QPS_RTR && q.state != IBV_QPS_RTS {
+            return;
+        }
+        if q.qpt == IBV_QPT_UC {
+            q.uc_broken = true;
+            return;
+        }
+        if let Some(to) = q.remote {
+            self.responder_nak(to, f.qpn, f.psn, wire::NAK_REM_ACCESS);
         }
     }
 
@@ -513,7 +556,13 @@ impl State {
             return Err(wire::NAK_RNR);
         }
         if let Some((pid, addr)) = target {
-            if write_mem(pid, addr, &p.payload).is_err() {
+            if !self.writes.continues(qpn, pid, addr, p.payload.len()) {
+                self.place_writes();
+            }
+            self.writes.gather(qpn, p.psn, pid, addr, &p.payload);
+            // A message is placed whole before its completion and ACK (and a failure is
+            // this message's).
+            if p.flags & wire::F_LAST != 0 && self.place_gathered().is_err() {
                 return Err(wire::NAK_REM_ACCESS);
             }
         }
@@ -661,7 +710,7 @@ impl State {
     /// The next response packet of the oldest READ QP `qpn` answers. Memory is read as
     /// the packet goes out; memory gone meanwhile (deregistered, the process ended) ends
     /// the READ with a remote access NAK.
-    pub(super) fn next_read_response(&mut self, qpn: u32) -> Option<(SocketAddr, Vec<u8>)> {
+    pub(super) fn next_read_response(&mut self, qpn: u32) -> Option<(SocketAddr, Encoded)> {
         let q = self.qps.get_mut(&qpn)?;
         if q.state != IBV_QPS_RTR && q.state != IBV_QPS_RTS {
             q.read_jobs.clear();
@@ -699,6 +748,6 @@ impl State {
         if j.next == j.n {
             q.read_jobs.pop_front();
         }
-        Some((to, r.encode()))
+        Some((to, r.encode().into()))
     }
 }

@@ -2216,6 +2216,138 @@ mod fuzz {
         assert_eq!(r.st.counters.rx_dropped_unknown_qp, 1);
     }
 
+    /// One packet of a 3-packet WRITE at `psn` (`i` = 0, 1, 2), 4 bytes each, to `addr`.
+    fn write_part(r: &Rig, i: u32, addr: u64) -> Packet {
+        let flags = match i {
+            0 => wire::F_FIRST,
+            2 => wire::F_LAST | wire::F_ACKREQ,
+            _ => 0,
+        };
+        Packet {
+            op: wire::OP_WRITE,
+            flags,
+            dst_qpn: r.qpn,
+            src_qpn: PEER_QPN,
+            psn: 1000 + i,
+            msg_len: 12,
+            offset: 4 * i,
+            remote_addr: addr,
+            rkey: r.rkey,
+            payload: vec![i as u8 + 1; 4],
+            ..Default::default()
+        }
+    }
+
+    /// The packets of a WRITE are placed with one cross-process write, at the last packet
+    /// and before its ACK leaves; a packet of another kind places what was gathered before
+    /// it is handled.
+    #[test]
+    fn write_packets_are_placed_together_before_anything_can_see_them() {
+        let mut r = rig();
+        let now = Instant::now();
+        let at = r.mr_addr + 100;
+        r.st.on_packet(r.peer, write_part(&r, 0, at), now);
+        r.st.on_packet(r.peer, write_part(&r, 1, at), now);
+        assert_eq!(
+            &r.buf[GUARD + 100..GUARD + 108],
+            &[0xa5; 8],
+            "gathered, not placed"
+        );
+        assert!(r.st.out.is_empty());
+        r.st.on_packet(r.peer, write_part(&r, 2, at), now);
+        assert_eq!(
+            &r.buf[GUARD + 100..GUARD + 112],
+            &[1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]
+        );
+        assert_eq!(r.st.counters.rx_write_placements, 1);
+        let ack = Packet::decode(&r.st.out[0].1).unwrap();
+        assert_eq!((ack.op, ack.psn), (wire::OP_ACK, 1002));
+
+        // A WRITE's first packet, then a READ of its bytes: the READ is answered with them.
+        let mut w = write_part(&r, 0, r.mr_addr + 200);
+        w.psn = 1003;
+        r.st.on_packet(r.peer, w, now);
+        let read = Packet {
+            op: wire::OP_READ_REQ,
+            flags: wire::F_FIRST | wire::F_LAST | wire::F_ACKREQ,
+            dst_qpn: r.qpn,
+            src_qpn: PEER_QPN,
+            psn: 1004,
+            msg_len: 4,
+            remote_addr: r.mr_addr + 200,
+            rkey: r.rkey,
+            ..Default::default()
+        };
+        r.st.on_packet(r.peer, read, now);
+        assert_eq!(&r.buf[GUARD + 200..GUARD + 204], &[1; 4]);
+        assert_eq!(r.st.counters.rx_write_placements, 2);
+    }
+
+    /// Gathered data whose target turns out to be unmapped (the application unmapped
+    /// registered memory) fails its message as a per-packet write did: the responder NAKs
+    /// the first packet gathered with a remote access error and its QP goes to error.
+    #[test]
+    fn a_gathered_write_to_unmapped_memory_naks_its_message() {
+        let mut r = rig();
+        let page = 4096usize;
+        // SAFETY: a fresh anonymous mapping of two pages, unmapped in halves below.
+        let m = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                2 * page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(m, libc::MAP_FAILED);
+        let pid = std::process::id() as i32;
+        let pd = r.st.qps[&r.qpn].pd;
+        let Resp::Mr { rkey, .. } = r.st.request(
+            1,
+            pid,
+            Req::RegMr {
+                pd,
+                addr: m as u64,
+                len: 2 * page as u64,
+                access: IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+            },
+        ) else {
+            panic!("registering the mapping")
+        };
+        // SAFETY: the second page of the mapping made above; nothing refers to it.
+        assert_eq!(
+            unsafe { libc::munmap(m.cast::<u8>().add(page).cast(), page) },
+            0
+        );
+        r.rkey = rkey;
+        let now = Instant::now();
+        let mut first = write_part(&r, 0, m as u64 + page as u64);
+        first.rkey = rkey;
+        r.st.on_packet(r.peer, first, now);
+        // Any other packet places what was gathered: here a duplicate SEND.
+        let dup = Packet {
+            op: wire::OP_SEND,
+            flags: wire::F_FIRST | wire::F_LAST,
+            dst_qpn: r.qpn,
+            src_qpn: PEER_QPN,
+            psn: 999,
+            msg_len: 1,
+            payload: vec![0],
+            ..Default::default()
+        };
+        r.st.on_packet(r.peer, dup, now);
+        let nak = Packet::decode(&r.st.out[0].1).unwrap();
+        assert_eq!(
+            (nak.op, nak.syndrome, nak.psn),
+            (wire::OP_NAK, wire::NAK_REM_ACCESS, 1000)
+        );
+        assert_eq!(r.st.qps[&r.qpn].state, IBV_QPS_ERR);
+        // SAFETY: the first page, still mapped.
+        unsafe { libc::munmap(m, page) };
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
 

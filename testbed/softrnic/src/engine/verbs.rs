@@ -336,6 +336,7 @@ impl State {
                         sq_next: 0,
                         sq_off: 0,
                         next_psn: 0,
+                        since_ackreq: 0,
                         inflight: VecDeque::new(),
                         resend: None,
                         last_progress: Instant::now(),
