@@ -5,7 +5,8 @@
 //! application's QPs to it instead (`ibv_create_qp`). The application's own CQ stays a real
 //! provider object, so every verb that takes it keeps working, but it receives completions
 //! only from QPs bound by a path the shim does not wrap (`ibv_create_qp_ex`, `ibv_create_wq`),
-//! which a virtual CQ therefore drains as well. Completions reach the application only
+//! which a virtual CQ therefore drains as well, under the same grant. Completions reach the
+//! application only
 //! through the shim, at the granted polling rate (`rate_cqe_per_s`; unmetered without one):
 //!
 //! * polling: the application's own `ibv_poll_cq` moves completions from the dedicated CQ,
@@ -422,10 +423,25 @@ impl Vcq {
         }
         if got == 0 {
             // Completions of QPs bound to the application's CQ by a path the shim does not
-            // wrap.
-            // SAFETY: the application's own CQ and array.
-            let r = unsafe { (self.poll)(self.app as *mut IbvCq, n as c_int, wc) };
-            return Polled { rc: r, held };
+            // wrap (an XRC SRQ's receives, `ibv_create_wq`): metered like the others.
+            let metered = govern::completions_metered();
+            let allow = if metered {
+                govern::completion_allowance(govern::now_ps(), n as u64).unwrap_or(0) as usize
+            } else {
+                n
+            };
+            if allow == 0 {
+                return Polled { rc: 0, held };
+            }
+            // SAFETY: the application's own CQ and array (`allow` ≤ `n` entries).
+            let r = unsafe { (self.poll)(self.app as *mut IbvCq, allow as c_int, wc) };
+            if metered && r > 0 {
+                govern::consume_completions(govern::now_ps(), r as u64);
+            }
+            return Polled {
+                rc: r,
+                held: held || (metered && r as usize == allow && allow < n),
+            };
         }
         Polled {
             rc: got as c_int,
@@ -585,7 +601,20 @@ impl Vcq {
                 buf.as_mut_ptr(),
             )
         };
-        let r = r.max(0) as usize;
+        let mut r = r.max(0) as usize;
+        if r < allow as usize {
+            // Then those that reach the application's own CQ directly (see `poll`).
+            // SAFETY: the application's CQ is alive while `self` is registered; `buf` has
+            // room for `allow - r` more.
+            let more = unsafe {
+                (self.poll)(
+                    self.app as *mut IbvCq,
+                    (allow as usize - r) as c_int,
+                    buf[r..].as_mut_ptr(),
+                )
+            };
+            r += more.max(0) as usize;
+        }
         govern::consume_completions(now, r as u64);
         inner.ring.extend(&buf[..r]);
         inner.backlog = r as u64 == allow;

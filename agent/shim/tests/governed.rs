@@ -294,6 +294,35 @@ fn polling_grant_meters_completions_for_polling_and_event_driven_programs() {
         });
         report.push(format!("{mode:?}: {rates:.0?}/s"));
     }
+    // The receives of an XRC SRQ complete on the application's own CQ, not on a dedicated
+    // one: metered all the same. One completion per message and one for the last send on
+    // each side, each side waiting for the other, so the run takes at least that many
+    // completions at the granted rate (less the limiter's 5 ms burst).
+    if have("ibv_xsrq_pingpong") {
+        let _files = drum_test_support::CreatedFiles::watch(&drum_test_support::XRC_DOMAIN_FILES);
+        let n = 300u32;
+        let ns = n.to_string();
+        for mode in [&[][..], &["-e"][..]] {
+            let mut args = vec!["ibv_xsrq_pingpong", "-g", "0", "-n", &ns];
+            args.extend_from_slice(mode);
+            let who = format!("{args:?} at {grant} completions/s");
+            let t = Instant::now();
+            let (server, client) = pair_env(&run, &args, true, &env);
+            // (pair_env starts the client 200 ms after the server.)
+            let secs = t.elapsed().as_secs_f64() - 0.2;
+            assert_pair_ok(&server, &client, &who);
+            for o in [&server, &client] {
+                let s = summary(o, &who);
+                assert_eq!(s["completions"], u64::from(n) + 1, "{who}: {s:?}");
+            }
+            let floor = (f64::from(n) + 1.0 - 5.0) / grant;
+            assert!(
+                secs >= floor,
+                "{who}: {secs:.3} s, metered it takes ≥ {floor:.3} s"
+            );
+            report.push(format!("{args:?}: {secs:.3} s (≥ {floor:.3})"));
+        }
+    }
     eprintln!("{}", report.join(", "));
 }
 
