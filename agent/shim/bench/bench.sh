@@ -9,7 +9,8 @@
 # of 10/30/60 % of line rate). Every run has its own run directory, torn down on exit, and
 # every program a timeout. Ratios are from one run: these machines are shared and noisy.
 # Environment: BG_RATE (isolation: the background's grant, default 0.5), FG_EXTRA (extra
-# foreground flags, e.g. -e), ISO_UP (extra `softrnic up` flags for isolation).
+# foreground flags, e.g. -e), ISO_UP (extra `softrnic up` flags for isolation), ISO_GBPS
+# (isolation: the line rate of NIC and agent, default 1).
 set -eu
 B=${1:-target/release}
 [ $# -gt 0 ] && shift
@@ -105,9 +106,10 @@ for sec in $SECTIONS; do
 		# 4 QPs, 64 KiB messages, queue depth 128, posting lists of 32. With DRUM the agent
 		# grants the background half the line and one active QP; the foreground is not
 		# limited. Three foreground runs per case; medians.
-		up --hosts 2 --line-rate-gbps 1 ${ISO_UP:-}
-		agent 1 '[shim.apps.bg]' "rate = ${BG_RATE:-0.5}" 'max_active_qps = 1' '[shim.apps.fg]'
-		echo "## isolation: foreground ib_send_lat next to a greedy ib_write_bw (--line-rate-gbps 1; medians of 3 runs)"
+		g=${ISO_GBPS:-1}
+		up --hosts 2 --line-rate-gbps "$g" ${ISO_UP:-}
+		agent "$g" '[shim.apps.bg]' "rate = ${BG_RATE:-0.5}" 'max_active_qps = 1' '[shim.apps.fg]'
+		echo "## isolation: foreground ib_send_lat next to a greedy ib_write_bw (--line-rate-gbps $g ${ISO_UP:-}; medians of 3 runs)"
 		echo "| case | fg typical us | fg 99 % us | p99 / unloaded | runs (typical/p99) |"
 		echo "| --- | --- | --- | --- | --- |"
 		base=
