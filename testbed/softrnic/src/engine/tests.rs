@@ -2216,6 +2216,19 @@ mod fuzz {
         assert_eq!(r.st.counters.rx_dropped_unknown_qp, 1);
     }
 
+    /// A request from the rig's peer to its QP, with the rig's R_Key.
+    fn from_peer(r: &Rig, op: u8, flags: u8, psn: u32) -> Packet {
+        Packet {
+            op,
+            flags,
+            dst_qpn: r.qpn,
+            src_qpn: PEER_QPN,
+            psn,
+            rkey: r.rkey,
+            ..Default::default()
+        }
+    }
+
     /// One packet of a 3-packet WRITE at `psn` (`i` = 0, 1, 2), 4 bytes each, to `addr`.
     fn write_part(r: &Rig, i: u32, addr: u64) -> Packet {
         let flags = match i {
@@ -2224,17 +2237,11 @@ mod fuzz {
             _ => 0,
         };
         Packet {
-            op: wire::OP_WRITE,
-            flags,
-            dst_qpn: r.qpn,
-            src_qpn: PEER_QPN,
-            psn: 1000 + i,
             msg_len: 12,
             offset: 4 * i,
             remote_addr: addr,
-            rkey: r.rkey,
             payload: vec![i as u8 + 1; 4],
-            ..Default::default()
+            ..from_peer(r, wire::OP_WRITE, flags, 1000 + i)
         }
     }
 
@@ -2267,16 +2274,11 @@ mod fuzz {
         let mut w = write_part(&r, 0, r.mr_addr + 200);
         w.psn = 1003;
         r.st.on_packet(r.peer, w, now);
+        let only = wire::F_FIRST | wire::F_LAST | wire::F_ACKREQ;
         let read = Packet {
-            op: wire::OP_READ_REQ,
-            flags: wire::F_FIRST | wire::F_LAST | wire::F_ACKREQ,
-            dst_qpn: r.qpn,
-            src_qpn: PEER_QPN,
-            psn: 1004,
             msg_len: 4,
             remote_addr: r.mr_addr + 200,
-            rkey: r.rkey,
-            ..Default::default()
+            ..from_peer(&r, wire::OP_READ_REQ, only, 1004)
         };
         r.st.on_packet(r.peer, read, now);
         assert_eq!(&r.buf[GUARD + 200..GUARD + 204], &[1; 4]);
@@ -2328,14 +2330,9 @@ mod fuzz {
         r.st.on_packet(r.peer, first, now);
         // Any other packet places what was gathered: here a duplicate SEND.
         let dup = Packet {
-            op: wire::OP_SEND,
-            flags: wire::F_FIRST | wire::F_LAST,
-            dst_qpn: r.qpn,
-            src_qpn: PEER_QPN,
-            psn: 999,
             msg_len: 1,
             payload: vec![0],
-            ..Default::default()
+            ..from_peer(&r, wire::OP_SEND, wire::F_FIRST | wire::F_LAST, 999)
         };
         r.st.on_packet(r.peer, dup, now);
         let nak = Packet::decode(&r.st.out[0].1).unwrap();
