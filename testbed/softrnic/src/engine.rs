@@ -405,15 +405,20 @@ struct QpRings {
 }
 
 impl Qp {
-    /// Atomics sent and not yet completed. One whose response came early (the response to an
-    /// earlier atomic was lost) still counts until it completes in order: otherwise the QP
-    /// would go on issuing atomics behind the lost one, and by the time that one is resent
-    /// the responder's result cache would no longer hold it.
-    fn atomics_outstanding(&self) -> usize {
+    /// RDMA READs and atomics sent that still hold the responder's resources (IBTA's
+    /// outstanding read/atomic depth): a READ until its last response arrived, an atomic
+    /// until it completes. An atomic whose response came early (the response to an earlier
+    /// atomic was lost) still counts until it completes in order: otherwise the QP would go
+    /// on issuing atomics behind the lost one, and by the time that one is resent the
+    /// responder's result cache would no longer hold it.
+    fn reads_atomics_outstanding(&self) -> usize {
         self.sq
             .iter()
             .take(self.sq_next)
-            .filter(|w| proto::is_atomic_wr(w.wr.opcode))
+            .filter(|w| {
+                proto::is_atomic_wr(w.wr.opcode)
+                    || (w.wr.opcode == IBV_WR_RDMA_READ && !w.resp_done)
+            })
             .count()
     }
 
@@ -430,9 +435,9 @@ impl Qp {
         }
     }
 
-    /// How many atomics may wait for responses at once: the QP's `max_rd_atomic` (at least
-    /// one, so a QP configured with 0 still makes progress).
-    fn atomic_limit(&self) -> usize {
+    /// How many READs and atomics may wait for responses at once: the QP's `max_rd_atomic`
+    /// (at least one, so a QP configured with 0 still makes progress).
+    fn reads_atomics_limit(&self) -> usize {
         (self.attr.max_rd_atomic as usize).max(1)
     }
 

@@ -94,9 +94,14 @@ impl State {
             self.execute_local(qpn, idx);
             return None;
         }
-        if proto::is_atomic_wr(q.sq[idx].wr.opcode) && q.atomics_outstanding() >= q.atomic_limit() {
-            // As on hardware, at most max_rd_atomic atomics wait for their responses; this
-            // also keeps each of them within the responder's result cache.
+        let op = q.sq[idx].wr.opcode;
+        if (op == IBV_WR_RDMA_READ || proto::is_atomic_wr(op))
+            && q.reads_atomics_outstanding() >= q.reads_atomics_limit()
+        {
+            // As on hardware, at most max_rd_atomic READs and atomics wait for their
+            // responses: no more than the responder has resources for (a READ beyond them
+            // was dropped there and came back only after a retransmission timeout), and
+            // every atomic stays within the responder's result cache.
             return None;
         }
         // Resolve the local buffers of a WQE when its first packet is built.

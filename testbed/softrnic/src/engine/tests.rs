@@ -1448,6 +1448,62 @@ mod fuzz {
         assert_eq!(r.st.cqs[&r.cq].q.len(), 1);
     }
 
+    /// Requester: no more RDMA READs and atomics than `max_rd_atomic` (here 2) wait for
+    /// responses at once — the responder has resources for no more, and a READ beyond them
+    /// came back only after a retransmission timeout (`ib_read_bw` with its default queue
+    /// depth ran at a sixth of its speed). A READ stops counting once its last response
+    /// arrived.
+    #[test]
+    fn reads_and_atomics_outstanding_are_held_to_max_rd_atomic() {
+        let mut r = rig_with(false);
+        r.st.qps.get_mut(&r.qpn).unwrap().attr.max_rd_atomic = 2;
+        let wr = |id: u64, opcode: i32, off: u64| SendWr {
+            wr_id: id,
+            opcode,
+            flags: IBV_SEND_SIGNALED,
+            remote_addr: 0x10_0000,
+            rkey: 9,
+            sges: vec![Sge {
+                addr: r.mr_addr + off,
+                length: 8,
+                lkey: r.lkey,
+            }],
+            ..Default::default()
+        };
+        let wrs = vec![
+            wr(1, IBV_WR_RDMA_READ, 0),
+            wr(2, IBV_WR_RDMA_READ, 8),
+            wr(3, IBV_WR_ATOMIC_FETCH_AND_ADD, 16),
+        ];
+        assert_eq!(r.st.post_send(1, r.qpn, wrs), Resp::Unit);
+        let now = Instant::now();
+        let mut sent = Vec::new();
+        while let Some((_, b)) = r.st.next_packet(r.qpn, now) {
+            let p = Packet::decode(&b).unwrap();
+            sent.push((p.op, p.psn));
+        }
+        assert_eq!(
+            sent,
+            [(wire::OP_READ_REQ, 5000), (wire::OP_READ_REQ, 5001)],
+            "the atomic waits"
+        );
+        // The first READ's response: it completes, and the atomic may go.
+        let resp = Packet {
+            op: wire::OP_READ_RESP,
+            flags: wire::F_FIRST | wire::F_LAST,
+            dst_qpn: r.qpn,
+            src_qpn: PEER_QPN,
+            psn: 5000,
+            msg_len: 8,
+            payload: vec![4; 8],
+            ..Default::default()
+        };
+        r.st.on_packet(r.peer, resp, now);
+        assert_eq!(r.st.cqs[&r.cq].q.len(), 1, "first READ complete");
+        let (_, b) = r.st.next_packet(r.qpn, now).expect("the atomic");
+        assert_eq!(Packet::decode(&b).unwrap().op, wire::OP_FETCH_ADD);
+    }
+
     /// SRQ control verbs: sizes granted and queried, posting beyond max_wr refused with
     /// the index of the first rejected WR, resize not below the queued count, the limit
     /// event refused (no asynchronous events), destroy refused while a QP uses it; a QP
