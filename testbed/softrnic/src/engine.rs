@@ -907,7 +907,6 @@ impl State {
     /// when it goes to a multicast group.
     fn emit(&mut self, dst: SocketAddr, bytes: impl Into<Encoded>) {
         let bytes = bytes.into();
-        self.place_writes();
         let ns = self.nic.cfg.wire_ns(bytes.len());
         self.nic.charge(Instant::now(), ns);
         for d in self.fanout(dst) {

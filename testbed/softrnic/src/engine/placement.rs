@@ -2,16 +2,19 @@
 //! that land back to back in one process are gathered and placed with one
 //! `process_vm_writev` instead of one per packet. The call's fixed cost (finding the process,
 //! the ptrace access check, importing the iovecs) was about 40 % of the engine's CPU in a
-//! same-host `ib_write_bw -s 65536`, where a message is 16 packets.
+//! same-host `ib_write_bw -s 65536`, where a message is 16 packets. Each QP gathers its own
+//! run (up to 16 QPs at once), so the transmitter's round robin, which interleaves the
+//! packets of every QP with work, does not break the runs up.
 //!
 //! Nothing may observe or overtake gathered data, so it is placed:
 //! - at the message's last packet, before its completion and its ACK;
-//! - before the engine emits any packet (an ACK must never acknowledge unplaced data) or adds
-//!   any completion;
-//! - before a packet other than the next WRITE packet of the same QP is handled (every other
-//!   access to process memory happens while handling one);
-//! - at the end of every batch of received or looped-back packets, so that nothing is gathered
-//!   while the engine's lock is free (the transmitter's reads and the verbs never find any).
+//! - a QP's own run before anything tells its peer how far the QP got (its ACKs and NAKs,
+//!   atomic responses);
+//! - everything before the engine adds any completion, and before it handles a packet that
+//!   is not a WRITE (every other access to process memory happens while handling one);
+//! - everything at the end of every batch of received or looped-back packets, so that nothing
+//!   is gathered while the engine's lock is free (the transmitter's reads and the verbs never
+//!   find any).
 //!
 //! A combined write never spans two messages, so when placing fails (the target unmapped
 //! registered memory) the error names the message it belongs to, as a per-packet write did.
@@ -20,8 +23,11 @@ use std::io;
 
 use super::write_mem;
 
-/// Most bytes gathered before they are placed (bounds the engine's memory per engine).
+/// Most bytes gathered for one QP before they are placed.
 const MAX_GATHERED: usize = 256 << 10;
+/// Most QPs with bytes gathered at once (the transmitter's round robin interleaves the
+/// packets of every QP with work; with `MAX_GATHERED` it bounds the engine's memory).
+const MAX_QPS: usize = 16;
 
 /// Bytes gathered for one place in one process.
 struct Gathered {
@@ -40,22 +46,28 @@ pub(super) struct PlacementFault {
     pub psn: u32,
 }
 
+/// The bytes gathered per QP, oldest first; at most one run per QP.
 #[derive(Default)]
 pub(super) struct WriteCombiner {
-    gathered: Option<Gathered>,
-    /// The buffer of the last placement, kept for the next one (no allocation per message).
-    spare: Vec<u8>,
+    gathered: Vec<Gathered>,
+    /// Buffers of earlier placements, kept for the next ones (no allocation per message).
+    spare: Vec<Vec<u8>>,
 }
 
 impl WriteCombiner {
     pub fn is_empty(&self) -> bool {
-        self.gathered.is_none()
+        self.gathered.is_empty()
     }
 
-    /// Whether a WRITE packet of `qpn` to `addr` in `pid` extends what is gathered (then
-    /// [`Self::gather`] needs nothing placed first).
+    /// Whether bytes of `qpn` are gathered.
+    pub fn holds(&self, qpn: u32) -> bool {
+        self.gathered.iter().any(|g| g.qpn == qpn)
+    }
+
+    /// Whether a WRITE packet of `qpn` to `addr` in `pid` extends what is gathered for
+    /// that QP.
     pub fn continues(&self, qpn: u32, pid: i32, addr: u64, len: usize) -> bool {
-        self.gathered.as_ref().is_some_and(|g| {
+        self.gathered.iter().any(|g| {
             g.qpn == qpn
                 && g.pid == pid
                 && g.addr.checked_add(g.data.len() as u64) == Some(addr)
@@ -63,20 +75,27 @@ impl WriteCombiner {
         })
     }
 
-    /// Add a packet's payload. The caller placed what was gathered unless it
-    /// [`continues`](Self::continues) there.
+    /// Whether a QP that holds nothing may start gathering only once the oldest run is
+    /// placed.
+    pub fn is_full(&self) -> bool {
+        self.gathered.len() >= MAX_QPS
+    }
+
+    /// Add a packet's payload. The caller placed what `qpn` had gathered unless this
+    /// [`continues`](Self::continues) it, and made room if [`is_full`](Self::is_full).
     pub fn gather(&mut self, qpn: u32, psn: u32, pid: i32, addr: u64, data: &[u8]) {
         if self.continues(qpn, pid, addr, data.len()) {
-            if let Some(g) = self.gathered.as_mut() {
+            if let Some(g) = self.gathered.iter_mut().find(|g| g.qpn == qpn) {
                 g.data.extend_from_slice(data);
             }
             return;
         }
-        debug_assert!(self.gathered.is_none(), "gathered bytes dropped unplaced");
-        let mut buf = std::mem::take(&mut self.spare);
+        debug_assert!(!self.holds(qpn), "gathered bytes dropped unplaced");
+        debug_assert!(!self.is_full(), "gathering past the limit");
+        let mut buf = self.spare.pop().unwrap_or_default();
         buf.clear();
         buf.extend_from_slice(data);
-        self.gathered = Some(Gathered {
+        self.gathered.push(Gathered {
             qpn,
             psn,
             pid,
@@ -85,17 +104,32 @@ impl WriteCombiner {
         });
     }
 
-    /// Write what is gathered into its process.
-    pub fn place(&mut self) -> Result<(), PlacementFault> {
-        let Some(g) = self.gathered.take() else {
+    /// Write what `qpn` gathered into its process (nothing gathered: Ok).
+    pub fn place(&mut self, qpn: u32) -> Result<(), PlacementFault> {
+        match self.gathered.iter().position(|g| g.qpn == qpn) {
+            Some(i) => self.place_at(i),
+            None => Ok(()),
+        }
+    }
+
+    /// Write the oldest run gathered into its process (nothing gathered: Ok).
+    pub fn place_oldest(&mut self) -> Result<(), PlacementFault> {
+        if self.gathered.is_empty() {
             return Ok(());
-        };
+        }
+        self.place_at(0)
+    }
+
+    fn place_at(&mut self, i: usize) -> Result<(), PlacementFault> {
+        let g = self.gathered.remove(i);
         let r: io::Result<()> = write_mem(g.pid, g.addr, &g.data);
         let fault = PlacementFault {
             qpn: g.qpn,
             psn: g.psn,
         };
-        self.spare = g.data;
+        if self.spare.len() < MAX_QPS {
+            self.spare.push(g.data);
+        }
         r.map_err(|_| fault)
     }
 }
@@ -121,14 +155,40 @@ mod tests {
         );
         c.gather(7, 101, pid, base + 4, &[5, 6, 7, 8]);
         assert_eq!(target, [0; 12], "nothing is written before placing");
-        assert_eq!(c.place(), Ok(()));
+        assert_eq!(c.place(8), Ok(()), "QP 8 gathered nothing");
+        assert_eq!(c.place(7), Ok(()));
         assert!(c.is_empty());
         assert_eq!(target[..8], [1, 2, 3, 4, 5, 6, 7, 8]);
         // The next message reuses the buffer and starts afresh.
         c.gather(7, 102, pid, base + 8, &[9, 9, 9, 9]);
-        assert_eq!(c.place(), Ok(()));
+        assert_eq!(c.place(7), Ok(()));
         assert_eq!(target[8..], [9, 9, 9, 9]);
-        assert_eq!(c.place(), Ok(()), "nothing gathered, nothing to do");
+        assert_eq!(c.place_oldest(), Ok(()), "nothing gathered, nothing to do");
+    }
+
+    #[test]
+    fn qps_gather_side_by_side_up_to_the_limit() {
+        let pid = std::process::id() as i32;
+        let mut target = vec![0u8; 4 * MAX_QPS];
+        let base = target.as_mut_ptr() as u64;
+        let mut c = WriteCombiner::default();
+        // Interleaved packets of every QP, as the round robin sends them.
+        for half in 0..2u64 {
+            for q in 0..MAX_QPS as u64 {
+                let at = base + 4 * q + 2 * half;
+                assert_eq!(c.continues(q as u32, pid, at, 2), half == 1);
+                c.gather(q as u32, half as u32, pid, at, &[q as u8 + 1; 2]);
+            }
+        }
+        assert!(c.is_full());
+        assert_eq!(c.place_oldest(), Ok(()));
+        assert!(!c.holds(0) && c.holds(1));
+        assert_eq!(target[..6], [1, 1, 1, 1, 0, 0]);
+        while !c.is_empty() {
+            assert_eq!(c.place_oldest(), Ok(()));
+        }
+        let want: Vec<u8> = (1..=MAX_QPS as u8).flat_map(|q| [q; 4]).collect();
+        assert_eq!(target, want);
     }
 
     #[test]
@@ -138,7 +198,7 @@ mod tests {
         // Page 0 is never mapped.
         c.gather(9, 40, pid, 16, &[1; 8]);
         c.gather(9, 41, pid, 24, &[2; 8]);
-        assert_eq!(c.place(), Err(PlacementFault { qpn: 9, psn: 40 }));
+        assert_eq!(c.place(9), Err(PlacementFault { qpn: 9, psn: 40 }));
         assert!(c.is_empty());
     }
 }

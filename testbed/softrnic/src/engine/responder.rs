@@ -141,6 +141,8 @@ impl State {
         syndrome: u8,
         psn: u32,
     ) {
+        // An ACK or NAK tells the peer how far the QP got: its data is in place first.
+        self.place_writes_of(qpn);
         let p = Packet {
             op,
             syndrome,
@@ -225,6 +227,7 @@ impl State {
     /// NAK the request at `psn` with `syn` (an RNR NAK once until the QP makes progress);
     /// after a responder error of class C the responder QP goes to error as well.
     fn responder_nak(&mut self, to: SocketAddr, qpn: u32, psn: u32, syn: u8) {
+        self.place_writes_of(qpn);
         let Some(q) = self.qps.get_mut(&qpn) else {
             return;
         };
@@ -246,23 +249,41 @@ impl State {
         }
     }
 
-    /// Place what is gathered, counted.
-    fn place_gathered(&mut self) -> Result<(), PlacementFault> {
-        if self.writes.is_empty() {
+    /// Place what `qpn` gathered, counted.
+    fn place_gathered(&mut self, qpn: u32) -> Result<(), PlacementFault> {
+        if !self.writes.holds(qpn) {
             return Ok(());
         }
         self.counters.rx_write_placements += 1;
-        self.writes.place()
+        self.writes.place(qpn)
     }
 
-    /// Place the WRITE data gathered so far ([`super::placement`]). Its message is not
-    /// complete yet, so when the target refuses the data an RC responder NAKs the message
-    /// (and goes to error) as if its packet's own write had failed, and a UC responder
-    /// drops the rest of the message.
+    /// Place all WRITE data gathered so far ([`super::placement`]).
     pub(super) fn place_writes(&mut self) {
-        let Err(f) = self.place_gathered() else {
-            return;
-        };
+        while !self.writes.is_empty() {
+            self.place_oldest_write();
+        }
+    }
+
+    fn place_oldest_write(&mut self) {
+        self.counters.rx_write_placements += 1;
+        if let Err(f) = self.writes.place_oldest() {
+            self.placement_failed(f);
+        }
+    }
+
+    /// Place the WRITE data `qpn` gathered, before anything tells its peer how far the QP
+    /// got.
+    pub(super) fn place_writes_of(&mut self, qpn: u32) {
+        if let Err(f) = self.place_gathered(qpn) {
+            self.placement_failed(f);
+        }
+    }
+
+    /// Gathered data the target refused. Its message is not complete yet, so an RC
+    /// responder NAKs the message (and goes to error) as if its packet's own write had
+    /// failed, and a UC responder drops the rest of the message.
+    fn placement_failed(&mut self, f: PlacementFault) {
         let Some(q) = self.qps.get_mut(&f.qpn) else {
             return;
         };
@@ -557,12 +578,19 @@ impl State {
         }
         if let Some((pid, addr)) = target {
             if !self.writes.continues(qpn, pid, addr, p.payload.len()) {
-                self.place_writes();
+                // What this QP gathered before (a message that never finished) fails this
+                // packet, as its own write would have.
+                if self.place_gathered(qpn).is_err() {
+                    return Err(wire::NAK_REM_ACCESS);
+                }
+                if self.writes.is_full() {
+                    self.place_oldest_write();
+                }
             }
             self.writes.gather(qpn, p.psn, pid, addr, &p.payload);
             // A message is placed whole before its completion and ACK (and a failure is
             // this message's).
-            if p.flags & wire::F_LAST != 0 && self.place_gathered().is_err() {
+            if p.flags & wire::F_LAST != 0 && self.place_gathered(qpn).is_err() {
                 return Err(wire::NAK_REM_ACCESS);
             }
         }
@@ -642,6 +670,7 @@ impl State {
     }
 
     pub(super) fn atomic_resp(&mut self, to: SocketAddr, qpn: u32, dst: u32, psn: u32, orig: u64) {
+        self.place_writes_of(qpn);
         let r = Packet {
             op: wire::OP_ATOMIC_RESP,
             flags: wire::F_FIRST | wire::F_LAST,
