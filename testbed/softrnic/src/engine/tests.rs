@@ -1377,20 +1377,10 @@ mod fuzz {
     #[test]
     fn atomic_requests_and_responses_on_the_requester() {
         let mut r = rig_with(false);
+        let mr = (r.mr_addr, r.lkey);
         let wr = |id: u64, opcode: i32, off: u64, len: u32| SendWr {
-            wr_id: id,
-            opcode,
-            flags: IBV_SEND_SIGNALED,
-            remote_addr: 0x10_0000,
-            rkey: 9,
             compare_add: 7,
-            swap: 0,
-            sges: vec![Sge {
-                addr: r.mr_addr + off,
-                length: len,
-                lkey: r.lkey,
-            }],
-            ..Default::default()
+            ..rig_wr(mr, id, opcode, off, len)
         };
         let short = wr(1, IBV_WR_ATOMIC_FETCH_AND_ADD, 0, 4);
         assert!(matches!(
@@ -1457,23 +1447,11 @@ mod fuzz {
     fn reads_and_atomics_outstanding_are_held_to_max_rd_atomic() {
         let mut r = rig_with(false);
         r.st.qps.get_mut(&r.qpn).unwrap().attr.max_rd_atomic = 2;
-        let wr = |id: u64, opcode: i32, off: u64| SendWr {
-            wr_id: id,
-            opcode,
-            flags: IBV_SEND_SIGNALED,
-            remote_addr: 0x10_0000,
-            rkey: 9,
-            sges: vec![Sge {
-                addr: r.mr_addr + off,
-                length: 8,
-                lkey: r.lkey,
-            }],
-            ..Default::default()
-        };
+        let mr = (r.mr_addr, r.lkey);
         let wrs = vec![
-            wr(1, IBV_WR_RDMA_READ, 0),
-            wr(2, IBV_WR_RDMA_READ, 8),
-            wr(3, IBV_WR_ATOMIC_FETCH_AND_ADD, 16),
+            rig_wr(mr, 1, IBV_WR_RDMA_READ, 0, 8),
+            rig_wr(mr, 2, IBV_WR_RDMA_READ, 8, 8),
+            rig_wr(mr, 3, IBV_WR_ATOMIC_FETCH_AND_ADD, 16, 8),
         ];
         assert_eq!(r.st.post_send(1, r.qpn, wrs), Resp::Unit);
         let now = Instant::now();
@@ -1488,15 +1466,11 @@ mod fuzz {
             "the atomic waits"
         );
         // The first READ's response: it completes, and the atomic may go.
+        let only = wire::F_FIRST | wire::F_LAST;
         let resp = Packet {
-            op: wire::OP_READ_RESP,
-            flags: wire::F_FIRST | wire::F_LAST,
-            dst_qpn: r.qpn,
-            src_qpn: PEER_QPN,
-            psn: 5000,
             msg_len: 8,
             payload: vec![4; 8],
-            ..Default::default()
+            ..from_peer(&r, wire::OP_READ_RESP, only, 5000)
         };
         r.st.on_packet(r.peer, resp, now);
         assert_eq!(r.st.cqs[&r.cq].q.len(), 1, "first READ complete");
@@ -2133,19 +2107,8 @@ mod fuzz {
         assert_eq!(&r.buf[GUARD + 6000..GUARD + 6002], &[6, 6]);
         assert!(r.st.out.is_empty(), "UC never acknowledges");
 
-        let wr = |id: u64, opcode: i32, len: u32| SendWr {
-            wr_id: id,
-            opcode,
-            flags: IBV_SEND_SIGNALED,
-            remote_addr: 0x10_0000,
-            rkey: 9,
-            sges: vec![Sge {
-                addr: r.mr_addr,
-                length: len,
-                lkey: r.lkey,
-            }],
-            ..Default::default()
-        };
+        let mr = (r.mr_addr, r.lkey);
+        let wr = |id: u64, opcode: i32, len: u32| rig_wr(mr, id, opcode, 0, len);
         let read = wr(1, IBV_WR_RDMA_READ, 8);
         assert!(matches!(
             r.st.post_send(1, r.qpn, vec![read]),
@@ -2177,19 +2140,10 @@ mod fuzz {
     fn an_early_response_does_not_let_atomics_run_past_a_lost_one() {
         let mut r = rig_with(false);
         r.st.qps.get_mut(&r.qpn).unwrap().attr.max_rd_atomic = 2;
+        let mr = (r.mr_addr, r.lkey);
         let wr = |id: u64| SendWr {
-            wr_id: id,
-            opcode: IBV_WR_ATOMIC_FETCH_AND_ADD,
-            flags: IBV_SEND_SIGNALED,
-            remote_addr: 0x10_0000,
-            rkey: 9,
             compare_add: 1,
-            sges: vec![Sge {
-                addr: r.mr_addr + 8 * id,
-                length: 8,
-                lkey: r.lkey,
-            }],
-            ..Default::default()
+            ..rig_wr(mr, id, IBV_WR_ATOMIC_FETCH_AND_ADD, 8 * id, 8)
         };
         assert_eq!(
             r.st.post_send(1, r.qpn, (0..4).map(wr).collect()),
@@ -2270,6 +2224,24 @@ mod fuzz {
         r.st.on_packet(stranger, next, now);
         assert_eq!(&r.buf[GUARD + 10..GUARD + 13], &[1, 2, 3]);
         assert_eq!(r.st.counters.rx_dropped_unknown_qp, 1);
+    }
+
+    /// A signalled work request towards the peer's 0x10_0000 (R_Key 9), from `len` bytes at
+    /// `off` in the MR `(address, L_Key)` (the rig's: `(r.mr_addr, r.lkey)`).
+    fn rig_wr(mr: (u64, u32), id: u64, opcode: i32, off: u64, len: u32) -> SendWr {
+        SendWr {
+            wr_id: id,
+            opcode,
+            flags: IBV_SEND_SIGNALED,
+            remote_addr: 0x10_0000,
+            rkey: 9,
+            sges: vec![Sge {
+                addr: mr.0 + off,
+                length: len,
+                lkey: mr.1,
+            }],
+            ..Default::default()
+        }
     }
 
     /// A request from the rig's peer to its QP, with the rig's R_Key.
