@@ -140,9 +140,9 @@ pub struct Counters {
     pub rx_uc_broken: u64,
     /// Packets not sent or not taken because the port's link was down.
     pub port_down_dropped: u64,
-    /// RDMA WRITE data placed into applications, one `process_vm_writev` each (the
-    /// packets of a message are combined, see `placement`).
-    pub rx_write_placements: u64,
+    /// RDMA WRITE and SEND data placed into applications, one `process_vm_writev` each
+    /// (the packets of a message are combined, see `placement`).
+    pub rx_placements: u64,
 }
 
 impl Counters {
@@ -175,7 +175,7 @@ impl Counters {
             ("rx_dropped_no_flow", self.rx_dropped_no_flow),
             ("rx_uc_broken", self.rx_uc_broken),
             ("port_down_dropped", self.port_down_dropped),
-            ("rx_write_placements", self.rx_write_placements),
+            ("rx_placements", self.rx_placements),
         ] {
             s.push_str(&format!("{k} {v}\n"));
         }

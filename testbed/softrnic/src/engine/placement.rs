@@ -1,5 +1,5 @@
 //! Write combining at the responder: the payloads of consecutive packets of one RDMA WRITE
-//! that land back to back in one process are gathered and placed with one
+//! or SEND that land back to back in one process are gathered and placed with one
 //! `process_vm_writev` instead of one per packet. The call's fixed cost (finding the process,
 //! the ptrace access check, importing the iovecs) was about 40 % of the engine's CPU in a
 //! same-host `ib_write_bw -s 65536`, where a message is 16 packets. Each QP gathers its own
@@ -11,7 +11,8 @@
 //! - a QP's own run before anything tells its peer how far the QP got (its ACKs and NAKs,
 //!   atomic responses);
 //! - everything before the engine adds any completion, and before it handles a packet that
-//!   is not a WRITE (every other access to process memory happens while handling one);
+//!   is not a WRITE or SEND (every other access to process memory happens while handling
+//!   one);
 //! - everything at the end of every batch of received or looped-back packets, so that nothing
 //!   is gathered while the engine's lock is free (the transmitter's reads and the verbs never
 //!   find any).
@@ -32,18 +33,21 @@ const MAX_QPS: usize = 16;
 /// Bytes gathered for one place in one process.
 struct Gathered {
     qpn: u32,
-    /// PSN of the first packet gathered (the one a NAK names if placing fails).
+    /// PSN of the first packet gathered and the NAK syndrome to answer it with if placing
+    /// fails (a WRITE's remote access error, a SEND's remote operational error).
     psn: u32,
+    syndrome: u8,
     pid: i32,
     addr: u64,
     data: Vec<u8>,
 }
 
-/// Where placing gathered bytes failed: the responder QP and the PSN to NAK.
+/// Where placing gathered bytes failed: the responder QP, and the PSN to NAK and how.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct PlacementFault {
     pub qpn: u32,
     pub psn: u32,
+    pub syndrome: u8,
 }
 
 /// The bytes gathered per QP, oldest first; at most one run per QP.
@@ -64,7 +68,7 @@ impl WriteCombiner {
         self.gathered.iter().any(|g| g.qpn == qpn)
     }
 
-    /// Whether a WRITE packet of `qpn` to `addr` in `pid` extends what is gathered for
+    /// Whether a packet of `qpn` landing at `addr` in `pid` extends what is gathered for
     /// that QP.
     pub fn continues(&self, qpn: u32, pid: i32, addr: u64, len: usize) -> bool {
         self.gathered.iter().any(|g| {
@@ -81,9 +85,17 @@ impl WriteCombiner {
         self.gathered.len() >= MAX_QPS
     }
 
-    /// Add a packet's payload. The caller placed what `qpn` had gathered unless this
+    /// Add a packet's payload; `(psn, syndrome)`: the packet's PSN and how to NAK its
+    /// message if placing fails. The caller placed what `qpn` had gathered unless this
     /// [`continues`](Self::continues) it, and made room if [`is_full`](Self::is_full).
-    pub fn gather(&mut self, qpn: u32, psn: u32, pid: i32, addr: u64, data: &[u8]) {
+    pub fn gather(
+        &mut self,
+        qpn: u32,
+        (psn, syndrome): (u32, u8),
+        pid: i32,
+        addr: u64,
+        data: &[u8],
+    ) {
         if self.continues(qpn, pid, addr, data.len()) {
             if let Some(g) = self.gathered.iter_mut().find(|g| g.qpn == qpn) {
                 g.data.extend_from_slice(data);
@@ -98,6 +110,7 @@ impl WriteCombiner {
         self.gathered.push(Gathered {
             qpn,
             psn,
+            syndrome,
             pid,
             addr,
             data: buf,
@@ -126,6 +139,7 @@ impl WriteCombiner {
         let fault = PlacementFault {
             qpn: g.qpn,
             psn: g.psn,
+            syndrome: g.syndrome,
         };
         if self.spare.len() < MAX_QPS {
             self.spare.push(g.data);
@@ -144,7 +158,7 @@ mod tests {
         let mut target = vec![0u8; 12];
         let base = target.as_mut_ptr() as u64;
         let mut c = WriteCombiner::default();
-        c.gather(7, 100, pid, base, &[1, 2, 3, 4]);
+        c.gather(7, (100, 0), pid, base, &[1, 2, 3, 4]);
         assert!(c.continues(7, pid, base + 4, 4));
         assert!(!c.continues(8, pid, base + 4, 4), "another QP");
         assert!(!c.continues(7, pid, base + 8, 4), "a gap");
@@ -153,14 +167,14 @@ mod tests {
             !c.continues(7, pid, base + 4, MAX_GATHERED),
             "too much at once"
         );
-        c.gather(7, 101, pid, base + 4, &[5, 6, 7, 8]);
+        c.gather(7, (101, 0), pid, base + 4, &[5, 6, 7, 8]);
         assert_eq!(target, [0; 12], "nothing is written before placing");
         assert_eq!(c.place(8), Ok(()), "QP 8 gathered nothing");
         assert_eq!(c.place(7), Ok(()));
         assert!(c.is_empty());
         assert_eq!(target[..8], [1, 2, 3, 4, 5, 6, 7, 8]);
         // The next message reuses the buffer and starts afresh.
-        c.gather(7, 102, pid, base + 8, &[9, 9, 9, 9]);
+        c.gather(7, (102, 0), pid, base + 8, &[9, 9, 9, 9]);
         assert_eq!(c.place(7), Ok(()));
         assert_eq!(target[8..], [9, 9, 9, 9]);
         assert_eq!(c.place_oldest(), Ok(()), "nothing gathered, nothing to do");
@@ -177,7 +191,7 @@ mod tests {
             for q in 0..MAX_QPS as u64 {
                 let at = base + 4 * q + 2 * half;
                 assert_eq!(c.continues(q as u32, pid, at, 2), half == 1);
-                c.gather(q as u32, half as u32, pid, at, &[q as u8 + 1; 2]);
+                c.gather(q as u32, (half as u32, 0), pid, at, &[q as u8 + 1; 2]);
             }
         }
         assert!(c.is_full());
@@ -196,9 +210,14 @@ mod tests {
         let pid = std::process::id() as i32;
         let mut c = WriteCombiner::default();
         // Page 0 is never mapped.
-        c.gather(9, 40, pid, 16, &[1; 8]);
-        c.gather(9, 41, pid, 24, &[2; 8]);
-        assert_eq!(c.place(9), Err(PlacementFault { qpn: 9, psn: 40 }));
+        c.gather(9, (40, 5), pid, 16, &[1; 8]);
+        c.gather(9, (41, 5), pid, 24, &[2; 8]);
+        let fault = PlacementFault {
+            qpn: 9,
+            psn: 40,
+            syndrome: 5,
+        };
+        assert_eq!(c.place(9), Err(fault));
         assert!(c.is_empty());
     }
 }

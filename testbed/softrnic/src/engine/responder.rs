@@ -53,8 +53,8 @@ pub(super) const GRH_LEN: usize = 40;
 
 impl State {
     pub(super) fn on_packet(&mut self, from: SocketAddr, p: Packet, now: Instant) {
-        // Only the next WRITE packet of the QP whose data is gathered may find it unplaced.
-        if p.op != wire::OP_WRITE {
+        // Only WRITE and SEND packets may find data gathered (see `placement`).
+        if p.op != wire::OP_WRITE && p.op != wire::OP_SEND {
             self.place_writes();
         }
         if p.op == wire::OP_UD_SEND && p.dst_qpn == wire::MCAST_QPN {
@@ -254,11 +254,67 @@ impl State {
         if !self.writes.holds(qpn) {
             return Ok(());
         }
-        self.counters.rx_write_placements += 1;
+        self.counters.rx_placements += 1;
         self.writes.place(qpn)
     }
 
-    /// Place all WRITE data gathered so far ([`super::placement`]).
+    /// Gather `data` for `addr` in `pid` as `qpn`'s ([`super::placement`]); `nak`: the
+    /// packet's PSN and how to NAK its message if placing fails. Err when placing what this
+    /// QP gathered before (a message that never finished) failed: that fails this packet,
+    /// as its own write would have.
+    fn stage(
+        &mut self,
+        qpn: u32,
+        nak: (u32, u8),
+        pid: i32,
+        addr: u64,
+        data: &[u8],
+    ) -> Result<(), PlacementFault> {
+        if !self.writes.continues(qpn, pid, addr, data.len()) {
+            self.place_gathered(qpn)?;
+            if self.writes.is_full() {
+                self.place_oldest_write();
+            }
+        }
+        self.writes.gather(qpn, nak, pid, addr, data);
+        Ok(())
+    }
+
+    /// A SEND packet's payload for the receive its message lands in, at the packet's offset
+    /// (`scatter` through the combiner); at the message's last packet it is placed. Err: a
+    /// payload beyond the receive, or placing failed.
+    fn stage_send(&mut self, qpn: u32, p: &Packet) -> Result<(), ()> {
+        let (pid, nsegs) = match self.qps.get(&qpn).and_then(|q| q.cur_recv.as_ref()) {
+            Some(c) => (c.pid, c.segs.len()),
+            None => return Err(()),
+        };
+        let (mut offset, mut data) = (p.offset as u64, &p.payload[..]);
+        for i in 0..nsegs {
+            if data.is_empty() {
+                break;
+            }
+            let (addr, len) = self.qps[&qpn].cur_recv.as_ref().ok_or(())?.segs[i];
+            if offset >= len {
+                offset -= len;
+                continue;
+            }
+            let n = ((len - offset) as usize).min(data.len());
+            let nak = (p.psn, wire::NAK_REM_OP);
+            self.stage(qpn, nak, pid, addr + offset, &data[..n])
+                .map_err(|_| ())?;
+            data = &data[n..];
+            offset = 0;
+        }
+        if !data.is_empty() {
+            return Err(());
+        }
+        if p.flags & wire::F_LAST != 0 {
+            self.place_gathered(qpn).map_err(|_| ())?;
+        }
+        Ok(())
+    }
+
+    /// Place all data gathered so far ([`super::placement`]).
     pub(super) fn place_writes(&mut self) {
         while !self.writes.is_empty() {
             self.place_oldest_write();
@@ -266,7 +322,7 @@ impl State {
     }
 
     fn place_oldest_write(&mut self) {
-        self.counters.rx_write_placements += 1;
+        self.counters.rx_placements += 1;
         if let Err(f) = self.writes.place_oldest() {
             self.placement_failed(f);
         }
@@ -295,7 +351,7 @@ impl State {
             return;
         }
         if let Some(to) = q.remote {
-            self.responder_nak(to, f.qpn, f.psn, wire::NAK_REM_ACCESS);
+            self.responder_nak(to, f.qpn, f.psn, f.syndrome);
         }
     }
 
@@ -491,13 +547,13 @@ impl State {
                 cq: rcq,
             });
         }
-        let q = self.qps.get_mut(&qpn).ok_or(wire::NAK_REM_OP)?;
-        let Some(cur) = q.cur_recv.as_ref() else {
+        if self.qps.get(&qpn).is_none_or(|q| q.cur_recv.is_none()) {
             return Err(wire::NAK_REM_INVALID);
-        };
-        if scatter(cur.pid, &cur.segs, p.offset as u64, &p.payload).is_err() {
+        }
+        if self.stage_send(qpn, p).is_err() {
             return Err(wire::NAK_REM_OP);
         }
+        let q = self.qps.get_mut(&qpn).ok_or(wire::NAK_REM_OP)?;
         if p.flags & wire::F_LAST != 0 {
             let cur = q.cur_recv.take().unwrap();
             let (rcq, conn, pd) = (cur.cq, q.conn, q.pd);
@@ -577,17 +633,10 @@ impl State {
             return Err(wire::NAK_RNR);
         }
         if let Some((pid, addr)) = target {
-            if !self.writes.continues(qpn, pid, addr, p.payload.len()) {
-                // What this QP gathered before (a message that never finished) fails this
-                // packet, as its own write would have.
-                if self.place_gathered(qpn).is_err() {
-                    return Err(wire::NAK_REM_ACCESS);
-                }
-                if self.writes.is_full() {
-                    self.place_oldest_write();
-                }
+            let nak = (p.psn, wire::NAK_REM_ACCESS);
+            if self.stage(qpn, nak, pid, addr, &p.payload).is_err() {
+                return Err(wire::NAK_REM_ACCESS);
             }
-            self.writes.gather(qpn, p.psn, pid, addr, &p.payload);
             // A message is placed whole before its completion and ACK (and a failure is
             // this message's).
             if p.flags & wire::F_LAST != 0 && self.place_gathered(qpn).is_err() {

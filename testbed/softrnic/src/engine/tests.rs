@@ -2294,7 +2294,7 @@ mod fuzz {
             &r.buf[GUARD + 100..GUARD + 112],
             &[1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]
         );
-        assert_eq!(r.st.counters.rx_write_placements, 1);
+        assert_eq!(r.st.counters.rx_placements, 1);
         let ack = Packet::decode(&r.st.out[0].1).unwrap();
         assert_eq!((ack.op, ack.psn), (wire::OP_ACK, 1002));
 
@@ -2310,7 +2310,39 @@ mod fuzz {
         };
         r.st.on_packet(r.peer, read, now);
         assert_eq!(&r.buf[GUARD + 200..GUARD + 204], &[1; 4]);
-        assert_eq!(r.st.counters.rx_write_placements, 2);
+        assert_eq!(r.st.counters.rx_placements, 2);
+    }
+
+    /// The packets of a SEND are placed into its receive with one cross-process write, at
+    /// the last packet, before the receive completes.
+    #[test]
+    fn send_packets_are_placed_together_before_the_receive_completes() {
+        let mut r = rig();
+        let now = Instant::now();
+        for i in 0..3u32 {
+            let flags = [wire::F_FIRST, 0, wire::F_LAST | wire::F_ACKREQ][i as usize];
+            let p = Packet {
+                msg_len: 12,
+                offset: 4 * i,
+                payload: vec![i as u8 + 1; 4],
+                ..from_peer(&r, wire::OP_SEND, flags, 1000 + i)
+            };
+            r.st.on_packet(r.peer, p, now);
+            if i < 2 {
+                assert_eq!(&r.buf[GUARD..GUARD + 8], &[0xa5; 8], "gathered, not placed");
+                assert!(cqes(&r).is_empty());
+            }
+        }
+        assert_eq!(
+            &r.buf[GUARD..GUARD + 13],
+            &[1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 0xa5]
+        );
+        assert_eq!(r.st.counters.rx_placements, 1);
+        let wc = cqes(&r)[0];
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.opcode, wc.byte_len),
+            (100, IBV_WC_SUCCESS, IBV_WC_RECV, 12)
+        );
     }
 
     /// Gathered data whose target turns out to be unmapped (the application unmapped
