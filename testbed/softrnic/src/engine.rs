@@ -979,7 +979,6 @@ impl State {
     /// Add a completion; `solicited`: a receive completion of a message its sender marked
     /// solicited (it alone, or an error completion, fires a CQ armed solicited-only).
     fn push_cqe_solicited(&mut self, cq: u32, wc: IbvWc, solicited: bool) {
-        self.place_writes();
         // The QP's retired work requests are published before its completion, so that an
         // application that posts again after polling finds the room.
         self.sync_done(wc.qp_num);

@@ -1,18 +1,20 @@
-//! Write combining at the responder: the payloads of consecutive packets of one RDMA WRITE
-//! or SEND that land back to back in one process are gathered and placed with one
-//! `process_vm_writev` instead of one per packet. The call's fixed cost (finding the process,
+//! Write combining: the payloads of consecutive packets of one message — a WRITE or SEND
+//! at the responder, the responses to a READ at the requester — that land back to back in
+//! one process are gathered and placed with one `process_vm_writev` instead of one per
+//! packet. The call's fixed cost (finding the process,
 //! the ptrace access check, importing the iovecs) was about 40 % of the engine's CPU in a
 //! same-host `ib_write_bw -s 65536`, where a message is 16 packets. Each QP gathers its own
 //! run (up to 16 QPs at once), so the transmitter's round robin, which interleaves the
 //! packets of every QP with work, does not break the runs up.
 //!
 //! Nothing may observe or overtake gathered data, so it is placed:
-//! - at the message's last packet, before its completion and its ACK;
+//! - at the message's last packet (a READ's last response), before its completion and
+//!   its ACK;
 //! - a QP's own run before anything tells its peer how far the QP got (its ACKs and NAKs,
 //!   atomic responses);
-//! - everything before the engine adds any completion, and before it handles a packet that
-//!   is not a WRITE or SEND (every other access to process memory happens while handling
-//!   one);
+//! - everything before the engine handles a packet that is not a WRITE, SEND or READ
+//!   response (every other access to process memory happens while handling one; a
+//!   completion needs only its own message placed, as there is no ordering between QPs);
 //! - everything at the end of every batch of received or looped-back packets, so that nothing
 //!   is gathered while the engine's lock is free (the transmitter's reads and the verbs never
 //!   find any).
@@ -30,9 +32,30 @@ const MAX_GATHERED: usize = 256 << 10;
 /// packets of every QP with work; with `MAX_GATHERED` it bounds the engine's memory).
 const MAX_QPS: usize = 16;
 
+/// Whose bytes a run holds. A QP receives WRITE and SEND data as a responder and READ
+/// responses as a requester, interleaved: each side has its own run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Run {
+    pub qpn: u32,
+    pub reading: bool,
+}
+
+impl Run {
+    pub fn responder(qpn: u32) -> Self {
+        Run {
+            qpn,
+            reading: false,
+        }
+    }
+
+    pub fn read(qpn: u32) -> Self {
+        Run { qpn, reading: true }
+    }
+}
+
 /// Bytes gathered for one place in one process.
 struct Gathered {
-    qpn: u32,
+    run: Run,
     /// PSN of the first packet gathered and the NAK syndrome to answer it with if placing
     /// fails (a WRITE's remote access error, a SEND's remote operational error).
     psn: u32,
@@ -42,10 +65,10 @@ struct Gathered {
     data: Vec<u8>,
 }
 
-/// Where placing gathered bytes failed: the responder QP, and the PSN to NAK and how.
+/// Where placing gathered bytes failed: the run, and the PSN to NAK and how (a responder's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct PlacementFault {
-    pub qpn: u32,
+    pub run: Run,
     pub psn: u32,
     pub syndrome: u8,
 }
@@ -63,16 +86,15 @@ impl WriteCombiner {
         self.gathered.is_empty()
     }
 
-    /// Whether bytes of `qpn` are gathered.
-    pub fn holds(&self, qpn: u32) -> bool {
-        self.gathered.iter().any(|g| g.qpn == qpn)
+    /// Whether bytes of `run` are gathered.
+    pub fn holds(&self, run: Run) -> bool {
+        self.gathered.iter().any(|g| g.run == run)
     }
 
-    /// Whether a packet of `qpn` landing at `addr` in `pid` extends what is gathered for
-    /// that QP.
-    pub fn continues(&self, qpn: u32, pid: i32, addr: u64, len: usize) -> bool {
+    /// Whether a packet of `run` landing at `addr` in `pid` extends what is gathered for it.
+    pub fn continues(&self, run: Run, pid: i32, addr: u64, len: usize) -> bool {
         self.gathered.iter().any(|g| {
-            g.qpn == qpn
+            g.run == run
                 && g.pid == pid
                 && g.addr.checked_add(g.data.len() as u64) == Some(addr)
                 && g.data.len() + len <= MAX_GATHERED
@@ -86,29 +108,29 @@ impl WriteCombiner {
     }
 
     /// Add a packet's payload; `(psn, syndrome)`: the packet's PSN and how to NAK its
-    /// message if placing fails. The caller placed what `qpn` had gathered unless this
+    /// message if placing fails. The caller placed what `run` had gathered unless this
     /// [`continues`](Self::continues) it, and made room if [`is_full`](Self::is_full).
     pub fn gather(
         &mut self,
-        qpn: u32,
+        run: Run,
         (psn, syndrome): (u32, u8),
         pid: i32,
         addr: u64,
         data: &[u8],
     ) {
-        if self.continues(qpn, pid, addr, data.len()) {
-            if let Some(g) = self.gathered.iter_mut().find(|g| g.qpn == qpn) {
+        if self.continues(run, pid, addr, data.len()) {
+            if let Some(g) = self.gathered.iter_mut().find(|g| g.run == run) {
                 g.data.extend_from_slice(data);
             }
             return;
         }
-        debug_assert!(!self.holds(qpn), "gathered bytes dropped unplaced");
+        debug_assert!(!self.holds(run), "gathered bytes dropped unplaced");
         debug_assert!(!self.is_full(), "gathering past the limit");
         let mut buf = self.spare.pop().unwrap_or_default();
         buf.clear();
         buf.extend_from_slice(data);
         self.gathered.push(Gathered {
-            qpn,
+            run,
             psn,
             syndrome,
             pid,
@@ -117,9 +139,9 @@ impl WriteCombiner {
         });
     }
 
-    /// Write what `qpn` gathered into its process (nothing gathered: Ok).
-    pub fn place(&mut self, qpn: u32) -> Result<(), PlacementFault> {
-        match self.gathered.iter().position(|g| g.qpn == qpn) {
+    /// Write what `run` gathered into its process (nothing gathered: Ok).
+    pub fn place(&mut self, run: Run) -> Result<(), PlacementFault> {
+        match self.gathered.iter().position(|g| g.run == run) {
             Some(i) => self.place_at(i),
             None => Ok(()),
         }
@@ -137,7 +159,7 @@ impl WriteCombiner {
         let g = self.gathered.remove(i);
         let r: io::Result<()> = write_mem(g.pid, g.addr, &g.data);
         let fault = PlacementFault {
-            qpn: g.qpn,
+            run: g.run,
             psn: g.psn,
             syndrome: g.syndrome,
         };
@@ -158,24 +180,29 @@ mod tests {
         let mut target = vec![0u8; 12];
         let base = target.as_mut_ptr() as u64;
         let mut c = WriteCombiner::default();
-        c.gather(7, (100, 0), pid, base, &[1, 2, 3, 4]);
-        assert!(c.continues(7, pid, base + 4, 4));
-        assert!(!c.continues(8, pid, base + 4, 4), "another QP");
-        assert!(!c.continues(7, pid, base + 8, 4), "a gap");
-        assert!(!c.continues(7, pid + 1, base + 4, 4), "another process");
+        let (r7, r8) = (Run::responder(7), Run::responder(8));
+        c.gather(r7, (100, 0), pid, base, &[1, 2, 3, 4]);
+        assert!(c.continues(r7, pid, base + 4, 4));
+        assert!(!c.continues(r8, pid, base + 4, 4), "another QP");
         assert!(
-            !c.continues(7, pid, base + 4, MAX_GATHERED),
+            !c.continues(Run::read(7), pid, base + 4, 4),
+            "the QP's READs"
+        );
+        assert!(!c.continues(r7, pid, base + 8, 4), "a gap");
+        assert!(!c.continues(r7, pid + 1, base + 4, 4), "another process");
+        assert!(
+            !c.continues(r7, pid, base + 4, MAX_GATHERED),
             "too much at once"
         );
-        c.gather(7, (101, 0), pid, base + 4, &[5, 6, 7, 8]);
+        c.gather(r7, (101, 0), pid, base + 4, &[5, 6, 7, 8]);
         assert_eq!(target, [0; 12], "nothing is written before placing");
-        assert_eq!(c.place(8), Ok(()), "QP 8 gathered nothing");
-        assert_eq!(c.place(7), Ok(()));
+        assert_eq!(c.place(r8), Ok(()), "QP 8 gathered nothing");
+        assert_eq!(c.place(r7), Ok(()));
         assert!(c.is_empty());
         assert_eq!(target[..8], [1, 2, 3, 4, 5, 6, 7, 8]);
         // The next message reuses the buffer and starts afresh.
-        c.gather(7, (102, 0), pid, base + 8, &[9, 9, 9, 9]);
-        assert_eq!(c.place(7), Ok(()));
+        c.gather(r7, (102, 0), pid, base + 8, &[9, 9, 9, 9]);
+        assert_eq!(c.place(r7), Ok(()));
         assert_eq!(target[8..], [9, 9, 9, 9]);
         assert_eq!(c.place_oldest(), Ok(()), "nothing gathered, nothing to do");
     }
@@ -190,13 +217,14 @@ mod tests {
         for half in 0..2u64 {
             for q in 0..MAX_QPS as u64 {
                 let at = base + 4 * q + 2 * half;
-                assert_eq!(c.continues(q as u32, pid, at, 2), half == 1);
-                c.gather(q as u32, (half as u32, 0), pid, at, &[q as u8 + 1; 2]);
+                let run = Run::responder(q as u32);
+                assert_eq!(c.continues(run, pid, at, 2), half == 1);
+                c.gather(run, (half as u32, 0), pid, at, &[q as u8 + 1; 2]);
             }
         }
         assert!(c.is_full());
         assert_eq!(c.place_oldest(), Ok(()));
-        assert!(!c.holds(0) && c.holds(1));
+        assert!(!c.holds(Run::responder(0)) && c.holds(Run::responder(1)));
         assert_eq!(target[..6], [1, 1, 1, 1, 0, 0]);
         while !c.is_empty() {
             assert_eq!(c.place_oldest(), Ok(()));
@@ -210,14 +238,15 @@ mod tests {
         let pid = std::process::id() as i32;
         let mut c = WriteCombiner::default();
         // Page 0 is never mapped.
-        c.gather(9, (40, 5), pid, 16, &[1; 8]);
-        c.gather(9, (41, 5), pid, 24, &[2; 8]);
+        let run = Run::read(9);
+        c.gather(run, (40, 5), pid, 16, &[1; 8]);
+        c.gather(run, (41, 5), pid, 24, &[2; 8]);
         let fault = PlacementFault {
-            qpn: 9,
+            run,
             psn: 40,
             syndrome: 5,
         };
-        assert_eq!(c.place(9), Err(fault));
+        assert_eq!(c.place(run), Err(fault));
         assert!(c.is_empty());
     }
 }

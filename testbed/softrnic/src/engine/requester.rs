@@ -1,5 +1,6 @@
 //! The requester: building packets from send queues (fetch, MTU, window), completing them on acknowledgements and responses, retransmission and RNR timers.
 
+use super::placement::Run;
 use super::*;
 
 /// Payload of an atomic request: the compare/add operand and the swap value, little endian.
@@ -566,18 +567,33 @@ impl State {
                     return;
                 };
                 let pid = q.pid;
-                let w = &mut q.sq[idx];
+                let w = &q.sq[idx];
                 if p.psn != w.resp_next || w.resp_done {
                     self.counters.rx_stale += 1;
                     return; // duplicate or out of order: the timer recovers
                 }
-                if scatter(pid, &w.segs, p.offset as u64, &p.payload).is_err() {
+                let done = p.psn == w.last_psn;
+                // Gathered with the READ's other responses and placed at its last one
+                // (see `placement`).
+                let run = Run::read(qpn);
+                let seg = |st: &Self, i: usize| -> Option<(u64, u64)> {
+                    st.qps.get(&qpn)?.sq.get(idx)?.segs.get(i).copied()
+                };
+                let nak = (p.psn, 0);
+                let placed = self
+                    .stage_scatter(run, nak, pid, seg, (p.offset as u64, &p.payload))
+                    .is_ok()
+                    && (!done || self.place_gathered(run).is_ok());
+                if !placed {
                     self.fail_head(qpn, IBV_WC_LOC_PROT_ERR);
                     return;
                 }
+                let Some(q) = self.qps.get_mut(&qpn) else {
+                    return;
+                };
+                let w = &mut q.sq[idx];
                 w.resp_next = psn_add(p.psn, 1);
                 let first = w.first_psn;
-                let done = p.psn == w.last_psn;
                 if done {
                     w.resp_done = true;
                     q.remove_inflight(first);

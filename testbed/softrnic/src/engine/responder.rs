@@ -1,6 +1,6 @@
 //! Packets from the wire: dispatch to the requester or the responder, and the responder's execution of SEND, WRITE, READ and atomics for RC, UC and UD.
 
-use super::placement::PlacementFault;
+use super::placement::{PlacementFault, Run};
 use super::*;
 
 /// The 40-byte GRH area of a UD receive for RoCE v2 over IPv4: as on hardware, the first 20
@@ -53,8 +53,9 @@ pub(super) const GRH_LEN: usize = 40;
 
 impl State {
     pub(super) fn on_packet(&mut self, from: SocketAddr, p: Packet, now: Instant) {
-        // Only WRITE and SEND packets may find data gathered (see `placement`).
-        if p.op != wire::OP_WRITE && p.op != wire::OP_SEND {
+        // Only WRITE, SEND and READ response packets may find data gathered (see
+        // `placement`).
+        if !matches!(p.op, wire::OP_WRITE | wire::OP_SEND | wire::OP_READ_RESP) {
             self.place_writes();
         }
         if p.op == wire::OP_UD_SEND && p.dst_qpn == wire::MCAST_QPN {
@@ -249,67 +250,76 @@ impl State {
         }
     }
 
-    /// Place what `qpn` gathered, counted.
-    fn place_gathered(&mut self, qpn: u32) -> Result<(), PlacementFault> {
-        if !self.writes.holds(qpn) {
+    /// Place what `run` gathered, counted.
+    pub(super) fn place_gathered(&mut self, run: Run) -> Result<(), PlacementFault> {
+        if !self.writes.holds(run) {
             return Ok(());
         }
         self.counters.rx_placements += 1;
-        self.writes.place(qpn)
+        self.writes.place(run)
     }
 
-    /// Gather `data` for `addr` in `pid` as `qpn`'s ([`super::placement`]); `nak`: the
+    /// Gather `data` for `addr` in `pid` as `run`'s ([`super::placement`]); `nak`: the
     /// packet's PSN and how to NAK its message if placing fails. Err when placing what this
-    /// QP gathered before (a message that never finished) failed: that fails this packet,
+    /// run gathered before (a message that never finished) failed: that fails this packet,
     /// as its own write would have.
     fn stage(
         &mut self,
-        qpn: u32,
+        run: Run,
         nak: (u32, u8),
         pid: i32,
         addr: u64,
         data: &[u8],
     ) -> Result<(), PlacementFault> {
-        if !self.writes.continues(qpn, pid, addr, data.len()) {
-            self.place_gathered(qpn)?;
+        if !self.writes.continues(run, pid, addr, data.len()) {
+            self.place_gathered(run)?;
             if self.writes.is_full() {
                 self.place_oldest_write();
             }
         }
-        self.writes.gather(qpn, nak, pid, addr, data);
+        self.writes.gather(run, nak, pid, addr, data);
         Ok(())
     }
 
-    /// A SEND packet's payload for the receive its message lands in, at the packet's offset
-    /// (`scatter` through the combiner); at the message's last packet it is placed. Err: a
-    /// payload beyond the receive, or placing failed.
-    fn stage_send(&mut self, qpn: u32, p: &Packet) -> Result<(), ()> {
-        let (pid, nsegs) = match self.qps.get(&qpn).and_then(|q| q.cur_recv.as_ref()) {
-            Some(c) => (c.pid, c.segs.len()),
-            None => return Err(()),
-        };
-        let (mut offset, mut data) = (p.offset as u64, &p.payload[..]);
-        for i in 0..nsegs {
-            if data.is_empty() {
-                break;
-            }
-            let (addr, len) = self.qps[&qpn].cur_recv.as_ref().ok_or(())?.segs[i];
+    /// `scatter` through the combiner: `data` at byte `offset` of the segment list whose
+    /// entry `i` is `seg(self, i)`. Err: data beyond the list, or placing failed.
+    pub(super) fn stage_scatter(
+        &mut self,
+        run: Run,
+        nak: (u32, u8),
+        pid: i32,
+        seg: impl Fn(&Self, usize) -> Option<(u64, u64)>,
+        (mut offset, mut data): (u64, &[u8]),
+    ) -> Result<(), ()> {
+        let mut i = 0;
+        while !data.is_empty() {
+            let (addr, len) = seg(self, i).ok_or(())?;
+            i += 1;
             if offset >= len {
                 offset -= len;
                 continue;
             }
             let n = ((len - offset) as usize).min(data.len());
-            let nak = (p.psn, wire::NAK_REM_OP);
-            self.stage(qpn, nak, pid, addr + offset, &data[..n])
+            self.stage(run, nak, pid, addr + offset, &data[..n])
                 .map_err(|_| ())?;
             data = &data[n..];
             offset = 0;
         }
-        if !data.is_empty() {
-            return Err(());
-        }
+        Ok(())
+    }
+
+    /// A SEND packet's payload for the receive its message lands in; at the message's last
+    /// packet it is placed. Err: a payload beyond the receive, or placing failed.
+    fn stage_send(&mut self, qpn: u32, p: &Packet) -> Result<(), ()> {
+        let pid = self.qps[&qpn].cur_recv.as_ref().ok_or(())?.pid;
+        let run = Run::responder(qpn);
+        let seg = |st: &Self, i: usize| -> Option<(u64, u64)> {
+            st.qps.get(&qpn)?.cur_recv.as_ref()?.segs.get(i).copied()
+        };
+        let nak = (p.psn, wire::NAK_REM_OP);
+        self.stage_scatter(run, nak, pid, seg, (p.offset as u64, &p.payload))?;
         if p.flags & wire::F_LAST != 0 {
-            self.place_gathered(qpn).map_err(|_| ())?;
+            self.place_gathered(run).map_err(|_| ())?;
         }
         Ok(())
     }
@@ -331,16 +341,24 @@ impl State {
     /// Place the WRITE data `qpn` gathered, before anything tells its peer how far the QP
     /// got.
     pub(super) fn place_writes_of(&mut self, qpn: u32) {
-        if let Err(f) = self.place_gathered(qpn) {
+        if let Err(f) = self.place_gathered(Run::responder(qpn)) {
             self.placement_failed(f);
         }
     }
 
     /// Gathered data the target refused. Its message is not complete yet, so an RC
     /// responder NAKs the message (and goes to error) as if its packet's own write had
-    /// failed, and a UC responder drops the rest of the message.
+    /// failed, a UC responder drops the rest of the message, and a READ fails with a local
+    /// protection error as if its response's own write had failed.
     fn placement_failed(&mut self, f: PlacementFault) {
-        let Some(q) = self.qps.get_mut(&f.qpn) else {
+        let qpn = f.run.qpn;
+        if f.run.reading {
+            if self.qps.contains_key(&qpn) {
+                self.fail_head(qpn, IBV_WC_LOC_PROT_ERR);
+            }
+            return;
+        }
+        let Some(q) = self.qps.get_mut(&qpn) else {
             return;
         };
         if q.state != IBV_QPS_RTR && q.state != IBV_QPS_RTS {
@@ -351,7 +369,7 @@ impl State {
             return;
         }
         if let Some(to) = q.remote {
-            self.responder_nak(to, f.qpn, f.psn, f.syndrome);
+            self.responder_nak(to, qpn, f.psn, f.syndrome);
         }
     }
 
@@ -633,13 +651,13 @@ impl State {
             return Err(wire::NAK_RNR);
         }
         if let Some((pid, addr)) = target {
-            let nak = (p.psn, wire::NAK_REM_ACCESS);
-            if self.stage(qpn, nak, pid, addr, &p.payload).is_err() {
+            let (run, nak) = (Run::responder(qpn), (p.psn, wire::NAK_REM_ACCESS));
+            if self.stage(run, nak, pid, addr, &p.payload).is_err() {
                 return Err(wire::NAK_REM_ACCESS);
             }
             // A message is placed whole before its completion and ACK (and a failure is
             // this message's).
-            if p.flags & wire::F_LAST != 0 && self.place_gathered(qpn).is_err() {
+            if p.flags & wire::F_LAST != 0 && self.place_gathered(run).is_err() {
                 return Err(wire::NAK_REM_ACCESS);
             }
         }

@@ -2345,6 +2345,48 @@ mod fuzz {
         );
     }
 
+    /// The responses to a READ are placed into its buffer with one cross-process write, at
+    /// the last response, before the READ completes.
+    #[test]
+    fn read_responses_are_placed_together_before_the_read_completes() {
+        let mut r = rig_with(false);
+        let mr = (r.mr_addr, r.lkey);
+        let read = rig_wr(mr, 1, IBV_WR_RDMA_READ, 300, 12);
+        assert_eq!(r.st.post_send(1, r.qpn, vec![read]), Resp::Unit);
+        r.st.qps.get_mut(&r.qpn).unwrap().mtu = 4;
+        let now = Instant::now();
+        let (_, b) = r.st.next_packet(r.qpn, now).expect("the READ request");
+        assert_eq!(Packet::decode(&b).unwrap().op, wire::OP_READ_REQ);
+        for i in 0..3u32 {
+            let flags = [wire::F_FIRST, 0, wire::F_LAST][i as usize];
+            let resp = Packet {
+                msg_len: 12,
+                offset: 4 * i,
+                payload: vec![i as u8 + 1; 4],
+                ..from_peer(&r, wire::OP_READ_RESP, flags, 5000 + i)
+            };
+            r.st.on_packet(r.peer, resp, now);
+            if i < 2 {
+                assert_eq!(
+                    &r.buf[GUARD + 300..GUARD + 308],
+                    &[0xa5; 8],
+                    "not placed yet"
+                );
+                assert!(r.st.cqs[&r.cq].q.is_empty());
+            }
+        }
+        assert_eq!(
+            &r.buf[GUARD + 300..GUARD + 312],
+            &[1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]
+        );
+        assert_eq!(r.st.counters.rx_placements, 1);
+        let wc = r.st.cqs[&r.cq].q.back().copied().expect("completion");
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.opcode, wc.byte_len),
+            (1, IBV_WC_SUCCESS, IBV_WC_RDMA_READ, 12)
+        );
+    }
+
     /// Gathered data whose target turns out to be unmapped (the application unmapped
     /// registered memory) fails its message as a per-packet write did: the responder NAKs
     /// the first packet gathered with a remote access error and its QP goes to error.
