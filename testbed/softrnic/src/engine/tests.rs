@@ -2257,8 +2257,9 @@ mod fuzz {
         }
     }
 
-    /// One packet of a 3-packet WRITE at `psn` (`i` = 0, 1, 2), 4 bytes each, to `addr`.
-    fn write_part(r: &Rig, i: u32, addr: u64) -> Packet {
+    /// Packet `i` (0, 1, 2) of a 3-packet message of `op` from the peer starting at `psn`,
+    /// 4 bytes each (bytes `i + 1`), to `addr` for a WRITE.
+    fn part(r: &Rig, op: u8, psn: u32, i: u32, addr: u64) -> Packet {
         let flags = match i {
             0 => wire::F_FIRST,
             2 => wire::F_LAST | wire::F_ACKREQ,
@@ -2269,8 +2270,13 @@ mod fuzz {
             offset: 4 * i,
             remote_addr: addr,
             payload: vec![i as u8 + 1; 4],
-            ..from_peer(r, wire::OP_WRITE, flags, 1000 + i)
+            ..from_peer(r, op, flags, psn + i)
         }
+    }
+
+    /// One packet of a 3-packet WRITE at PSN 1000.
+    fn write_part(r: &Rig, i: u32, addr: u64) -> Packet {
+        part(r, wire::OP_WRITE, 1000, i, addr)
     }
 
     /// The packets of a WRITE are placed with one cross-process write, at the last packet
@@ -2320,13 +2326,7 @@ mod fuzz {
         let mut r = rig();
         let now = Instant::now();
         for i in 0..3u32 {
-            let flags = [wire::F_FIRST, 0, wire::F_LAST | wire::F_ACKREQ][i as usize];
-            let p = Packet {
-                msg_len: 12,
-                offset: 4 * i,
-                payload: vec![i as u8 + 1; 4],
-                ..from_peer(&r, wire::OP_SEND, flags, 1000 + i)
-            };
+            let p = part(&r, wire::OP_SEND, 1000, i, 0);
             r.st.on_packet(r.peer, p, now);
             if i < 2 {
                 assert_eq!(&r.buf[GUARD..GUARD + 8], &[0xa5; 8], "gathered, not placed");
@@ -2358,13 +2358,7 @@ mod fuzz {
         let (_, b) = r.st.next_packet(r.qpn, now).expect("the READ request");
         assert_eq!(Packet::decode(&b).unwrap().op, wire::OP_READ_REQ);
         for i in 0..3u32 {
-            let flags = [wire::F_FIRST, 0, wire::F_LAST][i as usize];
-            let resp = Packet {
-                msg_len: 12,
-                offset: 4 * i,
-                payload: vec![i as u8 + 1; 4],
-                ..from_peer(&r, wire::OP_READ_RESP, flags, 5000 + i)
-            };
+            let resp = part(&r, wire::OP_READ_RESP, 5000, i, 0);
             r.st.on_packet(r.peer, resp, now);
             if i < 2 {
                 assert_eq!(
