@@ -63,7 +63,7 @@ const WINDOW: usize = 512;
 /// A requester asks for an ACK at least every this many packets (and at every message's
 /// last packet). Counted from the last request rather than by PSN, so that messages of up to
 /// this many packets are acknowledged once each, at their end: the responder then places a
-/// WRITE with one cross-process write (an ACK mid-message makes it place what it has).
+/// message with one cross-process write (an ACK mid-message makes it place what it has).
 const ACKREQ_EVERY: u32 = 16;
 /// Transmitter tick when idle (bounds timer latency).
 const TICK: Duration = Duration::from_millis(1);
@@ -140,8 +140,8 @@ pub struct Counters {
     pub rx_uc_broken: u64,
     /// Packets not sent or not taken because the port's link was down.
     pub port_down_dropped: u64,
-    /// RDMA WRITE and SEND data placed into applications, one `process_vm_writev` each
-    /// (the packets of a message are combined, see `placement`).
+    /// WRITE and SEND data and READ responses placed into applications, one
+    /// `process_vm_writev` each (the packets of a message are combined, see `placement`).
     pub rx_placements: u64,
 }
 
@@ -512,8 +512,8 @@ struct State {
     nic: Pipeline,
     /// Destroyed QPs that still re-acknowledge their peer's duplicates for a while.
     tombstones: IdMap<Tombstone>,
-    /// WRITE data gathered at the responder and not yet placed (see `placement`).
-    writes: placement::WriteCombiner,
+    /// Message data gathered and not yet placed (see `placement`).
+    gathered: placement::Combiner,
 }
 
 /// An RDMA READ being answered: packet `next` of `n` goes out next.
@@ -570,9 +570,9 @@ impl Shared {
     fn loop_back(&self, st: &mut State) {
         let mut wake = false;
         loop {
-            // WRITE data gathered from the packets just handled (see `placement`); placing
-            // it may NAK, and the NAK may be local.
-            st.place_writes();
+            // Data gathered from the packets just handled (see `placement`); placing it may
+            // NAK, and the NAK may be local.
+            st.place_all();
             if !st.out.iter().any(|(d, _)| *d == self.me) {
                 break;
             }
@@ -754,22 +754,38 @@ fn write_mem(pid: i32, addr: u64, data: &[u8]) -> io::Result<()> {
     }
 }
 
-/// Copy `data` into the segment list at byte `offset`.
-fn scatter(pid: i32, segs: &[(u64, u64)], mut offset: u64, mut data: &[u8]) -> io::Result<()> {
-    for &(addr, len) in segs {
-        if data.is_empty() {
-            break;
+/// Where `len` bytes at byte `offset` of a segment list lie: (address, their range in the
+/// bytes), in order. They cover fewer than `len` bytes when the list ends first.
+fn pieces(
+    segs: &[(u64, u64)],
+    mut offset: u64,
+    len: usize,
+) -> impl Iterator<Item = (u64, std::ops::Range<usize>)> + '_ {
+    let mut pos = 0usize;
+    segs.iter().filter_map(move |&(addr, seg_len)| {
+        if pos == len {
+            return None;
         }
-        if offset >= len {
-            offset -= len;
-            continue;
+        if offset >= seg_len {
+            offset -= seg_len;
+            return None;
         }
-        let n = ((len - offset) as usize).min(data.len());
-        write_mem(pid, addr + offset, &data[..n])?;
-        data = &data[n..];
+        let n = ((seg_len - offset) as usize).min(len - pos);
+        let piece = (addr + offset, pos..pos + n);
+        pos += n;
         offset = 0;
+        Some(piece)
+    })
+}
+
+/// Copy `data` into the segment list at byte `offset`.
+fn scatter(pid: i32, segs: &[(u64, u64)], offset: u64, data: &[u8]) -> io::Result<()> {
+    let mut done = 0;
+    for (addr, r) in pieces(segs, offset, data.len()) {
+        done = r.end;
+        write_mem(pid, addr, &data[r])?;
     }
-    if data.is_empty() {
+    if done == data.len() {
         Ok(())
     } else {
         Err(io::Error::from_raw_os_error(libc::EMSGSIZE))
@@ -777,22 +793,13 @@ fn scatter(pid: i32, segs: &[(u64, u64)], mut offset: u64, mut data: &[u8]) -> i
 }
 
 /// Read `buf.len()` bytes from the segment list starting at byte `offset`.
-fn gather(pid: i32, segs: &[(u64, u64)], mut offset: u64, buf: &mut [u8]) -> io::Result<()> {
-    let mut pos = 0usize;
-    for &(addr, len) in segs {
-        if pos == buf.len() {
-            break;
-        }
-        if offset >= len {
-            offset -= len;
-            continue;
-        }
-        let n = ((len - offset) as usize).min(buf.len() - pos);
-        read_mem(pid, addr + offset, &mut buf[pos..pos + n])?;
-        pos += n;
-        offset = 0;
+fn gather(pid: i32, segs: &[(u64, u64)], offset: u64, buf: &mut [u8]) -> io::Result<()> {
+    let mut done = 0;
+    for (addr, r) in pieces(segs, offset, buf.len()) {
+        done = r.end;
+        read_mem(pid, addr, &mut buf[r])?;
     }
-    if pos == buf.len() {
+    if done == buf.len() {
         Ok(())
     } else {
         Err(io::Error::from_raw_os_error(libc::EFAULT))
@@ -842,7 +849,7 @@ impl State {
             inject: None,
             nic: Pipeline::new(nic),
             tombstones: IdMap::default(),
-            writes: placement::WriteCombiner::default(),
+            gathered: placement::Combiner::default(),
         }
     }
 

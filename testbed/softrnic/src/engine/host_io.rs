@@ -167,7 +167,7 @@ pub(super) fn rx_loop(sh: Arc<Shared>) {
             }
         }
         // Nothing stays gathered while the lock is free (see `placement`).
-        st.place_writes();
+        st.place_all();
         sh.flush_out(&mut st);
         drop(st);
         if wake {

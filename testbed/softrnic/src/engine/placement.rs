@@ -1,11 +1,11 @@
 //! Write combining: the payloads of consecutive packets of one message — a WRITE or SEND
 //! at the responder, the responses to a READ at the requester — that land back to back in
 //! one process are gathered and placed with one `process_vm_writev` instead of one per
-//! packet. The call's fixed cost (finding the process,
-//! the ptrace access check, importing the iovecs) was about 40 % of the engine's CPU in a
-//! same-host `ib_write_bw -s 65536`, where a message is 16 packets. Each QP gathers its own
-//! run (up to 16 QPs at once), so the transmitter's round robin, which interleaves the
-//! packets of every QP with work, does not break the runs up.
+//! packet. The call's fixed cost (finding the process, the ptrace access check, importing
+//! the iovecs) was about 40 % of the engine's CPU in a same-host `ib_write_bw -s 65536`,
+//! where a message is 16 packets. Each QP gathers its own runs (up to 16 at once), so the
+//! transmitter's round robin, which interleaves the packets of every QP with work, does not
+//! break them up.
 //!
 //! Nothing may observe or overtake gathered data, so it is placed:
 //! - at the message's last packet (a READ's last response), before its completion and
@@ -26,11 +26,11 @@ use std::io;
 
 use super::write_mem;
 
-/// Most bytes gathered for one QP before they are placed.
+/// Most bytes gathered for one run before they are placed.
 const MAX_GATHERED: usize = 256 << 10;
-/// Most QPs with bytes gathered at once (the transmitter's round robin interleaves the
+/// Most runs gathered at once (the transmitter's round robin interleaves the
 /// packets of every QP with work; with `MAX_GATHERED` it bounds the engine's memory).
-const MAX_QPS: usize = 16;
+const MAX_RUNS: usize = 16;
 
 /// Whose bytes a run holds. A QP receives WRITE and SEND data as a responder and READ
 /// responses as a requester, interleaved: each side has its own run.
@@ -73,15 +73,15 @@ pub(super) struct PlacementFault {
     pub syndrome: u8,
 }
 
-/// The bytes gathered per QP, oldest first; at most one run per QP.
+/// The runs gathered, oldest first; at most one per `Run`.
 #[derive(Default)]
-pub(super) struct WriteCombiner {
+pub(super) struct Combiner {
     gathered: Vec<Gathered>,
     /// Buffers of earlier placements, kept for the next ones (no allocation per message).
     spare: Vec<Vec<u8>>,
 }
 
-impl WriteCombiner {
+impl Combiner {
     pub fn is_empty(&self) -> bool {
         self.gathered.is_empty()
     }
@@ -101,10 +101,10 @@ impl WriteCombiner {
         })
     }
 
-    /// Whether a QP that holds nothing may start gathering only once the oldest run is
+    /// Whether a run that holds nothing may start gathering only once the oldest one is
     /// placed.
     pub fn is_full(&self) -> bool {
-        self.gathered.len() >= MAX_QPS
+        self.gathered.len() >= MAX_RUNS
     }
 
     /// Add a packet's payload; `(psn, syndrome)`: the packet's PSN and how to NAK its
@@ -163,7 +163,7 @@ impl WriteCombiner {
             psn: g.psn,
             syndrome: g.syndrome,
         };
-        if self.spare.len() < MAX_QPS {
+        if self.spare.len() < MAX_RUNS {
             self.spare.push(g.data);
         }
         r.map_err(|_| fault)
@@ -179,7 +179,7 @@ mod tests {
         let pid = std::process::id() as i32;
         let mut target = vec![0u8; 12];
         let base = target.as_mut_ptr() as u64;
-        let mut c = WriteCombiner::default();
+        let mut c = Combiner::default();
         let (r7, r8) = (Run::responder(7), Run::responder(8));
         c.gather(r7, (100, 0), pid, base, &[1, 2, 3, 4]);
         assert!(c.continues(r7, pid, base + 4, 4));
@@ -210,12 +210,12 @@ mod tests {
     #[test]
     fn qps_gather_side_by_side_up_to_the_limit() {
         let pid = std::process::id() as i32;
-        let mut target = vec![0u8; 4 * MAX_QPS];
+        let mut target = vec![0u8; 4 * MAX_RUNS];
         let base = target.as_mut_ptr() as u64;
-        let mut c = WriteCombiner::default();
+        let mut c = Combiner::default();
         // Interleaved packets of every QP, as the round robin sends them.
         for half in 0..2u64 {
-            for q in 0..MAX_QPS as u64 {
+            for q in 0..MAX_RUNS as u64 {
                 let at = base + 4 * q + 2 * half;
                 let run = Run::responder(q as u32);
                 assert_eq!(c.continues(run, pid, at, 2), half == 1);
@@ -229,14 +229,14 @@ mod tests {
         while !c.is_empty() {
             assert_eq!(c.place_oldest(), Ok(()));
         }
-        let want: Vec<u8> = (1..=MAX_QPS as u8).flat_map(|q| [q; 4]).collect();
+        let want: Vec<u8> = (1..=MAX_RUNS as u8).flat_map(|q| [q; 4]).collect();
         assert_eq!(target, want);
     }
 
     #[test]
     fn a_failed_placement_names_the_first_packet_gathered() {
         let pid = std::process::id() as i32;
-        let mut c = WriteCombiner::default();
+        let mut c = Combiner::default();
         // Page 0 is never mapped.
         let run = Run::read(9);
         c.gather(run, (40, 5), pid, 16, &[1; 8]);

@@ -575,14 +575,9 @@ impl State {
                 let done = p.psn == w.last_psn;
                 // Gathered with the READ's other responses and placed at its last one
                 // (see `placement`).
-                let run = Run::read(qpn);
-                let seg = |st: &Self, i: usize| -> Option<(u64, u64)> {
-                    st.qps.get(&qpn)?.sq.get(idx)?.segs.get(i).copied()
-                };
-                let nak = (p.psn, 0);
-                let placed = self
-                    .stage_scatter(run, nak, pid, seg, (p.offset as u64, &p.payload))
-                    .is_ok()
+                let at: Vec<_> = pieces(&w.segs, p.offset as u64, p.payload.len()).collect();
+                let (run, nak) = (Run::read(qpn), (p.psn, 0));
+                let placed = self.stage_pieces(run, nak, pid, &at, &p.payload).is_ok()
                     && (!done || self.place_gathered(run).is_ok());
                 if !placed {
                     self.fail_head(qpn, IBV_WC_LOC_PROT_ERR);

@@ -56,7 +56,7 @@ impl State {
         // Only WRITE, SEND and READ response packets may find data gathered (see
         // `placement`).
         if !matches!(p.op, wire::OP_WRITE | wire::OP_SEND | wire::OP_READ_RESP) {
-            self.place_writes();
+            self.place_all();
         }
         if p.op == wire::OP_UD_SEND && p.dst_qpn == wire::MCAST_QPN {
             return self.mcast_rx(from, &p, now);
@@ -143,7 +143,7 @@ impl State {
         psn: u32,
     ) {
         // An ACK or NAK tells the peer how far the QP got: its data is in place first.
-        self.place_writes_of(qpn);
+        self.place_responder_run(qpn);
         let p = Packet {
             op,
             syndrome,
@@ -228,7 +228,7 @@ impl State {
     /// NAK the request at `psn` with `syn` (an RNR NAK once until the QP makes progress);
     /// after a responder error of class C the responder QP goes to error as well.
     fn responder_nak(&mut self, to: SocketAddr, qpn: u32, psn: u32, syn: u8) {
-        self.place_writes_of(qpn);
+        self.place_responder_run(qpn);
         let Some(q) = self.qps.get_mut(&qpn) else {
             return;
         };
@@ -252,11 +252,11 @@ impl State {
 
     /// Place what `run` gathered, counted.
     pub(super) fn place_gathered(&mut self, run: Run) -> Result<(), PlacementFault> {
-        if !self.writes.holds(run) {
+        if !self.gathered.holds(run) {
             return Ok(());
         }
         self.counters.rx_placements += 1;
-        self.writes.place(run)
+        self.gathered.place(run)
     }
 
     /// Gather `data` for `addr` in `pid` as `run`'s ([`super::placement`]); `nak`: the
@@ -271,39 +271,32 @@ impl State {
         addr: u64,
         data: &[u8],
     ) -> Result<(), PlacementFault> {
-        if !self.writes.continues(run, pid, addr, data.len()) {
+        if !self.gathered.continues(run, pid, addr, data.len()) {
             self.place_gathered(run)?;
-            if self.writes.is_full() {
-                self.place_oldest_write();
+            if self.gathered.is_full() {
+                self.place_oldest_run();
             }
         }
-        self.writes.gather(run, nak, pid, addr, data);
+        self.gathered.gather(run, nak, pid, addr, data);
         Ok(())
     }
 
-    /// `scatter` through the combiner: `data` at byte `offset` of the segment list whose
-    /// entry `i` is `seg(self, i)`. Err: data beyond the list, or placing failed.
-    pub(super) fn stage_scatter(
+    /// `scatter` through the combiner: `data` to the places `at` ([`pieces`] of a segment
+    /// list). Err: the places hold less than `data`, or placing failed.
+    pub(super) fn stage_pieces(
         &mut self,
         run: Run,
         nak: (u32, u8),
         pid: i32,
-        seg: impl Fn(&Self, usize) -> Option<(u64, u64)>,
-        (mut offset, mut data): (u64, &[u8]),
+        at: &[(u64, std::ops::Range<usize>)],
+        data: &[u8],
     ) -> Result<(), ()> {
-        let mut i = 0;
-        while !data.is_empty() {
-            let (addr, len) = seg(self, i).ok_or(())?;
-            i += 1;
-            if offset >= len {
-                offset -= len;
-                continue;
-            }
-            let n = ((len - offset) as usize).min(data.len());
-            self.stage(run, nak, pid, addr + offset, &data[..n])
+        if at.last().map_or(0, |(_, r)| r.end) != data.len() {
+            return Err(());
+        }
+        for (addr, r) in at {
+            self.stage(run, nak, pid, *addr, &data[r.clone()])
                 .map_err(|_| ())?;
-            data = &data[n..];
-            offset = 0;
         }
         Ok(())
     }
@@ -311,13 +304,11 @@ impl State {
     /// A SEND packet's payload for the receive its message lands in; at the message's last
     /// packet it is placed. Err: a payload beyond the receive, or placing failed.
     fn stage_send(&mut self, qpn: u32, p: &Packet) -> Result<(), ()> {
-        let pid = self.qps[&qpn].cur_recv.as_ref().ok_or(())?.pid;
-        let run = Run::responder(qpn);
-        let seg = |st: &Self, i: usize| -> Option<(u64, u64)> {
-            st.qps.get(&qpn)?.cur_recv.as_ref()?.segs.get(i).copied()
-        };
+        let cur = self.qps[&qpn].cur_recv.as_ref().ok_or(())?;
+        let (pid, run) = (cur.pid, Run::responder(qpn));
+        let at: Vec<_> = pieces(&cur.segs, p.offset as u64, p.payload.len()).collect();
         let nak = (p.psn, wire::NAK_REM_OP);
-        self.stage_scatter(run, nak, pid, seg, (p.offset as u64, &p.payload))?;
+        self.stage_pieces(run, nak, pid, &at, &p.payload)?;
         if p.flags & wire::F_LAST != 0 {
             self.place_gathered(run).map_err(|_| ())?;
         }
@@ -325,22 +316,22 @@ impl State {
     }
 
     /// Place all data gathered so far ([`super::placement`]).
-    pub(super) fn place_writes(&mut self) {
-        while !self.writes.is_empty() {
-            self.place_oldest_write();
+    pub(super) fn place_all(&mut self) {
+        while !self.gathered.is_empty() {
+            self.place_oldest_run();
         }
     }
 
-    fn place_oldest_write(&mut self) {
+    fn place_oldest_run(&mut self) {
         self.counters.rx_placements += 1;
-        if let Err(f) = self.writes.place_oldest() {
+        if let Err(f) = self.gathered.place_oldest() {
             self.placement_failed(f);
         }
     }
 
-    /// Place the WRITE data `qpn` gathered, before anything tells its peer how far the QP
-    /// got.
-    pub(super) fn place_writes_of(&mut self, qpn: u32) {
+    /// Place what `qpn` gathered as a responder, before anything tells its peer how far the
+    /// QP got.
+    pub(super) fn place_responder_run(&mut self, qpn: u32) {
         if let Err(f) = self.place_gathered(Run::responder(qpn)) {
             self.placement_failed(f);
         }
@@ -737,7 +728,7 @@ impl State {
     }
 
     pub(super) fn atomic_resp(&mut self, to: SocketAddr, qpn: u32, dst: u32, psn: u32, orig: u64) {
-        self.place_writes_of(qpn);
+        self.place_responder_run(qpn);
         let r = Packet {
             op: wire::OP_ATOMIC_RESP,
             flags: wire::F_FIRST | wire::F_LAST,
