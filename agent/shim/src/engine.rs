@@ -1,7 +1,8 @@
 //! The shim's engine thread, one per process, started with the first governed context:
 //! it attaches to the host's agent (and re-attaches after the agent restarts), applies the
 //! agent's grant, reports the app's counters into the shared table, sends the app's events,
-//! rotates the gate's slots, and drains the software send queues at the granted rate.
+//! rotates the gate's slots, collects completions from the dedicated CQs into the virtual
+//! ones, and drains the software send queues at the granted rate.
 //!
 //! Fail-open: without an agent (none running, connection lost, heartbeat stopped, table
 //! invalid) the grant is the environment's static one, normally none, so the application
@@ -38,6 +39,9 @@ const HEARTBEAT_TIMEOUT_MS: u64 = 2000;
 /// Longest sleep while work is queued (the limiters say exactly when; this bounds a
 /// missed wake-up).
 const MAX_WAIT: Duration = Duration::from_millis(1);
+/// Longest sleep while QPs wait for a gate slot: a holder hands its slot on once the shim
+/// has seen its work complete, which must not wait for the application to poll.
+const GATED_COLLECT: Duration = Duration::from_micros(200);
 
 pub fn lock_for_fork() {
     ENGINE.acquire();
@@ -238,18 +242,21 @@ impl Engine {
             }
             self.send_events();
             self.rotate(now);
-            let wait = drain();
-            match wait {
-                Some(ps) => {
-                    let d = Duration::from_nanos(ps / 1000).min(MAX_WAIT);
-                    if !d.is_zero() {
-                        std::thread::park_timeout(d);
-                    }
-                }
-                None => {
-                    let until_tick = self.next_tick.saturating_duration_since(Instant::now());
-                    std::thread::park_timeout(until_tick.max(Duration::from_micros(100)));
-                }
+            collect();
+            let sleep = match drain() {
+                Some(ps) => Duration::from_nanos(ps / 1000).min(MAX_WAIT),
+                None => self
+                    .next_tick
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_micros(100)),
+            };
+            let sleep = if gate_has_waiters() {
+                sleep.min(GATED_COLLECT)
+            } else {
+                sleep
+            };
+            if !sleep.is_zero() {
+                std::thread::park_timeout(sleep);
             }
         }
     }
@@ -374,6 +381,17 @@ impl Engine {
             }
         }
     }
+}
+
+/// Moves completions from the dedicated CQs into the virtual ones and follows them (the
+/// gate hands slots on), whether or not the application polls.
+fn collect() {
+    let _g = COLD.lock();
+    crate::vcq::harvest();
+}
+
+fn gate_has_waiters() -> bool {
+    LIMITS.k.load(Relaxed) > 0 && govern::GATE.lock().waiting() > 0
 }
 
 /// Serves every QP listed as pending once; returns the shortest limiter wait of those that

@@ -981,40 +981,61 @@ unsafe extern "C" fn drum_poll_cq(cq: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c
     let Some(f) = st.orig.poll_cq else {
         return -1;
     };
-    let (rc, held) = match vcq::find(cq) {
+    // A virtual CQ follows what it hands over itself (some of it the engine thread followed
+    // when it moved it).
+    let (rc, held, followed) = match vcq::find(cq) {
         // SAFETY: the application's array of `n` entries.
         Some(v) => match catch_unwind(AssertUnwindSafe(|| unsafe { v.poll(n, wc) })) {
-            Ok(p) => (p.rc, p.held),
+            Ok(p) => (p.rc, p.held, true),
             Err(_) => {
                 warn_once(
                     Trouble::Completions,
                     "internal error polling a virtual CQ; its dedicated CQ is polled directly",
                 );
                 // SAFETY: the dedicated CQ, as the provider made it, and the caller's array.
-                (unsafe { f(v.dedicated as *mut IbvCq, n, wc) }, false)
+                (unsafe { f(v.dedicated as *mut IbvCq, n, wc) }, false, false)
             }
         },
         // SAFETY: forwarding unchanged.
-        None => (unsafe { f(cq, n, wc) }, false),
+        None => (unsafe { f(cq, n, wc) }, false, false),
     };
-    let done: &[IbvWc] = if rc > 0 && !wc.is_null() {
-        // SAFETY: the provider has just written `rc` completions into the caller's array.
-        unsafe { std::slice::from_raw_parts(wc, rc as usize) }
+    if followed {
+        count_poll(st);
     } else {
-        &[]
-    };
-    polled(st, done);
+        let done: &[IbvWc] = if rc > 0 && !wc.is_null() {
+            // SAFETY: the provider has just written `rc` completions into the caller's array.
+            unsafe { std::slice::from_raw_parts(wc, rc as usize) }
+        } else {
+            &[]
+        };
+        polled(st, done);
+    }
     if rc == 0 {
         govern::on_empty_poll(held);
     }
     rc
 }
 
-/// Completions the application just polled (by `ibv_poll_cq` or from an `ibv_cq_ex`): counted,
-/// and followed for gating.
+/// Completions the application just polled from a CQ that is not virtual, or from an
+/// `ibv_cq_ex`: the poll counted, and the completions followed.
 pub(crate) fn polled(st: &ContextState, done: &[IbvWc]) {
+    count_poll(st);
+    follow(st, done);
+}
+
+fn count_poll(st: &ContextState) {
     count(|| {
         st.counters.poll_calls.fetch_add(1, Relaxed);
+    });
+}
+
+/// Completions that left a real CQ, once each whoever moved them (the application's poll
+/// or the engine thread): counted, and followed for gating.
+pub(crate) fn follow(st: &ContextState, done: &[IbvWc]) {
+    if done.is_empty() {
+        return;
+    }
+    count(|| {
         let errors = done.iter().filter(|w| w.status != 0).count() as u64;
         st.counters
             .completions
@@ -1026,8 +1047,7 @@ pub(crate) fn polled(st: &ContextState, done: &[IbvWc]) {
             }
         }
     });
-    if !done.is_empty()
-        && govern::LIMITS.tracking.load(Relaxed)
+    if govern::LIMITS.tracking.load(Relaxed)
         && !GOVERNING_STOPPED.load(Relaxed)
         && catch_unwind(AssertUnwindSafe(|| govern::on_completions(st, done))).is_err()
     {

@@ -11,6 +11,8 @@
 //!
 //! * polling: the application's own `ibv_poll_cq` moves completions from the dedicated CQ,
 //!   as many as the grant admits — no thread hop, so a busy poller's latency is unchanged;
+//! * collection: the shim's engine thread moves them into the virtual CQ's ring as well
+//!   ([`harvest`]), so the gate sees work complete whether or not the application polls;
 //! * events: the application's completion channel is the shim's. Its `fd` is an epoll fd
 //!   watching the real channel (where the dedicated CQs' events arrive), an eventfd for
 //!   events the shim raises, and a timerfd, so `poll`/`epoll` on it work as on a real
@@ -67,6 +69,10 @@ pub struct Vcq {
     /// The application's `ibv_cq *` and the dedicated one (the shim's).
     pub app: usize,
     pub dedicated: usize,
+    /// The context both CQs belong to.
+    ctx: usize,
+    /// Both are `ibv_cq_ex`: the engine thread leaves them alone (see [`harvest`]).
+    extended: bool,
     poll: PollCqFn,
     notify: Option<ReqNotifyCqFn>,
     capacity: AtomicUsize,
@@ -74,10 +80,14 @@ pub struct Vcq {
     inner: SpinLock<Inner>,
 }
 
+/// A completion moved out of a real CQ, and whether the shim has already followed it (for
+/// counting and gating) — it has when its engine thread moved it (see [`harvest`]).
+type Moved = (IbvWc, bool);
+
 #[derive(Default)]
 struct Inner {
-    /// Completions moved for an event, not yet polled.
-    ring: VecDeque<IbvWc>,
+    /// Completions moved for an event or by the engine thread, not yet polled.
+    ring: VecDeque<Moved>,
     /// Armed by the application (`ibv_req_notify_cq`; the dedicated CQ is armed alike).
     armed: bool,
     /// The grant may have left completions in the dedicated CQ.
@@ -366,7 +376,8 @@ pub struct Polled {
 }
 
 impl Vcq {
-    /// `ibv_poll_cq` on the application's CQ.
+    /// `ibv_poll_cq` on the application's CQ. Follows (counts, and tells the gate of) what
+    /// it hands over that the shim has not followed yet.
     ///
     /// # Safety
     /// `wc` holds `n` entries.
@@ -374,15 +385,22 @@ impl Vcq {
         let n = n.max(0) as usize;
         let mut inner = self.inner.lock();
         let mut got = 0usize;
+        // Moved by an event, not followed yet (rare: allocates only then).
+        let mut unfollowed = Vec::new();
         while got < n {
-            let Some(w) = inner.ring.pop_front() else {
+            let Some((w, followed)) = inner.ring.pop_front() else {
                 break;
             };
             // SAFETY: got < n, within the caller's array.
             unsafe { wc.add(got).write(w) };
+            if !followed {
+                unfollowed.push(w);
+            }
             got += 1;
         }
+        let from_ring = got;
         let mut held = false;
+        let mut rc = None;
         if got < n {
             let want = (n - got) as u64;
             let metered = govern::completions_metered();
@@ -398,20 +416,42 @@ impl Vcq {
                     (self.poll)(self.dedicated as *mut IbvCq, allow as c_int, wc.add(got))
                 };
                 if r < 0 {
-                    return Polled {
-                        rc: if got > 0 { got as c_int } else { r },
-                        held: false,
-                    };
+                    rc = Some(if got > 0 { got as c_int } else { r });
+                } else {
+                    if metered {
+                        govern::consume_completions(govern::now_ps(), r as u64);
+                    }
+                    inner.backlog = metered && r as u64 == allow && allow < want;
+                    got += r as usize;
                 }
-                if metered {
-                    govern::consume_completions(govern::now_ps(), r as u64);
-                }
-                inner.backlog = metered && r as u64 == allow && allow < want;
-                got += r as usize;
             } else {
                 inner.backlog = true;
             }
             held = allow < want && inner.backlog;
+        }
+        if got == 0 && rc.is_none() {
+            // Completions of QPs bound to the application's CQ by a path the shim does not
+            // wrap (an XRC SRQ's receives, `ibv_create_wq`): metered like the others. Under
+            // the lock, so that none overtakes one the engine thread moves into the ring.
+            let metered = govern::completions_metered();
+            let allow = if metered {
+                govern::completion_allowance(govern::now_ps(), n as u64).unwrap_or(0) as usize
+            } else {
+                n
+            };
+            if allow > 0 {
+                // SAFETY: the application's own CQ and array (`allow` ≤ `n` entries).
+                let r = unsafe { (self.poll)(self.app as *mut IbvCq, allow as c_int, wc) };
+                if metered && r > 0 {
+                    govern::consume_completions(govern::now_ps(), r as u64);
+                }
+                held |= metered && r as usize == allow && allow < n;
+                if r < 0 {
+                    rc = Some(r);
+                } else {
+                    got = r as usize;
+                }
+            }
         }
         // Armed with completions left behind: the real channel will not report them again.
         let look_again = held && inner.armed && self.channel.is_some();
@@ -421,40 +461,24 @@ impl Vcq {
                 defer(govern::now_ps(), me);
             }
         }
-        if got == 0 {
-            // Completions of QPs bound to the application's CQ by a path the shim does not
-            // wrap (an XRC SRQ's receives, `ibv_create_wq`): metered like the others.
-            let metered = govern::completions_metered();
-            let allow = if metered {
-                govern::completion_allowance(govern::now_ps(), n as u64).unwrap_or(0) as usize
-            } else {
-                n
-            };
-            if allow == 0 {
-                return Polled { rc: 0, held };
-            }
-            // SAFETY: the application's own CQ and array (`allow` ≤ `n` entries).
-            let r = unsafe { (self.poll)(self.app as *mut IbvCq, allow as c_int, wc) };
-            if metered && r > 0 {
-                govern::consume_completions(govern::now_ps(), r as u64);
-            }
-            return Polled {
-                rc: r,
-                held: held || (metered && r as usize == allow && allow < n),
-            };
+        if let Some(st) = crate::lookup(self.ctx as *mut IbvContext) {
+            // SAFETY: entries from_ring..got were just written by the provider.
+            let direct = unsafe { std::slice::from_raw_parts(wc.add(from_ring), got - from_ring) };
+            crate::follow(st, &unfollowed);
+            crate::follow(st, direct);
         }
         Polled {
-            rc: got as c_int,
+            rc: rc.unwrap_or(got as c_int),
             held,
         }
     }
 
     /// `ibv_start_poll` (`start`) or `ibv_next_poll` on a virtual `ibv_cq_ex`: the next
     /// completion becomes the current one, from the ring of moved completions first, then
-    /// from the dedicated CQ as the polling grant admits. Returns 0, `ENOENT` (none, or
-    /// held back by the grant), or the provider's error; with 0, the completion (from the
-    /// ring, else `None`: read it from the dedicated CQ); and whether the grant held
-    /// completions back.
+    /// from the dedicated CQ as the polling grant admits, then from the application's own
+    /// CQ. Returns 0, `ENOENT` (none, or held back by the grant), or the provider's error;
+    /// with 0, the completion (from the ring or the application's CQ, else `None`: read it
+    /// from the dedicated CQ); and whether the grant held completions back.
     ///
     /// # Safety
     /// Both CQs are `ibv_cq_ex`; `attr` is the application's `ibv_poll_cq_attr` (or null).
@@ -463,7 +487,8 @@ impl Vcq {
         if start {
             inner.dedicated_polling = false;
         }
-        if let Some(w) = inner.ring.pop_front() {
+        // Extended CQs are never harvested: what their ring holds is not followed yet.
+        if let Some((w, _)) = inner.ring.pop_front() {
             inner.current = Some(w);
             // SAFETY: the application's `ibv_cq_ex`.
             unsafe { crate::cq_ex::set_current(self.app as *mut IbvCq, w.wr_id, w.status) };
@@ -502,6 +527,20 @@ impl Vcq {
             unsafe { crate::cq_ex::copy_current(ded, self.app as *mut IbvCq) };
         } else if rc == libc::ENOENT {
             inner.backlog = false;
+            // Then what reaches the application's own CQ directly (an XRC SRQ's receives):
+            // read with the plain verb, its own poll pointers being the shim's, and handed
+            // over as a completion of the shim's (so its timestamps read 0).
+            let mut w = IbvWc::default();
+            // SAFETY: the application's CQ, alive while `self` is registered; room for one.
+            if unsafe { (self.poll)(self.app as *mut IbvCq, 1, &mut w) } == 1 {
+                if metered {
+                    govern::consume_completions(now, 1);
+                }
+                inner.current = Some(w);
+                // SAFETY: the application's `ibv_cq_ex`.
+                unsafe { crate::cq_ex::set_current(self.app as *mut IbvCq, w.wr_id, w.status) };
+                return (0, Some(w), false);
+            }
         }
         (rc, None, false)
     }
@@ -537,12 +576,14 @@ impl Vcq {
                     buf.as_mut_ptr(),
                 )
             };
-            inner.ring.extend(&buf[..r.max(0) as usize]);
+            inner
+                .ring
+                .extend(buf[..r.max(0) as usize].iter().map(|w| (*w, false)));
             if r < MOVE_BATCH as c_int {
                 break;
             }
         }
-        inner.ring.push_back(wc);
+        inner.ring.push_back((wc, false));
         let raise = inner.armed;
         inner.armed = false;
         drop(inner);
@@ -583,9 +624,9 @@ impl Vcq {
         0
     }
 
-    /// Moves what the grant admits from the dedicated CQ into the ring; `Err(wait_ps)`
-    /// when it admits nothing yet.
-    fn refill(&self, inner: &mut Inner) -> Result<usize, u64> {
+    /// Moves what the grant admits from the dedicated CQ into the ring, marked `followed`
+    /// or not; `Err(wait_ps)` when it admits nothing yet.
+    fn refill(&self, inner: &mut Inner, followed: bool) -> Result<usize, u64> {
         let room = self.capacity.load(Relaxed).saturating_sub(inner.ring.len()) as u64;
         let now = govern::now_ps();
         let allow = govern::completion_allowance(now, room.min(MOVE_BATCH as u64))?;
@@ -616,7 +657,7 @@ impl Vcq {
             r += more.max(0) as usize;
         }
         govern::consume_completions(now, r as u64);
-        inner.ring.extend(&buf[..r]);
+        inner.ring.extend(buf[..r].iter().map(|w| (*w, followed)));
         inner.backlog = r as u64 == allow;
         Ok(r)
     }
@@ -628,7 +669,7 @@ impl Vcq {
     fn take_event(&self) {
         let mut inner = self.inner.lock();
         inner.armed = false;
-        if govern::completions_metered() && self.refill(&mut inner).is_err() {
+        if govern::completions_metered() && self.refill(&mut inner, false).is_err() {
             inner.backlog = true;
         }
     }
@@ -640,26 +681,81 @@ impl Vcq {
         if !inner.armed {
             return;
         }
-        match self.refill(&mut inner) {
-            Ok(0) => {}
-            Ok(_) => {
-                inner.armed = false;
-                drop(inner);
-                if let Some(ch) = &self.channel {
-                    ch.raise(self.app);
-                    DELAYED_EVENTS.fetch_add(1, Relaxed);
-                }
-            }
-            Err(wait) => {
-                drop(inner);
+        // What is in the ring now has had no event: the engine thread may have moved the
+        // held-back completions before this look.
+        let moved = self.refill(&mut inner, false);
+        if inner.ring.is_empty() {
+            drop(inner);
+            if let Err(wait) = moved {
                 defer(govern::now_ps() + wait, self.clone());
             }
+            return;
         }
+        inner.armed = false;
+        drop(inner);
+        if let Some(ch) = &self.channel {
+            ch.raise(self.app);
+            DELAYED_EVENTS.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// The engine thread's pass over this virtual CQ (see [`harvest`]): moves what the
+    /// grant admits into the ring, marked followed, and returns it to be followed.
+    fn collect(&self) -> Vec<IbvWc> {
+        let Some(mut inner) = self.inner.try_lock() else {
+            // The application is polling it at this moment.
+            return Vec::new();
+        };
+        let before = inner.ring.len();
+        while matches!(self.refill(&mut inner, true), Ok(r) if r > 0 && inner.backlog) {}
+        inner.ring.iter().skip(before).map(|(w, _)| *w).collect()
     }
 }
 
 /// Completions moved into a ring at once.
 const MOVE_BATCH: usize = 64;
+
+/// The engine thread's collection has failed once: applications' polls collect alone.
+static HARVEST_OFF: AtomicBool = AtomicBool::new(false);
+
+/// The engine thread's pass over every virtual CQ: moves what the polling grant admits from
+/// the dedicated CQs (and from the application's own, for what reaches it directly) into
+/// the rings and follows it at once, so that the gate hands slots on, and the agent's
+/// counters see completions, whether or not the application is polling. The application's
+/// polls still move completions themselves (no thread hop on a busy poller's path);
+/// whichever comes first takes them. Extended CQs are left out: moved by a plain poll,
+/// their completions would lose what only `ibv_wc_read_*` gives (timestamps).
+///
+/// Called with the cold lock held, which keeps the contexts open.
+pub fn harvest() {
+    if HARVEST_OFF.load(Relaxed) || LIVE.load(Relaxed) == 0 {
+        return;
+    }
+    let pass = catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let all: Vec<Arc<Vcq>> = match REG.lock().as_ref() {
+            Some(m) => m
+                .iter()
+                .filter(|(k, v)| **k == v.app && !v.extended)
+                .map(|(_, v)| v.clone())
+                .collect(),
+            None => return,
+        };
+        for v in all {
+            // A context closed with its CQs still alive: they are not to be touched.
+            if let Some(st) = crate::lookup(v.ctx as *mut IbvContext) {
+                crate::follow(st, &v.collect());
+            }
+        }
+    }));
+    if pass.is_err() {
+        HARVEST_OFF.store(true, Relaxed);
+        warn_once(
+            Trouble::Completions,
+            "internal error while the engine collected completions; the application's polls \
+             collect them from now on",
+        );
+    }
+}
 
 fn defer(when: u64, v: Arc<Vcq>) {
     let ch = v.channel.clone();
@@ -912,7 +1008,7 @@ pub unsafe fn create_cq_ex(
         return app;
     }
     // SAFETY: both just created on the real channel behind the application's.
-    if unsafe { adopt(poll, st.orig.req_notify_cq, app, dedicated, chan) } {
+    if unsafe { adopt(poll, st.orig.req_notify_cq, (app, dedicated), true, chan) } {
         // SAFETY: the application's new `ibv_cq_ex`, not handed out yet.
         unsafe { crate::cq_ex::wrap(app) };
     }
@@ -963,7 +1059,7 @@ pub unsafe fn create_cq(
         return app;
     }
     // SAFETY: the CQs just created, on the real channel behind `chan`.
-    unsafe { adopt(poll, st.orig.req_notify_cq, app, dedicated, chan) };
+    unsafe { adopt(poll, st.orig.req_notify_cq, (app, dedicated), false, chan) };
     app
 }
 
@@ -976,13 +1072,16 @@ pub unsafe fn create_cq(
 unsafe fn adopt(
     poll: PollCqFn,
     notify: Option<ReqNotifyCqFn>,
-    app: *mut IbvCq,
-    dedicated: *mut IbvCq,
+    (app, dedicated): (*mut IbvCq, *mut IbvCq),
+    extended: bool,
     chan: Option<Arc<Channel>>,
 ) -> bool {
     let v = Arc::new(Vcq {
         app: app as usize,
         dedicated: dedicated as usize,
+        // SAFETY: the CQ just created.
+        ctx: unsafe { (*app).context } as usize,
+        extended,
         poll,
         notify,
         // SAFETY: the CQ just created; the provider rounds its size up.
@@ -1109,6 +1208,8 @@ mod tests {
         Arc::new(Vcq {
             app,
             dedicated: app + 8,
+            ctx: 0,
+            extended: false,
             poll: fake_poll,
             notify: None,
             capacity: AtomicUsize::new(16),

@@ -25,10 +25,14 @@
  * IBV_WC_REM_INV_REQ_ERR. Every completion is checked (status, opcode, length, immediate,
  * QP number) and each side checks its memory afterwards.
  *
+ * With SRN_CQ_EX=1 in the environment every CQ is an ibv_cq_ex (ibv_create_cq_ex) read with
+ * ibv_start_poll and the ibv_wc_read_* functions.
+ *
  * Exit status 0 and a final line "OK ..." when everything matched; otherwise a message and 1.
  */
 #define _GNU_SOURCE
 #include "srn_common.h"
+#include <errno.h>
 #include <fcntl.h>
 #include <sys/wait.h>
 
@@ -62,6 +66,42 @@ struct rx {
 	uint8_t *buf;
 };
 
+static struct ibv_cq *make_cq(struct ibv_context *ctx)
+{
+	if (!getenv("SRN_CQ_EX"))
+		return ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	struct ibv_cq_init_attr_ex a = {.cqe = 16,
+					.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_QP_NUM |
+						    IBV_WC_EX_WITH_IMM};
+	struct ibv_cq_ex *cq = ibv_create_cq_ex(ctx, &a);
+	return cq ? ibv_cq_ex_to_cq(cq) : NULL;
+}
+
+/* One completion, if there is one: 1, 0 or -1 as ibv_poll_cq. */
+static int poll_one(struct ibv_cq *cq, struct ibv_wc *wc)
+{
+	if (!getenv("SRN_CQ_EX"))
+		return ibv_poll_cq(cq, 1, wc);
+	struct ibv_cq_ex *x = (struct ibv_cq_ex *)cq;
+	struct ibv_poll_cq_attr pa = {0};
+	int rc = ibv_start_poll(x, &pa);
+	if (rc == ENOENT)
+		return 0;
+	if (rc)
+		return -1;
+	memset(wc, 0, sizeof *wc);
+	wc->wr_id = x->wr_id;
+	wc->status = x->status;
+	wc->opcode = ibv_wc_read_opcode(x);
+	wc->byte_len = ibv_wc_read_byte_len(x);
+	wc->qp_num = ibv_wc_read_qp_num(x);
+	wc->wc_flags = ibv_wc_read_wc_flags(x);
+	if (wc->wc_flags & IBV_WC_WITH_IMM)
+		wc->imm_data = ibv_wc_read_imm_data(x);
+	ibv_end_poll(x);
+	return 1;
+}
+
 static void rx_setup(struct rx *r, const char *domain_file)
 {
 	r->ctx = open_first_device();
@@ -74,7 +114,7 @@ static void rx_setup(struct rx *r, const char *domain_file)
 					.oflags = O_CREAT};
 	r->xrcd = ibv_open_xrcd(r->ctx, &xa);
 	r->pd = ibv_alloc_pd(r->ctx);
-	r->cq = ibv_create_cq(r->ctx, 16, NULL, NULL, 0);
+	r->cq = make_cq(r->ctx);
 	r->buf = aligned_alloc(4096, MRLEN);
 	if (!r->xrcd || !r->pd || !r->cq || !r->buf)
 		die("receiver setup");
@@ -131,7 +171,7 @@ static struct ibv_wc wait_wc(struct ibv_cq *cq)
 {
 	struct ibv_wc wc;
 	for (int spins = 0; spins < 20000000; spins++) {
-		int n = ibv_poll_cq(cq, 1, &wc);
+		int n = poll_one(cq, &wc);
 		if (n < 0)
 			die("poll_cq");
 		if (n == 1)
@@ -183,7 +223,7 @@ static int sibling(int ch, const char *domain_file)
 	expect_recv(r.cq, tgt, IBV_WC_RECV_RDMA_WITH_IMM, 64, "sibling WRITE_WITH_IMM");
 	expect_recv(r.cq, tgt, IBV_WC_RECV, 50, "SEND through the opened target QP");
 	struct ibv_wc extra;
-	if (ibv_poll_cq(r.cq, 1, &extra) != 0)
+	if (poll_one(r.cq, &extra) != 0)
 		die("sibling: an extra completion");
 	if (!same(r.buf + 2048, 200, 2) || !same(r.buf + 1024, 64, 4) ||
 	    !same(r.buf + 3072, 50, 5))
@@ -256,7 +296,7 @@ static int server(int port, const char *domain_file, int remove_file)
 	xfer(ch[0], &ready, 1, 1);
 	expect_recv(r.cq, si.tgt[0], IBV_WC_RECV, 100, "server SEND");
 	struct ibv_wc extra;
-	if (ibv_poll_cq(r.cq, 1, &extra) != 0)
+	if (poll_one(r.cq, &extra) != 0)
 		die("server: an extra completion");
 	if (!same(r.buf + 2048, 100, 1) || !same(r.buf, 256, 3))
 		die("server memory");
@@ -317,7 +357,7 @@ static int client(const char *ip, int port)
 {
 	struct ibv_context *ctx = open_first_device();
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
-	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	struct ibv_cq *cq = make_cq(ctx);
 	uint8_t *buf = aligned_alloc(4096, MRLEN);
 	if (!pd || !cq || !buf)
 		die("client setup");
