@@ -145,15 +145,19 @@ unsafe fn poll(cq: *mut IbvCq, start: bool, attr: *mut c_void) -> c_int {
     };
     // SAFETY: per the contract.
     let r = catch_unwind(AssertUnwindSafe(|| unsafe { v.poll_ex(start, attr) }));
-    let Ok((rc, from_ring, held)) = r else {
+    let Ok((rc, moved, held)) = r else {
         return lost();
     };
     if rc == 0 {
-        // SAFETY: the current completion, from the ring or the dedicated CQ.
-        let wc = from_ring.unwrap_or_else(|| unsafe { dedicated_wc(v) });
         // SAFETY: the application's CQ.
         if let Some(st) = lookup(unsafe { (*cq).context }) {
-            crate::polled(st, &[wc]);
+            match moved {
+                // The engine thread followed it when it moved it.
+                Some(m) if m.followed => crate::count_poll(st),
+                Some(m) => crate::polled(st, &[m.wc]),
+                // SAFETY: the current completion is the dedicated CQ's.
+                None => crate::polled(st, &[unsafe { dedicated_wc(v) }]),
+            }
         }
     } else if rc == libc::ENOENT {
         crate::govern::on_empty_poll(held);
@@ -176,6 +180,38 @@ unsafe fn dedicated_wc(v: &Vcq) -> IbvWc {
             opcode: call::<c_int>(d, tail(d).read_opcode),
             qp_num: call::<u32>(d, tail(d).read_qp_num),
             ..IbvWc::default()
+        }
+    }
+}
+
+/// The dedicated CQ's current completion with every field it has a reader for, to keep in
+/// a ring after its poll has moved on.
+///
+/// # Safety
+/// A poll of `d`, an `ibv_cq_ex` of the provider's, has just returned a completion.
+pub unsafe fn read_all(d: *mut IbvCq) -> vcq::Moved {
+    // SAFETY: per the contract; a reader the CQ lacks reads 0.
+    unsafe {
+        let t = tail(d);
+        vcq::Moved {
+            wc: IbvWc {
+                wr_id: t.wr_id,
+                status: t.status,
+                opcode: call::<c_int>(d, t.read_opcode),
+                vendor_err: call::<u32>(d, t.read_vendor_err),
+                byte_len: call::<u32>(d, t.read_byte_len),
+                imm_data: call::<u32>(d, t.read_imm_data),
+                qp_num: call::<u32>(d, t.read_qp_num),
+                src_qp: call::<u32>(d, t.read_src_qp),
+                wc_flags: call::<c_uint>(d, t.read_wc_flags),
+                pkey_index: 0,
+                slid: call::<u32>(d, t.read_slid) as u16,
+                sl: call::<u8>(d, t.read_sl),
+                dlid_path_bits: call::<u8>(d, t.read_dlid_path_bits),
+            },
+            followed: false,
+            ts: call::<u64>(d, t.read_completion_ts),
+            wallclock_ns: call::<u64>(d, t.read_completion_wallclock_ns),
         }
     }
 }
@@ -227,22 +263,23 @@ macro_rules! reader {
     };
 }
 
-reader!(read_opcode, c_int, read_opcode, |w| w.opcode);
-reader!(read_vendor_err, u32, read_vendor_err, |w| w.vendor_err);
-reader!(read_byte_len, u32, read_byte_len, |w| w.byte_len);
-reader!(read_imm_data, u32, read_imm_data, |w| w.imm_data);
-reader!(read_qp_num, u32, read_qp_num, |w| w.qp_num);
-reader!(read_src_qp, u32, read_src_qp, |w| w.src_qp);
-reader!(read_wc_flags, c_uint, read_wc_flags, |w| w.wc_flags);
-reader!(read_slid, u32, read_slid, |w| u32::from(w.slid));
-reader!(read_sl, u8, read_sl, |w| w.sl);
-reader!(read_dlid_path_bits, u8, read_dlid_path_bits, |w| w
+reader!(read_opcode, c_int, read_opcode, |m| m.wc.opcode);
+reader!(read_vendor_err, u32, read_vendor_err, |m| m.wc.vendor_err);
+reader!(read_byte_len, u32, read_byte_len, |m| m.wc.byte_len);
+reader!(read_imm_data, u32, read_imm_data, |m| m.wc.imm_data);
+reader!(read_qp_num, u32, read_qp_num, |m| m.wc.qp_num);
+reader!(read_src_qp, u32, read_src_qp, |m| m.wc.src_qp);
+reader!(read_wc_flags, c_uint, read_wc_flags, |m| m.wc.wc_flags);
+reader!(read_slid, u32, read_slid, |m| u32::from(m.wc.slid));
+reader!(read_sl, u8, read_sl, |m| m.wc.sl);
+reader!(read_dlid_path_bits, u8, read_dlid_path_bits, |m| m
+    .wc
     .dlid_path_bits);
-// A completion the shim made itself has no time of the device's.
-reader!(read_completion_ts, u64, read_completion_ts, |_w| 0);
+// A completion the shim made itself has no time of the device's (0).
+reader!(read_completion_ts, u64, read_completion_ts, |m| m.ts);
 reader!(
     read_completion_wallclock_ns,
     u64,
     read_completion_wallclock_ns,
-    |_w| 0
+    |m| m.wallclock_ns
 );

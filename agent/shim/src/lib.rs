@@ -1023,7 +1023,7 @@ pub(crate) fn polled(st: &ContextState, done: &[IbvWc]) {
     follow(st, done);
 }
 
-fn count_poll(st: &ContextState) {
+pub(crate) fn count_poll(st: &ContextState) {
     count(|| {
         st.counters.poll_calls.fetch_add(1, Relaxed);
     });

@@ -71,7 +71,8 @@ pub struct Vcq {
     pub dedicated: usize,
     /// The context both CQs belong to.
     ctx: usize,
-    /// Both are `ibv_cq_ex`: the engine thread leaves them alone (see [`harvest`]).
+    /// Both are `ibv_cq_ex`: the engine thread reads them with their own poll functions
+    /// and readers (see [`harvest`]).
     extended: bool,
     poll: PollCqFn,
     notify: Option<ReqNotifyCqFn>,
@@ -80,9 +81,26 @@ pub struct Vcq {
     inner: SpinLock<Inner>,
 }
 
-/// A completion moved out of a real CQ, and whether the shim has already followed it (for
-/// counting and gating) — it has when its engine thread moved it (see [`harvest`]).
-type Moved = (IbvWc, bool);
+/// A completion moved out of a real CQ into a ring.
+#[derive(Clone, Copy, Default)]
+pub struct Moved {
+    pub wc: IbvWc,
+    /// The shim has followed it (counted, told the gate): its engine thread moved it (see
+    /// [`harvest`]).
+    pub followed: bool,
+    /// What an `ibv_cq_ex`'s readers gave (0 for other CQs and completions of the shim's).
+    pub ts: u64,
+    pub wallclock_ns: u64,
+}
+
+impl Moved {
+    fn unfollowed(wc: IbvWc) -> Moved {
+        Moved {
+            wc,
+            ..Moved::default()
+        }
+    }
+}
 
 #[derive(Default)]
 struct Inner {
@@ -92,8 +110,9 @@ struct Inner {
     armed: bool,
     /// The grant may have left completions in the dedicated CQ.
     backlog: bool,
-    /// `ibv_cq_ex` only: the completion being read came from `ring`, not the dedicated CQ.
-    current: Option<IbvWc>,
+    /// `ibv_cq_ex` only: the completion being read came from `ring` (or the application's
+    /// CQ), not the dedicated CQ.
+    current: Option<Moved>,
     /// `ibv_cq_ex` only: a poll of the dedicated CQ is open (its `end_poll` is owed).
     dedicated_polling: bool,
 }
@@ -388,13 +407,13 @@ impl Vcq {
         // Moved by an event, not followed yet (rare: allocates only then).
         let mut unfollowed = Vec::new();
         while got < n {
-            let Some((w, followed)) = inner.ring.pop_front() else {
+            let Some(m) = inner.ring.pop_front() else {
                 break;
             };
             // SAFETY: got < n, within the caller's array.
-            unsafe { wc.add(got).write(w) };
-            if !followed {
-                unfollowed.push(w);
+            unsafe { wc.add(got).write(m.wc) };
+            if !m.followed {
+                unfollowed.push(m.wc);
             }
             got += 1;
         }
@@ -482,17 +501,16 @@ impl Vcq {
     ///
     /// # Safety
     /// Both CQs are `ibv_cq_ex`; `attr` is the application's `ibv_poll_cq_attr` (or null).
-    pub unsafe fn poll_ex(&self, start: bool, attr: *mut c_void) -> (c_int, Option<IbvWc>, bool) {
+    pub unsafe fn poll_ex(&self, start: bool, attr: *mut c_void) -> (c_int, Option<Moved>, bool) {
         let mut inner = self.inner.lock();
         if start {
             inner.dedicated_polling = false;
         }
-        // Extended CQs are never harvested: what their ring holds is not followed yet.
-        if let Some((w, _)) = inner.ring.pop_front() {
-            inner.current = Some(w);
+        if let Some(m) = inner.ring.pop_front() {
+            inner.current = Some(m);
             // SAFETY: the application's `ibv_cq_ex`.
-            unsafe { crate::cq_ex::set_current(self.app as *mut IbvCq, w.wr_id, w.status) };
-            return (0, Some(w), false);
+            unsafe { crate::cq_ex::set_current(self.app as *mut IbvCq, m.wc.wr_id, m.wc.status) };
+            return (0, Some(m), false);
         }
         inner.current = None;
         let now = govern::now_ps();
@@ -536,10 +554,11 @@ impl Vcq {
                 if metered {
                     govern::consume_completions(now, 1);
                 }
-                inner.current = Some(w);
+                let m = Moved::unfollowed(w);
+                inner.current = Some(m);
                 // SAFETY: the application's `ibv_cq_ex`.
                 unsafe { crate::cq_ex::set_current(self.app as *mut IbvCq, w.wr_id, w.status) };
-                return (0, Some(w), false);
+                return (0, Some(m), false);
             }
         }
         (rc, None, false)
@@ -556,7 +575,7 @@ impl Vcq {
     }
 
     /// The current completion when it came from the ring (`None`: read the dedicated CQ).
-    pub fn current_ex(&self) -> Option<IbvWc> {
+    pub fn current_ex(&self) -> Option<Moved> {
         self.inner.lock().current
     }
 
@@ -576,14 +595,16 @@ impl Vcq {
                     buf.as_mut_ptr(),
                 )
             };
-            inner
-                .ring
-                .extend(buf[..r.max(0) as usize].iter().map(|w| (*w, false)));
+            inner.ring.extend(
+                buf[..r.max(0) as usize]
+                    .iter()
+                    .map(|w| Moved::unfollowed(*w)),
+            );
             if r < MOVE_BATCH as c_int {
                 break;
             }
         }
-        inner.ring.push_back((wc, false));
+        inner.ring.push_back(Moved::unfollowed(wc));
         let raise = inner.armed;
         inner.armed = false;
         drop(inner);
@@ -657,7 +678,10 @@ impl Vcq {
             r += more.max(0) as usize;
         }
         govern::consume_completions(now, r as u64);
-        inner.ring.extend(buf[..r].iter().map(|w| (*w, followed)));
+        inner.ring.extend(buf[..r].iter().map(|w| Moved {
+            followed,
+            ..Moved::unfollowed(*w)
+        }));
         inner.backlog = r as u64 == allow;
         Ok(r)
     }
@@ -707,8 +731,54 @@ impl Vcq {
             return Vec::new();
         };
         let before = inner.ring.len();
-        while matches!(self.refill(&mut inner, true), Ok(r) if r > 0 && inner.backlog) {}
-        inner.ring.iter().skip(before).map(|(w, _)| *w).collect()
+        if self.extended {
+            self.collect_ex(&mut inner);
+        } else {
+            while matches!(self.refill(&mut inner, true), Ok(r) if r > 0 && inner.backlog) {}
+        }
+        inner.ring.iter().skip(before).map(|m| m.wc).collect()
+    }
+
+    /// [`collect`](Self::collect) for an `ibv_cq_ex`: a poll of the dedicated CQ of its own,
+    /// every field read while it is current, timestamps included.
+    fn collect_ex(&self, inner: &mut Inner) {
+        if inner.dedicated_polling {
+            // The application's own poll of the dedicated CQ is open.
+            return;
+        }
+        let room = self.capacity.load(Relaxed).saturating_sub(inner.ring.len()) as u64;
+        let now = govern::now_ps();
+        let allow = match govern::completion_allowance(now, room.min(MOVE_BATCH as u64)) {
+            Ok(a) if a > 0 => a,
+            _ => return,
+        };
+        let ded = self.dedicated as *mut IbvCq;
+        let mut attr = 0u32; // `struct ibv_poll_cq_attr`: no comp_mask
+                             // SAFETY: our dedicated `ibv_cq_ex`, alive while `self` is registered, no poll of
+                             // it open; a poll started is ended below.
+        let mut rc = unsafe { crate::cq_ex::start_poll(ded, (&mut attr as *mut u32).cast()) };
+        if rc != 0 {
+            return;
+        }
+        let mut moved = 0;
+        while rc == 0 {
+            // SAFETY: the poll just gave a current completion.
+            let m = unsafe { crate::cq_ex::read_all(ded) };
+            inner.ring.push_back(Moved {
+                followed: true,
+                ..m
+            });
+            moved += 1;
+            if moved == allow {
+                break;
+            }
+            // SAFETY: the poll is open.
+            rc = unsafe { crate::cq_ex::next_poll(ded) };
+        }
+        // SAFETY: the poll started above.
+        unsafe { crate::cq_ex::end_poll(ded) };
+        govern::consume_completions(now, moved);
+        inner.backlog = moved == allow;
     }
 }
 
@@ -723,8 +793,7 @@ static HARVEST_OFF: AtomicBool = AtomicBool::new(false);
 /// the rings and follows it at once, so that the gate hands slots on, and the agent's
 /// counters see completions, whether or not the application is polling. The application's
 /// polls still move completions themselves (no thread hop on a busy poller's path);
-/// whichever comes first takes them. Extended CQs are left out: moved by a plain poll,
-/// their completions would lose what only `ibv_wc_read_*` gives (timestamps).
+/// whichever comes first takes them.
 ///
 /// Called with the cold lock held, which keeps the contexts open.
 pub fn harvest() {
@@ -735,7 +804,7 @@ pub fn harvest() {
         let all: Vec<Arc<Vcq>> = match REG.lock().as_ref() {
             Some(m) => m
                 .iter()
-                .filter(|(k, v)| **k == v.app && !v.extended)
+                .filter(|(k, v)| **k == v.app)
                 .map(|(_, v)| v.clone())
                 .collect(),
             None => return,

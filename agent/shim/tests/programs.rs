@@ -611,17 +611,26 @@ fn virtual_cqs_keep_what_applications_rely_on() {
 /// receives without polling its send CQ. Under top-k gating with 1 and 3 slots the later QPs
 /// get a slot only when the shim sees the earlier ones complete: its engine thread collects
 /// the dedicated CQs itself, so every message arrives (before, 1 of 8 did and the program
-/// waited for ever), and each completion is counted once, whoever moved it.
+/// waited for ever), and each completion is counted once, whoever moved it. Also with
+/// `ibv_cq_ex` CQs read by `ibv_start_poll`, whose completions keep their timestamps when
+/// the engine thread moves them.
 #[test]
 fn gate_slots_move_on_while_the_application_does_not_poll() {
     require_privileges!();
     let run = Run::new("idle-sender");
     run.up(&["--hosts", "1"]);
     let bin = compile_probe(&run, "idle_sender");
-    for k in ["1", "3"] {
-        let who = format!("idle_sender 8, {k} active QPs");
+    for (k, cqs) in [
+        ("1", None),
+        ("3", None),
+        ("1", Some("ex")),
+        ("3", Some("ex")),
+    ] {
+        let who = format!("idle_sender 8 {cqs:?}, {k} active QPs");
+        let mut args = vec![bin.as_str(), "8"];
+        args.extend(cqs);
         let out = run_timeout(
-            &mut run.exec("h1", &[&bin, "8"], true, &[("DRUM_SHIM_MAX_ACTIVE_QPS", k)]),
+            &mut run.exec("h1", &args, true, &[("DRUM_SHIM_MAX_ACTIVE_QPS", k)]),
             Duration::from_secs(30),
         );
         assert_ok(&out, &who);

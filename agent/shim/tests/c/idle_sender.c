@@ -4,19 +4,50 @@
  * top-k gating with fewer slots than QPs, the later QPs get a slot only once the shim has
  * seen the earlier ones' completions, so the messages arrive only if the shim collects
  * completions itself rather than waiting for the application to poll them.
+ * With "ex" the CQs are ibv_cq_ex with completion timestamps, read with ibv_start_poll, and
+ * every completion must carry a timestamp (the shim must keep what it moved intact).
  * Prints "idle ok MS" (milliseconds until the last receive) and exits 0 on success.
- * Usage: idle_sender QPS */
+ * Usage: idle_sender QPS [ex] */
 #include <infiniband/verbs.h>
 #include "loopback.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 #include <time.h>
 
 #define SIZE 64
 
+static int use_ex;
+
 static void die(const char *m) { perror(m); exit(2); }
+
+static struct ibv_cq *make_cq(struct ibv_context *ctx, int n) {
+	if (!use_ex) return ibv_create_cq(ctx, n, 0, 0, 0);
+	struct ibv_cq_init_attr_ex a = { .cqe = n,
+		.wc_flags = IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP };
+	struct ibv_cq_ex *cq = ibv_create_cq_ex(ctx, &a);
+	return cq ? ibv_cq_ex_to_cq(cq) : NULL;
+}
+
+/* Up to n completions, as ibv_poll_cq; with "ex" read through ibv_start_poll. */
+static int poll_some(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
+	if (!use_ex) return ibv_poll_cq(cq, n, wc);
+	struct ibv_cq_ex *x = (struct ibv_cq_ex *)cq;
+	struct ibv_poll_cq_attr pa = { 0 };
+	int k = 0, rc = ibv_start_poll(x, &pa);
+	if (rc == ENOENT) return 0;
+	if (rc) return -1;
+	while (!rc && k < n) {
+		if (!ibv_wc_read_completion_ts(x)) { fprintf(stderr, "a completion without its timestamp\n"); exit(1); }
+		wc[k] = (struct ibv_wc){ .wr_id = x->wr_id, .status = x->status, .qp_num = ibv_wc_read_qp_num(x) };
+		k++;
+		if (k < n) rc = ibv_next_poll(x);
+	}
+	ibv_end_poll(x);
+	return k;
+}
 
 static double now_ms(void) {
 	struct timespec t;
@@ -25,10 +56,11 @@ static double now_ms(void) {
 }
 
 int main(int argc, char **argv) {
-	if (argc != 2 || atoi(argv[1]) < 1) {
-		fprintf(stderr, "usage: idle_sender QPS\n");
+	if (argc < 2 || argc > 3 || atoi(argv[1]) < 1 || (argc == 3 && strcmp(argv[2], "ex"))) {
+		fprintf(stderr, "usage: idle_sender QPS [ex]\n");
 		return 2;
 	}
+	use_ex = argc == 3;
 	int nq = atoi(argv[1]), n;
 	struct ibv_device **l = ibv_get_device_list(&n);
 	if (!l || n < 1) { fprintf(stderr, "no device\n"); return 2; }
@@ -37,7 +69,7 @@ int main(int argc, char **argv) {
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	union ibv_gid gid;
 	if (!pd || ibv_query_gid(ctx, 1, 0, &gid)) die("pd/gid");
-	struct ibv_cq *scq = ibv_create_cq(ctx, nq, 0, 0, 0), *rcq = ibv_create_cq(ctx, nq, 0, 0, 0);
+	struct ibv_cq *scq = make_cq(ctx, nq), *rcq = make_cq(ctx, nq);
 	char *buf = calloc(2 * nq, SIZE);
 	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 2 * nq * SIZE, IBV_ACCESS_LOCAL_WRITE);
 	struct ibv_qp **tx = calloc(nq, sizeof *tx), **rx = calloc(nq, sizeof *rx);
@@ -66,7 +98,7 @@ int main(int argc, char **argv) {
 	int got = 0;
 	while (got < nq && now_ms() - t0 < 5000) {
 		struct ibv_wc wc[8];
-		int k = ibv_poll_cq(rcq, 8, wc);
+		int k = poll_some(rcq, 8, wc);
 		if (k < 0) die("poll recv");
 		for (int i = 0; i < k; i++) {
 			char want[SIZE];
@@ -86,7 +118,7 @@ int main(int argc, char **argv) {
 	}
 	for (int done = 0; done < nq;) {
 		struct ibv_wc wc;
-		int k = ibv_poll_cq(scq, 1, &wc);
+		int k = poll_some(scq, 1, &wc);
 		if (k < 0 || (k == 1 && wc.status)) die("send completion");
 		done += k;
 	}
