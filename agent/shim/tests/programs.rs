@@ -11,7 +11,7 @@
 
 mod support;
 
-use std::process::Command;
+use std::process::{Command, Output};
 use std::time::Duration;
 use support::*;
 
@@ -647,6 +647,27 @@ fn gate_slots_move_on_while_the_application_does_not_poll() {
     }
 }
 
+/// One of softrnic's checkers (`testbed/softrnic/tests/verify`) through the shim: its
+/// server on h1, its client on h2, both succeeding; the server's output.
+fn checker_through_shim(
+    run: &Run,
+    bin: &str,
+    port: &str,
+    env: &[(&str, &str)],
+    who: &str,
+) -> Output {
+    let ip = run.addr("h1");
+    let server = spawn(&mut run.exec("h1", &[bin, "server", port], true, env));
+    std::thread::sleep(Duration::from_millis(300));
+    let client = run_timeout(
+        &mut run.exec("h2", &[bin, "client", &ip, port], true, env),
+        Duration::from_secs(60),
+    );
+    let server = wait_timeout(server, Duration::from_secs(30));
+    assert_pair_ok(&server, &client, who);
+    server
+}
+
 /// softrnic's own asynchronous-event checker (`testbed/softrnic/tests/verify/srn_async.c`)
 /// through the shim on both hosts: SRQ limit events, COMM_EST, LAST_WQE_REACHED, destroys
 /// waiting for acknowledgements, and a CQ armed solicited-only — now a virtual CQ whose
@@ -657,15 +678,7 @@ fn async_events_and_solicited_arming_through_virtual_cqs() {
     let run = Run::new("async-shim");
     run.up(&["--hosts", "2"]);
     let bin = compile_c(&run, "../../testbed/softrnic/tests/verify/srn_async.c");
-    let ip = run.addr("h1");
-    let server = spawn(&mut run.exec("h1", &[&bin, "server", "7474"], true, &[]));
-    std::thread::sleep(Duration::from_millis(300));
-    let client = run_timeout(
-        &mut run.exec("h2", &[&bin, "client", &ip, "7474"], true, &[]),
-        Duration::from_secs(60),
-    );
-    let server = wait_timeout(server, Duration::from_secs(30));
-    assert_pair_ok(&server, &client, "srn_async");
+    let server = checker_through_shim(&run, &bin, "7474", &[], "srn_async");
     let out = String::from_utf8_lossy(&server.stdout);
     assert!(out.contains("OK async events"), "{}", text(&server));
     let s = summary(&server, "srn_async server");
@@ -684,19 +697,11 @@ fn xrc_srq_receives_reach_plain_and_extended_virtual_cqs() {
     let run = Run::new("xrc-shim");
     run.up(&["--hosts", "2"]);
     let bin = compile_c(&run, "../../testbed/softrnic/tests/verify/srn_xrc.c");
-    let ip = run.addr("h1");
     for (who, env, port) in [
         ("plain CQs", &[][..], "7478"),
         ("ibv_cq_ex", &[("SRN_CQ_EX", "1")][..], "7479"),
     ] {
-        let server = spawn(&mut run.exec("h1", &[&bin, "server", port], true, env));
-        std::thread::sleep(Duration::from_millis(300));
-        let client = run_timeout(
-            &mut run.exec("h2", &[&bin, "client", &ip, port], true, env),
-            Duration::from_secs(60),
-        );
-        let server = wait_timeout(server, Duration::from_secs(30));
-        assert_pair_ok(&server, &client, who);
+        let server = checker_through_shim(&run, &bin, port, env, who);
         assert!(
             String::from_utf8_lossy(&server.stdout).contains("OK server"),
             "{who}: {}",
