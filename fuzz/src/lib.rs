@@ -425,7 +425,7 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         remote_addr: 0x1000,
         rkey: 77,
         srqn: 0,
-        payload: payload.to_vec(),
+        payload: payload.to_vec().into(),
     };
     let first_last = sw::F_FIRST | sw::F_LAST;
     for (name, p) in [

@@ -31,11 +31,12 @@ use crate::events::{EventQueue, Obj};
 use crate::faults::{FaultConfig, LinkInjector};
 use crate::ffi::consts::*;
 use crate::ffi::{mtu_bytes, IbvWc};
+use crate::idmap::IdMap;
 use crate::mw::{BindReq, MrView, Mw};
 use crate::nic::{self, NicConfig, Pipeline};
 use crate::proto::{self, Caps, QpAttrs, RecvWr, Req, Resp, SendWr, Sge};
 use crate::ring::{self, Doorbell, Map, QpLayout, Ring};
-use crate::wire::{self, psn_add, psn_diff, Packet};
+use crate::wire::{self, psn_add, psn_diff, Packet, Payload};
 
 mod host_io;
 mod multicast;
@@ -51,10 +52,6 @@ mod xrc;
 
 use host_io::*;
 use requester::*;
-
-/// An encoded packet. Encoded once and shared: the transmit queue, a QP's retransmission
-/// copy and multicast fan-out hold the same bytes.
-type Encoded = Arc<Vec<u8>>;
 
 /// How long a destroyed QP still acknowledges duplicates of what it had received.
 const TOMBSTONE: Duration = Duration::from_secs(3);
@@ -188,7 +185,7 @@ struct Held {
     at: Instant,
     seq: u64,
     dst: SocketAddr,
-    bytes: Encoded,
+    packet: Packet,
 }
 
 impl PartialEq for Held {
@@ -282,8 +279,9 @@ struct SqWqe {
     /// Local segments (process address, length), resolved at packetization.
     segs: Vec<(u64, u64)>,
     /// Message bytes from offset `staged_at` on, read ahead of the packets that carry them
-    /// (see [`STAGE_BYTES`]); empty once the message is packetized.
-    staged: Vec<u8>,
+    /// (see [`STAGE_BYTES`]); the message's packets share them. Empty once the message is
+    /// packetized.
+    staged: Payload,
     staged_at: u32,
 }
 
@@ -296,7 +294,8 @@ struct Inflight {
     psn: u32,
     last_psn: u32,
     needs_resp: bool,
-    bytes: Encoded,
+    /// The packet as first sent (its payload shares the staged message bytes).
+    packet: Packet,
 }
 
 /// A shared receive queue: receives any of its QPs may consume, resolved against its PD.
@@ -449,32 +448,6 @@ impl Qp {
     }
 }
 
-/// A map keyed by numbers the engine hands out itself (QP numbers, keys, handles). They are
-/// hashed by one multiplication rather than SipHash, whose resistance to chosen keys buys
-/// nothing here (peers and programs look numbers up, the engine alone inserts them) and which
-/// took 5 % of the engine's time moving data between two QPs of one host.
-type IdMap<V> = HashMap<u32, V, std::hash::BuildHasherDefault<IdHasher>>;
-
-#[derive(Default)]
-struct IdHasher(u64);
-
-impl std::hash::Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.write_u32(u32::from(*b));
-        }
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        // Fibonacci hashing: an odd constant spreads consecutive numbers over every bit.
-        self.0 = (self.0 ^ u64::from(n)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
 struct State {
     next_handle: u32,
     next_qpn: u32,
@@ -505,7 +478,7 @@ struct State {
     rr: VecDeque<u32>,
     counters: Counters,
     /// Packets waiting to be sent (built under the lock, sent by whoever holds it).
-    out: Vec<(SocketAddr, Encoded)>,
+    out: Vec<(SocketAddr, Packet)>,
     /// Fault injection, when configured.
     inject: Option<Injection>,
     /// The NIC model: pipeline clock and QP-context cache.
@@ -568,39 +541,7 @@ impl Shared {
     /// hence the loop. Each still is a packet to the NIC model, the transport and the counters.
     /// (With fault injection configured they take the socket, to meet their fate.)
     fn loop_back(&self, st: &mut State) {
-        let mut wake = false;
-        loop {
-            // Data gathered from the packets just handled (see `placement`); placing it may
-            // NAK, and the NAK may be local.
-            st.place_all();
-            if !st.out.iter().any(|(d, _)| *d == self.me) {
-                break;
-            }
-            let (local, rest): (Vec<_>, Vec<_>) =
-                st.out.drain(..).partition(|(d, _)| *d == self.me);
-            st.out = rest;
-            for (_, b) in local {
-                st.counters.tx_packets += 1;
-                st.counters.rx_packets += 1;
-                match Packet::decode(&b) {
-                    Some(p) => {
-                        wake |= wakes_transmitter(p.op);
-                        let me = self.me;
-                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            st.on_packet(me, p, Instant::now())
-                        }));
-                        if r.is_err() {
-                            st.counters.rx_handler_panics += 1;
-                            eprintln!(
-                                "softrnic engine: BUG: panic while handling a packet (dropped)"
-                            );
-                        }
-                    }
-                    None => st.counters.rx_dropped_malformed += 1,
-                }
-            }
-        }
-        if wake {
+        if st.loop_back(self.me) {
             self.kick();
         }
     }
@@ -619,8 +560,8 @@ impl Shared {
                 st.counters.tx_packets += send_batched(&self.udp, &mut st.out);
                 return;
             }
-            for (dst, b) in st.out.drain(..) {
-                if self.udp.send_to(&b, dst).is_ok() {
+            for (dst, p) in st.out.drain(..) {
+                if self.udp.send_to(&p.encode(), dst).is_ok() {
                     st.counters.tx_packets += 1;
                 }
             }
@@ -628,7 +569,7 @@ impl Shared {
         };
         let now = Instant::now();
         let c = &mut st.counters;
-        for (dst, b) in st.out.drain(..) {
+        for (dst, p) in st.out.drain(..) {
             let link = inj.links.entry(dst).or_insert_with(|| {
                 let ip = match dst {
                     SocketAddr::V4(a) => *a.ip(),
@@ -642,7 +583,7 @@ impl Shared {
             c.fault_reordered += fate.reordered as u64;
             for d in fate.sends {
                 if d.is_zero() {
-                    if self.udp.send_to(&b, dst).is_ok() {
+                    if self.udp.send_to(&p.encode(), dst).is_ok() {
                         c.tx_packets += 1;
                     }
                 } else {
@@ -652,7 +593,7 @@ impl Shared {
                         at: now + d,
                         seq: inj.seq,
                         dst,
-                        bytes: b.clone(),
+                        packet: p.clone(),
                     }));
                 }
             }
@@ -670,11 +611,53 @@ impl Shared {
             let Reverse(h) = inj.held.pop().unwrap();
             if !st.port_up {
                 st.counters.port_down_dropped += 1;
-            } else if self.udp.send_to(&h.bytes, h.dst).is_ok() {
+            } else if self.udp.send_to(&h.packet.encode(), h.dst).is_ok() {
                 st.counters.tx_packets += 1;
             }
         }
         None
+    }
+}
+
+impl State {
+    /// Hand the queued packets for this host (`me`) to its own receive path, and the answers
+    /// they cause in turn, until none is left (see [`Shared::loop_back`]). They go over as
+    /// they are: no encoding, no decoding, their payloads still the requester's staged
+    /// message bytes, which the responder's combined write then places directly. Whether
+    /// one of them gives the transmitter work.
+    fn loop_back(&mut self, me: SocketAddr) -> bool {
+        let mut wake = false;
+        loop {
+            // Data gathered from the packets just handled (see `placement`); placing it may
+            // NAK, and the NAK may be local.
+            self.place_all();
+            if !self.out.iter().any(|(d, _)| *d == me) {
+                break;
+            }
+            let (local, rest): (Vec<_>, Vec<_>) = self.out.drain(..).partition(|(d, _)| *d == me);
+            self.out = rest;
+            // One clock reading per batch: the packets of a batch arrive together.
+            let now = Instant::now();
+            for (_, p) in local {
+                self.counters.tx_packets += 1;
+                self.counters.rx_packets += 1;
+                wake |= wakes_transmitter(p.op);
+                self.receive(me, p, now);
+            }
+        }
+        wake
+    }
+
+    /// Handle a packet from `from`; a bug that panics in its handler costs the packet, not
+    /// the engine (counted in `rx_handler_panics`).
+    fn receive(&mut self, from: SocketAddr, p: Packet, now: Instant) {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.on_packet(from, p, now)
+        }));
+        if r.is_err() {
+            self.counters.rx_handler_panics += 1;
+            eprintln!("softrnic engine: BUG: panic while handling a packet (dropped)");
+        }
     }
 }
 
@@ -754,6 +737,34 @@ fn write_mem(pid: i32, addr: u64, data: &[u8]) -> io::Result<()> {
     }
 }
 
+/// `len` bytes of the segment list from byte `offset` on, in a new buffer. Read straight
+/// into its allocation: zeroing it first cost as much as a copy.
+fn gather_new(pid: i32, segs: &[(u64, u64)], offset: u64, len: usize) -> io::Result<Vec<u8>> {
+    let mut v = Vec::<u8>::with_capacity(len);
+    let mut done = 0;
+    for (addr, r) in pieces(segs, offset, len) {
+        done = r.end;
+        // SAFETY: the range lies inside the allocation's `len` bytes of capacity, which
+        // readv writes (through a raw pointer: no reference to uninitialised bytes is made).
+        unsafe {
+            cross_memory(
+                libc::process_vm_readv,
+                pid,
+                addr,
+                v.as_mut_ptr().add(r.start),
+                r.len(),
+            )?
+        };
+    }
+    if done != len {
+        return Err(io::Error::from_raw_os_error(libc::EFAULT));
+    }
+    // SAFETY: the pieces cover 0..len back to back and every read moved all of its bytes
+    // (`cross_memory` fails otherwise), so all `len` bytes are initialised.
+    unsafe { v.set_len(len) };
+    Ok(v)
+}
+
 /// Where `len` bytes at byte `offset` of a segment list lie: (address, their range in the
 /// bytes), in order. They cover fewer than `len` bytes when the list ends first.
 fn pieces(
@@ -776,6 +787,58 @@ fn pieces(
         offset = 0;
         Some(piece)
     })
+}
+
+/// Most iovecs one `process_vm_writev` takes (Linux's `IOV_MAX`).
+const IOV_MAX: usize = 1024;
+
+/// Write `parts` back to back at `addr` in `pid`: one `process_vm_writev` whose local iovecs
+/// point at the parts themselves (no gathering copy), more only beyond [`IOV_MAX`] parts or
+/// when the kernel stops short.
+fn write_mem_parts(pid: i32, addr: u64, parts: &[Payload]) -> io::Result<()> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let mut done = 0usize;
+    while done < total {
+        let iov = iovecs_from(parts, done);
+        let len: usize = iov.iter().map(|v| v.iov_len).sum();
+        let remote = libc::iovec {
+            iov_base: (addr as usize + done) as *mut libc::c_void,
+            iov_len: len,
+        };
+        // SAFETY: the local iovecs point into the live buffers of `parts`, which writev only
+        // reads; the kernel checks the remote range against the target's address space.
+        let n = unsafe {
+            libc::process_vm_writev(pid, iov.as_ptr(), iov.len() as libc::c_ulong, &remote, 1, 0)
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n == 0 {
+            return Err(io::Error::from_raw_os_error(libc::EFAULT));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
+/// Iovecs for the bytes of `parts` from byte `skip` on, at most [`IOV_MAX`] of them.
+fn iovecs_from(parts: &[Payload], mut skip: usize) -> Vec<libc::iovec> {
+    parts
+        .iter()
+        .filter_map(|p| {
+            if skip >= p.len() {
+                skip -= p.len();
+                return None;
+            }
+            let rest = &p[skip..];
+            skip = 0;
+            Some(libc::iovec {
+                iov_base: rest.as_ptr() as *mut libc::c_void,
+                iov_len: rest.len(),
+            })
+        })
+        .take(IOV_MAX)
+        .collect()
 }
 
 /// Copy `data` into the segment list at byte `offset`.
@@ -910,14 +973,22 @@ impl State {
     }
 
     /// Queue a packet for sending; it occupies the line for its wire time.
-    /// One packet onto the wire: charged once to the NIC model, replicated by the network
-    /// when it goes to a multicast group.
-    fn emit(&mut self, dst: SocketAddr, bytes: impl Into<Encoded>) {
-        let bytes = bytes.into();
-        let ns = self.nic.cfg.wire_ns(bytes.len());
-        self.nic.charge(Instant::now(), ns);
-        for d in self.fanout(dst) {
-            self.out.push((d, bytes.clone()));
+    fn emit(&mut self, dst: SocketAddr, p: Packet) {
+        self.emit_at(dst, p, Instant::now());
+    }
+
+    /// One packet onto the wire at `now`: charged once to the NIC model, replicated by the
+    /// network when it goes to a multicast group. (The transmitter passes the time it read
+    /// for its burst: no clock reading per packet.)
+    fn emit_at(&mut self, dst: SocketAddr, p: Packet, now: Instant) {
+        let ns = self.nic.cfg.wire_ns(p.wire_len());
+        self.nic.charge(now, ns);
+        if multicast::is_group_addr(dst) {
+            for d in self.fanout(dst) {
+                self.out.push((d, p.clone()));
+            }
+        } else {
+            self.out.push((dst, p));
         }
     }
 
@@ -964,9 +1035,9 @@ impl State {
             if let Some(pkt) = pkt {
                 self.touch_qp(qpn, now);
                 if let Some(p) = self.qps.get_mut(&qpn).and_then(|q| q.pacer.as_mut()) {
-                    p.charge(now, pkt.1.len());
+                    p.charge(now, pkt.1.wire_len());
                 }
-                self.emit(pkt.0, pkt.1);
+                self.emit_at(pkt.0, pkt.1, now);
                 return Some(qpn);
             }
         }

@@ -6,6 +6,7 @@
 //! - [`faults`]: seeded per-link fault injection (loss, duplication, reordering, delay);
 //! - [`mw`]: memory windows (type 1 and 2 binding, invalidation, remote access);
 //! - [`nic`]: the NIC model (line rate, MTU, QP-context cache, WQE fetch cost);
+//! - [`idmap`]: hash maps keyed by the engine's own numbers;
 //! - [`hosts`]: emulated hosts (namespaces or loopback), `up`/`down`/`exec`/`addr`;
 //! - [`userns`], [`devdir`]: hosts without root (a user namespace held by one process), and
 //!   the private `/dev/infiniband` that `exec` mounts;
@@ -24,6 +25,7 @@ pub mod faults;
 pub mod ffi;
 pub mod flow;
 pub mod hosts;
+pub mod idmap;
 pub mod mw;
 pub mod nic;
 pub mod proto;

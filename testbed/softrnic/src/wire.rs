@@ -7,6 +7,9 @@
 //! An XRC request ([`F_XRC`]) carries a 4-byte extension after the header, before the
 //! payload: the responder's SRQ number (`srqn u32`; InfiniBand's XRCETH).
 
+use std::ops::{Deref, Range};
+use std::sync::Arc;
+
 pub const MAGIC: u32 = 0x534e_5231;
 pub const HDR_LEN: usize = 48;
 
@@ -78,18 +81,90 @@ pub struct Packet {
     pub rkey: u32,
     /// The XRC target SRQ number; on the wire only with [`F_XRC`] (else 0).
     pub srqn: u32,
-    pub payload: Vec<u8>,
+    pub payload: Payload,
+}
+
+/// A packet's payload: an immutable slice of a shared buffer. A requester's packets slice
+/// the message bytes it staged, so a packet travels to the transmit queue, its QP's
+/// retransmission copy, the NIC's loopback and the responder's combined write without its
+/// bytes being copied (only a socket send encodes it).
+#[derive(Clone, Default)]
+pub struct Payload {
+    buf: Arc<Vec<u8>>,
+    range: Range<usize>,
+}
+
+impl Payload {
+    /// The bytes `r` of this payload, sharing its buffer.
+    pub fn slice(&self, r: Range<usize>) -> Payload {
+        assert!(
+            r.start <= r.end && r.end <= self.len(),
+            "slice out of range"
+        );
+        Payload {
+            buf: self.buf.clone(),
+            range: self.range.start + r.start..self.range.start + r.end,
+        }
+    }
+}
+
+impl From<Vec<u8>> for Payload {
+    fn from(v: Vec<u8>) -> Self {
+        let range = 0..v.len();
+        Payload {
+            buf: Arc::new(v),
+            range,
+        }
+    }
+}
+
+impl Deref for Payload {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[self.range.clone()]
+    }
+}
+
+impl PartialEq for Payload {
+    fn eq(&self, o: &Self) -> bool {
+        **self == **o
+    }
+}
+impl Eq for Payload {}
+
+impl std::fmt::Debug for Payload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
 }
 
 impl Packet {
-    pub fn encode(&self) -> Vec<u8> {
-        self.encode_with(&self.payload)
+    /// Bytes of the datagram: header, XRC extension, payload.
+    pub fn wire_len(&self) -> usize {
+        let ext = if self.flags & F_XRC != 0 {
+            XRC_EXT_LEN
+        } else {
+            0
+        };
+        HDR_LEN + ext + self.payload.len()
     }
 
-    /// The packet with `payload` in place of its own (which is ignored): a requester encodes
-    /// straight from the message's bytes, without copying them into the packet first.
-    pub fn encode_with(&self, payload: &[u8]) -> Vec<u8> {
-        let mut b = Vec::with_capacity(HDR_LEN + XRC_EXT_LEN + payload.len());
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(self.wire_len());
+        self.write_header(&mut b);
+        b.extend_from_slice(&self.payload);
+        b
+    }
+
+    /// The datagram's bytes before the payload: header and XRC extension (a socket send
+    /// hands the kernel these and the payload side by side, without joining them).
+    pub fn header(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(HDR_LEN + XRC_EXT_LEN);
+        self.write_header(&mut b);
+        b
+    }
+
+    fn write_header(&self, b: &mut Vec<u8>) {
         b.extend_from_slice(&MAGIC.to_le_bytes());
         b.extend_from_slice(&[self.op, self.flags, self.syndrome, 0]);
         for v in [
@@ -104,12 +179,10 @@ impl Packet {
         }
         b.extend_from_slice(&self.remote_addr.to_le_bytes());
         b.extend_from_slice(&self.rkey.to_le_bytes());
-        b.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        b.extend_from_slice(&(self.payload.len() as u32).to_le_bytes());
         if self.flags & F_XRC != 0 {
             b.extend_from_slice(&self.srqn.to_le_bytes());
         }
-        b.extend_from_slice(payload);
-        b
     }
 
     /// Parse a datagram; `None` for anything malformed (wrong magic, op, lengths, PSN range).
@@ -148,7 +221,7 @@ impl Packet {
             remote_addr: u64::from_le_bytes(b[32..40].try_into().unwrap()),
             rkey: u32_at(40),
             srqn: if ext != 0 { u32_at(HDR_LEN) } else { 0 },
-            payload: b[HDR_LEN + ext..].to_vec(),
+            payload: b[HDR_LEN + ext..].to_vec().into(),
         })
     }
 }
@@ -176,7 +249,7 @@ mod tests {
             msg_len: 3,
             remote_addr: 0x1000,
             rkey: 77,
-            payload: vec![1, 2, 3],
+            payload: vec![1, 2, 3].into(),
             ..Default::default()
         };
         let e = p.encode();
@@ -201,7 +274,7 @@ mod tests {
             src_qpn: 18,
             msg_len: 2,
             srqn: 0x0123_4567,
-            payload: vec![9, 8],
+            payload: vec![9, 8].into(),
             ..Default::default()
         };
         let e = p.encode();
@@ -249,7 +322,7 @@ mod tests {
                         remote_addr,
                         rkey,
                         srqn: if flags & F_XRC != 0 { srqn } else { 0 },
-                        payload,
+                        payload: payload.into(),
                     },
                 )
         }

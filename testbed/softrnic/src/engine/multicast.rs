@@ -12,6 +12,11 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
 use super::*;
 
+/// Whether `dst` is a multicast address, which the network replicates to every host.
+pub(super) fn is_group_addr(dst: SocketAddr) -> bool {
+    matches!(dst, SocketAddr::V4(a) if a.ip().is_multicast())
+}
+
 impl State {
     pub(super) fn attach_mcast(&mut self, conn: u64, qpn: u32, group: u64, attach: bool) -> Resp {
         let fits = self.qps.get(&qpn).is_some_and(|q| {
@@ -51,17 +56,15 @@ impl State {
 
     /// Where a packet for `dst` goes: a multicast destination to every host of the run.
     pub(super) fn fanout(&self, dst: SocketAddr) -> Vec<SocketAddr> {
-        match dst {
-            SocketAddr::V4(a) if a.ip().is_multicast() => {
-                let mut hosts: BTreeSet<Ipv4Addr> = self.peers.iter().copied().collect();
-                hosts.insert(self.my_ip);
-                hosts
-                    .into_iter()
-                    .map(|ip| SocketAddr::V4(SocketAddrV4::new(ip, a.port())))
-                    .collect()
-            }
-            _ => vec![dst],
+        if !is_group_addr(dst) {
+            return vec![dst];
         }
+        let mut hosts: BTreeSet<Ipv4Addr> = self.peers.iter().copied().collect();
+        hosts.insert(self.my_ip);
+        hosts
+            .into_iter()
+            .map(|ip| SocketAddr::V4(SocketAddrV4::new(ip, dst.port())))
+            .collect()
     }
 
     /// A datagram to a multicast group: a copy for every local QP attached to it.

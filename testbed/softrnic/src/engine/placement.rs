@@ -21,10 +21,14 @@
 //!
 //! A combined write never spans two messages, so when placing fails (the target unmapped
 //! registered memory) the error names the message it belongs to, as a per-packet write did.
+//!
+//! Gathering copies nothing: a run keeps the packets' payloads (shared slices, see
+//! [`Payload`]) and the write's iovecs point at them — for a looped-back packet, straight at
+//! the requester's staged message bytes.
 
 use std::io;
 
-use super::write_mem;
+use super::{write_mem_parts, Payload};
 
 /// Most bytes gathered for one run before they are placed.
 const MAX_GATHERED: usize = 256 << 10;
@@ -53,7 +57,7 @@ impl Run {
     }
 }
 
-/// Bytes gathered for one place in one process.
+/// Payloads gathered for one place in one process.
 struct Gathered {
     run: Run,
     /// PSN of the first packet gathered and the NAK syndrome to answer it with if placing
@@ -62,7 +66,9 @@ struct Gathered {
     syndrome: u8,
     pid: i32,
     addr: u64,
-    data: Vec<u8>,
+    /// The payloads, back to back from `addr`, and how many bytes they hold.
+    parts: Vec<Payload>,
+    len: usize,
 }
 
 /// Where placing gathered bytes failed: the run, and the PSN to NAK and how (a responder's).
@@ -77,8 +83,8 @@ pub(super) struct PlacementFault {
 #[derive(Default)]
 pub(super) struct Combiner {
     gathered: Vec<Gathered>,
-    /// Buffers of earlier placements, kept for the next ones (no allocation per message).
-    spare: Vec<Vec<u8>>,
+    /// Part lists of earlier placements, kept for the next ones (no allocation per message).
+    spare: Vec<Vec<Payload>>,
 }
 
 impl Combiner {
@@ -96,8 +102,8 @@ impl Combiner {
         self.gathered.iter().any(|g| {
             g.run == run
                 && g.pid == pid
-                && g.addr.checked_add(g.data.len() as u64) == Some(addr)
-                && g.data.len() + len <= MAX_GATHERED
+                && g.addr.checked_add(g.len as u64) == Some(addr)
+                && g.len + len <= MAX_GATHERED
         })
     }
 
@@ -116,26 +122,28 @@ impl Combiner {
         (psn, syndrome): (u32, u8),
         pid: i32,
         addr: u64,
-        data: &[u8],
+        data: Payload,
     ) {
         if self.continues(run, pid, addr, data.len()) {
             if let Some(g) = self.gathered.iter_mut().find(|g| g.run == run) {
-                g.data.extend_from_slice(data);
+                g.len += data.len();
+                g.parts.push(data);
             }
             return;
         }
         debug_assert!(!self.holds(run), "gathered bytes dropped unplaced");
         debug_assert!(!self.is_full(), "gathering past the limit");
-        let mut buf = self.spare.pop().unwrap_or_default();
-        buf.clear();
-        buf.extend_from_slice(data);
+        let mut parts = self.spare.pop().unwrap_or_default();
+        let len = data.len();
+        parts.push(data);
         self.gathered.push(Gathered {
             run,
             psn,
             syndrome,
             pid,
             addr,
-            data: buf,
+            parts,
+            len,
         });
     }
 
@@ -156,15 +164,17 @@ impl Combiner {
     }
 
     fn place_at(&mut self, i: usize) -> Result<(), PlacementFault> {
-        let g = self.gathered.remove(i);
-        let r: io::Result<()> = write_mem(g.pid, g.addr, &g.data);
+        let mut g = self.gathered.remove(i);
+        let r: io::Result<()> = write_mem_parts(g.pid, g.addr, &g.parts);
         let fault = PlacementFault {
             run: g.run,
             psn: g.psn,
             syndrome: g.syndrome,
         };
         if self.spare.len() < MAX_RUNS {
-            self.spare.push(g.data);
+            // Emptied: the payloads' buffers are freed once nothing else shares them.
+            g.parts.clear();
+            self.spare.push(g.parts);
         }
         r.map_err(|_| fault)
     }
@@ -181,7 +191,7 @@ mod tests {
         let base = target.as_mut_ptr() as u64;
         let mut c = Combiner::default();
         let (r7, r8) = (Run::responder(7), Run::responder(8));
-        c.gather(r7, (100, 0), pid, base, &[1, 2, 3, 4]);
+        c.gather(r7, (100, 0), pid, base, vec![1, 2, 3, 4].into());
         assert!(c.continues(r7, pid, base + 4, 4));
         assert!(!c.continues(r8, pid, base + 4, 4), "another QP");
         assert!(
@@ -194,14 +204,14 @@ mod tests {
             !c.continues(r7, pid, base + 4, MAX_GATHERED),
             "too much at once"
         );
-        c.gather(r7, (101, 0), pid, base + 4, &[5, 6, 7, 8]);
+        c.gather(r7, (101, 0), pid, base + 4, vec![5, 6, 7, 8].into());
         assert_eq!(target, [0; 12], "nothing is written before placing");
         assert_eq!(c.place(r8), Ok(()), "QP 8 gathered nothing");
         assert_eq!(c.place(r7), Ok(()));
         assert!(c.is_empty());
         assert_eq!(target[..8], [1, 2, 3, 4, 5, 6, 7, 8]);
         // The next message reuses the buffer and starts afresh.
-        c.gather(r7, (102, 0), pid, base + 8, &[9, 9, 9, 9]);
+        c.gather(r7, (102, 0), pid, base + 8, vec![9, 9, 9, 9].into());
         assert_eq!(c.place(r7), Ok(()));
         assert_eq!(target[8..], [9, 9, 9, 9]);
         assert_eq!(c.place_oldest(), Ok(()), "nothing gathered, nothing to do");
@@ -219,7 +229,7 @@ mod tests {
                 let at = base + 4 * q + 2 * half;
                 let run = Run::responder(q as u32);
                 assert_eq!(c.continues(run, pid, at, 2), half == 1);
-                c.gather(run, (half as u32, 0), pid, at, &[q as u8 + 1; 2]);
+                c.gather(run, (half as u32, 0), pid, at, vec![q as u8 + 1; 2].into());
             }
         }
         assert!(c.is_full());
@@ -239,8 +249,8 @@ mod tests {
         let mut c = Combiner::default();
         // Page 0 is never mapped.
         let run = Run::read(9);
-        c.gather(run, (40, 5), pid, 16, &[1; 8]);
-        c.gather(run, (41, 5), pid, 24, &[2; 8]);
+        c.gather(run, (40, 5), pid, 16, vec![1; 8].into());
+        c.gather(run, (41, 5), pid, 24, vec![2; 8].into());
         let fault = PlacementFault {
             run,
             psn: 40,

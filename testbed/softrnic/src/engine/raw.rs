@@ -74,7 +74,7 @@ impl State {
         &mut self,
         qpn: u32,
         now: Instant,
-    ) -> Option<(SocketAddr, Encoded)> {
+    ) -> Option<(SocketAddr, Packet)> {
         let q = self.qps.get(&qpn)?;
         if q.sq_next >= q.sq.len() {
             return None;
@@ -110,7 +110,7 @@ impl State {
             src_qpn: qpn,
             psn,
             msg_len: w.len,
-            payload: frame,
+            payload: frame.into(),
             ..Default::default()
         };
         w.packetized = true;
@@ -122,7 +122,7 @@ impl State {
         // Any multicast address makes `fanout` send it to every host, this one included
         // (a NIC loops frames back to its own matching rules).
         let flood = SocketAddrV4::new(Ipv4Addr::new(239, 255, 255, 255), device::ENGINE_UDP_PORT);
-        Some((SocketAddr::V4(flood), p.encode().into()))
+        Some((SocketAddr::V4(flood), p))
     }
 
     /// A frame arrived: steer it by the flow rules.
@@ -280,7 +280,7 @@ mod tests {
             dst_qpn: wire::MCAST_QPN,
             src_qpn: 0x99,
             msg_len: f.len() as u32,
-            payload: f,
+            payload: f.into(),
             ..Default::default()
         }
     }

@@ -57,7 +57,7 @@ impl State {
     }
 
     /// Next packet of a QP (retransmission first, then new data), or None.
-    pub(super) fn next_packet(&mut self, qpn: u32, now: Instant) -> Option<(SocketAddr, Encoded)> {
+    pub(super) fn next_packet(&mut self, qpn: u32, now: Instant) -> Option<(SocketAddr, Packet)> {
         let q = self.qps.get_mut(&qpn)?;
         if q.state != IBV_QPS_RTS {
             return None;
@@ -80,7 +80,7 @@ impl State {
             if i < q.inflight.len() {
                 q.resend = Some(i + 1);
                 self.counters.retransmits += 1;
-                return Some((dst, q.inflight[i].bytes.clone()));
+                return Some((dst, q.inflight[i].packet.clone()));
             }
             q.resend = None;
         }
@@ -157,7 +157,7 @@ impl State {
                 } else {
                     wire::OP_FETCH_ADD
                 };
-                p.payload = atomic_operands(w.wr.compare_add, w.wr.swap);
+                p.payload = atomic_operands(w.wr.compare_add, w.wr.swap).into();
                 1
             };
             p.flags |= wire::F_FIRST | wire::F_LAST | wire::F_ACKREQ;
@@ -167,28 +167,27 @@ impl State {
             w.packetized = true;
             q.next_psn = psn_add(psn, n);
             q.sq_next += 1;
-            let bytes = Encoded::new(p.encode());
             let last = w.last_psn;
             q.inflight.push_back(Inflight {
                 psn,
                 last_psn: last,
                 needs_resp: true,
-                bytes: bytes.clone(),
+                packet: p.clone(),
             });
-            return Some((dst, bytes));
+            return Some((dst, p));
         }
         let off = q.sq_off;
         let chunk = (w.len - off).min(mtu);
         if w.wr.inline.is_none() {
             let staged_end = w.staged_at + w.staged.len() as u32;
             if off < w.staged_at || off + chunk > staged_end {
-                let mut b = std::mem::take(&mut w.staged);
-                b.resize((w.len - off).min(STAGE_BYTES).max(chunk) as usize, 0);
-                if gather(pid, &w.segs, off as u64, &mut b).is_err() {
+                // A new buffer: the packets sent so far still share the old one.
+                let n = (w.len - off).min(STAGE_BYTES).max(chunk) as usize;
+                let Ok(b) = gather_new(pid, &w.segs, off as u64, n) else {
                     self.fail_wqe_local(qpn, idx, IBV_WC_LOC_PROT_ERR);
                     return None;
-                }
-                w.staged = b;
+                };
+                w.staged = b.into();
                 w.staged_at = off;
             }
         }
@@ -223,19 +222,18 @@ impl State {
                 p.flags |= wire::F_SOLICITED;
             }
         }
-        // Encoded straight from the inline data or the staged bytes of the message.
-        let payload = match &w.wr.inline {
-            Some(b) => &b[off as usize..(off + chunk) as usize],
+        // A slice of the staged bytes of the message (not copied), or of the inline data.
+        p.payload = match &w.wr.inline {
+            Some(b) => b[off as usize..(off + chunk) as usize].to_vec().into(),
             None => {
                 let at = (off - w.staged_at) as usize;
-                &w.staged[at..at + chunk as usize]
+                w.staged.slice(at..at + chunk as usize)
             }
         };
-        let bytes = Encoded::new(p.encode_with(payload));
         if last {
             w.last_psn = psn;
             w.packetized = true;
-            w.staged = Vec::new();
+            w.staged = Payload::default();
             q.sq_next += 1;
             q.sq_off = 0;
         } else {
@@ -247,15 +245,15 @@ impl State {
             if last {
                 self.complete_sends(qpn, psn);
             }
-            return Some((dst, bytes));
+            return Some((dst, p));
         }
         q.inflight.push_back(Inflight {
             psn,
             last_psn: psn,
             needs_resp: false,
-            bytes: bytes.clone(),
+            packet: p.clone(),
         });
-        Some((dst, bytes))
+        Some((dst, p))
     }
 
     /// Next datagram of a UD QP: one work request is one packet to the destination its
@@ -265,7 +263,7 @@ impl State {
         &mut self,
         qpn: u32,
         now: Instant,
-    ) -> Option<(SocketAddr, Encoded)> {
+    ) -> Option<(SocketAddr, Packet)> {
         let q = self.qps.get(&qpn)?;
         if q.sq_next >= q.sq.len() {
             return None;
@@ -336,7 +334,7 @@ impl State {
             rkey: qkey,
             // The group, for the receiving engines (the datagram goes to each host).
             remote_addr: if group { dest } else { 0 },
-            payload,
+            payload: payload.into(),
             ..Default::default()
         };
         w.packetized = true;
@@ -346,7 +344,7 @@ impl State {
         q.next_psn = psn_add(psn, 1);
         self.complete_sends(qpn, psn);
         let dst = SocketAddr::V4(SocketAddrV4::new(ip, device::ENGINE_UDP_PORT));
-        Some((dst, p.encode().into()))
+        Some((dst, p))
     }
 
     /// A UD (or raw-packet) QP being destroyed first sends the datagrams already posted to it: a NIC has long

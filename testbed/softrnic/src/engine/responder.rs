@@ -152,7 +152,7 @@ impl State {
             psn,
             ..Default::default()
         };
-        self.emit(to, p.encode());
+        self.emit(to, p);
     }
 
     pub(super) fn responder_rx(&mut self, from: SocketAddr, p: Packet) {
@@ -243,7 +243,7 @@ impl State {
                 imm: q.attr.min_rnr_timer as u32,
                 ..Default::default()
             };
-            self.emit(to, n.encode());
+            self.emit(to, n);
         }
         if let Some(ev) = responder_error_event(syn) {
             self.qp_error(qpn, ev);
@@ -269,7 +269,7 @@ impl State {
         nak: (u32, u8),
         pid: i32,
         addr: u64,
-        data: &[u8],
+        data: Payload,
     ) -> Result<(), PlacementFault> {
         if !self.gathered.continues(run, pid, addr, data.len()) {
             self.place_gathered(run)?;
@@ -289,13 +289,13 @@ impl State {
         nak: (u32, u8),
         pid: i32,
         at: &[(u64, std::ops::Range<usize>)],
-        data: &[u8],
+        data: &Payload,
     ) -> Result<(), ()> {
         if at.last().map_or(0, |(_, r)| r.end) != data.len() {
             return Err(());
         }
         for (addr, r) in at {
-            self.stage(run, nak, pid, *addr, &data[r.clone()])
+            self.stage(run, nak, pid, *addr, data.slice(r.clone()))
                 .map_err(|_| ())?;
         }
         Ok(())
@@ -643,7 +643,7 @@ impl State {
         }
         if let Some((pid, addr)) = target {
             let (run, nak) = (Run::responder(qpn), (p.psn, wire::NAK_REM_ACCESS));
-            if self.stage(run, nak, pid, addr, &p.payload).is_err() {
+            if self.stage(run, nak, pid, addr, p.payload.clone()).is_err() {
                 return Err(wire::NAK_REM_ACCESS);
             }
             // A message is placed whole before its completion and ACK (and a failure is
@@ -736,10 +736,10 @@ impl State {
             src_qpn: qpn,
             psn,
             msg_len: 8,
-            payload: orig.to_le_bytes().to_vec(),
+            payload: orig.to_le_bytes().to_vec().into(),
             ..Default::default()
         };
-        self.emit(to, r.encode());
+        self.emit(to, r);
     }
 
     /// Execute a read request: send the response packets. false if access is refused.
@@ -797,7 +797,7 @@ impl State {
     /// The next response packet of the oldest READ QP `qpn` answers. Memory is read as
     /// the packet goes out; memory gone meanwhile (deregistered, the process ended) ends
     /// the READ with a remote access NAK.
-    pub(super) fn next_read_response(&mut self, qpn: u32) -> Option<(SocketAddr, Encoded)> {
+    pub(super) fn next_read_response(&mut self, qpn: u32) -> Option<(SocketAddr, Packet)> {
         let q = self.qps.get_mut(&qpn)?;
         if q.state != IBV_QPS_RTR && q.state != IBV_QPS_RTS {
             q.read_jobs.clear();
@@ -816,7 +816,7 @@ impl State {
             psn: psn_add(j.psn, j.next),
             msg_len: j.msg_len,
             offset: off,
-            payload,
+            payload: payload.into(),
             ..Default::default()
         };
         let to = j.to;
@@ -835,6 +835,6 @@ impl State {
         if j.next == j.n {
             q.read_jobs.pop_front();
         }
-        Some((to, r.encode().into()))
+        Some((to, r))
     }
 }

@@ -46,7 +46,7 @@ impl State {
                 resp_next: 0,
                 resp_done: false,
                 segs: Vec::new(),
-                staged: Vec::new(),
+                staged: Payload::default(),
                 staged_at: 0,
             });
         }
