@@ -30,7 +30,7 @@ const CQ_INIT_ATTR_MASK_PD: u32 = 1 << 1;
 
 /// Extended objects the application created (each bypasses the shim).
 pub static USES: AtomicU64 = AtomicU64::new(0);
-static REAL_QP_TO_QP_EX: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static REAL_QP_TO_QP_EX: AtomicUsize = AtomicUsize::new(0);
 
 #[derive(Clone, Copy, Default)]
 pub struct ExtOrig {

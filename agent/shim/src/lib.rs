@@ -20,6 +20,8 @@
 
 pub mod counters;
 mod cq_ex;
+#[cfg(target_arch = "x86_64")]
+mod dl;
 mod engine;
 pub mod extended;
 pub mod ffi;
@@ -124,12 +126,12 @@ static PASS_THROUGH: AtomicU64 = AtomicU64::new(0);
 static COUNTING_STOPPED: AtomicBool = AtomicBool::new(false);
 static GOVERNING_STOPPED: AtomicBool = AtomicBool::new(false);
 
-static REAL_CREATE_QP: AtomicUsize = AtomicUsize::new(0);
-static REAL_MODIFY_QP: AtomicUsize = AtomicUsize::new(0);
-static REAL_DESTROY_QP: AtomicUsize = AtomicUsize::new(0);
-static REAL_QUERY_QP: AtomicUsize = AtomicUsize::new(0);
-static REAL_OPEN: AtomicUsize = AtomicUsize::new(0);
-static REAL_CLOSE: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static REAL_CREATE_QP: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static REAL_MODIFY_QP: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static REAL_DESTROY_QP: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static REAL_QUERY_QP: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static REAL_OPEN: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static REAL_CLOSE: AtomicUsize = AtomicUsize::new(0);
 
 type OpenFn = unsafe extern "C" fn(*mut c_void) -> *mut IbvContext;
 type CloseFn = unsafe extern "C" fn(*mut IbvContext) -> c_int;
@@ -637,8 +639,8 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut IbvCq, nevents: libc::c_uint
     }
 }
 
-static REAL_GET_ASYNC: AtomicUsize = AtomicUsize::new(0);
-static REAL_ACK_ASYNC: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static REAL_GET_ASYNC: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static REAL_ACK_ASYNC: AtomicUsize = AtomicUsize::new(0);
 
 /// Interposes `ibv_get_async_event`: an event about a dedicated CQ (`IBV_EVENT_CQ_ERR`, an
 /// overrun) names the application's CQ.

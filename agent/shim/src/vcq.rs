@@ -47,7 +47,7 @@ use std::time::Duration;
 pub static REAL_CREATE_CQ: AtomicUsize = AtomicUsize::new(0);
 pub static REAL_DESTROY_CQ: AtomicUsize = AtomicUsize::new(0);
 pub static REAL_RESIZE_CQ: AtomicUsize = AtomicUsize::new(0);
-static REAL_CREATE_CHANNEL: AtomicUsize = AtomicUsize::new(0);
+pub static REAL_CREATE_CHANNEL: AtomicUsize = AtomicUsize::new(0);
 pub static REAL_DESTROY_CHANNEL: AtomicUsize = AtomicUsize::new(0);
 pub static REAL_GET_EVENT: AtomicUsize = AtomicUsize::new(0);
 pub static REAL_ACK: AtomicUsize = AtomicUsize::new(0);

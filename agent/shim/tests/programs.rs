@@ -647,6 +647,49 @@ fn gate_slots_move_on_while_the_application_does_not_poll() {
     }
 }
 
+/// Our probe `tests/c/dl_verbs.c` does not link libibverbs: it dlopens it with `RTLD_LOCAL`
+/// and takes every function it calls from the handle with `dlsym`, as NCCL does. It runs on
+/// the bare device, and through the shim — whose `dlsym` hands it the shim's functions —
+/// its context is governed like any other: the same result, every send and completion
+/// counted, virtual CQs, and a grant of 2 active QPs queues its work. (Before, the shim
+/// never saw its context: `governed_contexts=0`.)
+#[test]
+fn programs_that_dlopen_libibverbs_are_governed() {
+    require_privileges!();
+    let run = Run::new("dl-verbs");
+    run.up(&["--hosts", "1"]);
+    let bin = compile_c_with(&run, "tests/c/dl_verbs.c", &[]);
+    let cases: [(&str, bool, &[(&str, &str)]); 3] = [
+        ("bare device", false, &[]),
+        ("through the shim", true, &[]),
+        ("2 active QPs", true, &[("DRUM_SHIM_MAX_ACTIVE_QPS", "2")]),
+    ];
+    for (who, with_shim, env) in cases {
+        let out = run_timeout(
+            &mut run.exec("h1", &[&bin, "4", "100"], with_shim, env),
+            Duration::from_secs(60),
+        );
+        assert_ok(&out, who);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "dl ok\n", "{who}");
+        if !with_shim {
+            continue;
+        }
+        let s = summary(&out, who);
+        assert_eq!(
+            (s["governed_contexts"], s["virtual_cqs"]),
+            (1, 2),
+            "{who}: {s:?}"
+        );
+        assert_eq!(
+            (s["send_wqes"], s["completions"]),
+            (400, 800),
+            "{who}: {s:?}"
+        );
+        assert_eq!(s["deferred_wqes"] > 0, !env.is_empty(), "{who}: {s:?}");
+        assert!(shim_complaints(&out).is_empty(), "{who}: {}", text(&out));
+    }
+}
+
 /// One of softrnic's checkers (`testbed/softrnic/tests/verify`) through the shim: its
 /// server on h1, its client on h2, both succeeding; the server's output.
 fn checker_through_shim(

@@ -157,12 +157,20 @@ extern "C" fn register() {
     let _ = catch_unwind(|| {
         // SAFETY: dlopen with RTLD_NOLOAD only returns a handle if libibverbs is already loaded
         // in this process (it is, when it is the one loading us); the names are NUL-terminated.
-        let h = unsafe {
+        let mut h = unsafe {
             libc::dlopen(
                 c"libibverbs.so.1".as_ptr(),
                 libc::RTLD_NOW | libc::RTLD_NOLOAD,
             )
         };
+        if h.is_null() && is_provider_library() {
+            // Preloaded by `softrnic exec` into a program that dlopens libibverbs itself
+            // (NCCL does): libibverbs' own dlopen of this library would later find it loaded
+            // and not run this constructor again, so the device would have no driver. Load
+            // libibverbs now, as a program linked with it has it.
+            // SAFETY: as above.
+            h = unsafe { libc::dlopen(c"libibverbs.so.1".as_ptr(), libc::RTLD_NOW) };
+        }
         if h.is_null() {
             return; // not loaded by libibverbs (e.g. linked into the softrnic command)
         }
@@ -193,6 +201,21 @@ extern "C" fn register() {
             reg(&DEVICE_OPS.0);
         }
     });
+}
+
+/// Whether this code runs from the provider library (`…-rdmav34.so`), not from a program
+/// that links it (the softrnic command).
+fn is_provider_library() -> bool {
+    // SAFETY: Dl_info is plain data; all zeroes is a valid value.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr on an address of this object, into a Dl_info of ours.
+    let found = unsafe { libc::dladdr(register as *const c_void, &mut info) } != 0;
+    // SAFETY: dladdr sets dli_fname to a NUL-terminated path when it succeeds.
+    found
+        && !info.dli_fname.is_null()
+        && unsafe { CStr::from_ptr(info.dli_fname) }
+            .to_bytes()
+            .ends_with(b"-rdmav34.so")
 }
 
 fn set_errno(e: c_int) {

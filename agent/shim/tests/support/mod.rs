@@ -269,6 +269,11 @@ pub fn compile_probe(run: &Run, name: &str) -> String {
 
 /// Compiles the C program at `src` (relative to this crate) into the run directory.
 pub fn compile_c(run: &Run, src: &str) -> String {
+    compile_c_with(run, src, &["-libverbs", "-lpthread"])
+}
+
+/// [`compile_c`], linking `libs`.
+pub fn compile_c_with(run: &Run, src: &str, libs: &[&str]) -> String {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(src);
     let name = src.file_stem().unwrap().to_str().unwrap().to_string();
     let bin = run.dir.join(&name);
@@ -279,7 +284,7 @@ pub fn compile_c(run: &Run, src: &str) -> String {
             .args(["-O2", "-Wall", "-Werror", "-o"])
             .arg(&bin)
             .arg(&src)
-            .args(["-libverbs", "-lpthread"]),
+            .args(libs),
         Duration::from_secs(60),
     );
     assert_ok(

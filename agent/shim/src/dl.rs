@@ -1,0 +1,228 @@
+//! Applications that `dlopen` libibverbs and take its functions from the handle with
+//! `dlsym` (NCCL does, often with `RTLD_LOCAL`) bypass every symbol the shim exports: the
+//! handle gives them libibverbs' own `ibv_open_device`, so their contexts are never governed.
+//! The shim therefore exports `dlsym` too. A lookup through a handle of one of the functions
+//! the shim interposes, which finds libibverbs' own, gets the shim's instead — and the shim
+//! learns from that handle where libibverbs' functions are, since `RTLD_NEXT` cannot see a
+//! library loaded with `RTLD_LOCAL`.
+//!
+//! `RTLD_DEFAULT` and `RTLD_NEXT` lookups must not pass through any code of the shim's:
+//! glibc finds the caller of `dlsym` from its return address, and `RTLD_NEXT` searches the
+//! objects after the caller (another preloaded library, softrnic's provider among them,
+//! would otherwise be handed its own function back and recurse for ever). So the exported
+//! `dlsym` is a few instructions that jump to the real one with the caller's return address
+//! untouched, and only a lookup through a real handle jumps to Rust. x86-64 only; elsewhere
+//! such applications stay ungoverned.
+
+use crate::{extended, vcq};
+use libc::{c_char, c_void};
+use std::ffi::CStr;
+use std::panic::catch_unwind;
+use std::sync::atomic::{AtomicUsize, Ordering::Acquire, Ordering::Release};
+
+/// The real `dlsym` (libc's), found on first use.
+static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
+
+type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+/// Finds libc's `dlsym` (the versions of glibc ≥ 2.34, then older ones).
+extern "C" fn resolve_dlsym() -> usize {
+    let p = REAL_DLSYM.load(Acquire);
+    if p != 0 {
+        return p;
+    }
+    let p = [c"GLIBC_2.34", c"GLIBC_2.2.5"]
+        .iter()
+        // SAFETY: dlvsym with NUL-terminated strings; RTLD_NEXT from the shim is libc.
+        .map(|v| unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), v.as_ptr()) })
+        .find(|p| !p.is_null())
+        .map_or(0, |p| p as usize);
+    if p == 0 {
+        crate::write_stderr("drum-shim: libc's dlsym not found; cannot continue\n");
+        std::process::abort();
+    }
+    REAL_DLSYM.store(p, Release);
+    p
+}
+
+/// `dlsym`: special handles straight to libc (a jump, so the caller's return address is
+/// the one libc sees); real handles through [`lookup`].
+///
+/// # Safety
+/// As libc's `dlsym`.
+#[cfg(target_arch = "x86_64")]
+#[no_mangle]
+#[unsafe(naked)]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    core::arch::naked_asm!(
+        // RTLD_DEFAULT (0) and RTLD_NEXT (-1) go to libc as they came.
+        "test rdi, rdi",
+        "jz 2f",
+        "cmp rdi, -1",
+        "je 2f",
+        "jmp {lookup}",
+        "2:",
+        "mov rax, qword ptr [rip + {real}]",
+        "test rax, rax",
+        "jz 3f",
+        "jmp rax",
+        // Not resolved yet: resolve, keeping the arguments and the stack's alignment.
+        "3:",
+        "push rdi",
+        "push rsi",
+        "sub rsp, 8",
+        "call {resolve}",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        "jmp rax",
+        lookup = sym lookup,
+        real = sym REAL_DLSYM,
+        resolve = sym resolve_dlsym,
+    )
+}
+
+/// A lookup through a real handle: libc's answer, or the shim's own function where libc
+/// found libibverbs' version of one the shim interposes.
+///
+/// # Safety
+/// As libc's `dlsym`.
+unsafe extern "C" fn lookup(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    // SAFETY: libc's dlsym, resolved by then or now.
+    let real: DlsymFn = unsafe { std::mem::transmute::<usize, DlsymFn>(resolve_dlsym()) };
+    // SAFETY: the caller's arguments.
+    let found = unsafe { real(handle, name) };
+    if found.is_null() || name.is_null() {
+        return found;
+    }
+    // SAFETY: a NUL-terminated name (libc has just read it).
+    let name = unsafe { CStr::from_ptr(name) };
+    catch_unwind(|| substitute(real, handle, name, found as usize))
+        .ok()
+        .flatten()
+        .map_or(found, |ours| ours as *mut c_void)
+}
+
+/// The shim's function for `name` when `found` is libibverbs' version of it.
+fn substitute(real: DlsymFn, handle: *mut c_void, name: &CStr, found: usize) -> Option<usize> {
+    if !name.to_bytes().starts_with(b"ibv_") {
+        return None;
+    }
+    let table = interposed();
+    let (_, ours, cache) = table.iter().find(|(n, ..)| *n == name)?;
+    if found == *ours {
+        return None;
+    }
+    if cache.load(Acquire) == 0 {
+        learn(real, handle, &table);
+    }
+    (cache.load(Acquire) == found).then_some(*ours)
+}
+
+/// Records where `handle` has libibverbs' functions, for those the shim has not found yet
+/// (in the version the shim's own resolution prefers).
+fn learn(real: DlsymFn, handle: *mut c_void, table: &[Interposed]) {
+    for (name, _, cache) in table {
+        // SAFETY: a handle the application just used, NUL-terminated names.
+        let p = unsafe {
+            let p = libc::dlvsym(handle, name.as_ptr(), c"IBVERBS_1.1".as_ptr());
+            if p.is_null() {
+                real(handle, name.as_ptr())
+            } else {
+                p
+            }
+        };
+        let _ = cache.compare_exchange(0, p as usize, Release, Acquire);
+    }
+}
+
+/// A libibverbs function the shim exports: its name, the shim's own, where the shim keeps
+/// libibverbs' version.
+type Interposed = (&'static CStr, usize, &'static AtomicUsize);
+
+fn interposed() -> [Interposed; 16] {
+    use crate as s;
+    let f = |p: *const ()| p as usize;
+    [
+        (
+            c"ibv_open_device",
+            f(s::ibv_open_device as *const ()),
+            &s::REAL_OPEN,
+        ),
+        (
+            c"ibv_close_device",
+            f(s::ibv_close_device as *const ()),
+            &s::REAL_CLOSE,
+        ),
+        (
+            c"ibv_create_qp",
+            f(s::ibv_create_qp as *const ()),
+            &s::REAL_CREATE_QP,
+        ),
+        (
+            c"ibv_modify_qp",
+            f(s::ibv_modify_qp as *const ()),
+            &s::REAL_MODIFY_QP,
+        ),
+        (
+            c"ibv_destroy_qp",
+            f(s::ibv_destroy_qp as *const ()),
+            &s::REAL_DESTROY_QP,
+        ),
+        (
+            c"ibv_query_qp",
+            f(s::ibv_query_qp as *const ()),
+            &s::REAL_QUERY_QP,
+        ),
+        (
+            c"ibv_qp_to_qp_ex",
+            f(extended::ibv_qp_to_qp_ex as *const ()),
+            &extended::REAL_QP_TO_QP_EX,
+        ),
+        (
+            c"ibv_create_cq",
+            f(s::ibv_create_cq as *const ()),
+            &vcq::REAL_CREATE_CQ,
+        ),
+        (
+            c"ibv_destroy_cq",
+            f(s::ibv_destroy_cq as *const ()),
+            &vcq::REAL_DESTROY_CQ,
+        ),
+        (
+            c"ibv_resize_cq",
+            f(s::ibv_resize_cq as *const ()),
+            &vcq::REAL_RESIZE_CQ,
+        ),
+        (
+            c"ibv_create_comp_channel",
+            f(s::ibv_create_comp_channel as *const ()),
+            &vcq::REAL_CREATE_CHANNEL,
+        ),
+        (
+            c"ibv_destroy_comp_channel",
+            f(s::ibv_destroy_comp_channel as *const ()),
+            &vcq::REAL_DESTROY_CHANNEL,
+        ),
+        (
+            c"ibv_get_cq_event",
+            f(s::ibv_get_cq_event as *const ()),
+            &vcq::REAL_GET_EVENT,
+        ),
+        (
+            c"ibv_ack_cq_events",
+            f(s::ibv_ack_cq_events as *const ()),
+            &vcq::REAL_ACK,
+        ),
+        (
+            c"ibv_get_async_event",
+            f(s::ibv_get_async_event as *const ()),
+            &s::REAL_GET_ASYNC,
+        ),
+        (
+            c"ibv_ack_async_event",
+            f(s::ibv_ack_async_event as *const ()),
+            &s::REAL_ACK_ASYNC,
+        ),
+    ]
+}
