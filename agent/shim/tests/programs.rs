@@ -659,7 +659,8 @@ fn programs_that_dlopen_libibverbs_are_governed() {
     let run = Run::new("dl-verbs");
     run.up(&["--hosts", "1"]);
     let bin = compile_c_with(&run, "tests/c/dl_verbs.c", &[]);
-    let cases: [(&str, bool, &[(&str, &str)]); 3] = [
+    type Env<'a> = &'a [(&'a str, &'a str)];
+    let cases: [(&str, bool, Env); 3] = [
         ("bare device", false, &[]),
         ("through the shim", true, &[]),
         ("2 active QPs", true, &[("DRUM_SHIM_MAX_ACTIVE_QPS", "2")]),
