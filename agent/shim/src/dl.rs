@@ -2,7 +2,8 @@
 //! `dlsym` (NCCL does, often with `RTLD_LOCAL`) bypass every symbol the shim exports: the
 //! handle gives them libibverbs' own `ibv_open_device`, so their contexts are never governed.
 //! The shim therefore exports `dlsym` too. A lookup through a handle of one of the functions
-//! the shim interposes, which finds libibverbs' own, gets the shim's instead — and the shim
+//! the shim interposes (`mlx5dv_init_obj` included, which programs that load libmlx5
+//! themselves look up so), which finds the library's own, gets the shim's instead — and the shim
 //! learns from that handle where libibverbs' functions are, since `RTLD_NEXT` cannot see a
 //! library loaded with `RTLD_LOCAL`.
 //!
@@ -105,7 +106,7 @@ unsafe extern "C" fn lookup(handle: *mut c_void, name: *const c_char) -> *mut c_
 
 /// The shim's function for `name` when `found` is libibverbs' version of it.
 fn substitute(real: DlsymFn, handle: *mut c_void, name: &CStr, found: usize) -> Option<usize> {
-    if !name.to_bytes().starts_with(b"ibv_") {
+    if !name.to_bytes().starts_with(b"ibv_") && name != c"mlx5dv_init_obj" {
         return None;
     }
     let table = interposed();
@@ -136,11 +137,11 @@ fn learn(real: DlsymFn, handle: *mut c_void, table: &[Interposed]) {
     }
 }
 
-/// A libibverbs function the shim exports: its name, the shim's own, where the shim keeps
-/// libibverbs' version.
+/// A function of libibverbs (or of libmlx5, for direct verbs) that the shim exports: its
+/// name, the shim's own, where the shim keeps the library's version.
 type Interposed = (&'static CStr, usize, &'static AtomicUsize);
 
-fn interposed() -> [Interposed; 16] {
+fn interposed() -> [Interposed; 17] {
     use crate as s;
     let f = |p: *const ()| p as usize;
     [
@@ -223,6 +224,11 @@ fn interposed() -> [Interposed; 16] {
             c"ibv_ack_async_event",
             f(s::ibv_ack_async_event as *const ()),
             &s::REAL_ACK_ASYNC,
+        ),
+        (
+            c"mlx5dv_init_obj",
+            f(crate::direct::mlx5dv_init_obj as *const ()),
+            &crate::direct::REAL_INIT_OBJ,
         ),
     ]
 }

@@ -20,6 +20,7 @@
 
 pub mod counters;
 mod cq_ex;
+mod direct;
 #[cfg(target_arch = "x86_64")]
 mod dl;
 mod engine;
@@ -155,6 +156,7 @@ pub(crate) enum Trouble {
     Extended = 8192,
     Completions = 16384,
     WrApi = 32768,
+    DirectVerbs = 65536,
 }
 
 static WARNED: AtomicU32 = AtomicU32::new(0);

@@ -352,6 +352,46 @@ fn program_without_verbs_is_unaffected() {
     assert!(out.stderr.is_empty(), "{}", text(&out));
 }
 
+/// Direct verbs bypass the shim and are reported, not hidden: our program
+/// `tests/c/direct_verbs.c` calls `mlx5dv_init_obj` of a stand-in library
+/// (`tests/c/fake_mlx5dv.c`) for a QP (linked), a CQ (through `dlopen` and `dlsym`) and a PD.
+/// Through the shim every call reaches the library with its answer unchanged, the shim says
+/// once that direct verbs are not governed, and counts the two that hand out queues.
+#[test]
+fn direct_verbs_are_forwarded_and_reported() {
+    let run = Run::new("direct-verbs");
+    let lib = compile_c_with(&run, "tests/c/fake_mlx5dv.c", &["-shared", "-fPIC"]);
+    let bin = compile_c_with(&run, "tests/c/direct_verbs.c", &[lib.as_str()]);
+    let go = |preload: bool| {
+        let mut c = Command::new(&bin);
+        c.arg(&lib).env_remove("LD_PRELOAD");
+        if preload {
+            c.env("LD_PRELOAD", shim()).env("DRUM_SHIM_LOG", "1");
+        }
+        run_timeout(&mut c, Duration::from_secs(10))
+    };
+    let (bare, shimmed) = (go(false), go(true));
+    for (who, out) in [("bare", &bare), ("through the shim", &shimmed)] {
+        assert_ok(out, who);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "direct 41 42 104\n",
+            "{who}"
+        );
+    }
+    let err = String::from_utf8_lossy(&shimmed.stderr);
+    assert_eq!(
+        err.matches("mlx5dv_init_obj (direct verbs)").count(),
+        1,
+        "{err}"
+    );
+    assert_eq!(
+        summary(&shimmed, "direct_verbs")["extended_verbs"],
+        2,
+        "{err}"
+    );
+}
+
 /// The pacer (`DRUM_SHIM_RATE_WQE_PER_S`) holds an unmodified `ib_write_bw` to the granted
 /// WQE rate: perftest's own message rate is within 5 % of it (never above; see
 /// [`assert_holds_grant`] for the floor), while the same run without a rate is far faster.

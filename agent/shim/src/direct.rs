@@ -1,0 +1,42 @@
+//! Direct verbs (`mlx5dv`): a program that asks for the hardware queues of a QP or CQ with
+//! `mlx5dv_init_obj` then posts and polls them itself, past `ctx->ops` and so past the shim.
+//! That cannot be governed; the shim exports `mlx5dv_init_obj` to say so (once, and counted
+//! as `extended_verbs`) and forwards the call unchanged. Other providers' direct verbs are
+//! not detected.
+
+use crate::{extended, real_as, warn_once, Trouble};
+use libc::{c_int, c_void};
+use std::panic::catch_unwind;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+/// libmlx5's `mlx5dv_init_obj`.
+pub(crate) static REAL_INIT_OBJ: AtomicUsize = AtomicUsize::new(0);
+
+/// `MLX5DV_OBJ_QP | MLX5DV_OBJ_CQ | MLX5DV_OBJ_SRQ | MLX5DV_OBJ_RWQ`: the objects whose
+/// queues a program can then work directly.
+const QUEUES: u64 = 0b1111;
+
+type InitObjFn = unsafe extern "C" fn(*mut c_void, u64) -> c_int;
+
+/// Interposes `mlx5dv_init_obj`: reported when it hands out queues, then forwarded.
+///
+/// # Safety
+/// Called by C code with the real function's arguments.
+#[no_mangle]
+pub unsafe extern "C" fn mlx5dv_init_obj(obj: *mut c_void, obj_type: u64) -> c_int {
+    if obj_type & QUEUES != 0 {
+        let _ = catch_unwind(|| {
+            extended::USES.fetch_add(1, Relaxed);
+            warn_once(
+                Trouble::DirectVerbs,
+                "the application takes hardware queues with mlx5dv_init_obj (direct verbs), \
+                 which bypass the shim: their traffic is not governed",
+            );
+        });
+    }
+    match real_as::<InitObjFn>(c"mlx5dv_init_obj", &REAL_INIT_OBJ) {
+        // SAFETY: forwarding unchanged.
+        Some(f) => unsafe { f(obj, obj_type) },
+        None => libc::EOPNOTSUPP,
+    }
+}
