@@ -1,8 +1,9 @@
 //! The shim's engine thread, one per process, started with the first governed context:
 //! it attaches to the host's agent (and re-attaches after the agent restarts), applies the
 //! agent's grant, reports the app's counters into the shared table, sends the app's events,
-//! rotates the gate's slots, collects completions from the dedicated CQs into the virtual
-//! ones, and drains the software send queues at the granted rate.
+//! rotates the gate's slots, collects completions the application leaves in the dedicated
+//! CQs while QPs wait for a gate slot, and drains the software send queues at the granted
+//! rate.
 //!
 //! Fail-open: without an agent (none running, connection lost, heartbeat stopped, table
 //! invalid) the grant is the environment's static one, normally none, so the application
@@ -242,7 +243,10 @@ impl Engine {
             }
             self.send_events();
             self.rotate(now);
-            collect();
+            let gated = gate_has_waiters();
+            if gated {
+                collect();
+            }
             let sleep = match drain() {
                 Some(ps) => Duration::from_nanos(ps / 1000).min(MAX_WAIT),
                 None => self
@@ -250,7 +254,7 @@ impl Engine {
                     .saturating_duration_since(Instant::now())
                     .max(Duration::from_micros(100)),
             };
-            let sleep = if gate_has_waiters() {
+            let sleep = if gated {
                 sleep.min(GATED_COLLECT)
             } else {
                 sleep
@@ -383,8 +387,8 @@ impl Engine {
     }
 }
 
-/// Moves completions from the dedicated CQs into the virtual ones and follows them (the
-/// gate hands slots on), whether or not the application polls.
+/// Moves completions from the dedicated CQs their applications leave alone into the
+/// virtual ones and follows them, so the gate hands slots on while QPs wait for one.
 fn collect() {
     let _g = COLD.lock();
     crate::vcq::harvest();

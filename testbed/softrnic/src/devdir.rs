@@ -1,5 +1,5 @@
-//! The device nodes libibverbs and librdmacm require, `/dev/infiniband/uverbs0` and
-//! `/dev/infiniband/rdma_cm`, made visible only to the program `exec` runs, in a private mount
+//! The device nodes libibverbs and librdmacm require, `/dev/infiniband/uverbs0` (and
+//! `uverbs1`… for the further devices of `up --devices`) and `/dev/infiniband/rdma_cm`, made visible only to the program `exec` runs, in a private mount
 //! namespace. Libibverbs accepts any character device
 //! there (sysfs says `dev 0:0`); we use 1:7, the kernel's "full" device: opening succeeds,
 //! ioctl() fails with ENOTTY so libibverbs falls back to its sysfs paths, and any kernel command
@@ -13,10 +13,18 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
+use crate::device;
+
 pub const DEVDIR: &str = "/dev/infiniband";
 /// The verbs device and the RDMA CM's device; the provider turns an open of the latter into an
 /// RDMA CM channel (`crate::rdma_cm`).
-const NODES: [&str; 2] = ["uverbs0", "rdma_cm"];
+/// Every device a host may offer gets its node, whether or not the run has it: libibverbs
+/// opens only those its sysfs tree lists.
+fn nodes() -> impl Iterator<Item = String> {
+    (0..device::MAX_DEVICES)
+        .map(device::uverbs_name)
+        .chain(["rdma_cm".to_string()])
+}
 
 fn cstr(s: &str) -> Result<CString> {
     Ok(CString::new(s)?)
@@ -72,7 +80,7 @@ pub fn private_devdir_root() -> Result<()> {
         libc::MS_NOSUID | libc::MS_NOEXEC,
         Some("mode=0755,size=64k"),
     )?;
-    for name in NODES {
+    for name in nodes() {
         let node = cstr(&format!("{DEVDIR}/{name}"))?;
         // SAFETY: valid NUL-terminated path.
         if unsafe { libc::mknod(node.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 7)) } != 0 {
@@ -118,7 +126,7 @@ pub fn private_devdir_userns(stage: &Path) -> Result<()> {
     }
     let ib = stage.join("infiniband");
     fs::create_dir(&ib)?;
-    for name in NODES {
+    for name in nodes() {
         bind(Path::new("/dev/full"), &ib.join(name), false)?;
     }
     mount(st, "/dev", None, libc::MS_MOVE, None)

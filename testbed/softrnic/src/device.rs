@@ -7,10 +7,20 @@ use std::net::Ipv4Addr;
 
 use crate::ffi::{consts::*, IbvDeviceAttr, IbvPortAttr};
 
-/// Kernel-side name of the device (as in /sys/class/infiniband).
+/// Kernel-side name of a host's first device (as in /sys/class/infiniband).
 pub const IBDEV_NAME: &str = "softrnic0";
-/// Name of the uverbs node (as in /sys/class/infiniband_verbs and /dev/infiniband).
-pub const UVERBS_NAME: &str = "uverbs0";
+/// Most devices a host offers (`softrnic up --devices`): functions of its one NIC.
+pub const MAX_DEVICES: usize = 4;
+
+/// Kernel-side name of device `i` of a host.
+pub fn ibdev_name(i: usize) -> String {
+    format!("softrnic{i}")
+}
+
+/// Name of device `i`'s uverbs node (as in /sys/class/infiniband_verbs and /dev/infiniband).
+pub fn uverbs_name(i: usize) -> String {
+    format!("uverbs{i}")
+}
 /// uverbs ABI version written to sysfs (rdma-core 44 accepts the provider's min..max).
 pub const UVERBS_ABI: u32 = 6;
 /// The UDP port the engines listen on (RoCEv2's port, on the emulated hosts' addresses).
@@ -160,8 +170,13 @@ pub fn parse_gid_sysfs(s: &str) -> Option<[u8; 16]> {
 
 /// Node GUID derived from the host address (EUI-64 style, locally administered).
 pub fn node_guid(ip: Ipv4Addr) -> u64 {
+    device_guid(ip, 0)
+}
+
+/// The node GUID of device `i` of the host at `ip` (device 0's is [`node_guid`]).
+pub fn device_guid(ip: Ipv4Addr, i: usize) -> u64 {
     let o = ip.octets();
-    u64::from_be_bytes([0x02, 0x53, 0x52, 0xff, o[0], o[1], o[2], o[3]])
+    u64::from_be_bytes([0x02, 0x53, 0x52, 0xff - i as u8, o[0], o[1], o[2], o[3]])
 }
 
 /// sysfs form of a GUID (`xxxx:xxxx:xxxx:xxxx`).

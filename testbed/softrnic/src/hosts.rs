@@ -201,14 +201,19 @@ fn provider_lib() -> Result<PathBuf> {
     Ok(p)
 }
 
-/// Write the sysfs tree libibverbs reads for one host.
-pub fn write_sysfs(root: &Path, ip: Ipv4Addr, engine_socket: &Path, mtu: u32) -> Result<()> {
+/// Write the sysfs tree libibverbs reads for one host: `devices` devices, functions of its
+/// one NIC (one engine, one port, one GID), told apart by their names, uverbs nodes and GUIDs.
+pub fn write_sysfs(
+    root: &Path,
+    ip: Ipv4Addr,
+    engine_socket: &Path,
+    mtu: u32,
+    devices: usize,
+) -> Result<()> {
     let verbs = root.join("class/infiniband_verbs");
-    let uv = verbs.join(device::UVERBS_NAME);
-    let ib = root.join("class/infiniband").join(device::IBDEV_NAME);
     let port = device::port_dir(root);
     for d in [
-        &uv,
+        &verbs,
         &port.join("gids"),
         &port.join("gid_attrs/types"),
         &port.join("pkeys"),
@@ -220,10 +225,6 @@ pub fn write_sysfs(root: &Path, ip: Ipv4Addr, engine_socket: &Path, mtu: u32) ->
         verbs.join("abi_version"),
         &format!("{}\n", device::UVERBS_ABI),
     )?;
-    w(uv.join("ibdev"), &format!("{}\n", device::IBDEV_NAME))?;
-    // dev 0:0: libibverbs then accepts whatever character device /dev/infiniband/uverbs0 is.
-    w(uv.join("dev"), "0:0\n")?;
-    w(uv.join("abi_version"), &format!("{}\n", device::UVERBS_ABI))?;
     // librdmacm reads the RDMA CM's ABI version here when RDMA netlink is not there.
     let cm = root.join("class/misc/rdma_cm");
     fs::create_dir_all(&cm)?;
@@ -231,20 +232,35 @@ pub fn write_sysfs(root: &Path, ip: Ipv4Addr, engine_socket: &Path, mtu: u32) ->
         cm.join("abi_version"),
         &format!("{}\n", crate::rdma_cm::abi::ABI_VERSION),
     )?;
-    w(ib.join("node_type"), "1: CA\n")?;
-    let guid = device::guid_sysfs(device::node_guid(ip));
-    w(ib.join("node_guid"), &format!("{guid}\n"))?;
-    w(ib.join("sys_image_guid"), &format!("{guid}\n"))?;
-    w(ib.join("fw_ver"), &format!("{}\n", device::FW_VER))?;
-    w(ib.join("hca_type"), "softrnic\n")?;
-    w(ib.join("board_id"), "SOFTRNIC-0001\n")?;
-    w(
-        ib.join("softrnic_engine_socket"),
-        &format!("{}\n", engine_socket.display()),
-    )?;
+    for i in 0..devices {
+        let uv = verbs.join(device::uverbs_name(i));
+        let ib = root.join("class/infiniband").join(device::ibdev_name(i));
+        fs::create_dir_all(&uv)?;
+        fs::create_dir_all(&ib)?;
+        w(uv.join("ibdev"), &format!("{}\n", device::ibdev_name(i)))?;
+        // dev 0:0: libibverbs then accepts whatever character device /dev/infiniband/uverbsN is.
+        w(uv.join("dev"), "0:0\n")?;
+        w(uv.join("abi_version"), &format!("{}\n", device::UVERBS_ABI))?;
+        w(ib.join("node_type"), "1: CA\n")?;
+        let guid = device::guid_sysfs(device::device_guid(ip, i));
+        w(ib.join("node_guid"), &format!("{guid}\n"))?;
+        let image = device::guid_sysfs(device::node_guid(ip));
+        w(ib.join("sys_image_guid"), &format!("{image}\n"))?;
+        w(ib.join("fw_ver"), &format!("{}\n", device::FW_VER))?;
+        w(ib.join("hca_type"), "softrnic\n")?;
+        w(ib.join("board_id"), "SOFTRNIC-0001\n")?;
+        w(
+            ib.join("softrnic_engine_socket"),
+            &format!("{}\n", engine_socket.display()),
+        )?;
+        // The port MTU of the NIC model (bytes), reported by query_port as the active MTU.
+        w(ib.join("softrnic_mtu"), &format!("{mtu}\n"))?;
+        if i > 0 {
+            // The NIC's one port: its state (which `link` writes) is every device's.
+            symlink(format!("../{}/ports", device::IBDEV_NAME), ib.join("ports"))?;
+        }
+    }
     let gid = device::gid_sysfs(&device::gid_for(ip));
-    // The port MTU of the NIC model (bytes), reported by query_port as the active MTU.
-    w(ib.join("softrnic_mtu"), &format!("{mtu}\n"))?;
     w(port.join("gids/0"), &format!("{gid}\n"))?;
     w(port.join("gid_attrs/types/0"), "RoCE v2\n")?;
     w(port.join("pkeys/0"), "0xffff\n")?;
@@ -478,6 +494,7 @@ fn root_namespaces(tag: &str, n: usize) -> Result<Vec<String>> {
 pub fn up(
     run: &Path,
     n: usize,
+    devices: usize,
     loopback: bool,
     faults: &UpFaults,
     nic: &NicConfig,
@@ -485,6 +502,9 @@ pub fn up(
 ) -> Result<RunState> {
     if n == 0 || n > 200 {
         bail!("--hosts must be between 1 and 200");
+    }
+    if devices == 0 || devices > device::MAX_DEVICES {
+        bail!("--devices must be between 1 and {}", device::MAX_DEVICES);
     }
     nic.validate()?;
     for l in &faults.links {
@@ -555,7 +575,7 @@ pub fn up(
             let dir = run.join("hosts").join(&h.name);
             fs::create_dir_all(&dir)?;
             let sock = dir.join("engine.sock");
-            write_sysfs(&dir.join("sys"), h.ip, &sock, nic.mtu)?;
+            write_sysfs(&dir.join("sys"), h.ip, &sock, nic.mtu, devices)?;
             let log = fs::File::create(dir.join("engine.log"))?;
             let mut cmd = Command::new(&exe);
             cmd.arg("--run-dir")
@@ -748,6 +768,7 @@ mod tests {
             Ipv4Addr::new(10, 77, 0, 1),
             Path::new("/x/engine.sock"),
             2048,
+            2,
         )
         .unwrap();
         let r = |p: &str| fs::read_to_string(d.join(p)).unwrap();
@@ -758,6 +779,17 @@ mod tests {
             r("class/infiniband/softrnic0/ports/1/gids/0"),
             "0000:0000:0000:0000:0000:ffff:0a4d:0001\n"
         );
+        // A second function of the same NIC: its own name, node and GUID, the same port.
+        assert_eq!(r("class/infiniband_verbs/uverbs1/ibdev"), "softrnic1\n");
+        assert_eq!(
+            r("class/infiniband/softrnic1/node_guid"),
+            "0253:52fe:0a4d:0001\n"
+        );
+        assert_eq!(
+            r("class/infiniband/softrnic1/ports/1/gids/0"),
+            r("class/infiniband/softrnic0/ports/1/gids/0")
+        );
+        assert!(!d.join("class/infiniband/softrnic2").exists());
         fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -29,6 +29,10 @@ enum Cmd {
     Up {
         #[arg(long, default_value_t = 2)]
         hosts: usize,
+        /// RDMA devices per host (softrnic0, softrnic1, …; at most 4): functions of the host's
+        /// one NIC, sharing its engine, port and GID.
+        #[arg(long, default_value_t = 1)]
+        devices: usize,
         /// Use loopback addresses even where network namespaces could be created.
         #[arg(long)]
         loopback: bool,
@@ -145,6 +149,7 @@ fn main() -> Result<()> {
     match cli.cmd {
         Cmd::Up {
             hosts: n,
+            devices,
             loopback,
             loss,
             dup,
@@ -178,7 +183,7 @@ fn main() -> Result<()> {
                 },
                 links: link_faults,
             };
-            let st = hosts::up(&run, n, loopback, &f, &nic, !no_gso)?;
+            let st = hosts::up(&run, n, devices, loopback, &f, &nic, !no_gso)?;
             for h in &st.hosts {
                 println!(
                     "{} {} {}",

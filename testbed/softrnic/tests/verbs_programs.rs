@@ -80,6 +80,54 @@ fn devices_visible_to_unmodified_ibv_devices_and_devinfo() {
     }
 }
 
+/// `up --devices 2`: each host offers softrnic0 and softrnic1 (functions of its one NIC:
+/// their own names and GUIDs, one port and GID), unmodified `ibv_devices` lists both, and
+/// `ibv_rc_pingpong -d softrnic1` checks its data between the hosts' second devices; more
+/// devices than a host may have are refused.
+#[test]
+fn hosts_offer_several_devices() {
+    require_privileges!();
+    let run = Run::new("devices");
+    let out = run_timeout(
+        run.cmd().args(["up", "--hosts", "1", "--devices", "5"]),
+        Duration::from_secs(60),
+    );
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("--devices must be between 1 and 4"),
+        "{}",
+        text(&out)
+    );
+    run.up(&["--hosts", "2", "--devices", "2"]);
+    let out = run_timeout(
+        &mut run.exec("h1", &["ibv_devices"]),
+        Duration::from_secs(20),
+    );
+    let s = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "softrnic0",
+        "025352ff0a4d0001",
+        "softrnic1",
+        "025352fe0a4d0001",
+    ] {
+        assert!(s.contains(want), "missing {want:?} in:\n{s}");
+    }
+    pairs_succeed(
+        &run,
+        &[&[
+            "ibv_rc_pingpong",
+            "-d",
+            "softrnic1",
+            "-g",
+            "0",
+            "-c",
+            "-n",
+            "200",
+        ]],
+        "200 iters",
+    );
+}
+
 #[test]
 fn device_is_invisible_outside_exec() {
     require_privileges!();
