@@ -1,9 +1,8 @@
 //! The shim's engine thread, one per process, started with the first governed context:
 //! it attaches to the host's agent (and re-attaches after the agent restarts), applies the
 //! agent's grant, reports the app's counters into the shared table, sends the app's events,
-//! rotates the gate's slots, collects completions the application leaves in the dedicated
-//! CQs while QPs wait for a gate slot, and drains the software send queues at the granted
-//! rate.
+//! rotates the gate's slots, collects the completions the application leaves in the
+//! dedicated CQs, and drains the software send queues at the granted rate.
 //!
 //! Fail-open: without an agent (none running, connection lost, heartbeat stopped, table
 //! invalid) the grant is the environment's static one, normally none, so the application
@@ -243,10 +242,8 @@ impl Engine {
             }
             self.send_events();
             self.rotate(now);
+            collect();
             let gated = gate_has_waiters();
-            if gated {
-                collect();
-            }
             let sleep = match drain() {
                 Some(ps) => Duration::from_nanos(ps / 1000).min(MAX_WAIT),
                 None => self
@@ -388,7 +385,8 @@ impl Engine {
 }
 
 /// Moves completions from the dedicated CQs their applications leave alone into the
-/// virtual ones and follows them, so the gate hands slots on while QPs wait for one.
+/// virtual ones and follows them, so the gate hands slots on (and the agent sees them)
+/// while the application does not poll.
 fn collect() {
     let _g = COLD.lock();
     crate::vcq::harvest();

@@ -33,12 +33,13 @@ impl<T> SpinLock<T> {
         SpinGuard(self)
     }
 
-    /// The lock if it is free now; `None` instead of waiting.
+    /// The lock if it is free now; `None` instead of waiting. (The guard is made only when
+    /// the lock was taken: a guard made and dropped on failure would release the holder's.)
     pub fn try_lock(&self) -> Option<SpinGuard<'_, T>> {
         self.held
             .compare_exchange(false, true, Acquire, Relaxed)
-            .is_ok()
-            .then_some(SpinGuard(self))
+            .ok()
+            .map(|_| SpinGuard(self))
     }
 
     /// For fork handlers: acquire without a guard; pair with [`SpinLock::release`].
@@ -75,5 +76,24 @@ impl<T> DerefMut for SpinGuard<'_, T> {
 impl<T> Drop for SpinGuard<'_, T> {
     fn drop(&mut self) {
         self.0.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `try_lock` that fails leaves the lock to its holder.
+    #[test]
+    fn a_failed_try_lock_leaves_the_lock_held() {
+        let l = SpinLock::new(0u32);
+        let held = l.lock();
+        assert!(l.try_lock().is_none());
+        assert!(
+            l.try_lock().is_none(),
+            "the failed try_lock released the holder's lock"
+        );
+        drop(held);
+        assert!(l.try_lock().is_some());
     }
 }

@@ -11,9 +11,8 @@
 //!
 //! * polling: the application's own `ibv_poll_cq` moves completions from the dedicated CQ,
 //!   as many as the grant admits — no thread hop, so a busy poller's latency is unchanged;
-//! * collection: while QPs wait for a gate slot, the shim's engine thread moves them into
-//!   the ring of a virtual CQ its application leaves alone ([`harvest`]), so the gate sees
-//!   work complete even then;
+//! * collection: the shim's engine thread moves them into the ring of a virtual CQ its
+//!   application leaves alone ([`harvest`]), so the gate sees work complete even then;
 //! * events: the application's completion channel is the shim's. Its `fd` is an epoll fd
 //!   watching the real channel (where the dedicated CQs' events arrive), an eventfd for
 //!   events the shim raises, and a timerfd, so `poll`/`epoll` on it work as on a real
@@ -732,10 +731,6 @@ impl Vcq {
     /// The engine thread's pass over this virtual CQ (see [`harvest`]): moves what the
     /// grant admits into the ring, marked followed, and returns it to be followed.
     fn collect(&self) -> Vec<IbvWc> {
-        let since = govern::now_ps().saturating_sub(self.app_polled_ps.load(Relaxed));
-        if since < LEFT_ALONE_PS {
-            return Vec::new();
-        }
         let Some(mut inner) = self.inner.try_lock() else {
             // The application is polling it at this moment.
             return Vec::new();
@@ -802,14 +797,12 @@ const LEFT_ALONE_PS: u64 = 2_000_000_000;
 /// The engine thread's collection has failed once: applications' polls collect alone.
 static HARVEST_OFF: AtomicBool = AtomicBool::new(false);
 
-/// The engine thread's pass, while QPs wait for a gate slot, over every virtual CQ that its
-/// application has not polled for [`LEFT_ALONE_PS`]: moves what the polling grant admits
-/// from the dedicated CQ (and from the application's own, for what reaches it directly)
-/// into the ring and follows it at once, so that the gate hands slots on while the
-/// application is not polling. A polling application moves its completions itself: no
-/// thread hop on a busy poller's path, and no second consumer of its CQs (with one, on
-/// every pass, a busy-polling test program saw receive completions overtaken, about one run
-/// in five; a fault this avoids rather than explains — see docs/shim.md).
+/// The engine thread's pass over every virtual CQ that its application has not polled for
+/// [`LEFT_ALONE_PS`]: moves what the polling grant admits from the dedicated CQ (and from
+/// the application's own, for what reaches it directly) into the ring and follows it at
+/// once, so that the gate hands slots on, and the agent's counters see completions, while
+/// the application is not polling. A polling application moves its completions itself: no
+/// thread hop on a busy poller's path, and no contention for its CQs.
 ///
 /// Called with the cold lock held, which keeps the contexts open.
 pub fn harvest() {
@@ -825,7 +818,11 @@ pub fn harvest() {
                 .collect(),
             None => return,
         };
+        let now = govern::now_ps();
         for v in all {
+            if now.saturating_sub(v.app_polled_ps.load(Relaxed)) < LEFT_ALONE_PS {
+                continue;
+            }
             // A context closed with its CQs still alive: they are not to be touched.
             if let Some(st) = crate::lookup(v.ctx as *mut IbvContext) {
                 crate::follow(st, &v.collect());
@@ -1291,12 +1288,16 @@ mod tests {
     }
 
     fn vcq(app: usize) -> Arc<Vcq> {
+        vcq_with(app, fake_poll)
+    }
+
+    fn vcq_with(app: usize, poll: PollCqFn) -> Arc<Vcq> {
         Arc::new(Vcq {
             app,
             dedicated: app + 8,
             ctx: 0,
             extended: false,
-            poll: fake_poll,
+            poll,
             notify: None,
             capacity: AtomicUsize::new(16),
             app_polled_ps: AtomicU64::new(0),
@@ -1325,6 +1326,63 @@ mod tests {
         index_remove(a.app);
         index_remove(b.app);
         assert!(find(a.app as *mut IbvCq).is_none());
+    }
+
+    /// A CQ fed by a producer thread, shared by every thread (the fake provider above is
+    /// per thread).
+    static SHARED: std::sync::Mutex<VecDeque<u64>> = std::sync::Mutex::new(VecDeque::new());
+
+    unsafe extern "C" fn shared_poll(_: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c_int {
+        let mut q = SHARED.lock().unwrap();
+        let mut k = 0;
+        while k < n {
+            let Some(id) = q.pop_front() else { break };
+            // SAFETY: the caller's array holds n entries.
+            unsafe {
+                wc.add(k as usize).write(IbvWc {
+                    wr_id: id,
+                    ..IbvWc::default()
+                })
+            };
+            k += 1;
+        }
+        k
+    }
+
+    /// The application polling while the engine thread collects: every completion reaches
+    /// the application once, in order.
+    #[test]
+    fn collecting_beside_a_poller_keeps_order() {
+        let v = vcq_with(0x5000_0000, shared_poll);
+        let total = 200_000u64;
+        let producer = std::thread::spawn(move || {
+            for i in 0..total {
+                SHARED.lock().unwrap().push_back(i);
+                if i % 64 == 0 {
+                    std::thread::yield_now();
+                }
+            }
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let (v2, stop2) = (v.clone(), stop.clone());
+        let collector = std::thread::spawn(move || {
+            while !stop2.load(Relaxed) {
+                v2.collect();
+            }
+        });
+        let mut next = 0;
+        let mut wc = [IbvWc::default(); 32];
+        while next < total {
+            // SAFETY: an array of 32.
+            let p = unsafe { v.poll(32, wc.as_mut_ptr()) };
+            for w in &wc[..p.rc.max(0) as usize] {
+                assert_eq!(w.wr_id, next, "out of order");
+                next += 1;
+            }
+        }
+        stop.store(true, Relaxed);
+        producer.join().unwrap();
+        collector.join().unwrap();
     }
 
     /// An error completion the shim makes comes after the completions of earlier WRs that

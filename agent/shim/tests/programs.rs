@@ -638,7 +638,10 @@ fn virtual_cqs_keep_what_applications_rely_on() {
             let s = summary(&out, who);
             let virtual_cqs = if env.is_empty() { 3 } else { 0 };
             assert_eq!(s["virtual_cqs"], virtual_cqs, "{who}: {s:?}");
-            assert_eq!(s["completions"], 2 * 2000, "{who}: {s:?}");
+            // The probe never polls the 4-entry CQ it overruns; the engine thread may have
+            // moved up to 4 of its completions into its ring (and counted them) first.
+            let c = s["completions"];
+            assert!((2 * 2000..=2 * 2000 + 4).contains(&c), "{who}: {s:?}");
             assert!(shim_complaints(&out).is_empty(), "{who}: {}", text(&out));
         }
     }
