@@ -699,33 +699,45 @@ fn programs_that_dlopen_libibverbs_are_governed() {
     let run = Run::new("dl-verbs");
     run.up(&["--hosts", "1"]);
     let bin = compile_c_with(&run, "tests/c/dl_verbs.c", &[]);
+    same_output_bare_and_governed(&run, &[&bin, "4", "100"], "dl ok\n", "2", (1, 2, 400, 800));
+}
+
+/// `args` on h1 on the bare device, through the shim, and through the shim under a grant of
+/// `k` active QPs: the same output each time; through the shim the summary shows the
+/// governed contexts, virtual CQs, sends and completions `want`s, and work queued only under
+/// the grant.
+fn same_output_bare_and_governed(
+    run: &Run,
+    args: &[&str],
+    output: &str,
+    k: &str,
+    want: (u64, u64, u64, u64),
+) {
+    let grant = [("DRUM_SHIM_MAX_ACTIVE_QPS", k)];
     type Env<'a> = &'a [(&'a str, &'a str)];
     let cases: [(&str, bool, Env); 3] = [
         ("bare device", false, &[]),
         ("through the shim", true, &[]),
-        ("2 active QPs", true, &[("DRUM_SHIM_MAX_ACTIVE_QPS", "2")]),
+        ("under a grant of active QPs", true, &grant),
     ];
     for (who, with_shim, env) in cases {
         let out = run_timeout(
-            &mut run.exec("h1", &[&bin, "4", "100"], with_shim, env),
+            &mut run.exec("h1", args, with_shim, env),
             Duration::from_secs(60),
         );
         assert_ok(&out, who);
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "dl ok\n", "{who}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), output, "{who}");
         if !with_shim {
             continue;
         }
         let s = summary(&out, who);
-        assert_eq!(
-            (s["governed_contexts"], s["virtual_cqs"]),
-            (1, 2),
-            "{who}: {s:?}"
+        let got = (
+            s["governed_contexts"],
+            s["virtual_cqs"],
+            s["send_wqes"],
+            s["completions"],
         );
-        assert_eq!(
-            (s["send_wqes"], s["completions"]),
-            (400, 800),
-            "{who}: {s:?}"
-        );
+        assert_eq!(got, want, "{who}: {s:?}");
         assert_eq!(s["deferred_wqes"] > 0, !env.is_empty(), "{who}: {s:?}");
         assert!(shim_complaints(&out).is_empty(), "{who}: {}", text(&out));
     }
@@ -742,40 +754,7 @@ fn contexts_of_two_devices_are_governed_together() {
     let run = Run::new("two-devices");
     run.up(&["--hosts", "1", "--devices", "2"]);
     let bin = compile_probe(&run, "two_devices");
-    type Env<'a> = &'a [(&'a str, &'a str)];
-    let cases: [(&str, bool, Env); 3] = [
-        ("bare devices", false, &[]),
-        ("through the shim", true, &[]),
-        ("1 active QP", true, &[("DRUM_SHIM_MAX_ACTIVE_QPS", "1")]),
-    ];
-    for (who, with_shim, env) in cases {
-        let out = run_timeout(
-            &mut run.exec("h1", &[&bin, "200"], with_shim, env),
-            Duration::from_secs(60),
-        );
-        assert_ok(&out, who);
-        assert_eq!(
-            String::from_utf8_lossy(&out.stdout),
-            "devices ok\n",
-            "{who}"
-        );
-        if !with_shim {
-            continue;
-        }
-        let s = summary(&out, who);
-        assert_eq!(
-            (s["governed_contexts"], s["virtual_cqs"]),
-            (2, 4),
-            "{who}: {s:?}"
-        );
-        assert_eq!(
-            (s["send_wqes"], s["completions"]),
-            (400, 800),
-            "{who}: {s:?}"
-        );
-        assert_eq!(s["deferred_wqes"] > 0, !env.is_empty(), "{who}: {s:?}");
-        assert!(shim_complaints(&out).is_empty(), "{who}: {}", text(&out));
-    }
+    same_output_bare_and_governed(&run, &[&bin, "200"], "devices ok\n", "1", (2, 4, 400, 800));
 }
 
 /// One of softrnic's checkers (`testbed/softrnic/tests/verify`) through the shim: its

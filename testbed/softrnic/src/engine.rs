@@ -700,13 +700,7 @@ unsafe fn cross_memory(
         };
         // SAFETY: the local iovec lies inside the caller's buffer (see the function's contract).
         let n = unsafe { op(pid, &local, 1, &remote, 1, 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if n == 0 {
-            return Err(io::Error::from_raw_os_error(libc::EFAULT));
-        }
-        done += n as usize;
+        done += moved(n)?;
     }
     Ok(())
 }
@@ -789,6 +783,16 @@ fn pieces(
     })
 }
 
+/// Bytes a `process_vm_readv`/`writev` call moved, or why it moved none (0: the remote
+/// range ended, as `EFAULT`).
+fn moved(n: isize) -> io::Result<usize> {
+    match n {
+        n if n < 0 => Err(io::Error::last_os_error()),
+        0 => Err(io::Error::from_raw_os_error(libc::EFAULT)),
+        n => Ok(n as usize),
+    }
+}
+
 /// Most iovecs one `process_vm_writev` takes (Linux's `IOV_MAX`).
 const IOV_MAX: usize = 1024;
 
@@ -810,13 +814,7 @@ fn write_mem_parts(pid: i32, addr: u64, parts: &[Payload]) -> io::Result<()> {
         let n = unsafe {
             libc::process_vm_writev(pid, iov.as_ptr(), iov.len() as libc::c_ulong, &remote, 1, 0)
         };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if n == 0 {
-            return Err(io::Error::from_raw_os_error(libc::EFAULT));
-        }
-        done += n as usize;
+        done += moved(n)?;
     }
     Ok(())
 }

@@ -29,6 +29,9 @@ static int (*destroy_qp)(struct ibv_qp *);
 static int (*modify_qp)(struct ibv_qp *, struct ibv_qp_attr *, int);
 static int (*query_gid)(struct ibv_context *, uint8_t, int, union ibv_gid *);
 
+#define LOOPBACK_MODIFY_QP modify_qp
+#include "loopback.h"
+
 static void die(const char *m) { fprintf(stderr, "dl_verbs: %s\n", m); exit(2); }
 
 static void *need(void *lib, const char *name) {
@@ -38,21 +41,8 @@ static void *need(void *lib, const char *name) {
 }
 
 static void connect_qp(struct ibv_qp *qp, uint32_t dest, const union ibv_gid *gid) {
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1 };
-	if (modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-		die("init");
-	memset(&a, 0, sizeof a);
-	a.qp_state = IBV_QPS_RTR; a.path_mtu = IBV_MTU_1024; a.dest_qp_num = dest; a.rq_psn = 1;
-	a.max_dest_rd_atomic = 1; a.min_rnr_timer = 12;
-	a.ah_attr.is_global = 1; a.ah_attr.grh.dgid = *gid; a.ah_attr.grh.hop_limit = 1; a.ah_attr.port_num = 1;
-	if (modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-			  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-		die("rtr");
-	memset(&a, 0, sizeof a);
-	a.qp_state = IBV_QPS_RTS; a.timeout = 14; a.retry_cnt = 7; a.rnr_retry = 7; a.sq_psn = 1; a.max_rd_atomic = 1;
-	if (modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-			  IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-		die("rts");
+	const char *failed = loopback_connect(qp, dest, gid, 0);
+	if (failed) die(failed);
 }
 
 static void fill(char *p, int q, int seq) {

@@ -418,35 +418,12 @@ fn nic_rig_mtu(cfg: NicConfig, n: usize, wrs: usize, path_mtu: i32) -> (State, V
         ) else {
             panic!()
         };
-        let mut a = QpAttrs {
-            qp_state: IBV_QPS_INIT,
-            port_num: 1,
+        let a = QpAttrs {
+            path_mtu,
+            dest_qp_num: 0x100 + i as u32,
             ..Default::default()
         };
-        let m = IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS;
-        st.modify_qp(qpn, m, &a).unwrap();
-        a.qp_state = IBV_QPS_RTR;
-        a.path_mtu = path_mtu;
-        a.is_global = 1;
-        a.dgid = device::gid_for(Ipv4Addr::LOCALHOST);
-        a.dest_qp_num = 0x100 + i as u32;
-        let rtr = IBV_QP_STATE
-            | IBV_QP_AV
-            | IBV_QP_PATH_MTU
-            | IBV_QP_DEST_QPN
-            | IBV_QP_RQ_PSN
-            | IBV_QP_MAX_DEST_RD_ATOMIC
-            | IBV_QP_MIN_RNR_TIMER;
-        st.modify_qp(qpn, rtr, &a).unwrap();
-        a.qp_state = IBV_QPS_RTS;
-        a.timeout = 14;
-        let rts = IBV_QP_STATE
-            | IBV_QP_TIMEOUT
-            | IBV_QP_RETRY_CNT
-            | IBV_QP_RNR_RETRY
-            | IBV_QP_SQ_PSN
-            | IBV_QP_MAX_QP_RD_ATOMIC;
-        st.modify_qp(qpn, rts, &a).unwrap();
+        to_rts(&mut st, qpn, a);
         let list = (0..wrs)
             .map(|k| SendWr {
                 xrc_srqn: 0,
@@ -2582,6 +2559,35 @@ fn a_paced_qp_sends_at_its_rate_and_others_are_not_held_up() {
     );
 }
 
+/// Takes `qpn` through INIT and RTR (to a peer on this host) to RTS, with `a`'s access
+/// flags, path MTU, destination QP and read/atomic depths.
+fn to_rts(st: &mut State, qpn: u32, mut a: QpAttrs) {
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    let init = IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS;
+    st.modify_qp(qpn, init, &a).unwrap();
+    a.qp_state = IBV_QPS_RTR;
+    a.is_global = 1;
+    a.dgid = device::gid_for(Ipv4Addr::LOCALHOST);
+    let rtr = IBV_QP_STATE
+        | IBV_QP_AV
+        | IBV_QP_PATH_MTU
+        | IBV_QP_DEST_QPN
+        | IBV_QP_RQ_PSN
+        | IBV_QP_MAX_DEST_RD_ATOMIC
+        | IBV_QP_MIN_RNR_TIMER;
+    st.modify_qp(qpn, rtr, &a).unwrap();
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = 14;
+    let rts = IBV_QP_STATE
+        | IBV_QP_TIMEOUT
+        | IBV_QP_RETRY_CNT
+        | IBV_QP_RNR_RETRY
+        | IBV_QP_SQ_PSN
+        | IBV_QP_MAX_QP_RD_ATOMIC;
+    st.modify_qp(qpn, rts, &a).unwrap();
+}
+
 /// Two RC QPs of one engine connected to each other (256-byte path MTU), on one PD, CQ and
 /// a 64 KiB MR in `buf` (remote access allowed), the second with a 1 KiB receive posted at
 /// 16 KiB. Returns the state, the QPs and the MR's keys; packets between the QPs go to
@@ -2635,38 +2641,15 @@ fn loopback_pair(buf: &mut [u8]) -> (State, [u32; 2], (u32, u32)) {
         *q = qpn;
     }
     for (me, peer) in [(qpns[0], qpns[1]), (qpns[1], qpns[0])] {
-        let mut a = QpAttrs {
-            qp_state: IBV_QPS_INIT,
-            port_num: 1,
+        let a = QpAttrs {
             access_flags: IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+            path_mtu: 1,
+            dest_qp_num: peer,
+            max_dest_rd_atomic: 4,
+            max_rd_atomic: 4,
             ..Default::default()
         };
-        let init = IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS;
-        st.modify_qp(me, init, &a).unwrap();
-        a.qp_state = IBV_QPS_RTR;
-        a.path_mtu = 1;
-        a.is_global = 1;
-        a.dgid = device::gid_for(Ipv4Addr::LOCALHOST);
-        a.dest_qp_num = peer;
-        a.max_dest_rd_atomic = 4;
-        let rtr = IBV_QP_STATE
-            | IBV_QP_AV
-            | IBV_QP_PATH_MTU
-            | IBV_QP_DEST_QPN
-            | IBV_QP_RQ_PSN
-            | IBV_QP_MAX_DEST_RD_ATOMIC
-            | IBV_QP_MIN_RNR_TIMER;
-        st.modify_qp(me, rtr, &a).unwrap();
-        a.qp_state = IBV_QPS_RTS;
-        a.timeout = 14;
-        a.max_rd_atomic = 4;
-        let rts = IBV_QP_STATE
-            | IBV_QP_TIMEOUT
-            | IBV_QP_RETRY_CNT
-            | IBV_QP_RNR_RETRY
-            | IBV_QP_SQ_PSN
-            | IBV_QP_MAX_QP_RD_ATOMIC;
-        st.modify_qp(me, rts, &a).unwrap();
+        to_rts(&mut st, me, a);
     }
     let recv = RecvWr {
         wr_id: 77,
