@@ -15,7 +15,7 @@
 //! untouched, and only a lookup through a real handle jumps to Rust. x86-64 only; elsewhere
 //! such applications stay ungoverned.
 
-use crate::{extended, vcq};
+use crate::{extended, vcq, DlsymFn};
 use libc::{c_char, c_void};
 use std::ffi::CStr;
 use std::panic::catch_unwind;
@@ -23,8 +23,6 @@ use std::sync::atomic::{AtomicUsize, Ordering::Acquire, Ordering::Release};
 
 /// The real `dlsym` (libc's), found on first use.
 static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
-
-type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 
 /// Finds libc's `dlsym` (the versions of glibc ≥ 2.34, then older ones).
 extern "C" fn resolve_dlsym() -> usize {
@@ -124,16 +122,10 @@ fn substitute(real: DlsymFn, handle: *mut c_void, name: &CStr, found: usize) -> 
 /// (in the version the shim's own resolution prefers).
 fn learn(real: DlsymFn, handle: *mut c_void, table: &[Interposed]) {
     for (name, _, cache) in table {
-        // SAFETY: a handle the application just used, NUL-terminated names.
-        let p = unsafe {
-            let p = libc::dlvsym(handle, name.as_ptr(), c"IBVERBS_1.1".as_ptr());
-            if p.is_null() {
-                real(handle, name.as_ptr())
-            } else {
-                p
-            }
-        };
-        let _ = cache.compare_exchange(0, p as usize, Release, Acquire);
+        // SAFETY: a handle the application just used, and libc's dlsym (ours would come
+        // back here).
+        let p = unsafe { crate::versioned(handle, name, real) };
+        let _ = cache.compare_exchange(0, p, Release, Acquire);
     }
 }
 

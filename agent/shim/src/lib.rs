@@ -187,18 +187,30 @@ fn resolve(name: &CStr, cache: &AtomicUsize) -> usize {
     if c != 0 {
         return c;
     }
-    // SAFETY: dlvsym/dlsym take NUL-terminated names and are thread-safe; RTLD_NEXT searches
-    // the objects loaded after this one (libibverbs), so it never returns our own export.
-    let p = unsafe {
-        let p = libc::dlvsym(libc::RTLD_NEXT, name.as_ptr(), c"IBVERBS_1.1".as_ptr());
+    // SAFETY: RTLD_NEXT searches the objects loaded after this one (libibverbs), so it
+    // never returns our own export.
+    let p = unsafe { versioned(libc::RTLD_NEXT, name, libc::dlsym) };
+    cache.store(p, Release);
+    p
+}
+
+pub(crate) type DlsymFn = unsafe extern "C" fn(*mut c_void, *const libc::c_char) -> *mut c_void;
+
+/// `name` in `handle`: the version applications link (`IBVERBS_1.1`), else the default one
+/// (the completion-channel functions exist only as `IBVERBS_1.0`) found with `dlsym`.
+///
+/// # Safety
+/// `handle` is `RTLD_NEXT`, `RTLD_DEFAULT` or a live handle; `dlsym` is libc's or ours.
+pub(crate) unsafe fn versioned(handle: *mut c_void, name: &CStr, dlsym: DlsymFn) -> usize {
+    // SAFETY: per the contract; NUL-terminated names, thread-safe calls.
+    unsafe {
+        let p = libc::dlvsym(handle, name.as_ptr(), c"IBVERBS_1.1".as_ptr());
         if p.is_null() {
-            libc::dlsym(libc::RTLD_NEXT, name.as_ptr())
+            dlsym(handle, name.as_ptr()) as usize
         } else {
-            p
+            p as usize
         }
-    };
-    cache.store(p as usize, Release);
-    p as usize
+    }
 }
 
 /// The governed state of `ctx`, found without locks.
@@ -989,7 +1001,7 @@ unsafe extern "C" fn drum_poll_cq(cq: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c
     // when it moved it).
     let (rc, held, followed) = match vcq::find(cq) {
         // SAFETY: the application's array of `n` entries.
-        Some(v) => match catch_unwind(AssertUnwindSafe(|| unsafe { v.poll(n, wc) })) {
+        Some(v) => match catch_unwind(AssertUnwindSafe(|| unsafe { v.poll(Some(st), n, wc) })) {
             Ok(p) => (p.rc, p.held, true),
             Err(_) => {
                 warn_once(

@@ -31,7 +31,7 @@
 use crate::ffi::*;
 use crate::govern;
 use crate::spin::SpinLock;
-use crate::{real_as, warn_once, Trouble};
+use crate::{real_as, warn_once, ContextState, Trouble};
 use libc::{c_int, c_void};
 use std::collections::{HashMap, VecDeque};
 use std::panic::catch_unwind;
@@ -77,9 +77,11 @@ pub struct Vcq {
     poll: PollCqFn,
     notify: Option<ReqNotifyCqFn>,
     capacity: AtomicUsize,
-    /// When the application last polled it (`govern::now_ps`): the engine thread collects
-    /// only CQs their application leaves alone (see [`harvest`]).
-    app_polled_ps: AtomicU64,
+    /// The application polled it since the engine thread's last pass (set by the
+    /// application, cleared by the engine: no clock reading on the poll path).
+    app_polled: AtomicBool,
+    /// The engine thread's: since when the application has left it alone (see [`harvest`]).
+    quiet_since_ps: AtomicU64,
     channel: Option<Arc<Channel>>,
     inner: SpinLock<Inner>,
 }
@@ -398,14 +400,14 @@ pub struct Polled {
 }
 
 impl Vcq {
-    /// `ibv_poll_cq` on the application's CQ. Follows (counts, and tells the gate of) what
-    /// it hands over that the shim has not followed yet.
+    /// `ibv_poll_cq` on the application's CQ of the context `st`. Follows (counts, and
+    /// tells the gate of) what it hands over that the shim has not followed yet.
     ///
     /// # Safety
     /// `wc` holds `n` entries.
-    pub unsafe fn poll(&self, n: c_int, wc: *mut IbvWc) -> Polled {
+    pub unsafe fn poll(&self, st: Option<&ContextState>, n: c_int, wc: *mut IbvWc) -> Polled {
         let n = n.max(0) as usize;
-        self.app_polled_ps.store(govern::now_ps(), Relaxed);
+        self.note_app_poll();
         let mut inner = self.inner.lock();
         let mut got = 0usize;
         // Moved by an event, not followed yet (rare: allocates only then).
@@ -484,7 +486,7 @@ impl Vcq {
                 defer(govern::now_ps(), me);
             }
         }
-        if let Some(st) = crate::lookup(self.ctx as *mut IbvContext) {
+        if let Some(st) = st {
             // SAFETY: entries from_ring..got were just written by the provider.
             let direct = unsafe { std::slice::from_raw_parts(wc.add(from_ring), got - from_ring) };
             crate::follow(st, &unfollowed);
@@ -506,7 +508,7 @@ impl Vcq {
     /// # Safety
     /// Both CQs are `ibv_cq_ex`; `attr` is the application's `ibv_poll_cq_attr` (or null).
     pub unsafe fn poll_ex(&self, start: bool, attr: *mut c_void) -> (c_int, Option<Moved>, bool) {
-        self.app_polled_ps.store(govern::now_ps(), Relaxed);
+        self.note_app_poll();
         let mut inner = self.inner.lock();
         if start {
             inner.dedicated_polling = false;
@@ -567,6 +569,24 @@ impl Vcq {
             }
         }
         (rc, None, false)
+    }
+
+    /// The application polls: the engine thread leaves the CQ to it. Written only when it
+    /// changes, so a busy poller does not dirty the line at every poll.
+    fn note_app_poll(&self) {
+        if !self.app_polled.load(Relaxed) {
+            self.app_polled.store(true, Relaxed);
+        }
+    }
+
+    /// Whether the application has left this CQ alone for [`LEFT_ALONE_PS`] (the engine
+    /// thread's pass, at `now`).
+    fn left_alone(&self, now: u64) -> bool {
+        if self.app_polled.swap(false, Relaxed) {
+            self.quiet_since_ps.store(now, Relaxed);
+            return false;
+        }
+        now.saturating_sub(self.quiet_since_ps.load(Relaxed)) >= LEFT_ALONE_PS
     }
 
     /// `ibv_end_poll` on a virtual `ibv_cq_ex`.
@@ -758,9 +778,10 @@ impl Vcq {
             _ => return,
         };
         let ded = self.dedicated as *mut IbvCq;
-        let mut attr = 0u32; // `struct ibv_poll_cq_attr`: no comp_mask
-                             // SAFETY: our dedicated `ibv_cq_ex`, alive while `self` is registered, no poll of
-                             // it open; a poll started is ended below.
+        // `struct ibv_poll_cq_attr` with no comp_mask.
+        let mut attr = 0u32;
+        // SAFETY: our dedicated `ibv_cq_ex`, alive while `self` is registered, no poll of it
+        // open; a poll started is ended below.
         let mut rc = unsafe { crate::cq_ex::start_poll(ded, (&mut attr as *mut u32).cast()) };
         if rc != 0 {
             return;
@@ -820,7 +841,7 @@ pub fn harvest() {
         };
         let now = govern::now_ps();
         for v in all {
-            if now.saturating_sub(v.app_polled_ps.load(Relaxed)) < LEFT_ALONE_PS {
+            if !v.left_alone(now) {
                 continue;
             }
             // A context closed with its CQs still alive: they are not to be touched.
@@ -1168,7 +1189,8 @@ unsafe fn adopt(
         notify,
         // SAFETY: the CQ just created; the provider rounds its size up.
         capacity: AtomicUsize::new(unsafe { (*app).cqe }.max(1) as usize),
-        app_polled_ps: AtomicU64::new(0),
+        app_polled: AtomicBool::new(false),
+        quiet_since_ps: AtomicU64::new(0),
         channel: chan.clone(),
         inner: SpinLock::new(Inner::default()),
     });
@@ -1300,7 +1322,8 @@ mod tests {
             poll,
             notify: None,
             capacity: AtomicUsize::new(16),
-            app_polled_ps: AtomicU64::new(0),
+            app_polled: AtomicBool::new(false),
+            quiet_since_ps: AtomicU64::new(0),
             channel: None,
             inner: SpinLock::new(Inner::default()),
         })
@@ -1374,7 +1397,7 @@ mod tests {
         let mut wc = [IbvWc::default(); 32];
         while next < total {
             // SAFETY: an array of 32.
-            let p = unsafe { v.poll(32, wc.as_mut_ptr()) };
+            let p = unsafe { v.poll(None, 32, wc.as_mut_ptr()) };
             for w in &wc[..p.rc.max(0) as usize] {
                 assert_eq!(w.wr_id, next, "out of order");
                 next += 1;
@@ -1399,7 +1422,7 @@ mod tests {
         DEDICATED.with(|d| d.borrow_mut().push_back(4));
         let mut wc = [IbvWc::default(); 8];
         // SAFETY: an array of 8.
-        let p = unsafe { v.poll(8, wc.as_mut_ptr()) };
+        let p = unsafe { v.poll(None, 8, wc.as_mut_ptr()) };
         let ids: Vec<u64> = wc[..p.rc as usize].iter().map(|w| w.wr_id).collect();
         assert_eq!(ids, [1, 2, 3, 4]);
         assert_eq!(wc[2].status, IBV_WC_LOC_QP_OP_ERR);

@@ -733,7 +733,7 @@ fn write_mem(pid: i32, addr: u64, data: &[u8]) -> io::Result<()> {
 
 /// `len` bytes of the segment list from byte `offset` on, in a new buffer. Read straight
 /// into its allocation: zeroing it first cost as much as a copy.
-fn gather_new(pid: i32, segs: &[(u64, u64)], offset: u64, len: usize) -> io::Result<Vec<u8>> {
+fn gather(pid: i32, segs: &[(u64, u64)], offset: u64, len: usize) -> io::Result<Vec<u8>> {
     let mut v = Vec::<u8>::with_capacity(len);
     let mut done = 0;
     for (addr, r) in pieces(segs, offset, len) {
@@ -850,20 +850,6 @@ fn scatter(pid: i32, segs: &[(u64, u64)], offset: u64, data: &[u8]) -> io::Resul
         Ok(())
     } else {
         Err(io::Error::from_raw_os_error(libc::EMSGSIZE))
-    }
-}
-
-/// Read `buf.len()` bytes from the segment list starting at byte `offset`.
-fn gather(pid: i32, segs: &[(u64, u64)], offset: u64, buf: &mut [u8]) -> io::Result<()> {
-    let mut done = 0;
-    for (addr, r) in pieces(segs, offset, buf.len()) {
-        done = r.end;
-        read_mem(pid, addr, &mut buf[r])?;
-    }
-    if done == buf.len() {
-        Ok(())
-    } else {
-        Err(io::Error::from_raw_os_error(libc::EFAULT))
     }
 }
 

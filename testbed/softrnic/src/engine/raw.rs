@@ -88,18 +88,7 @@ impl State {
             self.fail_wqe_local(qpn, idx, IBV_WC_LOC_LEN_ERR);
             return None;
         }
-        let mut frame = vec![0u8; w.len as usize];
-        if let Some(b) = &w.wr.inline {
-            frame.copy_from_slice(b);
-        } else {
-            let gathered = self
-                .resolve_local(q.conn, q.pd, &w.wr.sges, false)
-                .and_then(|segs| gather(q.pid, &segs, 0, &mut frame).ok());
-            if gathered.is_none() {
-                self.fail_wqe_local(qpn, idx, IBV_WC_LOC_PROT_ERR);
-                return None;
-            }
-        }
+        let frame = self.wqe_bytes(qpn, idx)?;
         let q = self.qps.get_mut(&qpn)?;
         let w = &mut q.sq[idx];
         let psn = q.next_psn;

@@ -183,7 +183,7 @@ impl State {
             if off < w.staged_at || off + chunk > staged_end {
                 // A new buffer: the packets sent so far still share the old one.
                 let n = (w.len - off).min(STAGE_BYTES).max(chunk) as usize;
-                let Ok(b) = gather_new(pid, &w.segs, off as u64, n) else {
+                let Ok(b) = gather(pid, &w.segs, off as u64, n) else {
                     self.fail_wqe_local(qpn, idx, IBV_WC_LOC_PROT_ERR);
                     return None;
                 };
@@ -285,18 +285,7 @@ impl State {
             self.fail_wqe_local(qpn, idx, IBV_WC_LOC_QP_OP_ERR);
             return None;
         }
-        let mut payload = vec![0u8; w.len as usize];
-        if let Some(b) = &w.wr.inline {
-            payload.copy_from_slice(b);
-        } else {
-            let gathered = self
-                .resolve_local(q.conn, q.pd, &w.wr.sges, false)
-                .and_then(|segs| gather(q.pid, &segs, 0, &mut payload).ok());
-            if gathered.is_none() {
-                self.fail_wqe_local(qpn, idx, IBV_WC_LOC_PROT_ERR);
-                return None;
-            }
-        }
+        let payload = self.wqe_bytes(qpn, idx)?;
         let q = self.qps.get_mut(&qpn)?;
         let w = &mut q.sq[idx];
         // A Q_Key with the high bit set means "use the QP's own" (IBTA 10.2.5).
@@ -366,6 +355,25 @@ impl State {
             };
             self.emit(dst, bytes);
         }
+    }
+
+    /// The bytes of a one-packet work request (UD, raw Ethernet): its inline data, or what
+    /// its SGEs hold in the process; one whose SGEs do not resolve completes with a local
+    /// protection error, and gives `None`.
+    pub(super) fn wqe_bytes(&mut self, qpn: u32, idx: usize) -> Option<Vec<u8>> {
+        let q = self.qps.get(&qpn)?;
+        let w = &q.sq[idx];
+        if let Some(b) = &w.wr.inline {
+            return Some(b.clone());
+        }
+        let len = w.len as usize;
+        let bytes = self
+            .resolve_local(q.conn, q.pd, &w.wr.sges, false)
+            .and_then(|segs| gather(q.pid, &segs, 0, len).ok());
+        if bytes.is_none() {
+            self.fail_wqe_local(qpn, idx, IBV_WC_LOC_PROT_ERR);
+        }
+        bytes
     }
 
     /// A local error while building a WQE: complete it with `status`, QP to error.
