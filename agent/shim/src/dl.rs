@@ -44,6 +44,12 @@ extern "C" fn resolve_dlsym() -> usize {
     p
 }
 
+/// libc's `dlsym`.
+pub(crate) fn libc_dlsym() -> DlsymFn {
+    // SAFETY: the address of libc's dlsym, which has this signature.
+    unsafe { std::mem::transmute::<usize, DlsymFn>(resolve_dlsym()) }
+}
+
 /// `dlsym`: special handles straight to libc (a jump, so the caller's return address is
 /// the one libc sees); real handles through [`lookup`].
 ///
@@ -87,8 +93,7 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut
 /// # Safety
 /// As libc's `dlsym`.
 unsafe extern "C" fn lookup(handle: *mut c_void, name: *const c_char) -> *mut c_void {
-    // SAFETY: libc's dlsym, resolved by then or now.
-    let real: DlsymFn = unsafe { std::mem::transmute::<usize, DlsymFn>(resolve_dlsym()) };
+    let real = libc_dlsym();
     // SAFETY: the caller's arguments.
     let found = unsafe { real(handle, name) };
     if found.is_null() || name.is_null() {

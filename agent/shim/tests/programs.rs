@@ -702,6 +702,27 @@ fn programs_that_dlopen_libibverbs_are_governed() {
     same_output_bare_and_governed(&run, &[&bin, "4", "100"], "dl ok\n", "2", (1, 2, 400, 800));
 }
 
+/// The same probe built as a plugin that links libibverbs, loaded by `plugin_host` with
+/// `RTLD_LOCAL` as Python loads pyverbs and UCX its transports: libibverbs is then outside
+/// the global scope, so `RTLD_NEXT` cannot find it. Before, the shim's `ibv_open_device`
+/// failed with ENOSYS ("libibverbs' ibv_open_device not found"); now such a program runs
+/// and is governed like any other.
+#[test]
+fn plugins_that_link_libibverbs_privately_are_governed() {
+    require_privileges!();
+    let run = Run::new("plugin-verbs");
+    run.up(&["--hosts", "1"]);
+    let plugin = compile_c_as(
+        &run,
+        "tests/c/dl_verbs.c",
+        "dl_plugin.so",
+        &["-DPLUGIN", "-shared", "-fPIC", "-libverbs"],
+    );
+    let host = compile_c_with(&run, "tests/c/plugin_host.c", &[]);
+    let args = [host.as_str(), plugin.as_str(), "4", "100"];
+    same_output_bare_and_governed(&run, &args, "dl ok\n", "2", (1, 2, 400, 800));
+}
+
 /// `args` on h1 on the bare device, through the shim, and through the shim under a grant of
 /// `k` active QPs: the same output each time; through the shim the summary shows the
 /// governed contexts, virtual CQs, sends and completions `want`s, and work queued only under

@@ -3,7 +3,12 @@
  * the inline verbs (through the context's ops). It connects QPS loopback QP pairs of one
  * context, sends MESSAGES SENDs on each (signalled, a window of 8 per QP), and checks that
  * every one arrives with its bytes, in order per QP. Prints "dl ok" and exits 0 on success.
- * Usage: dl_verbs QPS MESSAGES */
+ * Usage: dl_verbs QPS MESSAGES
+ *
+ * Built with -DPLUGIN -shared -fPIC -libverbs it is a plugin instead, whose plugin_main
+ * calls the functions it links, and which plugin_host loads with RTLD_LOCAL, as Python loads
+ * extension modules (pyverbs) and UCX or MPI their components: libibverbs then sits outside
+ * the global scope, where the shim's exports still catch the plugin's calls. */
 #include <infiniband/verbs.h>
 #include <dlfcn.h>
 #include <stdint.h>
@@ -34,11 +39,16 @@ static int (*query_gid)(struct ibv_context *, uint8_t, int, union ibv_gid *);
 
 static void die(const char *m) { fprintf(stderr, "dl_verbs: %s\n", m); exit(2); }
 
+#ifdef PLUGIN
+#define BIND(var, fn) var = fn
+#else
 static void *need(void *lib, const char *name) {
 	void *f = dlsym(lib, name);
 	if (!f) die(name);
 	return f;
 }
+#define BIND(var, fn) var = need(lib, #fn)
+#endif
 
 static void connect_qp(struct ibv_qp *qp, uint32_t dest, const union ibv_gid *gid) {
 	const char *failed = loopback_connect(qp, dest, gid, 0);
@@ -49,25 +59,31 @@ static void fill(char *p, int q, int seq) {
 	for (int i = 0; i < SIZE; i++) p[i] = (char)(q * 13 + seq * 5 + i);
 }
 
+#ifdef PLUGIN
+int plugin_main(int argc, char **argv) {
+#else
 int main(int argc, char **argv) {
+#endif
 	if (argc != 3) { fprintf(stderr, "usage: dl_verbs QPS MESSAGES\n"); return 2; }
 	int nq = atoi(argv[1]), msgs = atoi(argv[2]), n;
+#ifndef PLUGIN
 	void *lib = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
 	if (!lib) die(dlerror());
-	get_device_list = need(lib, "ibv_get_device_list");
-	free_device_list = need(lib, "ibv_free_device_list");
-	open_device = need(lib, "ibv_open_device");
-	close_device = need(lib, "ibv_close_device");
-	alloc_pd = need(lib, "ibv_alloc_pd");
-	dealloc_pd = need(lib, "ibv_dealloc_pd");
-	reg_mr = need(lib, "ibv_reg_mr");
-	dereg_mr = need(lib, "ibv_dereg_mr");
-	create_cq = need(lib, "ibv_create_cq");
-	destroy_cq = need(lib, "ibv_destroy_cq");
-	create_qp = need(lib, "ibv_create_qp");
-	destroy_qp = need(lib, "ibv_destroy_qp");
-	modify_qp = need(lib, "ibv_modify_qp");
-	query_gid = need(lib, "ibv_query_gid");
+#endif
+	BIND(get_device_list, ibv_get_device_list);
+	BIND(free_device_list, ibv_free_device_list);
+	BIND(open_device, ibv_open_device);
+	BIND(close_device, ibv_close_device);
+	BIND(alloc_pd, ibv_alloc_pd);
+	BIND(dealloc_pd, ibv_dealloc_pd);
+	BIND(reg_mr, ibv_reg_mr);
+	BIND(dereg_mr, ibv_dereg_mr);
+	BIND(create_cq, ibv_create_cq);
+	BIND(destroy_cq, ibv_destroy_cq);
+	BIND(create_qp, ibv_create_qp);
+	BIND(destroy_qp, ibv_destroy_qp);
+	BIND(modify_qp, ibv_modify_qp);
+	BIND(query_gid, ibv_query_gid);
 
 	struct ibv_device **l = get_device_list(&n);
 	if (!l || n < 1) die("no device");

@@ -274,9 +274,14 @@ pub fn compile_c(run: &Run, src: &str) -> String {
 
 /// [`compile_c`], linking `libs`.
 pub fn compile_c_with(run: &Run, src: &str, libs: &[&str]) -> String {
+    let name = Path::new(src).file_stem().unwrap().to_str().unwrap();
+    compile_c_as(run, src, name, libs)
+}
+
+/// Compiles `src` into `name` in the run's directory with `args` (flags and libraries).
+pub fn compile_c_as(run: &Run, src: &str, name: &str, args: &[&str]) -> String {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(src);
-    let name = src.file_stem().unwrap().to_str().unwrap().to_string();
-    let bin = run.dir.join(&name);
+    let bin = run.dir.join(name);
     std::fs::create_dir_all(&run.dir).unwrap();
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let out = run_timeout(
@@ -284,7 +289,7 @@ pub fn compile_c_with(run: &Run, src: &str, libs: &[&str]) -> String {
             .args(["-O2", "-Wall", "-Werror", "-o"])
             .arg(&bin)
             .arg(&src)
-            .args(libs),
+            .args(args),
         Duration::from_secs(60),
     );
     assert_ok(
