@@ -17,8 +17,13 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 pub use drum_verbs_abi::{CqExTail, CQ_EX_TAIL as TAIL};
 
-/// `IBV_WC_EX_WITH_QP_NUM`.
+/// `IBV_WC_EX_WITH_QP_NUM`: the shim follows completions by QP.
 pub const WITH_QP_NUM: u64 = 1 << 2;
+/// `IBV_WC_STANDARD_FLAGS`: every field of a plain `struct ibv_wc` (byte length, immediate,
+/// QP number, source QP, SLID, SL, DLID path bits). A completion the shim keeps in a ring
+/// must carry them all, whatever the application asked for: an `ibv_cq_ex` may be read with
+/// plain `ibv_poll_cq` (`ibv_cq_ex_to_cq`; UCX does), which gives every field.
+pub const STANDARD_FLAGS: u64 = 0x7f;
 
 /// # Safety
 /// `cq` is an `ibv_cq_ex`.

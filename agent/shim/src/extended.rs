@@ -129,25 +129,36 @@ unsafe extern "C" fn drum_create_cq_ex(ctx: *mut IbvContext, attr: *mut c_void) 
     // A parent domain's CQ is the domain's business: not made virtual.
     // SAFETY: as above.
     let plain = unsafe { (*a).comp_mask } & CQ_INIT_ATTR_MASK_PD == 0;
+    // The dedicated CQ reads every plain field (see `cq_ex::STANDARD_FLAGS`), or at least
+    // the QP number where the provider has no reader for some of them.
+    let dedicated_flags = [crate::cq_ex::STANDARD_FLAGS, crate::cq_ex::WITH_QP_NUM];
     let make = |app: bool| -> *mut IbvCq {
         // SAFETY: the caller's attributes; a copy for the dedicated CQ.
         let mut mine = unsafe { std::ptr::read(a) };
-        let target = if app {
-            a
-        } else {
-            mine.cq_context = std::ptr::null_mut();
-            mine.wc_flags |= crate::cq_ex::WITH_QP_NUM;
-            &mut mine as *mut IbvCqInitAttrEx
+        let create = |target: *mut IbvCqInitAttrEx| {
+            if let Some(r) = real {
+                // SAFETY: as above; the application's copy is restored below.
+                unsafe { (*target).channel = r.cast() };
+            }
+            // SAFETY: forwarding to the provider's op.
+            let cq = unsafe { f(ctx, target.cast()) }.cast::<IbvCq>();
+            // SAFETY: as above.
+            unsafe { (*a).channel = app_ch.cast() };
+            cq
         };
-        if let Some(r) = real {
-            // SAFETY: as above; the application's copy is restored below.
-            unsafe { (*target).channel = r.cast() };
+        if app {
+            return create(a);
         }
-        // SAFETY: forwarding to the provider's op.
-        let cq = unsafe { f(ctx, target.cast()) }.cast::<IbvCq>();
-        // SAFETY: as above.
-        unsafe { (*a).channel = app_ch.cast() };
-        cq
+        mine.cq_context = std::ptr::null_mut();
+        let wanted = mine.wc_flags;
+        dedicated_flags
+            .iter()
+            .map(|more| {
+                mine.wc_flags = wanted | more;
+                create(&mut mine)
+            })
+            .find(|cq| !cq.is_null())
+            .unwrap_or(std::ptr::null_mut())
     };
     let cq = if plain {
         // SAFETY: `make` creates CQs on `ctx` on the real channel behind `app_ch`.

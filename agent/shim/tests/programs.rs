@@ -687,6 +687,38 @@ fn gate_slots_move_on_while_the_application_does_not_poll() {
     }
 }
 
+/// UD receives on CQs from `ibv_create_cq_ex` with no optional field asked for, read with
+/// plain `ibv_poll_cq`, as UCX's `ud_verbs` transport reads them: every field of every
+/// receive is what arrived, also when the engine thread moved the completions because the
+/// probe left its CQs alone. (Before, the dedicated CQ had the application's reader set, so a
+/// moved completion lost its byte length, source QP and flags: UCX saw `byte_len` 0, read an
+/// empty buffer as a message of 4294967248 bytes and aborted.)
+#[test]
+fn moved_completions_of_an_extended_cq_keep_every_field_plain_polls_read() {
+    require_privileges!();
+    let run = Run::new("ud-cq-ex");
+    run.up(&["--hosts", "1"]);
+    let bin = compile_probe(&run, "ud_cq_ex");
+    let grant = [("DRUM_SHIM_MAX_ACTIVE_QPS", "1")];
+    for (who, with_shim, env) in [
+        ("bare device", false, &[][..]),
+        ("through the shim", true, &[][..]),
+        ("under a grant of one active QP", true, &grant[..]),
+    ] {
+        let out = run_timeout(
+            &mut run.exec("h1", &[&bin, "160"], with_shim, env),
+            Duration::from_secs(60),
+        );
+        assert_ok(&out, who);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "ud ok\n", "{who}");
+        if with_shim {
+            let s = summary(&out, who);
+            let got = (s["virtual_cqs"], s["send_wqes"], s["completions"]);
+            assert_eq!(got, (2, 160, 320), "{who}: {s:?}");
+        }
+    }
+}
+
 /// Our probe `tests/c/dl_verbs.c` does not link libibverbs: it dlopens it with `RTLD_LOCAL`
 /// and takes every function it calls from the handle with `dlsym`, as NCCL does. It runs on
 /// the bare device, and through the shim — whose `dlsym` hands it the shim's functions —
