@@ -3,7 +3,10 @@
 //! output. Each test binary uses part of it.
 #![allow(dead_code)]
 
+pub mod agent;
+
 pub use drum_test_support::{have, run_timeout, spawn, text, wait_timeout};
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
