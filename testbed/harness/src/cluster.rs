@@ -1,0 +1,308 @@
+//! A DRUM cluster of emulated hosts on one machine: softrnic's hosts, a coordinator, and
+//! one agent per host with its shim link, with throw-away certificates. Everything lives in
+//! one state directory, and `down` removes all of it: processes, namespaces, mounts, files.
+//!
+//! It runs the project's own binaries as they are (`softrnic`, `drum-coordinator`,
+//! `drum-agent`, `libdrum_shim.so`), found beside `drum-testbed` or in `$DRUM_BIN_DIR`.
+
+use crate::configs::{Layout, ADMIN};
+use crate::daemons;
+use anyhow::{anyhow, bail, Context, Result};
+use std::net::Ipv4Addr;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+/// How long `up` waits for the coordinator and every agent to be serving.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a daemon has to exit after SIGTERM.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+pub struct Cluster {
+    dir: PathBuf,
+    bin: PathBuf,
+}
+
+/// Set by SIGINT or SIGTERM while `up` runs: it stops and tears down what it started.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Relaxed);
+}
+
+fn catch_interrupts() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    }
+}
+
+fn check_interrupted() -> Result<()> {
+    if INTERRUPTED.load(Relaxed) {
+        bail!("interrupted");
+    }
+    Ok(())
+}
+
+impl Cluster {
+    /// The cluster of state directory `dir` (made absolute).
+    pub fn new(dir: &Path) -> Result<Cluster> {
+        let dir = std::path::absolute(dir)?;
+        let bin = match std::env::var_os("DRUM_BIN_DIR") {
+            Some(d) => PathBuf::from(d),
+            None => std::env::current_exe()?
+                .parent()
+                .ok_or_else(|| anyhow!("drum-testbed has no directory"))?
+                .to_path_buf(),
+        };
+        Ok(Cluster { dir, bin })
+    }
+
+    fn tool(&self, name: &str) -> Result<PathBuf> {
+        let p = self.bin.join(name);
+        if !p.is_file() {
+            bail!(
+                "{} not found (build the workspace: cargo build --workspace --release; or set DRUM_BIN_DIR)",
+                p.display()
+            );
+        }
+        Ok(p)
+    }
+
+    fn softrnic_dir(&self) -> PathBuf {
+        self.dir.join("softrnic")
+    }
+
+    fn softrnic(&self) -> Result<Command> {
+        let mut c = Command::new(self.tool("softrnic")?);
+        c.env("SOFTRNIC_RUN_DIR", self.softrnic_dir());
+        Ok(c)
+    }
+
+    /// `softrnic exec --host HOST -- PROGRAM`.
+    fn on_host(&self, host: &str, program: &Path) -> Result<Command> {
+        let mut c = self.softrnic()?;
+        c.args(["exec", "--host", host, "--"]).arg(program);
+        Ok(c)
+    }
+
+    fn is_up(&self) -> bool {
+        self.dir.join("hosts").is_file()
+    }
+
+    fn hosts(&self) -> Result<Vec<String>> {
+        let text = std::fs::read_to_string(self.dir.join("hosts")).with_context(|| {
+            format!(
+                "no cluster in {} (drum-testbed cluster up)",
+                self.dir.display()
+            )
+        })?;
+        Ok(text.lines().map(str::to_string).collect())
+    }
+
+    fn check_host(&self, host: &str) -> Result<()> {
+        let hosts = self.hosts()?;
+        if !hosts.iter().any(|h| h == host) {
+            bail!("no host {host:?} (hosts: {})", hosts.join(", "));
+        }
+        Ok(())
+    }
+
+    /// Brings up `hosts` emulated hosts (`softrnic_args` go to `softrnic up`), a coordinator
+    /// on the first, and an agent on each; on failure or interruption, tears down what it
+    /// started.
+    pub fn up(&self, hosts: usize, line_rate_gbps: f64, softrnic_args: &[String]) -> Result<()> {
+        if !(1..=64).contains(&hosts) {
+            bail!("--hosts must be 1 to 64, got {hosts}");
+        }
+        if !(line_rate_gbps.is_finite() && line_rate_gbps > 0.0 && line_rate_gbps <= 400.0) {
+            bail!("--line-rate-gbps must be in (0, 400], got {line_rate_gbps}");
+        }
+        if self.is_up() || self.softrnic_dir().exists() {
+            bail!(
+                "a cluster is already up in {} (drum-testbed cluster down)",
+                self.dir.display()
+            );
+        }
+        catch_interrupts();
+        let r = self.start(hosts, line_rate_gbps, softrnic_args);
+        if r.is_err() {
+            self.down()?;
+        }
+        r
+    }
+
+    fn start(&self, n: usize, line_rate_gbps: f64, softrnic_args: &[String]) -> Result<()> {
+        std::fs::create_dir_all(&self.dir)
+            .with_context(|| format!("creating {}", self.dir.display()))?;
+        let names: Vec<String> = (1..=n).map(|i| format!("h{i}")).collect();
+        let rate = line_rate_gbps.to_string();
+        run(self
+            .softrnic()?
+            .args(["up", "--hosts", &n.to_string(), "--line-rate-gbps", &rate])
+            .args(softrnic_args)
+            .process_group(0))
+        .context("softrnic up")?;
+        std::fs::write(self.dir.join("hosts"), names.join("\n") + "\n")?;
+        check_interrupted()?;
+        let hosts = names
+            .iter()
+            .map(|h| Ok((h.clone(), self.addr(h)?)))
+            .collect::<Result<Vec<(String, Ipv4Addr)>>>()?;
+        let layout = Layout {
+            hosts: &hosts,
+            line_rate_gbps,
+            dir: &self.dir,
+        };
+        run(Command::new(self.tool("drum-coordinator")?)
+            .arg("dev-certs")
+            .arg("--out")
+            .arg(self.dir.join("certs"))
+            .arg("--agents")
+            .arg(names.join(",")))
+        .context("drum-coordinator dev-certs")?;
+        std::fs::write(self.dir.join("coordinator.toml"), layout.coordinator_toml())?;
+        for h in &names {
+            std::fs::create_dir_all(self.dir.join(h))?;
+            std::fs::write(
+                self.dir.join(format!("agent-{h}.toml")),
+                layout.agent_toml(h),
+            )?;
+        }
+        check_interrupted()?;
+        let mut c = self.on_host(&names[0], &self.tool("drum-coordinator")?)?;
+        c.arg("serve")
+            .arg("--config")
+            .arg(self.dir.join("coordinator.toml"));
+        daemons::start(&self.dir, "coordinator", &mut c)?;
+        for h in &names {
+            let mut c = self.on_host(h, &self.tool("drum-agent")?)?;
+            c.arg("--config")
+                .arg(self.dir.join(format!("agent-{h}.toml")));
+            daemons::start(&self.dir, &format!("agent-{h}"), &mut c)?;
+        }
+        self.wait_ready(&layout)
+    }
+
+    /// Waits until every agent serves its shims and the coordinator counts every host.
+    fn wait_ready(&self, layout: &Layout) -> Result<()> {
+        let t = Instant::now();
+        loop {
+            check_interrupted()?;
+            let sockets = layout
+                .hosts
+                .iter()
+                .all(|(h, _)| layout.shim_socket(h).exists());
+            if sockets && self.members()? == layout.hosts.len() {
+                return Ok(());
+            }
+            if t.elapsed() > READY_TIMEOUT {
+                bail!(
+                    "the cluster did not come up within {READY_TIMEOUT:?}; logs in {}",
+                    self.dir.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The hosts the coordinator counts as members (0 while it does not answer).
+    fn members(&self) -> Result<usize> {
+        let out = self
+            .status_command(true)?
+            .stderr(std::process::Stdio::null())
+            .output()?;
+        if !out.status.success() {
+            return Ok(0);
+        }
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .context("drum-coordinator status --json printed no JSON")?;
+        Ok(status["members"].as_array().map_or(0, Vec::len))
+    }
+
+    fn status_command(&self, json: bool) -> Result<Command> {
+        let hosts = self.hosts()?;
+        let mut c = self.on_host(&hosts[0], &self.tool("drum-coordinator")?)?;
+        c.args(["status", "--admin", ADMIN]);
+        if json {
+            c.arg("--json");
+        }
+        Ok(c)
+    }
+
+    /// Runs `cmd` on `host` under the shim as app `app`, in place of this process.
+    pub fn exec(&self, host: &str, app: &str, cmd: &[String]) -> Result<()> {
+        self.check_host(host)?;
+        if cmd.is_empty() {
+            bail!("no command given (drum-testbed cluster exec --host H --app NAME -- CMD…)");
+        }
+        let shim = self.tool("libdrum_shim.so")?;
+        let preload = match std::env::var("LD_PRELOAD") {
+            Ok(p) if !p.is_empty() => format!("{} {p}", shim.display()),
+            _ => shim.display().to_string(),
+        };
+        let mut c = self.softrnic()?;
+        c.args(["exec", "--host", host, "--"])
+            .args(cmd)
+            .env("LD_PRELOAD", preload)
+            .env("DRUM_AGENT_SOCKET", self.dir.join(host).join("shim.sock"))
+            .env("DRUM_APP", app);
+        Err(anyhow!("exec softrnic: {}", c.exec()))
+    }
+
+    /// Host `host`'s address.
+    pub fn addr(&self, host: &str) -> Result<Ipv4Addr> {
+        let out = self.softrnic()?.args(["addr", host]).output()?;
+        if !out.status.success() {
+            bail!("{}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.trim()
+            .parse()
+            .with_context(|| format!("softrnic addr {host} printed {text:?}"))
+    }
+
+    /// The coordinator's view (`drum-coordinator status`), in place of this process.
+    pub fn status(&self, json: bool) -> Result<()> {
+        let mut c = self.status_command(json)?;
+        Err(anyhow!("exec softrnic: {}", c.exec()))
+    }
+
+    /// Stops the agents and the coordinator, removes the hosts and the state directory.
+    /// Does what it can of a cluster left half up, and succeeds on one already down.
+    pub fn down(&self) -> Result<()> {
+        if !self.dir.exists() {
+            return Ok(());
+        }
+        let marker = self.dir.to_string_lossy().to_string();
+        let hosts = self.hosts().unwrap_or_default();
+        for h in &hosts {
+            daemons::stop(&self.dir, &format!("agent-{h}"), &marker, STOP_GRACE);
+        }
+        daemons::stop(&self.dir, "coordinator", &marker, STOP_GRACE);
+        if self.softrnic_dir().exists() {
+            run(self.softrnic()?.arg("down")).context("softrnic down")?;
+        }
+        std::fs::remove_dir_all(&self.dir)
+            .with_context(|| format!("removing {}", self.dir.display()))
+    }
+}
+
+/// Runs `cmd` to completion; its output is shown only if it fails.
+fn run(cmd: &mut Command) -> Result<()> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("running {:?}", cmd.get_program()))?;
+    if !out.status.success() {
+        bail!(
+            "{:?} failed ({}): {}{}",
+            cmd.get_program(),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}

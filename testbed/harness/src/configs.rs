@@ -1,0 +1,116 @@
+//! The configuration files of a cluster's coordinator and agents: pure text from the
+//! cluster's layout, so that what `cluster up` writes is unit-tested without processes.
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+/// The coordinator's QUIC port and admin endpoint. The coordinator runs on the first host,
+/// in its network namespace, so every agent reaches it over the emulated network, and its
+/// admin endpoint is that namespace's loopback (unauthenticated, as in production).
+pub const COORDINATOR_PORT: u16 = 7400;
+pub const ADMIN: &str = "127.0.0.1:9464";
+
+/// What the configuration of one cluster depends on.
+pub struct Layout<'a> {
+    /// Host names, in order (`h1`, `h2`, …), with their addresses.
+    pub hosts: &'a [(String, Ipv4Addr)],
+    /// The emulated NICs' line rate, which each agent reports for its host.
+    pub line_rate_gbps: f64,
+    /// The state directory (absolute), where certificates and sockets live.
+    pub dir: &'a Path,
+}
+
+impl Layout<'_> {
+    /// The address agents reach the coordinator at.
+    pub fn coordinator(&self) -> String {
+        format!("{}:{COORDINATOR_PORT}", self.hosts[0].1)
+    }
+
+    pub fn coordinator_toml(&self) -> String {
+        format!(
+            "# drum-testbed cluster: the coordinator, on {first}.\n\
+             listen = \"0.0.0.0:{COORDINATOR_PORT}\"\n\
+             admin_listen = \"{ADMIN}\"\n\
+             min_members = {n}\n\
+             [tls]\n\
+             ca = \"certs/ca.pem\"\n\
+             cert = \"certs/coordinator.pem\"\n\
+             key = \"certs/coordinator.key\"\n",
+            first = self.hosts[0].0,
+            n = self.hosts.len(),
+        )
+    }
+
+    /// The agent of `host`: joins the coordinator with its NIC's line rate, serves its
+    /// shims on [`shim_socket`](Self::shim_socket), and counts senders with the other
+    /// agents (DASR) on its host's address.
+    pub fn agent_toml(&self, host: &str) -> String {
+        format!(
+            "# drum-testbed cluster: the agent of {host}.\n\
+             host = \"{host}\"\n\
+             coordinator = \"{coordinator}\"\n\
+             server_name = \"localhost\"\n\
+             status_file = \"{host}/agent-status.json\"\n\
+             [tls]\n\
+             ca = \"certs/ca.pem\"\n\
+             cert = \"certs/agent-{host}.pem\"\n\
+             key = \"certs/agent-{host}.key\"\n\
+             [shim]\n\
+             socket = \"{host}/shim.sock\"\n\
+             line_rate_gbps = {rate}\n",
+            coordinator = self.coordinator(),
+            rate = self.line_rate_gbps,
+        )
+    }
+
+    /// Where the shims of `host` register with its agent.
+    pub fn shim_socket(&self, host: &str) -> std::path::PathBuf {
+        self.dir.join(host).join("shim.sock")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(dir: &Path) -> Layout<'_> {
+        static HOSTS: std::sync::OnceLock<Vec<(String, Ipv4Addr)>> = std::sync::OnceLock::new();
+        let hosts = HOSTS.get_or_init(|| {
+            vec![
+                ("h1".into(), Ipv4Addr::new(10, 77, 0, 1)),
+                ("h2".into(), Ipv4Addr::new(10, 77, 0, 2)),
+            ]
+        });
+        Layout {
+            hosts,
+            line_rate_gbps: 25.0,
+            dir,
+        }
+    }
+
+    #[test]
+    fn agents_reach_the_coordinator_on_the_first_host() {
+        let l = layout(Path::new("/run/x"));
+        assert_eq!(l.coordinator(), "10.77.0.1:7400");
+        assert!(l
+            .agent_toml("h2")
+            .contains("coordinator = \"10.77.0.1:7400\"\n"));
+        assert!(l.coordinator_toml().contains("min_members = 2\n"));
+    }
+
+    #[test]
+    fn each_agent_has_its_own_certificate_socket_and_status() {
+        let l = layout(Path::new("/run/x"));
+        let a = l.agent_toml("h2");
+        for want in [
+            "host = \"h2\"\n",
+            "cert = \"certs/agent-h2.pem\"\n",
+            "socket = \"h2/shim.sock\"\n",
+            "status_file = \"h2/agent-status.json\"\n",
+            "line_rate_gbps = 25\n",
+        ] {
+            assert!(a.contains(want), "{want} in {a}");
+        }
+        assert_eq!(l.shim_socket("h2"), Path::new("/run/x/h2/shim.sock"));
+    }
+}

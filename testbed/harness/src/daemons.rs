@@ -1,0 +1,71 @@
+//! The cluster's long-running processes: started detached (their own session, logs to a
+//! file, a pid file), stopped by pid file — and only if the process is still the one the
+//! file names, so a stale file never kills a stranger that reused the pid.
+
+use anyhow::{Context, Result};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Starts `cmd` detached, logging to `DIR/NAME.log`, its pid in `DIR/NAME.pid`.
+pub fn start(dir: &Path, name: &str, cmd: &mut Command) -> Result<u32> {
+    let log = std::fs::File::create(dir.join(format!("{name}.log")))
+        .with_context(|| format!("creating {name}.log in {}", dir.display()))?;
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        // Its own session: the terminal's Ctrl-C goes to `drum-testbed`, which tears the
+        // cluster down in order, not to every daemon at once.
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("starting {name} ({:?})", cmd.get_program()))?;
+    let pid = child.id();
+    std::fs::write(dir.join(format!("{name}.pid")), format!("{pid}\n"))?;
+    Ok(pid)
+}
+
+/// Whether process `pid` is alive and its command line mentions `marker`.
+fn ours(pid: i32, marker: &str) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| String::from_utf8_lossy(&c).contains(marker))
+        .unwrap_or(false)
+}
+
+/// Stops the daemon of `DIR/NAME.pid` (SIGTERM, then SIGKILL after `grace`) if it is still
+/// ours: its command line mentions `marker`. Returns whether one was running.
+pub fn stop(dir: &Path, name: &str, marker: &str, grace: Duration) -> bool {
+    let file = dir.join(format!("{name}.pid"));
+    let Some(pid) = std::fs::read_to_string(&file)
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+    else {
+        return false;
+    };
+    let running = ours(pid, marker);
+    if running {
+        // SAFETY: signalling a process we started (checked by its command line).
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let t = Instant::now();
+        while ours(pid, marker) && t.elapsed() < grace {
+            reap(pid);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if ours(pid, marker) {
+            // SAFETY: as above.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        reap(pid);
+    }
+    let _ = std::fs::remove_file(file);
+    running
+}
+
+/// Collects `pid` if it is a child of this process (started by this very invocation), so
+/// that it does not linger as a zombie that still looks alive.
+fn reap(pid: i32) {
+    let mut status = 0;
+    // SAFETY: non-blocking wait for one pid; fails harmlessly for a non-child.
+    unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+}
