@@ -1,7 +1,7 @@
 //! The device nodes libibverbs and librdmacm require, `/dev/infiniband/uverbs0` (and
 //! `uverbs1`… for the further devices of `up --devices`) and `/dev/infiniband/rdma_cm`, made visible only to the program `exec` runs, in a private mount
 //! namespace. Libibverbs accepts any character device
-//! there (sysfs says `dev 0:0`); we use 1:7, the kernel's "full" device: opening succeeds,
+//! there whose numbers are sysfs's `dev`; we use 1:7, the kernel's "full" device: opening succeeds,
 //! ioctl() fails with ENOTTY so libibverbs falls back to its sysfs paths, and any kernel command
 //! it would write() fails loudly (ENOSPC) instead of silently succeeding. As root the node is
 //! made with mknod in a tmpfs on `/dev/infiniband`; without root, see [`private_devdir_userns`].
@@ -16,6 +16,9 @@ use anyhow::{bail, Context, Result};
 use crate::device;
 
 pub const DEVDIR: &str = "/dev/infiniband";
+/// The device numbers of every node: the kernel's "full" device (see above); sysfs reports
+/// them as the uverbs devices' `dev`.
+pub const NODE_DEV: (u32, u32) = (1, 7);
 /// The verbs device and the RDMA CM's device; the provider turns an open of the latter into an
 /// RDMA CM channel (`crate::rdma_cm`).
 /// Every device a host may offer gets its node, whether or not the run has it: libibverbs
@@ -83,7 +86,14 @@ pub fn private_devdir_root() -> Result<()> {
     for name in nodes() {
         let node = cstr(&format!("{DEVDIR}/{name}"))?;
         // SAFETY: valid NUL-terminated path.
-        if unsafe { libc::mknod(node.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 7)) } != 0 {
+        if unsafe {
+            libc::mknod(
+                node.as_ptr(),
+                libc::S_IFCHR | 0o666,
+                libc::makedev(NODE_DEV.0, NODE_DEV.1),
+            )
+        } != 0
+        {
             bail!("mknod {DEVDIR}/{name}: {}", std::io::Error::last_os_error());
         }
     }
@@ -111,9 +121,21 @@ pub fn private_devdir_userns(stage: &Path) -> Result<()> {
         libc::MS_NOSUID,
         Some("mode=0755"),
     )?;
-    for e in fs::read_dir("/dev")? {
+    mirror_entries(Path::new("/dev"), stage, &["infiniband"])?;
+    let ib = stage.join("infiniband");
+    fs::create_dir(&ib)?;
+    for name in nodes() {
+        bind(Path::new("/dev/full"), &ib.join(name), false)?;
+    }
+    mount(st, "/dev", None, libc::MS_MOVE, None)
+}
+
+/// Give `stage` every entry of `dir` except those named in `except`: directories and files
+/// bind-mounted (recursively), symbolic links copied.
+fn mirror_entries(dir: &Path, stage: &Path, except: &[&str]) -> Result<()> {
+    for e in fs::read_dir(dir)? {
         let e = e?;
-        if e.file_name() == "infiniband" {
+        if except.iter().any(|x| e.file_name() == *x) {
             continue;
         }
         let (src, dst) = (e.path(), stage.join(e.file_name()));
@@ -124,12 +146,36 @@ pub fn private_devdir_userns(stage: &Path) -> Result<()> {
             bind(&src, &dst, ft.is_dir())?;
         }
     }
-    let ib = stage.join("infiniband");
-    fs::create_dir(&ib)?;
-    for name in nodes() {
-        bind(Path::new("/dev/full"), &ib.join(name), false)?;
+    Ok(())
+}
+
+/// The classes of a host's generated sysfs tree (under `SYSFS_PATH`) that `exec` also shows
+/// at `/sys/class`, for programs that read the real path: pyverbs' RDMA CM tests look for
+/// `/sys/class/infiniband/<dev>/device/net/<ifname>` there.
+const SYSFS_CLASSES: [&str; 2] = ["infiniband", "infiniband_verbs"];
+
+/// In the private mount namespace `exec` made: `/sys/class` rebuilt on a tmpfs staged at
+/// `stage` (an empty directory we own) from the host's classes, except that
+/// [`SYSFS_CLASSES`] come from `host_class` (the host's generated `sys/class`). The kernel
+/// may have no `/sys/class/infiniband` to bind over (no RDMA support), and sysfs takes no
+/// new directories, so the whole of `/sys/class` is staged, as `/dev` is without root.
+pub fn private_sysfs_class(stage: &Path, host_class: &Path) -> Result<()> {
+    fs::create_dir_all(stage)?;
+    let st = stage
+        .to_str()
+        .with_context(|| format!("{} is not UTF-8", stage.display()))?;
+    mount(
+        "tmpfs",
+        st,
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        Some("mode=0755"),
+    )?;
+    mirror_entries(Path::new("/sys/class"), stage, &SYSFS_CLASSES)?;
+    for class in SYSFS_CLASSES {
+        bind(&host_class.join(class), &stage.join(class), true)?;
     }
-    mount(st, "/dev", None, libc::MS_MOVE, None)
+    mount(st, "/sys/class", None, libc::MS_MOVE, None)
 }
 
 /// Bind-mount `src` onto a new directory or empty file `dst`.

@@ -72,6 +72,14 @@ pub const MAX_XRCD: u32 = 4096;
 pub const MAX_AH: u32 = 65536;
 pub const MAX_SRQ_WR: u32 = 16384;
 pub const MAX_INLINE: u32 = 256;
+/// IBV_DEVICE_RC_RNR_NAK_GEN: the responder generates RNR NAKs; MEM_WINDOW and
+/// MEM_WINDOW_TYPE_2B: memory windows of type 1 and 2 (2B: bound to one QP); XRC. The
+/// extended attributes' `device_cap_flags_ex` holds the same bits, as the kernel's do.
+pub const DEVICE_CAP_FLAGS: u64 = 1 << 12 | 1 << 17 | 1 << 20 | 1 << 24;
+/// UD multicast groups the engine keeps, and QPs attached to one group (the engine refuses
+/// more with `ENOMEM`); every group may hold that many, so the total is their product.
+pub const MAX_MCAST_GRP: u32 = 4096;
+pub const MAX_MCAST_QP_ATTACH: u32 = 256;
 /// Largest message (bytes) the port accepts: 2 GiB - 1, as rxe and mlx5 report.
 pub const MAX_MSG_SZ: u32 = 0x7fff_ffff;
 
@@ -203,9 +211,7 @@ pub fn fill_device_attr(a: &mut IbvDeviceAttr, guid: u64) {
     a.hw_ver = 1;
     a.max_qp = MAX_QP as i32;
     a.max_qp_wr = MAX_QP_WR as i32;
-    // IBV_DEVICE_RC_RNR_NAK_GEN: the responder generates RNR NAKs; MEM_WINDOW and
-    // MEM_WINDOW_TYPE_2B: memory windows of type 1 and 2 (2B: bound to one QP); XRC.
-    a.device_cap_flags = 1 << 12 | 1 << 17 | 1 << 20 | 1 << 24;
+    a.device_cap_flags = DEVICE_CAP_FLAGS as u32;
     a.max_sge = MAX_SGE as i32;
     a.max_sge_rd = MAX_SGE as i32;
     a.max_cq = MAX_CQ as i32;
@@ -223,6 +229,9 @@ pub fn fill_device_attr(a: &mut IbvDeviceAttr, guid: u64) {
     a.max_srq = MAX_SRQ as i32;
     a.max_srq_wr = MAX_SRQ_WR as i32;
     a.max_srq_sge = MAX_SGE as i32;
+    a.max_mcast_grp = MAX_MCAST_GRP as i32;
+    a.max_mcast_qp_attach = MAX_MCAST_QP_ATTACH as i32;
+    a.max_total_mcast_qp_attach = (MAX_MCAST_GRP * MAX_MCAST_QP_ATTACH) as i32;
     a.max_pkeys = 1;
     a.local_ca_ack_delay = 15;
     a.phys_port_cnt = 1;

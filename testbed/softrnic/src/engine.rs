@@ -487,6 +487,9 @@ struct State {
     tombstones: IdMap<Tombstone>,
     /// Message data gathered and not yet placed (see `placement`).
     gathered: placement::Combiner,
+    /// Connections whose context other processes may join ([`Req::JoinContext`]), and the
+    /// secret they must show.
+    context_keys: HashMap<u64, u64>,
 }
 
 /// An RDMA READ being answered: packet `next` of `n` goes out next.
@@ -897,6 +900,7 @@ impl State {
             nic: Pipeline::new(nic),
             tombstones: IdMap::default(),
             gathered: placement::Combiner::default(),
+            context_keys: HashMap::new(),
         }
     }
 
@@ -1223,6 +1227,7 @@ impl State {
         self.cqs.retain(|_, c| c.conn != conn);
         self.channels.retain(|_, c| c.conn != conn);
         self.pds.retain(|_, c| *c != conn);
+        self.context_keys.remove(&conn);
     }
 }
 

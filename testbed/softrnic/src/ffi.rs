@@ -553,6 +553,10 @@ pub const DEVICE_ATTR_EX_ODP_XRC: usize = 392;
 pub const DEVICE_ATTR_EX_PACKET_PACING: usize = 332;
 /// Offset in `struct ibv_device_attr_ex` of `max_dm_size` (u64).
 pub const DEVICE_ATTR_EX_MAX_DM_SIZE: usize = 376;
+/// Offsets in `struct ibv_device_attr_ex` of `device_cap_flags_ex` (u64) and
+/// `phys_port_cnt_ex` (u32, the struct's last field).
+pub const DEVICE_ATTR_EX_CAP_FLAGS_EX: usize = 280;
+pub const DEVICE_ATTR_EX_PHYS_PORT_CNT: usize = 396;
 
 /// `struct ibv_dm`.
 #[repr(C)]
@@ -956,6 +960,14 @@ mod tests {
             ),
             ("ibv_device_attr_ex.xrc_odp_caps", DEVICE_ATTR_EX_ODP_XRC),
             ("ibv_device_attr_ex.max_dm_size", DEVICE_ATTR_EX_MAX_DM_SIZE),
+            (
+                "ibv_device_attr_ex.device_cap_flags_ex",
+                DEVICE_ATTR_EX_CAP_FLAGS_EX,
+            ),
+            (
+                "ibv_device_attr_ex.phys_port_cnt_ex",
+                DEVICE_ATTR_EX_PHYS_PORT_CNT,
+            ),
             (
                 "ibv_device_attr_ex.packet_pacing_caps",
                 DEVICE_ATTR_EX_PACKET_PACING,

@@ -201,14 +201,21 @@ fn provider_lib() -> Result<PathBuf> {
     Ok(p)
 }
 
+/// The network device of a host in its own namespace (the veth end that holds its address).
+pub const NETDEV: &str = "eth0";
+/// A host on a loopback address has the loopback device.
+const LOOPBACK_NETDEV: &str = "lo";
+
 /// Write the sysfs tree libibverbs reads for one host: `devices` devices, functions of its
-/// one NIC (one engine, one port, one GID), told apart by their names, uverbs nodes and GUIDs.
+/// one NIC (one engine, one port, one GID), told apart by their names, uverbs nodes and GUIDs;
+/// `netdev` is the network device its address is on (the RoCE port's netdev).
 pub fn write_sysfs(
     root: &Path,
     ip: Ipv4Addr,
     engine_socket: &Path,
     mtu: u32,
     devices: usize,
+    netdev: &str,
 ) -> Result<()> {
     let verbs = root.join("class/infiniband_verbs");
     let port = device::port_dir(root);
@@ -216,6 +223,7 @@ pub fn write_sysfs(
         &verbs,
         &port.join("gids"),
         &port.join("gid_attrs/types"),
+        &port.join("gid_attrs/ndevs"),
         &port.join("pkeys"),
     ] {
         fs::create_dir_all(d)?;
@@ -238,10 +246,14 @@ pub fn write_sysfs(
         fs::create_dir_all(&uv)?;
         fs::create_dir_all(&ib)?;
         w(uv.join("ibdev"), &format!("{}\n", device::ibdev_name(i)))?;
-        // dev 0:0: libibverbs then accepts whatever character device /dev/infiniband/uverbsN is.
-        w(uv.join("dev"), "0:0\n")?;
+        // The numbers of the node `exec` puts at /dev/infiniband/uverbsN: libibverbs opens
+        // the device only if they match, and ibv_import_device finds it by them.
+        let (major, minor) = devdir::NODE_DEV;
+        w(uv.join("dev"), &format!("{major}:{minor}\n"))?;
         w(uv.join("abi_version"), &format!("{}\n", device::UVERBS_ABI))?;
         w(ib.join("node_type"), "1: CA\n")?;
+        // Where a PCI NIC's directory lists its netdevs (pyverbs' RDMA CM tests look here).
+        fs::create_dir_all(ib.join("device/net").join(netdev))?;
         let guid = device::guid_sysfs(device::device_guid(ip, i));
         w(ib.join("node_guid"), &format!("{guid}\n"))?;
         let image = device::guid_sysfs(device::node_guid(ip));
@@ -263,6 +275,7 @@ pub fn write_sysfs(
     let gid = device::gid_sysfs(&device::gid_for(ip));
     w(port.join("gids/0"), &format!("{gid}\n"))?;
     w(port.join("gid_attrs/types/0"), "RoCE v2\n")?;
+    w(port.join("gid_attrs/ndevs/0"), &format!("{netdev}\n"))?;
     w(port.join("pkeys/0"), "0xffff\n")?;
     write_port_state(&port, true)?;
     w(port.join("link_layer"), "Ethernet\n")?;
@@ -476,14 +489,14 @@ fn root_namespaces(tag: &str, n: usize) -> Result<Vec<String>> {
             "ip",
             &[
                 "-n", &sw, "link", "add", &port, "mtu", "9000", "type", "veth", "peer", "name",
-                "eth0", "mtu", "9000", "netns", &ns,
+                NETDEV, "mtu", "9000", "netns", &ns,
             ],
         )?;
         sh("ip", &["-n", &sw, "link", "set", &port, "master", "br0"])?;
         sh("ip", &["-n", &sw, "link", "set", &port, "up"])?;
         let addr = format!("{}/24", netns_ip(i));
-        sh("ip", &["-n", &ns, "addr", "add", &addr, "dev", "eth0"])?;
-        sh("ip", &["-n", &ns, "link", "set", "eth0", "up"])?;
+        sh("ip", &["-n", &ns, "addr", "add", &addr, "dev", NETDEV])?;
+        sh("ip", &["-n", &ns, "link", "set", NETDEV, "up"])?;
         sh("ip", &["-n", &ns, "link", "set", "lo", "up"])?;
         names.push(ns);
     }
@@ -575,7 +588,8 @@ pub fn up(
             let dir = run.join("hosts").join(&h.name);
             fs::create_dir_all(&dir)?;
             let sock = dir.join("engine.sock");
-            write_sysfs(&dir.join("sys"), h.ip, &sock, nic.mtu, devices)?;
+            let netdev = if use_netns { NETDEV } else { LOOPBACK_NETDEV };
+            write_sysfs(&dir.join("sys"), h.ip, &sock, nic.mtu, devices, netdev)?;
             let log = fs::File::create(dir.join("engine.log"))?;
             let mut cmd = Command::new(&exe);
             cmd.arg("--run-dir")
@@ -683,6 +697,10 @@ pub fn exec(run: &Path, name: &str, cmd: &[String]) -> Result<()> {
         devdir::private_devdir_root()?;
     }
     let dir = run.join("hosts").join(&h.name);
+    if let Err(e) = devdir::private_sysfs_class(&run.join("sysstage"), &dir.join("sys/class")) {
+        // SYSFS_PATH still leads libibverbs to the device; only readers of /sys miss it.
+        eprintln!("softrnic exec: the device is not shown in /sys/class: {e:#}");
+    }
     // Preloaded so that its ibv_create_comp_channel interposes libibverbs' kernel command (the
     // same object libibverbs later loads as the provider). It goes after the program's own
     // preloads: it stands for the kernel, so an interposer such as DRUM's shim must see the
@@ -769,6 +787,7 @@ mod tests {
             Path::new("/x/engine.sock"),
             2048,
             2,
+            NETDEV,
         )
         .unwrap();
         let r = |p: &str| fs::read_to_string(d.join(p)).unwrap();
@@ -789,6 +808,18 @@ mod tests {
             r("class/infiniband/softrnic1/ports/1/gids/0"),
             r("class/infiniband/softrnic0/ports/1/gids/0")
         );
+        assert_eq!(r("class/infiniband_verbs/uverbs1/dev"), "1:7\n");
+        assert_eq!(
+            r("class/infiniband/softrnic0/ports/1/gid_attrs/types/0"),
+            "RoCE v2\n"
+        );
+        assert_eq!(
+            r("class/infiniband/softrnic0/ports/1/gid_attrs/ndevs/0"),
+            "eth0\n"
+        );
+        assert!(d
+            .join("class/infiniband/softrnic1/device/net/eth0")
+            .is_dir());
         assert!(!d.join("class/infiniband/softrnic2").exists());
         fs::remove_dir_all(&d).unwrap();
     }

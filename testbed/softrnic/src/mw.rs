@@ -19,6 +19,10 @@ use crate::ffi::consts::*;
 const REMOTE_RIGHTS: u32 =
     IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 
+/// Local rights in a bind's access, which a window cannot grant and mlx5 ignores (pyverbs'
+/// memory-window tests bind with `IBV_ACCESS_LOCAL_WRITE`).
+const IGNORED_LOCAL: u32 = IBV_ACCESS_LOCAL_WRITE;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Binding {
     /// The MR's key (lkey = rkey in softrnic).
@@ -97,7 +101,7 @@ impl Mw {
             || m.access & IBV_ACCESS_MW_BIND == 0
             || b.len == 0
             || !inside
-            || b.access & !(REMOTE_RIGHTS | IBV_ACCESS_ZERO_BASED) != 0
+            || b.access & !(REMOTE_RIGHTS | IBV_ACCESS_ZERO_BASED | IGNORED_LOCAL) != 0
             || (needs_local_write && m.access & IBV_ACCESS_LOCAL_WRITE == 0)
         {
             return fail;
@@ -277,11 +281,22 @@ mod tests {
             &mut w,
             1,
             3,
-            req(0x501, 0x1000, 8, IBV_ACCESS_LOCAL_WRITE),
+            req(0x501, 0x1000, 8, IBV_ACCESS_MW_BIND),
             Some(MR),
         );
         assert!(w.bound.is_none());
         assert_eq!(w.rkey, 0x500);
+    }
+
+    #[test]
+    fn a_bind_ignores_local_write_as_mlx5_does() {
+        let mut w = mw(IBV_MW_TYPE_1);
+        let access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
+        w.bind(1, 3, 9, &req(0x501, 0x1000, 8, access), Some(MR))
+            .unwrap();
+        let r = IBV_ACCESS_REMOTE_READ;
+        assert_eq!(w.grant(0x501, 3, 9, 0x1000, 8, r), Some((0x200, 0x1000)));
+        assert_eq!(w.bound.unwrap().access, r, "the local bit grants nothing");
     }
 
     #[test]

@@ -541,6 +541,18 @@ pub enum Req {
         kbps: u32,
         max_burst: u32,
     },
+    /// The secret with which another process may join this connection's context
+    /// ([`Req::JoinContext`]); answered with [`Resp::ContextKey`].
+    ContextKey,
+    /// First request on a connection of a process that forked from the context's owner:
+    /// this connection then speaks for context `conn` (its objects, its events) and for
+    /// its own process's memory, so that each process has a channel of its own (a kernel
+    /// device's commands are system calls, which cannot interleave). Closing it leaves the
+    /// context alone.
+    JoinContext {
+        conn: u64,
+        token: u64,
+    },
 }
 
 impl Req {
@@ -753,6 +765,12 @@ impl Req {
             } => {
                 e.u32(38).u32(*qpn).u32(*kbps).u32(*max_burst);
             }
+            Req::ContextKey => {
+                e.u32(39);
+            }
+            Req::JoinContext { conn, token } => {
+                e.u32(40).u64(*conn).u64(*token);
+            }
         }
         e.0
     }
@@ -926,6 +944,11 @@ impl Req {
                 kbps: d.u32()?,
                 max_burst: d.u32()?,
             },
+            39 => Req::ContextKey,
+            40 => Req::JoinContext {
+                conn: d.u64()?,
+                token: d.u64()?,
+            },
             o => return Err(WireError::Opcode(o)),
         })
     }
@@ -962,6 +985,10 @@ pub enum Resp {
     Wcs(Vec<IbvWc>),
     Channel {
         id: u32,
+        token: u64,
+    },
+    ContextKey {
+        conn: u64,
         token: u64,
     },
     /// A shared receive queue's handle and its attributes (create and query).
@@ -1001,6 +1028,9 @@ impl Resp {
             }
             Resp::Channel { id, token } => {
                 e.i32(0).u32(*id).u64(*token);
+            }
+            Resp::ContextKey { conn, token } => {
+                e.i32(0).u64(*conn).u64(*token);
             }
             Resp::Srq {
                 handle,
@@ -1077,6 +1107,10 @@ impl Resp {
             },
             Req::CreateChannel | Req::CreateAsyncChannel => Resp::Channel {
                 id: d.u32()?,
+                token: d.u64()?,
+            },
+            Req::ContextKey => Resp::ContextKey {
+                conn: d.u64()?,
                 token: d.u64()?,
             },
             Req::CreateQp { .. } | Req::OpenQp { .. } => Resp::Qp {
@@ -1255,6 +1289,11 @@ mod tests {
                 user: 0x5555_0000_1000,
             },
             Req::AsyncEventRead { taken_back: true },
+            Req::ContextKey,
+            Req::JoinContext {
+                conn: 7,
+                token: u64::MAX - 1,
+            },
             Req::AllocMw { pd: 2, mw_type: 2 },
             Req::DeallocMw { rkey: 0x1234 },
             Req::PostSrqRecv {
@@ -1297,6 +1336,11 @@ mod tests {
             token: u64::MAX - 5,
         };
         assert_eq!(Resp::decode(&Req::CreateChannel, &r.encode()).unwrap(), r);
+        let r = Resp::ContextKey {
+            conn: 12,
+            token: u64::MAX - 9,
+        };
+        assert_eq!(Resp::decode(&Req::ContextKey, &r.encode()).unwrap(), r);
         let r = Resp::Srq {
             handle: 3,
             max_wr: 64,

@@ -308,11 +308,39 @@ unsafe extern "C" fn uninit_device(vdev: *mut VerbsDevice) {
 // ---------------------------------------------------------------------------------------------
 
 struct CtxState {
-    conn: Mutex<UnixStream>,
+    conn: Mutex<EngineConn>,
+    /// What a process forked from the context's owner shows to join its context on a
+    /// connection of its own ([`Req::JoinContext`]): the owner's connection and secret.
+    key: (u64, u64),
     guid: u64,
     socket: String,
     /// The engine's doorbell (None: the engine offers none; the socket path is used).
     db: Option<Doorbell>,
+}
+
+/// The control connection to the engine, and the process it belongs to. A child of `fork`
+/// inherits the socket; requests of parent and children on it would interleave (a frame
+/// half written by one, an answer read by another: "message truncated"), and the engine
+/// would take the parent's memory for theirs. So each process opens its own on first use.
+struct EngineConn {
+    stream: UnixStream,
+    pid: u32,
+}
+
+/// A connection of this process to the engine that joins the context of `key`.
+fn join_context(socket: &str, key: (u64, u64)) -> Result<UnixStream, proto::WireError> {
+    let mut s = UnixStream::connect(socket)?;
+    let req = Req::JoinContext {
+        conn: key.0,
+        token: key.1,
+    };
+    proto::write_frame(&mut s, &req.encode())?;
+    let body = proto::read_frame(&mut s)?;
+    match Resp::decode(&req, &body)? {
+        Resp::Unit => Ok(s),
+        Resp::Err { errno, .. } => Err(std::io::Error::from_raw_os_error(errno).into()),
+        _ => Err(proto::WireError::Truncated),
+    }
 }
 
 /// A CQ: libibverbs' `ibv_cq` first, then the completion ring (if the engine mapped it).
@@ -489,7 +517,7 @@ impl CtxState {
         use std::os::fd::AsRawFd;
         let c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         let mut p = libc::pollfd {
-            fd: c.as_raw_fd(),
+            fd: c.stream.as_raw_fd(),
             events: libc::POLLRDHUP,
             revents: 0,
         };
@@ -502,15 +530,22 @@ impl CtxState {
         !dead
     }
 
+    /// One request/response exchange with the engine, on this process's own connection.
+    fn exchange(&self, req: &Req) -> Result<Resp, proto::WireError> {
+        let mut c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let me = std::process::id();
+        if c.pid != me {
+            c.stream = join_context(&self.socket, self.key)?;
+            c.pid = me;
+        }
+        proto::write_frame(&mut c.stream, &req.encode())?;
+        let body = proto::read_frame(&mut c.stream)?;
+        Resp::decode(req, &body)
+    }
+
     /// One request/response exchange with the engine. Err(errno).
     fn call(&self, req: &Req) -> Result<Resp, c_int> {
-        let mut c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        let res: Result<Resp, proto::WireError> = (|| {
-            proto::write_frame(&mut *c, &req.encode())?;
-            let body = proto::read_frame(&mut *c)?;
-            Resp::decode(req, &body)
-        })();
-        match res {
+        match self.exchange(req) {
             Ok(Resp::Err { errno, .. }) => Err(errno),
             Ok(r) => Ok(r),
             Err(e) => {
@@ -521,13 +556,7 @@ impl CtxState {
     }
 
     fn call_post(&self, req: &Req) -> Result<(), (c_int, usize)> {
-        let mut c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        let res: Result<Resp, proto::WireError> = (|| {
-            proto::write_frame(&mut *c, &req.encode())?;
-            let body = proto::read_frame(&mut *c)?;
-            Resp::decode(req, &body)
-        })();
-        match res {
+        match self.exchange(req) {
             Ok(Resp::Err { errno, bad_index }) => Err((errno, bad_index as usize)),
             Ok(_) => Ok(()),
             Err(_) => Err((libc::EIO, 0)),
@@ -684,8 +713,23 @@ unsafe extern "C" fn alloc_context(
                 return null_mut();
             }
         };
+        let mut conn = conn;
+        let key = match context_key(&mut conn) {
+            Ok(k) => k,
+            Err(e) => {
+                eprintln!("softrnic: the NIC engine gave no context key: {e}");
+                // SAFETY: we own cmd_fd on failure.
+                unsafe { libc::close(cmd_fd) };
+                set_errno(libc::EIO);
+                return null_mut();
+            }
+        };
         let st = Box::new(CtxState {
-            conn: Mutex::new(conn),
+            conn: Mutex::new(EngineConn {
+                stream: conn,
+                pid: std::process::id(),
+            }),
+            key,
             guid: dev.guid,
             socket: dev.engine_socket.to_string_lossy().into_owned(),
             db: std::path::Path::new(dev.engine_socket.to_string_lossy().as_ref())
@@ -725,6 +769,16 @@ unsafe extern "C" fn alloc_context(
             &mut (*p).vctx
         }
     })
+}
+
+/// The key with which processes forked from this one join the context of `conn`.
+fn context_key(conn: &mut UnixStream) -> Result<(u64, u64), proto::WireError> {
+    let req = Req::ContextKey;
+    proto::write_frame(conn, &req.encode())?;
+    match Resp::decode(&req, &proto::read_frame(conn)?)? {
+        Resp::ContextKey { conn, token } => Ok((conn, token)),
+        _ => Err(proto::WireError::Truncated),
+    }
 }
 
 unsafe extern "C" fn free_context(ctx: *mut IbvContext) {
@@ -771,6 +825,18 @@ unsafe extern "C" fn query_device_ex(
                 b.write_unaligned(device::PP_RATE_MIN_KBPS);
                 b.add(1).write_unaligned(device::PP_RATE_MAX_KBPS);
                 b.add(2).write_unaligned(qpts);
+            }
+            if attr_size >= DEVICE_ATTR_EX_CAP_FLAGS_EX + 8 {
+                (attr as *mut u8)
+                    .add(DEVICE_ATTR_EX_CAP_FLAGS_EX)
+                    .cast::<u64>()
+                    .write_unaligned(device::DEVICE_CAP_FLAGS);
+            }
+            if attr_size >= DEVICE_ATTR_EX_PHYS_PORT_CNT + 4 {
+                (attr as *mut u8)
+                    .add(DEVICE_ATTR_EX_PHYS_PORT_CNT)
+                    .cast::<u32>()
+                    .write_unaligned(1);
             }
             if attr_size >= DEVICE_ATTR_EX_MAX_DM_SIZE + 8 {
                 (attr as *mut u8)
@@ -908,6 +974,11 @@ unsafe extern "C" fn reg_mr(
     access: c_int,
 ) -> *mut IbvMr {
     guard(null_mut(), || {
+        // The kernel cannot pin zero bytes; only device memory MRs may be empty.
+        if length == 0 {
+            set_errno(libc::EINVAL);
+            return null_mut();
+        }
         // SAFETY: pd was made by alloc_pd.
         let h = unsafe { (*pd).handle };
         // An MR whose IO virtual address differs from its address (`ibv_reg_mr_iova`):

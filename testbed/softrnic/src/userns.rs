@@ -99,13 +99,26 @@ pub fn holder_main(n: usize, netns: bool) -> Result<()> {
             ip_in(
                 ns,
                 &[
-                    "link", "add", "name", "eth0", "mtu", "9000", "type", "veth", "peer", "name",
-                    &port, "mtu", "9000", "netns", &me,
+                    "link",
+                    "add",
+                    "name",
+                    hosts::NETDEV,
+                    "mtu",
+                    "9000",
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    &port,
+                    "mtu",
+                    "9000",
+                    "netns",
+                    &me,
                 ],
             )?;
             let addr = format!("{}/24", hosts::netns_ip(i + 1));
-            ip_in(ns, &["addr", "add", &addr, "dev", "eth0"])?;
-            ip_in(ns, &["link", "set", "eth0", "up"])?;
+            ip_in(ns, &["addr", "add", &addr, "dev", hosts::NETDEV])?;
+            ip_in(ns, &["link", "set", hosts::NETDEV, "up"])?;
             ip_in(ns, &["link", "set", "lo", "up"])?;
             ip_in(&switch, &["link", "set", &port, "master", "br0"])?;
             ip_in(&switch, &["link", "set", &port, "up"])?;

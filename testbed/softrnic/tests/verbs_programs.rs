@@ -2011,3 +2011,89 @@ fn on_demand_paging_pingpong_and_perftest() {
         );
     }
 }
+
+/// Our conformance checker (`tests/verify/srn_conform.c`) on one host: what rdma-core's
+/// pyverbs tests and UCX found softrnic doing otherwise than a kernel device or mlx5 —
+/// completion vectors beyond `num_comp_vectors` refused, `phys_port_cnt_ex`,
+/// `device_cap_flags_ex` and multicast limits reported, device memory copies aligned to 4
+/// bytes and empty device memory MRs, `ibv_import_device` reaching the provider, one channel
+/// reference per `ibv_create_cq_ex`, GID 0 typed RoCE v2 on the host's netdev and that netdev
+/// under `/sys/class/infiniband/softrnic0/device/net` — and 16 forked children hammering the
+/// context they inherited (each command its own exchange with the engine, on each process's
+/// own connection), the parent working after them.
+#[test]
+fn conformance_checker_kernel_device_behaviour_and_forked_children() {
+    require_privileges!();
+    if !have("cc") || !Path::new("/usr/include/infiniband/verbs.h").exists() {
+        eprintln!("SKIPPED: needs cc and libibverbs-dev");
+        return;
+    }
+    let run = Run::new("conform");
+    run.up(&["--hosts", "1"]);
+    let prog = compile_verifier(&run, "srn_conform");
+    let out = run_timeout(
+        &mut run.exec("h1", &[prog.to_str().unwrap(), "16", "50"]),
+        Duration::from_secs(120),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(s.contains("GID 0: RoCE v2 on eth0"), "{s}");
+    assert!(s.contains("OK conformance: 16 forked children"), "{s}");
+}
+
+/// UCX over softrnic between two hosts, without `UCX_UD_VERBS_ETH_DGID_CHECK=n`: UCX's UD
+/// transport finds where the GRH holds its address from the receive's `wc.sl` (the packet
+/// type mlx5 reports, IPv4 here) and drops every datagram whose address it does not
+/// recognise, which with `sl` 0 was all of them (`unhandled timeout error` after 30 s);
+/// RC connects through UD. Unmodified `ucx_perftest` tag latency over `ud_verbs` and tag
+/// bandwidth over `rc_verbs`, neither leaking a completion channel nor failing to read the
+/// GID's netdev from `/sys/class/infiniband/softrnic0/ports/1/gid_attrs/ndevs/0` (UCX reads
+/// the real `/sys`, which `exec` shows the device in).
+#[test]
+fn ucx_perftest_over_ud_and_rc_verbs_between_hosts() {
+    require_privileges!();
+    if !have("ucx_perftest") {
+        eprintln!("SKIPPED: needs ucx_perftest (ucx-utils)");
+        return;
+    }
+    let run = Run::new("ucx");
+    run.up(&["--hosts", "2"]);
+    let ip = run.addr("h1");
+    for (tls, test, size) in [
+        ("ud_verbs,self", "tag_lat", "8"),
+        ("rc_verbs,ud_verbs,self", "tag_bw", "65536"),
+    ] {
+        let perftest = |run: &Run, host: &str, server: Option<&str>| {
+            let mut args = vec!["ucx_perftest"];
+            args.extend(server);
+            args.extend(["-t", test, "-s", size, "-n", "2000", "-w", "100"]);
+            args.extend(["-p", "13377"]);
+            let mut c = run.exec(host, &args);
+            c.env("UCX_TLS", tls)
+                .env("UCX_NET_DEVICES", "softrnic0:1")
+                .env("UCX_LOG_LEVEL", "diag")
+                .env_remove("UCX_UD_VERBS_ETH_DGID_CHECK");
+            c
+        };
+        let server = spawn(&mut perftest(&run, "h1", None));
+        let t = Instant::now();
+        let client = loop {
+            std::thread::sleep(Duration::from_millis(300));
+            let c = run_timeout(
+                &mut perftest(&run, "h2", Some(&ip)),
+                Duration::from_secs(60),
+            );
+            if c.status.success() || t.elapsed() > Duration::from_secs(10) {
+                break c;
+            }
+        };
+        let server = wait_timeout(server, Duration::from_secs(30));
+        for (side, o) in [("client", &client), ("server", &server)] {
+            assert!(o.status.success(), "{tls} {side}: {}", text(o));
+            for unwanted in ["ibv_destroy_comp_channel", "gid_attrs/ndevs"] {
+                assert!(!text(o).contains(unwanted), "{tls} {side}: {}", text(o));
+            }
+        }
+        assert!(text(&client).contains("Final:"), "{}", text(&client));
+    }
+}

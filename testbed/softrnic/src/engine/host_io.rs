@@ -51,27 +51,60 @@ pub(super) fn serve_conn(sh: Arc<Shared>, mut s: UnixStream, conn: u64) {
     let mut first = true;
     while let Ok(body) = proto::read_frame(&mut s) {
         if std::mem::take(&mut first) {
-            if let Ok(Req::AttachChannel { id, token }) = Req::decode(&body) {
-                serve_channel(&sh, s, pid, id, token);
-                return;
+            match Req::decode(&body) {
+                Ok(Req::AttachChannel { id, token }) => {
+                    serve_channel(&sh, s, pid, id, token);
+                    return;
+                }
+                Ok(Req::JoinContext { conn: owner, token }) => {
+                    serve_forked(&sh, s, pid, owner, token);
+                    return;
+                }
+                _ => {}
             }
         }
-        let resp = match Req::decode(&body) {
-            Ok(req) => {
-                let mut st = sh.lock();
-                let r = st.request(conn, pid, req);
-                sh.flush_out(&mut st);
-                drop(st);
-                sh.kick();
-                r
-            }
-            Err(_) => err(libc::EINVAL),
-        };
+        let resp = answer(&sh, conn, pid, &body, false);
         if proto::write_frame(&mut s, &resp.encode()).is_err() {
             break;
         }
     }
     sh.lock().drop_conn(conn);
+}
+
+/// A request of process `pid` on behalf of context `conn`; `joined`: from a process that
+/// joined it, which finds it gone (`ENODEV`) once its owner's connection has closed.
+fn answer(sh: &Shared, conn: u64, pid: i32, body: &[u8], joined: bool) -> Resp {
+    match Req::decode(body) {
+        Ok(req) => {
+            let mut st = sh.lock();
+            if joined && !st.context_keys.contains_key(&conn) {
+                return err(libc::ENODEV);
+            }
+            let r = st.request(conn, pid, req);
+            sh.flush_out(&mut st);
+            drop(st);
+            sh.kick();
+            r
+        }
+        Err(_) => err(libc::EINVAL),
+    }
+}
+
+/// The connection of process `pid`, forked from the owner of context `owner`, which shows
+/// the context's secret: its requests act on that context, with its own memory. The context
+/// ends with its owner's connection, as before; this one ending leaves it alone.
+fn serve_forked(sh: &Shared, mut s: UnixStream, pid: i32, owner: u64, token: u64) {
+    let joined = sh.lock().context_keys.get(&owner) == Some(&token);
+    let resp = if joined { Resp::Unit } else { err(libc::EPERM) };
+    if proto::write_frame(&mut s, &resp.encode()).is_err() || !joined {
+        return;
+    }
+    while let Ok(body) = proto::read_frame(&mut s) {
+        let resp = answer(sh, owner, pid, &body, true);
+        if proto::write_frame(&mut s, &resp.encode()).is_err() {
+            break;
+        }
+    }
 }
 
 /// A channel's event connection: attach it, then wait for the process to close it.

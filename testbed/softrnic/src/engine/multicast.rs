@@ -30,7 +30,28 @@ impl State {
         if !fits {
             return err(libc::EINVAL);
         }
+        let ud = group & device::MAC_GROUP == 0;
+        let ud_groups = || {
+            self.mcast
+                .keys()
+                .filter(|g| *g & device::MAC_GROUP == 0)
+                .count()
+        };
+        if attach
+            && ud
+            && !self.mcast.contains_key(&group)
+            && ud_groups() >= device::MAX_MCAST_GRP as usize
+        {
+            return err(libc::ENOMEM);
+        }
         let members = self.mcast.entry(group).or_default();
+        if attach
+            && ud
+            && !members.contains(&qpn)
+            && members.len() >= device::MAX_MCAST_QP_ATTACH as usize
+        {
+            return err(libc::ENOMEM);
+        }
         let changed = if attach {
             members.insert(qpn)
         } else {

@@ -51,6 +51,13 @@ pub(super) fn responder_error_event(syndrome: u8) -> Option<u32> {
 /// Bytes of the GRH in front of every UD receive.
 pub(super) const GRH_LEN: usize = 40;
 
+/// A UD receive's `wc.sl` on RoCE, as mlx5 reports it: the CQE's packet type (`flags_rqpn`
+/// bits 27:24; PRM: bit 3 the frame had a UDP header, bits 2:0 its L3 header, 0 GRH (RoCE
+/// v1), 1 IPv6, 2 IPv4). Every packet here is RoCE v2 over IPv4. UCX reads `sl & 7` to know
+/// where in the 40 reserved bytes the destination address is (the last 4 for IPv4, the last
+/// 16 for IPv6) and drops datagrams whose address is not its own.
+pub(super) const ROCE_V2_IPV4_SL: u8 = 0x8 | 0x2;
+
 impl State {
     pub(super) fn on_packet(&mut self, from: SocketAddr, p: Packet, now: Instant) {
         // Only WRITE, SEND and READ response packets may find data gathered (see
@@ -464,6 +471,7 @@ impl State {
             qp_num: qpn,
             src_qp: p.src_qpn,
             wc_flags: IBV_WC_GRH,
+            sl: ROCE_V2_IPV4_SL,
             ..Default::default()
         };
         if p.flags & wire::F_IMM != 0 {
@@ -490,6 +498,7 @@ impl State {
         if wc.status != IBV_WC_SUCCESS {
             wc.byte_len = 0;
             wc.wc_flags = 0;
+            wc.sl = 0;
         }
         self.push_cqe_solicited(rcq, wc, p.flags & wire::F_SOLICITED != 0);
     }

@@ -1923,6 +1923,11 @@ mod fuzz {
             (100, IBV_WC_SUCCESS, 43, PEER_QPN, 9)
         );
         assert_eq!(wc.wc_flags, IBV_WC_GRH | IBV_WC_WITH_IMM);
+        assert_eq!(
+            wc.sl & 7,
+            2,
+            "the packet type of an IPv4 datagram, where UCX looks for its GID"
+        );
         // 1024-byte receives: 985 bytes + GRH do not fit.
         r.st.on_packet(stranger, dgram(UD_QKEY, vec![7; 985]), now);
         assert_eq!(

@@ -15,7 +15,9 @@ impl State {
         {
             return err(libc::EINVAL);
         }
-        if len == 0 || addr.checked_add(len).is_none() || m.iova.checked_add(len).is_none() {
+        // Zero length only reaches here from a device-memory MR, which the kernel allows
+        // (it grants nothing); plain MRs of zero bytes are refused below and by the provider.
+        if addr.checked_add(len).is_none() || m.iova.checked_add(len).is_none() {
             return err(libc::EINVAL);
         }
         if self.mrs.len() >= device::MAX_MR as usize {
@@ -26,6 +28,7 @@ impl State {
         // address 0, length SIZE_MAX).
         let mut probe = [0u8; 1];
         if access & IBV_ACCESS_ON_DEMAND == 0
+            && len > 0
             && (read_mem(pid, addr, &mut probe).is_err()
                 || read_mem(pid, addr + len - 1, &mut probe).is_err())
         {
@@ -77,6 +80,9 @@ impl State {
                 len,
                 access,
             } => {
+                if len == 0 {
+                    return err(libc::EINVAL);
+                }
                 let iova = addr;
                 self.request(
                     conn,
@@ -184,6 +190,12 @@ impl State {
                 );
                 Resp::Cq { handle: h, cqe }
             }
+            Req::ContextKey => Resp::ContextKey {
+                conn,
+                token: *self.context_keys.entry(conn).or_insert_with(random_u64),
+            },
+            // Only as a connection's first request (`host_io::serve_conn`).
+            Req::JoinContext { .. } => err(libc::EINVAL),
             Req::CreateChannel | Req::CreateAsyncChannel => {
                 let events = matches!(req, Req::CreateAsyncChannel).then(EventQueue::default);
                 if events.is_some() && self.event_queue(conn).is_some() {

@@ -17,9 +17,16 @@ pub(super) unsafe extern "C" fn create_cq(
     ctx: *mut IbvContext,
     cqe: c_int,
     channel: *mut c_void,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut IbvCq {
     guard(null_mut(), || {
+        // SAFETY: ctx is ours; alloc_context set num_comp_vectors.
+        let vectors = unsafe { (*ctx).num_comp_vectors };
+        if !(0..vectors).contains(&comp_vector) {
+            // As the kernel's CREATE_CQ refuses a vector the device does not have.
+            set_errno(libc::EINVAL);
+            return null_mut();
+        }
         let channel_id = if channel.is_null() {
             0
         } else {

@@ -47,19 +47,9 @@ pub(super) unsafe extern "C" fn create_cq_ex(
         if cq.is_null() {
             return cq;
         }
-        // What libibverbs' ibv_create_cq does after the provider's create_cq
-        // (verbs_init_cq); ibv_create_cq_ex calls the provider directly.
-        // SAFETY: the CQ just made, not handed out yet; the context's mutex is libibverbs'.
-        unsafe {
-            (*cq).channel = a.channel;
-            (*cq).cq_context = a.cq_context;
-            let ch = a.channel as *mut IbvCompChannel;
-            if !ch.is_null() {
-                libc::pthread_mutex_lock(&mut (*ctx).mutex);
-                (*ch).refcnt += 1;
-                libc::pthread_mutex_unlock(&mut (*ctx).mutex);
-            }
-        }
+        // libibverbs' ibv_create_cq_ex then runs verbs_init_cq, which sets the channel and
+        // context and takes the channel's reference (ibv_destroy_cq drops it): taking one
+        // here too kept ibv_destroy_comp_channel at EBUSY for ever.
         // SAFETY: create_cq made it as an SrCq.
         let t = &mut unsafe { &mut *(cq as *mut SrCq) }.ex;
         t.start_poll = start_poll as *const () as usize;

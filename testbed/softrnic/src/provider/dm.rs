@@ -114,6 +114,17 @@ unsafe fn range(dm: *mut IbvDm, offset: u64, len: usize) -> Option<*mut u8> {
     unsafe { (end <= (*d).len as u64).then(|| (*d).mem.add(offset as usize)) }
 }
 
+/// Where a copy to or from the DM goes: `EFAULT` past its end, then `EINVAL` unless offset
+/// and length are multiples of 4 — mlx5's order; its device memory is reached in 4-byte words.
+unsafe fn copy_range(dm: *mut IbvDm, offset: u64, len: usize) -> Result<*mut u8, c_int> {
+    // SAFETY: dm is ours.
+    let p = unsafe { range(dm, offset, len) }.ok_or(libc::EFAULT)?;
+    if offset % 4 != 0 || len % 4 != 0 {
+        return Err(libc::EINVAL);
+    }
+    Ok(p)
+}
+
 unsafe extern "C" fn memcpy_to_dm(
     dm: *mut IbvDm,
     offset: u64,
@@ -122,12 +133,12 @@ unsafe extern "C" fn memcpy_to_dm(
 ) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: dm is ours; the caller provides len readable bytes at host.
-        match unsafe { range(dm, offset, len) } {
-            Some(p) => {
+        match unsafe { copy_range(dm, offset, len) } {
+            Ok(p) => {
                 unsafe { std::ptr::copy(host as *const u8, p, len) };
                 0
             }
-            None => libc::EFAULT,
+            Err(e) => e,
         }
     })
 }
@@ -140,12 +151,12 @@ unsafe extern "C" fn memcpy_from_dm(
 ) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: dm is ours; the caller provides len writable bytes at host.
-        match unsafe { range(dm, offset, len) } {
-            Some(p) => {
+        match unsafe { copy_range(dm, offset, len) } {
+            Ok(p) => {
                 unsafe { std::ptr::copy(p, host as *mut u8, len) };
                 0
             }
-            None => libc::EFAULT,
+            Err(e) => e,
         }
     })
 }
@@ -162,9 +173,9 @@ pub(super) unsafe extern "C" fn reg_dm_mr(
     guard(null_mut(), || {
         // SAFETY: dm is ours.
         let start = unsafe { range(dm, offset, len) };
-        let Some(start) = start.filter(|_| {
-            len > 0 && access & IBV_ACCESS_ZERO_BASED != 0 && access & !DM_MR_ACCESS == 0
-        }) else {
+        let Some(start) =
+            start.filter(|_| access & IBV_ACCESS_ZERO_BASED != 0 && access & !DM_MR_ACCESS == 0)
+        else {
             set_errno(libc::EINVAL);
             return null_mut();
         };

@@ -13,7 +13,9 @@
  * lockstep over TCP:
  *   1. the server binds a type 1 window (ibv_bind_mw, a signalled IBV_WC_BIND_MW completion)
  *      over [1024, 2048) read-only, and a type 2 window (IBV_WR_BIND_MW on QP 0, rkey chosen
- *      with ibv_inc_rkey) over [4096, 4608) read-write, and registers the IOVA MR; it
+ *      with ibv_inc_rkey) over [4096, 4608) read-write (both binds also ask for
+ *      IBV_ACCESS_LOCAL_WRITE, as pyverbs' tests do: mlx5 ignores it and so must we, and it
+ *      grants nothing remote), and registers the IOVA MR; it
  *      allocates device memory (ibv_alloc_dm; more than the device reports fails with ENOMEM),
  *      copies a pattern in (a copy past its end fails with EFAULT) and registers part of it
  *      zero-based for remote READ (not zero-based: EINVAL; freeing it under the MR: EBUSY);
@@ -160,7 +162,8 @@ static void bind_type2(struct ibv_mw *mw, uint32_t rkey)
 	wr.bind_mw.bind_info.mr = mr;
 	wr.bind_mw.bind_info.addr = (uintptr_t)(buf + W2_OFF);
 	wr.bind_mw.bind_info.length = W2_LEN;
-	wr.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+	wr.bind_mw.bind_info.mw_access_flags =
+		IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
 	expect(run(0, &wr, IBV_WC_BIND_MW), IBV_WC_SUCCESS, "type 2 bind");
 	mw->rkey = rkey;
 }
@@ -171,8 +174,8 @@ static void bind_type1(struct ibv_mw *mw, int zero_based)
 	b.bind_info.mr = mr;
 	b.bind_info.addr = (uintptr_t)(buf + W1_OFF);
 	b.bind_info.length = W1_LEN;
-	b.bind_info.mw_access_flags =
-		IBV_ACCESS_REMOTE_READ | (zero_based ? IBV_ACCESS_ZERO_BASED : 0);
+	b.bind_info.mw_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
+				      (zero_based ? IBV_ACCESS_ZERO_BASED : 0);
 	uint32_t old = mw->rkey;
 	if (ibv_bind_mw(qps[0], mw, &b))
 		die("ibv_bind_mw");
