@@ -166,7 +166,10 @@ fn qperf_rc_tests_bare_fail_open_and_governed() {
     }
     let ceiling = WQE_RATE as f64 * 65536.0 * 1.1;
     assert!(bw[2] <= ceiling, "governed rc_bw {} B/s > {ceiling}", bw[2]);
-    eprintln!("qperf rc_bw B/s: bare {} fail-open {} governed {}", bw[0], bw[1], bw[2]);
+    eprintln!(
+        "qperf rc_bw B/s: bare {} fail-open {} governed {}",
+        bw[0], bw[1], bw[2]
+    );
 }
 
 /// `ucx_perftest` between two hosts over UCX's RC and UD verbs transports and over UD
@@ -187,7 +190,11 @@ fn ucx_perftest_bare_fail_open_and_governed() {
             ("UCX_NET_DEVICES", "softrnic0:1"),
             ("UCX_WARN_UNUSED_ENV_VARS", "n"),
         ];
-        for (test, size) in [("tag_lat", "8"), ("tag_bw", "4096"), ("ucp_put_bw", "65536")] {
+        for (test, size) in [
+            ("tag_lat", "8"),
+            ("tag_bw", "4096"),
+            ("ucp_put_bw", "65536"),
+        ] {
             if tls == "ud_verbs" && test == "ucp_put_bw" {
                 // UD has no RDMA write: UCX emulates puts with active messages, tested above.
                 continue;

@@ -155,4 +155,3 @@ impl Drop for Agent {
         self.kill();
     }
 }
-

@@ -1,0 +1,128 @@
+//! How big a run is (`--profile smoke|quick|full`) and the NIC the scenarios emulate.
+//!
+//! softrnic's engines cannot move packets as fast as a real NIC, so the scenarios run on a
+//! **time-dilated** NIC: every rate divided and every per-event cost multiplied by the
+//! same factor `DILATION`, small enough that the NIC model, not the emulator's CPU, decides
+//! the results. The profile was calibrated on `fig2a` and `fig2c` only and is frozen
+//! (docs/testbed.md); the test cases never tune it.
+
+use clap::ValueEnum;
+use serde::{Deserialize, Serialize};
+
+/// Real time = dilated time / `DILATION` (and real rates = dilated × `DILATION`).
+pub const DILATION: f64 = 200.0;
+
+/// The emulated NIC (softrnic's NIC model), in dilated units.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Nic {
+    pub name: &'static str,
+    pub line_rate_gbps: f64,
+    pub mtu: u32,
+    pub qp_cache: u32,
+    pub qp_miss_ns: u64,
+    pub wqe_fetch_ns: u64,
+    pub wqe_fetch_batch: u32,
+}
+
+/// The frozen profile: a 40 Gb/s NIC with a 20-context QP cache (the knee the DRUM paper
+/// measured), 0.2 µs per context miss and 0.25 µs per WQE fetched, dilated 200×.
+pub const DILATED: Nic = Nic {
+    name: "dilated-200x",
+    line_rate_gbps: 40.0 / DILATION,
+    mtu: 1024,
+    qp_cache: 20,
+    qp_miss_ns: 40_000,
+    wqe_fetch_ns: 50_000,
+    wqe_fetch_batch: 64,
+};
+
+impl Nic {
+    /// The options of `softrnic up` that set this NIC.
+    pub fn softrnic_args(&self) -> Vec<String> {
+        [
+            ("--line-rate-gbps", self.line_rate_gbps.to_string()),
+            ("--mtu", self.mtu.to_string()),
+            ("--qp-cache", self.qp_cache.to_string()),
+            ("--qp-miss-ns", self.qp_miss_ns.to_string()),
+            ("--wqe-fetch-ns", self.wqe_fetch_ns.to_string()),
+            ("--wqe-fetch-batch", self.wqe_fetch_batch.to_string()),
+        ]
+        .into_iter()
+        .flat_map(|(k, v)| [k.to_string(), v])
+        .collect()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+pub enum Profile {
+    /// Every scenario and mode once, tiny: outputs well-formed, no conclusions (CI).
+    Smoke,
+    /// Every scenario at fewer points and shorter runs (the main demo, ≤ 10 minutes).
+    Quick,
+    /// The points and lengths the criteria are judged on.
+    Full,
+}
+
+impl Profile {
+    pub fn name(self) -> &'static str {
+        match self {
+            Profile::Smoke => "smoke",
+            Profile::Quick => "quick",
+            Profile::Full => "full",
+        }
+    }
+
+    pub fn default_repeats(self) -> u32 {
+        match self {
+            Profile::Smoke => 1,
+            Profile::Quick => 1,
+            Profile::Full => 3,
+        }
+    }
+
+    /// Scales a measurement's length (iterations, messages) for this profile.
+    pub fn length(self, full: u64) -> u64 {
+        match self {
+            Profile::Smoke => (full / 20).max(20),
+            Profile::Quick => (full / 4).max(50),
+            Profile::Full => full,
+        }
+    }
+
+    /// Picks the points of a sweep: all of them in `full`, the first, a middle one and the
+    /// last in `quick`, the ends in `smoke`.
+    pub fn points<T: Copy>(self, all: &[T]) -> Vec<T> {
+        let n = all.len();
+        let idx: Vec<usize> = match self {
+            Profile::Full => (0..n).collect(),
+            Profile::Quick if n > 3 => vec![0, n / 2, n - 1],
+            Profile::Smoke if n > 2 => vec![0, n - 1],
+            _ => (0..n).collect(),
+        };
+        idx.into_iter().map(|i| all[i]).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profiles_pick_the_ends_of_a_sweep() {
+        let all = [1, 2, 3, 4, 5];
+        assert_eq!(Profile::Full.points(&all), all);
+        assert_eq!(Profile::Quick.points(&all), [1, 3, 5]);
+        assert_eq!(Profile::Smoke.points(&all), [1, 5]);
+        assert_eq!(Profile::Smoke.points(&[7]), [7]);
+        assert_eq!(Profile::Smoke.length(1000), 50);
+        assert_eq!(Profile::Smoke.length(100), 20);
+    }
+
+    #[test]
+    fn the_dilated_nic_is_a_40_gbps_nic_slowed_down() {
+        assert_eq!(DILATED.line_rate_gbps * DILATION, 40.0);
+        let a = DILATED.softrnic_args();
+        assert_eq!(a[0..2], ["--line-rate-gbps", "0.2"]);
+        assert_eq!(a.len(), 12);
+    }
+}

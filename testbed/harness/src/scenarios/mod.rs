@@ -1,0 +1,108 @@
+//! The scenarios: what each reproduces (the paper's figure and numbers), the points it
+//! runs, how one run is done, and the criteria its results are judged by.
+
+mod fig2;
+pub mod perftest;
+
+use crate::cluster::Cluster;
+use crate::profile::Profile;
+use crate::summary::Summary;
+use anyhow::Result;
+use clap::ValueEnum;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// How the applications run: as they are, sharing QPs behind a lock (the paper's baseline),
+/// or under DRUM (the shim, governed by the live cluster).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize, Deserialize)]
+pub enum Mode {
+    Raw,
+    Share,
+    Drum,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Raw => "raw",
+            Mode::Share => "share",
+            Mode::Drum => "drum",
+        }
+    }
+}
+
+/// A point of the paper's figure: (series, x, y), in real (undilated) units.
+pub type PaperPoint = (&'static str, f64, f64);
+
+/// What one run measured.
+#[derive(Default)]
+pub struct Measured {
+    pub metrics: BTreeMap<String, f64>,
+    pub mechanism: BTreeMap<String, f64>,
+    pub samples: Vec<f64>,
+    pub flags: Vec<String>,
+}
+
+/// Where a run happens.
+pub struct RunCtx<'a> {
+    pub cluster: &'a Cluster,
+    pub profile: Profile,
+    pub seed: u64,
+}
+
+/// A criterion's outcome: what was measured against what it needed, and the paper's value.
+#[derive(Clone, Debug, Serialize)]
+pub struct Verdict {
+    pub scenario: &'static str,
+    pub criterion: String,
+    pub measured: String,
+    pub paper: String,
+    /// `None`: the data needed is missing (not run at those points, or in that profile).
+    pub pass: Option<bool>,
+}
+
+/// How a measure maps to real time: a latency shrinks by the dilation, a rate grows by it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Unit {
+    Micros,
+    MibPerS,
+}
+
+pub struct Scenario {
+    pub name: &'static str,
+    /// The paper's figure, e.g. "DRUM Fig. 2(c)".
+    pub figure: &'static str,
+    pub title: &'static str,
+    /// The paper's result in words, as the report quotes it.
+    pub claim: &'static str,
+    pub x_label: &'static str,
+    /// The measure the figure plots, and its unit.
+    pub metric: &'static str,
+    pub unit: Unit,
+    pub y_label: &'static str,
+    /// Emulated hosts it needs.
+    pub hosts: usize,
+    /// The series it runs for the modes asked for.
+    pub series: fn(&[Mode]) -> Vec<&'static str>,
+    /// The x values it runs in a profile.
+    pub xs: fn(Profile) -> Vec<f64>,
+    pub paper: &'static [PaperPoint],
+    pub run: fn(&RunCtx, &str, f64) -> Result<Measured>,
+    pub criteria: fn(&Summary) -> Vec<Verdict>,
+}
+
+impl Scenario {
+    /// Whether any run of it needs the DRUM daemons.
+    pub fn needs_drum(&self, modes: &[Mode]) -> bool {
+        (self.series)(modes).contains(&Mode::Drum.name())
+    }
+}
+
+/// Every scenario, in the order `list` and the report show them.
+pub fn all() -> Vec<Scenario> {
+    vec![fig2::fig2a(), fig2::fig2c()]
+}
+
+pub fn find(name: &str) -> Option<Scenario> {
+    all().into_iter().find(|s| s.name == name)
+}
