@@ -247,14 +247,18 @@ fn open_mpi_over_ucx_bare_fail_open_and_governed() {
         Duration::from_secs(60),
     );
     assert_ok(&out, "mpicc");
-    // mpirun's remote shell: "HOST COMMAND…" runs COMMAND on emulated host HOST.
+    // mpirun's remote shell: "HOST COMMAND…" runs COMMAND on emulated host HOST. The
+    // emulated hosts share the machine's host name and /tmp, where Open MPI's daemons make
+    // their session directories: each host gets a TMPDIR of its own, or two daemons race
+    // for one directory ("mkdir … File exists").
     let rsh = run.dir.join("rsh");
     std::fs::write(
         &rsh,
         format!(
-            "#!/bin/sh\nhost=$1; shift\nSOFTRNIC_RUN_DIR='{}' exec '{}' exec --host \"$host\" -- sh -c \"$*\"\n",
-            run.dir.display(),
-            built("softrnic").display()
+            "#!/bin/sh\nhost=$1; shift\nexport TMPDIR='{dir}'/tmp-$host\nmkdir -p \"$TMPDIR\"\n\
+             SOFTRNIC_RUN_DIR='{dir}' exec '{softrnic}' exec --host \"$host\" -- sh -c \"$*\"\n",
+            dir = run.dir.display(),
+            softrnic = built("softrnic").display()
         ),
     )
     .unwrap();
