@@ -212,7 +212,9 @@ fn ucx_perftest_bare_fail_open_and_governed() {
                 let server = wait_timeout(server, Duration::from_secs(30));
                 assert_pair_ok(&server, &client, &who);
                 let out = String::from_utf8_lossy(&client.stdout);
-                assert!(out.contains("Final:"), "{who}: {}", text(&client));
+                let fin = out.lines().find(|l| l.starts_with("Final:"));
+                let fin = fin.unwrap_or_else(|| panic!("{who}: {}", text(&client)));
+                eprintln!("{who}: {}", fin.split_whitespace().collect::<Vec<_>>().join(" "));
                 for o in [&server, &client] {
                     let err = String::from_utf8_lossy(&o.stderr);
                     assert!(
