@@ -32,15 +32,21 @@ extern "C" fn on_signal(_: libc::c_int) {
     INTERRUPTED.store(true, Relaxed);
 }
 
-fn catch_interrupts() {
+/// Makes SIGINT and SIGTERM set a flag that long operations check (see [`interrupted`]).
+pub fn catch_interrupts() {
     for sig in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
         unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
     }
 }
 
+/// Whether SIGINT or SIGTERM arrived since [`catch_interrupts`].
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Relaxed)
+}
+
 fn check_interrupted() -> Result<()> {
-    if INTERRUPTED.load(Relaxed) {
+    if interrupted() {
         bail!("interrupted");
     }
     Ok(())
@@ -114,6 +120,17 @@ impl Cluster {
     /// on the first, and an agent on each; on failure or interruption, tears down what it
     /// started.
     pub fn up(&self, hosts: usize, line_rate_gbps: f64, softrnic_args: &[String]) -> Result<()> {
+        self.bring_up(hosts, line_rate_gbps, softrnic_args, true)
+    }
+
+    /// [`up`](Self::up); without `drum`, the hosts alone (for runs that never use the shim).
+    pub fn bring_up(
+        &self,
+        hosts: usize,
+        line_rate_gbps: f64,
+        softrnic_args: &[String],
+        drum: bool,
+    ) -> Result<()> {
         if !(1..=64).contains(&hosts) {
             bail!("--hosts must be 1 to 64, got {hosts}");
         }
@@ -127,14 +144,20 @@ impl Cluster {
             );
         }
         catch_interrupts();
-        let r = self.start(hosts, line_rate_gbps, softrnic_args);
+        let r = self.start(hosts, line_rate_gbps, softrnic_args, drum);
         if r.is_err() {
             self.down()?;
         }
         r
     }
 
-    fn start(&self, n: usize, line_rate_gbps: f64, softrnic_args: &[String]) -> Result<()> {
+    fn start(
+        &self,
+        n: usize,
+        line_rate_gbps: f64,
+        softrnic_args: &[String],
+        drum: bool,
+    ) -> Result<()> {
         std::fs::create_dir_all(&self.dir)
             .with_context(|| format!("creating {}", self.dir.display()))?;
         let names: Vec<String> = (1..=n).map(|i| format!("h{i}")).collect();
@@ -147,6 +170,9 @@ impl Cluster {
         .context("softrnic up")?;
         std::fs::write(self.dir.join("hosts"), names.join("\n") + "\n")?;
         check_interrupted()?;
+        if !drum {
+            return Ok(());
+        }
         let hosts = names
             .iter()
             .map(|h| Ok((h.clone(), self.addr(h)?)))
@@ -238,18 +264,46 @@ impl Cluster {
         if cmd.is_empty() {
             bail!("no command given (drum-testbed cluster exec --host H --app NAME -- CMD…)");
         }
+        let mut c = self.governed(host, app, cmd)?;
+        Err(anyhow!("exec softrnic: {}", c.exec()))
+    }
+
+    /// `cmd` on `host` as it is (no shim).
+    pub fn raw(&self, host: &str, cmd: &[String]) -> Result<Command> {
+        let mut c = self.softrnic()?;
+        c.args(["exec", "--host", host, "--"])
+            .args(cmd)
+            .env_remove("LD_PRELOAD");
+        Ok(c)
+    }
+
+    /// `cmd` on `host` under the shim as app `app`, governed by the host's agent.
+    pub fn governed(&self, host: &str, app: &str, cmd: &[String]) -> Result<Command> {
         let shim = self.tool("libdrum_shim.so")?;
         let preload = match std::env::var("LD_PRELOAD") {
             Ok(p) if !p.is_empty() => format!("{} {p}", shim.display()),
             _ => shim.display().to_string(),
         };
-        let mut c = self.softrnic()?;
-        c.args(["exec", "--host", host, "--"])
-            .args(cmd)
-            .env("LD_PRELOAD", preload)
+        let mut c = self.raw(host, cmd)?;
+        c.env("LD_PRELOAD", preload)
             .env("DRUM_AGENT_SOCKET", self.dir.join(host).join("shim.sock"))
             .env("DRUM_APP", app);
-        Err(anyhow!("exec softrnic: {}", c.exec()))
+        Ok(c)
+    }
+
+    /// `softrnic stats HOST` as name → value.
+    pub fn stats(&self, host: &str) -> Result<std::collections::BTreeMap<String, f64>> {
+        let out = self.softrnic()?.args(["stats", host]).output()?;
+        if !out.status.success() {
+            bail!("{}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                Some((f.next()?.to_string(), f.next()?.parse().ok()?))
+            })
+            .collect())
     }
 
     /// Host `host`'s address.

@@ -1,14 +1,28 @@
 //! `drum-testbed`: DRUM's testbed on one machine. `cluster` brings up a DRUM cluster of
 //! emulated hosts (softrnic), a coordinator and one agent per host, and runs unmodified RDMA
-//! programs on it under the shim (docs/testbed.md).
+//! programs on it under the shim; `run`, `report` and `check` reproduce the DRUM paper's
+//! experiments (docs/testbed.md).
 
 mod cluster;
 mod configs;
 mod daemons;
+mod fonts;
+mod meta;
+mod plot;
+mod profile;
+mod programs;
+mod record;
+mod report;
+mod runner;
+mod scenarios;
+mod stats;
+mod summary;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use cluster::Cluster;
+use profile::Profile;
+use scenarios::Mode;
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -26,6 +40,29 @@ enum Top {
     /// A DRUM cluster of emulated hosts on this machine.
     #[command(subcommand)]
     Cluster(ClusterCmd),
+    /// Every scenario and the paper's figure it reproduces.
+    List,
+    /// Run scenarios in RAW, SHARE and DRUM modes; resumes into an existing --out.
+    Run {
+        /// Scenarios (see `list`); `all` for every one.
+        #[arg(required = true)]
+        scenarios: Vec<String>,
+        #[arg(long, value_delimiter = ',', default_value = "raw,share,drum")]
+        modes: Vec<Mode>,
+        #[arg(long, value_enum, default_value = "quick")]
+        profile: Profile,
+        /// Repeats of every point (default: the profile's).
+        #[arg(long)]
+        repeats: Option<u32>,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long, default_value = "out/testbed")]
+        out: PathBuf,
+    },
+    /// Rebuild every output of DIR (CSV, plots, report.html) from its raw runs.
+    Report { dir: PathBuf },
+    /// Print every criterion with the measured and the paper's value; fail if one fails.
+    Check { dir: PathBuf },
 }
 
 #[derive(Subcommand)]
@@ -90,5 +127,38 @@ fn run(cli: Cli) -> Result<()> {
             ClusterCmd::Status { json } => cluster.status(json),
             ClusterCmd::Down => cluster.down(),
         },
+        Top::List => {
+            for s in scenarios::all() {
+                println!("{:<10} {:<16} {}", s.name, s.figure, s.title);
+            }
+            Ok(())
+        }
+        Top::Run {
+            scenarios: names,
+            modes,
+            profile,
+            repeats,
+            seed,
+            out,
+        } => {
+            let names = if names.iter().any(|n| n == "all") {
+                scenarios::all()
+                    .iter()
+                    .map(|s| s.name.to_string())
+                    .collect()
+            } else {
+                names
+            };
+            runner::run(&runner::RunOptions {
+                scenarios: names,
+                modes,
+                profile,
+                repeats,
+                seed,
+                out,
+            })
+        }
+        Top::Report { dir } => report::build(&dir),
+        Top::Check { dir } => report::check(&dir),
     }
 }

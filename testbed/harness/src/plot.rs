@@ -1,6 +1,7 @@
 //! One figure per scenario: the median of its measure against x for every series, the
 //! interquartile range as error bars, and the paper's points, in real-time-equivalent units
-//! so the two can be read against each other. SVG (for the report, inline) and PNG.
+//! so the two can be read against each other. SVG (for the report, inline) and PNG; both
+//! measure text with the registered font.
 
 use anyhow::{anyhow, Result};
 use plotters::coord::Shift;
@@ -47,13 +48,18 @@ impl Figure<'_> {
         let (x0, x1) = xs.fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
         let y1 = ys.fold(0.0f64, f64::max);
         let x1 = if x1 > x0 { x1 } else { x0 + 1.0 };
-        ((x0.min(0.0), x1 * 1.05), (0.0, if y1 > 0.0 { y1 * 1.15 } else { 1.0 }))
+        (
+            (x0.min(0.0), x1 * 1.05),
+            (0.0, if y1 > 0.0 { y1 * 1.15 } else { 1.0 }),
+        )
     }
 
     fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<()>
     where
         DB::ErrorType: 'static,
     {
+        // Text is measured with the font, in SVG too.
+        crate::fonts::register()?;
         let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("drawing {}: {e}", self.title);
         root.fill(&WHITE).map_err(err)?;
         let ((x0, x1), (y0, y1)) = self.bounds();
@@ -81,9 +87,11 @@ impl Figure<'_> {
                 .label(line.name.clone())
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], c.stroke_width(2)));
             chart
-                .draw_series(line.points.iter().map(|p| {
-                    ErrorBar::new_vertical(p.0, p.2, p.1, p.3, c.filled(), 6)
-                }))
+                .draw_series(
+                    line.points
+                        .iter()
+                        .map(|p| ErrorBar::new_vertical(p.0, p.2, p.1, p.3, c.filled(), 6)),
+                )
                 .map_err(err)?;
         }
         if !self.paper.is_empty() {
@@ -115,7 +123,6 @@ impl Figure<'_> {
     }
 
     pub fn png(&self, path: &Path) -> Result<()> {
-        crate::fonts::register()?;
         self.draw(BitMapBackend::new(path, SIZE).into_drawing_area())
     }
 }

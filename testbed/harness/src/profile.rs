@@ -88,19 +88,6 @@ impl Profile {
             Profile::Full => full,
         }
     }
-
-    /// Picks the points of a sweep: all of them in `full`, the first, a middle one and the
-    /// last in `quick`, the ends in `smoke`.
-    pub fn points<T: Copy>(self, all: &[T]) -> Vec<T> {
-        let n = all.len();
-        let idx: Vec<usize> = match self {
-            Profile::Full => (0..n).collect(),
-            Profile::Quick if n > 3 => vec![0, n / 2, n - 1],
-            Profile::Smoke if n > 2 => vec![0, n - 1],
-            _ => (0..n).collect(),
-        };
-        idx.into_iter().map(|i| all[i]).collect()
-    }
 }
 
 #[cfg(test)]
@@ -108,12 +95,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn profiles_pick_the_ends_of_a_sweep() {
-        let all = [1, 2, 3, 4, 5];
-        assert_eq!(Profile::Full.points(&all), all);
-        assert_eq!(Profile::Quick.points(&all), [1, 3, 5]);
-        assert_eq!(Profile::Smoke.points(&all), [1, 5]);
-        assert_eq!(Profile::Smoke.points(&[7]), [7]);
+    fn profiles_scale_the_length_of_a_measurement() {
         assert_eq!(Profile::Smoke.length(1000), 50);
         assert_eq!(Profile::Smoke.length(100), 20);
     }

@@ -156,7 +156,6 @@ fn one(cluster: &Cluster, s: &Scenario, p: &Planned, opts: &RunOptions) -> Resul
     let ctx = RunCtx {
         cluster,
         profile: opts.profile,
-        seed,
     };
     let load_before = load_average();
     let started_unix_s = SystemTime::now()
@@ -234,7 +233,10 @@ mod tests {
         let p = plan(&s, &[Mode::Raw], Profile::Smoke, 2);
         let order: Vec<(u32, f64, &str)> = p.iter().map(|p| (p.repeat, p.x, p.series)).collect();
         assert_eq!(order.len(), 2 * 2 * 3);
-        assert_eq!(order[0..3], [(0, 1.0, "RC"), (0, 1.0, "UC"), (0, 1.0, "UD")]);
+        assert_eq!(
+            order[0..3],
+            [(0, 1.0, "RC"), (0, 1.0, "UC"), (0, 1.0, "UD")]
+        );
         assert_eq!(order[6], (1, 1.0, "RC"));
     }
 

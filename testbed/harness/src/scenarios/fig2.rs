@@ -5,6 +5,7 @@
 
 use super::perftest::{bw_average_mib, latencies_us};
 use super::{Measured, RunCtx, Scenario, Unit, Verdict};
+use crate::profile::Profile;
 use crate::programs::{finish, pair, spawn};
 use crate::stats::quantile;
 use crate::summary::Summary;
@@ -22,11 +23,7 @@ fn delta(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>, k: &str)
 }
 
 /// The mechanism behind a run on `host`'s NIC, from its counters before and after.
-fn mechanism(
-    before: &BTreeMap<String, f64>,
-    after: &BTreeMap<String, f64>,
-    m: &mut Measured,
-) {
+fn mechanism(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>, m: &mut Measured) {
     let d = |k| delta(after, before, k);
     let (hits, misses) = (d("qp_cache_hits"), d("qp_cache_misses"));
     if hits + misses > 0.0 {
@@ -63,7 +60,10 @@ pub fn fig2a() -> Scenario {
         y_label: "foreground p80 latency (µs, dilated)",
         hosts: 2,
         series: |_| vec!["raw"],
-        xs: |p| p.points(&[0.0, 20.0, 40.0, 60.0, 80.0, 100.0]),
+        xs: |p| match p {
+            Profile::Full => vec![0.0, 20.0, 40.0, 60.0, 80.0, 100.0],
+            _ => vec![0.0, 20.0, 100.0],
+        },
         paper: &[("raw", 20.0, 20.0), ("raw", 100.0, 78.0)],
         run: run_fig2a,
         criteria: criteria_fig2a,
@@ -97,7 +97,11 @@ fn run_fig2a(ctx: &RunCtx, _series: &str, batch: f64) -> Result<Measured> {
     a.extend(args(&["-n", &iters]));
     let server = c.raw("h1", &a);
     a.push(ip);
-    let fg = pair(&mut server?, &mut c.raw("h2", &a)?, Duration::from_secs(120));
+    let fg = pair(
+        &mut server?,
+        &mut c.raw("h2", &a)?,
+        Duration::from_secs(120),
+    );
     if let Some((server, client)) = corunner {
         // The co-runner's -D bounds it; it is stopped as soon as the foreground is done.
         for child in [client, server] {
@@ -143,7 +147,11 @@ pub fn fig2c() -> Scenario {
         y_label: "aggregate throughput (MiB/s, dilated)",
         hosts: 2,
         series: |_| vec!["RC", "UC", "UD"],
-        xs: |p| p.points(&[1.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0, 60.0, 80.0]),
+        xs: |p| match p {
+            Profile::Full => vec![1.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0, 60.0, 80.0],
+            Profile::Quick => vec![1.0, 10.0, 20.0, 40.0, 80.0],
+            Profile::Smoke => vec![1.0, 20.0, 80.0],
+        },
         paper: &[],
         run: run_fig2c,
         criteria: criteria_fig2c,
@@ -163,12 +171,18 @@ fn run_fig2c(ctx: &RunCtx, transport: &str, conns: f64) -> Result<Measured> {
         "ib_write_bw"
     };
     let qs = q.to_string();
-    let mut a = args(&[prog, "-x", "0", "-s", "1024", "-p", "18621", "-c", transport]);
+    let mut a = args(&[
+        prog, "-x", "0", "-s", "1024", "-p", "18621", "-c", transport,
+    ]);
     a.extend(args(&["-q", &qs, "-n", &per_qp]));
     let before = counters(ctx, "h2")?;
     let server = c.raw("h1", &a);
     a.push(ip);
-    let out = pair(&mut server?, &mut c.raw("h2", &a)?, Duration::from_secs(180))?;
+    let out = pair(
+        &mut server?,
+        &mut c.raw("h2", &a)?,
+        Duration::from_secs(180),
+    )?;
     let after = counters(ctx, "h2")?;
     let bw = bw_average_mib(&String::from_utf8_lossy(&out.stdout))?;
     let mut m = Measured::default();
@@ -205,7 +219,12 @@ fn criteria_fig2c(s: &Summary) -> Vec<Verdict> {
                     (Some(r), Some(x)) => format!("{r:.2} at {x} connections"),
                     _ => "not run".into(),
                 },
-                paper: if t == "UD" { "no drop" } else { "significant drop" }.into(),
+                paper: if t == "UD" {
+                    "no drop"
+                } else {
+                    "significant drop"
+                }
+                .into(),
                 pass,
             }
         })

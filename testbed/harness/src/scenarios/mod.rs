@@ -47,7 +47,6 @@ pub struct Measured {
 pub struct RunCtx<'a> {
     pub cluster: &'a Cluster,
     pub profile: Profile,
-    pub seed: u64,
 }
 
 /// A criterion's outcome: what was measured against what it needed, and the paper's value.

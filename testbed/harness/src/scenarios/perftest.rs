@@ -40,7 +40,8 @@ mod tests {
 
     #[test]
     fn bandwidth_and_latencies_are_read_from_perftest_reports() {
-        let bw = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n \
+        let bw =
+            " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n \
                   1024       235600           0.00               115.03 \t\t   0.117794\n";
         assert_eq!(bw_average_mib(bw).unwrap(), 115.03);
         assert!(bw_average_mib("nothing").is_err());
