@@ -66,6 +66,11 @@ impl Cluster {
         Ok(Cluster { dir, bin })
     }
 
+    /// One of the project's binaries (or libraries) beside `drum-testbed`.
+    pub fn tool_path(&self, name: &str) -> Result<PathBuf> {
+        self.tool(name)
+    }
+
     fn tool(&self, name: &str) -> Result<PathBuf> {
         let p = self.bin.join(name);
         if !p.is_file() {

@@ -156,6 +156,7 @@ fn one(cluster: &Cluster, s: &Scenario, p: &Planned, opts: &RunOptions) -> Resul
     let ctx = RunCtx {
         cluster,
         profile: opts.profile,
+        seed,
     };
     let load_before = load_average();
     let started_unix_s = SystemTime::now()

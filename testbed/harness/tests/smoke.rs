@@ -108,11 +108,7 @@ fn smoke_profile_runs_every_scenario_and_writes_a_report_chromium_renders() {
         Duration::from_secs(60),
     );
     let verdicts = String::from_utf8_lossy(&check.stdout);
-    assert!(
-        verdicts.lines().count() >= names.len(),
-        "{}",
-        text(&check)
-    );
+    assert!(verdicts.lines().count() >= names.len(), "{}", text(&check));
     // A second run with the same --out resumes: everything is already there.
     let resumed = run_timeout(
         Command::new(bin())
@@ -127,11 +123,16 @@ fn smoke_profile_runs_every_scenario_and_writes_a_report_chromium_renders() {
         text(&resumed)
     );
     if !have("chromium") {
-        eprintln!("SKIPPED (rendering only): chromium not installed (scripts/setup.sh installs it)");
+        eprintln!(
+            "SKIPPED (rendering only): chromium not installed (scripts/setup.sh installs it)"
+        );
         return;
     }
     let dom = rendered_dom(&out_dir.join("report.html"), &scratch.0);
-    assert!(dom.contains("id=\"stamp\""), "no stamp in the rendered report");
+    assert!(
+        dom.contains("id=\"stamp\""),
+        "no stamp in the rendered report"
+    );
     for name in &names {
         let at = dom
             .find(&format!("<section id=\"{name}\""))

@@ -23,7 +23,11 @@ fn delta(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>, k: &str)
 }
 
 /// The mechanism behind a run on `host`'s NIC, from its counters before and after.
-fn mechanism(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>, m: &mut Measured) {
+pub(super) fn mechanism(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+    m: &mut Measured,
+) {
     let d = |k| delta(after, before, k);
     let (hits, misses) = (d("qp_cache_hits"), d("qp_cache_misses"));
     if hits + misses > 0.0 {

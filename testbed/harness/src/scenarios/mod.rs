@@ -2,6 +2,7 @@
 //! runs, how one run is done, and the criteria its results are judged by.
 
 mod fig2;
+mod kv;
 pub mod perftest;
 
 use crate::cluster::Cluster;
@@ -47,6 +48,8 @@ pub struct Measured {
 pub struct RunCtx<'a> {
     pub cluster: &'a Cluster,
     pub profile: Profile,
+    /// The run's own seed (workloads that draw keys and sizes take it).
+    pub seed: u64,
 }
 
 /// A criterion's outcome: what was measured against what it needed, and the paper's value.
@@ -99,7 +102,7 @@ impl Scenario {
 
 /// Every scenario, in the order `list` and the report show them.
 pub fn all() -> Vec<Scenario> {
-    vec![fig2::fig2a(), fig2::fig2c()]
+    vec![fig2::fig2a(), fig2::fig2c(), kv::tc1_batch(), kv::tc1()]
 }
 
 pub fn find(name: &str) -> Option<Scenario> {

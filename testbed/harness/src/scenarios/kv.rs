@@ -1,0 +1,431 @@
+//! The DRUM paper's test cases on the `drum-kv` store: a server on h1, clients on h2 that
+//! share h2's NIC, in RAW (a QP per connection), SHARE (5 connections per QP behind a lock)
+//! and DRUM (the same programs under the shim, governed by the live cluster) modes.
+
+use super::{Measured, Mode, RunCtx, Scenario, Unit, Verdict};
+use crate::profile::Profile;
+use crate::programs::{check, finish, spawn};
+use crate::summary::Summary;
+use anyhow::{bail, Context, Result};
+use std::collections::BTreeMap;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+const PORT: u16 = 7471;
+/// The paper's SHARE baseline: connection grouping with multiplexing ratio 5.
+const SHARE_RATIO: &str = "5";
+
+/// One client's load: drum-kv client options (without server, share, duration, json).
+pub struct Load {
+    pub app: &'static str,
+    pub args: Vec<String>,
+}
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+fn mode_of(series: &str) -> Result<Mode> {
+    Ok(match series {
+        "raw" => Mode::Raw,
+        "share" => Mode::Share,
+        "drum" => Mode::Drum,
+        s => bail!("no mode {s:?}"),
+    })
+}
+
+/// `prog` on `host` as the mode runs it: as it is, or under the shim as `app`.
+fn command(ctx: &RunCtx, mode: Mode, host: &str, app: &str, prog: &[String]) -> Result<Command> {
+    let mut c = match mode {
+        Mode::Drum => ctx.cluster.governed(host, app, prog)?,
+        _ => ctx.cluster.raw(host, prog)?,
+    };
+    c.env("DRUM_SHIM_LOG", "1");
+    Ok(c)
+}
+
+fn kv(ctx: &RunCtx) -> Result<String> {
+    Ok(ctx.cluster.tool_path("drum-kv")?.display().to_string())
+}
+
+/// Waits until the server on `ip` accepts connections (its RDMA CM listener is up).
+fn wait_listening(ctx: &RunCtx, server: &mut Child, ip: &str) -> Result<()> {
+    let t = Instant::now();
+    loop {
+        if let Some(s) = server.try_wait()? {
+            bail!("drum-kv server exited at start ({s})");
+        }
+        let probe = strings(&[&kv(ctx)?, "client", "--server", &format!("{ip}:{PORT}")]);
+        let mut a = probe;
+        a.extend(strings(&["--ops", "1", "--json"]));
+        let out = ctx.cluster.raw("h2", &a)?.output()?;
+        if out.status.success() {
+            return Ok(());
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            bail!(
+                "drum-kv server not reachable: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The measured client's JSON summary, and the shim's account of it.
+struct ClientResult {
+    summary: serde_json::Value,
+    shim: BTreeMap<String, f64>,
+}
+
+/// The shim's exit summary line (`drum-shim: pid=… key=value …`) as numbers.
+fn shim_summary(stderr: &str) -> BTreeMap<String, f64> {
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("drum-shim: pid="))
+        .flat_map(|l| l.split_whitespace().skip(1))
+        .filter_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+fn client_result(o: &std::process::Output, who: &str) -> Result<ClientResult> {
+    check(o, who)?;
+    let summary: serde_json::Value =
+        serde_json::from_slice(&o.stdout).with_context(|| format!("{who}: no JSON summary"))?;
+    Ok(ClientResult {
+        summary,
+        shim: shim_summary(&String::from_utf8_lossy(&o.stderr)),
+    })
+}
+
+/// Runs the server, the background loads for the whole measurement, and the foreground
+/// load for `seconds`; returns the foreground's and the backgrounds' results.
+fn run_kv(
+    ctx: &RunCtx,
+    mode: Mode,
+    seed: u64,
+    server_args: &[&str],
+    fg: &Load,
+    bg: &[Load],
+    seconds: f64,
+) -> Result<(ClientResult, Vec<ClientResult>)> {
+    let ip = ctx.cluster.addr("h1")?.to_string();
+    let kv = kv(ctx)?;
+    let mut sargs = strings(&[&kv, "server", "--listen", &format!("{ip}:{PORT}")]);
+    sargs.extend(strings(server_args));
+    sargs.extend(strings(&["--seed", &seed.to_string()]));
+    let mut server = spawn(&mut command(ctx, mode, "h1", "kv-server", &sargs)?)?;
+    let r = (|| {
+        wait_listening(ctx, &mut server, &ip)?;
+        let client = |load: &Load, secs: f64| -> Result<Child> {
+            let mut a = strings(&[&kv, "client", "--server", &format!("{ip}:{PORT}")]);
+            a.extend(load.args.iter().cloned());
+            let share = if mode == Mode::Share {
+                SHARE_RATIO
+            } else {
+                "1"
+            };
+            a.extend(strings(&[
+                "--share",
+                share,
+                "--json",
+                "--seed",
+                &seed.to_string(),
+            ]));
+            a.extend(strings(&["--duration", &format!("{secs}")]));
+            spawn(&mut command(ctx, mode, "h2", load.app, &a)?)
+        };
+        // The backgrounds run past the foreground on both sides.
+        let bgs = bg
+            .iter()
+            .map(|l| client(l, seconds + 3.0))
+            .collect::<Result<Vec<_>>>()?;
+        std::thread::sleep(Duration::from_millis(1500));
+        let f = finish(
+            client(fg, seconds)?,
+            Duration::from_secs_f64(seconds + 60.0),
+        )?;
+        let fg = client_result(&f, "the foreground client")?;
+        let bgs = bgs
+            .into_iter()
+            .map(|c| {
+                let o = finish(c, Duration::from_secs_f64(seconds + 60.0))?;
+                client_result(&o, "a background client")
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok((fg, bgs))
+    })();
+    let _ = server.kill();
+    let _ = finish(server, Duration::from_secs(5));
+    r
+}
+
+fn num(v: &serde_json::Value, k: &str) -> f64 {
+    v[k].as_f64().unwrap_or(f64::NAN)
+}
+
+/// Wrong values are never accepted: a run that saw one fails.
+fn no_wrong_values(r: &ClientResult, who: &str) -> Result<()> {
+    let bad = num(&r.summary, "wrong_values") + num(&r.summary, "errors");
+    if bad > 0.0 {
+        bail!("{who}: {bad} wrong values or errors");
+    }
+    Ok(())
+}
+
+/// Records the foreground's latency, the backgrounds' throughput, and the mechanism: the
+/// client NIC's QP-cache misses and fetch batches, retransmissions, the shim's queueing.
+fn measured(
+    ctx: &RunCtx,
+    before: &BTreeMap<String, f64>,
+    fg: &ClientResult,
+    bgs: &[ClientResult],
+) -> Result<Measured> {
+    no_wrong_values(fg, "foreground")?;
+    for b in bgs {
+        no_wrong_values(b, "background")?;
+    }
+    let mut m = Measured::default();
+    for k in [
+        "p50_us",
+        "p80_us",
+        "p99_us",
+        "mean_us",
+        "ops_per_s",
+        "mib_per_s",
+    ] {
+        m.metrics.insert(format!("fg_{k}"), num(&fg.summary, k));
+    }
+    let bg_mib: f64 = bgs.iter().map(|b| num(&b.summary, "mib_per_s")).sum();
+    let bg_ops: f64 = bgs.iter().map(|b| num(&b.summary, "ops_per_s")).sum();
+    m.metrics.insert("bg_mib_per_s".into(), bg_mib);
+    m.metrics.insert("bg_ops_per_s".into(), bg_ops);
+    if let Some(b) = bgs.first() {
+        m.metrics.insert(
+            "bg_batch_mean_us".into(),
+            num(&b.summary["batch"], "mean_us"),
+        );
+        m.metrics.insert(
+            "bg_lock_wait_us".into(),
+            num(&b.summary, "lock_wait_total_us"),
+        );
+    }
+    let after = ctx.cluster.stats("h2")?;
+    super::fig2::mechanism(before, &after, &mut m);
+    for (who, r) in std::iter::once(("fg", fg)).chain(bgs.iter().map(|b| ("bg", b))) {
+        for k in ["deferred_wqes", "queue_delay_us"] {
+            if let Some(v) = r.shim.get(k) {
+                *m.mechanism.entry(format!("{who}_shim_{k}")).or_default() += v;
+            }
+        }
+    }
+    Ok(m)
+}
+
+fn secs(p: Profile) -> f64 {
+    match p {
+        Profile::Smoke => 1.0,
+        Profile::Quick => 3.0,
+        Profile::Full => 8.0,
+    }
+}
+
+fn modes(m: &[Mode]) -> Vec<&'static str> {
+    let mut m = m.to_vec();
+    m.sort();
+    m.dedup();
+    m.into_iter().map(Mode::name).collect()
+}
+
+/// The foreground of test case 1: one 32 B READ GET at a time.
+fn tc1_foreground() -> Load {
+    Load {
+        app: "kv-fg",
+        args: strings(&["--conns", "1", "--op", "read", "--size", "fixed:32"])
+            .into_iter()
+            .chain(strings(&["--wr-num", "1", "--window", "1"]))
+            .collect(),
+    }
+}
+
+/// The background of test case 1: `cc` connections posting batches of `batch` READ GETs of
+/// 32 B – 4 KiB (a packet or a few: the test case is about packets).
+fn tc1_background(cc: u32, batch: &str) -> Load {
+    Load {
+        app: "kv-bg",
+        args: strings(&[
+            "--conns",
+            &cc.to_string(),
+            "--threads",
+            "2",
+            "--op",
+            "read",
+            "--size",
+            "uniform:32..4096",
+            "--wr-num",
+            batch,
+            "--window",
+            "128",
+        ]),
+    }
+}
+
+const TC1_SERVER: &[&str] = &["--keys", "256", "--max-value", "4K"];
+
+pub fn tc1() -> Scenario {
+    Scenario {
+        name: "tc1",
+        figure: "DRUM Fig. 8",
+        title: "Test case 1: a 32 B READ GET's completion time against concurrent connections",
+        claim: "at cc = 20 the 80th-percentile completion time is 7.1 / 7.2 / 8.8 µs (RAW / \
+                SHARE / DRUM); RAW degrades from 26.5 to 90.4 µs as cc goes from 50 to 100, \
+                SHARE has a long tail, DRUM completes in 14.5 and 24.0 µs (3.1× faster than \
+                RAW and 1.7× than SHARE at cc = 100)",
+        x_label: "concurrent background connections (cc)",
+        metric: "fg_p80_us",
+        unit: Unit::Micros,
+        y_label: "foreground p80 completion time (µs, dilated)",
+        hosts: 2,
+        series: modes,
+        xs: |p| match p {
+            Profile::Smoke => vec![20.0],
+            _ => vec![20.0, 50.0, 100.0],
+        },
+        paper: &[
+            ("raw", 20.0, 7.1),
+            ("share", 20.0, 7.2),
+            ("drum", 20.0, 8.8),
+            ("raw", 50.0, 26.5),
+            ("raw", 100.0, 90.4),
+            ("drum", 50.0, 14.5),
+            ("drum", 100.0, 24.0),
+        ],
+        run: |ctx, series, cc| {
+            let mode = mode_of(series)?;
+            let before = ctx.cluster.stats("h2")?;
+            let (fg, bgs) = run_kv(
+                ctx,
+                mode,
+                ctx.seed,
+                TC1_SERVER,
+                &tc1_foreground(),
+                &[tc1_background(cc as u32, "20..100")],
+                secs(ctx.profile),
+            )?;
+            measured(ctx, &before, &fg, &bgs)
+        },
+        criteria: criteria_tc1,
+    }
+}
+
+pub fn tc1_batch() -> Scenario {
+    Scenario {
+        name: "tc1-batch",
+        figure: "DRUM Fig. 6",
+        title: "Test case 1: a 32 B READ GET's completion time against the background's batch",
+        claim: "under DRUM the single WQE's completion time is unaffected while the \
+                background connection's batch grows from 20 to 100",
+        x_label: "background batch (wr_num), 20 connections",
+        metric: "fg_p80_us",
+        unit: Unit::Micros,
+        y_label: "foreground p80 completion time (µs, dilated)",
+        hosts: 2,
+        series: modes,
+        xs: |p| match p {
+            Profile::Full => vec![20.0, 40.0, 60.0, 80.0, 100.0],
+            _ => vec![20.0, 100.0],
+        },
+        paper: &[],
+        run: |ctx, series, batch| {
+            let mode = mode_of(series)?;
+            let before = ctx.cluster.stats("h2")?;
+            let (fg, bgs) = run_kv(
+                ctx,
+                mode,
+                ctx.seed,
+                TC1_SERVER,
+                &tc1_foreground(),
+                &[tc1_background(20, &format!("{}", batch as u32))],
+                secs(ctx.profile),
+            )?;
+            measured(ctx, &before, &fg, &bgs)
+        },
+        criteria: criteria_tc1_batch,
+    }
+}
+
+fn ratio(s: &Summary, sc: &str, a: &str, b: &str, x: f64, m: &str) -> Option<f64> {
+    Some(s.median(sc, a, x, m)? / s.median(sc, b, x, m)?)
+}
+
+fn verdict(
+    scenario: &'static str,
+    criterion: &str,
+    measured: Option<String>,
+    paper: &str,
+    pass: Option<bool>,
+) -> Verdict {
+    Verdict {
+        scenario,
+        criterion: criterion.into(),
+        measured: measured.unwrap_or_else(|| "not run".into()),
+        paper: paper.into(),
+        pass,
+    }
+}
+
+fn criteria_tc1(s: &Summary) -> Vec<Verdict> {
+    let m = "fg_p80_us";
+    let at20: Vec<f64> = ["raw", "share", "drum"]
+        .iter()
+        .filter_map(|l| s.median("tc1", l, 20.0, m))
+        .collect();
+    let spread20 = (at20.len() == 3).then(|| {
+        let (lo, hi) = at20
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(a, b), v| (a.min(*v), b.max(*v)));
+        hi / lo
+    });
+    let raw_drum = ratio(s, "tc1", "raw", "drum", 100.0, m);
+    let share_drum = ratio(s, "tc1", "share", "drum", 100.0, m);
+    let raw_share = ratio(s, "tc1", "raw", "share", 100.0, m);
+    vec![
+        verdict(
+            "tc1",
+            "at cc = 20 the three modes' p80 within 30 % of each other",
+            spread20.map(|r| format!("largest / smallest {r:.2}")),
+            "7.1 / 7.2 / 8.8 µs",
+            spread20.map(|r| r <= 1.3),
+        ),
+        verdict(
+            "tc1",
+            "at cc = 100 RAW > SHARE > DRUM, RAW/DRUM ≥ 1.5 and SHARE/DRUM ≥ 1.2",
+            raw_drum
+                .zip(share_drum)
+                .map(|(a, b)| format!("RAW/DRUM {a:.2}, SHARE/DRUM {b:.2}")),
+            "RAW/DRUM 3.1, SHARE/DRUM 1.7",
+            raw_drum
+                .zip(share_drum)
+                .zip(raw_share)
+                .map(|((a, b), c)| a >= 1.5 && b >= 1.2 && c > 1.0),
+        ),
+    ]
+}
+
+fn criteria_tc1_batch(s: &Summary) -> Vec<Verdict> {
+    let m = "fg_p80_us";
+    let moved = |l| Some(s.median("tc1-batch", l, 100.0, m)? / s.median("tc1-batch", l, 20.0, m)?);
+    let (drum, raw) = (moved("drum"), moved("raw"));
+    vec![verdict(
+        "tc1-batch",
+        "DRUM's foreground p80 moves ≤ 20 % from batch 20 to 100 while RAW's moves ≥ 2×",
+        drum.zip(raw)
+            .map(|(d, r)| format!("DRUM {d:.2}×, RAW {r:.2}×")),
+        "DRUM unaffected (Fig. 6)",
+        drum.zip(raw)
+            .map(|(d, r)| (d - 1.0).abs() <= 0.2 && r >= 2.0),
+    )]
+}
