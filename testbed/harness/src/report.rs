@@ -16,7 +16,7 @@ use std::path::Path;
 /// A dilated measure in real-time-equivalent units.
 pub fn real(unit: Unit, v: f64) -> f64 {
     match unit {
-        Unit::Micros => v / DILATION,
+        Unit::Micros | Unit::Millis => v / DILATION,
         Unit::MibPerS => v * DILATION,
     }
 }
@@ -24,6 +24,7 @@ pub fn real(unit: Unit, v: f64) -> f64 {
 fn unit_name(unit: Unit) -> &'static str {
     match unit {
         Unit::Micros => "µs",
+        Unit::Millis => "ms",
         Unit::MibPerS => "MiB/s",
     }
 }
@@ -147,6 +148,7 @@ fn figure<'a>(s: &'a Scenario, summary: &Summary) -> Figure<'a> {
         x_label: s.x_label,
         y_label: match s.unit {
             Unit::Micros => "µs, real-time equivalent (dilated ÷ 200)",
+            Unit::Millis => "ms, real-time equivalent (dilated ÷ 200)",
             Unit::MibPerS => "MiB/s, real-time equivalent (dilated × 200)",
         },
         lines,

@@ -102,21 +102,23 @@ fn client_result(o: &std::process::Output, who: &str) -> Result<ClientResult> {
 }
 
 /// Runs the server, the background loads for the whole measurement, and the foreground
-/// load for `seconds`; returns the foreground's and the backgrounds' results.
+/// load (if any) for `seconds` once the backgrounds run; returns the foreground's and the
+/// backgrounds' results. Without a foreground the backgrounds run `seconds` and are what is
+/// measured.
 fn run_kv(
     ctx: &RunCtx,
     mode: Mode,
-    seed: u64,
     server_args: &[&str],
-    fg: &Load,
+    fg: Option<&Load>,
     bg: &[Load],
     seconds: f64,
-) -> Result<(ClientResult, Vec<ClientResult>)> {
+) -> Result<(Option<ClientResult>, Vec<ClientResult>)> {
     let ip = ctx.cluster.addr("h1")?.to_string();
     let kv = kv(ctx)?;
+    let seed = ctx.seed.to_string();
     let mut sargs = strings(&[&kv, "server", "--listen", &format!("{ip}:{PORT}")]);
     sargs.extend(strings(server_args));
-    sargs.extend(strings(&["--seed", &seed.to_string()]));
+    sargs.extend(strings(&["--seed", &seed]));
     let mut server = spawn(&mut command(ctx, mode, "h1", "kv-server", &sargs)?)?;
     let r = (|| {
         wait_listening(ctx, &mut server, &ip)?;
@@ -128,33 +130,32 @@ fn run_kv(
             } else {
                 "1"
             };
-            a.extend(strings(&[
-                "--share",
-                share,
-                "--json",
-                "--seed",
-                &seed.to_string(),
-            ]));
-            a.extend(strings(&["--duration", &format!("{secs}")]));
+            a.extend(strings(&["--share", share, "--json", "--seed", &seed]));
+            if !load.args.iter().any(|a| a == "--bytes" || a == "--ops") {
+                a.extend(strings(&["--duration", &format!("{secs}")]));
+            }
             spawn(&mut command(ctx, mode, "h2", load.app, &a)?)
         };
-        // The backgrounds run past the foreground on both sides.
+        let limit = Duration::from_secs_f64(seconds + 120.0);
+        // With a foreground, the backgrounds run past it on both sides.
+        let bg_secs = if fg.is_some() { seconds + 3.0 } else { seconds };
         let bgs = bg
             .iter()
-            .map(|l| client(l, seconds + 3.0))
+            .map(|l| client(l, bg_secs))
             .collect::<Result<Vec<_>>>()?;
-        std::thread::sleep(Duration::from_millis(1500));
-        let f = finish(
-            client(fg, seconds)?,
-            Duration::from_secs_f64(seconds + 60.0),
-        )?;
-        let fg = client_result(&f, "the foreground client")?;
+        let fg = match fg {
+            Some(f) => {
+                if !bg.is_empty() {
+                    std::thread::sleep(Duration::from_millis(1500));
+                }
+                let o = finish(client(f, seconds)?, limit)?;
+                Some(client_result(&o, "the foreground client")?)
+            }
+            None => None,
+        };
         let bgs = bgs
             .into_iter()
-            .map(|c| {
-                let o = finish(c, Duration::from_secs_f64(seconds + 60.0))?;
-                client_result(&o, "a background client")
-            })
+            .map(|c| client_result(&finish(c, limit)?, "a background client"))
             .collect::<Result<Vec<_>>>()?;
         Ok((fg, bgs))
     })();
@@ -176,46 +177,54 @@ fn no_wrong_values(r: &ClientResult, who: &str) -> Result<()> {
     Ok(())
 }
 
-/// Records the foreground's latency, the backgrounds' throughput, and the mechanism: the
-/// client NIC's QP-cache misses and fetch batches, retransmissions, the shim's queueing.
+/// Records the foreground's latency and flow time, the backgrounds' throughput and batch
+/// latency, and the mechanism: the client NIC's QP-cache misses and fetch batches,
+/// retransmissions, the shim's queueing.
 fn measured(
     ctx: &RunCtx,
     before: &BTreeMap<String, f64>,
-    fg: &ClientResult,
+    fg: Option<&ClientResult>,
     bgs: &[ClientResult],
 ) -> Result<Measured> {
-    no_wrong_values(fg, "foreground")?;
+    let mut m = Measured::default();
+    if let Some(fg) = fg {
+        no_wrong_values(fg, "foreground")?;
+        for k in [
+            "p50_us",
+            "p80_us",
+            "p99_us",
+            "mean_us",
+            "ops_per_s",
+            "mib_per_s",
+        ] {
+            m.metrics.insert(format!("fg_{k}"), num(&fg.summary, k));
+        }
+        m.metrics
+            .insert("fg_flow_ms".into(), num(&fg.summary, "seconds") * 1e3);
+    }
     for b in bgs {
         no_wrong_values(b, "background")?;
     }
-    let mut m = Measured::default();
-    for k in [
-        "p50_us",
-        "p80_us",
-        "p99_us",
-        "mean_us",
-        "ops_per_s",
-        "mib_per_s",
-    ] {
-        m.metrics.insert(format!("fg_{k}"), num(&fg.summary, k));
-    }
-    let bg_mib: f64 = bgs.iter().map(|b| num(&b.summary, "mib_per_s")).sum();
-    let bg_ops: f64 = bgs.iter().map(|b| num(&b.summary, "ops_per_s")).sum();
-    m.metrics.insert("bg_mib_per_s".into(), bg_mib);
-    m.metrics.insert("bg_ops_per_s".into(), bg_ops);
-    if let Some(b) = bgs.first() {
-        m.metrics.insert(
-            "bg_batch_mean_us".into(),
-            num(&b.summary["batch"], "mean_us"),
-        );
-        m.metrics.insert(
-            "bg_lock_wait_us".into(),
-            num(&b.summary, "lock_wait_total_us"),
-        );
+    if !bgs.is_empty() {
+        let sum = |k| bgs.iter().map(|b| num(&b.summary, k)).sum::<f64>();
+        m.metrics.insert("bg_mib_per_s".into(), sum("mib_per_s"));
+        m.metrics.insert("bg_ops_per_s".into(), sum("ops_per_s"));
+        m.metrics
+            .insert("bg_lock_wait_us".into(), sum("lock_wait_total_us"));
+        let batches: f64 = bgs
+            .iter()
+            .map(|b| num(&b.summary["batch"], "mean_us"))
+            .sum();
+        m.metrics
+            .insert("bg_batch_mean_us".into(), batches / bgs.len() as f64);
     }
     let after = ctx.cluster.stats("h2")?;
     super::fig2::mechanism(before, &after, &mut m);
-    for (who, r) in std::iter::once(("fg", fg)).chain(bgs.iter().map(|b| ("bg", b))) {
+    let all = fg
+        .map(|f| ("fg", f))
+        .into_iter()
+        .chain(bgs.iter().map(|b| ("bg", b)));
+    for (who, r) in all {
         for k in ["deferred_wqes", "queue_delay_us"] {
             if let Some(v) = r.shim.get(k) {
                 *m.mechanism.entry(format!("{who}_shim_{k}")).or_default() += v;
@@ -223,6 +232,20 @@ fn measured(
         }
     }
     Ok(m)
+}
+
+/// One run of a test case: the client NIC's counters around it, the workload, the record.
+fn measure(
+    ctx: &RunCtx,
+    series: &str,
+    server_args: &[&str],
+    fg: Option<&Load>,
+    bg: &[Load],
+) -> Result<Measured> {
+    let mode = mode_of(series)?;
+    let before = ctx.cluster.stats("h2")?;
+    let (fg, bgs) = run_kv(ctx, mode, server_args, fg, bg, secs(ctx.profile))?;
+    measured(ctx, &before, fg.as_ref(), &bgs)
 }
 
 fn secs(p: Profile) -> f64 {
@@ -304,18 +327,8 @@ pub fn tc1() -> Scenario {
             ("drum", 100.0, 24.0),
         ],
         run: |ctx, series, cc| {
-            let mode = mode_of(series)?;
-            let before = ctx.cluster.stats("h2")?;
-            let (fg, bgs) = run_kv(
-                ctx,
-                mode,
-                ctx.seed,
-                TC1_SERVER,
-                &tc1_foreground(),
-                &[tc1_background(cc as u32, "20..100")],
-                secs(ctx.profile),
-            )?;
-            measured(ctx, &before, &fg, &bgs)
+            let bg = [tc1_background(cc as u32, "20..100")];
+            measure(ctx, series, TC1_SERVER, Some(&tc1_foreground()), &bg)
         },
         criteria: criteria_tc1,
     }
@@ -340,18 +353,8 @@ pub fn tc1_batch() -> Scenario {
         },
         paper: &[],
         run: |ctx, series, batch| {
-            let mode = mode_of(series)?;
-            let before = ctx.cluster.stats("h2")?;
-            let (fg, bgs) = run_kv(
-                ctx,
-                mode,
-                ctx.seed,
-                TC1_SERVER,
-                &tc1_foreground(),
-                &[tc1_background(20, &format!("{}", batch as u32))],
-                secs(ctx.profile),
-            )?;
-            measured(ctx, &before, &fg, &bgs)
+            let bg = [tc1_background(20, &format!("{}", batch as u32))];
+            measure(ctx, series, TC1_SERVER, Some(&tc1_foreground()), &bg)
         },
         criteria: criteria_tc1_batch,
     }
@@ -428,4 +431,252 @@ fn criteria_tc1_batch(s: &Summary) -> Vec<Verdict> {
         drum.zip(raw)
             .map(|(d, r)| (d - 1.0).abs() <= 0.2 && r >= 2.0),
     )]
+}
+
+/// The background of test case 2: `cc` connections reading values of 1 KiB – 64 KiB (the
+/// paper's [1 KB, 10 MB], cut to what the dilated line moves in a run) in batches of 20–100.
+fn tc2_background(cc: u32) -> Load {
+    Load {
+        app: "kv-bg",
+        args: strings(&[
+            "--conns",
+            &cc.to_string(),
+            "--threads",
+            "2",
+            "--op",
+            "read",
+            "--size",
+            "loguniform:1024..65536",
+            "--wr-num",
+            "20..100",
+            "--window",
+            "128",
+        ]),
+    }
+}
+
+const TC2_SERVER: &[&str] = &["--keys", "64", "--max-value", "1M"];
+
+/// How much the foreground flows of test case 2 move, per profile: the paper's 1 MB, less
+/// where a run must be short.
+fn flow_bytes(p: Profile) -> &'static str {
+    match p {
+        Profile::Smoke => "64K",
+        _ => "1M",
+    }
+}
+
+pub fn tc2() -> Scenario {
+    Scenario {
+        name: "tc2",
+        figure: "DRUM Fig. 9",
+        title: "Test case 2: a 1 MB flow of 32 B WQEs against concurrent connections",
+        claim: "at cc = 20 the 80th-percentile completion time of the 1 MB flow is 53.1 / \
+                82.8 / 62.9 ms (RAW / SHARE / DRUM); at cc = 100 DRUM is 3.75× faster than \
+                RAW and 1.4× than SHARE",
+        x_label: "concurrent background connections (cc)",
+        metric: "fg_flow_ms",
+        unit: Unit::Millis,
+        y_label: "foreground flow completion time (ms, dilated)",
+        hosts: 2,
+        series: modes,
+        xs: |p| match p {
+            Profile::Smoke => vec![20.0],
+            _ => vec![20.0, 50.0, 100.0],
+        },
+        paper: &[
+            ("raw", 20.0, 53.1),
+            ("share", 20.0, 82.8),
+            ("drum", 20.0, 62.9),
+        ],
+        run: |ctx, series, cc| {
+            let fg = Load {
+                app: "kv-fg",
+                args: strings(&["--conns", "1", "--op", "read", "--size", "fixed:32"])
+                    .into_iter()
+                    .chain(strings(&["--wr-num", "20", "--window", "64"]))
+                    .chain(strings(&["--bytes", flow_bytes(ctx.profile)]))
+                    .collect(),
+            };
+            measure(
+                ctx,
+                series,
+                TC2_SERVER,
+                Some(&fg),
+                &[tc2_background(cc as u32)],
+            )
+        },
+        criteria: criteria_tc2,
+    }
+}
+
+pub fn tc2_flow() -> Scenario {
+    Scenario {
+        name: "tc2-flow",
+        figure: "DRUM Fig. 7",
+        title: "Test case 2: a transfer of 1 MB WQEs, alone and against the background",
+        claim: "the completion time of the foreground's transfer (1 MB per WQE) is unaffected \
+                by the background traffic under DRUM",
+        x_label: "concurrent background connections (0: unloaded)",
+        metric: "fg_flow_ms",
+        unit: Unit::Millis,
+        y_label: "foreground transfer time (ms, dilated)",
+        hosts: 2,
+        series: modes,
+        xs: |_| vec![0.0, 20.0],
+        paper: &[],
+        run: |ctx, series, cc| {
+            let total = match ctx.profile {
+                Profile::Smoke => "2M",
+                Profile::Quick => "4M",
+                Profile::Full => "16M",
+            };
+            let fg = Load {
+                app: "kv-fg",
+                args: strings(&["--conns", "1", "--op", "read", "--size", "fixed:1M"])
+                    .into_iter()
+                    .chain(strings(&[
+                        "--wr-num", "1", "--window", "2", "--bytes", total,
+                    ]))
+                    .collect(),
+            };
+            let bg: Vec<Load> = (cc > 0.0)
+                .then(|| tc2_background(cc as u32))
+                .into_iter()
+                .collect();
+            measure(ctx, series, TC2_SERVER, Some(&fg), &bg)
+        },
+        criteria: criteria_tc2_flow,
+    }
+}
+
+fn criteria_tc2(s: &Summary) -> Vec<Verdict> {
+    let m = "fg_flow_ms";
+    let at = |l, x| s.median("tc2", l, x, m);
+    let order20 = at("raw", 20.0)
+        .zip(at("share", 20.0))
+        .zip(at("drum", 20.0))
+        .map(|((r, sh), d)| (r, sh, d));
+    let raw_drum = ratio(s, "tc2", "raw", "drum", 100.0, m);
+    let share_drum = ratio(s, "tc2", "share", "drum", 100.0, m);
+    vec![
+        verdict(
+            "tc2",
+            "at cc = 20 the paper's ordering: SHARE slowest, RAW fastest, DRUM between",
+            order20.map(|(r, sh, d)| format!("RAW {r:.1}, SHARE {sh:.1}, DRUM {d:.1} ms")),
+            "53.1 / 82.8 / 62.9 ms",
+            order20.map(|(r, sh, d)| sh > d && d > r),
+        ),
+        verdict(
+            "tc2",
+            "at cc = 100 RAW/DRUM ≥ 2 and SHARE/DRUM ≥ 1.2",
+            raw_drum
+                .zip(share_drum)
+                .map(|(a, b)| format!("RAW/DRUM {a:.2}, SHARE/DRUM {b:.2}")),
+            "RAW/DRUM 3.75, SHARE/DRUM 1.4",
+            raw_drum.zip(share_drum).map(|(a, b)| a >= 2.0 && b >= 1.2),
+        ),
+    ]
+}
+
+fn criteria_tc2_flow(s: &Summary) -> Vec<Verdict> {
+    let r = ratio(s, "tc2-flow", "drum", "drum", 0.0, "fg_flow_ms").and_then(|_| {
+        Some(
+            s.median("tc2-flow", "drum", 20.0, "fg_flow_ms")?
+                / s.median("tc2-flow", "drum", 0.0, "fg_flow_ms")?,
+        )
+    });
+    vec![verdict(
+        "tc2-flow",
+        "the 1 MB foreground's completion time under DRUM within 20 % of unloaded",
+        r.map(|r| format!("{r:.2}× unloaded")),
+        "unaffected (Fig. 7)",
+        r.map(|r| r <= 1.2),
+    )]
+}
+
+/// Test case 3's clients: `conns` connections in all, over two client processes, reading
+/// values of 32 B – 64 KiB (the paper's [32 B, 1 MB], cut to what the dilated line moves).
+fn tc3_clients(conns: u32) -> Vec<Load> {
+    let half = conns / 2;
+    [half, conns - half]
+        .into_iter()
+        .map(|c| Load {
+            app: "kv-client",
+            args: strings(&[
+                "--conns",
+                &c.to_string(),
+                "--threads",
+                "2",
+                "--op",
+                "read",
+                "--size",
+                "loguniform:32..65536",
+                "--wr-num",
+                "20..100",
+                "--window",
+                "32",
+            ]),
+        })
+        .collect()
+}
+
+pub fn tc3() -> Scenario {
+    Scenario {
+        name: "tc3",
+        figure: "DRUM Figs. 10–11",
+        title: "Test case 3: average throughput as the clients' connections grow",
+        claim: "above 300 connections DRUM's average throughput is 1.8× SHARE's, and SHARE's \
+                average latency per batch 67.3 % higher than DRUM's, which stays mostly \
+                below 18 µs",
+        x_label: "client connections",
+        metric: "bg_mib_per_s",
+        unit: Unit::MibPerS,
+        y_label: "aggregate throughput (MiB/s, dilated)",
+        hosts: 2,
+        series: modes,
+        xs: |p| match p {
+            Profile::Smoke => vec![20.0],
+            Profile::Quick => vec![20.0, 200.0, 400.0],
+            Profile::Full => vec![20.0, 100.0, 200.0, 300.0, 400.0],
+        },
+        paper: &[],
+        run: |ctx, series, conns| {
+            measure(ctx, series, TC2_SERVER, None, &tc3_clients(conns as u32))
+        },
+        criteria: criteria_tc3,
+    }
+}
+
+fn criteria_tc3(s: &Summary) -> Vec<Verdict> {
+    let xs: Vec<f64> = s
+        .xs("tc3", "drum")
+        .into_iter()
+        .filter(|x| *x > 300.0)
+        .collect();
+    let mean = |a: &str, b: &str, m: &str| -> Option<f64> {
+        let v: Vec<f64> = xs
+            .iter()
+            .filter_map(|x| ratio(s, "tc3", a, b, *x, m))
+            .collect();
+        (!v.is_empty() && v.len() == xs.len()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+    };
+    let thr = mean("drum", "share", "bg_mib_per_s");
+    let lat = mean("share", "drum", "bg_batch_mean_us");
+    vec![
+        verdict(
+            "tc3",
+            "above 300 connections DRUM/SHARE throughput ≥ 1.3",
+            thr.map(|r| format!("{r:.2}")),
+            "1.8",
+            thr.map(|r| r >= 1.3),
+        ),
+        verdict(
+            "tc3",
+            "above 300 connections SHARE/DRUM latency per batch ≥ 1.3",
+            lat.map(|r| format!("{r:.2}")),
+            "1.67",
+            lat.map(|r| r >= 1.3),
+        ),
+    ]
 }

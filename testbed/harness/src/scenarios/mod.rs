@@ -67,6 +67,7 @@ pub struct Verdict {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Unit {
     Micros,
+    Millis,
     MibPerS,
 }
 
@@ -102,7 +103,15 @@ impl Scenario {
 
 /// Every scenario, in the order `list` and the report show them.
 pub fn all() -> Vec<Scenario> {
-    vec![fig2::fig2a(), fig2::fig2c(), kv::tc1_batch(), kv::tc1()]
+    vec![
+        fig2::fig2a(),
+        fig2::fig2c(),
+        kv::tc1_batch(),
+        kv::tc1(),
+        kv::tc2(),
+        kv::tc2_flow(),
+        kv::tc3(),
+    ]
 }
 
 pub fn find(name: &str) -> Option<Scenario> {
