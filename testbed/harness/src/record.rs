@@ -34,6 +34,8 @@ pub struct RunRecord {
 impl RunRecord {
     /// Where this run's record lives under `out`.
     pub fn path(out: &Path, scenario: &str, series: &str, x: f64, repeat: u32) -> PathBuf {
+        // A series may name a mode and a role ("drum/bw"): one file name all the same.
+        let series = series.replace('/', "+");
         out.join("runs")
             .join(scenario)
             .join(format!("{series}-x{x}-r{repeat}.json"))
@@ -100,10 +102,11 @@ mod tests {
         };
         r.write(&dir).unwrap();
         r.x = 4.0;
+        r.series = "RC/x".into();
         r.write(&dir).unwrap();
         let all = RunRecord::load_all(&dir).unwrap();
-        assert_eq!(all.iter().map(|r| r.x).collect::<Vec<_>>(), [4.0, 20.0]);
-        assert_eq!(all[0], r);
+        assert_eq!(all.iter().map(|r| r.x).collect::<Vec<_>>(), [20.0, 4.0]);
+        assert_eq!(all[1], r);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -2,6 +2,7 @@
 //! runs, how one run is done, and the criteria its results are judged by.
 
 mod fig2;
+mod isolation;
 mod kv;
 pub mod perftest;
 
@@ -111,6 +112,7 @@ pub fn all() -> Vec<Scenario> {
         kv::tc2(),
         kv::tc2_flow(),
         kv::tc3(),
+        isolation::isolation(),
     ]
 }
 
