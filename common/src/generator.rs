@@ -82,8 +82,7 @@ pub fn generate(cfg: &GeneratorConfig) -> Problem {
             weight: 0.0,
             cqe_per_wqe: 0.0,
             demand: 0.0,
-            facility: 0,
-            facility_coeff: 0.0,
+            uses: Vec::new(),
         };
         cfg.hosts * cfg.apps
     ];
@@ -98,8 +97,7 @@ pub fn generate(cfg: &GeneratorConfig) -> Problem {
                     weight: app_weight[j] * rng.range(HOST_WEIGHT_JITTER.0, HOST_WEIGHT_JITTER.1),
                     cqe_per_wqe: rng.range(CQE_PER_WQE.0, CQE_PER_WQE.1),
                     demand: rng.range(DEMAND.0, DEMAND.1).max(cfg.x_min),
-                    facility: j as u32,
-                    facility_coeff: rng.range(FACILITY_COEFF.0, FACILITY_COEFF.1),
+                    uses: vec![(j as u32, rng.range(FACILITY_COEFF.0, FACILITY_COEFF.1))],
                 };
             }
         });

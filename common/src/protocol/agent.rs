@@ -231,16 +231,16 @@ impl AgentCore {
         let mut pairs: Vec<(u32, u32)> = Vec::new();
         let mut floor: Vec<(u32, f64)> = Vec::new();
         for &p in &self.state.active {
-            let pair = &problem.pairs[p];
-            let f = pair.facility;
-            match pairs.binary_search_by_key(&f, |e| e.0) {
-                Ok(i) => {
-                    pairs[i].1 += 1;
-                    floor[i].1 += pair.facility_coeff * x_min;
-                }
-                Err(i) => {
-                    pairs.insert(i, (f, 1));
-                    floor.insert(i, (f, pair.facility_coeff * x_min));
+            for &(f, b) in &problem.pairs[p].uses {
+                match pairs.binary_search_by_key(&f, |e| e.0) {
+                    Ok(i) => {
+                        pairs[i].1 += 1;
+                        floor[i].1 += b * x_min;
+                    }
+                    Err(i) => {
+                        pairs.insert(i, (f, 1));
+                        floor.insert(i, (f, b * x_min));
+                    }
                 }
             }
         }
@@ -287,7 +287,7 @@ impl AgentCore {
         let mut interest: Vec<u32> = problem.hosts[self.state.host]
             .pairs
             .clone()
-            .map(|p| problem.pairs[p].facility)
+            .flat_map(|p| problem.pairs[p].uses.iter().map(|u| u.0))
             .collect();
         interest.sort_unstable();
         interest.dedup();
@@ -501,17 +501,14 @@ impl AgentCore {
                 true,
             );
         }
-        if let Some(p) = host.pairs.clone().find(|&p| {
-            prices
-                .binary_search_by_key(&problem.pairs[p].facility, |e| e.0)
-                .is_err()
-        }) {
+        if let Some(f) = problem.pairs[host.pairs.clone()]
+            .iter()
+            .flat_map(|pair| pair.uses.iter().map(|u| u.0))
+            .find(|&f| prices.binary_search_by_key(&f, |e| e.0).is_err())
+        {
             return self.go_fail_static(
                 now,
-                format!(
-                    "selection exchange {exchange} lacks the price of facility {}",
-                    problem.pairs[p].facility
-                ),
+                format!("selection exchange {exchange} lacks the price of facility {f}"),
                 true,
             );
         }
@@ -531,9 +528,13 @@ impl AgentCore {
             &opts,
             &mut rng,
         );
-        let floor_of = |p: usize| {
-            let pair = &problem.pairs[p];
-            (pair.facility, pair.facility_coeff * problem.params.x_min)
+        let floor_of = |p: usize| -> FacilityValues {
+            let x_min = problem.params.x_min;
+            problem.pairs[p]
+                .uses
+                .iter()
+                .map(|&(f, b)| (f, b * x_min))
+                .collect()
         };
         let swap = eval.swap;
         self.pending = Some(Pending {
@@ -660,7 +661,7 @@ impl AgentCore {
             .state
             .active
             .iter()
-            .map(|&p| problem.pairs[p].facility)
+            .flat_map(|&p| problem.pairs[p].uses.iter().map(|u| u.0))
             .collect();
         if let Some(f) = facilities
             .iter()
@@ -722,7 +723,7 @@ mod tests {
             .state()
             .active
             .iter()
-            .map(|&p| (problem.pairs[p].facility, v))
+            .flat_map(|&p| problem.pairs[p].uses.iter().map(move |u| (u.0, v)))
             .collect();
         d.sort_by_key(|e| e.0);
         d.dedup_by_key(|e| e.0);
@@ -909,7 +910,10 @@ mod tests {
         // A prohibitive price on the active pairs' facilities: the worst member is parked.
         let before = core.state().active.clone();
         assert!(!before.is_empty());
-        let active_f: Vec<u32> = before.iter().map(|&p| problem.pairs[p].facility).collect();
+        let active_f: Vec<u32> = before
+            .iter()
+            .flat_map(|&p| problem.pairs[p].uses.iter().map(|u| u.0))
+            .collect();
         let AgentMsg::Join(j) = core.join_msg(&problem) else {
             unreachable!()
         };
@@ -923,15 +927,17 @@ mod tests {
             panic!("{out:?}")
         };
         assert_eq!(p.exchange, 1);
-        let (f, need) = p.park.expect("a park");
-        assert!(active_f.contains(&f));
+        let [(f, need)] = p.park.as_deref().expect("a park") else {
+            panic!("generated pairs use one facility each")
+        };
+        assert!(active_f.contains(f));
         let parked = before
             .iter()
-            .find(|&&q| problem.pairs[q].facility == f)
+            .find(|&&q| problem.pairs[q].uses[0].0 == *f)
             .unwrap();
         assert_eq!(
-            need,
-            problem.pairs[*parked].facility_coeff * problem.params.x_min
+            *need,
+            problem.pairs[*parked].uses[0].1 * problem.params.x_min
         );
         // A verdict for another exchange is ignored; the right one applies the swap.
         assert!(core

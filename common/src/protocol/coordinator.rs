@@ -1200,15 +1200,21 @@ impl Coordinator {
                     let Some(p) = x.proposals.get(&id) else {
                         continue;
                     };
-                    if let Some((f, need)) = p.park {
-                        floor[f as usize] -= need;
+                    if let Some(park) = &p.park {
+                        for &(f, need) in park {
+                            floor[f as usize] -= need;
+                        }
                         x.parks += 1;
                     }
                     let mut accepted = false;
-                    if let Some((f, need)) = p.activate {
-                        let f = f as usize;
-                        if floor[f] + need <= self.facilities[f].capacity {
-                            floor[f] += need;
+                    if let Some(activate) = &p.activate {
+                        let fits = activate.iter().all(|&(f, need)| {
+                            floor[f as usize] + need <= self.facilities[f as usize].capacity
+                        });
+                        if fits {
+                            for &(f, need) in activate {
+                                floor[f as usize] += need;
+                            }
                             accepted = true;
                             x.activations += 1;
                         } else {
@@ -1287,8 +1293,13 @@ impl Coordinator {
         }
         let nf = self.facilities.len() as u32;
         let owned = &self.owned;
-        let bad = |e: &Option<(u32, f64)>| {
-            e.is_some_and(|(f, v)| f >= nf || !owned[f as usize] || !v.is_finite() || v < 0.0)
+        let bad = |e: &Option<Vec<(u32, f64)>>| {
+            e.as_ref().is_some_and(|list| {
+                !list.windows(2).all(|w| w[0].0 < w[1].0)
+                    || list
+                        .iter()
+                        .any(|&(f, v)| f >= nf || !owned[f as usize] || !v.is_finite() || v < 0.0)
+            })
         };
         if bad(&p.park) || bad(&p.activate) {
             self.violation(from, format!("bad proposal {p:?}"), out);
@@ -2011,10 +2022,10 @@ mod tests {
             AgentMsg::Proposal(ProposalMsg {
                 exchange: 1,
                 park,
-                activate: Some((1, 0.25)),
+                activate: Some(vec![(1, 0.25)]),
             })
         };
-        c.on_message(2 * MS, 1, propose(Some((0, 0.25))));
+        c.on_message(2 * MS, 1, propose(Some(vec![(0, 0.25)])));
         let out = c.on_message(2 * MS, 2, propose(None));
         let verdicts: BTreeMap<MemberId, bool> = sends(&out)
             .into_iter()

@@ -13,7 +13,9 @@ use serde::{Deserialize, Serialize};
 /// Version 2 added top-k selection: the join's `rank`, `interest`, `floor` and `exchanges`, and
 /// the `Select`/`Proposal`/`Verdict`/`Selected`/`Restart` messages (docs/control-plane.md).
 /// Version 3 added `Reselect`, the agent's request for a re-selection when its apps change.
-pub const PROTOCOL_VERSION: u16 = 3;
+/// Version 4 lets a pair use several facilities: a `Proposal` lists every facility of the
+/// parked and the activated pair.
+pub const PROTOCOL_VERSION: u16 = 4;
 pub const MAGIC: [u8; 2] = *b"DR";
 pub const HEADER_LEN: usize = 8;
 /// Hard limit on a payload: a host reports at most k facilities, so real messages are a few
@@ -61,10 +63,11 @@ pub enum AgentMsg {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ProposalMsg {
     pub exchange: u32,
-    /// `(facility, b·x_min)` of the member the host parks.
-    pub park: Option<(u32, f64)>,
-    /// `(facility, b·x_min)` of the outsider the host would activate.
-    pub activate: Option<(u32, f64)>,
+    /// `(facility, b_f·x_min)` for every facility of the member the host parks (sorted by
+    /// facility; empty for a pair that uses none).
+    pub park: Option<Vec<(u32, f64)>>,
+    /// The same for the outsider the host would activate.
+    pub activate: Option<Vec<(u32, f64)>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -497,8 +500,8 @@ mod tests {
             Just(AgentMsg::Leave),
             (
                 any::<u32>(),
-                prop::option::of((any::<u32>(), 0.0f64..1.0)),
-                prop::option::of((any::<u32>(), 0.0f64..1.0)),
+                prop::option::of(entries()),
+                prop::option::of(entries()),
             )
                 .prop_map(|(exchange, park, activate)| {
                     AgentMsg::Proposal(ProposalMsg {
