@@ -73,6 +73,7 @@ pub fn generate(cfg: &GeneratorConfig) -> Problem {
             id: format!("h{i}"),
             wqe_budget: rng.range(WQE_BUDGET.0, WQE_BUDGET.1),
             poll_budget: rng.range(POLL_BUDGET.0, POLL_BUDGET.1),
+            k: None,
             pairs: i * cfg.apps..(i + 1) * cfg.apps,
         })
         .collect();

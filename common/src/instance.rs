@@ -57,6 +57,9 @@ pub struct HostSpec {
     pub id: String,
     pub wqe_budget: f64,
     pub poll_budget: f64,
+    /// This host's `k`, where it differs from the instance's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub k: Option<usize>,
     pub apps: Vec<AppSpec>,
 }
 
@@ -255,10 +258,17 @@ impl Instance {
                     uses,
                 });
             }
+            if h.k.is_some_and(|k| k == 0 || k > 1_000_000) {
+                return Err(invalid(
+                    format!("{at}.k"),
+                    format!("must be in 1..=1000000, got {}", h.k.unwrap_or(0)),
+                ));
+            }
             hosts.push(Host {
                 id: h.id,
                 wqe_budget,
                 poll_budget,
+                k: h.k,
                 pairs: start..pairs.len(),
             });
         }
@@ -296,6 +306,7 @@ impl Instance {
                     id: h.id.clone(),
                     wqe_budget: h.wqe_budget,
                     poll_budget: h.poll_budget,
+                    k: h.k,
                     apps: p.pairs[h.pairs.clone()]
                         .iter()
                         .map(|pair| {

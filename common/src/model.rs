@@ -99,6 +99,8 @@ pub struct Host {
     pub wqe_budget: f64,
     /// `C_i`.
     pub poll_budget: f64,
+    /// This host's `k`, where it differs from [`Params::k`] (live hosts report their own).
+    pub k: Option<usize>,
     pub pairs: Range<usize>,
 }
 
@@ -126,6 +128,7 @@ impl Problem {
 
     /// How many apps host `host` may keep active: `k`, or fewer if fewer are present.
     pub fn slots(&self, host: usize) -> usize {
-        self.params.k.min(self.hosts[host].pairs.len())
+        let h = &self.hosts[host];
+        h.k.unwrap_or(self.params.k).min(h.pairs.len())
     }
 }

@@ -120,7 +120,10 @@ impl ShardMux {
         Ok(match msg {
             CoordMsg::Refused { .. }
             | CoordMsg::HeartbeatAck { .. }
-            | CoordMsg::SetWeight { .. } => Some(msg),
+            | CoordMsg::SetWeight { .. }
+            // The live problem has no shards (both daemons refuse the combination).
+            | CoordMsg::Policy(_)
+            | CoordMsg::Facilities(_) => Some(msg),
             CoordMsg::Welcome {
                 epoch: _,
                 iteration,
@@ -321,9 +324,11 @@ impl ShardMux {
                         floor: keep(i, &s.floor),
                         entries: keep(i, &s.entries),
                     }),
-                    AgentMsg::Heartbeat { .. } | AgentMsg::Leave | AgentMsg::Reselect { .. } => {
-                        msg.clone()
-                    }
+                    AgentMsg::Heartbeat { .. }
+                    | AgentMsg::Leave
+                    | AgentMsg::Reselect { .. }
+                    | AgentMsg::Host(_)
+                    | AgentMsg::Update(_) => msg.clone(),
                 };
                 (i, m)
             })
