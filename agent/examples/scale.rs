@@ -72,7 +72,7 @@ fn main() -> Result<()> {
     rt.block_on(async {
         let server = Server::bind(ServeSettings {
             listen: "127.0.0.1:0".parse()?,
-            instance: instance.clone(),
+            instance: Some(instance.clone()),
             tls: certs.coordinator.clone(),
             admin_listen: Some("127.0.0.1:0".parse()?),
             rho: None,
@@ -95,7 +95,7 @@ fn main() -> Result<()> {
         for (h, a) in active.iter().enumerate() {
             let settings = AgentSettings {
                 host: problem.hosts[h].id.clone(),
-                instance: instance.clone(),
+                instance: Some(instance.clone()),
                 coordinator: addr,
                 server_name: "localhost".into(),
                 tls: tls.clone(),

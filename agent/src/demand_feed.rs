@@ -8,6 +8,7 @@
 
 use crate::shim_hub::ShimHub;
 use drum_common::demand::{demand_cap, CqeMeter, UsageMeter, WqeCounts};
+use drum_common::live::{NEW_APP_CQE_PER_WQE, NEW_APP_DEMAND};
 use drum_common::model::Problem;
 use drum_common::protocol::agent::AgentCore;
 use std::collections::BTreeMap;
@@ -24,6 +25,8 @@ pub struct DemandFeed {
     cqes: CqeMeter,
     /// This host's pairs with their demand caps and completions per WQE in the instance.
     instance: Vec<(usize, f64, f64)>,
+    /// The largest `a` the host's problem admits (the live problem's floor feasibility).
+    a_max: f64,
     origin: Instant,
 }
 
@@ -39,8 +42,21 @@ impl DemandFeed {
             meter: UsageMeter::new(line_gbps * 1e9 / 8.0, MIN_INTERVAL, SMOOTHING),
             cqes: CqeMeter::new(SMOOTHING),
             instance,
+            a_max: f64::INFINITY,
             origin: Instant::now(),
         }
+    }
+
+    /// Live problem: the host's problem was rebuilt. Every pair's cap is the new-app demand
+    /// and its default `a` the new-app one (docs/live-problem.md); the meters, kept by app
+    /// name, go on.
+    pub fn rebase(&mut self, problem: &Problem, host: usize, a_max: f64) {
+        self.instance = problem.hosts[host]
+            .pairs
+            .clone()
+            .map(|p| (p, NEW_APP_DEMAND, NEW_APP_CQE_PER_WQE))
+            .collect();
+        self.a_max = a_max;
     }
 
     /// Reads the shims' counters and sets this host's demand caps in `problem`.
@@ -65,7 +81,7 @@ impl DemandFeed {
             let app = &problem.app_names[problem.pairs[p].app as usize];
             let granted = hs.active.binary_search(&p).map_or(0.0, |i| hs.x[i]);
             let demand = demand_cap(cap, granted, self.meter.rate(app), x_min);
-            let a = self.cqes.cqe_per_wqe(app).unwrap_or(a);
+            let a = self.cqes.cqe_per_wqe(app).unwrap_or(a).min(self.a_max);
             let pair = &mut problem.pairs[p];
             (pair.demand, pair.cqe_per_wqe) = (demand, a);
         }

@@ -6,6 +6,7 @@
 pub mod dasr;
 pub mod dasr_link;
 pub mod demand_feed;
+pub mod gids;
 pub mod local;
 pub mod metrics;
 pub mod rate_table;
@@ -13,6 +14,7 @@ pub mod shim_hub;
 
 use anyhow::{bail, Context, Result};
 use drum_common::admm::HostState;
+use drum_common::live::{max_cqe_per_wqe, Gid, LiveHost, LivePolicy, NicParams};
 use drum_common::model::Problem;
 use drum_common::protocol::agent::{AgentAction, AgentConfig, AgentCore, AgentEvent};
 use drum_common::protocol::shard::ShardMux;
@@ -32,11 +34,13 @@ use tracing::{debug, info, warn};
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct AgentSettings {
-    /// This host's id in the instance.
+    /// This host's id (in the instance, when there is one).
     pub host: String,
-    /// Instance file (JSON): the demand source of this version (the host's entry: apps,
-    /// weights, demands, budgets) and the facility list shared with the coordinator.
-    pub instance: PathBuf,
+    /// Instance file (JSON): the host's apps, weights, demands and budgets and the facility
+    /// list shared with the coordinator. None: the live problem (docs/live-problem.md), which
+    /// needs `[shim]`.
+    #[serde(default)]
+    pub instance: Option<PathBuf>,
     /// The coordinator's QUIC address.
     pub coordinator: SocketAddr,
     /// Name the coordinator's certificate must carry.
@@ -97,9 +101,108 @@ pub struct AgentOptions {
     /// arrives, one whose last shim goes leaves, and either asks for a re-selection.
     #[serde(default)]
     pub apps_from_shims: bool,
+    /// The live problem: what this host's NIC offers (defaults in [`NicSettings`]).
+    #[serde(default)]
+    pub nic: Option<NicSettings>,
 }
 
-const OPTION_KEYS: &[&str] = &["coordinator_shards", "shim", "dasr", "apps_from_shims"];
+const OPTION_KEYS: &[&str] = &[
+    "coordinator_shards",
+    "shim",
+    "dasr",
+    "apps_from_shims",
+    "nic",
+];
+
+/// `[nic]`: the host's NIC as the live problem sees it (docs/live-problem.md).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NicSettings {
+    /// Line rate in Gb/s; default: `[shim] line_rate_gbps`.
+    #[serde(default)]
+    pub line_rate_gbps: Option<f64>,
+    /// `k`: apps active on the NIC at once at most (its QP-context cache's worth).
+    #[serde(default = "d_max_active")]
+    pub max_active: u32,
+    /// `Q`: the WQE budget, as a fraction of line rate.
+    #[serde(default = "d_one")]
+    pub wqe_budget: f64,
+    /// `C`: the completion-polling budget (Σ a·x over the host's apps).
+    #[serde(default = "d_poll_budget")]
+    pub poll_budget: f64,
+    /// This host's GIDs (IPv4 addresses or 32 hex digits): connections to them land on this
+    /// host's receive link. Default: the IPv4 addresses of the host's interfaces, as RoCE v2
+    /// and softrnic derive GIDs from them.
+    #[serde(default)]
+    pub gids: Vec<String>,
+}
+
+impl Default for NicSettings {
+    fn default() -> Self {
+        NicSettings {
+            line_rate_gbps: None,
+            max_active: d_max_active(),
+            wqe_budget: d_one(),
+            poll_budget: d_poll_budget(),
+            gids: Vec::new(),
+        }
+    }
+}
+
+fn d_max_active() -> u32 {
+    16
+}
+fn d_one() -> f64 {
+    1.0
+}
+fn d_poll_budget() -> f64 {
+    16.0
+}
+
+impl NicSettings {
+    /// The NIC parameters and GIDs, checked; `line_rate` is `[shim]`'s.
+    pub fn resolve(&self, shim_line_rate: f64) -> Result<(NicParams, Vec<Gid>)> {
+        let line = self.line_rate_gbps.unwrap_or(shim_line_rate);
+        let sane = |v: f64| v.is_finite() && (1e-6..=1e6).contains(&v);
+        if !sane(line) || !sane(self.wqe_budget) || !sane(self.poll_budget) {
+            bail!(
+                "[nic] line_rate_gbps ({line}), wqe_budget ({}) and poll_budget ({}) must be finite numbers in [1e-6, 1e6]",
+                self.wqe_budget,
+                self.poll_budget
+            );
+        }
+        if self.max_active == 0 || self.max_active > 100_000 {
+            bail!(
+                "[nic] max_active must be in 1..=100000, got {}",
+                self.max_active
+            );
+        }
+        let nic = NicParams {
+            line_rate_gbps: line,
+            max_active: self.max_active,
+            wqe_budget: self.wqe_budget,
+            poll_budget: self.poll_budget,
+        };
+        let floor = nic.max_active as f64 * LivePolicy::default().x_min;
+        if floor > nic.wqe_budget {
+            bail!(
+                "[nic] max_active = {} apps at the floor rate need a wqe_budget of {floor}, got {}",
+                nic.max_active,
+                nic.wqe_budget
+            );
+        }
+        let gids = if self.gids.is_empty() {
+            gids::local_ipv4_gids().context("listing the host's IPv4 addresses for its GIDs")?
+        } else {
+            self.gids
+                .iter()
+                .map(|g| gids::parse(g))
+                .collect::<Result<Vec<_>>>()
+                .context("[nic] gids")?
+        };
+        Ok((nic, gids))
+    }
+}
 
 impl AgentSettings {
     pub fn load(path: &Path) -> Result<Self> {
@@ -122,6 +225,25 @@ impl AgentSettings {
             shim.socket = base.join(&shim.socket);
             shim.validate()
                 .with_context(|| format!("[shim] in {}", path.display()))?;
+        }
+        if table.get("instance").is_none() {
+            if options.shim.is_none() {
+                bail!(
+                    "{} names no instance, so the agent runs the live problem, which needs [shim] (the shims tell which apps run)",
+                    path.display()
+                );
+            }
+            if !options.coordinator_shards.is_empty() {
+                bail!(
+                    "coordinator_shards in {}: the live problem (no instance) has one coordinator",
+                    path.display()
+                );
+            }
+        } else if options.nic.is_some() {
+            bail!(
+                "[nic] in {} belongs to the live problem; with an instance the host's budgets are the instance's",
+                path.display()
+            );
         }
         if options.apps_from_shims && options.shim.is_none() {
             bail!(
@@ -151,7 +273,7 @@ impl AgentSettings {
 
     fn finish(self, base: PathBuf) -> Result<Self> {
         let mut s = self;
-        s.instance = base.join(&s.instance);
+        s.instance = s.instance.map(|p| base.join(p));
         s.tls.rebase(&base);
         s.rate_table = s.rate_table.map(|p| base.join(p));
         if s.heartbeat_ms == 0 || s.coordinator_timeout_ms <= s.heartbeat_ms {
@@ -233,11 +355,88 @@ pub async fn run_with_reload(
     shutdown: impl std::future::Future<Output = ()>,
     reload: Arc<tokio::sync::Notify>,
 ) -> Result<()> {
-    // The driver's own copy: operator weight changes (`set-weight`) modify it.
-    let mut problem: Problem = (*problem).clone();
+    let problem = (*problem).clone();
+    run_inner(
+        settings, options, problem, host, active, None, shutdown, reload,
+    )
+    .await
+}
+
+/// The agent of the live problem (no instance, docs/live-problem.md): its host's problem is
+/// built from `[nic]`, the apps its shims run and what the coordinator sends. Needs `[shim]`.
+pub async fn run_live(
+    settings: AgentSettings,
+    options: AgentOptions,
+    shutdown: impl std::future::Future<Output = ()>,
+    reload: Arc<tokio::sync::Notify>,
+) -> Result<()> {
+    let Some(shim) = &options.shim else {
+        bail!("the live problem needs [shim]: the shims tell which apps run");
+    };
+    let (nic, gids) = options
+        .nic
+        .clone()
+        .unwrap_or_default()
+        .resolve(shim.line_rate_gbps)?;
+    info!(
+        host = %settings.host,
+        line_rate_gbps = nic.line_rate_gbps,
+        max_active = nic.max_active,
+        gids = ?gids.iter().map(drum_table::message::gid_hex).collect::<Vec<_>>(),
+        "live problem: no instance; apps come from the shims, facilities from the coordinator"
+    );
+    let view = LiveHost::new(&settings.host, nic, gids);
+    let problem = view.problem().0;
+    let live = LiveState {
+        view,
+        dirty: false,
+        last_report: None,
+        unknown_logged: Default::default(),
+    };
+    run_inner(
+        settings,
+        options,
+        problem,
+        0,
+        Vec::new(),
+        Some(live),
+        shutdown,
+        reload,
+    )
+    .await
+}
+
+/// The live problem's state in the driver: the agent's view, whether the host's problem must
+/// be rebuilt, when the host last reported, and the unknown peers already logged.
+struct LiveState {
+    view: LiveHost,
+    dirty: bool,
+    last_report: Option<Instant>,
+    unknown_logged: std::collections::BTreeSet<(String, Gid)>,
+}
+
+/// How often a live host reports its row and grants (for `status` and `snapshot`).
+const REPORT_PERIOD: Duration = Duration::from_millis(250);
+
+#[allow(clippy::too_many_arguments)]
+async fn run_inner(
+    settings: AgentSettings,
+    options: AgentOptions,
+    // The driver's own copy: operator weight changes (`set-weight`) and the live problem's
+    // rebuilds modify it.
+    mut problem: Problem,
+    host: usize,
+    active: Vec<usize>,
+    mut live_problem: Option<LiveState>,
+    shutdown: impl std::future::Future<Output = ()>,
+    reload: Arc<tokio::sync::Notify>,
+) -> Result<()> {
     let (hub, dasr) = start_shim_link(&options).await?;
+    let is_live = live_problem.is_some();
     let presence = |problem: &Problem| -> Option<Vec<bool>> {
-        let hub = hub.as_ref().filter(|_| options.apps_from_shims)?;
+        let hub = hub
+            .as_ref()
+            .filter(|_| options.apps_from_shims && !is_live)?;
         let running: std::collections::BTreeSet<String> =
             hub.usage().into_iter().map(|u| u.app).collect();
         Some(
@@ -263,6 +462,21 @@ pub async fn run_with_reload(
     if let Some(present) = present {
         core.set_present(&problem, present);
     }
+    if let Some(l) = &live_problem {
+        core.set_live(&l.view.host);
+    }
+    let live_apps = || -> Vec<drum_common::live::LiveApp> {
+        let Some(hub) = &hub else {
+            return Vec::new();
+        };
+        hub.app_peers()
+            .into_iter()
+            .map(|(name, peers)| drum_common::live::LiveApp {
+                name,
+                peers: peers.into_iter().collect(),
+            })
+            .collect()
+    };
     let shard_addrs: Vec<SocketAddr> = std::iter::once(settings.coordinator)
         .chain(options.coordinator_shards.iter().copied())
         .collect();
@@ -322,6 +536,13 @@ pub async fn run_with_reload(
         )),
         _ => None,
     };
+    if let (Some(d), Some(l)) = (&mut demand, &live_problem) {
+        d.rebase(
+            &problem,
+            host,
+            max_cqe_per_wqe(&l.view.nic, problem.params.x_min),
+        );
+    }
     let origin = Instant::now();
     let publish = |problem: &Problem, core: &AgentCore, state: LinkState| -> Result<()> {
         if let Some(t) = &table {
@@ -414,6 +635,8 @@ pub async fn run_with_reload(
             origin,
             &publish,
             &presence,
+            &mut live_problem,
+            &live_apps,
             &mut demand,
             &stats,
             &mut shutdown,
@@ -471,6 +694,8 @@ async fn session(
     origin: Instant,
     publish: &impl Fn(&Problem, &AgentCore, LinkState) -> Result<()>,
     presence: &impl Fn(&Problem) -> Option<Vec<bool>>,
+    live: &mut Option<LiveState>,
+    live_apps: &impl Fn() -> Vec<drum_common::live::LiveApp>,
     demand: &mut Option<demand_feed::DemandFeed>,
     stats: &metrics::AgentMetrics,
     shutdown: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
@@ -541,6 +766,36 @@ async fn session(
                     if let Some(present) = presence(problem) {
                         more.extend(core.set_present(problem, present));
                     }
+                    if let Some(l) = live.as_mut() {
+                        let apps = live_apps();
+                        if apps != l.view.apps {
+                            l.view.apps = apps;
+                            l.dirty = true;
+                        }
+                        let due = l.last_report.is_none_or(|t| t.elapsed() >= REPORT_PERIOD);
+                        if due && core.is_member() && !l.dirty {
+                            l.last_report = Some(Instant::now());
+                            more.push(AgentAction::Send(l.view.report(core, problem)));
+                        }
+                    }
+                }
+                AgentAction::Policy(p) => {
+                    if let Some(l) = live.as_mut() {
+                        info!(
+                            default_weight = p.default_weight,
+                            weights = ?p.weights,
+                            "the coordinator's policy"
+                        );
+                        l.view.policy = p;
+                        l.dirty = true;
+                    }
+                }
+                AgentAction::Facilities(f) => {
+                    if let Some(l) = live.as_mut() {
+                        debug!(facilities = f.len(), "the coordinator's facility table");
+                        l.view.facilities = f;
+                        l.dirty = true;
+                    }
                 }
                 AgentAction::SetWeight { app, weight } => {
                     AgentCore::apply_weight(problem, app, weight);
@@ -593,6 +848,34 @@ async fn session(
                     }
                 },
             }
+        }
+        if let Some(l) = live.as_mut().filter(|l| l.dirty && core.can_rebuild()) {
+            l.dirty = false;
+            l.last_report = Some(Instant::now());
+            let r = l.view.rebuild(core, problem);
+            if !r.arrived.is_empty() || !r.left.is_empty() {
+                info!(arrived = ?r.arrived, left = ?r.left, "apps changed; asking for a re-selection");
+            }
+            // Before the coordinator's table arrives every peer is unknown: nothing to say.
+            if !l.view.facilities.is_empty() {
+                for u in r.unknown {
+                    if l.unknown_logged.insert((u.app.clone(), u.gid)) {
+                        warn!(
+                            app = %u.app,
+                            peer = %drum_table::message::gid_hex(&u.gid),
+                            "a connection of this app ends at a GID no agent's host owns; its traffic loads no receive link"
+                        );
+                    }
+                }
+            }
+            if let Some(d) = demand.as_mut() {
+                d.rebase(
+                    problem,
+                    0,
+                    max_cqe_per_wqe(&l.view.nic, problem.params.x_min),
+                );
+            }
+            more.extend(r.actions);
         }
         if !more.is_empty() {
             actions = more;

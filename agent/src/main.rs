@@ -35,8 +35,14 @@ fn run(cli: Cli) -> Result<()> {
     }
     let config = cli.config.expect("clap requires --config without --local");
     let (settings, options) = drum_agent::AgentSettings::load_with_options(&config)?;
-    let problem = drum_coordinator::server::load_problem(&settings.instance)?;
-    let (host, active) = drum_agent::host_and_active(&problem, &settings.host)?;
+    let instance = match &settings.instance {
+        Some(path) => {
+            let problem = drum_coordinator::server::load_problem(path)?;
+            let (host, active) = drum_agent::host_and_active(&problem, &settings.host)?;
+            Some((problem, host, active))
+        }
+        None => None,
+    };
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     rt.block_on(async {
         use tokio::signal::unix::{signal, SignalKind};
@@ -51,22 +57,28 @@ fn run(cli: Cli) -> Result<()> {
                 notify.notify_one();
             }
         });
-        drum_agent::run_with_reload(
-            settings,
-            options,
-            Arc::new(problem),
-            host,
-            active,
-            async {
-                let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            },
-            reload,
-        )
-        .await
+        let stop = async {
+            let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        };
+        match instance {
+            Some((problem, host, active)) => {
+                drum_agent::run_with_reload(
+                    settings,
+                    options,
+                    Arc::new(problem),
+                    host,
+                    active,
+                    stop,
+                    reload,
+                )
+                .await
+            }
+            None => drum_agent::run_live(settings, options, stop, reload).await,
+        }
     })
 }
 

@@ -46,7 +46,8 @@ pub struct AppRate {
     pub rate: f64,
     /// Granted completion-polling rate `a·x`.
     pub poll_rate: f64,
-    pub facility: String,
+    /// The facilities the app's rate loads.
+    pub facilities: Vec<String>,
 }
 
 /// The host's apps and their current grants, in instance order.
@@ -63,7 +64,11 @@ pub fn app_rates(problem: &Problem, core: &AgentCore) -> Vec<AppRate> {
                 active: rate > 0.0,
                 rate,
                 poll_rate: pair.cqe_per_wqe * rate,
-                facility: problem.facilities[pair.facility as usize].id.clone(),
+                facilities: pair
+                    .uses
+                    .iter()
+                    .map(|&(f, _)| problem.facilities[f as usize].id.clone())
+                    .collect(),
             }
         })
         .collect()

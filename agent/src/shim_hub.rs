@@ -236,7 +236,12 @@ struct Conn {
     /// Connected QPs: QP number → peer GID.
     qps: BTreeMap<u32, [u8; 16]>,
     busy: BTreeSet<u32>,
+    /// Whether the QP limit was hit (logged once).
+    qps_clamped: bool,
 }
+
+/// Connected QPs the agent tracks per registered process.
+pub const MAX_TRACKED_QPS: usize = 4096;
 
 #[derive(Default)]
 struct HubState {
@@ -441,6 +446,20 @@ impl ShimHub {
 
     pub fn socket(&self) -> &Path {
         &self.shared.settings.socket
+    }
+
+    /// Every app with a registered process, with its connected QPs per peer GID (over all its
+    /// processes): where its traffic goes, for the live problem's facilities.
+    pub fn app_peers(&self) -> BTreeMap<String, BTreeMap<[u8; 16], u32>> {
+        let st = self.shared.lock();
+        let mut out: BTreeMap<String, BTreeMap<[u8; 16], u32>> = BTreeMap::new();
+        for c in st.conns.values() {
+            let peers = out.entry(c.app.clone()).or_default();
+            for gid in c.qps.values() {
+                *peers.entry(*gid).or_default() += 1;
+            }
+        }
+        out
     }
 }
 
@@ -693,6 +712,7 @@ fn register(sh: &Shared, sock: &Arc<OwnedFd>) -> Result<u64> {
             sock: sock.clone(),
             qps: BTreeMap::new(),
             busy: BTreeSet::new(),
+            qps_clamped: false,
         },
     );
     Ok(id)
@@ -706,7 +726,19 @@ fn on_message(sh: &Shared, id: u64, m: ShimMsg) {
     match m {
         ShimMsg::Hello { .. } => warn!(pid = c.pid, "second HELLO ignored"),
         ShimMsg::QpUp { qpn, peer, .. } => {
-            c.qps.insert(qpn, peer);
+            // A process's connections are the agent's memory to spend: past the limit a new
+            // one is not tracked (its traffic counts towards no receiver), and said once.
+            if c.qps.len() < MAX_TRACKED_QPS || c.qps.contains_key(&qpn) {
+                c.qps.insert(qpn, peer);
+            } else if !c.qps_clamped {
+                c.qps_clamped = true;
+                warn!(
+                    pid = c.pid,
+                    app = %c.app,
+                    limit = MAX_TRACKED_QPS,
+                    "shim reports more connected QPs than the agent tracks per process; ignoring the rest"
+                );
+            }
         }
         ShimMsg::QpGone { qpn } => {
             let peer = c.qps.remove(&qpn);

@@ -55,6 +55,8 @@ struct Cluster {
     problem: Problem,
     instance: PathBuf,
     coordinator_tls: TlsFiles,
+    /// The live problem: no instance in any config (the file above is then unused).
+    live: bool,
 }
 
 impl Cluster {
@@ -79,13 +81,22 @@ impl Cluster {
             problem,
             instance,
             coordinator_tls: certs.coordinator,
+            live: false,
+        }
+    }
+
+    /// Hosts `h0` … without an instance: the live problem.
+    fn live(hosts: usize) -> Self {
+        Self {
+            live: true,
+            ..Self::new(hosts, 1, 1, 1)
         }
     }
 
     fn settings(&self, listen: SocketAddr) -> ServeSettings {
         ServeSettings {
             listen,
-            instance: self.instance.clone(),
+            instance: (!self.live).then(|| self.instance.clone()),
             tls: self.coordinator_tls.clone(),
             admin_listen: Some("127.0.0.1:0".parse().unwrap()),
             rho: None,
@@ -127,11 +138,15 @@ impl Cluster {
             crl: None,
         });
         let config = self.dir.path().join(format!("agent-{tag}.toml"));
+        let instance = if self.live {
+            String::new()
+        } else {
+            format!("instance = {:?}\n", self.instance)
+        };
         let toml = format!(
-            "host = {id:?}\ninstance = {:?}\ncoordinator = \"{coordinator}\"\nrate_table = {:?}\n\
+            "host = {id:?}\n{instance}coordinator = \"{coordinator}\"\nrate_table = {:?}\n\
              heartbeat_ms = 100\ncoordinator_timeout_ms = 800\nbackoff_min_ms = 50\nbackoff_max_ms = 400\n\
              {extra}\n[tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n{}",
-            self.instance,
             self.dir.path().join(format!("rates-{tag}.json")),
             tls.ca,
             tls.cert,
@@ -1359,4 +1374,237 @@ fn an_agent_leaves_a_coordinator_revoked_while_connected() {
     let log = agents[1].log();
     assert!(!log.contains("fail-static"), "{log}");
     assert!(c.table(1).is_some_and(|t| t.state == LinkState::Live));
+}
+
+/// A registered shim that connects QPs to `peers` and, while it lives, sends exactly what the
+/// agent grants it (as a saturating application would), in 4 KiB WQEs, each signalled.
+struct SendingShim {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    map: Arc<drum_table::mapping::Mapping>,
+}
+
+impl SendingShim {
+    fn start(socket: &std::path::Path, app: &str, peers: &[&str], sends: bool) -> Self {
+        use std::os::fd::AsRawFd;
+        use std::sync::atomic::Ordering::Relaxed;
+        let (fd, map) = register_as_shim(socket, app);
+        for (i, peer) in peers.iter().enumerate() {
+            let up = drum_table::message::ShimMsg::QpUp {
+                qpn: 100 + i as u32,
+                peer: drum_table::message::gid_of_ipv4(peer.parse().unwrap()),
+                peer_qpn: 7,
+            }
+            .encode();
+            drum_table::socket::send(fd.as_raw_fd(), up.as_bytes()).unwrap();
+        }
+        let map = Arc::new(map);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let thread = {
+            let (map, stop) = (map.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let _registration = fd;
+                let t = map.table();
+                let mut last = Instant::now();
+                while !stop.load(Relaxed) {
+                    std::thread::sleep(Duration::from_millis(10));
+                    let dt = last.elapsed().as_secs_f64();
+                    last = Instant::now();
+                    let rate = t.read_grant().map_or(0, |g| g.rate_bytes_per_s) as f64;
+                    let wqes = if sends {
+                        (rate * dt / 4096.0) as u64
+                    } else {
+                        0
+                    };
+                    t.shim.send_wqes.fetch_add(wqes, Relaxed);
+                    t.shim.completions.fetch_add(wqes, Relaxed);
+                    t.shim.send_bytes.fetch_add(wqes * 4096, Relaxed);
+                }
+            })
+        };
+        Self {
+            stop,
+            thread: Some(thread),
+            map,
+        }
+    }
+
+    fn granted_bytes_per_s(&self) -> u64 {
+        self.map.table().read_grant().unwrap().rate_bytes_per_s
+    }
+}
+
+impl Drop for SendingShim {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// `(active, rate)` of `app` on `host` in the coordinator's status, if listed.
+fn live_app(s: &serde_json::Value, host: &str, app: &str) -> Option<(bool, f64)> {
+    let m = s["members"]
+        .as_array()?
+        .iter()
+        .find(|m| m["host"] == host)?;
+    let a = m["apps"].as_array()?.iter().find(|a| a["app"] == app)?;
+    Some((a["active"].as_bool()?, a["rate"].as_f64()?))
+}
+
+fn facility<'a>(s: &'a serde_json::Value, id: &str) -> Option<&'a serde_json::Value> {
+    s["facilities"].as_array()?.iter().find(|f| f["id"] == id)
+}
+
+/// The live problem, end to end with real agents and no instance file: three hosts join with
+/// their NICs; two writers on h0 and h1 that no config names connect to h2 and send what they
+/// are granted, a server on h2 connects back and answers them. The coordinator learns the
+/// three receive links, the writers share h2's link (it binds), their grants reach their
+/// shims, a weight set at run time reaches every agent and moves the split, `solve` on the
+/// snapshot gives the live allocation to 1e-6, and a writer that stops leaves the problem.
+#[test]
+fn the_live_problem_is_learnt_from_the_shims_and_its_snapshot_solves_to_the_live_allocation() {
+    let c = Cluster::live(3);
+    let coord = Coord::start(ServeSettings {
+        min_members: 3,
+        ..c.settings(localhost())
+    });
+    let gid = |h: usize| format!("10.9.0.{}", h + 1);
+    let socket = |h: usize| c.dir.path().join(format!("shim-{h}.sock"));
+    let _agents: Vec<Agent> = (0..3)
+        .map(|h| {
+            let extra = format!(
+                "[shim]\nsocket = {:?}\nline_rate_gbps = 8.0\n[nic]\ngids = [\"{}\"]\n",
+                socket(h),
+                gid(h)
+            );
+            c.agent_tagged(&h.to_string(), h, coord.addr, None, &extra)
+        })
+        .collect();
+    wait_for("three receive links", Duration::from_secs(20), || {
+        let s = coord.status();
+        (0..3).all(|h| facility(&s, &format!("rx:h{h}")).is_some())
+    });
+    let writer_a = SendingShim::start(&socket(0), "writer-a", &[&gid(2), &gid(2)], true);
+    let writer_b = SendingShim::start(&socket(1), "writer-b", &[&gid(2)], true);
+    // The server answers both writers (its traffic loads h0's and h1's links). An app that
+    // sends nothing has the floor as its demand and no value in being active, so whether it
+    // is active is a tie that live selection and `solve` may break differently.
+    let _server = SendingShim::start(&socket(2), "server", &[&gid(0), &gid(1)], true);
+    let both_share_h2 = |s: &serde_json::Value| {
+        let (Some((true, a)), Some((true, b))) =
+            (live_app(s, "h0", "writer-a"), live_app(s, "h1", "writer-b"))
+        else {
+            return false;
+        };
+        let usage = facility(s, "rx:h2").unwrap()["usage"].as_f64().unwrap();
+        (a + b - usage).abs() < 1e-3 && usage > 0.98 && usage < 1.0 + 1e-3
+    };
+    wait_for(
+        "both writers granted, sharing h2's link",
+        Duration::from_secs(30),
+        || both_share_h2(&coord.status()),
+    );
+    let s = coord.status();
+    let rx2 = facility(&s, "rx:h2").unwrap();
+    assert!(
+        rx2["price"].as_f64().unwrap() > 0.0,
+        "the link binds: {rx2}"
+    );
+    let (_, a) = live_app(&s, "h0", "writer-a").unwrap();
+    let granted = writer_a.granted_bytes_per_s() as f64;
+    assert!(
+        (granted - a * 1e9).abs() <= 0.02 * a * 1e9,
+        "writer-a granted {granted} B/s for a rate of {a} of 8 Gb/s"
+    );
+    // A weight at run time: every agent steps with it and `status` shows it.
+    let (code, body) =
+        drum_coordinator::admin::request(coord.admin, "POST", "/set-weight?app=writer-a&value=3")
+            .unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(coord.status()["policy"]["weights"][0][1], 3.0);
+    wait_for(
+        "writer-a gets three times writer-b",
+        Duration::from_secs(30),
+        || {
+            let s = coord.status();
+            match (
+                live_app(&s, "h0", "writer-a"),
+                live_app(&s, "h1", "writer-b"),
+            ) {
+                (Some((_, a)), Some((_, b))) => both_share_h2(&s) && (a / b - 3.0).abs() < 0.05,
+                _ => false,
+            }
+        },
+    );
+    // Settled (two reports in a row agree), the snapshot solved offline is the live allocation.
+    let rates = |s: &serde_json::Value| -> Vec<(String, String, f64)> {
+        let mut v = Vec::new();
+        for m in s["members"].as_array().unwrap() {
+            for a in m["apps"].as_array().unwrap() {
+                let host = m["host"].as_str().unwrap().to_string();
+                v.push((
+                    host,
+                    a["app"].as_str().unwrap().into(),
+                    a["rate"].as_f64().unwrap(),
+                ));
+            }
+        }
+        v.sort_by(|x, y| (&x.0, &x.1).cmp(&(&y.0, &y.1)));
+        v
+    };
+    let mut live = rates(&coord.status());
+    wait_for(
+        "the live allocation settles",
+        Duration::from_secs(30),
+        || {
+            std::thread::sleep(Duration::from_millis(300));
+            let now = rates(&coord.status());
+            let same = now.len() == live.len()
+                && now.iter().zip(&live).all(|(x, y)| (x.2 - y.2).abs() < 1e-9);
+            live = now;
+            same
+        },
+    );
+    let (code, body) = drum_coordinator::admin::request(coord.admin, "GET", "/snapshot").unwrap();
+    assert_eq!(code, 200, "{body}");
+    let snapshot = Instance::from_json(&body).unwrap().into_problem().unwrap();
+    let solution = solve(
+        &snapshot,
+        &SolveOptions {
+            eps_primal: 1e-12,
+            eps_dual: 1e-12,
+            max_iter: 20_000,
+            ..SolveOptions::default()
+        },
+    );
+    assert!(solution.converged);
+    let mut offline = Vec::new();
+    for (h, st) in solution.hosts.iter().enumerate() {
+        let host = &snapshot.hosts[h];
+        for p in host.pairs.clone() {
+            let x = st.active.binary_search(&p).map_or(0.0, |i| st.x[i]);
+            let app = snapshot.app_names[snapshot.pairs[p].app as usize].clone();
+            offline.push((host.id.clone(), app, x));
+        }
+    }
+    offline.sort_by(|x, y| (&x.0, &x.1).cmp(&(&y.0, &y.1)));
+    assert_eq!(live.len(), 3, "{live:?}");
+    for (l, o) in live.iter().zip(&offline) {
+        assert_eq!((&l.0, &l.1), (&o.0, &o.1));
+        assert!((l.2 - o.2).abs() <= 1e-6, "{l:?} live vs {o:?} solved");
+    }
+    eprintln!("live allocation {live:?} = solve on the snapshot {offline:?}");
+    // writer-b stops: gone from h1, and writer-a takes the link.
+    drop(writer_b);
+    wait_for(
+        "writer-b leaves and writer-a takes the link",
+        Duration::from_secs(30),
+        || {
+            let s = coord.status();
+            live_app(&s, "h1", "writer-b").is_none()
+                && live_app(&s, "h0", "writer-a").is_some_and(|(_, a)| a > 0.9)
+        },
+    );
 }

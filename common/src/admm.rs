@@ -44,10 +44,7 @@ impl HostState {
             .active
             .iter()
             .zip(&self.x)
-            .map(|(&p, &x)| {
-                let pair = &problem.pairs[p];
-                (pair.facility, pair.facility_coeff * x)
-            })
+            .flat_map(|(&p, &x)| problem.pairs[p].uses.iter().map(move |&(f, b)| (f, b * x)))
             .collect();
         entries.sort_unstable_by_key(|e| e.0);
         entries.dedup_by(|later, first| {
@@ -80,7 +77,9 @@ impl HostState {
         self.contribution(problem)
     }
 
-    /// ADMM x-step: `d(f)` is the coordinator's `(u_f + s_f − y_f)/n_f` for facility `f`.
+    /// ADMM x-step: `d(f)` is the coordinator's `(u_f + s_f − y_f)/n_f` for facility `f`. A pair
+    /// of several facilities has one penalty `(ρ/2)(b_f x − b_f x_old + d_f)²` per facility; their
+    /// sum is the single quadratic `(ρΣb²/2)(x − x_old + Σb_f d_f/Σb²)²` plus a constant.
     pub fn admm_step(
         &mut self,
         problem: &Problem,
@@ -89,12 +88,17 @@ impl HostState {
     ) -> Contribution {
         self.solve(problem, |p, x_old| {
             let pair = &problem.pairs[p];
-            let b = pair.facility_coeff;
+            let b2 = pair.coeff_norm2();
+            let t = if b2 == 0.0 {
+                x_old
+            } else {
+                x_old - pair.charge(&d) / b2
+            };
             AppTerm {
                 u: problem.utility(pair),
                 lin: 0.0,
-                q: rho * b * b,
-                t: x_old - d(pair.facility) / b,
+                q: rho * b2,
+                t,
                 hi: pair.demand,
             }
         })
@@ -106,7 +110,7 @@ impl HostState {
             let pair = &problem.pairs[p];
             AppTerm {
                 u: problem.utility(pair),
-                lin: price(pair.facility) * pair.facility_coeff,
+                lin: pair.charge(&price),
                 q: 0.0,
                 t: 0.0,
                 hi: pair.demand,

@@ -73,6 +73,7 @@ pub fn generate(cfg: &GeneratorConfig) -> Problem {
             id: format!("h{i}"),
             wqe_budget: rng.range(WQE_BUDGET.0, WQE_BUDGET.1),
             poll_budget: rng.range(POLL_BUDGET.0, POLL_BUDGET.1),
+            k: None,
             pairs: i * cfg.apps..(i + 1) * cfg.apps,
         })
         .collect();
@@ -82,8 +83,7 @@ pub fn generate(cfg: &GeneratorConfig) -> Problem {
             weight: 0.0,
             cqe_per_wqe: 0.0,
             demand: 0.0,
-            facility: 0,
-            facility_coeff: 0.0,
+            uses: Vec::new(),
         };
         cfg.hosts * cfg.apps
     ];
@@ -98,8 +98,7 @@ pub fn generate(cfg: &GeneratorConfig) -> Problem {
                     weight: app_weight[j] * rng.range(HOST_WEIGHT_JITTER.0, HOST_WEIGHT_JITTER.1),
                     cqe_per_wqe: rng.range(CQE_PER_WQE.0, CQE_PER_WQE.1),
                     demand: rng.range(DEMAND.0, DEMAND.1).max(cfg.x_min),
-                    facility: j as u32,
-                    facility_coeff: rng.range(FACILITY_COEFF.0, FACILITY_COEFF.1),
+                    uses: vec![(j as u32, rng.range(FACILITY_COEFF.0, FACILITY_COEFF.1))],
                 };
             }
         });

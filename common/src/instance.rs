@@ -57,6 +57,9 @@ pub struct HostSpec {
     pub id: String,
     pub wqe_budget: f64,
     pub poll_budget: f64,
+    /// This host's `k`, where it differs from the instance's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub k: Option<usize>,
     pub apps: Vec<AppSpec>,
 }
 
@@ -67,8 +70,40 @@ pub struct AppSpec {
     pub weight: f64,
     pub cqe_per_wqe: f64,
     pub demand: f64,
-    pub facility: String,
-    pub facility_coeff: f64,
+    /// The single-facility form: the one facility the app uses, with `facility_coeff`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub facility: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub facility_coeff: Option<f64>,
+    /// The general form: every facility the app uses with its coefficient (possibly none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub facilities: Option<Vec<UseSpec>>,
+}
+
+/// One facility an app uses: `b`, its usage per unit of the app's rate.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct UseSpec {
+    pub id: String,
+    pub coeff: f64,
+}
+
+impl AppSpec {
+    /// The facilities the app uses, `(id, b)`, from either form; both or neither is an error.
+    fn uses(&self, at: &str) -> Result<Vec<(String, f64)>, InstanceError> {
+        match (&self.facility, self.facility_coeff, &self.facilities) {
+            (Some(f), Some(b), None) => Ok(vec![(f.clone(), b)]),
+            (None, None, Some(list)) => Ok(list.iter().map(|u| (u.id.clone(), u.coeff)).collect()),
+            (None, None, None) => Err(invalid(
+                at,
+                "needs facility and facility_coeff, or facilities (a list, possibly empty)",
+            )),
+            _ => Err(invalid(
+                at,
+                "give either facility with facility_coeff, or facilities, not both or a part",
+            )),
+        }
+    }
 }
 
 /// A positive, finite value within the sane magnitude range.
@@ -176,22 +211,38 @@ impl Instance {
                         format!("{demand} is below x_min = {x_min}: the app could never be active"),
                     ));
                 }
-                let facility_coeff = positive(&at, "facility_coeff", app.facility_coeff)?;
-                let facility = *facility_index.get(&app.facility).ok_or_else(|| {
-                    invalid(
-                        format!("{at}.facility"),
-                        format!("no facility with id {:?}", app.facility),
-                    )
-                })?;
-                let cap = facilities[facility as usize].capacity;
-                if facility_coeff * x_min > cap {
+                let single = app.facility.is_some();
+                let mut uses = Vec::new();
+                for (ui, (id, coeff)) in app.uses(&at)?.into_iter().enumerate() {
+                    let (id_at, coeff_at) = if single {
+                        (format!("{at}.facility"), "facility_coeff".to_string())
+                    } else {
+                        (
+                            format!("{at}.facilities[{ui}].id"),
+                            format!("facilities[{ui}].coeff"),
+                        )
+                    };
+                    let coeff = positive(&at, &coeff_at, coeff)?;
+                    let facility = *facility_index
+                        .get(&id)
+                        .ok_or_else(|| invalid(&id_at, format!("no facility with id {id:?}")))?;
+                    let cap = facilities[facility as usize].capacity;
+                    if coeff * x_min > cap {
+                        return Err(invalid(
+                            format!("{at}.{coeff_at}"),
+                            format!(
+                                "at x_min the app alone needs {} of facility {id:?}, whose capacity is {cap}",
+                                coeff * x_min
+                            ),
+                        ));
+                    }
+                    uses.push((facility, coeff));
+                }
+                uses.sort_unstable_by_key(|u| u.0);
+                if uses.windows(2).any(|w| w[0].0 == w[1].0) {
                     return Err(invalid(
-                        format!("{at}.facility_coeff"),
-                        format!(
-                            "at x_min the app alone needs {} of facility {:?}, whose capacity is {cap}",
-                            facility_coeff * x_min,
-                            app.facility
-                        ),
+                        format!("{at}.facilities"),
+                        "lists a facility twice",
                     ));
                 }
                 let next = app_names.len() as u32;
@@ -204,14 +255,20 @@ impl Instance {
                     weight,
                     cqe_per_wqe,
                     demand,
-                    facility,
-                    facility_coeff,
+                    uses,
                 });
+            }
+            if h.k.is_some_and(|k| k == 0 || k > 1_000_000) {
+                return Err(invalid(
+                    format!("{at}.k"),
+                    format!("must be in 1..=1000000, got {}", h.k.unwrap_or(0)),
+                ));
             }
             hosts.push(Host {
                 id: h.id,
                 wqe_budget,
                 poll_budget,
+                k: h.k,
                 pairs: start..pairs.len(),
             });
         }
@@ -249,15 +306,34 @@ impl Instance {
                     id: h.id.clone(),
                     wqe_budget: h.wqe_budget,
                     poll_budget: h.poll_budget,
+                    k: h.k,
                     apps: p.pairs[h.pairs.clone()]
                         .iter()
-                        .map(|pair| AppSpec {
-                            id: p.app_names[pair.app as usize].clone(),
-                            weight: pair.weight,
-                            cqe_per_wqe: pair.cqe_per_wqe,
-                            demand: pair.demand,
-                            facility: p.facilities[pair.facility as usize].id.clone(),
-                            facility_coeff: pair.facility_coeff,
+                        .map(|pair| {
+                            let id = |f: u32| p.facilities[f as usize].id.clone();
+                            let mut app = AppSpec {
+                                id: p.app_names[pair.app as usize].clone(),
+                                weight: pair.weight,
+                                cqe_per_wqe: pair.cqe_per_wqe,
+                                demand: pair.demand,
+                                facility: None,
+                                facility_coeff: None,
+                                facilities: None,
+                            };
+                            // One facility is written in the single-facility form every
+                            // reader of older files knows.
+                            if let [(f, b)] = pair.uses[..] {
+                                app.facility = Some(id(f));
+                                app.facility_coeff = Some(b);
+                            } else {
+                                app.facilities = Some(
+                                    pair.uses
+                                        .iter()
+                                        .map(|&(f, coeff)| UseSpec { id: id(f), coeff })
+                                        .collect(),
+                                );
+                            }
+                            app
                         })
                         .collect(),
                 })
@@ -321,6 +397,50 @@ mod tests {
     }
 
     #[test]
+    fn apps_may_list_several_facilities_or_none() {
+        let inst = Instance::from_json(
+            r#"{"alpha": 1, "beta": 0, "k": 2, "x_min": 0.01,
+                "facilities": [{"id": "rx:h1", "capacity": 1}, {"id": "rx:h2", "capacity": 1}],
+                "hosts": [{"id": "h1", "wqe_budget": 1, "poll_budget": 4,
+                           "apps": [{"id": "a", "weight": 1, "cqe_per_wqe": 1, "demand": 0.5,
+                                     "facilities": [{"id": "rx:h2", "coeff": 0.25},
+                                                    {"id": "rx:h1", "coeff": 0.75}]},
+                                    {"id": "b", "weight": 1, "cqe_per_wqe": 1, "demand": 0.5,
+                                     "facilities": []}]}]}"#,
+        )
+        .unwrap();
+        let p = inst.clone().into_problem().unwrap();
+        assert_eq!(
+            p.pairs[0].uses,
+            vec![(0, 0.75), (1, 0.25)],
+            "sorted by facility"
+        );
+        assert!(p.pairs[1].uses.is_empty());
+        let again = Instance::from_problem(&p);
+        assert_eq!(again.clone().into_problem().unwrap(), p);
+
+        let mut both = inst.clone();
+        both.hosts[0].apps[1].facility = Some("rx:h1".into());
+        let e = both.into_problem().unwrap_err().to_string();
+        assert!(
+            e.contains("apps[1] (id \"b\"): give either facility"),
+            "{e}"
+        );
+        let mut neither = inst.clone();
+        neither.hosts[0].apps[1].facilities = None;
+        let e = neither.into_problem().unwrap_err().to_string();
+        assert!(e.contains("needs facility and facility_coeff"), "{e}");
+        let mut twice = inst.clone();
+        twice.hosts[0].apps[0].facilities.as_mut().unwrap()[0].id = "rx:h1".into();
+        let e = twice.into_problem().unwrap_err().to_string();
+        assert!(e.contains("lists a facility twice"), "{e}");
+        let mut bad = inst;
+        bad.hosts[0].apps[0].facilities.as_mut().unwrap()[1].coeff = f64::NAN;
+        let e = bad.into_problem().unwrap_err().to_string();
+        assert!(e.contains("apps[0] (id \"a\").facilities[1].coeff"), "{e}");
+    }
+
+    #[test]
     fn errors_name_the_place() {
         let mut inst = sample();
         inst.hosts[0].apps[0].weight = -1.0;
@@ -331,7 +451,7 @@ mod tests {
         );
 
         let mut inst = sample();
-        inst.hosts[0].apps[0].facility = "nope".into();
+        inst.hosts[0].apps[0].facility = Some("nope".into());
         assert!(inst
             .into_problem()
             .unwrap_err()

@@ -9,6 +9,7 @@ pub mod dual;
 pub mod generator;
 pub mod host_step;
 pub mod instance;
+pub mod live;
 pub mod model;
 pub mod protocol;
 pub mod rng;

@@ -57,7 +57,7 @@ impl Facility {
 }
 
 /// One application present on one host.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Pair {
     /// Index into [`Problem::app_names`].
     pub app: u32,
@@ -66,9 +66,30 @@ pub struct Pair {
     pub cqe_per_wqe: f64,
     /// Demand cap `x̄`.
     pub demand: f64,
-    pub facility: u32,
-    /// `b`: how much of its facility one unit of this app's rate uses.
-    pub facility_coeff: f64,
+    /// `(f, b_f)`: how much of facility `f` one unit of this app's rate uses; sorted by
+    /// facility, each facility once, every `b_f > 0`. Empty: the pair loads no shared resource
+    /// (only its host's budgets bound it).
+    pub uses: Vec<(u32, f64)>,
+}
+
+impl Pair {
+    /// `Σ_f b_f²`, the curvature one unit of rate adds to the pair's ADMM penalty.
+    pub fn coeff_norm2(&self) -> f64 {
+        self.uses.iter().map(|&(_, b)| b * b).sum()
+    }
+
+    /// `Σ_f π_f b_f`: what one unit of rate costs at facility prices `price`.
+    pub fn charge(&self, price: impl Fn(u32) -> f64) -> f64 {
+        self.uses.iter().map(|&(f, b)| price(f) * b).sum()
+    }
+
+    /// The largest rate every facility of the pair could carry with the pair alone on it.
+    pub fn alone_cap(&self, facilities: &[Facility]) -> f64 {
+        self.uses
+            .iter()
+            .map(|&(f, b)| facilities[f as usize].capacity / b)
+            .fold(f64::INFINITY, f64::min)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -78,6 +99,8 @@ pub struct Host {
     pub wqe_budget: f64,
     /// `C_i`.
     pub poll_budget: f64,
+    /// This host's `k`, where it differs from [`Params::k`] (live hosts report their own).
+    pub k: Option<usize>,
     pub pairs: Range<usize>,
 }
 
@@ -105,6 +128,7 @@ impl Problem {
 
     /// How many apps host `host` may keep active: `k`, or fewer if fewer are present.
     pub fn slots(&self, host: usize) -> usize {
-        self.params.k.min(self.hosts[host].pairs.len())
+        let h = &self.hosts[host];
+        h.k.unwrap_or(self.params.k).min(h.pairs.len())
     }
 }

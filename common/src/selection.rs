@@ -45,7 +45,7 @@ impl Default for SelectionOptions {
 pub fn surplus(problem: &Problem, host: usize, pair: usize, charge: f64) -> (f64, f64) {
     let p = &problem.pairs[pair];
     let h = &problem.hosts[host];
-    let cap = problem.facilities[p.facility as usize].capacity / p.facility_coeff;
+    let cap = p.alone_cap(&problem.facilities);
     let hi = p
         .demand
         .min(cap)
@@ -144,7 +144,7 @@ pub fn evaluate_present(
             continue;
         }
         let pair = &problem.pairs[p];
-        let charge = price(pair.facility) * pair.facility_coeff + mu + nu * pair.cqe_per_wqe;
+        let charge = pair.charge(&price) + mu + nu * pair.cqe_per_wqe;
         let (l, x) = surplus(problem, host, p, charge);
         values.push(l);
         let key = l * (1.0 - opts.fairness * activity[p] as f64 * l.signum());
@@ -220,7 +220,7 @@ pub fn relax_host(
         .clone()
         .map(|p| {
             let pair = &problem.pairs[p];
-            let charge = price(pair.facility) * pair.facility_coeff + mu + nu * pair.cqe_per_wqe;
+            let charge = pair.charge(&price) + mu + nu * pair.cqe_per_wqe;
             let (l, x) = surplus(problem, host, p, charge);
             (l, p, x)
         })
@@ -241,7 +241,7 @@ pub fn relax_host(
         out.bound += l;
         out.wqe += x;
         out.poll += pair.cqe_per_wqe * x;
-        out.usage.push((pair.facility, pair.facility_coeff * x));
+        out.usage.extend(pair.uses.iter().map(|&(f, b)| (f, b * x)));
     }
     out
 }
@@ -258,28 +258,38 @@ fn top_k_positive_sum(values: &mut [f64], k: usize) -> f64 {
 
 /// Initial active sets, chosen greedily host by host so they do not herd: every host would
 /// otherwise pick the same heavy apps at zero prices. Each pair is scored by its surplus at the
-/// given facility prices and at the rate it could expect, `min(x̄, Q/k, Y_f/(b·(members_f + 1)))`,
-/// so a facility looks less attractive as members join; a pair joins only while its facility can
-/// still carry every member at `x_min` (so a feasible allocation always exists).
+/// given facility prices and at the rate it could expect, `min(x̄, Q/k, min_f Y_f/(b_f·(members_f + 1)))`,
+/// so a facility looks less attractive as members join; a pair joins only while each of its
+/// facilities can still carry every member at `x_min` (so a feasible allocation always exists).
 pub fn initial_active(problem: &Problem, prices: &[f64]) -> Vec<Vec<usize>> {
     let x_min = problem.params.x_min;
     let mut members = vec![0u32; problem.facilities.len()];
     let mut floor = vec![0.0; problem.facilities.len()];
     let mut scored: Vec<(f64, usize)> = Vec::new();
     let mut out = Vec::with_capacity(problem.hosts.len());
+    let fits = |floor: &[f64], pair: &crate::model::Pair| {
+        pair.uses
+            .iter()
+            .all(|&(f, b)| floor[f as usize] + b * x_min <= problem.facilities[f as usize].capacity)
+    };
     for (hi, h) in problem.hosts.iter().enumerate() {
         let fair = h.wqe_budget / problem.slots(hi).max(1) as f64;
         scored.clear();
         for p in h.pairs.clone() {
             let pair = &problem.pairs[p];
-            let f = pair.facility as usize;
-            let cap = problem.facilities[f].capacity;
-            if floor[f] + pair.facility_coeff * x_min > cap {
+            if !fits(&floor, pair) {
                 continue;
             }
-            let share = cap / (pair.facility_coeff * (members[f] + 1) as f64);
+            let share = pair
+                .uses
+                .iter()
+                .map(|&(f, b)| {
+                    problem.facilities[f as usize].capacity / (b * (members[f as usize] + 1) as f64)
+                })
+                .fold(f64::INFINITY, f64::min);
             let x = pair.demand.min(fair).min(share).max(x_min);
-            let v = problem.utility(pair).activation_value(x) - prices[f] * pair.facility_coeff * x;
+            let v =
+                problem.utility(pair).activation_value(x) - pair.charge(|f| prices[f as usize]) * x;
             if v > 0.0 {
                 scored.push((v, p));
             }
@@ -293,14 +303,14 @@ pub fn initial_active(problem: &Problem, prices: &[f64]) -> Vec<Vec<usize>> {
         };
         chosen.retain(|&p| {
             let pair = &problem.pairs[p];
-            let f = pair.facility as usize;
-            let need = pair.facility_coeff * x_min;
-            let fits = floor[f] + need <= problem.facilities[f].capacity;
-            if fits {
-                floor[f] += need;
-                members[f] += 1;
+            if !fits(&floor, pair) {
+                return false;
             }
-            fits
+            for &(f, b) in &pair.uses {
+                floor[f as usize] += b * x_min;
+                members[f as usize] += 1;
+            }
+            true
         });
         chosen.sort_unstable();
         out.push(chosen);

@@ -132,9 +132,13 @@ pub fn default_rho(problem: &Problem) -> f64 {
         let fair = h.wqe_budget / problem.slots(hi).max(1) as f64;
         for p in h.pairs.clone().step_by(stride) {
             let pair = &problem.pairs[p];
-            let alone = problem.facilities[pair.facility as usize].capacity / pair.facility_coeff;
+            let b2 = pair.coeff_norm2();
+            if b2 == 0.0 {
+                continue;
+            }
+            let alone = pair.alone_cap(&problem.facilities);
             let x = fair.min(pair.demand).min(alone).max(problem.params.x_min);
-            curv.push(-problem.utility(pair).d2(x) / (pair.facility_coeff * pair.facility_coeff));
+            curv.push(-problem.utility(pair).d2(x) / b2);
         }
     }
     if curv.is_empty() {
@@ -311,13 +315,14 @@ impl<'p> Engine<'p> {
     fn apply_swaps(&mut self, swaps: Vec<(usize, crate::selection::Swap)>) -> usize {
         let problem = self.problem;
         let x_min = problem.params.x_min;
-        // Floor usage per facility: a pair may join only if the facility can still carry every
-        // member at x_min, so the feasible projection always exists.
+        // Floor usage per facility: a pair may join only if each of its facilities can still
+        // carry every member at x_min, so the feasible projection always exists.
         let mut floor = vec![0.0; problem.facilities.len()];
         for h in &self.hosts {
             for &p in &h.active {
-                let pair = &problem.pairs[p];
-                floor[pair.facility as usize] += pair.facility_coeff * x_min;
+                for &(f, b) in &problem.pairs[p].uses {
+                    floor[f as usize] += b * x_min;
+                }
             }
         }
         let mut applied = 0;
@@ -331,15 +336,19 @@ impl<'p> Engine<'p> {
                     .expect("parked pair is active");
                 h.active.remove(pos);
                 h.x.remove(pos);
-                let pair = &problem.pairs[out];
-                floor[pair.facility as usize] -= pair.facility_coeff * x_min;
+                for &(f, b) in &problem.pairs[out].uses {
+                    floor[f as usize] -= b * x_min;
+                }
             }
             if let Some((inp, x)) = swap.activate {
-                let pair = &problem.pairs[inp];
-                let f = pair.facility as usize;
-                let need = pair.facility_coeff * x_min;
-                if floor[f] + need <= problem.facilities[f].capacity {
-                    floor[f] += need;
+                let uses = &problem.pairs[inp].uses;
+                let fits = uses.iter().all(|&(f, b)| {
+                    floor[f as usize] + b * x_min <= problem.facilities[f as usize].capacity
+                });
+                if fits {
+                    for &(f, b) in uses {
+                        floor[f as usize] += b * x_min;
+                    }
                     let pos = h.active.partition_point(|&p| p < inp);
                     h.active.insert(pos, inp);
                     h.x.insert(pos, x);
@@ -363,7 +372,9 @@ fn active_counts(problem: &Problem, hosts: &[HostState]) -> Vec<u32> {
     let mut n = vec![0u32; problem.facilities.len()];
     for h in hosts {
         for &p in &h.active {
-            n[problem.pairs[p].facility as usize] += 1;
+            for &(f, _) in &problem.pairs[p].uses {
+                n[f as usize] += 1;
+            }
         }
     }
     n
@@ -387,7 +398,9 @@ pub fn objective(problem: &Problem, hosts: &[HostState]) -> f64 {
         for (&p, &x) in h.active.iter().zip(&h.x) {
             let pair = &problem.pairs[p];
             total += problem.utility(pair).value(x);
-            sums[pair.facility as usize] += pair.facility_coeff * x;
+            for &(f, b) in &pair.uses {
+                sums[f as usize] += b * x;
+            }
         }
     }
     total
@@ -409,7 +422,8 @@ fn activation_offset(problem: &Problem, hosts: &[HostState]) -> f64 {
 }
 
 /// The allocation made feasible: in each facility whose usage exceeds its capacity, every
-/// member's rate above `x_min` shrinks by the same factor, so host budgets and boxes still hold.
+/// member's rate above `x_min` shrinks by the same factor (a pair of several facilities by the
+/// smallest of theirs, which only lowers the others' usage), so host budgets and boxes still hold.
 pub fn feasible(problem: &Problem, hosts: &[HostState]) -> Vec<HostState> {
     let x_min = problem.params.x_min;
     let (mut floor, mut above) = (
@@ -418,9 +432,10 @@ pub fn feasible(problem: &Problem, hosts: &[HostState]) -> Vec<HostState> {
     );
     for h in hosts {
         for (&p, &x) in h.active.iter().zip(&h.x) {
-            let pair = &problem.pairs[p];
-            floor[pair.facility as usize] += pair.facility_coeff * x_min;
-            above[pair.facility as usize] += pair.facility_coeff * (x - x_min);
+            for &(f, b) in &problem.pairs[p].uses {
+                floor[f as usize] += b * x_min;
+                above[f as usize] += b * (x - x_min);
+            }
         }
     }
     let theta: Vec<f64> = problem
@@ -440,7 +455,11 @@ pub fn feasible(problem: &Problem, hosts: &[HostState]) -> Vec<HostState> {
         .map(|h| {
             let mut out = h.clone();
             for (&p, x) in out.active.iter().zip(out.x.iter_mut()) {
-                let t = theta[problem.pairs[p].facility as usize];
+                let t = problem.pairs[p]
+                    .uses
+                    .iter()
+                    .map(|&(f, _)| theta[f as usize])
+                    .fold(1.0, f64::min);
                 *x = x_min + (*x - x_min) * t;
             }
             out

@@ -39,8 +39,7 @@ fn clarabel_optimum(p: &Problem) -> (f64, Vec<f64>) {
     }
     for (f, fac) in p.facilities.iter().enumerate() {
         let e: Vec<_> = (0..np)
-            .filter(|&j| p.pairs[j].facility as usize == f)
-            .map(|j| (xi(j), p.pairs[j].facility_coeff))
+            .filter_map(|j| coeff(&p.pairs[j], f).map(|b| (xi(j), b)))
             .collect();
         push(&mut rows, &mut b, &e, fac.capacity);
     }
@@ -103,7 +102,11 @@ fn clarabel_optimum(p: &Problem) -> (f64, Vec<f64>) {
 }
 
 fn check(cfg: GeneratorConfig) {
-    let p = generate(&cfg);
+    check_problem(&generate(&cfg), &format!("{cfg:?}"));
+}
+
+fn check_problem(p: &Problem, cfg: &str) {
+    let p = p.clone();
     let all: Vec<Vec<usize>> = p.hosts.iter().map(|h| h.pairs.clone().collect()).collect();
     let (ref_obj, ref_x) = clarabel_optimum(&p);
     let (trace, hosts) = fixed_set_trace(&p, all, Algorithm::Admm, default_rho(&p), 5000, 1e-11);
@@ -112,26 +115,25 @@ fn check(cfg: GeneratorConfig) {
     let rel = (obj - ref_obj).abs() / ref_obj.abs();
     assert!(
         rel <= 1e-4,
-        "{cfg:?}: ADMM {obj} vs clarabel {ref_obj} (relative {rel:e}); residual {}",
+        "{cfg}: ADMM {obj} vs clarabel {ref_obj} (relative {rel:e}); residual {}",
         trace.last().unwrap().primal_residual
     );
     let binding = p.facilities.iter().enumerate().any(|(f, fac)| {
         let used: f64 = (0..p.pairs.len())
-            .filter(|&j| p.pairs[j].facility as usize == f)
-            .map(|j| p.pairs[j].facility_coeff * ref_x[j])
+            .filter_map(|j| coeff(&p.pairs[j], f).map(|b| b * ref_x[j]))
             .sum();
         used >= fac.capacity * (1.0 - 1e-6)
     });
     assert!(
         binding,
-        "{cfg:?}: no facility binds, the test would not exercise the prices"
+        "{cfg}: no facility binds, the test would not exercise the prices"
     );
     let scale = ref_x.iter().fold(0.0f64, |m, v| m.max(v.abs()));
     for h in &hosts {
         for (&j, &x) in h.active.iter().zip(&h.x) {
             assert!(
                 (x - ref_x[j]).abs() <= 1e-3 * scale,
-                "{cfg:?}: pair {j}: {x} vs {}",
+                "{cfg}: pair {j}: {x} vs {}",
                 ref_x[j]
             );
         }
@@ -158,4 +160,46 @@ fn admm_matches_interior_point_alpha_two_with_polling_term() {
         beta: 1e-3,
         ..GeneratorConfig::new(6, 5)
     });
+}
+
+/// Pairs that use several facilities, as the live problem's do: every host gets a receive link
+/// (capacity 0.4), each pair sends 70 % of its bytes to the next host and 30 % to the one after,
+/// on top of its generated facility; every third pair loads no facility at all.
+#[test]
+fn admm_matches_interior_point_with_several_facilities_per_pair() {
+    let mut p = generate(&GeneratorConfig {
+        k: 6,
+        seed: 5,
+        ..GeneratorConfig::new(4, 6)
+    });
+    let hosts = p.hosts.len();
+    let first_link = p.facilities.len() as u32;
+    for h in &p.hosts {
+        p.facilities.push(drum_common::model::Facility {
+            id: format!("rx:{}", h.id),
+            capacity: 0.4,
+            cost: 0.0,
+        });
+    }
+    for (hi, h) in p.hosts.clone().iter().enumerate() {
+        for (j, pair) in p.pairs[h.pairs.clone()].iter_mut().enumerate() {
+            if j % 3 == 2 {
+                pair.uses.clear();
+                continue;
+            }
+            let to = |d: usize| first_link + ((hi + d) % hosts) as u32;
+            pair.uses.extend([(to(1), 0.7), (to(2), 0.3)]);
+            pair.uses.sort_unstable_by_key(|u| u.0);
+        }
+    }
+    // The file format carries the lists: what `solve` reads is this problem.
+    let p = drum_common::instance::Instance::from_problem(&p)
+        .into_problem()
+        .expect("a valid instance");
+    check_problem(&p, "several facilities per pair");
+}
+
+/// `b` of facility `f` in the pair's sparse list, if it uses `f`.
+fn coeff(pair: &drum_common::model::Pair, f: usize) -> Option<f64> {
+    pair.uses.iter().find(|u| u.0 as usize == f).map(|u| u.1)
 }

@@ -34,7 +34,9 @@ fn assert_feasible(p: &Problem, s: &Solution) {
             );
             sum += x;
             poll += pair.cqe_per_wqe * x;
-            usage[pair.facility as usize] += pair.facility_coeff * x;
+            for &(f, b) in &pair.uses {
+                usage[f as usize] += b * x;
+            }
         }
         assert!(
             sum <= host.wqe_budget * (1.0 + 1e-9),

@@ -1,5 +1,6 @@
 //! The coordinator's admin endpoint: a deliberately tiny HTTP/1.0 server (one request per
-//! connection) for `GET /metrics` (Prometheus text format), `GET /status` (JSON) and
+//! connection) for `GET /metrics` (Prometheus text format), `GET /status` (JSON),
+//! `GET /snapshot` (the live problem as an instance file) and
 //! `POST /set-capacity?facility=F&value=Y`, `POST /set-weight?app=A&value=W`, `POST /drain?host=H`,
 //! `POST /undrain?host=H`, plus the client the operator CLI uses. It has no
 //! authentication: bind it to loopback.
@@ -16,10 +17,22 @@ use tracing::debug;
 pub enum AdminRequest {
     Metrics,
     Status,
-    SetCapacity { facility: String, capacity: f64 },
-    SetWeight { app: String, weight: f64 },
-    Drain { host: String },
-    Undrain { host: String },
+    /// The live problem as an instance file (`snapshot`).
+    Snapshot,
+    SetCapacity {
+        facility: String,
+        capacity: f64,
+    },
+    SetWeight {
+        app: String,
+        weight: f64,
+    },
+    Drain {
+        host: String,
+    },
+    Undrain {
+        host: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -138,6 +151,17 @@ fn answer_simple(core: &mut Coordinator, metrics: &Metrics, req: AdminRequest) -
             code: 200,
             content_type: "application/json",
             body: serde_json::to_string_pretty(&core.status()).expect("status serialises"),
+        },
+        AdminRequest::Snapshot => match core.snapshot() {
+            Some(inst) => Reply {
+                code: 200,
+                content_type: "application/json",
+                body: inst.to_json(),
+            },
+            None => text(
+                400,
+                "this coordinator runs an instance file, not the live problem: that file is its problem\n".into(),
+            ),
         },
         AdminRequest::Metrics => Reply {
             code: 200,
@@ -330,6 +354,7 @@ pub fn parse_request(head: &str) -> Result<AdminRequest, String> {
     match (method, path) {
         ("GET", "/metrics") => Ok(AdminRequest::Metrics),
         ("GET", "/status") => Ok(AdminRequest::Status),
+        ("GET", "/snapshot") => Ok(AdminRequest::Snapshot),
         ("POST", "/set-capacity") => {
             let facility = param("facility").ok_or("missing facility=")?;
             let value = param("value").ok_or("missing value=")?;

@@ -149,6 +149,15 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Write the live problem (hosts, apps with their measured values, facilities, weights,
+    /// k) as an instance file, which `solve` takes (docs/live-problem.md).
+    Snapshot {
+        /// Where to write the instance (JSON).
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value = "127.0.0.1:9464")]
+        admin: std::net::SocketAddr,
+    },
     /// Take a host out of the optimisation (its agent keeps its last rates) until `undrain-host`.
     DrainHost {
         host: String,
@@ -378,6 +387,15 @@ fn run(cli: Cli) -> Result<()> {
             } else {
                 print!("{}", status_table(&body)?);
             }
+        }
+        Command::Snapshot { out, admin } => {
+            let body = admin_call(admin, "GET", "/snapshot")?;
+            // What is written must be what `solve` reads.
+            Instance::from_json(&body)
+                .and_then(Instance::into_problem)
+                .context("the coordinator's snapshot is not a valid instance")?;
+            std::fs::write(&out, body).with_context(|| format!("writing {}", out.display()))?;
+            println!("live problem written to {}", out.display());
         }
         Command::SetCapacity {
             facility,

@@ -8,15 +8,16 @@ use crate::admin::{self, AdminRequest, Metrics, Reply};
 use crate::net::{self, FramedRecv, NetError, TlsFiles};
 use anyhow::{bail, Context, Result};
 use drum_common::instance::Instance;
+use drum_common::live::LivePolicy;
 use drum_common::model::Problem;
 use drum_common::protocol::coordinator::{
     Action, Coordinator, CoordinatorConfig, Event, MemberId, OperatorState, SelectionSchedule,
 };
-use drum_common::protocol::{facility_digest, AgentMsg, CoordMsg, Shard};
+use drum_common::protocol::{facility_digest, valid_name, AgentMsg, CoordMsg, Shard};
 use drum_common::selection::SelectionOptions;
 use drum_common::solver::{default_rho, SolveOptions};
 use serde::Deserialize;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,7 +33,9 @@ pub struct ServeSettings {
     /// UDP address for QUIC.
     pub listen: SocketAddr,
     /// Instance file (JSON): the facilities and, unless `rho` is set, the default penalty.
-    pub instance: PathBuf,
+    /// None: the live problem (docs/live-problem.md), learnt from the agents as they run.
+    #[serde(default)]
+    pub instance: Option<PathBuf>,
     pub tls: TlsFiles,
     /// TCP address of the admin endpoint (`/metrics`, `/status`, `/set-capacity`); keep it on
     /// loopback, it is not authenticated.
@@ -121,6 +124,84 @@ pub struct ServeOptions {
     /// are lost with the process.
     #[serde(default)]
     pub state_file: Option<PathBuf>,
+    /// The live problem's shape and weights (`[policy]`; only without an instance).
+    #[serde(default)]
+    pub policy: Option<PolicySettings>,
+}
+
+/// `[policy]`: the live problem's weights and shape, pushed to every agent.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySettings {
+    /// The weight of every app `weights` does not name.
+    #[serde(default = "d_weight")]
+    pub default_weight: f64,
+    /// `app = weight`.
+    #[serde(default)]
+    pub weights: BTreeMap<String, f64>,
+    #[serde(default = "d_weight")]
+    pub alpha: f64,
+    #[serde(default = "d_beta")]
+    pub beta: f64,
+    #[serde(default = "d_x_min")]
+    pub x_min: f64,
+}
+
+fn d_weight() -> f64 {
+    1.0
+}
+fn d_beta() -> f64 {
+    LivePolicy::default().beta
+}
+fn d_x_min() -> f64 {
+    LivePolicy::default().x_min
+}
+
+impl Default for PolicySettings {
+    fn default() -> Self {
+        PolicySettings {
+            default_weight: d_weight(),
+            weights: BTreeMap::new(),
+            alpha: d_weight(),
+            beta: d_beta(),
+            x_min: d_x_min(),
+        }
+    }
+}
+
+impl PolicySettings {
+    /// The policy, checked: a bad weight (0, NaN, 1e308, …) or name is an error naming it.
+    pub fn policy(&self) -> Result<LivePolicy> {
+        if let Some(app) = self.weights.keys().find(|a| !valid_name(a)) {
+            bail!("[policy.weights]: app name {app:?} is not 1 to 64 letters, digits, '.', '_' or '-'");
+        }
+        let p = LivePolicy {
+            alpha: self.alpha,
+            beta: self.beta,
+            x_min: self.x_min,
+            default_weight: self.default_weight,
+            weights: self.weights.iter().map(|(a, &w)| (a.clone(), w)).collect(),
+        };
+        p.check().map_err(|e| anyhow::anyhow!("[policy]: {e}"))?;
+        Ok(p)
+    }
+}
+
+/// The ADMM penalty of the live problem unless `rho` is set: the default rule
+/// ([`default_rho`]) on a typical live host — 16 apps of weight 1 on one receive link at a
+/// fair share of the line each.
+pub fn live_rho(policy: &LivePolicy) -> f64 {
+    let x = (1.0f64 / 16.0).max(policy.x_min);
+    let u = drum_common::utility::Utility {
+        w: policy.default_weight,
+        a: 1.0,
+        shape: drum_common::utility::Shape {
+            alpha: policy.alpha,
+            beta: policy.beta,
+            x_min: policy.x_min,
+        },
+    };
+    drum_common::solver::RHO_FACTOR * -u.d2(x)
 }
 
 /// The keys that belong to [`ServeOptions`].
@@ -133,6 +214,7 @@ const OPTION_KEYS: &[&str] = &[
     "selection_seed",
     "selection_period_ms",
     "state_file",
+    "policy",
 ];
 
 /// The longest `T_sel` accepted: anything longer is surely a unit mistake.
@@ -167,6 +249,7 @@ impl Default for ServeOptions {
             selection_period_ms: d_selection_period(),
             shard: Shard::WHOLE,
             state_file: None,
+            policy: None,
         }
     }
 }
@@ -239,7 +322,17 @@ impl ServeSettings {
             .with_context(|| format!("in {}", path.display()))?;
         let base = path.parent().unwrap_or(Path::new(".")).to_path_buf();
         options.state_file = options.state_file.map(|p| base.join(p));
-        s.instance = base.join(&s.instance);
+        s.instance = s.instance.map(|p| base.join(p));
+        if s.instance.is_some() && options.policy.is_some() {
+            bail!(
+                "[policy] in {} belongs to the live problem; with an instance the weights are the instance's (and set-weight)",
+                path.display()
+            );
+        }
+        if let Some(p) = &options.policy {
+            p.policy()
+                .with_context(|| format!("in {}", path.display()))?;
+        }
         s.tls.rebase(&base);
         s.validate()?;
         options
@@ -375,7 +468,8 @@ struct Link {
 pub struct Server {
     settings: ServeSettings,
     options: ServeOptions,
-    problem: Problem,
+    /// None: the live problem.
+    problem: Option<Problem>,
     endpoint: quinn::Endpoint,
     admin: Option<tokio::net::TcpListener>,
     reload: Arc<tokio::sync::Notify>,
@@ -389,7 +483,13 @@ impl Server {
 
     pub async fn bind_with(settings: ServeSettings, options: ServeOptions) -> Result<Self> {
         options.validate()?;
-        let problem = load_problem(&settings.instance)?;
+        let problem = match &settings.instance {
+            Some(path) => Some(load_problem(path)?),
+            None if options.shard != Shard::WHOLE => {
+                bail!("the live problem (no instance) has one coordinator: no --shard")
+            }
+            None => None,
+        };
         // A corrupt state file stops the start here, before anything listens.
         if let Some(p) = &options.state_file {
             read_state(p)?;
@@ -441,10 +541,20 @@ impl Server {
             admin,
             reload,
         } = self;
-        let rho = settings.rho.unwrap_or_else(|| default_rho(&problem));
+        let live_policy = match &problem {
+            Some(_) => None,
+            None => Some(options.policy.clone().unwrap_or_default().policy()?),
+        };
+        let rho = settings
+            .rho
+            .unwrap_or_else(|| match (&problem, &live_policy) {
+                (Some(p), _) => default_rho(p),
+                (None, Some(policy)) => live_rho(policy),
+                (None, None) => unreachable!("a policy without an instance"),
+            });
         let cfg = CoordinatorConfig {
             rho,
-            facility_digest: facility_digest(&problem),
+            facility_digest: problem.as_ref().map_or(0, facility_digest),
             heartbeat_interval: Duration::from_millis(settings.heartbeat_ms),
             member_timeout: Duration::from_millis(settings.member_timeout_ms),
             round_deadline: Duration::from_millis(settings.round_deadline_ms),
@@ -455,14 +565,19 @@ impl Server {
             selection: options.schedule(),
             shard: options.shard,
         };
-        let owned = problem
-            .facilities
+        let facilities = problem
+            .as_ref()
+            .map_or(Vec::new(), |p| p.facilities.clone());
+        let owned = facilities
             .iter()
             .filter(|f| options.shard.owns(&f.id))
             .count();
+        if let Some(p) = &live_policy {
+            info!(default_weight = p.default_weight, weights = ?p.weights, "live problem: no instance; hosts, apps and facilities come from the agents");
+        }
         info!(
             listen = %endpoint.local_addr()?,
-            facilities = problem.facilities.len(),
+            facilities = facilities.len(),
             shard = %options.shard,
             owned,
             rho,
@@ -493,8 +608,15 @@ impl Server {
             tx.clone(),
         ));
         let accept = tokio::spawn(accept_loop(endpoint.clone(), tx, metrics.clone(), policy));
-        let mut core = Coordinator::new(cfg, problem.facilities.clone());
-        core.set_apps(problem.app_names.clone());
+        let mut core = match (&problem, live_policy) {
+            (Some(p), _) => {
+                let mut core = Coordinator::new(cfg, facilities);
+                core.set_apps(p.app_names.clone());
+                core
+            }
+            (None, Some(policy)) => Coordinator::new_live(cfg, policy),
+            (None, None) => unreachable!("a policy without an instance"),
+        };
         if let Some(p) = &options.state_file {
             let st = read_state(p)?;
             core.restore(&st).map_err(|e| {

@@ -20,7 +20,19 @@ fn write(dir: &Path, body: &str) -> std::path::PathBuf {
 fn deploy_example_parses_with_the_selection_defaults() {
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config/coordinator.toml");
     let (s, o) = ServeSettings::load_with_options(&example).unwrap();
-    assert_eq!(o, ServeOptions::default());
+    assert_eq!(
+        s.instance, None,
+        "the deployed coordinator runs the live problem"
+    );
+    let policy = o.policy.clone().expect("[policy]").policy().unwrap();
+    assert_eq!(policy, drum_common::live::LivePolicy::default());
+    assert_eq!(
+        ServeOptions {
+            policy: None,
+            ..o.clone()
+        },
+        ServeOptions::default()
+    );
     assert_eq!(s.min_members, 1);
     assert_eq!(o.solve_options().rounds, 10);
     assert_eq!(o.schedule().exchanges(), 11);
@@ -72,4 +84,43 @@ fn serve_refuses_a_bad_shard() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("shard must be I/N"), "{bad}: {err}");
     }
+}
+
+/// `[policy]` (the live problem's weights): a weight of 0, NaN or 1e308, a bad default or a bad
+/// app name is refused at load with an error naming it; with an instance `[policy]` is refused.
+#[test]
+fn policy_weights_are_checked_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = |policy: &str| {
+        let p = dir.path().join("live.toml");
+        std::fs::write(
+            &p,
+            format!(
+                "listen = \"127.0.0.1:0\"\n[tls]\nca = \"a\"\ncert = \"b\"\nkey = \"c\"\n[policy]\n{policy}\n"
+            ),
+        )
+        .unwrap();
+        ServeSettings::load_with_options(&p)
+    };
+    let (s, o) = live("default_weight = 2.0\n[policy.weights]\nkv = 4.0").unwrap();
+    assert_eq!(s.instance, None);
+    let p = o.policy.unwrap().policy().unwrap();
+    assert_eq!((p.weight("kv"), p.weight("other")), (4.0, 2.0));
+    for (policy, want) in [
+        (
+            "[policy.weights]\nkv = 0.0",
+            "the weight of app \"kv\" must be a finite number in [1e-9, 1e9], got 0",
+        ),
+        ("[policy.weights]\nkv = nan", "got NaN"),
+        ("[policy.weights]\nkv = 1e308", "got 1e308"),
+        ("default_weight = -1.0", "default_weight must be"),
+        ("[policy.weights]\n\"a b\" = 1.0", "app name \"a b\""),
+        ("default_wieght = 1.0", "unknown field `default_wieght`"),
+    ] {
+        let e = live(policy).unwrap_err();
+        assert!(format!("{e:#}").contains(want), "{policy}: {e:#}");
+    }
+    let e = ServeSettings::load_with_options(&write(dir.path(), "[policy]\ndefault_weight = 1.0"))
+        .unwrap_err();
+    assert!(format!("{e:#}").contains("[policy] in"), "{e:#}");
 }

@@ -113,9 +113,13 @@ fn operator_changes_persist_across_a_restart_and_set_weight_is_checked() {
     ok(&run(&["drain-host", "h1", "--admin", &admin]));
     for (args, want) in [
         (vec!["set-weight", "no-such-app", "1"], "no app"),
-        (vec!["set-weight", &app, "0"], "positive and finite"),
-        (vec!["set-weight", &app, "NaN"], "positive and finite"),
-        (vec!["set-weight", &app, "inf"], "positive and finite"),
+        (
+            vec!["set-weight", &app, "0"],
+            "must be a finite number in [1e-9, 1e9], got 0",
+        ),
+        (vec!["set-weight", &app, "NaN"], "got NaN"),
+        (vec!["set-weight", &app, "inf"], "got inf"),
+        (vec!["set-weight", &app, "1e308"], "got 1e308"),
     ] {
         let mut a = args.clone();
         a.extend(["--admin", &admin]);

@@ -326,7 +326,7 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             "proposal",
             AgentMsg::Proposal(ProposalMsg {
                 exchange: 4,
-                park: Some((1, 0.001)),
+                park: Some(vec![(1, 0.001)]),
                 activate: None,
             }),
         ),

@@ -10,9 +10,10 @@
 
 use super::facility_digest;
 use super::wire::{
-    AgentMsg, ContributionMsg, CoordMsg, Join, ProposalMsg, SelectedMsg, SelectionParams,
+    AgentMsg, ContributionMsg, CoordMsg, Join, ProposalMsg, SelectedMsg, SelectionParams, UpdateMsg,
 };
 use crate::admm::{Contribution, HostState};
+use crate::live::{LiveFacility, LivePolicy};
 use crate::model::Problem;
 use crate::rng::SplitMix64;
 use crate::selection::{evaluate_present, initial_active, SelectionOptions, Swap};
@@ -49,6 +50,10 @@ pub enum AgentAction {
         app: u32,
         weight: f64,
     },
+    /// Live problem: the coordinator's shape and weights; rebuild the host's problem.
+    Policy(LivePolicy),
+    /// Live problem: the coordinator's facility table; rebuild the host's problem.
+    Facilities(Vec<LiveFacility>),
     Event(AgentEvent),
 }
 
@@ -132,6 +137,13 @@ pub struct AgentCore {
     present: Vec<bool>,
     /// The apps changed since the last exchange: ask for one when (re)joining.
     unsettled: bool,
+    /// Live problem (docs/live-problem.md): the host's problem is its own row, rebuilt as apps
+    /// and facilities come and go, over facility indices that only the coordinator of this
+    /// connection assigns; so a join carries no facility data and an `Update` follows.
+    live: bool,
+    /// Forks the selection coin per host: the host's index in an instance, a hash of its name
+    /// in the live problem (where every agent's problem has one host, index 0).
+    coin: u64,
 }
 
 impl AgentCore {
@@ -140,6 +152,7 @@ impl AgentCore {
     pub fn new(problem: &Problem, mut state: HostState, cfg: AgentConfig) -> Self {
         state.priced_step(problem, |_| 0.0);
         let jitter = SplitMix64::fork(0x5eed, state.host as u64);
+        let coin = state.host as u64;
         let activity = vec![0.0; problem.hosts[state.host].pairs.len()];
         let present = vec![true; activity.len()];
         Self {
@@ -165,7 +178,75 @@ impl AgentCore {
             pending: None,
             present,
             unsettled: false,
+            live: false,
+            coin,
         }
+    }
+
+    /// Makes this a live agent ([`AgentCore::live`]'s doc), its coin forked by `host`'s name.
+    pub fn set_live(&mut self, host: &str) {
+        self.live = true;
+        self.coin = host.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        self.jitter = SplitMix64::fork(0x5eed, self.coin);
+    }
+
+    /// Whether the host's problem may be replaced now: not while a proposal waits for its
+    /// verdict (the proposal names pairs of the current problem).
+    pub fn can_rebuild(&self) -> bool {
+        self.pending.is_none()
+    }
+
+    /// Live problem: the host's problem changed from `old` to `new` (both one host, index 0 of
+    /// this agent). Pairs are matched by app name: an active app that is still there keeps its
+    /// rate (within its new box) and its activity memory; one that left is dropped from the
+    /// active set at once (a departure is a local fact); one that arrived starts parked and
+    /// asks for a selection exchange. A member tells the coordinator with `Update`.
+    pub fn rebuild(&mut self, old: &Problem, new: &Problem) -> Vec<AgentAction> {
+        debug_assert!(self.can_rebuild());
+        let name = |p: &Problem, i: usize| p.app_names[p.pairs[i].app as usize].clone();
+        let index: std::collections::HashMap<String, usize> =
+            (0..new.pairs.len()).map(|i| (name(new, i), i)).collect();
+        let x_min = new.params.x_min;
+        let mut kept: Vec<(usize, f64)> = self
+            .state
+            .active
+            .iter()
+            .zip(&self.state.x)
+            .filter_map(|(&p, &x)| {
+                let q = *index.get(&name(old, p))?;
+                Some((q, x.clamp(x_min, new.pairs[q].demand.max(x_min))))
+            })
+            .collect();
+        kept.sort_unstable_by_key(|e| e.0);
+        let mut activity = vec![0.0f32; new.pairs.len()];
+        let old_first = old.hosts[self.state.host].pairs.start;
+        for p in old.hosts[self.state.host].pairs.clone() {
+            if let Some(&q) = index.get(&name(old, p)) {
+                activity[q] = self.activity[p - old_first];
+            }
+        }
+        let arrived = index.keys().any(|a| !old.app_names.contains(a));
+        self.state.active = kept.iter().map(|e| e.0).collect();
+        self.state.x = kept.iter().map(|e| e.1).collect();
+        self.activity = activity;
+        self.present = vec![true; new.pairs.len()];
+        self.digest = facility_digest(new);
+        self.unsettled |= arrived;
+        let mut out = Vec::new();
+        if self.is_member() {
+            let (pairs, floor) = self.active_summary(new);
+            out.push(AgentAction::Send(AgentMsg::Update(UpdateMsg {
+                pairs,
+                entries: self.state.contribution(new).entries,
+                interest: interest(new, self.state.host),
+                floor,
+            })));
+            out.extend(self.reselect_request());
+        }
+        out.push(AgentAction::Publish);
+        out
     }
 
     /// Which of the host's apps run: `present[i]` for the host's `i`-th pair. The driver
@@ -231,16 +312,16 @@ impl AgentCore {
         let mut pairs: Vec<(u32, u32)> = Vec::new();
         let mut floor: Vec<(u32, f64)> = Vec::new();
         for &p in &self.state.active {
-            let pair = &problem.pairs[p];
-            let f = pair.facility;
-            match pairs.binary_search_by_key(&f, |e| e.0) {
-                Ok(i) => {
-                    pairs[i].1 += 1;
-                    floor[i].1 += pair.facility_coeff * x_min;
-                }
-                Err(i) => {
-                    pairs.insert(i, (f, 1));
-                    floor.insert(i, (f, pair.facility_coeff * x_min));
+            for &(f, b) in &problem.pairs[p].uses {
+                match pairs.binary_search_by_key(&f, |e| e.0) {
+                    Ok(i) => {
+                        pairs[i].1 += 1;
+                        floor[i].1 += b * x_min;
+                    }
+                    Err(i) => {
+                        pairs.insert(i, (f, 1));
+                        floor.insert(i, (f, b * x_min));
+                    }
                 }
             }
         }
@@ -283,14 +364,24 @@ impl AgentCore {
     }
 
     pub fn join_msg(&self, problem: &Problem) -> AgentMsg {
+        if self.live {
+            // Facility indices are the coordinator's of this connection: they come with its
+            // table, and the host's `Update` follows it.
+            return AgentMsg::Join(Join {
+                host: problem.hosts[self.state.host].id.clone(),
+                facility_digest: 0,
+                pairs: Vec::new(),
+                entries: Vec::new(),
+                last_iteration: self.iteration,
+                last_d: Vec::new(),
+                rank: 0,
+                interest: Vec::new(),
+                floor: Vec::new(),
+                exchanges: self.exchanges,
+            });
+        }
         let (pairs, floor) = self.active_summary(problem);
-        let mut interest: Vec<u32> = problem.hosts[self.state.host]
-            .pairs
-            .clone()
-            .map(|p| problem.pairs[p].facility)
-            .collect();
-        interest.sort_unstable();
-        interest.dedup();
+        let interest = interest(problem, self.state.host);
         AgentMsg::Join(Join {
             host: problem.hosts[self.state.host].id.clone(),
             facility_digest: self.digest,
@@ -450,6 +541,8 @@ impl AgentCore {
             } => self.select(now, problem, exchange, round, prices, options),
             CoordMsg::Verdict { exchange, activate } => self.verdict(problem, exchange, activate),
             CoordMsg::Restart { exchange, prices } => self.restart(now, problem, exchange, prices),
+            CoordMsg::Policy(p) => vec![AgentAction::Policy(p)],
+            CoordMsg::Facilities(f) => vec![AgentAction::Facilities(f)],
             CoordMsg::SetWeight { app, weight } => {
                 match problem.app_names.iter().position(|a| *a == app) {
                     Some(i) if weight.is_finite() && weight > 0.0 => vec![
@@ -501,24 +594,35 @@ impl AgentCore {
                 true,
             );
         }
-        if let Some(p) = host.pairs.clone().find(|&p| {
-            prices
-                .binary_search_by_key(&problem.pairs[p].facility, |e| e.0)
-                .is_err()
-        }) {
+        if let Some(f) = problem.pairs[host.pairs.clone()]
+            .iter()
+            .flat_map(|pair| pair.uses.iter().map(|u| u.0))
+            .find(|&f| prices.binary_search_by_key(&f, |e| e.0).is_err())
+        {
+            if self.live {
+                // The coordinator has not yet heard this host's `Update` naming `f`: no swap
+                // this time, but an answer, so the exchange goes on.
+                self.pending = Some(Pending {
+                    exchange,
+                    swap: None,
+                    discount: options.discount,
+                });
+                return vec![AgentAction::Send(AgentMsg::Proposal(ProposalMsg {
+                    exchange,
+                    park: None,
+                    activate: None,
+                }))];
+            }
             return self.go_fail_static(
                 now,
-                format!(
-                    "selection exchange {exchange} lacks the price of facility {}",
-                    problem.pairs[p].facility
-                ),
+                format!("selection exchange {exchange} lacks the price of facility {f}"),
                 true,
             );
         }
         let opts: SelectionOptions = options.into();
         let mut activity = vec![0.0f32; host.pairs.end];
         activity[host.pairs.clone()].copy_from_slice(&self.activity);
-        let mut rng = SplitMix64::fork(opts.seed ^ (round as u64) << 32, self.state.host as u64);
+        let mut rng = SplitMix64::fork(opts.seed ^ (round as u64) << 32, self.coin);
         let eval = evaluate_present(
             problem,
             self.state.host,
@@ -531,9 +635,13 @@ impl AgentCore {
             &opts,
             &mut rng,
         );
-        let floor_of = |p: usize| {
-            let pair = &problem.pairs[p];
-            (pair.facility, pair.facility_coeff * problem.params.x_min)
+        let floor_of = |p: usize| -> FacilityValues {
+            let x_min = problem.params.x_min;
+            problem.pairs[p]
+                .uses
+                .iter()
+                .map(|&(f, b)| (f, b * x_min))
+                .collect()
         };
         let swap = eval.swap;
         self.pending = Some(Pending {
@@ -607,6 +715,10 @@ impl AgentCore {
         let nf = problem.facilities.len();
         let mut dense = vec![0.0; nf];
         for &(f, p) in &prices {
+            if self.live && f as usize >= nf && p.is_finite() {
+                // A facility whose table has not reached this host's problem yet.
+                continue;
+            }
             if f as usize >= nf || !p.is_finite() {
                 return self.go_fail_static(
                     now,
@@ -660,12 +772,20 @@ impl AgentCore {
             .state
             .active
             .iter()
-            .map(|&p| problem.pairs[p].facility)
+            .flat_map(|&p| problem.pairs[p].uses.iter().map(|u| u.0))
             .collect();
         if let Some(f) = facilities
             .iter()
             .find(|&&f| d.binary_search_by_key(&f, |e| e.0).is_err())
         {
+            if self.live {
+                // Sent before the coordinator heard this host's `Update`; the update starts a
+                // new epoch, whose rounds carry every facility.
+                return vec![AgentAction::Event(AgentEvent::IgnoredRound {
+                    epoch,
+                    iteration,
+                })];
+            }
             return self.go_fail_static(
                 now,
                 format!("round {iteration} lacks d for facility {f}"),
@@ -690,6 +810,18 @@ impl AgentCore {
             AgentAction::Publish,
         ]
     }
+}
+
+/// Every facility one of the host's apps uses, active or parked, ascending.
+fn interest(problem: &Problem, host: usize) -> Vec<u32> {
+    let mut interest: Vec<u32> = problem.hosts[host]
+        .pairs
+        .clone()
+        .flat_map(|p| problem.pairs[p].uses.iter().map(|u| u.0))
+        .collect();
+    interest.sort_unstable();
+    interest.dedup();
+    interest
 }
 
 #[cfg(test)]
@@ -722,7 +854,7 @@ mod tests {
             .state()
             .active
             .iter()
-            .map(|&p| (problem.pairs[p].facility, v))
+            .flat_map(|&p| problem.pairs[p].uses.iter().map(move |u| (u.0, v)))
             .collect();
         d.sort_by_key(|e| e.0);
         d.dedup_by_key(|e| e.0);
@@ -909,7 +1041,10 @@ mod tests {
         // A prohibitive price on the active pairs' facilities: the worst member is parked.
         let before = core.state().active.clone();
         assert!(!before.is_empty());
-        let active_f: Vec<u32> = before.iter().map(|&p| problem.pairs[p].facility).collect();
+        let active_f: Vec<u32> = before
+            .iter()
+            .flat_map(|&p| problem.pairs[p].uses.iter().map(|u| u.0))
+            .collect();
         let AgentMsg::Join(j) = core.join_msg(&problem) else {
             unreachable!()
         };
@@ -923,15 +1058,17 @@ mod tests {
             panic!("{out:?}")
         };
         assert_eq!(p.exchange, 1);
-        let (f, need) = p.park.expect("a park");
-        assert!(active_f.contains(&f));
+        let [(f, need)] = p.park.as_deref().expect("a park") else {
+            panic!("generated pairs use one facility each")
+        };
+        assert!(active_f.contains(f));
         let parked = before
             .iter()
-            .find(|&&q| problem.pairs[q].facility == f)
+            .find(|&&q| problem.pairs[q].uses[0].0 == *f)
             .unwrap();
         assert_eq!(
-            need,
-            problem.pairs[*parked].facility_coeff * problem.params.x_min
+            *need,
+            problem.pairs[*parked].uses[0].1 * problem.params.x_min
         );
         // A verdict for another exchange is ignored; the right one applies the swap.
         assert!(core

@@ -20,8 +20,11 @@
 use super::reselect::Reselection;
 use super::wire::{
     AgentMsg, ContributionMsg, CoordMsg, Join, ProposalMsg, SelectedMsg, SelectionParams, Shard,
+    UpdateMsg,
 };
 use crate::admm::{CoordinatorState, Residuals};
+use crate::instance::Instance;
+use crate::live::{AppReport, Gid, HostReport, LiveFacility, LivePolicy};
 use crate::model::Facility;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -197,6 +200,8 @@ struct Member {
     floor: Vec<(u32, f64)>,
     /// Selection exchanges the host has completed (from its join).
     exchanges: u32,
+    /// Live problem: the host's latest report (its NIC, its row and grants).
+    report: Option<HostReport>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -254,6 +259,8 @@ pub struct MemberStatus {
     pub facilities: usize,
     pub last_iteration: u64,
     pub stale: u32,
+    /// Live problem: the host's apps as its agent last reported them (empty otherwise).
+    pub apps: Vec<AppReport>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -282,6 +289,9 @@ pub struct Status {
     pub selection: SelectionStatus,
     /// Weights set by the operator (`set-weight`), by app.
     pub weights: BTreeMap<String, f64>,
+    /// Live problem: the shape and the weights in force (`default_weight` for every app
+    /// the list does not name); none with an instance file.
+    pub policy: Option<LivePolicy>,
 }
 
 /// The operator's changes, which a coordinator persists across restarts (`state_file`): the
@@ -345,9 +355,158 @@ pub struct Coordinator {
     /// Operator changes: weights by app, capacities by facility.
     weights: BTreeMap<String, f64>,
     capacities: BTreeMap<String, f64>,
+    /// Live problem (docs/live-problem.md): the policy; `None` with an instance file.
+    live: Option<LivePolicy>,
+    /// Live problem: each facility's host and GIDs (index as `facilities`).
+    links: Vec<LiveFacility>,
 }
 
 impl Coordinator {
+    /// A coordinator of the live problem: no facility until hosts join with their links, apps
+    /// named by whoever runs them, weights from `policy` (checked by the caller).
+    pub fn new_live(cfg: CoordinatorConfig, policy: LivePolicy) -> Self {
+        let mut c = Coordinator::new(cfg, Vec::new());
+        c.live = Some(policy);
+        c
+    }
+
+    /// The live policy in force, if this coordinator runs the live problem.
+    pub fn policy(&self) -> Option<&LivePolicy> {
+        self.live.as_ref()
+    }
+
+    /// Live problem: the problem as an instance file (what `snapshot` writes): the facilities
+    /// with their capacities, every member's last report. `None` with an instance file.
+    pub fn snapshot(&self) -> Option<Instance> {
+        let policy = self.live.as_ref()?;
+        let hosts: Vec<(String, HostReport)> = self
+            .members
+            .values()
+            .filter_map(|m| Some((m.host.clone(), m.report.clone()?)))
+            .collect();
+        Some(crate::live::snapshot(policy, &self.facilities, &hosts))
+    }
+
+    fn send_all(&self, msg: CoordMsg, out: &mut Vec<Action>) {
+        out.extend(self.members.keys().map(|&id| Action::Send(id, msg.clone())));
+    }
+
+    /// A host's report: kept for `status` and the snapshot; the first one creates the host's
+    /// receive link, and a link whose line rate or GIDs changed is updated. Every member hears
+    /// of a changed facility table.
+    fn host_report(&mut self, from: MemberId, mut r: HostReport, out: &mut Vec<Action>) {
+        let Some(m) = self.members.get(&from) else {
+            self.violation(from, "host report before join".into(), out);
+            return;
+        };
+        if self.live.is_none() {
+            self.violation(
+                from,
+                "host report to a coordinator with an instance file".into(),
+                out,
+            );
+            return;
+        }
+        if let Err(e) = r.check(self.facilities.len()) {
+            self.violation(from, format!("bad host report: {e}"), out);
+            return;
+        }
+        let host = m.host.clone();
+        // A GID of another host's link stays that host's: two links owning one GID would make
+        // the agents' mapping of peers depend on table order.
+        let owned_elsewhere: Vec<Gid> = r
+            .gids
+            .iter()
+            .copied()
+            .filter(|g| {
+                self.links
+                    .iter()
+                    .any(|l| l.host != host && l.gids.contains(g))
+            })
+            .collect();
+        if !owned_elsewhere.is_empty() {
+            out.push(Action::Event(Event::Refused {
+                member: from,
+                reason: format!(
+                    "host {host} reports GIDs {} that another host's link owns; ignoring them",
+                    owned_elsewhere
+                        .iter()
+                        .map(gid_text)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            }));
+            r.gids.retain(|g| !owned_elsewhere.contains(g));
+        }
+        let id = crate::live::link_id(&host);
+        let capacity = self.capacities.get(&id).copied().unwrap_or(1.0);
+        let changed = match self.facilities.iter().position(|f| f.id == id) {
+            Some(f) => {
+                let link = &mut self.links[f];
+                let changed = link.line_rate_gbps != r.line_rate_gbps || link.gids != r.gids;
+                link.gids = r.gids.clone();
+                link.line_rate_gbps = r.line_rate_gbps;
+                changed
+            }
+            None if self.facilities.len() < crate::live::MAX_HOSTS => {
+                self.facilities.push(Facility {
+                    id: id.clone(),
+                    capacity,
+                    cost: 0.0,
+                });
+                self.owned.push(true);
+                self.admm.facilities.push(Default::default());
+                self.links.push(LiveFacility {
+                    id,
+                    host,
+                    line_rate_gbps: r.line_rate_gbps,
+                    capacity,
+                    gids: r.gids.clone(),
+                });
+                true
+            }
+            None => false,
+        };
+        self.members.get_mut(&from).expect("checked").report = Some(r);
+        if changed {
+            self.send_all(CoordMsg::Facilities(self.links.clone()), out);
+        }
+    }
+
+    /// A live host's problem changed: its new active set and usage replace the old ones, as a
+    /// join would, in a new epoch.
+    fn update(&mut self, from: MemberId, u: UpdateMsg, out: &mut Vec<Action>) {
+        if !self.members.contains_key(&from) || self.live.is_none() {
+            self.violation(
+                from,
+                "update before join, or without the live problem".into(),
+                out,
+            );
+            return;
+        }
+        let nf = self.facilities.len() as u32;
+        let checked = self
+            .check_active(&u.pairs, &u.floor)
+            .and_then(|()| self.check_entries(&u.entries))
+            .and_then(|()| {
+                if u.interest.windows(2).all(|w| w[0] < w[1]) && u.interest.iter().all(|&f| f < nf)
+                {
+                    Ok(())
+                } else {
+                    Err("interest must name known facilities in ascending order".into())
+                }
+            });
+        if let Err(e) = checked {
+            self.violation(from, e, out);
+            return;
+        }
+        let m = self.members.get_mut(&from).expect("checked");
+        m.pairs = u.pairs;
+        m.entries = u.entries;
+        m.interest = u.interest;
+        m.floor = u.floor;
+        self.membership_changed = true;
+    }
     pub fn new(cfg: CoordinatorConfig, facilities: Vec<Facility>) -> Self {
         let admm = CoordinatorState::new(cfg.rho, facilities.len());
         let owned = facilities.iter().map(|f| cfg.shard.owns(&f.id)).collect();
@@ -381,6 +540,8 @@ impl Coordinator {
             apps: Vec::new(),
             weights: BTreeMap::new(),
             capacities: BTreeMap::new(),
+            live: None,
+            links: Vec::new(),
         }
     }
 
@@ -392,8 +553,22 @@ impl Coordinator {
     /// Operator change of an app's weight on every host: checked (finite, positive, a known
     /// app), then sent to every member and to every host that joins later.
     pub fn set_weight(&mut self, app: &str, weight: f64) -> Result<Vec<Action>, String> {
-        if !(weight.is_finite() && weight > 0.0) {
-            return Err(format!("weight must be positive and finite, got {weight}"));
+        if !crate::live::valid_weight(weight) {
+            return Err(crate::live::weight_error("weight", weight));
+        }
+        if let Some(policy) = &mut self.live {
+            // Any app may run, so any well-formed name may be given a weight.
+            if !crate::protocol::valid_name(app) {
+                return Err(format!(
+                    "app name {app:?} is not 1 to 64 letters, digits, '.', '_' or '-'"
+                ));
+            }
+            policy.set_weight(app, Some(weight));
+            let msg = CoordMsg::Policy(policy.clone());
+            self.weights.insert(app.to_string(), weight);
+            let mut out = Vec::new();
+            self.send_all(msg, &mut out);
+            return Ok(out);
         }
         if !self.apps.iter().any(|a| a == app) {
             return Err(format!("no app {app:?}"));
@@ -428,6 +603,7 @@ impl Coordinator {
     pub fn restore(&mut self, st: &OperatorState) -> Result<(), String> {
         let mut probe = Coordinator::new(self.cfg.clone(), self.facilities.clone());
         probe.apps = self.apps.clone();
+        probe.live = self.live.clone();
         for (f, &y) in &st.capacities {
             probe
                 .set_capacity(f, y)
@@ -444,6 +620,7 @@ impl Coordinator {
         self.facilities = probe.facilities;
         self.capacities = probe.capacities;
         self.weights = probe.weights;
+        self.live = probe.live;
         self.drained.extend(st.drained.iter().cloned());
         Ok(())
     }
@@ -489,11 +666,17 @@ impl Coordinator {
                 "capacity must be positive and finite, got {capacity}"
             ));
         }
-        let i = self
-            .facilities
-            .iter()
-            .position(|f| f.id == facility)
-            .ok_or_else(|| format!("no facility {facility:?}"))?;
+        let Some(i) = self.facilities.iter().position(|f| f.id == facility) else {
+            // A live link may be set before its host joins: it takes the capacity then.
+            let link = facility
+                .strip_prefix("rx:")
+                .is_some_and(crate::protocol::valid_name);
+            if self.live.is_some() && link {
+                self.capacities.insert(facility.to_string(), capacity);
+                return Ok(());
+            }
+            return Err(format!("no facility {facility:?}"));
+        };
         if !self.owned[i] {
             return Err(format!(
                 "facility {facility:?} belongs to shard {}/{}, not to this one ({})",
@@ -503,6 +686,9 @@ impl Coordinator {
             ));
         }
         self.facilities[i].capacity = capacity;
+        if let Some(link) = self.links.get_mut(i) {
+            link.capacity = capacity;
+        }
         self.capacities.insert(facility.to_string(), capacity);
         Ok(())
     }
@@ -566,6 +752,11 @@ impl Coordinator {
                     facilities: m.pairs.len(),
                     last_iteration: m.entries_iteration,
                     stale: m.stale,
+                    apps: m
+                        .report
+                        .as_ref()
+                        .map(|r| r.apps.clone())
+                        .unwrap_or_default(),
                 })
                 .collect(),
             facilities: self
@@ -593,6 +784,7 @@ impl Coordinator {
                 period_ms: self.reselect.period().map(|p| p.as_millis() as u64),
             },
             weights: self.weights.clone(),
+            policy: self.live.clone(),
         }
     }
 
@@ -616,6 +808,8 @@ impl Coordinator {
             AgentMsg::Proposal(p) => self.proposal(from, p, &mut out),
             AgentMsg::Selected(sel) => self.selected(from, sel, &mut out),
             AgentMsg::Reselect { iteration } => self.reselect_request(from, iteration, &mut out),
+            AgentMsg::Host(r) => self.host_report(from, r, &mut out),
+            AgentMsg::Update(u) => self.update(from, u, &mut out),
         }
         self.advance(now, &mut out);
         out
@@ -759,6 +953,7 @@ impl Coordinator {
                 interest: j.interest,
                 floor: j.floor,
                 exchanges: j.exchanges,
+                report: None,
             },
         );
         self.membership_changed = true;
@@ -776,6 +971,13 @@ impl Coordinator {
                 shard: self.cfg.shard,
             },
         ));
+        if let Some(policy) = &self.live {
+            // The shape and the weights first: the host builds its problem from them and the
+            // facility table, then reports its row and its active set.
+            out.push(Action::Send(from, CoordMsg::Policy(policy.clone())));
+            out.push(Action::Send(from, CoordMsg::Facilities(self.links.clone())));
+            return;
+        }
         // The operator's weights, so that a host joining late steps with them too.
         for (app, &weight) in &self.weights {
             out.push(Action::Send(
@@ -789,7 +991,7 @@ impl Coordinator {
     }
 
     fn check_join(&self, j: &Join) -> Result<(), String> {
-        if j.facility_digest != self.cfg.facility_digest {
+        if self.live.is_none() && j.facility_digest != self.cfg.facility_digest {
             return Err(format!(
                 "facility list differs from the coordinator's (digest {:016x}, expected {:016x})",
                 j.facility_digest, self.cfg.facility_digest
@@ -1200,15 +1402,21 @@ impl Coordinator {
                     let Some(p) = x.proposals.get(&id) else {
                         continue;
                     };
-                    if let Some((f, need)) = p.park {
-                        floor[f as usize] -= need;
+                    if let Some(park) = &p.park {
+                        for &(f, need) in park {
+                            floor[f as usize] -= need;
+                        }
                         x.parks += 1;
                     }
                     let mut accepted = false;
-                    if let Some((f, need)) = p.activate {
-                        let f = f as usize;
-                        if floor[f] + need <= self.facilities[f].capacity {
-                            floor[f] += need;
+                    if let Some(activate) = &p.activate {
+                        let fits = activate.iter().all(|&(f, need)| {
+                            floor[f as usize] + need <= self.facilities[f as usize].capacity
+                        });
+                        if fits {
+                            for &(f, need) in activate {
+                                floor[f as usize] += need;
+                            }
                             accepted = true;
                             x.activations += 1;
                         } else {
@@ -1287,8 +1495,13 @@ impl Coordinator {
         }
         let nf = self.facilities.len() as u32;
         let owned = &self.owned;
-        let bad = |e: &Option<(u32, f64)>| {
-            e.is_some_and(|(f, v)| f >= nf || !owned[f as usize] || !v.is_finite() || v < 0.0)
+        let bad = |e: &Option<Vec<(u32, f64)>>| {
+            e.as_ref().is_some_and(|list| {
+                !list.windows(2).all(|w| w[0].0 < w[1].0)
+                    || list
+                        .iter()
+                        .any(|&(f, v)| f >= nf || !owned[f as usize] || !v.is_finite() || v < 0.0)
+            })
         };
         if bad(&p.park) || bad(&p.activate) {
             self.violation(from, format!("bad proposal {p:?}"), out);
@@ -1354,6 +1567,11 @@ impl Coordinator {
             took: now.saturating_sub(r.started),
         }));
     }
+}
+
+/// A GID as 32 hex digits, as logs print them.
+fn gid_text(g: &Gid) -> String {
+    g.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]
@@ -2011,10 +2229,10 @@ mod tests {
             AgentMsg::Proposal(ProposalMsg {
                 exchange: 1,
                 park,
-                activate: Some((1, 0.25)),
+                activate: Some(vec![(1, 0.25)]),
             })
         };
-        c.on_message(2 * MS, 1, propose(Some((0, 0.25))));
+        c.on_message(2 * MS, 1, propose(Some(vec![(0, 0.25)])));
         let out = c.on_message(2 * MS, 2, propose(None));
         let verdicts: BTreeMap<MemberId, bool> = sends(&out)
             .into_iter()

@@ -25,6 +25,15 @@ pub fn fixed_active_sets(problem: &Problem) -> Vec<Vec<usize>> {
     crate::selection::initial_active(problem, &vec![0.0; problem.facilities.len()])
 }
 
+/// A host or app name as configs and logs carry it: 1 to 64 bytes of letters, digits, `.`,
+/// `_` and `-` (the rule of the shims' registration, `drum_table::message::valid_app`).
+pub fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 /// The shard (of `count`) that owns the facility with this id: FNV-1a of the id, modulo
 /// `count`. Every coordinator and agent computes it from the shared facility list alone.
 pub fn shard_of(facility_id: &str, count: u32) -> u32 {

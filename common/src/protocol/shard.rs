@@ -57,7 +57,7 @@ impl ShardMux {
         let mut links: Vec<u32> = problem.hosts[host]
             .pairs
             .clone()
-            .map(|p| owner[problem.pairs[p].facility as usize])
+            .flat_map(|p| problem.pairs[p].uses.iter().map(|u| owner[u.0 as usize]))
             .collect();
         links.sort_unstable();
         links.dedup();
@@ -120,7 +120,10 @@ impl ShardMux {
         Ok(match msg {
             CoordMsg::Refused { .. }
             | CoordMsg::HeartbeatAck { .. }
-            | CoordMsg::SetWeight { .. } => Some(msg),
+            | CoordMsg::SetWeight { .. }
+            // The live problem has no shards (both daemons refuse the combination).
+            | CoordMsg::Policy(_)
+            | CoordMsg::Facilities(_) => Some(msg),
             CoordMsg::Welcome {
                 epoch: _,
                 iteration,
@@ -237,11 +240,12 @@ impl ShardMux {
                 {
                     return Ok(None);
                 }
-                // Only the shard owning the activated facility can accept it.
+                // Every shard checked the activation against its own facilities (see
+                // `outgoing`), so it holds only if all of them accepted it.
                 let activate = self
                     .verdicts
                     .iter_mut()
-                    .any(|v| v.take().is_some_and(|v| v.1));
+                    .all(|v| v.take().is_some_and(|v| v.1));
                 Some(CoordMsg::Verdict { exchange, activate })
             }
             CoordMsg::Restart { exchange, prices } => {
@@ -304,8 +308,10 @@ impl ShardMux {
                     }),
                     AgentMsg::Proposal(p) => AgentMsg::Proposal(ProposalMsg {
                         exchange: p.exchange,
-                        park: p.park.filter(|e| self.mine(i, e.0)),
-                        activate: p.activate.filter(|e| self.mine(i, e.0)),
+                        // Each shard hears of the swap with its own facilities of the pair
+                        // (possibly none), so each can decide and count its part.
+                        park: p.park.as_deref().map(|v| keep(i, v)),
+                        activate: p.activate.as_deref().map(|v| keep(i, v)),
                     }),
                     AgentMsg::Selected(s) => AgentMsg::Selected(SelectedMsg {
                         exchange: s.exchange,
@@ -318,9 +324,11 @@ impl ShardMux {
                         floor: keep(i, &s.floor),
                         entries: keep(i, &s.entries),
                     }),
-                    AgentMsg::Heartbeat { .. } | AgentMsg::Leave | AgentMsg::Reselect { .. } => {
-                        msg.clone()
-                    }
+                    AgentMsg::Heartbeat { .. }
+                    | AgentMsg::Leave
+                    | AgentMsg::Reselect { .. }
+                    | AgentMsg::Host(_)
+                    | AgentMsg::Update(_) => msg.clone(),
                 };
                 (i, m)
             })
@@ -545,8 +553,8 @@ mod tests {
         );
         let prop = AgentMsg::Proposal(ProposalMsg {
             exchange: 2,
-            park: Some((f0, 0.1)),
-            activate: Some((f1, 0.1)),
+            park: Some(vec![(f0, 0.1)]),
+            activate: Some(vec![(f0, 0.2), (f1, 0.1)]),
         });
         let out = m.outgoing(&prop);
         let AgentMsg::Proposal(p0) = &out[0].1 else {
@@ -555,31 +563,21 @@ mod tests {
         let AgentMsg::Proposal(p1) = &out[1].1 else {
             panic!()
         };
-        assert_eq!((p0.park, p0.activate), (Some((f0, 0.1)), None));
-        assert_eq!((p1.park, p1.activate), (None, Some((f1, 0.1))));
         assert_eq!(
-            m.incoming(
-                0,
-                CoordMsg::Verdict {
-                    exchange: 2,
-                    activate: false
-                }
-            ),
-            Ok(None)
+            (&p0.park, &p0.activate),
+            (&Some(vec![(f0, 0.1)]), &Some(vec![(f0, 0.2)]))
         );
         assert_eq!(
-            m.incoming(
-                1,
-                CoordMsg::Verdict {
-                    exchange: 2,
-                    activate: true
-                }
-            ),
-            Ok(Some(CoordMsg::Verdict {
-                exchange: 2,
-                activate: true
-            }))
+            (&p1.park, &p1.activate),
+            (&Some(vec![]), &Some(vec![(f1, 0.1)]))
         );
+        // The activation uses facilities of both shards: one refusal refuses it.
+        let verdict = |activate| CoordMsg::Verdict {
+            exchange: 2,
+            activate,
+        };
+        assert_eq!(m.incoming(0, verdict(true)), Ok(None));
+        assert_eq!(m.incoming(1, verdict(false)), Ok(Some(verdict(false))));
     }
 
     /// Two shard coordinators and agents behind their muxes, wired back to back, end at

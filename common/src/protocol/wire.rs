@@ -13,7 +13,10 @@ use serde::{Deserialize, Serialize};
 /// Version 2 added top-k selection: the join's `rank`, `interest`, `floor` and `exchanges`, and
 /// the `Select`/`Proposal`/`Verdict`/`Selected`/`Restart` messages (docs/control-plane.md).
 /// Version 3 added `Reselect`, the agent's request for a re-selection when its apps change.
-pub const PROTOCOL_VERSION: u16 = 3;
+/// Version 4 lets a pair use several facilities (a `Proposal` lists every facility of the
+/// parked and the activated pair) and adds the live problem's `Host`, `Update`, `Policy` and
+/// `Facilities`.
+pub const PROTOCOL_VERSION: u16 = 4;
 pub const MAGIC: [u8; 2] = *b"DR";
 pub const HEADER_LEN: usize = 8;
 /// Hard limit on a payload: a host reports at most k facilities, so real messages are a few
@@ -56,15 +59,31 @@ pub enum AgentMsg {
     Reselect {
         iteration: u64,
     },
+    /// Live problem: the host's NIC and its row with the current grants (docs/live-problem.md).
+    /// Sent after the facility table arrives and whenever the row changes.
+    Host(crate::live::HostReport),
+    /// Live problem: the host's problem changed (an app arrived or left, the facility table
+    /// grew, a connection moved): its active set and usage now, as in `Join`.
+    Update(UpdateMsg),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UpdateMsg {
+    /// As in [`Join`].
+    pub pairs: Vec<(u32, u32)>,
+    pub entries: Vec<(u32, f64)>,
+    pub interest: Vec<u32>,
+    pub floor: Vec<(u32, f64)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ProposalMsg {
     pub exchange: u32,
-    /// `(facility, b·x_min)` of the member the host parks.
-    pub park: Option<(u32, f64)>,
-    /// `(facility, b·x_min)` of the outsider the host would activate.
-    pub activate: Option<(u32, f64)>,
+    /// `(facility, b_f·x_min)` for every facility of the member the host parks (sorted by
+    /// facility; empty for a pair that uses none).
+    pub park: Option<Vec<(u32, f64)>>,
+    /// The same for the outsider the host would activate.
+    pub activate: Option<Vec<(u32, f64)>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -243,6 +262,11 @@ pub enum CoordMsg {
         app: String,
         weight: f64,
     },
+    /// Live problem: the shape and the weights in force (after `Welcome` and on every change).
+    Policy(crate::live::LivePolicy),
+    /// Live problem: the facility table, indexed as every facility list on the wire (after
+    /// `Welcome` and whenever a host joins with a new link or its link changes).
+    Facilities(Vec<crate::live::LiveFacility>),
 }
 
 fn config() -> impl bincode::config::Config {
@@ -497,8 +521,8 @@ mod tests {
             Just(AgentMsg::Leave),
             (
                 any::<u32>(),
-                prop::option::of((any::<u32>(), 0.0f64..1.0)),
-                prop::option::of((any::<u32>(), 0.0f64..1.0)),
+                prop::option::of(entries()),
+                prop::option::of(entries()),
             )
                 .prop_map(|(exchange, park, activate)| {
                     AgentMsg::Proposal(ProposalMsg {
