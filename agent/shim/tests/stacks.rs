@@ -214,7 +214,10 @@ fn ucx_perftest_bare_fail_open_and_governed() {
                 let out = String::from_utf8_lossy(&client.stdout);
                 let fin = out.lines().find(|l| l.starts_with("Final:"));
                 let fin = fin.unwrap_or_else(|| panic!("{who}: {}", text(&client)));
-                eprintln!("{who}: {}", fin.split_whitespace().collect::<Vec<_>>().join(" "));
+                eprintln!(
+                    "{who}: {}",
+                    fin.split_whitespace().collect::<Vec<_>>().join(" ")
+                );
                 for o in [&server, &client] {
                     let err = String::from_utf8_lossy(&o.stderr);
                     assert!(

@@ -41,16 +41,15 @@ impl Layout<'_> {
         )
     }
 
-    /// The agent of `host`: joins the coordinator with its NIC's line rate, serves its
-    /// shims on [`shim_socket`](Self::shim_socket), and counts senders with the other
-    /// agents (DASR) on its host's address.
+    /// The agent of `host`: joins the coordinator with its NIC's line rate (its GIDs are
+    /// the host's addresses, which it finds in its namespace) and serves its shims on
+    /// [`shim_socket`](Self::shim_socket).
     pub fn agent_toml(&self, host: &str) -> String {
         format!(
             "# drum-testbed cluster: the agent of {host}.\n\
              host = \"{host}\"\n\
              coordinator = \"{coordinator}\"\n\
              server_name = \"localhost\"\n\
-             status_file = \"{host}/agent-status.json\"\n\
              [tls]\n\
              ca = \"certs/ca.pem\"\n\
              cert = \"certs/agent-{host}.pem\"\n\
@@ -99,14 +98,13 @@ mod tests {
     }
 
     #[test]
-    fn each_agent_has_its_own_certificate_socket_and_status() {
+    fn each_agent_has_its_own_certificate_and_socket() {
         let l = layout(Path::new("/run/x"));
         let a = l.agent_toml("h2");
         for want in [
             "host = \"h2\"\n",
             "cert = \"certs/agent-h2.pem\"\n",
             "socket = \"h2/shim.sock\"\n",
-            "status_file = \"h2/agent-status.json\"\n",
             "line_rate_gbps = 25\n",
         ] {
             assert!(a.contains(want), "{want} in {a}");
