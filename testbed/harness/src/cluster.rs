@@ -20,6 +20,24 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a daemon has to exit after SIGTERM.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
+/// A daemon of the cluster.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Daemon {
+    Coordinator,
+    /// The agent of a host.
+    Agent(String),
+}
+
+impl Daemon {
+    /// Its name in the state directory (`NAME.pid`, `NAME.log`).
+    fn name(&self) -> String {
+        match self {
+            Daemon::Coordinator => "coordinator".into(),
+            Daemon::Agent(h) => format!("agent-{h}"),
+        }
+    }
+}
+
 pub struct Cluster {
     dir: PathBuf,
     bin: PathBuf,
@@ -149,14 +167,14 @@ impl Cluster {
             );
         }
         catch_interrupts();
-        let r = self.start(hosts, line_rate_gbps, softrnic_args, drum);
+        let r = self.launch(hosts, line_rate_gbps, softrnic_args, drum);
         if r.is_err() {
             self.down()?;
         }
         r
     }
 
-    fn start(
+    fn launch(
         &self,
         n: usize,
         line_rate_gbps: f64,
@@ -203,18 +221,69 @@ impl Cluster {
             )?;
         }
         check_interrupted()?;
-        let mut c = self.on_host(&names[0], &self.tool("drum-coordinator")?)?;
-        c.arg("serve")
-            .arg("--config")
-            .arg(self.dir.join("coordinator.toml"));
-        daemons::start(&self.dir, "coordinator", &mut c)?;
+        self.start_daemon(&Daemon::Coordinator, &names)?;
         for h in &names {
-            let mut c = self.on_host(h, &self.tool("drum-agent")?)?;
-            c.arg("--config")
-                .arg(self.dir.join(format!("agent-{h}.toml")));
-            daemons::start(&self.dir, &format!("agent-{h}"), &mut c)?;
+            self.start_daemon(&Daemon::Agent(h.clone()), &names)?;
         }
         self.wait_ready(&layout)
+    }
+
+    fn start_daemon(&self, d: &Daemon, hosts: &[String]) -> Result<()> {
+        let mut c = match d {
+            Daemon::Coordinator => {
+                let mut c = self.on_host(&hosts[0], &self.tool("drum-coordinator")?)?;
+                c.arg("serve")
+                    .arg("--config")
+                    .arg(self.dir.join("coordinator.toml"));
+                c
+            }
+            Daemon::Agent(h) => {
+                let mut c = self.on_host(h, &self.tool("drum-agent")?)?;
+                c.arg("--config")
+                    .arg(self.dir.join(format!("agent-{h}.toml")));
+                c
+            }
+        };
+        daemons::start(&self.dir, &d.name(), &mut c)?;
+        Ok(())
+    }
+
+    /// Kills a daemon of the cluster at once (SIGKILL: a crash, not a shutdown).
+    pub fn kill(&self, d: &Daemon) -> Result<()> {
+        self.check_daemon(d)?;
+        let marker = self.dir.to_string_lossy().to_string();
+        if !daemons::stop(&self.dir, &d.name(), &marker, Duration::ZERO) {
+            bail!("{} is not running", d.name());
+        }
+        Ok(())
+    }
+
+    /// Starts a daemon of the cluster that is not running (after `kill`, or a crash).
+    pub fn start(&self, d: &Daemon) -> Result<()> {
+        self.check_daemon(d)?;
+        let marker = self.dir.to_string_lossy().to_string();
+        if daemons::running(&self.dir, &d.name(), &marker) {
+            bail!("{} is already running", d.name());
+        }
+        self.start_daemon(d, &self.hosts()?)
+    }
+
+    fn check_daemon(&self, d: &Daemon) -> Result<()> {
+        match d {
+            Daemon::Agent(h) => self.check_host(h),
+            Daemon::Coordinator => self.hosts().map(|_| ()),
+        }
+    }
+
+    /// The live problem as an instance file (`drum-coordinator snapshot`).
+    pub fn snapshot(&self, out: &Path) -> Result<()> {
+        let hosts = self.hosts()?;
+        let out = std::path::absolute(out)?;
+        run(self
+            .on_host(&hosts[0], &self.tool("drum-coordinator")?)?
+            .args(["snapshot", "--admin", ADMIN, "--out"])
+            .arg(&out))
+        .context("drum-coordinator snapshot")
     }
 
     /// Waits until every agent serves its shims and the coordinator counts every host.

@@ -33,14 +33,22 @@ fn ours(pid: i32, marker: &str) -> bool {
         .unwrap_or(false)
 }
 
+fn pid(dir: &Path, name: &str) -> Option<i32> {
+    std::fs::read_to_string(dir.join(format!("{name}.pid")))
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+}
+
+/// Whether the daemon of `DIR/NAME.pid` runs (and is ours: mentions `marker`).
+pub fn running(dir: &Path, name: &str, marker: &str) -> bool {
+    pid(dir, name).is_some_and(|p| ours(p, marker))
+}
+
 /// Stops the daemon of `DIR/NAME.pid` (SIGTERM, then SIGKILL after `grace`) if it is still
 /// ours: its command line mentions `marker`. Returns whether one was running.
 pub fn stop(dir: &Path, name: &str, marker: &str, grace: Duration) -> bool {
     let file = dir.join(format!("{name}.pid"));
-    let Some(pid) = std::fs::read_to_string(&file)
-        .ok()
-        .and_then(|s| s.trim().parse::<i32>().ok())
-    else {
+    let Some(pid) = pid(dir, name) else {
         return false;
     };
     let running = ours(pid, marker);

@@ -96,6 +96,22 @@ enum ClusterCmd {
     },
     /// Stop every process of the cluster and remove its hosts and state.
     Down,
+    /// Write the live problem as an instance file (`drum-coordinator snapshot`).
+    Snapshot {
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Kill a daemon at once, as a crash would: `coordinator` or a host's agent (`h2`).
+    Kill { daemon: String },
+    /// Start a daemon that is not running: `coordinator` or a host's agent (`h2`).
+    Start { daemon: String },
+}
+
+fn daemon(name: &str) -> cluster::Daemon {
+    match name {
+        "coordinator" => cluster::Daemon::Coordinator,
+        h => cluster::Daemon::Agent(h.to_string()),
+    }
 }
 
 fn main() {
@@ -126,6 +142,9 @@ fn run(cli: Cli) -> Result<()> {
             }
             ClusterCmd::Status { json } => cluster.status(json),
             ClusterCmd::Down => cluster.down(),
+            ClusterCmd::Snapshot { out } => cluster.snapshot(&out),
+            ClusterCmd::Kill { daemon: d } => cluster.kill(&daemon(&d)),
+            ClusterCmd::Start { daemon: d } => cluster.start(&daemon(&d)),
         },
         Top::List => {
             for s in scenarios::all() {

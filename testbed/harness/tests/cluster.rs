@@ -1,0 +1,231 @@
+//! `drum-testbed cluster` for real: three emulated hosts, a coordinator and three agents,
+//! unmodified `ib_write_bw` programs as apps no configuration names. The live problem is
+//! learned as they run: both writers into h1 get grants whose sum the receive link h1 binds
+//! (softrnic's counters confirm the bytes), a third app on h2 shares h2's budget, a stopped
+//! app leaves, the snapshot is an instance `solve` reads, and killing the coordinator and an
+//! agent neither stops the apps nor keeps the loop from converging again. Nothing is left
+//! behind.
+//!
+//! Needs root, perftest and the workspace built (`cargo build --workspace --release`).
+
+use drum_test_support::{privileged, run_timeout, spawn, text, wait_timeout};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().join(name)
+}
+
+/// A cluster in its own state directory, taken down when dropped.
+struct Cluster {
+    dir: PathBuf,
+}
+
+impl Cluster {
+    fn cmd(&self) -> Command {
+        let mut c = Command::new(bin("drum-testbed"));
+        c.arg("--dir").arg(&self.dir).arg("cluster");
+        c
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = run_timeout(self.cmd().args(args), Duration::from_secs(120));
+        assert!(out.status.success(), "cluster {args:?}: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).to_string()
+    }
+
+    fn status(&self) -> Value {
+        serde_json::from_str(&self.ok(&["status", "--json"])).expect("status JSON")
+    }
+
+    /// `ib_write_bw` of 64 KiB messages for `secs` as app `app`: a server on h1 on `port`
+    /// and a client on `host`.
+    fn writer(&self, app: &str, host: &str, port: &str, secs: &str) -> (Child, Child) {
+        let args = ["ib_write_bw", "-x", "0", "-s", "65536", "-D", secs, "-p", port];
+        let mut s = self.cmd();
+        s.args(["exec", "--host", "h1", "--app", &format!("{app}-sink"), "--"])
+            .args(args);
+        let server = spawn(&mut s);
+        std::thread::sleep(Duration::from_millis(500));
+        let ip = self.ok(&["addr", "h1"]).trim().to_string();
+        let mut c = self.cmd();
+        c.args(["exec", "--host", host, "--app", app, "--"])
+            .args(args)
+            .arg(ip);
+        (server, spawn(&mut c))
+    }
+
+    fn h1_rx_packets(&self) -> f64 {
+        let out = run_timeout(
+            Command::new(bin("softrnic"))
+                .env("SOFTRNIC_RUN_DIR", self.dir.join("softrnic"))
+                .args(["stats", "h1"]),
+            Duration::from_secs(10),
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("rx_packets ")?.trim().parse().ok())
+            .expect("rx_packets")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let out = run_timeout(self.cmd().arg("down"), Duration::from_secs(60));
+        if !out.status.success() {
+            eprintln!("cluster down: {}", text(&out));
+        }
+    }
+}
+
+/// The apps the coordinator lists: (host, app, active, rate, uses).
+fn apps(status: &Value) -> Vec<(String, String, bool, f64, Vec<(u64, f64)>)> {
+    let mut v = Vec::new();
+    for m in status["members"].as_array().unwrap() {
+        for a in m["apps"].as_array().unwrap() {
+            let uses = a["uses"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|u| (u[0].as_u64().unwrap(), u[1].as_f64().unwrap()))
+                .collect();
+            v.push((
+                m["host"].as_str().unwrap().to_string(),
+                a["app"].as_str().unwrap().to_string(),
+                a["active"].as_bool().unwrap(),
+                a["rate"].as_f64().unwrap(),
+                uses,
+            ));
+        }
+    }
+    v
+}
+
+/// Polls the status until `want` holds (at most `limit`); the last status.
+fn wait_for(c: &Cluster, limit: Duration, what: &str, want: impl Fn(&Value) -> bool) -> Value {
+    let t = Instant::now();
+    loop {
+        let s = c.status();
+        if want(&s) {
+            return s;
+        }
+        assert!(t.elapsed() < limit, "{what} within {limit:?}: {s:#}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn granted(s: &Value, app: &str) -> bool {
+    apps(s).iter().any(|a| a.1 == app && a.2 && a.3 > 0.0)
+}
+
+fn alive(c: &mut Child) -> bool {
+    c.try_wait().unwrap().is_none()
+}
+
+/// The index of facility `id` in the coordinator's table (the apps' `uses` refer to it).
+fn facility(s: &Value, id: &str) -> u64 {
+    let f = s["facilities"].as_array().unwrap();
+    f.iter().position(|f| f["id"] == id).expect(id) as u64
+}
+
+#[test]
+fn a_cluster_learns_its_apps_binds_receive_links_and_survives_its_daemons() {
+    if let Err(why) = privileged(&["ib_write_bw"]) {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("drum-cluster-test-{}", std::process::id()));
+    let c = Cluster { dir: dir.clone() };
+    c.ok(&["up", "--hosts", "3", "--line-rate-gbps", "1"]);
+
+    let (sa, mut ca) = c.writer("writer-a", "h2", "18901", "45");
+    let (sb, mut cb) = c.writer("writer-b", "h3", "18902", "45");
+    let s = wait_for(&c, Duration::from_secs(30), "grants for both writers", |s| {
+        granted(s, "writer-a") && granted(s, "writer-b")
+    });
+    // Both write into h1: the link into h1 is shared, and binds.
+    let rx_h1 = facility(&s, "rx:h1");
+    let into_h1: f64 = apps(&s)
+        .iter()
+        .filter_map(|a| {
+            let b = a.4.iter().find(|u| u.0 == rx_h1)?.1;
+            Some(a.3 * b)
+        })
+        .sum();
+    assert!(into_h1 <= 1.0 + 1e-6, "rates into h1 sum to {into_h1}: {s:#}");
+    for w in ["writer-a", "writer-b"] {
+        let a = apps(&s).into_iter().find(|a| a.1 == w).unwrap();
+        assert!(a.4.iter().any(|u| u.0 == rx_h1), "{w} does not use rx:h1: {a:?}");
+    }
+    // softrnic's counters: what reaches h1 stays within its line (1 Gb/s, 4 KiB packets).
+    let p0 = c.h1_rx_packets();
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    let bytes_per_s = (c.h1_rx_packets() - p0) * 4096.0 / t0.elapsed().as_secs_f64();
+    assert!(bytes_per_s <= 1.05 * 125e6, "{bytes_per_s} B/s into h1");
+    assert!(bytes_per_s > 0.0, "nothing reached h1");
+
+    // A third app on h2 shares h2's budget with writer-a; stopped, it leaves.
+    let (mut sc, mut cc) = c.writer("writer-c", "h2", "18903", "8");
+    let s = wait_for(&c, Duration::from_secs(30), "a grant for writer-c", |s| {
+        granted(s, "writer-c")
+    });
+    let h2: f64 = apps(&s).iter().filter(|a| a.0 == "h2").map(|a| a.3).sum();
+    assert!(h2 <= 1.0 + 1e-6, "h2's apps hold {h2} of its budget");
+    for p in [&mut cc, &mut sc] {
+        let _ = p.kill();
+        let _ = p.wait();
+    }
+    wait_for(&c, Duration::from_secs(30), "writer-c gone", |s| {
+        !apps(s).iter().any(|a| a.1 == "writer-c")
+    });
+
+    // The live problem as an instance file, which `solve` reads.
+    let snap = dir.join("snapshot.json");
+    c.ok(&["snapshot", "--out", snap.to_str().unwrap()]);
+    let solved = run_timeout(
+        Command::new(bin("drum-coordinator"))
+            .args(["solve", "--json", "--instance"])
+            .arg(&snap),
+        Duration::from_secs(60),
+    );
+    assert!(solved.status.success(), "solve: {}", text(&solved));
+
+    // The coordinator crashes and comes back; then h2's agent does: the writers keep
+    // running (fail-static, fail-open) and the loop grants them again.
+    for daemon in ["coordinator", "h2"] {
+        c.ok(&["kill", daemon]);
+        std::thread::sleep(Duration::from_secs(2));
+        for p in [&mut ca, &mut cb] {
+            assert!(alive(p), "a writer died with the {daemon}");
+        }
+        c.ok(&["start", daemon]);
+        wait_for(&c, Duration::from_secs(40), "the loop back after a restart", |s| {
+            s["members"].as_array().unwrap().len() == 3
+                && granted(s, "writer-a")
+                && granted(s, "writer-b")
+        });
+    }
+    for (server, client) in [(sa, ca), (sb, cb)] {
+        let out = wait_timeout(client, Duration::from_secs(90));
+        assert!(out.status.success(), "writer: {}", text(&out));
+        wait_timeout(server, Duration::from_secs(30));
+    }
+    drop(c);
+    assert!(!dir.exists(), "cluster down left {}", dir.display());
+    assert_no_leftovers(&dir);
+}
+
+/// No process mentions the cluster's directory any more.
+fn assert_no_leftovers(dir: &Path) {
+    let marker = dir.to_string_lossy().to_string();
+    for p in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmd) = std::fs::read(p.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            assert!(!cmd.contains(&marker), "left running: {cmd}");
+        }
+    }
+}
