@@ -81,8 +81,10 @@ impl Drop for Cluster {
     }
 }
 
-/// The apps the coordinator lists: (host, app, active, rate, uses).
-fn apps(status: &Value) -> Vec<(String, String, bool, f64, Vec<(u64, f64)>)> {
+/// An app as the coordinator lists it: (host, app, active, rate, uses).
+type App = (String, String, bool, f64, Vec<(u64, f64)>);
+
+fn apps(status: &Value) -> Vec<App> {
     let mut v = Vec::new();
     for m in status["members"].as_array().unwrap() {
         for a in m["apps"].as_array().unwrap() {
