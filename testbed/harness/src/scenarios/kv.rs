@@ -256,6 +256,14 @@ fn secs(p: Profile) -> f64 {
     }
 }
 
+/// The paper's concurrent connections (cc) of test cases 1 and 2.
+fn cc_sweep(p: Profile) -> Vec<f64> {
+    match p {
+        Profile::Smoke => vec![20.0],
+        _ => vec![20.0, 50.0, 100.0],
+    }
+}
+
 fn modes(m: &[Mode]) -> Vec<&'static str> {
     let mut m = m.to_vec();
     m.sort();
@@ -313,10 +321,7 @@ pub fn tc1() -> Scenario {
         y_label: "foreground p80 completion time (µs, dilated)",
         hosts: 2,
         series: modes,
-        xs: |p| match p {
-            Profile::Smoke => vec![20.0],
-            _ => vec![20.0, 50.0, 100.0],
-        },
+        xs: cc_sweep,
         paper: &[
             ("raw", 20.0, 7.1),
             ("share", 20.0, 7.2),
@@ -480,10 +485,7 @@ pub fn tc2() -> Scenario {
         y_label: "foreground flow completion time (ms, dilated)",
         hosts: 2,
         series: modes,
-        xs: |p| match p {
-            Profile::Smoke => vec![20.0],
-            _ => vec![20.0, 50.0, 100.0],
-        },
+        xs: cc_sweep,
         paper: &[
             ("raw", 20.0, 53.1),
             ("share", 20.0, 82.8),
