@@ -2,11 +2,12 @@
 # Installs what DRUM needs on Debian 12 when it is missing: rdma-core's user space and tools
 # (softrnic and the shim run unmodified verbs and RDMA CM programs), a C toolchain, iproute2 for the
 # emulated hosts, a font for the plots, third-party RDMA stacks the conformance tests run
-# (qperf, UCX, Open MPI, pyverbs), and the Rust components the checks use.
+# (qperf, UCX, Open MPI, pyverbs), Chromium to render the testbed's report in a test, and the
+# Rust components the checks use.
 set -euo pipefail
 
 packages=(rdma-core libibverbs-dev ibverbs-utils rdmacm-utils perftest clang cmake gcc pkg-config iproute2 fonts-dejavu-core
-          qperf ucx-utils openmpi-bin libopenmpi-dev python3-pyverbs)
+          qperf ucx-utils openmpi-bin libopenmpi-dev python3-pyverbs chromium)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
