@@ -7,7 +7,7 @@
 //! the instance's values.
 
 use crate::shim_hub::ShimHub;
-use drum_common::demand::{demand_cap, CqeMeter, UsageMeter, WqeCounts};
+use drum_common::demand::{cqe_per_wqe, demand_cap, CqeMeter, UsageMeter, WqeCounts};
 use drum_common::live::{NEW_APP_CQE_PER_WQE, NEW_APP_DEMAND};
 use drum_common::model::Problem;
 use drum_common::protocol::agent::AgentCore;
@@ -19,10 +19,21 @@ use std::time::{Duration, Instant};
 const MIN_INTERVAL: Duration = Duration::from_millis(200);
 const SMOOTHING: f64 = 0.5;
 
+/// WQEs an app's shims deferred so far (cumulative) and hold now.
+#[derive(Clone, Copy, Debug, Default)]
+struct Held {
+    deferred: u64,
+    queued: u64,
+}
+
 pub struct DemandFeed {
     hub: Arc<ShimHub>,
     meter: UsageMeter,
     cqes: CqeMeter,
+    /// Completions polled per second, by app.
+    polled: UsageMeter,
+    /// The work each app's shims held back at the last reading.
+    held: BTreeMap<String, Held>,
     /// This host's pairs with their demand caps and completions per WQE in the instance.
     instance: Vec<(usize, f64, f64)>,
     /// The largest `a` the host's problem admits (the live problem's floor feasibility).
@@ -41,6 +52,8 @@ impl DemandFeed {
             hub,
             meter: UsageMeter::new(line_gbps * 1e9 / 8.0, MIN_INTERVAL, SMOOTHING),
             cqes: CqeMeter::new(SMOOTHING),
+            polled: UsageMeter::new(1.0, MIN_INTERVAL, SMOOTHING),
+            held: BTreeMap::new(),
             instance,
             a_max: f64::INFINITY,
             origin: Instant::now(),
@@ -61,27 +74,46 @@ impl DemandFeed {
 
     /// Reads the shims' counters and sets this host's demand caps in `problem`.
     pub fn update(&mut self, problem: &mut Problem, core: &AgentCore) {
-        let mut sent: BTreeMap<String, (u64, WqeCounts)> = BTreeMap::new();
+        // Per app: bytes sent, WQEs and completions, the polling grant in force (the same
+        // for every process of the app), and the work its shims hold back.
+        let mut sent: BTreeMap<String, (u64, WqeCounts, u64, Held)> = BTreeMap::new();
         for u in self.hub.usage() {
-            let (bytes, c) = sent.entry(u.app).or_default();
+            let (bytes, c, grant, held) = sent.entry(u.app).or_default();
             *bytes += u.send_bytes;
             c.wqes += u.send_wqes;
             c.completions += u.completions;
+            *grant = (*grant).max(u.rate_cqe_per_s);
+            held.deferred += u.deferred_wqes;
+            held.queued += u.queued_wqes;
         }
+        let mut held_back = BTreeMap::new();
+        for (app, s) in &sent {
+            let before = self.held.insert(app.clone(), s.3);
+            held_back.insert(
+                app.clone(),
+                s.3.queued > 0 || before.is_some_and(|b| s.3.deferred > b.deferred),
+            );
+        }
+        self.held.retain(|a, _| sent.contains_key(a));
         let now = self.origin.elapsed();
-        for (app, (bytes, counts)) in &sent {
+        for (app, (bytes, counts, ..)) in &sent {
             self.meter.observe(app, *bytes, now);
             self.cqes.observe(app, *counts);
+            self.polled.observe(app, counts.completions, now);
         }
         self.meter.retain(|a| sent.contains_key(a));
         self.cqes.retain(|a| sent.contains_key(a));
+        self.polled.retain(|a| sent.contains_key(a));
         let hs = core.state();
         let x_min = problem.params.x_min;
         for &(p, cap, a) in &self.instance {
             let app = &problem.app_names[problem.pairs[p].app as usize];
             let granted = hs.active.binary_search(&p).map_or(0.0, |i| hs.x[i]);
-            let demand = demand_cap(cap, granted, self.meter.rate(app), x_min);
-            let a = self.cqes.cqe_per_wqe(app).unwrap_or(a).min(self.a_max);
+            let held = held_back.get(app).copied().unwrap_or(false);
+            let demand = demand_cap(cap, granted, self.meter.rate(app), x_min, held);
+            let grant = sent.get(app).map(|s| s.2 as f64);
+            let a = cqe_per_wqe(self.cqes.cqe_per_wqe(app), self.polled.rate(app), grant, a)
+                .min(self.a_max);
             let pair = &mut problem.pairs[p];
             (pair.demand, pair.cqe_per_wqe) = (demand, a);
         }

@@ -194,6 +194,8 @@ pub struct ShimUsage {
     pub active_qps: u64,
     pub grant_generation: u64,
     pub applied_generation: u64,
+    /// The polling grant in force, completions per second (0: none).
+    pub rate_cqe_per_s: u64,
 }
 
 /// A DASR cap in force for this host's shims.
@@ -439,6 +441,7 @@ impl ShimHub {
                     active_qps: s.active_qps.load(Relaxed),
                     grant_generation: t.grant.generation.load(Relaxed),
                     applied_generation: s.applied_generation.load(Relaxed),
+                    rate_cqe_per_s: t.grant.rate_cqe_per_s.load(Relaxed),
                 }
             })
             .collect()

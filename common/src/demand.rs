@@ -16,11 +16,24 @@ pub const SATURATED: f64 = 0.9;
 pub const HEADROOM: f64 = 1.25;
 
 /// The demand cap for one app: `instance_cap` while its measured rate reaches
-/// [`SATURATED`] of its grant (or nothing is measured), else the measured rate with
-/// [`HEADROOM`], kept within `[x_min, instance_cap]`. Rates are fractions of line rate.
-pub fn demand_cap(instance_cap: f64, granted: f64, measured: Option<f64>, x_min: f64) -> f64 {
+/// [`SATURATED`] of its grant, while the shim `held_back` some of its work since the last
+/// reading (its pacer or gate made WQEs wait: it wants more than its grant), or while
+/// nothing is measured; else the measured rate with [`HEADROOM`], kept within
+/// `[x_min, instance_cap]`. Rates are fractions of line rate.
+///
+/// Without `held_back`, an app paced below what it asks for (one that posts a batch and
+/// waits for a completion reaches well under its grant) measured under 90 % of its grant,
+/// got a cap of its rate × 1.25, was paced lower, and so on down to `x_min`: drum-kv's
+/// background clients ended at 1 % of the line with the link otherwise idle.
+pub fn demand_cap(
+    instance_cap: f64,
+    granted: f64,
+    measured: Option<f64>,
+    x_min: f64,
+    held_back: bool,
+) -> f64 {
     match measured {
-        Some(m) if m.is_finite() && m >= 0.0 && m < SATURATED * granted => {
+        Some(m) if !held_back && m.is_finite() && m >= 0.0 && m < SATURATED * granted => {
             (m * HEADROOM).max(x_min).min(instance_cap)
         }
         _ => instance_cap,
@@ -164,6 +177,27 @@ impl CqeMeter {
     }
 }
 
+/// The `a` of an app whose completions per WQE measured `measured` (`default` before any
+/// measurement) while it polled `polled` completions per second under a polling grant of
+/// `grant` per second. At [`SATURATED`] of the grant or more, the grant, not the app, set how
+/// many completions it took, and the measurement only bounds `a` from below: `a` is then at
+/// least `default`, as the demand cap returns to the instance's when an app saturates its
+/// rate grant ([`demand_cap`]). Without that rule the polling grant and the measured `a`
+/// chase each other down: a grant that holds completions back lowers the measured `a`, which
+/// lowers the next grant (drum-kv's clients, which post a batch and poll once, starved).
+pub fn cqe_per_wqe(
+    measured: Option<f64>,
+    polled: Option<f64>,
+    grant: Option<f64>,
+    default: f64,
+) -> f64 {
+    let a = measured.unwrap_or(default);
+    match (polled, grant) {
+        (Some(p), Some(g)) if g > 0.0 && p >= SATURATED * g => a.max(default),
+        _ => a,
+    }
+}
+
 /// The completion-polling grant, in completions per second, of an app granted `rate` (a
 /// fraction of line rate in bytes) whose WQEs carry `bytes_per_wqe` bytes on average and
 /// produce `cqe_per_wqe` completions each: the polling rate `z = a·x` of the model in
@@ -185,16 +219,18 @@ mod tests {
 
     #[test]
     fn caps_follow_usage_below_the_grant_and_release_when_saturated() {
-        assert_eq!(demand_cap(0.8, 0.4, None, 0.01), 0.8, "nothing measured");
-        assert_eq!(demand_cap(0.8, 0.4, Some(0.39), 0.01), 0.8, "saturated");
-        assert!((demand_cap(0.8, 0.4, Some(0.1), 0.01) - 0.125).abs() < 1e-12);
-        assert_eq!(demand_cap(0.8, 0.4, Some(0.0), 0.01), 0.01, "floor");
+        let cap = |g, m, held| demand_cap(0.8, g, m, 0.01, held);
+        assert_eq!(cap(0.4, None, false), 0.8, "nothing measured");
+        assert_eq!(cap(0.4, Some(0.39), false), 0.8, "saturated");
+        assert!((cap(0.4, Some(0.1), false) - 0.125).abs() < 1e-12);
+        assert_eq!(cap(0.4, Some(0.1), true), 0.8, "held back by the shim");
+        assert_eq!(cap(0.4, Some(0.0), false), 0.01, "floor");
         assert_eq!(
-            demand_cap(0.1, 0.9, Some(0.5), 0.01),
+            demand_cap(0.1, 0.9, Some(0.5), 0.01, false),
             0.1,
             "never above the instance"
         );
-        assert_eq!(demand_cap(0.8, 0.4, Some(f64::NAN), 0.01), 0.8);
+        assert_eq!(cap(0.4, Some(f64::NAN), false), 0.8);
     }
 
     #[test]
@@ -243,6 +279,20 @@ mod tests {
         );
         m.retain(|a| a != "a");
         assert_eq!(m.cqe_per_wqe("a"), None);
+    }
+
+    #[test]
+    fn a_polling_grant_that_binds_does_not_drive_a_down() {
+        assert_eq!(cqe_per_wqe(None, None, None, 1.0), 1.0, "new app");
+        assert_eq!(cqe_per_wqe(Some(0.2), Some(50.0), Some(1000.0), 1.0), 0.2);
+        assert_eq!(cqe_per_wqe(Some(0.2), None, Some(1000.0), 1.0), 0.2);
+        assert_eq!(cqe_per_wqe(Some(0.2), Some(950.0), Some(1000.0), 1.0), 1.0);
+        assert_eq!(cqe_per_wqe(Some(2.0), Some(950.0), Some(1000.0), 1.0), 2.0);
+        assert_eq!(
+            cqe_per_wqe(Some(0.2), Some(950.0), Some(0.0), 1.0),
+            0.2,
+            "no grant"
+        );
     }
 
     #[test]
