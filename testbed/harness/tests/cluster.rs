@@ -44,10 +44,27 @@ impl Cluster {
     /// `ib_write_bw` of 64 KiB messages for `secs` as app `app`: a server on h1 on `port`
     /// and a client on `host`.
     fn writer(&self, app: &str, host: &str, port: &str, secs: &str) -> (Child, Child) {
-        let args = ["ib_write_bw", "-x", "0", "-s", "65536", "-D", secs, "-p", port];
+        let args = [
+            "ib_write_bw",
+            "-x",
+            "0",
+            "-s",
+            "65536",
+            "-D",
+            secs,
+            "-p",
+            port,
+        ];
         let mut s = self.cmd();
-        s.args(["exec", "--host", "h1", "--app", &format!("{app}-sink"), "--"])
-            .args(args);
+        s.args([
+            "exec",
+            "--host",
+            "h1",
+            "--app",
+            &format!("{app}-sink"),
+            "--",
+        ])
+        .args(args);
         let server = spawn(&mut s);
         std::thread::sleep(Duration::from_millis(500));
         let ip = self.ok(&["addr", "h1"]).trim().to_string();
@@ -145,9 +162,12 @@ fn a_cluster_learns_its_apps_binds_receive_links_and_survives_its_daemons() {
 
     let (sa, mut ca) = c.writer("writer-a", "h2", "18901", "45");
     let (sb, mut cb) = c.writer("writer-b", "h3", "18902", "45");
-    let s = wait_for(&c, Duration::from_secs(30), "grants for both writers", |s| {
-        granted(s, "writer-a") && granted(s, "writer-b")
-    });
+    let s = wait_for(
+        &c,
+        Duration::from_secs(30),
+        "grants for both writers",
+        |s| granted(s, "writer-a") && granted(s, "writer-b"),
+    );
     // Both write into h1: the link into h1 is shared, and binds.
     let rx_h1 = facility(&s, "rx:h1");
     let into_h1: f64 = apps(&s)
@@ -157,10 +177,16 @@ fn a_cluster_learns_its_apps_binds_receive_links_and_survives_its_daemons() {
             Some(a.3 * b)
         })
         .sum();
-    assert!(into_h1 <= 1.0 + 1e-6, "rates into h1 sum to {into_h1}: {s:#}");
+    assert!(
+        into_h1 <= 1.0 + 1e-6,
+        "rates into h1 sum to {into_h1}: {s:#}"
+    );
     for w in ["writer-a", "writer-b"] {
         let a = apps(&s).into_iter().find(|a| a.1 == w).unwrap();
-        assert!(a.4.iter().any(|u| u.0 == rx_h1), "{w} does not use rx:h1: {a:?}");
+        assert!(
+            a.4.iter().any(|u| u.0 == rx_h1),
+            "{w} does not use rx:h1: {a:?}"
+        );
     }
     // softrnic's counters: what reaches h1 stays within its line (1 Gb/s, 4 KiB packets).
     let p0 = c.h1_rx_packets();
@@ -205,11 +231,16 @@ fn a_cluster_learns_its_apps_binds_receive_links_and_survives_its_daemons() {
             assert!(alive(p), "a writer died with the {daemon}");
         }
         c.ok(&["start", daemon]);
-        wait_for(&c, Duration::from_secs(40), "the loop back after a restart", |s| {
-            s["members"].as_array().unwrap().len() == 3
-                && granted(s, "writer-a")
-                && granted(s, "writer-b")
-        });
+        wait_for(
+            &c,
+            Duration::from_secs(40),
+            "the loop back after a restart",
+            |s| {
+                s["members"].as_array().unwrap().len() == 3
+                    && granted(s, "writer-a")
+                    && granted(s, "writer-b")
+            },
+        );
     }
     for (server, client) in [(sa, ca), (sb, cb)] {
         let out = wait_timeout(client, Duration::from_secs(90));

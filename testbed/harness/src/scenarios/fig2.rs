@@ -66,7 +66,8 @@ pub fn fig2a() -> Scenario {
         series: |_| vec!["raw"],
         xs: |p| match p {
             Profile::Full => vec![0.0, 20.0, 40.0, 60.0, 80.0, 100.0],
-            _ => vec![0.0, 20.0, 100.0],
+            Profile::Quick => vec![0.0, 20.0, 100.0],
+            Profile::Smoke => vec![100.0],
         },
         paper: &[("raw", 20.0, 20.0), ("raw", 100.0, 78.0)],
         run: run_fig2a,
@@ -154,7 +155,7 @@ pub fn fig2c() -> Scenario {
         xs: |p| match p {
             Profile::Full => vec![1.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0, 60.0, 80.0],
             Profile::Quick => vec![1.0, 10.0, 20.0, 40.0, 80.0],
-            Profile::Smoke => vec![1.0, 20.0, 80.0],
+            Profile::Smoke => vec![20.0],
         },
         paper: &[],
         run: run_fig2c,

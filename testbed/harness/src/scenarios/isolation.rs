@@ -139,7 +139,7 @@ pub fn isolation() -> Scenario {
         hosts: 2,
         series,
         xs: |p| match p {
-            Profile::Smoke => vec![0.0, 1.0],
+            Profile::Smoke => vec![1.0],
             _ => vec![0.0, 1.0, 2.0, 3.0],
         },
         paper: &[],

@@ -354,7 +354,8 @@ pub fn tc1_batch() -> Scenario {
         series: modes,
         xs: |p| match p {
             Profile::Full => vec![20.0, 40.0, 60.0, 80.0, 100.0],
-            _ => vec![20.0, 100.0],
+            Profile::Quick => vec![20.0, 100.0],
+            Profile::Smoke => vec![100.0],
         },
         paper: &[],
         run: |ctx, series, batch| {
@@ -525,7 +526,10 @@ pub fn tc2_flow() -> Scenario {
         y_label: "foreground transfer time (ms, dilated)",
         hosts: 2,
         series: modes,
-        xs: |_| vec![0.0, 20.0],
+        xs: |p| match p {
+            Profile::Smoke => vec![20.0],
+            _ => vec![0.0, 20.0],
+        },
         paper: &[],
         run: |ctx, series, cc| {
             let total = match ctx.profile {
