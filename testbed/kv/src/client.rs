@@ -656,7 +656,10 @@ impl Conn {
                 let op = self.slots[slot as usize].as_mut().expect("in flight");
                 let verdict = op.retry.judge(check);
                 match verdict {
-                    Verdict::Done { .. } => self.finish(slot, true, budget, rec, now),
+                    Verdict::Done { tag, .. } => {
+                        rec.updated_values += u64::from(tag != 0);
+                        self.finish(slot, true, budget, rec, now)
+                    }
                     Verdict::ReadAgain => {
                         rec.torn_retries += 1;
                         self.reissue.push(slot);
@@ -732,12 +735,11 @@ impl Conn {
         } else if op.kind == OpKind::Get {
             let w = &self.qp.welcome;
             let payload = &b[proto::REPLY_HEADER..];
-            let good = payload.len() == HEADER + op.size as usize
-                && matches!(
-                    slot::check_read(w.seed, op.key, w.max_value, payload),
-                    slot::ReadCheck::Value { .. }
-                );
-            if !good {
+            let check = (payload.len() == HEADER + op.size as usize)
+                .then(|| slot::check_read(w.seed, op.key, w.max_value, payload));
+            if let Some(slot::ReadCheck::Value { tag, .. }) = check {
+                rec.updated_values += u64::from(tag != 0);
+            } else {
                 eprintln!(
                     "drum-kv client: conn {}: wrong value from GET of key {}",
                     self.id, op.key

@@ -20,6 +20,8 @@ pub struct Recorder {
     pub error_replies: u64,
     pub failed_completions: u64,
     pub torn_retries: u64,
+    /// GETs that returned a value a PUT wrote (not the initial fill).
+    pub updated_values: u64,
 }
 
 impl Default for Recorder {
@@ -32,6 +34,7 @@ impl Default for Recorder {
             error_replies: 0,
             failed_completions: 0,
             torn_retries: 0,
+            updated_values: 0,
         }
     }
 }
@@ -49,6 +52,7 @@ impl Recorder {
         self.error_replies += o.error_replies;
         self.failed_completions += o.failed_completions;
         self.torn_retries += o.torn_retries;
+        self.updated_values += o.updated_values;
     }
 
     pub fn errors(&self) -> u64 {
@@ -116,6 +120,8 @@ pub struct Summary {
     pub error_replies: u64,
     pub failed_completions: u64,
     pub torn_retries: u64,
+    /// GETs that returned a value a PUT wrote (not the initial fill).
+    pub updated_values: u64,
     pub batch: Latency,
     /// Time spent acquiring the QP lock (uncontended in RAW mode).
     pub lock_wait: Latency,
@@ -182,6 +188,7 @@ pub fn summarize(
         error_replies: r.error_replies,
         failed_completions: r.failed_completions,
         torn_retries: r.torn_retries,
+        updated_values: r.updated_values,
         batch: Latency::of(&r.batches),
         lock_wait_total_us: lw.mean_us * lw.count as f64,
         lock_wait: lw,
@@ -207,6 +214,7 @@ pub fn merge(all: &[Summary]) -> anyhow::Result<Summary> {
         r.error_replies += s.error_replies;
         r.failed_completions += s.failed_completions;
         r.torn_retries += s.torn_retries;
+        r.updated_values += s.updated_values;
         lock_us += s.lock_wait_total_us;
         lock_n += s.lock_wait.count;
         per_conn.extend(s.per_conn.iter().cloned());
