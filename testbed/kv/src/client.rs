@@ -37,8 +37,6 @@ pub struct Config {
     pub seed: u64,
     pub events: bool,
     pub share: u16,
-    /// Which key a connection's first operation uses, for tests that need a known key.
-    pub first_key: Option<u64>,
 }
 
 /// How much work is left to hand out; shared by every connection.
@@ -549,10 +547,7 @@ impl Conn {
             if !budget.claim(size, now) {
                 break;
             }
-            let key = match cfg.first_key {
-                Some(k) => k % self.qp.welcome.keys,
-                None => keys.draw(&mut self.rng),
-            };
+            let key = keys.draw(&mut self.rng);
             let kind = cfg.op.draw(&mut self.rng);
             let slot = self.free.pop().expect("the window has room");
             self.seqs[slot as usize] = self.seqs[slot as usize].wrapping_add(1);

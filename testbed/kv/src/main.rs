@@ -122,9 +122,6 @@ struct ClientArgs {
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
-    /// Every connection's first operation uses this key (tests).
-    #[arg(long, hide = true)]
-    first_key: Option<u64>,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -185,7 +182,6 @@ fn main() -> anyhow::Result<()> {
                 seed: a.seed,
                 events: matches!(a.poll, Poll::Event),
                 share: a.share,
-                first_key: a.first_key,
             })?;
             print_summary(&s, json)?;
             anyhow::ensure!(s.errors == 0, "{} errors", s.errors);

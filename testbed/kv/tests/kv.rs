@@ -415,3 +415,52 @@ fn bad_requests_are_refused_and_every_other_client_is_served() {
     assert!(err.contains("closing a connection"), "{err}");
     assert!(err.contains("refused a connection: share 6"), "{err}");
 }
+
+/// One key, rewritten by 1 MiB PUTs while another client READs it: READs that met a PUT
+/// half done are read again (torn retries), none is accepted wrong, and the READs see the
+/// PUTs' values.
+#[test]
+fn reads_torn_by_concurrent_puts_are_read_again_never_accepted() {
+    require_privileges!();
+    let run = Run::new("kv-torn");
+    run.up(&["--hosts", "2"]);
+    let site = Site::bare(&run);
+    let _server = site.server(&["--keys", "1", "--max-value", "1M"]);
+    site.client(&["--op", "read", "--ops", "1"]);
+    let addr = format!("{}:{PORT}", run.addr("h1"));
+    let writer = spawn(&mut site.exec(
+        "h2",
+        &[
+            "client",
+            "--server",
+            &addr,
+            "--json",
+            "--op",
+            "put",
+            "--size",
+            "fixed:1M",
+            "--conns",
+            "2",
+            "--window",
+            "2",
+            "--duration",
+            "4",
+        ],
+    ));
+    let (v, _) = site.client(&[
+        "--op",
+        "read",
+        "--size",
+        "fixed:1M",
+        "--conns",
+        "2",
+        "--window",
+        "2",
+        "--duration",
+        "3",
+    ]);
+    let w = wait_timeout(writer, Duration::from_secs(60));
+    assert!(w.status.success(), "writer: {}", text(&w));
+    assert!(u(&v, "torn_retries") > 0, "no READ met a PUT: {v}");
+    assert!(u(&v, "updated_values") > 0, "{v}");
+}
