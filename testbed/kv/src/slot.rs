@@ -60,41 +60,67 @@ fn stream_base(seed: u64, key: u64, tag: u64) -> u64 {
     mix64(seed ^ mix64(key ^ mix64(tag)))
 }
 
-/// The i-th 8-byte word of the value of `(seed, key, tag)`. Values of different lengths share
-/// their prefix, so a GET of fewer bytes than the value holds is checkable too.
-fn word(base: u64, i: u64) -> [u8; 8] {
-    mix64(base.wrapping_add(i.wrapping_mul(0x9e37_79b9_7f4a_7c15))).to_le_bytes()
+const ODD: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// The i-th 8-byte word of the value whose stream starts at `base`: one xor and one multiply
+/// (by an odd constant, so a bijection), so checking a 1 MiB value costs little; values of
+/// different keys or tags differ in every word. Values of different lengths share their
+/// prefix, so a GET of fewer bytes than the value holds is checkable too.
+fn word(base: u64, i: u64) -> u64 {
+    (base ^ i).wrapping_mul(ODD)
 }
 
 /// Writes the first `out.len()` bytes of the value of `(seed, key, tag)`.
 pub fn fill_value(seed: u64, key: u64, tag: u64, out: &mut [u8]) {
     let base = stream_base(seed, key, tag);
     for (i, chunk) in out.chunks_mut(8).enumerate() {
-        let w = word(base, i as u64);
+        let w = word(base, i as u64).to_le_bytes();
         chunk.copy_from_slice(&w[..chunk.len()]);
     }
 }
 
 /// Whether `b` is the first `b.len()` bytes of the value of `(seed, key, tag)`.
+#[cfg(test)]
 pub fn value_matches(seed: u64, key: u64, tag: u64, b: &[u8]) -> bool {
-    let base = stream_base(seed, key, tag);
-    b.chunks(8)
-        .enumerate()
-        .all(|(i, chunk)| chunk == &word(base, i as u64)[..chunk.len()])
+    scan(Some(stream_base(seed, key, tag)), b).0
 }
 
-/// The checksum of a value: binds it to its key and tag, so a value of another key or an
-/// older PUT does not pass (FNV-style over 8-byte words, folded to 32 bits).
-pub fn checksum(key: u64, tag: u64, value: &[u8]) -> u32 {
-    let mut h = mix64(key ^ 0x5bd1_e995) ^ mix64(tag);
-    for chunk in value.chunks(8) {
-        let mut w = [0u8; 8];
-        w[..chunk.len()].copy_from_slice(chunk);
-        h = (h ^ u64::from_le_bytes(w)).wrapping_mul(0x0000_0100_0000_01b3);
+/// One pass over a value: whether it matches the stream at `base` (if given), and the sum
+/// the checksum folds. The sum weighs each word by its position (words swapped do not
+/// pass) without a chain of dependent multiplies.
+fn scan(base: Option<u64>, b: &[u8]) -> (bool, u64) {
+    let (mut ok, mut sum) = (true, 0u64);
+    let mut words = b.chunks_exact(8);
+    let mut i = 0u64;
+    for c in &mut words {
+        let w = u64::from_le_bytes(c.try_into().unwrap());
+        if let Some(base) = base {
+            ok &= w == word(base, i);
+        }
+        sum = sum.wrapping_add((w ^ i).wrapping_mul(ODD));
+        i += 1;
     }
-    h ^= value.len() as u64;
-    let h = mix64(h);
+    let rest = words.remainder();
+    if !rest.is_empty() {
+        let mut last = [0u8; 8];
+        last[..rest.len()].copy_from_slice(rest);
+        if let Some(base) = base {
+            ok &= rest == &word(base, i).to_le_bytes()[..rest.len()];
+        }
+        sum = sum.wrapping_add((u64::from_le_bytes(last) ^ i).wrapping_mul(ODD));
+    }
+    (ok, sum)
+}
+
+fn fold(key: u64, tag: u64, len: usize, sum: u64) -> u32 {
+    let h = mix64(sum ^ mix64(key ^ 0x5bd1_e995) ^ mix64(tag) ^ (len as u64).rotate_left(32));
     (h ^ (h >> 32)) as u32
+}
+
+/// The checksum of a value: binds it to its key, tag and length, so a value of another key
+/// or an older PUT does not pass.
+pub fn checksum(key: u64, tag: u64, value: &[u8]) -> u32 {
+    fold(key, tag, value.len(), scan(None, value).1)
 }
 
 /// What a reader makes of the bytes one READ of a slot returned.
@@ -122,8 +148,9 @@ pub fn check_read(seed: u64, key: u64, max_value: u32, read: &[u8]) -> ReadCheck
     }
     let got = &read[HEADER..];
     let n = got.len().min(h.len as usize);
-    let whole_ok = n < h.len as usize || checksum(key, h.tag, &got[..n]) == h.checksum;
-    if whole_ok && value_matches(seed, key, h.tag, &got[..n]) {
+    let (matches, sum) = scan(Some(stream_base(seed, key, h.tag)), &got[..n]);
+    let whole_ok = n < h.len as usize || fold(key, h.tag, n, sum) == h.checksum;
+    if whole_ok && matches {
         ReadCheck::Value {
             version: h.version,
             tag: h.tag,
@@ -211,6 +238,23 @@ mod tests {
         assert!(!value_matches(1, 2, 4, &a));
         assert!(!value_matches(1, 3, 3, &a));
         assert!(!value_matches(2, 2, 3, &a));
+    }
+
+    #[test]
+    fn the_checksum_sees_swapped_words_a_changed_tail_and_a_different_length() {
+        let mut v = vec![0u8; 45];
+        fill_value(1, 2, 3, &mut v);
+        let c = checksum(2, 3, &v);
+        let mut swapped = v.clone();
+        swapped[..8].copy_from_slice(&v[8..16]);
+        swapped[8..16].copy_from_slice(&v[..8]);
+        assert_ne!(checksum(2, 3, &swapped), c);
+        let mut tail = v.clone();
+        tail[44] ^= 0x80;
+        assert_ne!(checksum(2, 3, &tail), c);
+        assert_ne!(checksum(2, 3, &v[..44]), c);
+        assert_ne!(checksum(2, 4, &v), c);
+        assert!(value_matches(1, 2, 3, &v) && !value_matches(1, 2, 3, &tail));
     }
 
     #[test]
