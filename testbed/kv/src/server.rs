@@ -12,7 +12,6 @@ use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddrV4;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
-use std::time::Duration;
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -73,11 +72,12 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     let mut pollers = Vec::new();
     for i in 0..cfg.pollers.max(1) {
         let (tx, rx) = mpsc::channel::<Arc<Conn>>();
-        let (store, counters) = (store.clone(), counters.clone());
-        let h = std::thread::Builder::new()
+        let wake = Arc::new(Wake::new()?);
+        let (store, counters, w) = (store.clone(), counters.clone(), wake.clone());
+        std::thread::Builder::new()
             .name(format!("poller{i}"))
-            .spawn(move || poll_loop(rx, &store, &counters))?;
-        pollers.push((tx, h));
+            .spawn(move || poll_loop(rx, &w, &store, &counters))?;
+        pollers.push((tx, wake));
     }
     let mut regs: HashMap<usize, Registration> = HashMap::new();
     let mut conns: HashMap<usize, Arc<Conn>> = HashMap::new();
@@ -105,7 +105,9 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
                             counters.accepted.fetch_add(1, Ordering::Relaxed);
                             let conn = Arc::new(conn);
                             conns.insert(id as usize, conn.clone());
-                            pollers[next_poller % pollers.len()].0.send(conn)?;
+                            let (tx, wake) = &pollers[next_poller % pollers.len()];
+                            tx.send(conn)?;
+                            wake.ring();
                             next_poller += 1;
                         }
                         Err(e) => eprintln!("drum-kv server: accept failed: {e:#}"),
@@ -125,7 +127,6 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
             _ => drop(ev),
         }
     }
-    drop(pollers);
     eprintln!(
         "drum-kv server: accepted={} rejected={} gets={} puts={} error_replies={} broken={}",
         counters.accepted.load(Ordering::Relaxed),
@@ -261,7 +262,37 @@ struct Served {
     broken: bool,
 }
 
-fn poll_loop(rx: mpsc::Receiver<Arc<Conn>>, store: &Store, counters: &Counters) {
+/// An eventfd that wakes a poller sleeping on completion events when a connection is
+/// handed to it (its CQ is not among those it waits on yet).
+struct Wake(std::os::fd::OwnedFd);
+
+impl Wake {
+    fn new() -> anyhow::Result<Wake> {
+        // SAFETY: no pointers; the descriptor is owned from here on.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        anyhow::ensure!(fd >= 0, "eventfd: {}", std::io::Error::last_os_error());
+        // SAFETY: a fresh descriptor nobody else owns.
+        Ok(Wake(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }))
+    }
+
+    fn ring(&self) {
+        let one = 1u64;
+        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
+        unsafe { libc::write(self.fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    fn clear(&self) {
+        let mut v = 0u64;
+        // SAFETY: reads 8 bytes into a live u64 (non-blocking).
+        unsafe { libc::read(self.fd(), (&mut v as *mut u64).cast(), 8) };
+    }
+
+    fn fd(&self) -> i32 {
+        std::os::fd::AsRawFd::as_raw_fd(&self.0)
+    }
+}
+
+fn poll_loop(rx: mpsc::Receiver<Arc<Conn>>, wake: &Wake, store: &Store, counters: &Counters) {
     let mut served: Vec<Served> = Vec::new();
     let mut wcs = verbs::blank_wcs(32);
     let mut idle_passes = 0;
@@ -269,12 +300,16 @@ fn poll_loop(rx: mpsc::Receiver<Arc<Conn>>, store: &Store, counters: &Counters) 
     loop {
         loop {
             match rx.try_recv() {
-                Ok(conn) => served.push(Served {
-                    free_replies: (0..2 * conn.recvs).rev().collect(),
-                    conn,
-                    waiting: VecDeque::new(),
-                    broken: false,
-                }),
+                Ok(conn) => {
+                    served.push(Served {
+                        free_replies: (0..2 * conn.recvs).rev().collect(),
+                        conn,
+                        waiting: VecDeque::new(),
+                        broken: false,
+                    });
+                    // its CQ is not armed: poll before sleeping again
+                    (idle_passes, armed) = (0, false);
+                }
                 Err(mpsc::TryRecvError::Empty) => break,
                 Err(mpsc::TryRecvError::Disconnected) => return,
             }
@@ -312,7 +347,7 @@ fn poll_loop(rx: mpsc::Receiver<Arc<Conn>>, store: &Store, counters: &Counters) 
                 .filter(|s| !s.broken)
                 .all(|s| s.conn.ep.cq.arm().is_ok());
         } else {
-            wait_for_events(&served);
+            wait_for_events(&served, wake);
             armed = false;
         }
     }
@@ -321,24 +356,23 @@ fn poll_loop(rx: mpsc::Receiver<Arc<Conn>>, store: &Store, counters: &Counters) 
 /// Idle passes over the connections before the poller sleeps on completion events.
 const SPIN_PASSES: u32 = 200;
 
-/// Waits for a completion event on any armed CQ: at most 5 ms, the pace at which new and
-/// closed connections are noticed when nothing else happens. Frees the cores for the NICs'
-/// engines and the clients while the server has nothing to do.
-fn wait_for_events(served: &[Served]) {
+/// Waits for a completion event on any armed CQ, or for a new connection (`wake`); at most
+/// 5 ms, the pace at which closed connections are noticed when nothing else happens. Frees
+/// the cores for the NICs' engines and the clients while the server has nothing to do.
+fn wait_for_events(served: &[Served], wake: &Wake) {
     let live = || served.iter().filter(|s| !s.broken);
     let mut fds: Vec<libc::pollfd> = live()
-        .map(|s| libc::pollfd {
-            fd: s.conn.ep.cq.fd(),
+        .map(|s| s.conn.ep.cq.fd())
+        .chain([wake.fd()])
+        .map(|fd| libc::pollfd {
+            fd,
             events: libc::POLLIN,
             revents: 0,
         })
         .collect();
-    if fds.is_empty() {
-        std::thread::sleep(Duration::from_millis(5));
-        return;
-    }
     // SAFETY: valid pollfds.
     unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as u64, 5) };
+    wake.clear();
     for s in live() {
         s.conn.ep.cq.take_event();
     }
