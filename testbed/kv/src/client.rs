@@ -517,13 +517,8 @@ impl Conn {
         budget: &Budget,
         now: Instant,
     ) -> Vec<SendWr> {
-        let mut wrs: Vec<SendWr> = self
-            .reissue
-            .drain(..)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .map(|s| self.read_wr(s))
-            .collect();
+        let reissue = std::mem::take(&mut self.reissue);
+        let mut wrs: Vec<SendWr> = reissue.into_iter().map(|s| self.read_wr(s)).collect();
         let wr_num = *self
             .next_batch
             .get_or_insert_with(|| cfg.wr_num.draw(&mut self.rng) as usize);

@@ -194,11 +194,14 @@ impl Endpoint {
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
-        // SAFETY: the QP and id are ours; the CQ and MR fields drop after this.
-        unsafe { rdma_destroy_qp(self.id) };
-        // The CQ must outlive the QP but not the id's destruction order; the id goes last
-        // among the CM objects, before its channel (a field).
-        let _ = Id(self.id);
+        // SAFETY: the QP and id are ours and every event of the id was acknowledged (the
+        // server destroys an endpoint only after its DISCONNECTED event). The QP goes
+        // before its CQ and buffer (fields, dropped after this) and the id before its
+        // channel (a field too).
+        unsafe {
+            rdma_destroy_qp(self.id);
+            rdma_destroy_id(self.id);
+        }
     }
 }
 
