@@ -219,10 +219,33 @@ fn raw_and_share_gets_and_puts_between_two_hosts() {
     run.up(&["--hosts", "2"]);
     let site = Site::bare(&run);
     let server = site.server(&SERVER_ARGS);
-    raw_workload(&site);
-    share_workload(&site);
+    let raw = raw_workload(&site);
+    let share = share_workload(&site);
     let o = server.stop();
     assert!(o.status.success(), "server: {}", text(&o));
+    // Two clients' summaries merge into one: counts add up, connections are all listed.
+    let files: Vec<_> = [&raw[0], &share[1]]
+        .iter()
+        .enumerate()
+        .map(|(i, o)| {
+            let f = run.dir.join(format!("summary{i}.json"));
+            std::fs::write(&f, &o.stdout).unwrap();
+            f
+        })
+        .collect();
+    let m = run_timeout(
+        std::process::Command::new(KV).arg("merge").args(&files),
+        Duration::from_secs(10),
+    );
+    assert!(m.status.success(), "merge: {}", text(&m));
+    let m: serde_json::Value = serde_json::from_slice(&m.stdout).unwrap();
+    let parts: Vec<serde_json::Value> = [&raw[0], &share[1]]
+        .iter()
+        .map(|o| serde_json::from_slice(&o.stdout).unwrap())
+        .collect();
+    assert_eq!(u(&m, "ops"), u(&parts[0], "ops") + u(&parts[1], "ops"));
+    assert_eq!(m["per_conn"].as_array().unwrap().len(), 4 + 10);
+    assert!(m["p99_us"].as_f64().unwrap() >= m["p50_us"].as_f64().unwrap());
 }
 
 #[test]
