@@ -24,9 +24,39 @@ pub struct Config {
     pub pollers: usize,
 }
 
-/// Requests buffered per QP at most (`share × window`): bounds what one client can make the
-/// server allocate.
+/// Requests buffered per QP at most (`share × window`), and the buffer memory of one
+/// connection: bound what one client can make the server allocate.
 const MAX_QUEUE: u32 = 4096;
+const MAX_CONN_BUFFER: usize = 512 << 20;
+
+/// A connection's receive and reply buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Sizes {
+    /// Receive buffers: one per request the client may have outstanding.
+    recvs: usize,
+    recv_size: usize,
+    reply_size: usize,
+}
+
+impl Sizes {
+    fn of(hello: &Hello) -> Sizes {
+        Sizes {
+            recvs: hello.window as usize * hello.share as usize,
+            recv_size: proto::REQUEST_HEADER + hello.max_size as usize,
+            reply_size: proto::REPLY_HEADER + HEADER + hello.max_size as usize,
+        }
+    }
+
+    /// Twice as many reply buffers as requests: a reply's buffer is free again only when its
+    /// SEND completes, which may be after the client's next request arrives.
+    fn replies(&self) -> usize {
+        2 * self.recvs
+    }
+
+    fn buffer(&self) -> usize {
+        self.recvs * self.recv_size + self.replies() * self.reply_size
+    }
+}
 
 /// What the server did, for its exit line.
 #[derive(Default)]
@@ -178,6 +208,12 @@ fn admit<'a>(
             hello.max_size, cfg.max_value
         ));
     }
+    let bytes = Sizes::of(&hello).buffer();
+    if bytes > MAX_CONN_BUFFER {
+        return Err(format!(
+            "window × share × size needs {bytes} bytes of buffers (at most {MAX_CONN_BUFFER})"
+        ));
+    }
     if let std::collections::hash_map::Entry::Vacant(e) = regs.entry(ctx as usize) {
         let pd = Pd::new(ctx).map_err(|e| e.to_string())?;
         // SAFETY: the store lives until the process exits.
@@ -195,9 +231,7 @@ struct Conn {
     ep: Endpoint,
     /// Set by the CM thread once the id's last event is acknowledged.
     gone: AtomicBool,
-    recvs: usize,
-    recv_size: usize,
-    reply_size: usize,
+    sizes: Sizes,
     limits: Limits,
 }
 
@@ -208,15 +242,14 @@ impl Conn {
         reg: &Registration,
         store: &Store,
     ) -> anyhow::Result<Conn> {
-        let recvs = hello.window as usize * hello.share as usize;
-        let recv_size = proto::REQUEST_HEADER + hello.max_size as usize;
-        let reply_size = proto::REPLY_HEADER + HEADER + hello.max_size as usize;
-        // Twice as many reply buffers as requests: a reply's buffer is free again only when
-        // its SEND completes, which may be after the client's next request arrives.
+        let sizes = Sizes::of(&hello);
+        let Sizes {
+            recvs, recv_size, ..
+        } = sizes;
         let q = QueueSizes {
-            send: 2 * recvs,
+            send: sizes.replies(),
             recv: recvs,
-            buffer: recvs * recv_size + 2 * recvs * reply_size,
+            buffer: sizes.buffer(),
             events: true,
         };
         let welcome = Welcome {
@@ -241,15 +274,13 @@ impl Conn {
         Ok(Conn {
             ep,
             gone: AtomicBool::new(false),
-            recvs,
-            recv_size,
-            reply_size,
+            sizes,
             limits,
         })
     }
 
     fn reply_off(&self, i: usize) -> usize {
-        self.recvs * self.recv_size + i * self.reply_size
+        self.sizes.recvs * self.sizes.recv_size + i * self.sizes.reply_size
     }
 }
 
@@ -302,7 +333,7 @@ fn poll_loop(rx: mpsc::Receiver<Arc<Conn>>, wake: &Wake, store: &Store, counters
             match rx.try_recv() {
                 Ok(conn) => {
                     served.push(Served {
-                        free_replies: (0..2 * conn.recvs).rev().collect(),
+                        free_replies: (0..conn.sizes.replies()).rev().collect(),
                         conn,
                         waiting: VecDeque::new(),
                         broken: false,
@@ -414,18 +445,28 @@ fn serve(
     while let (Some(&(ri, len)), Some(&reply)) = (s.waiting.front(), s.free_replies.last()) {
         s.waiting.pop_front();
         s.free_replies.pop();
-        let roff = ri * conn.recv_size;
+        let roff = ri * conn.sizes.recv_size;
         let rep_off = conn.reply_off(reply);
         // SAFETY: the RECV completed, so the NIC is done with this buffer until it is
         // reposted; the reply buffer is free (its SEND completed).
         let (req, out) = unsafe {
             (
-                conn.ep.mr.buffer().slice(roff, len.min(conn.recv_size)),
-                conn.ep.mr.buffer().slice_mut(rep_off, conn.reply_size),
+                conn.ep
+                    .mr
+                    .buffer()
+                    .slice(roff, len.min(conn.sizes.recv_size)),
+                conn.ep
+                    .mr
+                    .buffer()
+                    .slice_mut(rep_off, conn.sizes.reply_size),
             )
         };
         let reply_len = answer(req, out, conn.limits, store, counters);
-        reposts.push((ri as u64, conn.ep.mr.addr(roff), conn.recv_size as u32));
+        reposts.push((
+            ri as u64,
+            conn.ep.mr.addr(roff),
+            conn.sizes.recv_size as u32,
+        ));
         replies.push(SendWr {
             wr_id: SEND_BIT | reply as u64,
             addr: conn.ep.mr.addr(rep_off),
@@ -478,5 +519,31 @@ fn answer(req: &[u8], out: &mut [u8], limits: Limits, store: &Store, c: &Counter
             .encode(out);
             proto::REPLY_HEADER
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_buffers_are_sized_from_the_hello_and_bounded() {
+        let hello = Hello {
+            share: 5,
+            window: 16,
+            max_size: 1 << 20,
+        };
+        let s = Sizes::of(&hello);
+        assert_eq!((s.recvs, s.replies()), (80, 160));
+        assert_eq!(
+            s.buffer(),
+            80 * (40 + (1 << 20)) + 160 * (16 + 24 + (1 << 20))
+        );
+        assert!(s.buffer() <= MAX_CONN_BUFFER);
+        let greedy = Hello {
+            window: 64,
+            ..hello
+        };
+        assert!(Sizes::of(&greedy).buffer() > MAX_CONN_BUFFER);
     }
 }
