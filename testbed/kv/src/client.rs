@@ -6,15 +6,13 @@
 //! connection id in a reply's payload). Every value read is checked.
 
 use crate::batch;
-use crate::cm::{self, Endpoint, QueueSizes};
 use crate::dist::{KeyDist, KeySpec, OpKind, OpMix, Rng, SizeDist, WrNum};
-use crate::proto::{self, Hello, Op, Reply, Request, Status, Welcome};
+use crate::proto::{self, Op, Reply, Request, Status};
+use crate::shared_qp::{Done, SharedQp};
 use crate::slot::{self, Retry, Verdict, HEADER};
 use crate::stats::{self, ConnThroughput, Recorder, RunInfo, Summary};
 use crate::verbs::{self, SendWr};
 use crate::wrid::{self, WrId, WrKind};
-use parking_lot::Mutex;
-use rdma_sys::ibv_wc_status;
 use std::net::SocketAddrV4;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -79,107 +77,6 @@ impl Budget {
     }
 }
 
-/// A completion, routed to its connection.
-#[derive(Debug, Clone, Copy)]
-enum Done {
-    Read { slot: u32, ok: bool },
-    Send { slot: u32, ok: bool },
-    Reply { buf: u32, len: u32, ok: bool },
-}
-
-/// One QP and the connections (1 in RAW mode) that share it.
-struct SharedQp {
-    ep: Endpoint,
-    lock: Mutex<()>,
-    mailboxes: Vec<Mutex<Vec<Done>>>,
-    broken: AtomicBool,
-    welcome: Welcome,
-    /// Global id of the QP's first connection.
-    base_conn: u32,
-    window: usize,
-    recvs: usize,
-    reply_size: usize,
-    op_size: usize,
-}
-
-impl SharedQp {
-    fn op_off(&self, conn: usize, slot: usize) -> usize {
-        self.recvs * self.reply_size + (conn * self.window + slot) * self.op_size
-    }
-
-    fn recv_wr(&self, buf: usize) -> (u64, u64, u32) {
-        let id = WrId {
-            kind: WrKind::Recv,
-            conn: 0,
-            index: buf as u32,
-        };
-        (
-            id.encode(),
-            self.ep.mr.addr(buf * self.reply_size),
-            self.reply_size as u32,
-        )
-    }
-
-    /// Takes the lock, counting the wait.
-    fn lock(&self, rec: &mut Recorder) -> parking_lot::MutexGuard<'_, ()> {
-        let t = Instant::now();
-        let g = self.lock.lock();
-        Recorder::record(&mut rec.lock_wait, t.elapsed().as_nanos() as u64);
-        g
-    }
-
-    /// Polls under the lock and hands each completion to its connection's mailbox.
-    fn poll_and_route(&self, wcs: &mut [rdma_sys::ibv_wc]) -> anyhow::Result<usize> {
-        let n = self.ep.cq.poll(wcs)?;
-        for wc in &wcs[..n] {
-            let ok = wc.status == ibv_wc_status::IBV_WC_SUCCESS;
-            if !ok {
-                eprintln!(
-                    "drum-kv client: QP of connection {}: {}",
-                    self.base_conn,
-                    verbs::wc_status(wc.status)
-                );
-                self.broken.store(true, Ordering::Relaxed);
-            }
-            let Some(id) = WrId::decode(wc.wr_id) else {
-                continue;
-            };
-            let (conn, done) = match id.kind {
-                WrKind::Read => (id.conn as usize, Done::Read { slot: id.index, ok }),
-                WrKind::Send => (id.conn as usize, Done::Send { slot: id.index, ok }),
-                WrKind::Recv => {
-                    // the reply names its connection; a failed receive has no payload
-                    let conn = if ok {
-                        // SAFETY: the RECV completed; nobody reposts it before its owner
-                        // has read it.
-                        let b = unsafe {
-                            self.ep
-                                .mr
-                                .buffer()
-                                .slice(id.index as usize * self.reply_size, proto::REPLY_HEADER)
-                        };
-                        Reply::decode(b)
-                            .map(|r| r.conn.wrapping_sub(self.base_conn) as usize)
-                            .unwrap_or(0)
-                    } else {
-                        0
-                    };
-                    let done = Done::Reply {
-                        buf: id.index,
-                        len: wc.byte_len,
-                        ok,
-                    };
-                    (conn.min(self.mailboxes.len() - 1), done)
-                }
-            };
-            self.mailboxes[conn.min(self.mailboxes.len() - 1)]
-                .lock()
-                .push(done);
-        }
-        Ok(n)
-    }
-}
-
 /// An operation in flight.
 #[derive(Debug, Clone)]
 struct InFlight {
@@ -238,9 +135,8 @@ pub fn run(cfg: Config) -> anyhow::Result<Summary> {
     let mut first = 0u32;
     while first < cfg.conns {
         let n = (cfg.conns - first).min(cfg.share as u32) as usize;
-        qps.push(Arc::new(connect(
-            &cfg, first, n, window, max_size, uses_rpc,
-        )?));
+        let qp = SharedQp::connect(cfg.server, cfg.events, first, n, window, max_size, uses_rpc)?;
+        qps.push(Arc::new(qp));
         first += n as u32;
     }
     let welcome = qps[0].welcome;
@@ -306,56 +202,6 @@ pub fn run(cfg: Config) -> anyhow::Result<Summary> {
         share: cfg.share as u32,
     };
     Ok(stats::summarize(info, &rec, per_conn, measured))
-}
-
-fn connect(
-    cfg: &Config,
-    base_conn: u32,
-    share: usize,
-    window: usize,
-    max_size: u32,
-    uses_rpc: bool,
-) -> anyhow::Result<SharedQp> {
-    let hello = Hello {
-        share: share as u16,
-        window: window as u32,
-        max_size,
-    };
-    let recvs = if uses_rpc { share * window } else { 0 };
-    let reply_size = proto::REPLY_HEADER + HEADER + max_size as usize;
-    let op_size = proto::REQUEST_HEADER + max_size as usize;
-    let q = QueueSizes {
-        send: share * window,
-        recv: recvs,
-        buffer: recvs * reply_size + share * window * op_size,
-        events: cfg.events,
-    };
-    let (ep, answer) = cm::connect(cfg.server, &hello.encode(), q, |ep| {
-        let bufs: Vec<_> = (0..recvs)
-            .map(|i| {
-                let id = WrId {
-                    kind: WrKind::Recv,
-                    conn: 0,
-                    index: i as u32,
-                };
-                (id.encode(), ep.mr.addr(i * reply_size), reply_size as u32)
-            })
-            .collect();
-        verbs::post_recv(ep.qp(), ep.mr.lkey(), &bufs)
-    })?;
-    let welcome = Welcome::decode(&answer)?;
-    Ok(SharedQp {
-        ep,
-        lock: Mutex::new(()),
-        mailboxes: (0..share).map(|_| Mutex::new(Vec::new())).collect(),
-        broken: AtomicBool::new(false),
-        welcome,
-        base_conn,
-        window,
-        recvs,
-        reply_size,
-        op_size,
-    })
 }
 
 /// How long a thread waits for any completion before it calls the run stalled.

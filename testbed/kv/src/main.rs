@@ -9,6 +9,7 @@ mod cm;
 mod dist;
 mod proto;
 mod server;
+mod shared_qp;
 mod slot;
 mod stats;
 mod store;
