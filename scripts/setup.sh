@@ -7,7 +7,7 @@
 set -euo pipefail
 
 packages=(rdma-core libibverbs-dev ibverbs-utils rdmacm-utils perftest clang cmake gcc pkg-config iproute2 fonts-dejavu-core
-          qperf ucx-utils openmpi-bin libopenmpi-dev python3-pyverbs chromium)
+          librdmacm-dev qperf ucx-utils openmpi-bin libopenmpi-dev python3-pyverbs chromium)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

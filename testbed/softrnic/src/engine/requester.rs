@@ -467,7 +467,14 @@ impl State {
             } else if w.wr.opcode == IBV_WR_RDMA_READ || proto::is_atomic_wr(w.wr.opcode) {
                 w.resp_done
             } else {
+                // Acknowledged by this ACK, or by an earlier one: an ACK that covered the WQE
+                // while a READ ahead of it still waited for its response took its packets
+                // out of `inflight` but could not complete it (completions are in order),
+                // and no later ACK need ever come.
                 psn_diff(acked, w.last_psn) >= 0
+                    || !q.inflight.iter().any(|f| {
+                        psn_diff(f.last_psn, w.first_psn) >= 0 && psn_diff(f.psn, w.last_psn) <= 0
+                    })
             };
             if !done {
                 break;

@@ -2736,3 +2736,72 @@ fn looped_back_packets_place_the_staged_bytes_and_count_as_before() {
     // and for each packet received.
     assert_eq!(c.qp_cache_hits + c.qp_cache_misses, 10 + 12);
 }
+
+/// A SEND behind a READ in the send queue, acknowledged before the READ's responses arrive
+/// (the responder acknowledges the SEND at once while the READ's responses wait for the
+/// transmitter): the SEND completes right after the READ. The requester used to forget that
+/// ACK (completions are in order, and the READ was not done yet) and wait for another that
+/// never came: drum-kv's READ/PUT mix stalled on its last PUT.
+#[test]
+fn a_send_acknowledged_while_a_read_ahead_of_it_waits_completes_after_the_read() {
+    let mut buf: Vec<u8> = (0..64u32 << 10).map(|i| (i % 251) as u8).collect();
+    let (mut st, [a, b], (lkey, rkey)) = loopback_pair(&mut buf);
+    let base = buf.as_ptr() as u64;
+    let wr = |id: u64, opcode: i32, from: u64, to: u64, len: u32| SendWr {
+        wr_id: id,
+        opcode,
+        flags: IBV_SEND_SIGNALED,
+        remote_addr: base + to,
+        rkey,
+        sges: vec![Sge {
+            addr: base + from,
+            length: len,
+            lkey,
+        }],
+        ..Default::default()
+    };
+    let wrs = vec![
+        wr(1, IBV_WR_RDMA_READ, 32 << 10, 24 << 10, 700),
+        wr(2, IBV_WR_SEND, 1024, 0, 600),
+    ];
+    assert_eq!(st.post_send(1, a, wrs), Resp::Unit);
+    let now = Instant::now();
+    let me = loopback_addr();
+    // The READ request and the SEND's packets reach the responder, which acknowledges the
+    // SEND; the requester gets that ACK before any READ response.
+    while st.tx_one(now).is_some() {}
+    let deliver = |st: &mut State, pkts: Vec<(SocketAddr, wire::Packet)>| {
+        for (_, p) in pkts {
+            st.receive(me, p, now);
+        }
+        st.place_all();
+    };
+    let requests = std::mem::take(&mut st.out);
+    deliver(&mut st, requests);
+    while st.tx_one(now).is_some() {}
+    let (acks, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut st.out)
+        .into_iter()
+        .partition(|(_, p)| p.op == wire::OP_ACK);
+    assert!(!acks.is_empty(), "the SEND is acknowledged");
+    assert!(
+        rest.iter().any(|(_, p)| p.op == wire::OP_READ_RESP),
+        "a READ response waits"
+    );
+    deliver(&mut st, acks);
+    st.out.extend(rest);
+    // Then the READ's responses.
+    loop {
+        while st.tx_one(now).is_some() {}
+        if st.out.is_empty() {
+            break;
+        }
+        st.loop_back(me);
+    }
+    let got: Vec<_> = st
+        .cqs
+        .values()
+        .flat_map(|c| c.q.iter().map(|w| (w.qp_num, w.wr_id, w.status)))
+        .collect();
+    let ok = IBV_WC_SUCCESS;
+    assert_eq!(got, [(b, 77, ok), (a, 1, ok), (a, 2, ok)]);
+}

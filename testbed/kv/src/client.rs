@@ -1,0 +1,618 @@
+//! The load generator: `conns` connections over `threads` threads, each keeping up to
+//! `window` operations in flight and posting them in batches of `wr_num` (the paper's "post
+//! a batch, poll one completion, post again"). In RAW mode every connection has its own QP;
+//! in SHARE mode `share` connections, on different threads, post to and poll one QP behind a
+//! lock, and completions reach their connection through a mailbox (by `wr_id`, or by the
+//! connection id in a reply's payload). Every value read is checked.
+
+use crate::batch;
+use crate::dist::{KeyDist, KeySpec, OpKind, OpMix, Rng, SizeDist, WrNum};
+use crate::proto::{self, Op, Reply, Request, Status};
+use crate::shared_qp::{Done, SharedQp};
+use crate::slot::{self, Retry, Verdict, HEADER};
+use crate::stats::{self, ConnThroughput, Recorder, RunInfo, Summary};
+use crate::verbs::{self, SendWr};
+use crate::wrid::{self, WrId, WrKind};
+use std::net::SocketAddrV4;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub server: SocketAddrV4,
+    pub conns: u32,
+    pub threads: u32,
+    pub op: OpMix,
+    pub size: SizeDist,
+    pub keys: KeySpec,
+    pub wr_num: WrNum,
+    pub window: u32,
+    pub duration: Option<Duration>,
+    pub ops: Option<u64>,
+    pub bytes: Option<u64>,
+    pub warmup: Duration,
+    pub seed: u64,
+    pub events: bool,
+    pub share: u16,
+}
+
+/// How much work is left to hand out; shared by every connection.
+struct Budget {
+    deadline: Option<Instant>,
+    warmup_end: Instant,
+    ops: Option<AtomicU64>,
+    bytes: Option<AtomicU64>,
+    stopped: AtomicBool,
+}
+
+impl Budget {
+    /// Claims one operation of `size` bytes; false once the run is over.
+    fn claim(&self, size: u64, now: Instant) -> bool {
+        if self.stopped.load(Ordering::Relaxed) {
+            return false;
+        }
+        if self.deadline.is_some_and(|d| now >= d) {
+            self.stopped.store(true, Ordering::Relaxed);
+            return false;
+        }
+        // Warm-up operations are not counted against --ops/--bytes.
+        if now < self.warmup_end {
+            return true;
+        }
+        // The last operation may overshoot a byte budget: it is claimed while any is left.
+        let take = |c: &Option<AtomicU64>, n: u64| {
+            c.as_ref().is_none_or(|c| {
+                c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                    (v > 0).then(|| v.saturating_sub(n))
+                })
+                .is_ok()
+            })
+        };
+        let ok = take(&self.ops, 1) && take(&self.bytes, size);
+        if !ok {
+            self.stopped.store(true, Ordering::Relaxed);
+        }
+        ok
+    }
+}
+
+/// An operation in flight.
+#[derive(Debug, Clone)]
+struct InFlight {
+    kind: OpKind,
+    key: u64,
+    size: u32,
+    start: Instant,
+    seq: u32,
+    batch: usize,
+    retry: Retry,
+    send_done: bool,
+    reply_done: bool,
+}
+
+/// A batch in flight: when it was posted and how many of its operations are left.
+struct Batch {
+    start: Instant,
+    left: usize,
+}
+
+/// One connection, driven by one thread.
+struct Conn {
+    qp: Arc<SharedQp>,
+    /// Index on the QP.
+    idx: usize,
+    id: u32,
+    slots: Vec<Option<InFlight>>,
+    free: Vec<u32>,
+    seqs: Vec<u32>,
+    reissue: Vec<u32>,
+    reposts: Vec<u32>,
+    batches: Vec<Option<Batch>>,
+    next_batch: Option<usize>,
+    rng: Rng,
+    ops: u64,
+    bytes: u64,
+    finished: bool,
+}
+
+pub fn run(cfg: Config) -> anyhow::Result<Summary> {
+    anyhow::ensure!(
+        cfg.conns > 0 && cfg.threads > 0,
+        "--conns and --threads must be at least 1"
+    );
+    anyhow::ensure!(cfg.share > 0, "--share must be at least 1");
+    anyhow::ensure!(
+        !(cfg.events && cfg.share > 1),
+        "--poll event is for RAW mode (a shared QP's completions are polled under its lock)"
+    );
+    let max_size = u32::try_from(cfg.size.max()).map_err(|_| anyhow::anyhow!("size too large"))?;
+    let window = cfg.window.max(1) as usize;
+    let share = cfg.share as usize;
+    let uses_rpc = cfg.op.uses_rpc();
+    // Connect every QP.
+    let mut qps = Vec::new();
+    let mut first = 0u32;
+    while first < cfg.conns {
+        let n = (cfg.conns - first).min(cfg.share as u32) as usize;
+        let qp = SharedQp::connect(cfg.server, cfg.events, first, n, window, max_size, uses_rpc)?;
+        qps.push(Arc::new(qp));
+        first += n as u32;
+    }
+    let welcome = qps[0].welcome;
+    anyhow::ensure!(
+        max_size <= welcome.max_value,
+        "size {max_size} > the server's max value {}",
+        welcome.max_value
+    );
+    let keys = Arc::new(KeyDist::new(cfg.keys, welcome.keys));
+    let start = Instant::now();
+    let warmup_end = start + cfg.warmup;
+    let budget = Arc::new(Budget {
+        deadline: cfg.duration.map(|d| warmup_end + d),
+        warmup_end,
+        ops: cfg.ops.map(AtomicU64::new),
+        bytes: cfg.bytes.map(AtomicU64::new),
+        stopped: AtomicBool::new(false),
+    });
+    // Connection c runs on thread c % threads, so the connections of a shared QP (c / share)
+    // land on different threads and really contend for its lock.
+    let mut per_thread: Vec<Vec<(Arc<SharedQp>, usize, u32)>> =
+        vec![Vec::new(); cfg.threads as usize];
+    for c in 0..cfg.conns {
+        let qp = qps[c as usize / share].clone();
+        per_thread[(c % cfg.threads) as usize].push((qp, c as usize % share, c));
+    }
+    let handles: Vec<_> = per_thread
+        .into_iter()
+        .enumerate()
+        .filter(|(_, conns)| !conns.is_empty())
+        .map(|(t, conns)| {
+            let (cfg, keys, budget) = (cfg.clone(), keys.clone(), budget.clone());
+            std::thread::Builder::new()
+                .name(format!("client{t}"))
+                .spawn(move || worker(&cfg, conns, &keys, &budget))
+        })
+        .collect::<Result<_, _>>()?;
+    let mut rec = Recorder::default();
+    let mut per_conn = Vec::new();
+    for h in handles {
+        let (r, conns) = h
+            .join()
+            .map_err(|_| anyhow::anyhow!("a client thread panicked"))??;
+        rec.merge(&r);
+        per_conn.extend(conns);
+    }
+    let measured = Instant::now()
+        .saturating_duration_since(warmup_end)
+        .as_secs_f64();
+    for c in per_conn.iter_mut() {
+        c.ops_per_s = c.ops as f64 / measured.max(1e-9);
+        c.mib_per_s = c.bytes as f64 / (1 << 20) as f64 / measured.max(1e-9);
+    }
+    per_conn.sort_by_key(|c| c.conn);
+    for qp in &qps {
+        qp.ep.disconnect();
+    }
+    let info = RunInfo {
+        mode: if cfg.share > 1 { "share" } else { "raw" }.into(),
+        op: format!("{:?}", cfg.op).to_lowercase(),
+        conns: cfg.conns,
+        threads: cfg.threads,
+        share: cfg.share as u32,
+    };
+    Ok(stats::summarize(info, &rec, per_conn, measured))
+}
+
+/// How long a thread waits for any completion before it calls the run stalled.
+const STALL: Duration = Duration::from_secs(10);
+
+type ThreadResult = anyhow::Result<(Recorder, Vec<ConnThroughput>)>;
+
+fn worker(
+    cfg: &Config,
+    conns: Vec<(Arc<SharedQp>, usize, u32)>,
+    keys: &KeyDist,
+    budget: &Budget,
+) -> ThreadResult {
+    let window = cfg.window.max(1) as usize;
+    let mut rec = Recorder::default();
+    let mut conns: Vec<Conn> = conns
+        .into_iter()
+        .map(|(qp, idx, id)| Conn {
+            qp,
+            idx,
+            id,
+            slots: vec![None; window],
+            free: (0..window as u32).rev().collect(),
+            seqs: vec![0; window],
+            reissue: Vec::new(),
+            reposts: Vec::new(),
+            batches: Vec::new(),
+            next_batch: None,
+            rng: Rng::new(cfg.seed ^ (id as u64).wrapping_mul(0x9e37_79b9)),
+            ops: 0,
+            bytes: 0,
+            finished: false,
+        })
+        .collect();
+    let mut wcs = verbs::blank_wcs(32);
+    let mut last_progress = Instant::now();
+    while conns.iter().any(|c| !c.finished) {
+        let mut progress = 0;
+        for c in conns.iter_mut().filter(|c| !c.finished) {
+            progress += c.step(cfg, keys, budget, &mut rec, &mut wcs)?;
+        }
+        if progress > 0 {
+            last_progress = Instant::now();
+        } else if last_progress.elapsed() > STALL {
+            // A lost completion would otherwise hang the run: say which operations wait.
+            let stuck: Vec<String> = conns
+                .iter()
+                .flat_map(|c| {
+                    c.slots
+                        .iter()
+                        .flatten()
+                        .map(move |o| format!("conn {}: {o:?}", c.id))
+                })
+                .collect();
+            anyhow::bail!(
+                "no completion for {STALL:?}; waiting:\n{}",
+                stuck.join("\n")
+            );
+        }
+        if progress == 0 {
+            if cfg.events {
+                wait_for_events(&conns, &mut rec, &mut wcs)?;
+            } else {
+                // Busy polling, but a 2-core machine may run more busy threads than cores.
+                std::thread::yield_now();
+            }
+        }
+    }
+    let per_conn = conns
+        .iter()
+        .map(|c| ConnThroughput {
+            conn: c.id,
+            ops: c.ops,
+            bytes: c.bytes,
+            ops_per_s: 0.0,
+            mib_per_s: 0.0,
+        })
+        .collect();
+    Ok((rec, per_conn))
+}
+
+/// Arms every CQ of this thread, polls once more (a completion may have come before the
+/// arming), then waits up to a millisecond for an event.
+fn wait_for_events(
+    conns: &[Conn],
+    rec: &mut Recorder,
+    wcs: &mut [rdma_sys::ibv_wc],
+) -> anyhow::Result<()> {
+    let mut fds = Vec::new();
+    for c in conns.iter().filter(|c| !c.finished) {
+        let _g = c.qp.lock(rec);
+        c.qp.ep.cq.arm()?;
+        if c.qp.poll_and_route(wcs)? > 0 {
+            return Ok(());
+        }
+        fds.push(libc::pollfd {
+            fd: c.qp.ep.cq.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+    }
+    // SAFETY: valid pollfds.
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as u64, 1) };
+    for c in conns.iter().filter(|c| !c.finished) {
+        c.qp.ep.cq.take_event();
+    }
+    Ok(())
+}
+
+impl Conn {
+    /// Handles what arrived, posts what is due, polls; returns how much happened.
+    fn step(
+        &mut self,
+        cfg: &Config,
+        keys: &KeyDist,
+        budget: &Budget,
+        rec: &mut Recorder,
+        wcs: &mut [rdma_sys::ibv_wc],
+    ) -> anyhow::Result<usize> {
+        let done = std::mem::take(&mut *self.qp.mailboxes[self.idx].lock());
+        let mut progress = done.len();
+        let now = Instant::now();
+        for d in done {
+            self.complete(d, budget, rec, now);
+        }
+        if self.qp.broken.load(Ordering::Relaxed) {
+            // Whatever was in flight is lost with the QP.
+            let lost = self.slots.iter().filter(|s| s.is_some()).count() as u64;
+            rec.failed_completions += lost;
+            self.finished = true;
+            return Ok(progress + 1);
+        }
+        let wrs = self.prepare(cfg, keys, budget, now);
+        let outstanding = self.slots.iter().filter(|s| s.is_some()).count();
+        if outstanding == 0 && wrs.is_empty() && self.reposts.is_empty() {
+            if budget.stopped.load(Ordering::Relaxed) {
+                self.finished = true;
+            }
+            return Ok(progress);
+        }
+        let reposts: Vec<_> = self
+            .reposts
+            .drain(..)
+            .map(|b| self.qp.recv_wr(b as usize))
+            .collect();
+        let _g = self.qp.lock(rec);
+        verbs::post_recv(self.qp.ep.qp(), self.qp.ep.mr.lkey(), &reposts)?;
+        verbs::post_send(self.qp.ep.qp(), &wrs)?;
+        progress += wrs.len() + self.qp.poll_and_route(wcs)?;
+        Ok(progress)
+    }
+
+    /// The work requests to post now: READs to reissue after a torn read, and a new batch
+    /// if the window has room for it.
+    fn prepare(
+        &mut self,
+        cfg: &Config,
+        keys: &KeyDist,
+        budget: &Budget,
+        now: Instant,
+    ) -> Vec<SendWr> {
+        let reissue = std::mem::take(&mut self.reissue);
+        let mut wrs: Vec<SendWr> = reissue.into_iter().map(|s| self.read_wr(s)).collect();
+        let wr_num = *self
+            .next_batch
+            .get_or_insert_with(|| cfg.wr_num.draw(&mut self.rng) as usize);
+        let outstanding = self.slots.iter().filter(|s| s.is_some()).count();
+        let n = batch::to_post(outstanding, self.slots.len(), wr_num);
+        if n == 0 || budget.stopped.load(Ordering::Relaxed) {
+            return wrs;
+        }
+        self.next_batch = None;
+        let b = self
+            .batches
+            .iter()
+            .position(|b| b.is_none())
+            .unwrap_or_else(|| {
+                self.batches.push(None);
+                self.batches.len() - 1
+            });
+        let mut posted = 0;
+        for _ in 0..n {
+            let size = cfg.size.draw(&mut self.rng);
+            if !budget.claim(size, now) {
+                break;
+            }
+            let key = keys.draw(&mut self.rng);
+            let kind = cfg.op.draw(&mut self.rng);
+            let slot = self.free.pop().expect("the window has room");
+            self.seqs[slot as usize] = self.seqs[slot as usize].wrapping_add(1);
+            self.slots[slot as usize] = Some(InFlight {
+                kind,
+                key,
+                size: size as u32,
+                start: now,
+                seq: self.seqs[slot as usize],
+                batch: b,
+                retry: Retry::default(),
+                send_done: false,
+                reply_done: false,
+            });
+            wrs.push(match kind {
+                OpKind::Read => self.read_wr(slot),
+                OpKind::Get | OpKind::Put => self.rpc_wr(slot),
+            });
+            posted += 1;
+        }
+        if posted > 0 {
+            self.batches[b] = Some(Batch {
+                start: now,
+                left: posted,
+            });
+        }
+        wrs
+    }
+
+    fn read_wr(&self, slot: u32) -> SendWr {
+        let op = self.slots[slot as usize].as_ref().expect("in flight");
+        let w = &self.qp.welcome;
+        SendWr {
+            wr_id: WrId {
+                kind: WrKind::Read,
+                conn: self.idx as u16,
+                index: slot,
+            }
+            .encode(),
+            addr: self.qp.ep.mr.addr(self.qp.op_off(self.idx, slot as usize)),
+            len: HEADER as u32 + op.size,
+            lkey: self.qp.ep.mr.lkey(),
+            read_from: Some((w.addr + op.key * w.slot_size(), w.rkey)),
+        }
+    }
+
+    /// Writes the request of `slot` into its buffer and returns its SEND.
+    fn rpc_wr(&mut self, slot: u32) -> SendWr {
+        let op = self.slots[slot as usize].as_ref().expect("in flight");
+        let off = self.qp.op_off(self.idx, slot as usize);
+        let (opcode, tag) = match op.kind {
+            OpKind::Put => (Op::Put, self.rng.next_u64() | 1),
+            _ => (Op::Get, 0),
+        };
+        let mut req = Request {
+            op: opcode,
+            conn: self.id,
+            req: wrid::request_id(slot, op.seq),
+            key: op.key,
+            size: op.size,
+            checksum: 0,
+            tag,
+        };
+        // SAFETY: the slot's buffer belongs to this connection and no WR uses it (the slot
+        // was free).
+        let buf = unsafe { self.qp.ep.mr.buffer().slice_mut(off, req.wire_len()) };
+        if opcode == Op::Put {
+            let value = &mut buf[proto::REQUEST_HEADER..];
+            slot::fill_value(self.qp.welcome.seed, op.key, tag, value);
+            req.checksum = slot::checksum(op.key, tag, value);
+        }
+        req.encode(buf);
+        SendWr {
+            wr_id: WrId {
+                kind: WrKind::Send,
+                conn: self.idx as u16,
+                index: slot,
+            }
+            .encode(),
+            addr: self.qp.ep.mr.addr(off),
+            len: req.wire_len() as u32,
+            lkey: self.qp.ep.mr.lkey(),
+            read_from: None,
+        }
+    }
+
+    fn complete(&mut self, d: Done, budget: &Budget, rec: &mut Recorder, now: Instant) {
+        match d {
+            Done::Read { slot, ok } => {
+                let Some(op) = self.slots[slot as usize].as_ref() else {
+                    return;
+                };
+                if !ok {
+                    return self.finish(slot, false, budget, rec, now);
+                }
+                let off = self.qp.op_off(self.idx, slot as usize);
+                // SAFETY: the READ completed; the buffer is this slot's.
+                let got = unsafe { self.qp.ep.mr.buffer().slice(off, HEADER + op.size as usize) };
+                let w = &self.qp.welcome;
+                let (key, check) = (op.key, slot::check_read(w.seed, op.key, w.max_value, got));
+                let op = self.slots[slot as usize].as_mut().expect("in flight");
+                let verdict = op.retry.judge(check);
+                match verdict {
+                    Verdict::Done { tag, .. } => {
+                        rec.updated_values += u64::from(tag != 0);
+                        self.finish(slot, true, budget, rec, now)
+                    }
+                    Verdict::ReadAgain => {
+                        rec.torn_retries += 1;
+                        self.reissue.push(slot);
+                    }
+                    Verdict::Wrong => {
+                        eprintln!(
+                            "drum-kv client: conn {}: wrong value READ from key {key}",
+                            self.id
+                        );
+                        rec.wrong_values += 1;
+                        self.finish(slot, true, budget, rec, now);
+                    }
+                }
+            }
+            Done::Send { slot, ok } => {
+                let Some(op) = self.slots[slot as usize].as_mut() else {
+                    return;
+                };
+                op.send_done = true;
+                if !ok {
+                    return self.finish(slot, false, budget, rec, now);
+                }
+                if op.reply_done {
+                    self.finish(slot, true, budget, rec, now);
+                }
+            }
+            Done::Reply { buf, len, ok } => {
+                self.reposts.push(buf);
+                if !ok {
+                    return;
+                }
+                let off = buf as usize * self.qp.reply_size;
+                // SAFETY: the RECV completed and is reposted only after this.
+                let qp = self.qp.clone();
+                let b = unsafe {
+                    qp.ep
+                        .mr
+                        .buffer()
+                        .slice(off, (len as usize).min(qp.reply_size))
+                };
+                self.on_reply(b, rec, budget, now);
+            }
+        }
+    }
+
+    fn on_reply(&mut self, b: &[u8], rec: &mut Recorder, budget: &Budget, now: Instant) {
+        let Some(r) = Reply::decode(b) else {
+            eprintln!("drum-kv client: conn {}: malformed reply", self.id);
+            rec.error_replies += 1;
+            return;
+        };
+        let (slot, seq) = wrid::split_request_id(r.req);
+        let Some(op) = self
+            .slots
+            .get(slot as usize)
+            .cloned()
+            .flatten()
+            .filter(|o| o.seq == seq && o.kind != OpKind::Read)
+        else {
+            eprintln!(
+                "drum-kv client: conn {}: reply to no request ({})",
+                self.id, r.req
+            );
+            rec.error_replies += 1;
+            return;
+        };
+        if r.status != Status::Ok {
+            eprintln!(
+                "drum-kv client: conn {}: server refused key {}: {:?}",
+                self.id, op.key, r.status
+            );
+            rec.error_replies += 1;
+        } else if op.kind == OpKind::Get {
+            let w = &self.qp.welcome;
+            let payload = &b[proto::REPLY_HEADER..];
+            let check = (payload.len() == HEADER + op.size as usize)
+                .then(|| slot::check_read(w.seed, op.key, w.max_value, payload));
+            if let Some(slot::ReadCheck::Value { tag, .. }) = check {
+                rec.updated_values += u64::from(tag != 0);
+            } else {
+                eprintln!(
+                    "drum-kv client: conn {}: wrong value from GET of key {}",
+                    self.id, op.key
+                );
+                rec.wrong_values += 1;
+            }
+        }
+        let o = self.slots[slot as usize].as_mut().expect("in flight");
+        o.reply_done = true;
+        if o.send_done {
+            self.finish(slot, true, budget, rec, now);
+        }
+    }
+
+    /// Ends the operation in `slot`; `ok` false when its completion failed.
+    fn finish(&mut self, slot: u32, ok: bool, budget: &Budget, rec: &mut Recorder, now: Instant) {
+        let Some(op) = self.slots[slot as usize].take() else {
+            return;
+        };
+        self.free.push(slot);
+        if !ok {
+            rec.failed_completions += 1;
+        }
+        let counted = op.start >= budget.warmup_end;
+        if counted && ok {
+            Recorder::record(&mut rec.ops, (now - op.start).as_nanos() as u64);
+            self.ops += 1;
+            self.bytes += op.size as u64;
+        }
+        if let Some(b) = self.batches.get_mut(op.batch).and_then(|b| b.as_mut()) {
+            b.left -= 1;
+            if b.left == 0 {
+                if counted {
+                    Recorder::record(&mut rec.batches, (now - b.start).as_nanos() as u64);
+                }
+                self.batches[op.batch] = None;
+            }
+        }
+    }
+}

@@ -1,0 +1,549 @@
+//! The server: accepts connections through the RDMA CM, lets clients READ its slots, and
+//! answers GET/PUT RPCs from poller threads. A client that misbehaves gets an error reply,
+//! or its connection closed when its QP breaks; every other client is served on.
+
+use crate::cm::{self, Endpoint, Listener, QueueSizes};
+use crate::proto::{self, Hello, Limits, Op, Reply, Status, Welcome};
+use crate::slot::HEADER;
+use crate::store::Store;
+use crate::verbs::{self, Mr, Pd, SendWr};
+use rdma_sys::{ibv_context, ibv_wc_opcode, ibv_wc_status, rdma_cm_event_type};
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddrV4;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddrV4,
+    pub keys: u64,
+    pub max_value: u32,
+    pub seed: u64,
+    /// The most connections a client may multiplex on one QP.
+    pub share: u16,
+    pub pollers: usize,
+}
+
+/// Requests buffered per QP at most (`share × window`), and the buffer memory of one
+/// connection: bound what one client can make the server allocate.
+const MAX_QUEUE: u32 = 4096;
+const MAX_CONN_BUFFER: usize = 512 << 20;
+
+/// A connection's receive and reply buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Sizes {
+    /// Receive buffers: one per request the client may have outstanding.
+    recvs: usize,
+    recv_size: usize,
+    reply_size: usize,
+}
+
+impl Sizes {
+    fn of(hello: &Hello) -> Sizes {
+        Sizes {
+            recvs: hello.window as usize * hello.share as usize,
+            recv_size: proto::REQUEST_HEADER + hello.max_size as usize,
+            reply_size: proto::REPLY_HEADER + HEADER + hello.max_size as usize,
+        }
+    }
+
+    /// Twice as many reply buffers as requests: a reply's buffer is free again only when its
+    /// SEND completes, which may be after the client's next request arrives.
+    fn replies(&self) -> usize {
+        2 * self.recvs
+    }
+
+    fn buffer(&self) -> usize {
+        self.recvs * self.recv_size + self.replies() * self.reply_size
+    }
+}
+
+/// What the server did, for its exit line.
+#[derive(Default)]
+struct Counters {
+    gets: AtomicU64,
+    puts: AtomicU64,
+    error_replies: AtomicU64,
+    broken: AtomicU64,
+    accepted: AtomicU64,
+    rejected: AtomicU64,
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: i32) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+/// The store registered in one device context's protection domain.
+struct Registration {
+    pd: Arc<Pd>,
+    mr: Mr,
+}
+
+pub fn run(cfg: Config) -> anyhow::Result<()> {
+    let store = Arc::new(Store::new(cfg.keys, cfg.max_value, cfg.seed)?);
+    let listener = Listener::bind(cfg.listen)?;
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as usize);
+        libc::signal(libc::SIGTERM, on_signal as *const () as usize);
+    }
+    println!(
+        "drum-kv server listening on {}:{} keys={} max_value={} seed={} share={}",
+        cfg.listen.ip(),
+        listener.port(),
+        cfg.keys,
+        cfg.max_value,
+        cfg.seed,
+        cfg.share
+    );
+    let counters = Arc::new(Counters::default());
+    let mut pollers = Vec::new();
+    for i in 0..cfg.pollers.max(1) {
+        let (tx, rx) = mpsc::channel::<Arc<Conn>>();
+        let wake = Arc::new(Wake::new()?);
+        let (store, counters, w) = (store.clone(), counters.clone(), wake.clone());
+        std::thread::Builder::new()
+            .name(format!("poller{i}"))
+            .spawn(move || poll_loop(rx, &w, &store, &counters))?;
+        pollers.push((tx, wake));
+    }
+    let mut regs: HashMap<usize, Registration> = HashMap::new();
+    let mut conns: HashMap<usize, Arc<Conn>> = HashMap::new();
+    let mut next_poller = 0;
+    while !STOP.load(Ordering::Relaxed) {
+        if !readable(listener.channel.fd(), 200) {
+            continue;
+        }
+        let ev = listener.channel.next()?;
+        let id = ev.id();
+        match ev.kind() {
+            rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST => {
+                let hello = Hello::decode(&ev.private_data());
+                // The request's id may be accepted or rejected only after its event is
+                // acknowledged (destroying it waits for that).
+                drop(ev);
+                match admit(&cfg, hello, cm::context_of(id), &mut regs, &store) {
+                    Err(why) => {
+                        counters.rejected.fetch_add(1, Ordering::Relaxed);
+                        eprintln!("drum-kv server: refused a connection: {why}");
+                        cm::reject(id, &why);
+                    }
+                    Ok((hello, reg)) => match Conn::accept(id, hello, reg, &store) {
+                        Ok(conn) => {
+                            counters.accepted.fetch_add(1, Ordering::Relaxed);
+                            let conn = Arc::new(conn);
+                            conns.insert(id as usize, conn.clone());
+                            let (tx, wake) = &pollers[next_poller % pollers.len()];
+                            tx.send(conn)?;
+                            wake.ring();
+                            next_poller += 1;
+                        }
+                        Err(e) => eprintln!("drum-kv server: accept failed: {e:#}"),
+                    },
+                }
+            }
+            rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED
+            | rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_ERROR
+            | rdma_cm_event_type::RDMA_CM_EVENT_UNREACHABLE
+            | rdma_cm_event_type::RDMA_CM_EVENT_REJECTED => {
+                drop(ev);
+                if let Some(c) = conns.remove(&(id as usize)) {
+                    // Its poller destroys it: every event of the id is acknowledged now.
+                    c.gone.store(true, Ordering::Release);
+                }
+            }
+            _ => drop(ev),
+        }
+    }
+    eprintln!(
+        "drum-kv server: accepted={} rejected={} gets={} puts={} error_replies={} broken={}",
+        counters.accepted.load(Ordering::Relaxed),
+        counters.rejected.load(Ordering::Relaxed),
+        counters.gets.load(Ordering::Relaxed),
+        counters.puts.load(Ordering::Relaxed),
+        counters.error_replies.load(Ordering::Relaxed),
+        counters.broken.load(Ordering::Relaxed),
+    );
+    // Exit without tearing down connections clients still hold (their pollers may be
+    // mid-call); the process's exit releases everything, and atexit handlers still run.
+    std::process::exit(0)
+}
+
+fn readable(fd: i32, timeout_ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut p, 1, timeout_ms) > 0 }
+}
+
+/// Checks a connection request; registers the store in its device's PD the first time.
+fn admit<'a>(
+    cfg: &Config,
+    hello: Result<Hello, proto::ProtoError>,
+    ctx: *mut ibv_context,
+    regs: &'a mut HashMap<usize, Registration>,
+    store: &Store,
+) -> Result<(Hello, &'a Registration), String> {
+    let hello = hello.map_err(|e| e.to_string())?;
+    if hello.share == 0 || hello.share > cfg.share {
+        return Err(format!(
+            "share {} (this server allows 1..={})",
+            hello.share, cfg.share
+        ));
+    }
+    if hello.window == 0 || hello.window as u64 * hello.share as u64 > MAX_QUEUE as u64 {
+        return Err(format!(
+            "window {} × share {} > {MAX_QUEUE}",
+            hello.window, hello.share
+        ));
+    }
+    if hello.max_size > cfg.max_value {
+        return Err(format!(
+            "size {} > max value {}",
+            hello.max_size, cfg.max_value
+        ));
+    }
+    let bytes = Sizes::of(&hello).buffer();
+    if bytes > MAX_CONN_BUFFER {
+        return Err(format!(
+            "window × share × size needs {bytes} bytes of buffers (at most {MAX_CONN_BUFFER})"
+        ));
+    }
+    if let std::collections::hash_map::Entry::Vacant(e) = regs.entry(ctx as usize) {
+        let pd = Pd::new(ctx).map_err(|e| e.to_string())?;
+        // SAFETY: the store lives until the process exits.
+        let mr = unsafe { Mr::register(&pd, store.buffer(), true) }.map_err(|e| e.to_string())?;
+        e.insert(Registration { pd, mr });
+    }
+    Ok((hello, &regs[&(ctx as usize)]))
+}
+
+/// wr_id of a reply SEND (a RECV's wr_id is its buffer's index).
+const SEND_BIT: u64 = 1 << 32;
+
+/// One client QP: its receive buffers (one request each) and reply buffers.
+struct Conn {
+    ep: Endpoint,
+    /// Set by the CM thread once the id's last event is acknowledged.
+    gone: AtomicBool,
+    sizes: Sizes,
+    limits: Limits,
+}
+
+impl Conn {
+    fn accept(
+        id: *mut rdma_sys::rdma_cm_id,
+        hello: Hello,
+        reg: &Registration,
+        store: &Store,
+    ) -> anyhow::Result<Conn> {
+        let sizes = Sizes::of(&hello);
+        let Sizes {
+            recvs, recv_size, ..
+        } = sizes;
+        let q = QueueSizes {
+            send: sizes.replies(),
+            recv: recvs,
+            buffer: sizes.buffer(),
+            events: true,
+        };
+        let welcome = Welcome {
+            rkey: reg.mr.rkey(),
+            addr: reg.mr.addr(0),
+            keys: store.keys,
+            max_value: store.max_value,
+            seed: store.seed,
+        }
+        .encode();
+        let limits = Limits {
+            keys: store.keys,
+            max_value: hello.max_size,
+        };
+        let ep = cm::accept(id, &reg.pd, q, &welcome, |ep| {
+            let lkey = ep.mr.lkey();
+            let bufs: Vec<_> = (0..recvs)
+                .map(|i| (i as u64, ep.mr.addr(i * recv_size), recv_size as u32))
+                .collect();
+            verbs::post_recv(ep.qp(), lkey, &bufs)
+        })?;
+        Ok(Conn {
+            ep,
+            gone: AtomicBool::new(false),
+            sizes,
+            limits,
+        })
+    }
+
+    fn reply_off(&self, i: usize) -> usize {
+        self.sizes.recvs * self.sizes.recv_size + i * self.sizes.reply_size
+    }
+}
+
+/// A poller's state of one connection.
+struct Served {
+    conn: Arc<Conn>,
+    free_replies: Vec<usize>,
+    /// Requests (recv index, length) waiting for a free reply buffer.
+    waiting: VecDeque<(usize, usize)>,
+    broken: bool,
+}
+
+/// An eventfd that wakes a poller sleeping on completion events when a connection is
+/// handed to it (its CQ is not among those it waits on yet).
+struct Wake(std::os::fd::OwnedFd);
+
+impl Wake {
+    fn new() -> anyhow::Result<Wake> {
+        // SAFETY: no pointers; the descriptor is owned from here on.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        anyhow::ensure!(fd >= 0, "eventfd: {}", std::io::Error::last_os_error());
+        // SAFETY: a fresh descriptor nobody else owns.
+        Ok(Wake(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }))
+    }
+
+    fn ring(&self) {
+        let one = 1u64;
+        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
+        unsafe { libc::write(self.fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    fn clear(&self) {
+        let mut v = 0u64;
+        // SAFETY: reads 8 bytes into a live u64 (non-blocking).
+        unsafe { libc::read(self.fd(), (&mut v as *mut u64).cast(), 8) };
+    }
+
+    fn fd(&self) -> i32 {
+        std::os::fd::AsRawFd::as_raw_fd(&self.0)
+    }
+}
+
+fn poll_loop(rx: mpsc::Receiver<Arc<Conn>>, wake: &Wake, store: &Store, counters: &Counters) {
+    let mut served: Vec<Served> = Vec::new();
+    let mut wcs = verbs::blank_wcs(32);
+    let mut idle_passes = 0;
+    let mut armed = false;
+    loop {
+        loop {
+            match rx.try_recv() {
+                Ok(conn) => {
+                    served.push(Served {
+                        free_replies: (0..conn.sizes.replies()).rev().collect(),
+                        conn,
+                        waiting: VecDeque::new(),
+                        broken: false,
+                    });
+                    // its CQ is not armed: poll before sleeping again
+                    (idle_passes, armed) = (0, false);
+                }
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => return,
+            }
+        }
+        // A connection whose id has had its last event is destroyed here, by its poller.
+        served.retain(|s| !s.conn.gone.load(Ordering::Acquire));
+        let mut idle = true;
+        for s in served.iter_mut() {
+            match serve(s, store, counters, &mut wcs) {
+                Ok(n) => idle &= n == 0,
+                Err(e) => {
+                    if !s.broken {
+                        eprintln!("drum-kv server: closing a connection: {e:#}");
+                        counters.broken.fetch_add(1, Ordering::Relaxed);
+                        s.broken = true;
+                        s.conn.ep.disconnect();
+                    }
+                }
+            }
+        }
+        if !idle {
+            idle_passes = 0;
+            armed = false;
+        } else if idle_passes < SPIN_PASSES {
+            // Nothing to do: yield the core (the machine may have fewer cores than busy
+            // threads) without sleeping on the latency path.
+            idle_passes += 1;
+            std::thread::yield_now();
+        } else if !armed {
+            // Idle for a while (a READ-only load needs no server thread at all): ask for
+            // completion events; the next pass still polls, so a completion that came before
+            // the arming is not waited for.
+            armed = served
+                .iter()
+                .filter(|s| !s.broken)
+                .all(|s| s.conn.ep.cq.arm().is_ok());
+        } else {
+            wait_for_events(&served, wake);
+            armed = false;
+        }
+    }
+}
+
+/// Idle passes over the connections before the poller sleeps on completion events.
+const SPIN_PASSES: u32 = 200;
+
+/// Waits for a completion event on any armed CQ, or for a new connection (`wake`); at most
+/// 5 ms, the pace at which closed connections are noticed when nothing else happens. Frees
+/// the cores for the NICs' engines and the clients while the server has nothing to do.
+fn wait_for_events(served: &[Served], wake: &Wake) {
+    let live = || served.iter().filter(|s| !s.broken);
+    let mut fds: Vec<libc::pollfd> = live()
+        .map(|s| s.conn.ep.cq.fd())
+        .chain([wake.fd()])
+        .map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: valid pollfds.
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as u64, 5) };
+    wake.clear();
+    for s in live() {
+        s.conn.ep.cq.take_event();
+    }
+}
+
+/// Polls one connection's CQ and answers what arrived; returns the completions handled.
+fn serve(
+    s: &mut Served,
+    store: &Store,
+    counters: &Counters,
+    wcs: &mut [rdma_sys::ibv_wc],
+) -> anyhow::Result<usize> {
+    let n = s.conn.ep.cq.poll(wcs)?;
+    if s.broken {
+        return Ok(n);
+    }
+    for wc in &wcs[..n] {
+        if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
+            anyhow::bail!(
+                "{} on {}",
+                verbs::wc_status(wc.status),
+                if wc.opcode & ibv_wc_opcode::IBV_WC_RECV != 0 {
+                    "a request"
+                } else {
+                    "a reply"
+                }
+            );
+        }
+        if wc.wr_id & SEND_BIT != 0 {
+            s.free_replies.push((wc.wr_id & !SEND_BIT) as usize);
+        } else {
+            s.waiting
+                .push_back((wc.wr_id as usize, wc.byte_len as usize));
+        }
+    }
+    let conn = &s.conn;
+    let mut reposts = Vec::new();
+    let mut replies = Vec::new();
+    while let (Some(&(ri, len)), Some(&reply)) = (s.waiting.front(), s.free_replies.last()) {
+        s.waiting.pop_front();
+        s.free_replies.pop();
+        let roff = ri * conn.sizes.recv_size;
+        let rep_off = conn.reply_off(reply);
+        // SAFETY: the RECV completed, so the NIC is done with this buffer until it is
+        // reposted; the reply buffer is free (its SEND completed).
+        let (req, out) = unsafe {
+            (
+                conn.ep
+                    .mr
+                    .buffer()
+                    .slice(roff, len.min(conn.sizes.recv_size)),
+                conn.ep
+                    .mr
+                    .buffer()
+                    .slice_mut(rep_off, conn.sizes.reply_size),
+            )
+        };
+        let reply_len = answer(req, out, conn.limits, store, counters);
+        reposts.push((
+            ri as u64,
+            conn.ep.mr.addr(roff),
+            conn.sizes.recv_size as u32,
+        ));
+        replies.push(SendWr {
+            wr_id: SEND_BIT | reply as u64,
+            addr: conn.ep.mr.addr(rep_off),
+            len: reply_len as u32,
+            lkey: conn.ep.mr.lkey(),
+            read_from: None,
+        });
+    }
+    // The buffer goes back before the reply: the client's next request may follow the reply
+    // at once.
+    verbs::post_recv(conn.ep.qp(), conn.ep.mr.lkey(), &reposts)?;
+    verbs::post_send(conn.ep.qp(), &replies)?;
+    Ok(n)
+}
+
+/// Serves one request into `out`; returns the reply's length.
+fn answer(req: &[u8], out: &mut [u8], limits: Limits, store: &Store, c: &Counters) -> usize {
+    match proto::parse_request(req, limits) {
+        Ok(r) => {
+            Reply {
+                status: Status::Ok,
+                op: r.op as u8,
+                conn: r.conn,
+                req: r.req,
+            }
+            .encode(out);
+            match r.op {
+                Op::Get => {
+                    c.gets.fetch_add(1, Ordering::Relaxed);
+                    let n = proto::REPLY_HEADER + HEADER + r.size as usize;
+                    store.get_into(r.key, &mut out[proto::REPLY_HEADER..n]);
+                    n
+                }
+                Op::Put => {
+                    c.puts.fetch_add(1, Ordering::Relaxed);
+                    store.put(r.key, r.tag, &req[proto::REQUEST_HEADER..]);
+                    proto::REPLY_HEADER
+                }
+            }
+        }
+        Err(e) => {
+            c.error_replies.fetch_add(1, Ordering::Relaxed);
+            let (conn, req_id) = proto::reply_address(req);
+            Reply {
+                status: e.status(),
+                op: req.first().copied().unwrap_or(0),
+                conn,
+                req: req_id,
+            }
+            .encode(out);
+            proto::REPLY_HEADER
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_buffers_are_sized_from_the_hello_and_bounded() {
+        let hello = Hello {
+            share: 5,
+            window: 16,
+            max_size: 1 << 20,
+        };
+        let s = Sizes::of(&hello);
+        assert_eq!((s.recvs, s.replies()), (80, 160));
+        assert_eq!(
+            s.buffer(),
+            80 * (40 + (1 << 20)) + 160 * (16 + 24 + (1 << 20))
+        );
+        assert!(s.buffer() <= MAX_CONN_BUFFER);
+        let greedy = Hello {
+            window: 64,
+            ..hello
+        };
+        assert!(Sizes::of(&greedy).buffer() > MAX_CONN_BUFFER);
+    }
+}
