@@ -25,15 +25,16 @@ pub struct Nic {
 }
 
 /// The frozen profile: a 40 Gb/s NIC with a 20-context QP cache (the knee the DRUM paper
-/// measured), 0.2 µs per context miss and 0.25 µs per WQE fetched, dilated 200×.
+/// measured), 0.5 µs per context miss, 50 ns per WQE fetched and up to 128 WQEs of one post
+/// fetched in one read, dilated 200× (calibrated on fig2a and fig2c: docs/testbed.md).
 pub const DILATED: Nic = Nic {
     name: "dilated-200x",
     line_rate_gbps: 40.0 / DILATION,
     mtu: 1024,
     qp_cache: 20,
-    qp_miss_ns: 40_000,
-    wqe_fetch_ns: 50_000,
-    wqe_fetch_batch: 64,
+    qp_miss_ns: 100_000,
+    wqe_fetch_ns: 10_000,
+    wqe_fetch_batch: 128,
 };
 
 impl Nic {
