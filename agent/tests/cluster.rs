@@ -1102,16 +1102,12 @@ fn an_app_arriving_after_the_schedule_is_selected_and_parked_when_it_leaves() {
     let a0 = c.agent_tagged("0", 0, coord.addr, None, &shim);
     let _others: Vec<Agent> = (1..3).map(|h| c.agent(h, coord.addr, None)).collect();
     let planned = u64::from(options.selection_rounds + 1);
-    wait_for(
-        "re-selection after the schedule",
-        Duration::from_secs(20),
-        || {
-            coord.status()["selection"]["exchanges_done"]
-                .as_u64()
-                .unwrap()
-                > planned + 1
-        },
-    );
+    // A static cluster runs no exchange after the schedule (nothing changed).
+    wait_for("the selection schedule", Duration::from_secs(20), || {
+        let s = coord.status();
+        s["selection"]["exchanges_done"].as_u64().unwrap() >= planned
+            && !s["selection"]["in_progress"].as_bool().unwrap()
+    });
     let t = c.table(0).unwrap();
     assert_eq!(t.state, LinkState::Live);
     assert!(t.apps.iter().all(|a| !a.active && a.rate == 0.0), "{t:?}");
@@ -1607,4 +1603,102 @@ fn the_live_problem_is_learnt_from_the_shims_and_its_snapshot_solves_to_the_live
                 && live_app(&s, "h0", "writer-a").is_some_and(|(_, a)| a > 0.9)
         },
     );
+}
+
+/// A static cluster settles: with the default selection configuration (priced restart, 10
+/// damped swap rounds, `T_sel` = 100 ms) and the deployed round timing, 4 agents × 6 apps with
+/// k = 2 run the schedule, and then no app is parked or activated — not on the coordinator, not
+/// on any agent — for 30 s. A weight change afterwards is a change: it re-opens selection.
+#[test]
+fn a_static_cluster_settles_after_the_selection_schedule() {
+    let c = Cluster::new(4, 6, 2, 3);
+    let coord = Coord::start(ServeSettings {
+        min_members: 4,
+        round_interval_ms: 10,
+        round_deadline_ms: 50,
+        ..c.settings(localhost())
+    });
+    let agents: Vec<Agent> = (0..4)
+        .map(|h| {
+            let metrics = format!("metrics_listen = \"127.0.0.1:{}\"", 19470 + h);
+            c.agent_tagged(&h.to_string(), h, coord.addr, None, &metrics)
+        })
+        .collect();
+    let planned = coord.status()["selection"]["exchanges_planned"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(planned, 11);
+    wait_for("the selection schedule", Duration::from_secs(60), || {
+        let s = coord.status();
+        s["selection"]["exchanges_done"].as_u64().unwrap() >= planned
+            && !s["selection"]["in_progress"].as_bool().unwrap()
+    });
+    let swaps = |s: &serde_json::Value| {
+        let c = &s["counters"];
+        (
+            c["parks"].as_u64().unwrap(),
+            c["activations"].as_u64().unwrap(),
+        )
+    };
+    let agent_swaps = |h: usize| {
+        let text = drum_coordinator::admin::request(
+            format!("127.0.0.1:{}", 19470 + h).parse().unwrap(),
+            "GET",
+            "/metrics",
+        )
+        .map(|r| r.1)
+        .unwrap_or_default();
+        let get = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .unwrap_or(f64::NAN)
+        };
+        (
+            get("drum_agent_selection_parks_total"),
+            get("drum_agent_selection_activations_total"),
+        )
+    };
+    let before = swaps(&coord.status());
+    let before_agents: Vec<_> = (0..4).map(agent_swaps).collect();
+    let iteration = coord.status()["iteration"].as_u64().unwrap();
+    std::thread::sleep(Duration::from_secs(31));
+    let s = coord.status();
+    assert!(
+        s["iteration"].as_u64().unwrap() > iteration + 1000,
+        "rounds went on: {s:#}"
+    );
+    assert_eq!(s["members"].as_array().unwrap().len(), 4);
+    assert_eq!(
+        swaps(&s),
+        before,
+        "parks and activations after the schedule: {s:#}"
+    );
+    for (h, before) in before_agents.iter().enumerate() {
+        let now = agent_swaps(h);
+        assert!(!now.0.is_nan(), "agent {h}'s metrics");
+        assert_eq!(now, *before, "agent {h} swapped after the schedule");
+    }
+    eprintln!(
+        "schedule: {} parks, {} activations; none in the 31 s after it ({} iterations)",
+        before.0,
+        before.1,
+        s["iteration"].as_u64().unwrap() - iteration
+    );
+    // A change re-opens selection: the next period runs an exchange.
+    let exchanges = s["counters"]["exchanges"].as_u64().unwrap();
+    let app = c.problem.app_names[0].clone();
+    let (code, body) = drum_coordinator::admin::request(
+        coord.admin,
+        "POST",
+        &format!("/set-weight?app={app}&value=5"),
+    )
+    .unwrap();
+    assert_eq!(code, 200, "{body}");
+    wait_for(
+        "an exchange after the change",
+        Duration::from_secs(10),
+        || coord.status()["counters"]["exchanges"].as_u64().unwrap() > exchanges,
+    );
+    drop(agents);
 }
