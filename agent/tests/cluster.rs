@@ -1455,7 +1455,8 @@ fn facility<'a>(s: &'a serde_json::Value, id: &str) -> Option<&'a serde_json::Va
 
 /// The live problem, end to end with real agents and no instance file: three hosts join with
 /// their NICs; two writers on h0 and h1 that no config names connect to h2 and send what they
-/// are granted, a server on h2 connects back and answers them. The coordinator learns the
+/// are granted, a server on h2 connects back and answers them (and to a GID no agent owns,
+/// which its agent logs, naming app and GID). The coordinator learns the
 /// three receive links, the writers share h2's link (it binds), their grants reach their
 /// shims, a weight set at run time reaches every agent and moves the split, `solve` on the
 /// snapshot gives the live allocation to 1e-6, and a writer that stops leaves the problem.
@@ -1468,7 +1469,7 @@ fn the_live_problem_is_learnt_from_the_shims_and_its_snapshot_solves_to_the_live
     });
     let gid = |h: usize| format!("10.9.0.{}", h + 1);
     let socket = |h: usize| c.dir.path().join(format!("shim-{h}.sock"));
-    let _agents: Vec<Agent> = (0..3)
+    let agents: Vec<Agent> = (0..3)
         .map(|h| {
             let extra = format!(
                 "[shim]\nsocket = {:?}\nline_rate_gbps = 8.0\n[nic]\ngids = [\"{}\"]\n",
@@ -1487,7 +1488,8 @@ fn the_live_problem_is_learnt_from_the_shims_and_its_snapshot_solves_to_the_live
     // The server answers both writers (its traffic loads h0's and h1's links). An app that
     // sends nothing has the floor as its demand and no value in being active, so whether it
     // is active is a tie that live selection and `solve` may break differently.
-    let _server = SendingShim::start(&socket(2), "server", &[&gid(0), &gid(1)], true);
+    // One of its connections ends at a GID no agent owns: logged, and it loads no link.
+    let _server = SendingShim::start(&socket(2), "server", &[&gid(0), &gid(1), "10.9.9.9"], true);
     let both_share_h2 = |s: &serde_json::Value| {
         let (Some((true, a)), Some((true, b))) =
             (live_app(s, "h0", "writer-a"), live_app(s, "h1", "writer-b"))
@@ -1508,6 +1510,11 @@ fn the_live_problem_is_learnt_from_the_shims_and_its_snapshot_solves_to_the_live
         rx2["price"].as_f64().unwrap() > 0.0,
         "the link binds: {rx2}"
     );
+    wait_for("the unknown peer logged", Duration::from_secs(5), || {
+        agents[2].log().contains(
+            "a connection of this app ends at a GID no agent's host owns; its traffic loads no receive link app=server peer=00000000000000000000ffff0a090909",
+        )
+    });
     let (_, a) = live_app(&s, "h0", "writer-a").unwrap();
     let granted = writer_a.granted_bytes_per_s() as f64;
     assert!(
