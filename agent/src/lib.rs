@@ -533,6 +533,7 @@ async fn run_inner(
             &problem,
             host,
             s.line_rate_gbps,
+            s.parked_rate,
         )),
         _ => None,
     };

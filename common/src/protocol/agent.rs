@@ -215,7 +215,7 @@ impl AgentCore {
                 .any(|(n, s)| far(n.0, s.0) || far(n.1, s.1) || far(n.2, s.2))
     }
 
-    /// An exchange evaluates the host now: later changes are measured from here.
+    /// An exchange has evaluated and applied the host: later changes are measured from here.
     fn settle_inputs(&mut self, problem: &Problem) {
         self.settled = inputs(problem, self.state.host);
         self.change_reported = false;
@@ -661,7 +661,6 @@ impl AgentCore {
                 true,
             );
         }
-        self.settle_inputs(problem);
         let opts: SelectionOptions = options.into();
         let mut activity = vec![0.0f32; host.pairs.end];
         activity[host.pairs.clone()].copy_from_slice(&self.activity);
@@ -740,6 +739,7 @@ impl AgentCore {
             }),
             AgentAction::Publish,
         ];
+        self.settle_inputs(problem);
         out.extend(self.settle(problem, pending.declined_fill));
         out
     }
@@ -775,7 +775,6 @@ impl AgentCore {
         // The greedy runs over every host's apps, present or not: the other hosts' presence is
         // not known here, and every agent must compute the same rows. Only this host's own
         // absent apps are left out of its row.
-        self.settle_inputs(problem);
         let mut active = initial_active(problem, &dense).swap_remove(self.state.host);
         active.retain(|&p| self.is_present(problem, p));
         self.state = HostState::new(problem, self.state.host, active);
@@ -787,6 +786,7 @@ impl AgentCore {
             AgentAction::Event(AgentEvent::Restarted { exchange }),
             AgentAction::Publish,
         ];
+        self.settle_inputs(problem);
         out.extend(self.settle(problem, false));
         out
     }
@@ -931,7 +931,10 @@ mod tests {
     fn material_input_changes_are_reported_once_per_exchange() {
         let (mut problem, mut core) = setup();
         welcome(&mut core, &problem, Duration::ZERO);
-        let d = d_for(&problem, &core, 0.01);
+        // Every facility's d: the exchange below changes the active set.
+        let d: Vec<(u32, f64)> = (0..problem.facilities.len() as u32)
+            .map(|f| (f, 0.01))
+            .collect();
         let mut it = 0;
         let mut step = |core: &mut AgentCore, problem: &Problem| {
             it += 1;
@@ -967,6 +970,14 @@ mod tests {
                 round: 1,
                 prices,
                 options: SelectionParams::from(crate::selection::SelectionOptions::default()),
+            },
+        );
+        core.on_message(
+            MS,
+            &problem,
+            CoordMsg::Verdict {
+                exchange: 1,
+                activate: true,
             },
         );
         assert_eq!(step(&mut core, &problem), 0, "the exchange saw it");
