@@ -1709,3 +1709,60 @@ fn a_static_cluster_settles_after_the_selection_schedule() {
     );
     drop(agents);
 }
+
+/// The live problem survives its coordinator: stopped, the agents go fail-static and the
+/// writer keeps its grant (fail-static, not fail-closed); a new coordinator on the same
+/// address knows nothing, learns the links and the app again from the rejoining agents, and
+/// the writer is granted again.
+#[test]
+fn a_live_cluster_relearns_its_problem_from_a_restarted_coordinator() {
+    let c = Cluster::live(2);
+    let settings = ServeSettings {
+        min_members: 2,
+        ..c.settings(localhost())
+    };
+    let coord = Coord::start(settings.clone());
+    let addr = coord.addr;
+    let socket = |h: usize| c.dir.path().join(format!("shim-{h}.sock"));
+    let _agents: Vec<Agent> = (0..2)
+        .map(|h| {
+            let extra = format!(
+                "[shim]\nsocket = {:?}\nline_rate_gbps = 8.0\n[nic]\ngids = [\"10.9.1.{}\"]\n",
+                socket(h),
+                h + 1
+            );
+            c.agent_tagged(&h.to_string(), h, addr, None, &extra)
+        })
+        .collect();
+    wait_for("two links", Duration::from_secs(20), || {
+        facility(&coord.status(), "rx:h1").is_some()
+    });
+    let writer = SendingShim::start(&socket(0), "writer", &["10.9.1.2"], true);
+    wait_for("the writer granted", Duration::from_secs(30), || {
+        live_app(&coord.status(), "h0", "writer").is_some_and(|(on, r)| on && r > 0.5)
+    });
+    drop(coord);
+    wait_for("fail-static", Duration::from_secs(10), || {
+        c.table(0).is_some_and(|t| t.state == LinkState::FailStatic)
+    });
+    let kept = writer.granted_bytes_per_s();
+    assert!(
+        kept > 0,
+        "the writer keeps its grant while the coordinator is gone"
+    );
+    let coord = Coord::start(ServeSettings {
+        listen: addr,
+        ..settings
+    });
+    wait_for(
+        "the restarted coordinator relearns the links and the writer",
+        Duration::from_secs(30),
+        || {
+            let s = coord.status();
+            facility(&s, "rx:h0").is_some()
+                && facility(&s, "rx:h1").is_some_and(|f| f["pairs"] == 1)
+                && live_app(&s, "h0", "writer").is_some_and(|(on, r)| on && r > 0.5)
+        },
+    );
+    assert!(c.table(0).is_some_and(|t| t.state == LinkState::Live));
+}
