@@ -38,11 +38,22 @@ pub struct DemandFeed {
     instance: Vec<(usize, f64, f64)>,
     /// The largest `a` the host's problem admits (the live problem's floor feasibility).
     a_max: f64,
+    /// A parked app's grant: its demand is measured against this trickle, so an app that
+    /// wants little is worth as little parked as active (no park, re-select, park again),
+    /// and one that fills its trickle shows that it wants more.
+    parked_rate: f64,
     origin: Instant,
 }
 
 impl DemandFeed {
-    pub fn new(hub: Arc<ShimHub>, problem: &Problem, host: usize, line_gbps: f64) -> DemandFeed {
+    /// `parked_rate` is what a parked app is granted (`[shim] parked_rate`).
+    pub fn new(
+        hub: Arc<ShimHub>,
+        problem: &Problem,
+        host: usize,
+        line_gbps: f64,
+        parked_rate: f64,
+    ) -> DemandFeed {
         let instance = problem.hosts[host]
             .pairs
             .clone()
@@ -56,6 +67,7 @@ impl DemandFeed {
             held: BTreeMap::new(),
             instance,
             a_max: f64::INFINITY,
+            parked_rate,
             origin: Instant::now(),
         }
     }
@@ -108,7 +120,10 @@ impl DemandFeed {
         let x_min = problem.params.x_min;
         for &(p, cap, a) in &self.instance {
             let app = &problem.app_names[problem.pairs[p].app as usize];
-            let granted = hs.active.binary_search(&p).map_or(0.0, |i| hs.x[i]);
+            let granted = hs
+                .active
+                .binary_search(&p)
+                .map_or(self.parked_rate, |i| hs.x[i]);
             let held = held_back.get(app).copied().unwrap_or(false);
             let demand = demand_cap(cap, granted, self.meter.rate(app), x_min, held);
             let grant = sent.get(app).map(|s| s.2 as f64);

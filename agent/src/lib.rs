@@ -533,6 +533,7 @@ async fn run_inner(
             &problem,
             host,
             s.line_rate_gbps,
+            s.parked_rate,
         )),
         _ => None,
     };
@@ -818,6 +819,10 @@ async fn session(
                         activated,
                     } => {
                         stats.exchanges.fetch_add(1, Relaxed);
+                        stats.parks.fetch_add(parked.is_some() as u64, Relaxed);
+                        stats
+                            .activations
+                            .fetch_add(activated.is_some() as u64, Relaxed);
                         info!(exchange, ?parked, ?activated, "selection round applied")
                     }
                     AgentEvent::Restarted { exchange } => {

@@ -21,6 +21,10 @@ pub struct AgentMetrics {
     pub refused_coordinators: AtomicU64,
     /// Selection exchanges applied (the priced restart included).
     pub exchanges: AtomicU64,
+    /// This host's apps parked and activated by selection rounds (each swap refills the NIC's
+    /// QP cache).
+    pub parks: AtomicU64,
+    pub activations: AtomicU64,
     /// Time spent handling coordinator messages (almost all of it the x-step).
     pub handle_ns: AtomicU64,
 }
@@ -88,6 +92,18 @@ impl AgentMetrics {
             "counter",
             "Selection exchanges applied to the active set (the priced restart included).",
             self.exchanges.load(Relaxed) as f64,
+        );
+        line(
+            "drum_agent_selection_parks_total",
+            "counter",
+            "This host's apps parked by selection rounds.",
+            self.parks.load(Relaxed) as f64,
+        );
+        line(
+            "drum_agent_selection_activations_total",
+            "counter",
+            "This host's apps activated by selection rounds.",
+            self.activations.load(Relaxed) as f64,
         );
         line(
             "drum_agent_step_seconds_total",

@@ -927,6 +927,65 @@ mod tests {
         assert!(!path.exists(), "socket removed on stop");
     }
 
+    /// Absurd app names (empty, 10 KB, control characters) are refused with the reason (the
+    /// same text the agent logs, `shim registration refused: …`, spaces as `_` on the wire),
+    /// and a process that reports
+    /// 10,000 connected QPs is tracked up to the limit; a well-behaved app registered beside
+    /// them is not disturbed.
+    #[test]
+    fn absurd_names_are_refused_and_a_flood_of_qps_is_clamped() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = ShimHub::start(settings(dir.path()), None).unwrap();
+        let me = std::process::id();
+        let good = connect(hub.socket());
+        let (m, fd) = hello(&good, me, "good");
+        assert_eq!(m, "DRUM1 WELCOME app=good");
+        let table = Mapping::open(fd.unwrap().as_raw_fd()).unwrap();
+        let long = "x".repeat(10 * 1024);
+        for (name, want) in [
+            ("", "empty_value_for_app"),
+            ("a\u{1}b", "\"a\\u{1}b\"_is_not_a_valid_app_name"),
+            ("tab\there", "REFUSED"),
+            (long.as_str(), "bytes_(limit_512)"),
+        ] {
+            let c = connect(hub.socket());
+            let raw = format!("DRUM1 HELLO pid={me} app={name} exe=/x");
+            socket::send(c.as_raw_fd(), raw.as_bytes()).unwrap();
+            let mut buf = [0u8; MAX_LEN];
+            let (n, fd) = recv_with_fd(c.as_raw_fd(), &mut buf).unwrap();
+            let reply = String::from_utf8_lossy(&buf[..n]);
+            assert!(
+                reply.contains("REFUSED") && reply.contains(want),
+                "{name:.20?}: {reply}"
+            );
+            assert!(fd.is_none());
+        }
+        for qpn in 0..10_000u32 {
+            let up = ShimMsg::QpUp {
+                qpn,
+                peer: [7; 16],
+                peer_qpn: 1,
+            }
+            .encode();
+            // The shim's socket does not block: wait for the agent to drain it.
+            while let Err(e) = socket::send(good.as_raw_fd(), up.as_bytes()) {
+                assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        wait_for(|| {
+            hub.app_peers()
+                .get("good")
+                .is_some_and(|p| p[&[7; 16]] as usize == MAX_TRACKED_QPS)
+        });
+        assert_eq!(hub.usage().len(), 1, "still registered");
+        hub.set_rates(&[decided("good", true, 0.5)]);
+        assert_eq!(
+            table.table().read_grant().unwrap().rate_bytes_per_s,
+            500_000_000
+        );
+    }
+
     /// The polling grant follows the optimiser: `a·x` in completions per second, for the
     /// WQE size the app's shims have measured, with headroom; nothing before that size is
     /// known, and a parked app's trickle is metered the same way.

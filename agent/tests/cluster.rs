@@ -1102,16 +1102,12 @@ fn an_app_arriving_after_the_schedule_is_selected_and_parked_when_it_leaves() {
     let a0 = c.agent_tagged("0", 0, coord.addr, None, &shim);
     let _others: Vec<Agent> = (1..3).map(|h| c.agent(h, coord.addr, None)).collect();
     let planned = u64::from(options.selection_rounds + 1);
-    wait_for(
-        "re-selection after the schedule",
-        Duration::from_secs(20),
-        || {
-            coord.status()["selection"]["exchanges_done"]
-                .as_u64()
-                .unwrap()
-                > planned + 1
-        },
-    );
+    // A static cluster runs no exchange after the schedule (nothing changed).
+    wait_for("the selection schedule", Duration::from_secs(20), || {
+        let s = coord.status();
+        s["selection"]["exchanges_done"].as_u64().unwrap() >= planned
+            && !s["selection"]["in_progress"].as_bool().unwrap()
+    });
     let t = c.table(0).unwrap();
     assert_eq!(t.state, LinkState::Live);
     assert!(t.apps.iter().all(|a| !a.active && a.rate == 0.0), "{t:?}");
@@ -1459,7 +1455,8 @@ fn facility<'a>(s: &'a serde_json::Value, id: &str) -> Option<&'a serde_json::Va
 
 /// The live problem, end to end with real agents and no instance file: three hosts join with
 /// their NICs; two writers on h0 and h1 that no config names connect to h2 and send what they
-/// are granted, a server on h2 connects back and answers them. The coordinator learns the
+/// are granted, a server on h2 connects back and answers them (and to a GID no agent owns,
+/// which its agent logs, naming app and GID). The coordinator learns the
 /// three receive links, the writers share h2's link (it binds), their grants reach their
 /// shims, a weight set at run time reaches every agent and moves the split, `solve` on the
 /// snapshot gives the live allocation to 1e-6, and a writer that stops leaves the problem.
@@ -1472,7 +1469,7 @@ fn the_live_problem_is_learnt_from_the_shims_and_its_snapshot_solves_to_the_live
     });
     let gid = |h: usize| format!("10.9.0.{}", h + 1);
     let socket = |h: usize| c.dir.path().join(format!("shim-{h}.sock"));
-    let _agents: Vec<Agent> = (0..3)
+    let agents: Vec<Agent> = (0..3)
         .map(|h| {
             let extra = format!(
                 "[shim]\nsocket = {:?}\nline_rate_gbps = 8.0\n[nic]\ngids = [\"{}\"]\n",
@@ -1491,7 +1488,8 @@ fn the_live_problem_is_learnt_from_the_shims_and_its_snapshot_solves_to_the_live
     // The server answers both writers (its traffic loads h0's and h1's links). An app that
     // sends nothing has the floor as its demand and no value in being active, so whether it
     // is active is a tie that live selection and `solve` may break differently.
-    let _server = SendingShim::start(&socket(2), "server", &[&gid(0), &gid(1)], true);
+    // One of its connections ends at a GID no agent owns: logged, and it loads no link.
+    let _server = SendingShim::start(&socket(2), "server", &[&gid(0), &gid(1), "10.9.9.9"], true);
     let both_share_h2 = |s: &serde_json::Value| {
         let (Some((true, a)), Some((true, b))) =
             (live_app(s, "h0", "writer-a"), live_app(s, "h1", "writer-b"))
@@ -1512,6 +1510,11 @@ fn the_live_problem_is_learnt_from_the_shims_and_its_snapshot_solves_to_the_live
         rx2["price"].as_f64().unwrap() > 0.0,
         "the link binds: {rx2}"
     );
+    wait_for("the unknown peer logged", Duration::from_secs(5), || {
+        agents[2].log().contains(
+            "a connection of this app ends at a GID no agent's host owns; its traffic loads no receive link app=server peer=00000000000000000000ffff0a090909",
+        )
+    });
     let (_, a) = live_app(&s, "h0", "writer-a").unwrap();
     let granted = writer_a.granted_bytes_per_s() as f64;
     assert!(
@@ -1607,4 +1610,159 @@ fn the_live_problem_is_learnt_from_the_shims_and_its_snapshot_solves_to_the_live
                 && live_app(&s, "h0", "writer-a").is_some_and(|(_, a)| a > 0.9)
         },
     );
+}
+
+/// A static cluster settles: with the default selection configuration (priced restart, 10
+/// damped swap rounds, `T_sel` = 100 ms) and the deployed round timing, 4 agents × 6 apps with
+/// k = 2 run the schedule, and then no app is parked or activated — not on the coordinator, not
+/// on any agent — for 30 s. A weight change afterwards is a change: it re-opens selection.
+#[test]
+fn a_static_cluster_settles_after_the_selection_schedule() {
+    let c = Cluster::new(4, 6, 2, 3);
+    let coord = Coord::start(ServeSettings {
+        min_members: 4,
+        round_interval_ms: 10,
+        round_deadline_ms: 50,
+        ..c.settings(localhost())
+    });
+    let agents: Vec<Agent> = (0..4)
+        .map(|h| {
+            let metrics = format!("metrics_listen = \"127.0.0.1:{}\"", 19470 + h);
+            c.agent_tagged(&h.to_string(), h, coord.addr, None, &metrics)
+        })
+        .collect();
+    let planned = coord.status()["selection"]["exchanges_planned"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(planned, 11);
+    wait_for("the selection schedule", Duration::from_secs(60), || {
+        let s = coord.status();
+        s["selection"]["exchanges_done"].as_u64().unwrap() >= planned
+            && !s["selection"]["in_progress"].as_bool().unwrap()
+    });
+    let swaps = |s: &serde_json::Value| {
+        let c = &s["counters"];
+        (
+            c["parks"].as_u64().unwrap(),
+            c["activations"].as_u64().unwrap(),
+        )
+    };
+    let agent_swaps = |h: usize| {
+        let text = drum_coordinator::admin::request(
+            format!("127.0.0.1:{}", 19470 + h).parse().unwrap(),
+            "GET",
+            "/metrics",
+        )
+        .map(|r| r.1)
+        .unwrap_or_default();
+        let get = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .unwrap_or(f64::NAN)
+        };
+        (
+            get("drum_agent_selection_parks_total"),
+            get("drum_agent_selection_activations_total"),
+        )
+    };
+    let before = swaps(&coord.status());
+    let before_agents: Vec<_> = (0..4).map(agent_swaps).collect();
+    let iteration = coord.status()["iteration"].as_u64().unwrap();
+    std::thread::sleep(Duration::from_secs(31));
+    let s = coord.status();
+    assert!(
+        s["iteration"].as_u64().unwrap() > iteration + 1000,
+        "rounds went on: {s:#}"
+    );
+    assert_eq!(s["members"].as_array().unwrap().len(), 4);
+    assert_eq!(
+        swaps(&s),
+        before,
+        "parks and activations after the schedule: {s:#}"
+    );
+    for (h, before) in before_agents.iter().enumerate() {
+        let now = agent_swaps(h);
+        assert!(!now.0.is_nan(), "agent {h}'s metrics");
+        assert_eq!(now, *before, "agent {h} swapped after the schedule");
+    }
+    eprintln!(
+        "schedule: {} parks, {} activations; none in the 31 s after it ({} iterations)",
+        before.0,
+        before.1,
+        s["iteration"].as_u64().unwrap() - iteration
+    );
+    // A change re-opens selection: the next period runs an exchange.
+    let exchanges = s["counters"]["exchanges"].as_u64().unwrap();
+    let app = c.problem.app_names[0].clone();
+    let (code, body) = drum_coordinator::admin::request(
+        coord.admin,
+        "POST",
+        &format!("/set-weight?app={app}&value=5"),
+    )
+    .unwrap();
+    assert_eq!(code, 200, "{body}");
+    wait_for(
+        "an exchange after the change",
+        Duration::from_secs(10),
+        || coord.status()["counters"]["exchanges"].as_u64().unwrap() > exchanges,
+    );
+    drop(agents);
+}
+
+/// The live problem survives its coordinator: stopped, the agents go fail-static and the
+/// writer keeps its grant (fail-static, not fail-closed); a new coordinator on the same
+/// address knows nothing, learns the links and the app again from the rejoining agents, and
+/// the writer is granted again.
+#[test]
+fn a_live_cluster_relearns_its_problem_from_a_restarted_coordinator() {
+    let c = Cluster::live(2);
+    let settings = ServeSettings {
+        min_members: 2,
+        ..c.settings(localhost())
+    };
+    let coord = Coord::start(settings.clone());
+    let addr = coord.addr;
+    let socket = |h: usize| c.dir.path().join(format!("shim-{h}.sock"));
+    let _agents: Vec<Agent> = (0..2)
+        .map(|h| {
+            let extra = format!(
+                "[shim]\nsocket = {:?}\nline_rate_gbps = 8.0\n[nic]\ngids = [\"10.9.1.{}\"]\n",
+                socket(h),
+                h + 1
+            );
+            c.agent_tagged(&h.to_string(), h, addr, None, &extra)
+        })
+        .collect();
+    wait_for("two links", Duration::from_secs(20), || {
+        facility(&coord.status(), "rx:h1").is_some()
+    });
+    let writer = SendingShim::start(&socket(0), "writer", &["10.9.1.2"], true);
+    wait_for("the writer granted", Duration::from_secs(30), || {
+        live_app(&coord.status(), "h0", "writer").is_some_and(|(on, r)| on && r > 0.5)
+    });
+    drop(coord);
+    wait_for("fail-static", Duration::from_secs(10), || {
+        c.table(0).is_some_and(|t| t.state == LinkState::FailStatic)
+    });
+    let kept = writer.granted_bytes_per_s();
+    assert!(
+        kept > 0,
+        "the writer keeps its grant while the coordinator is gone"
+    );
+    let coord = Coord::start(ServeSettings {
+        listen: addr,
+        ..settings
+    });
+    wait_for(
+        "the restarted coordinator relearns the links and the writer",
+        Duration::from_secs(30),
+        || {
+            let s = coord.status();
+            facility(&s, "rx:h0").is_some()
+                && facility(&s, "rx:h1").is_some_and(|f| f["pairs"] == 1)
+                && live_app(&s, "h0", "writer").is_some_and(|(on, r)| on && r > 0.5)
+        },
+    );
+    assert!(c.table(0).is_some_and(|t| t.state == LinkState::Live));
 }

@@ -70,6 +70,8 @@ pub struct HostEvaluation {
     pub bound: f64,
     /// Proposed swap: (member to park or none, outsider to activate with its starting rate or none).
     pub swap: Option<Swap>,
+    /// A free slot would have been filled but the coin said no: the host is not settled.
+    pub declined_fill: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -167,6 +169,7 @@ pub fn evaluate_present(
         return HostEvaluation {
             bound,
             swap: Some(swap),
+            declined_fill: false,
         };
     }
 
@@ -192,8 +195,13 @@ pub fn evaluate_present(
             _ => None,
         }
     };
+    let fill = active.len() < slots && swap.is_some();
     let swap = swap.filter(|_| rng.unit() < opts.swap_prob);
-    HostEvaluation { bound, swap }
+    HostEvaluation {
+        bound,
+        declined_fill: fill && swap.is_none(),
+        swap,
+    }
 }
 
 /// A host's Lagrangian relaxation at given prices and multipliers: its `k` best pairs by surplus

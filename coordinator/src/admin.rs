@@ -263,6 +263,11 @@ fn prometheus(core: &Coordinator, m: &Metrics) -> String {
         c.reselect_requests,
     );
     counter(
+        "drum_coordinator_input_changes_total",
+        "Material changes of agents' inputs (weight, demand cap, a), which allow the next periodic re-selection.",
+        c.changes,
+    );
+    counter(
         "drum_coordinator_duplicates_total",
         "Duplicate contributions.",
         c.duplicates,

@@ -514,6 +514,22 @@ fn status_table(json: &str) -> Result<String> {
             m["last_iteration"].to_string(),
             m["stale"].to_string()
         );
+        // The live problem: the host's apps as its agent reports them.
+        for a in m["apps"].as_array().into_iter().flatten() {
+            out += &format!(
+                "    app {:<20} {:<7} rate {:.6}  weight {}  demand {:.4}  a {:.3}\n",
+                a["app"].as_str().unwrap_or("?"),
+                if a["active"].as_bool() == Some(true) {
+                    "active"
+                } else {
+                    "parked"
+                },
+                num(&a["rate"]),
+                a["weight"],
+                num(&a["demand"]),
+                num(&a["cqe_per_wqe"])
+            );
+        }
     }
     let facilities = v["facilities"].as_array().cloned().unwrap_or_default();
     out += &format!(
@@ -537,7 +553,7 @@ fn status_table(json: &str) -> Result<String> {
     }
     let sel = &v["selection"];
     let after = match sel["period_ms"].as_u64() {
-        Some(ms) => format!("then every {ms} ms and when apps change"),
+        Some(ms) => format!("then every {ms} ms if something changed, and when apps change"),
         None => "then when apps change".into(),
     };
     out += &format!(
@@ -558,6 +574,23 @@ fn status_table(json: &str) -> Result<String> {
     if let Some(d) = v["drained"].as_array().filter(|d| !d.is_empty()) {
         let names: Vec<&str> = d.iter().filter_map(|h| h.as_str()).collect();
         out += &format!("drained: {}\n", names.join(", "));
+    }
+    if let Some(p) = v["policy"].as_object() {
+        let weights: Vec<String> = p["weights"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|w| format!("{}={}", w[0].as_str().unwrap_or("?"), w[1]))
+            .collect();
+        out += &format!(
+            "policy: default weight {}; weights {}\n",
+            p["default_weight"],
+            if weights.is_empty() {
+                "none".into()
+            } else {
+                weights.join(" ")
+            }
+        );
     }
     let c = &v["counters"];
     out += &format!(

@@ -106,6 +106,8 @@ struct Pending {
     exchange: u32,
     swap: Option<Swap>,
     discount: f64,
+    /// The coin kept a wanted app out of a free slot: ask again (see [`AgentCore::settle`]).
+    declined_fill: bool,
 }
 
 pub struct AgentCore {
@@ -144,6 +146,22 @@ pub struct AgentCore {
     /// Forks the selection coin per host: the host's index in an instance, a hash of its name
     /// in the live problem (where every agent's problem has one host, index 0).
     coin: u64,
+    /// `(weight, demand, a)` of the host's pairs when the last exchange evaluated them.
+    settled: Vec<(f64, f64, f64)>,
+    /// Whether `Changed` went out since that exchange.
+    change_reported: bool,
+}
+
+/// A relative change of a pair's weight, demand cap or `a` at least this large makes the host
+/// report `Changed`: smaller ones are measurement noise, which must not re-select anything.
+pub const MATERIAL_CHANGE: f64 = 0.1;
+
+/// `(weight, demand, a)` of host `host`'s pairs.
+fn inputs(problem: &Problem, host: usize) -> Vec<(f64, f64, f64)> {
+    problem.pairs[problem.hosts[host].pairs.clone()]
+        .iter()
+        .map(|p| (p.weight, p.demand, p.cqe_per_wqe))
+        .collect()
 }
 
 impl AgentCore {
@@ -153,6 +171,7 @@ impl AgentCore {
         state.priced_step(problem, |_| 0.0);
         let jitter = SplitMix64::fork(0x5eed, state.host as u64);
         let coin = state.host as u64;
+        let state_host = state.host;
         let activity = vec![0.0; problem.hosts[state.host].pairs.len()];
         let present = vec![true; activity.len()];
         Self {
@@ -180,7 +199,26 @@ impl AgentCore {
             unsettled: false,
             live: false,
             coin,
+            settled: inputs(problem, state_host),
+            change_reported: false,
         }
+    }
+
+    /// Whether the host's inputs moved materially since the last exchange evaluated them.
+    fn inputs_moved(&self, problem: &Problem) -> bool {
+        let now = inputs(problem, self.state.host);
+        let far = |a: f64, b: f64| (a - b).abs() > MATERIAL_CHANGE * a.abs().max(b.abs());
+        now.len() != self.settled.len()
+            || now
+                .iter()
+                .zip(&self.settled)
+                .any(|(n, s)| far(n.0, s.0) || far(n.1, s.1) || far(n.2, s.2))
+    }
+
+    /// An exchange has evaluated and applied the host: later changes are measured from here.
+    fn settle_inputs(&mut self, problem: &Problem) {
+        self.settled = inputs(problem, self.state.host);
+        self.change_reported = false;
     }
 
     /// Makes this a live agent ([`AgentCore::live`]'s doc), its coin forked by `host`'s name.
@@ -291,13 +329,16 @@ impl AgentCore {
     }
 
     /// After an exchange: settled unless a departed app is still active (one park per
-    /// exchange), in which case another exchange is asked for.
-    fn settle(&mut self, problem: &Problem) -> Option<AgentAction> {
-        self.unsettled = self
+    /// exchange), or the apps changed and the coin kept a wanted one out of a free slot
+    /// (`declined_fill`); then another exchange is asked for. Without such requests an
+    /// arrival would wait for a change elsewhere, since a settled cluster re-selects no more.
+    fn settle(&mut self, problem: &Problem, declined_fill: bool) -> Option<AgentAction> {
+        let departed = self
             .state
             .active
             .iter()
             .any(|&p| !self.is_present(problem, p));
+        self.unsettled = departed || (self.unsettled && declined_fill);
         self.reselect_request()
     }
 
@@ -606,6 +647,7 @@ impl AgentCore {
                     exchange,
                     swap: None,
                     discount: options.discount,
+                    declined_fill: false,
                 });
                 return vec![AgentAction::Send(AgentMsg::Proposal(ProposalMsg {
                     exchange,
@@ -648,6 +690,7 @@ impl AgentCore {
             exchange,
             swap,
             discount: opts.discount,
+            declined_fill: eval.declined_fill,
         });
         vec![AgentAction::Send(AgentMsg::Proposal(ProposalMsg {
             exchange,
@@ -696,7 +739,8 @@ impl AgentCore {
             }),
             AgentAction::Publish,
         ];
-        out.extend(self.settle(problem));
+        self.settle_inputs(problem);
+        out.extend(self.settle(problem, pending.declined_fill));
         out
     }
 
@@ -742,7 +786,8 @@ impl AgentCore {
             AgentAction::Event(AgentEvent::Restarted { exchange }),
             AgentAction::Publish,
         ];
-        out.extend(self.settle(problem));
+        self.settle_inputs(problem);
+        out.extend(self.settle(problem, false));
         out
     }
 
@@ -801,14 +846,19 @@ impl AgentCore {
         self.iteration = iteration;
         self.last_step = (epoch, iteration);
         self.last_d = d;
-        vec![
+        let mut out = vec![
             AgentAction::Send(AgentMsg::Contribution(ContributionMsg {
                 epoch,
                 iteration,
                 entries,
             })),
             AgentAction::Publish,
-        ]
+        ];
+        if !self.change_reported && self.inputs_moved(problem) {
+            self.change_reported = true;
+            out.push(AgentAction::Send(AgentMsg::Changed));
+        }
+        out
     }
 }
 
@@ -873,6 +923,66 @@ mod tests {
                 shard: super::super::Shard::WHOLE,
             },
         );
+    }
+
+    /// A material change of the host's inputs is reported once (`Changed`), noise never, and
+    /// the next exchange measures changes afresh.
+    #[test]
+    fn material_input_changes_are_reported_once_per_exchange() {
+        let (mut problem, mut core) = setup();
+        welcome(&mut core, &problem, Duration::ZERO);
+        // Every facility's d: the exchange below changes the active set.
+        let d: Vec<(u32, f64)> = (0..problem.facilities.len() as u32)
+            .map(|f| (f, 0.01))
+            .collect();
+        let mut it = 0;
+        let mut step = |core: &mut AgentCore, problem: &Problem| {
+            it += 1;
+            let out = core.on_message(
+                MS,
+                problem,
+                CoordMsg::Round {
+                    epoch: 1,
+                    iteration: it,
+                    rho: 1.0,
+                    d: d.clone(),
+                },
+            );
+            out.iter()
+                .filter(|a| matches!(a, AgentAction::Send(AgentMsg::Changed)))
+                .count()
+        };
+        let first = problem.hosts[0].pairs.start;
+        assert_eq!(step(&mut core, &problem), 0, "nothing changed");
+        problem.pairs[first].demand *= 1.05;
+        assert_eq!(step(&mut core, &problem), 0, "5 % is noise");
+        problem.pairs[first].weight *= 1.5;
+        assert_eq!(step(&mut core, &problem), 1, "50 % is a change");
+        assert_eq!(step(&mut core, &problem), 0, "said once");
+        let prices: Vec<(u32, f64)> = (0..problem.facilities.len() as u32)
+            .map(|f| (f, 0.0))
+            .collect();
+        core.on_message(
+            MS,
+            &problem,
+            CoordMsg::Select {
+                exchange: 1,
+                round: 1,
+                prices,
+                options: SelectionParams::from(crate::selection::SelectionOptions::default()),
+            },
+        );
+        core.on_message(
+            MS,
+            &problem,
+            CoordMsg::Verdict {
+                exchange: 1,
+                activate: true,
+            },
+        );
+        assert_eq!(step(&mut core, &problem), 0, "the exchange saw it");
+        problem.pairs[first].cqe_per_wqe *= 0.5;
+        assert_eq!(step(&mut core, &problem), 1);
     }
 
     #[test]

@@ -250,6 +250,8 @@ pub struct Counters {
     pub refused_activations: u64,
     /// Re-selections agents asked for because their apps changed.
     pub reselect_requests: u64,
+    /// Material changes of agents' inputs (weights, demand caps, `a`) reported.
+    pub changes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -566,6 +568,7 @@ impl Coordinator {
             policy.set_weight(app, Some(weight));
             let msg = CoordMsg::Policy(policy.clone());
             self.weights.insert(app.to_string(), weight);
+            self.reselect.changed();
             let mut out = Vec::new();
             self.send_all(msg, &mut out);
             return Ok(out);
@@ -574,6 +577,7 @@ impl Coordinator {
             return Err(format!("no app {app:?}"));
         }
         self.weights.insert(app.to_string(), weight);
+        self.reselect.changed();
         Ok(self
             .members
             .keys()
@@ -690,6 +694,7 @@ impl Coordinator {
             link.capacity = capacity;
         }
         self.capacities.insert(facility.to_string(), capacity);
+        self.reselect.changed();
         Ok(())
     }
 
@@ -808,6 +813,14 @@ impl Coordinator {
             AgentMsg::Proposal(p) => self.proposal(from, p, &mut out),
             AgentMsg::Selected(sel) => self.selected(from, sel, &mut out),
             AgentMsg::Reselect { iteration } => self.reselect_request(from, iteration, &mut out),
+            AgentMsg::Changed => {
+                if self.members.contains_key(&from) {
+                    self.counters.changes += 1;
+                    self.reselect.changed();
+                } else {
+                    self.violation(from, "change before join".into(), &mut out);
+                }
+            }
             AgentMsg::Host(r) => self.host_report(from, r, &mut out),
             AgentMsg::Update(u) => self.update(from, u, &mut out),
         }
@@ -1190,6 +1203,7 @@ impl Coordinator {
     fn advance(&mut self, now: Duration, out: &mut Vec<Action>) {
         if self.membership_changed {
             self.membership_changed = false;
+            self.reselect.changed();
             self.epoch += 1;
             self.round = None;
             if self.quorum() {

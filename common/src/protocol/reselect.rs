@@ -4,7 +4,12 @@
 //!
 //! * **Periodic.** An exchange is due `T_sel` after the previous one ended, but only once
 //!   `min_iters` ADMM iterations have run since (or fewer if both residuals are within
-//!   tolerance): the swap decisions need prices that have caught up with the last swap.
+//!   tolerance): the swap decisions need prices that have caught up with the last swap —
+//!   and only if something changed since the previous exchange started ([`Reselection::changed`]:
+//!   membership, an operator change, an agent's inputs). A cluster whose apps and demands do
+//!   not change therefore settles: after the schedule no app is parked or activated again,
+//!   instead of the damped coin re-deciding near-ties (and the fairness memory rotating them)
+//!   every `T_sel` for ever, each swap costing the NIC a QP-cache refill.
 //! * **On request.** An agent whose set of running apps changed asks for an exchange at
 //!   iteration `at` (its last iteration + 1). The exchange runs at the first round boundary
 //!   with `iteration ≥ at`, after at least one round since the previous exchange.
@@ -28,6 +33,8 @@ pub struct Reselection {
     period_iters: Option<u32>,
     /// The lowest iteration at which some agent asked for an exchange.
     requested: Option<u64>,
+    /// Something changed since the last exchange started (see the module doc).
+    dirty: bool,
     /// When the last exchange ended.
     last: Duration,
 }
@@ -51,6 +58,7 @@ impl Reselection {
             sharded: round_interval.is_some(),
             period_iters,
             requested: None,
+            dirty: false,
             last: Duration::ZERO,
         }
     }
@@ -81,14 +89,22 @@ impl Reselection {
             return self.period_iters.is_some_and(|n| iters_since >= n);
         }
         let asked = self.requested.is_some_and(|at| iteration >= at);
-        let periodic = self.period.is_some_and(|p| now >= self.last + p)
+        let periodic = self.dirty
+            && self.period.is_some_and(|p| now >= self.last + p)
             && (iters_since >= self.min_iters || converged);
         asked || periodic
     }
 
-    /// An exchange starts after iteration `iteration`: the requests it answers are done.
+    /// An exchange starts after iteration `iteration`: the requests it answers are done, and
+    /// it sees every change so far.
     pub fn started(&mut self, iteration: u64) {
         self.requested = self.requested.filter(|&at| at > iteration);
+        self.dirty = false;
+    }
+
+    /// Something the selection depends on changed: the next period may re-select.
+    pub fn changed(&mut self) {
+        self.dirty = true;
     }
 
     /// An exchange ended at `now`: the period counts from here.
@@ -107,11 +123,18 @@ mod tests {
     fn periodic_needs_the_period_and_enough_iterations() {
         let mut r = Reselection::new(Some(100 * MS), 20, None);
         r.finished(1000 * MS);
+        assert!(!r.due(1100 * MS, 500, 20, false), "nothing changed");
+        r.changed();
         assert!(!r.due(1050 * MS, 500, 40, false), "period not elapsed");
         assert!(!r.due(1100 * MS, 500, 19, false), "too few iterations");
         assert!(r.due(1100 * MS, 500, 19, true), "converged early");
         assert!(r.due(1100 * MS, 500, 20, false));
         assert!(!r.due(5000 * MS, 500, 0, true), "never back to back");
+        r.started(500);
+        assert!(
+            !r.due(5000 * MS, 600, 100, true),
+            "the exchange saw the change"
+        );
         let off = Reselection::new(None, 20, None);
         assert!(!off.due(Duration::from_secs(3600), 500, 1000, true));
     }

@@ -327,6 +327,7 @@ impl ShardMux {
                     AgentMsg::Heartbeat { .. }
                     | AgentMsg::Leave
                     | AgentMsg::Reselect { .. }
+                    | AgentMsg::Changed
                     | AgentMsg::Host(_)
                     | AgentMsg::Update(_) => msg.clone(),
                 };

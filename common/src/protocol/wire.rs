@@ -59,6 +59,9 @@ pub enum AgentMsg {
     Reselect {
         iteration: u64,
     },
+    /// Something the host's selection depends on changed materially (a weight, a demand cap,
+    /// `a`): the next periodic exchange may re-select. Sent once per exchange.
+    Changed,
     /// Live problem: the host's NIC and its row with the current grants (docs/live-problem.md).
     /// Sent after the facility table arrives and whenever the row changes.
     Host(crate::live::HostReport),
