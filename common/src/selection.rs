@@ -180,7 +180,12 @@ pub fn evaluate_present(
         })
     } else {
         match (worst_member, best_outsider) {
-            (Some((wk, _)), _) if wk < 0.0 => Some(Swap {
+            // A member worth less than nothing is parked only when an outsider waits for a
+            // slot: alone on its host (the slots are min(k, apps)) it loses nothing to anyone
+            // by staying, while parked it would wait for an exchange that, once the schedule
+            // is over, only a change of inputs brings (a lone writer parked after a second
+            // exchange stayed parked for good).
+            (Some((wk, _)), Some(_)) if wk < 0.0 => Some(Swap {
                 park: worst_member.map(|w| w.1),
                 activate: None,
             }),
