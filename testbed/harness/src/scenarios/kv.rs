@@ -271,6 +271,29 @@ fn modes(m: &[Mode]) -> Vec<&'static str> {
     m.into_iter().map(Mode::name).collect()
 }
 
+/// App `app`'s READ GETs over `conns` connections on two threads: values of `size`, batches
+/// of `wr_num`, at most `window` outstanding per connection.
+fn reads(app: &'static str, conns: u32, size: &str, wr_num: &str, window: &str) -> Load {
+    let conns = conns.to_string();
+    Load {
+        app,
+        args: strings(&[
+            "--conns",
+            &conns,
+            "--threads",
+            "2",
+            "--op",
+            "read",
+            "--size",
+            size,
+            "--wr-num",
+            wr_num,
+            "--window",
+            window,
+        ]),
+    }
+}
+
 /// The foreground of test case 1: one 32 B READ GET at a time.
 fn tc1_foreground() -> Load {
     Load {
@@ -285,23 +308,7 @@ fn tc1_foreground() -> Load {
 /// The background of test case 1: `cc` connections posting batches of `batch` READ GETs of
 /// 32 B – 4 KiB (a packet or a few: the test case is about packets).
 fn tc1_background(cc: u32, batch: &str) -> Load {
-    Load {
-        app: "kv-bg",
-        args: strings(&[
-            "--conns",
-            &cc.to_string(),
-            "--threads",
-            "2",
-            "--op",
-            "read",
-            "--size",
-            "uniform:32..4096",
-            "--wr-num",
-            batch,
-            "--window",
-            "128",
-        ]),
-    }
+    reads("kv-bg", cc, "uniform:32..4096", batch, "128")
 }
 
 const TC1_SERVER: &[&str] = &["--keys", "256", "--max-value", "4K"];
@@ -442,23 +449,7 @@ fn criteria_tc1_batch(s: &Summary) -> Vec<Verdict> {
 /// The background of test case 2: `cc` connections reading values of 1 KiB – 64 KiB (the
 /// paper's [1 KB, 10 MB], cut to what the dilated line moves in a run) in batches of 20–100.
 fn tc2_background(cc: u32) -> Load {
-    Load {
-        app: "kv-bg",
-        args: strings(&[
-            "--conns",
-            &cc.to_string(),
-            "--threads",
-            "2",
-            "--op",
-            "read",
-            "--size",
-            "loguniform:1024..65536",
-            "--wr-num",
-            "20..100",
-            "--window",
-            "128",
-        ]),
-    }
+    reads("kv-bg", cc, "loguniform:1024..65536", "20..100", "128")
 }
 
 const TC2_SERVER: &[&str] = &["--keys", "64", "--max-value", "1M"];
@@ -607,23 +598,7 @@ fn tc3_clients(conns: u32) -> Vec<Load> {
     let half = conns / 2;
     [half, conns - half]
         .into_iter()
-        .map(|c| Load {
-            app: "kv-client",
-            args: strings(&[
-                "--conns",
-                &c.to_string(),
-                "--threads",
-                "2",
-                "--op",
-                "read",
-                "--size",
-                "loguniform:32..65536",
-                "--wr-num",
-                "20..100",
-                "--window",
-                "32",
-            ]),
-        })
+        .map(|c| reads("kv-client", c, "loguniform:32..65536", "20..100", "32"))
         .collect()
 }
 

@@ -98,7 +98,25 @@ pub struct Scenario {
 impl Scenario {
     /// Whether any run of it needs the DRUM daemons.
     pub fn needs_drum(&self, modes: &[Mode]) -> bool {
-        (self.series)(modes).contains(&Mode::Drum.name())
+        // A series is a mode, or a mode and a role ("drum/bw").
+        (self.series)(modes)
+            .iter()
+            .any(|s| s.split('/').next() == Some(Mode::Drum.name()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scenario_with_a_drum_series_brings_the_daemons_up() {
+        for s in all() {
+            let drum = s.needs_drum(&[Mode::Raw, Mode::Drum]);
+            let fig2 = s.name.starts_with("fig2");
+            assert_eq!(drum, !fig2, "{}", s.name);
+            assert!(!s.needs_drum(&[Mode::Raw]), "{}", s.name);
+        }
     }
 }
 
