@@ -105,21 +105,6 @@ impl Scenario {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_scenario_with_a_drum_series_brings_the_daemons_up() {
-        for s in all() {
-            let drum = s.needs_drum(&[Mode::Raw, Mode::Drum]);
-            let fig2 = s.name.starts_with("fig2");
-            assert_eq!(drum, !fig2, "{}", s.name);
-            assert!(!s.needs_drum(&[Mode::Raw]), "{}", s.name);
-        }
-    }
-}
-
 /// Every scenario, in the order `list` and the report show them.
 pub fn all() -> Vec<Scenario> {
     vec![
@@ -136,4 +121,19 @@ pub fn all() -> Vec<Scenario> {
 
 pub fn find(name: &str) -> Option<Scenario> {
     all().into_iter().find(|s| s.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scenario_with_a_drum_series_brings_the_daemons_up() {
+        for s in all() {
+            let drum = s.needs_drum(&[Mode::Raw, Mode::Drum]);
+            let fig2 = s.name.starts_with("fig2");
+            assert_eq!(drum, !fig2, "{}", s.name);
+            assert!(!s.needs_drum(&[Mode::Raw]), "{}", s.name);
+        }
+    }
 }
