@@ -405,6 +405,9 @@ impl Cluster {
             return Ok(());
         }
         let marker = self.dir.to_string_lossy().to_string();
+        // Programs `exec` started (their shim's agent socket is in this directory) would
+        // outlive their hosts otherwise.
+        daemons::kill_marked_env(&format!("DRUM_AGENT_SOCKET={marker}/"));
         let hosts = self.hosts().unwrap_or_default();
         for h in &hosts {
             daemons::stop(&self.dir, &format!("agent-{h}"), &marker, STOP_GRACE);

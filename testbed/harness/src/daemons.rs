@@ -70,6 +70,28 @@ pub fn stop(dir: &Path, name: &str, marker: &str, grace: Duration) -> bool {
     running
 }
 
+/// Kills (SIGKILL) every process whose environment holds `var` (a `NAME=value` prefix):
+/// the programs a cluster ran, which no pid file names.
+pub fn kill_marked_env(var: &str) {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let env = std::fs::read(e.path().join("environ")).unwrap_or_default();
+        if env
+            .split(|b| *b == 0)
+            .any(|kv| kv.starts_with(var.as_bytes()))
+        {
+            // SAFETY: signalling a process this cluster started (its environment says so).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            reap(pid);
+        }
+    }
+}
+
 /// Collects `pid` if it is a child of this process (started by this very invocation), so
 /// that it does not linger as a zombie that still looks alive.
 fn reap(pid: i32) {

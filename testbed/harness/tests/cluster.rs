@@ -239,7 +239,19 @@ fn a_cluster_learns_its_apps_binds_receive_links_and_survives_its_daemons() {
         assert!(out.status.success(), "writer: {}", text(&out));
         wait_timeout(server, Duration::from_secs(30));
     }
+    // A program still running on a host when the cluster goes down goes with it.
+    let (lone_sink, mut lone) = c.writer("lingering", "h2", "18904", "300");
+    std::thread::sleep(Duration::from_secs(1));
     drop(c);
+    let t = Instant::now();
+    while alive(&mut lone) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "a program outlived its cluster"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    wait_timeout(lone_sink, Duration::from_secs(10));
     assert!(!dir.exists(), "cluster down left {}", dir.display());
     assert_no_leftovers(&dir);
 }
