@@ -8,7 +8,7 @@
 //!
 //! Needs root, perftest and the workspace built (`cargo build --workspace --release`).
 
-use drum_test_support::{privileged, run_timeout, spawn, text, wait_timeout};
+use drum_test_support::{privileged, run_timeout, softrnic_stats, spawn, text, wait_timeout};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -76,16 +76,12 @@ impl Cluster {
     }
 
     fn h1_rx_packets(&self) -> f64 {
-        let out = run_timeout(
+        let stats = softrnic_stats(
             Command::new(bin("softrnic"))
                 .env("SOFTRNIC_RUN_DIR", self.dir.join("softrnic"))
                 .args(["stats", "h1"]),
-            Duration::from_secs(10),
         );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .find_map(|l| l.strip_prefix("rx_packets ")?.trim().parse().ok())
-            .expect("rx_packets")
+        stats["rx_packets"] as f64
     }
 }
 
