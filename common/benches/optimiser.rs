@@ -2,6 +2,7 @@
 //! (`NxM,NxM…`, hosts × apps per host; default `1000x500`); docs/benchmarks.md lists the runs.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use drum_common::admm::FacilityTerm;
 use drum_common::generator::{generate, GeneratorConfig};
 use drum_common::selection::{initial_active, SelectionOptions};
 use drum_common::solver::{default_rho, evaluate, Algorithm, Engine};
@@ -34,7 +35,7 @@ fn host_step(c: &mut Criterion) {
             flip = !flip;
             let d = if flip { 0.02 } else { -0.02 };
             let h = &mut engine.hosts[0];
-            black_box(h.admm_step(&p, rho, |_| d));
+            black_box(h.admm_step(&p, |facility| FacilityTerm { facility, d, rho }));
         })
     });
 }

@@ -201,7 +201,7 @@ impl<'p> Engine<'p> {
             Algorithm::Admm => {
                 let mut c = CoordinatorState::new(rho, problem.facilities.len());
                 c.set_counts(&active_counts(problem, &hosts));
-                c.update(&problem.facilities, &sums);
+                c.update(&problem.facilities, &sums, None);
                 Inner::Admm(c)
             }
             Algorithm::Dual(step) => Inner::Dual(DualState::new(step, problem.facilities.len())),
@@ -274,13 +274,11 @@ impl<'p> Engine<'p> {
     pub fn step(&mut self) -> Residuals {
         let problem = self.problem;
         let contributions: Vec<Contribution> = match &self.inner {
-            Inner::Admm(c) => {
-                let rho = c.rho;
-                self.hosts
-                    .par_iter_mut()
-                    .map(|h| h.admm_step(problem, rho, |f| c.d(f)))
-                    .collect()
-            }
+            Inner::Admm(c) => self
+                .hosts
+                .par_iter_mut()
+                .map(|h| h.admm_step(problem, |f| c.term(f)))
+                .collect(),
             Inner::Dual(d) => self
                 .hosts
                 .par_iter_mut()
@@ -290,7 +288,7 @@ impl<'p> Engine<'p> {
         self.sums.iter_mut().for_each(|s| *s = 0.0);
         accumulate(&mut self.sums, &contributions);
         match &mut self.inner {
-            Inner::Admm(c) => c.update(&problem.facilities, &self.sums),
+            Inner::Admm(c) => c.update(&problem.facilities, &self.sums, None),
             Inner::Dual(d) => {
                 let dual = d.update(&problem.facilities, &self.sums);
                 Residuals {

@@ -25,7 +25,7 @@ pub fn init_logging() {
 
 /// ALPN of protocol version 4 (`PROTOCOL_VERSION`); a peer speaking anything else, such as a
 /// version-3 agent (`drum/3`), fails the handshake.
-pub const ALPN: &[u8] = b"drum/4";
+pub const ALPN: &[u8] = b"drum/5";
 /// QUIC application error codes used when closing a connection.
 pub const CLOSE_NORMAL: u32 = 0;
 pub const CLOSE_PROTOCOL: u32 = 1;

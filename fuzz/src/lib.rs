@@ -8,6 +8,7 @@
 
 use std::io::Cursor;
 
+use drum_common::admm::FacilityTerm;
 use drum_common::instance::Instance;
 use drum_common::protocol::wire::{self, FrameDecoder, WireError};
 use serde::de::DeserializeOwned;
@@ -303,7 +304,11 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         pairs: vec![(0, 2), (3, 1)],
         entries: vec![(0, 0.5), (3, 0.25)],
         last_iteration: 7,
-        last_d: vec![(0, 0.01)],
+        last_d: vec![FacilityTerm {
+            facility: 0,
+            d: 0.01,
+            rho: 2.0,
+        }],
         rank: 3,
         interest: vec![0, 3, 5],
         floor: vec![(0, 0.001), (3, 0.002)],
@@ -368,8 +373,18 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             CoordMsg::Round {
                 epoch: 2,
                 iteration: 6,
-                rho: 0.5,
-                d: vec![(0, 0.125), (4, -2.0)],
+                d: vec![
+                    FacilityTerm {
+                        facility: 0,
+                        d: 0.125,
+                        rho: 0.5,
+                    },
+                    FacilityTerm {
+                        facility: 4,
+                        d: -2.0,
+                        rho: 8.0,
+                    },
+                ],
             },
         ),
         ("heartbeat_ack", CoordMsg::HeartbeatAck { seq: 1 << 40 }),

@@ -12,7 +12,7 @@ use super::facility_digest;
 use super::wire::{
     AgentMsg, ContributionMsg, CoordMsg, Join, ProposalMsg, SelectedMsg, SelectionParams, UpdateMsg,
 };
-use crate::admm::{Contribution, HostState};
+use crate::admm::{Contribution, FacilityTerm, HostState};
 use crate::live::{LiveFacility, LivePolicy};
 use crate::model::Problem;
 use crate::rng::SplitMix64;
@@ -117,7 +117,6 @@ pub struct AgentCore {
     phase: Phase,
     epoch: u64,
     iteration: u64,
-    rho: f64,
     /// `(epoch, iteration)` of the last round stepped: rounds are taken in that order only.
     last_step: (u64, u64),
     last_heard: Duration,
@@ -125,8 +124,8 @@ pub struct AgentCore {
     heartbeat_seq: u64,
     /// Connection failures and refusals since the last `Welcome`; sets the backoff.
     failures: u32,
-    /// `d` of the last round stepped, reported on rejoin.
-    last_d: Vec<(u32, f64)>,
+    /// The facility terms of the last round stepped, reported on rejoin.
+    last_d: Vec<FacilityTerm>,
     jitter: SplitMix64,
     /// Discounted share of recent selection rounds each of the host's pairs was active
     /// (indexed from the host's first pair), the SDRF-style memory of `selection`.
@@ -184,7 +183,6 @@ impl AgentCore {
             },
             epoch: 0,
             iteration: 0,
-            rho: 0.0,
             last_step: (0, 0),
             last_heard: Duration::ZERO,
             next_heartbeat: Duration::ZERO,
@@ -493,11 +491,6 @@ impl AgentCore {
         base.mul_f64(1.0 + 0.5 * self.jitter.unit())
     }
 
-    /// The ρ of the last round (0 before any).
-    pub fn rho(&self) -> f64 {
-        self.rho
-    }
-
     /// Heartbeats and the coordinator-silence timeout.
     pub fn tick(&mut self, now: Duration) -> Vec<AgentAction> {
         match self.phase {
@@ -571,9 +564,8 @@ impl AgentCore {
             CoordMsg::Round {
                 epoch,
                 iteration,
-                rho,
                 d,
-            } => self.round(now, problem, epoch, iteration, rho, d),
+            } => self.round(now, problem, epoch, iteration, d),
             CoordMsg::Select {
                 exchange,
                 round,
@@ -797,8 +789,7 @@ impl AgentCore {
         problem: &Problem,
         epoch: u64,
         iteration: u64,
-        rho: f64,
-        d: Vec<(u32, f64)>,
+        d: Vec<FacilityTerm>,
     ) -> Vec<AgentAction> {
         if !self.is_member() || epoch < self.epoch || (epoch, iteration) <= self.last_step {
             return vec![AgentAction::Event(AgentEvent::IgnoredRound {
@@ -806,7 +797,9 @@ impl AgentCore {
                 iteration,
             })];
         }
-        if !(rho.is_finite() && rho > 0.0) || d.iter().any(|e| !e.1.is_finite()) {
+        if d.iter()
+            .any(|e| !(e.d.is_finite() && e.rho.is_finite() && e.rho > 0.0))
+        {
             return self.go_fail_static(
                 now,
                 format!("round {iteration} carries non-finite values"),
@@ -821,7 +814,7 @@ impl AgentCore {
             .collect();
         if let Some(f) = facilities
             .iter()
-            .find(|&&f| d.binary_search_by_key(&f, |e| e.0).is_err())
+            .find(|&&f| d.binary_search_by_key(&f, |e| e.facility).is_err())
         {
             if self.live {
                 // Sent before the coordinator heard this host's `Update`; the update starts a
@@ -839,9 +832,8 @@ impl AgentCore {
         }
         self.epoch = epoch;
         self.phase = Phase::Member { epoch };
-        self.rho = rho;
-        let Contribution { entries } = self.state.admm_step(problem, rho, |f| {
-            d[d.binary_search_by_key(&f, |e| e.0).expect("checked")].1
+        let Contribution { entries } = self.state.admm_step(problem, |f| {
+            d[d.binary_search_by_key(&f, |e| e.facility).expect("checked")]
         });
         self.iteration = iteration;
         self.last_step = (epoch, iteration);
@@ -899,15 +891,23 @@ mod tests {
         (problem, core)
     }
 
-    fn d_for(problem: &Problem, core: &AgentCore, v: f64) -> Vec<(u32, f64)> {
-        let mut d: Vec<(u32, f64)> = core
+    fn term(facility: u32, d: f64) -> FacilityTerm {
+        FacilityTerm {
+            facility,
+            d,
+            rho: 1.0,
+        }
+    }
+
+    fn d_for(problem: &Problem, core: &AgentCore, v: f64) -> Vec<FacilityTerm> {
+        let mut d: Vec<FacilityTerm> = core
             .state()
             .active
             .iter()
-            .flat_map(|&p| problem.pairs[p].uses.iter().map(move |u| (u.0, v)))
+            .flat_map(|&p| problem.pairs[p].uses.iter().map(move |u| term(u.0, v)))
             .collect();
-        d.sort_by_key(|e| e.0);
-        d.dedup_by_key(|e| e.0);
+        d.sort_by_key(|e| e.facility);
+        d.dedup_by_key(|e| e.facility);
         d
     }
 
@@ -932,8 +932,8 @@ mod tests {
         let (mut problem, mut core) = setup();
         welcome(&mut core, &problem, Duration::ZERO);
         // Every facility's d: the exchange below changes the active set.
-        let d: Vec<(u32, f64)> = (0..problem.facilities.len() as u32)
-            .map(|f| (f, 0.01))
+        let d: Vec<FacilityTerm> = (0..problem.facilities.len() as u32)
+            .map(|f| term(f, 0.01))
             .collect();
         let mut it = 0;
         let mut step = |core: &mut AgentCore, problem: &Problem| {
@@ -944,7 +944,6 @@ mod tests {
                 CoordMsg::Round {
                     epoch: 1,
                     iteration: it,
-                    rho: 1.0,
                     d: d.clone(),
                 },
             );
@@ -989,10 +988,9 @@ mod tests {
     fn rounds_are_stepped_once_and_in_order() {
         let (problem, mut core) = setup();
         welcome(&mut core, &problem, Duration::ZERO);
-        let round = |it, d: Vec<(u32, f64)>| CoordMsg::Round {
+        let round = |it, d: Vec<FacilityTerm>| CoordMsg::Round {
             epoch: 1,
             iteration: it,
-            rho: 1.0,
             d,
         };
         let d = d_for(&problem, &core, 0.01);
@@ -1018,7 +1016,6 @@ mod tests {
             CoordMsg::Round {
                 epoch: 2,
                 iteration: 1,
-                rho: 1.0,
                 d,
             },
         );
@@ -1036,7 +1033,6 @@ mod tests {
         let round = |epoch, iteration| CoordMsg::Round {
             epoch,
             iteration,
-            rho: 1.0,
             d: d.clone(),
         };
         core.on_message(MS, &problem, round(7, 10));
@@ -1072,7 +1068,6 @@ mod tests {
             CoordMsg::Round {
                 epoch: 1,
                 iteration: 1,
-                rho: 1.0,
                 d: vec![],
             },
         );
@@ -1091,7 +1086,6 @@ mod tests {
             CoordMsg::Round {
                 epoch: 1,
                 iteration: 1,
-                rho: 2.0,
                 d,
             },
         );

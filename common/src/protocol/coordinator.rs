@@ -22,7 +22,7 @@ use super::wire::{
     AgentMsg, ContributionMsg, CoordMsg, Join, ProposalMsg, SelectedMsg, SelectionParams, Shard,
     UpdateMsg,
 };
-use crate::admm::{CoordinatorState, Residuals};
+use crate::admm::{CoordinatorState, FacilityTerm, Residuals, RhoBalance};
 use crate::instance::Instance;
 use crate::live::{AppReport, Gid, HostReport, LiveFacility, LivePolicy};
 use crate::model::Facility;
@@ -188,8 +188,11 @@ struct Member {
     entries: Vec<(u32, f64)>,
     /// Iteration of `entries` (0: from the join).
     entries_iteration: u64,
+    /// `entries` when the last round completed: how far the host moved is the balancing's
+    /// dual residual.
+    entries_at_update: Vec<(u32, f64)>,
     /// `d` the host last stepped with, as reported in its join (for a warm restart).
-    last_d: Vec<(u32, f64)>,
+    last_d: Vec<FacilityTerm>,
     /// Rounds in a row completed with this member's contribution reused.
     stale: u32,
     /// The host's position in the instance (order of selection verdicts).
@@ -272,6 +275,8 @@ pub struct FacilityStatus {
     pub pairs: u32,
     pub usage: f64,
     pub price: f64,
+    /// The facility's ADMM penalty `ρ_f`.
+    pub rho: f64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -366,10 +371,24 @@ pub struct Coordinator {
 impl Coordinator {
     /// A coordinator of the live problem: no facility until hosts join with their links, apps
     /// named by whoever runs them, weights from `policy` (checked by the caller).
+    /// The live problem: no instance; each facility's penalty is balanced against its
+    /// residuals, since a live facility swings between idle and contended as apps come and go
+    /// ([`RhoBalance`]).
     pub fn new_live(cfg: CoordinatorConfig, policy: LivePolicy) -> Self {
         let mut c = Coordinator::new(cfg, Vec::new());
         c.live = Some(policy);
+        c.admm = c.fresh_admm();
         c
+    }
+
+    /// ADMM state from scratch for the current facilities.
+    fn fresh_admm(&self) -> CoordinatorState {
+        let n = self.facilities.len();
+        if self.live.is_some() {
+            CoordinatorState::balanced(self.cfg.rho, n, RhoBalance::around(self.cfg.rho))
+        } else {
+            CoordinatorState::new(self.cfg.rho, n)
+        }
     }
 
     /// The live policy in force, if this coordinator runs the live problem.
@@ -457,7 +476,7 @@ impl Coordinator {
                     cost: 0.0,
                 });
                 self.owned.push(true);
-                self.admm.facilities.push(Default::default());
+                self.admm.push_facility();
                 self.links.push(LiveFacility {
                     id,
                     host,
@@ -775,6 +794,7 @@ impl Coordinator {
                     pairs: pairs[f],
                     usage: self.admm.facilities[f].s,
                     price: self.admm.price(f as u32),
+                    rho: self.admm.facilities[f].rho,
                 })
                 .collect(),
             counters: self.counters.clone(),
@@ -958,6 +978,7 @@ impl Coordinator {
                 host: j.host.clone(),
                 pairs: j.pairs,
                 last_seen: now,
+                entries_at_update: j.entries.clone(),
                 entries: j.entries,
                 entries_iteration: j.last_iteration,
                 last_d: j.last_d,
@@ -1018,8 +1039,14 @@ impl Coordinator {
         }
         self.check_entries(&j.entries)?;
         let nf = self.facilities.len() as u32;
-        if j.last_d.iter().any(|e| e.0 >= nf || !e.1.is_finite()) {
-            return Err("last_d must name known facilities with finite values".into());
+        if j.last_d
+            .iter()
+            .any(|e| e.facility >= nf || !e.d.is_finite() || !(e.rho.is_finite() && e.rho > 0.0))
+        {
+            return Err(
+                "last_d must name known facilities with finite values and positive penalties"
+                    .into(),
+            );
         }
         if !j.interest.windows(2).all(|w| w[0] < w[1]) || j.interest.iter().any(|&f| f >= nf) {
             return Err("interest must name known facilities in ascending order".into());
@@ -1027,7 +1054,7 @@ impl Coordinator {
         let foreign = j
             .interest
             .iter()
-            .chain(j.last_d.iter().map(|e| &e.0))
+            .chain(j.last_d.iter().map(|e| &e.facility))
             .find(|&&f| !self.owned[f as usize]);
         if let Some(f) = foreign {
             return Err(self.foreign(*f));
@@ -1190,6 +1217,33 @@ impl Coordinator {
         sums
     }
 
+    /// Per facility, `Σ_hosts Δ²/c` since the last update: `Δ` the host's change of `Σ b·x`,
+    /// `c` its active pairs there (each taken to move alike); remembers the new sums.
+    fn spread(&mut self) -> Vec<f64> {
+        let mut spread = vec![0.0; self.facilities.len()];
+        for m in self.members.values_mut() {
+            let old = std::mem::replace(&mut m.entries_at_update, m.entries.clone());
+            let pairs = |f: u32| {
+                m.pairs
+                    .binary_search_by_key(&f, |e| e.0)
+                    .map_or(1, |i| m.pairs[i].1.max(1)) as f64
+            };
+            let value = |v: &[(u32, f64)], f: u32| {
+                v.binary_search_by_key(&f, |e| e.0).map_or(0.0, |i| v[i].1)
+            };
+            for &(f, v) in &m.entries {
+                spread[f as usize] += (v - value(&old, f)).powi(2) / pairs(f);
+            }
+            // A facility the host left moved by all it had.
+            for &(f, v) in &old {
+                if m.entries.binary_search_by_key(&f, |e| e.0).is_err() {
+                    spread[f as usize] += v * v / pairs(f);
+                }
+            }
+        }
+        spread
+    }
+
     fn counts(&self) -> Vec<u32> {
         let mut n = vec![0u32; self.facilities.len()];
         for m in self.members.values() {
@@ -1215,8 +1269,8 @@ impl Coordinator {
                 } else {
                     // Cold start, as the in-process engine: a full update on the first sums;
                     // if the agents report the d they last stepped with, the duals resume.
-                    self.restore_duals(&counts);
-                    self.residuals = self.admm.update(&self.facilities, &sums);
+                    self.restore_duals();
+                    self.residuals = self.admm.update(&self.facilities, &sums, None);
                     self.started = true;
                     // Resume the selection schedule where the agents left it (a restarted
                     // coordinator); a fresh cluster starts at the priced restart, if any.
@@ -1253,38 +1307,38 @@ impl Coordinator {
         }
     }
 
-    /// After a coordinator restart: `u_f = n_f·d_f` from the freshest report per facility,
-    /// exact at convergence (`d_f = (u_f + s_f − y_f)/n_f` with `s_f = y_f`). Prices thus
-    /// survive the restart instead of climbing again from zero.
-    fn restore_duals(&mut self, counts: &[u32]) {
-        let mut best: Vec<Option<(u64, f64)>> = vec![None; self.facilities.len()];
+    /// After a coordinator restart: the price `ρ_f·d_f` from the freshest report per
+    /// facility, exact at convergence (`d_f = (u_f + s_f − y_f)/n_f` with `s_f = y_f`), and
+    /// its penalty where penalties adapt. Prices thus survive the restart instead of climbing
+    /// again from zero.
+    fn restore_duals(&mut self) {
+        let mut best: Vec<Option<(u64, FacilityTerm)>> = vec![None; self.facilities.len()];
         for m in self.members.values() {
-            for &(f, d) in &m.last_d {
-                let b = &mut best[f as usize];
+            for t in &m.last_d {
+                let b = &mut best[t.facility as usize];
                 if b.is_none_or(|(it, _)| m.entries_iteration > it) {
-                    *b = Some((m.entries_iteration, d));
+                    *b = Some((m.entries_iteration, *t));
                 }
             }
         }
-        for (f, b) in best.into_iter().enumerate() {
-            if let Some((_, d)) = b {
-                if counts[f] > 0 {
-                    self.admm.facilities[f].u = counts[f] as f64 * d;
-                }
-            }
+        for (_, t) in best.into_iter().flatten() {
+            let rho = match self.admm.balance {
+                Some(b) => t.rho.clamp(b.min, b.max),
+                None => self.admm.rho,
+            };
+            self.admm.restore(t.facility, rho, t.price());
         }
     }
 
     fn start_round(&mut self, now: Duration, out: &mut Vec<Action>) {
         let iteration = self.iteration + 1;
         for (&id, m) in &self.members {
-            let d = m.pairs.iter().map(|&(f, _)| (f, self.admm.d(f))).collect();
+            let d = m.pairs.iter().map(|&(f, _)| self.admm.term(f)).collect();
             out.push(Action::Send(
                 id,
                 CoordMsg::Round {
                     epoch: self.epoch,
                     iteration,
-                    rho: self.cfg.rho,
                     d,
                 },
             ));
@@ -1458,9 +1512,9 @@ impl Coordinator {
                 if x.index == 0 {
                     // The priced restart re-runs the cold start on the new sets, as `solve`
                     // builds a new engine for them.
-                    self.admm = CoordinatorState::new(self.cfg.rho, self.facilities.len());
+                    self.admm = self.fresh_admm();
                     self.admm.set_counts(&counts);
-                    self.residuals = self.admm.update(&self.facilities, &sums);
+                    self.residuals = self.admm.update(&self.facilities, &sums, None);
                 } else {
                     self.admm.set_counts(&counts);
                     self.admm.set_sums(&sums);
@@ -1569,7 +1623,8 @@ impl Coordinator {
     fn complete_round(&mut self, now: Duration, stale: usize, out: &mut Vec<Action>) {
         let r = self.round.take().expect("a round in progress");
         let sums = self.sums();
-        self.residuals = self.admm.update(&self.facilities, &sums);
+        let spread = self.spread();
+        self.residuals = self.admm.update(&self.facilities, &sums, Some(&spread));
         self.iteration = r.iteration;
         self.iters_since = self.iters_since.saturating_add(1);
         self.counters.rounds += 1;
@@ -1676,7 +1731,7 @@ mod tests {
             };
             assert_eq!(iteration, 1);
             assert_eq!(d.len(), 1);
-            assert_eq!(d[0].0, (id - 1) as u32);
+            assert_eq!(d[0].facility, (id - 1) as u32);
         }
         // Facility b is over capacity (2 > 1): its price is positive.
         assert!(c.price(1) > 0.0 && c.price(0) == 0.0);
@@ -1869,7 +1924,7 @@ mod tests {
         }
         let price = c.price(0);
         assert!(price > 0.0);
-        let d = c.admm.d(0);
+        let d = c.admm.term(0);
         // A new coordinator; both agents rejoin with their last d and current usage.
         let mut r = Coordinator::new(cfg(7, 2.0, 2), fac);
         for (id, host) in [(1, "h1"), (2, "h2")] {
@@ -1882,7 +1937,7 @@ mod tests {
                     pairs: vec![(0, 1)],
                     entries: vec![(0, 0.5)],
                     last_iteration: 50,
-                    last_d: vec![(0, d)],
+                    last_d: vec![d],
                     rank: id as u32,
                     interest: vec![0],
                     floor: vec![(0, 0.0)],

@@ -13,6 +13,7 @@
 //! With one shard the mux is the identity. Pure and deterministic, like the state machines.
 
 use super::wire::{AgentMsg, ContributionMsg, CoordMsg, Join, ProposalMsg, SelectedMsg, Shard};
+use crate::admm::FacilityTerm;
 use crate::model::Problem;
 
 /// A `Restart` held: its exchange and prices.
@@ -23,8 +24,7 @@ type Held = (u32, Vec<(u32, f64)>);
 struct RoundIn {
     epoch: u64,
     iteration: u64,
-    rho: f64,
-    d: Vec<(u32, f64)>,
+    d: Vec<FacilityTerm>,
 }
 
 #[derive(Clone, Debug)]
@@ -153,25 +153,15 @@ impl ShardMux {
                     shard: Shard::WHOLE,
                 })
             }
-            CoordMsg::Round {
-                epoch,
-                iteration,
-                rho,
-                d,
-            } => {
-                if d.iter().any(|e| !self.mine(link, e.0)) {
+            CoordMsg::Round { epoch, iteration, d } => {
+                if d.iter().any(|e| !self.mine(link, e.facility)) {
                     return Err(format!(
                         "shard {} sent d for a foreign facility",
                         self.links[link]
                     ));
                 }
                 // A newer round of the same shard replaces one not yet stepped.
-                self.rounds[link] = Some(RoundIn {
-                    epoch,
-                    iteration,
-                    rho,
-                    d,
-                });
+                self.rounds[link] = Some(RoundIn { epoch, iteration, d });
                 if !self.rounds.iter().all(Option::is_some) {
                     return Ok(None);
                 }
@@ -180,12 +170,12 @@ impl ShardMux {
                     .iter_mut()
                     .map(|r| r.take().expect("all"))
                     .collect();
-                let mut merged_d: Vec<(u32, f64)> = Vec::new();
+                let mut merged_d: Vec<FacilityTerm> = Vec::new();
                 for (i, r) in rounds.iter().enumerate() {
                     self.answering[i] = (r.epoch, r.iteration);
                     merged_d.extend_from_slice(&r.d);
                 }
-                merged_d.sort_unstable_by_key(|e| e.0);
+                merged_d.sort_unstable_by_key(|e| e.facility);
                 let it = rounds.iter().map(|r| r.iteration).max().unwrap_or(0);
                 // Strictly increasing keys, so the core steps every merged round once.
                 let (mut ep, last) = self.merged;
@@ -196,7 +186,6 @@ impl ShardMux {
                 Some(CoordMsg::Round {
                     epoch: self.merged.0,
                     iteration: it,
-                    rho: rounds[0].rho,
                     d: merged_d,
                 })
             }
@@ -290,7 +279,12 @@ impl ShardMux {
                             .collect(),
                         entries: keep(i, &j.entries),
                         last_iteration: j.last_iteration,
-                        last_d: keep(i, &j.last_d),
+                        last_d: j
+                            .last_d
+                            .iter()
+                            .copied()
+                            .filter(|t| self.mine(i, t.facility))
+                            .collect(),
                         rank: j.rank,
                         interest: j
                             .interest
@@ -482,16 +476,19 @@ mod tests {
             panic!()
         };
         let fs: Vec<u32> = (0..p.facilities.len() as u32).collect();
-        let d_of = |s: u32| -> Vec<(u32, f64)> {
+        let d_of = |s: u32| -> Vec<FacilityTerm> {
             fs.iter()
                 .filter(|&&f| owner(f) == s)
-                .map(|&f| (f, f as f64))
+                .map(|&f| FacilityTerm {
+                    facility: f,
+                    d: f as f64,
+                    rho: 2.0,
+                })
                 .collect()
         };
         let round = |s: u32, epoch, iteration| CoordMsg::Round {
             epoch,
             iteration,
-            rho: 2.0,
             d: d_of(s),
         };
         // Shard 1's round 5 is replaced by its round 6 before shard 0's round 4 arrives.
@@ -502,7 +499,7 @@ mod tests {
         };
         assert_eq!(iteration, 6);
         assert_eq!(d.len(), p.facilities.len());
-        assert!(d.windows(2).all(|w| w[0].0 < w[1].0));
+        assert!(d.windows(2).all(|w| w[0].facility < w[1].facility));
         // A round naming another shard's facility is a mix-up.
         assert!(m.incoming(0, round(1, 7, 5)).is_err());
         let c = AgentMsg::Contribution(ContributionMsg {

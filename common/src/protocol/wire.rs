@@ -6,6 +6,7 @@
 //! oversized length is refused before any payload is buffered. Any error poisons the stream
 //! (framing is lost), so the peer's connection is closed; other connections are unaffected.
 
+use crate::admm::FacilityTerm;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -16,7 +17,9 @@ use serde::{Deserialize, Serialize};
 /// Version 4 lets a pair use several facilities (a `Proposal` lists every facility of the
 /// parked and the activated pair) and adds the live problem's `Host`, `Update`, `Policy` and
 /// `Facilities`.
-pub const PROTOCOL_VERSION: u16 = 4;
+/// Version 5 gives every facility its own penalty: a `Round` carries `(d_f, ρ_f)` per facility
+/// and a `Join` the terms the agent last stepped with.
+pub const PROTOCOL_VERSION: u16 = 5;
 pub const MAGIC: [u8; 2] = *b"DR";
 pub const HEADER_LEN: usize = 8;
 /// Hard limit on a payload: a host reports at most k facilities, so real messages are a few
@@ -191,9 +194,10 @@ pub struct Join {
     /// The last iteration the agent took part in (0 if none), so numbering survives a
     /// coordinator restart.
     pub last_iteration: u64,
-    /// The `d_f` of that iteration (empty if none): a restarted coordinator rebuilds its duals
-    /// from them (`u_f ≈ n_f·d_f` near convergence) instead of restarting prices from zero.
-    pub last_d: Vec<(u32, f64)>,
+    /// The facility terms of that iteration (empty if none): a restarted coordinator rebuilds
+    /// its penalties and duals from them (`u_f ≈ n_f·d_f` near convergence) instead of
+    /// restarting prices from zero.
+    pub last_d: Vec<FacilityTerm>,
     /// The host's position in the instance: selection verdicts are decided in this order.
     pub rank: u32,
     /// Every facility one of the host's apps uses, active or parked, ascending: `Select`
@@ -228,12 +232,12 @@ pub enum CoordMsg {
     Refused {
         reason: String,
     },
-    /// Run the x-step for `iteration` with these `d_f` (only the host's facilities) and `ρ`.
+    /// Run the x-step for `iteration` with these `d_f` and `ρ_f` (only the host's facilities,
+    /// ascending).
     Round {
         epoch: u64,
         iteration: u64,
-        rho: f64,
-        d: Vec<(u32, f64)>,
+        d: Vec<FacilityTerm>,
     },
     HeartbeatAck {
         seq: u64,
@@ -386,7 +390,11 @@ mod tests {
             pairs: vec![(0, 2), (3, 1)],
             entries: vec![(0, 0.5), (3, 0.25)],
             last_iteration: 7,
-            last_d: vec![(0, 0.01)],
+            last_d: vec![FacilityTerm {
+                facility: 0,
+                d: 0.01,
+                rho: 2.0,
+            }],
             rank: 1,
             interest: vec![0, 2, 3],
             floor: vec![(0, 0.002), (3, 0.001)],
@@ -487,6 +495,14 @@ mod tests {
         prop::collection::vec((any::<u32>(), -1e9f64..1e9), 0..20)
     }
 
+    fn terms() -> impl Strategy<Value = Vec<FacilityTerm>> {
+        prop::collection::vec((any::<u32>(), -1e9f64..1e9, 0.0f64..1e6), 0..20).prop_map(|v| {
+            v.into_iter()
+                .map(|(facility, d, rho)| FacilityTerm { facility, d, rho })
+                .collect()
+        })
+    }
+
     fn agent_msg() -> impl Strategy<Value = AgentMsg> {
         prop_oneof![
             (
@@ -495,7 +511,7 @@ mod tests {
                 prop::collection::vec((any::<u32>(), any::<u32>()), 0..10),
                 entries(),
                 any::<u64>(),
-                entries(),
+                terms(),
             )
                 .prop_map(
                     |(host, facility_digest, pairs, entries, last_iteration, last_d)| {
@@ -566,14 +582,13 @@ mod tests {
                 }
             }),
             ".{0,40}".prop_map(|reason| CoordMsg::Refused { reason }),
-            (any::<u64>(), any::<u64>(), 0.0f64..1e6, entries()).prop_map(
-                |(epoch, iteration, rho, d)| CoordMsg::Round {
+            (any::<u64>(), any::<u64>(), terms()).prop_map(|(epoch, iteration, d)| {
+                CoordMsg::Round {
                     epoch,
                     iteration,
-                    rho,
-                    d
+                    d,
                 }
-            ),
+            }),
             any::<u64>().prop_map(|seq| CoordMsg::HeartbeatAck { seq }),
             (
                 any::<u32>(),
