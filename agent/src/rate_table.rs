@@ -86,6 +86,7 @@ pub fn app_decisions(problem: &Problem, core: &AgentCore) -> Vec<AppDecision> {
             active: a.active,
             rate: a.rate,
             cqe_per_wqe: problem.pairs[p].cqe_per_wqe,
+            weight: problem.pairs[p].weight,
         })
         .collect()
 }

@@ -36,6 +36,11 @@ pub struct ShimSettings {
     /// Most QPs per app with work on the NIC at once (top-k gating); 0: no gating.
     #[serde(default)]
     pub max_active_qps: u64,
+    /// Most QPs with work on this host's NIC at once, over all its apps (the size of the NIC's
+    /// QP-context cache): split among the apps as their QP gates, weighted max-min fair over
+    /// the QPs each holds (`drum_common::qp_share`); 0: no host budget.
+    #[serde(default)]
+    pub qp_budget: u64,
     /// How long a QP keeps its slot while others wait.
     #[serde(default = "d_quantum")]
     pub quantum_us: u64,
@@ -87,12 +92,15 @@ pub struct AppDecision {
     /// Fraction of the line rate.
     pub rate: f64,
     pub cqe_per_wqe: f64,
+    /// The app's weight in the policy (its share of the host's QP budget).
+    pub weight: f64,
 }
 
 #[derive(Clone, Copy, Debug)]
 struct Decided {
     rate: f64,
     cqe_per_wqe: f64,
+    weight: f64,
 }
 
 fn d_socket() -> PathBuf {
@@ -109,6 +117,8 @@ fn d_max_shims() -> usize {
 }
 
 const MAX_LINE_RATE_GBPS: f64 = 1000.0;
+/// More QP contexts than any NIC caches: surely a mistake.
+const MAX_QP_BUDGET: u64 = 1 << 20;
 const HEARTBEAT: Duration = Duration::from_millis(100);
 /// How long a receiver must see no long-message traffic from this host before its end is
 /// announced.
@@ -134,6 +144,12 @@ impl ShimSettings {
             bail!(
                 "shim.quantum_us = {} must be in [1, 60000000]",
                 self.quantum_us
+            );
+        }
+        if self.qp_budget > MAX_QP_BUDGET {
+            bail!(
+                "shim.qp_budget = {} must be at most {MAX_QP_BUDGET} (0: no host budget)",
+                self.qp_budget
             );
         }
         if self.max_shims == 0 {
@@ -329,13 +345,11 @@ impl ShimHub {
                 Decided {
                     rate,
                     cqe_per_wqe: d.cqe_per_wqe,
+                    weight: d.weight,
                 },
             );
         }
-        for c in st.conns.values() {
-            let g = self.shared.grant_for(&st, &c.app);
-            c.map.table().publish(&g, monotonic_ms());
-        }
+        self.shared.publish_all(&st);
     }
 
     /// A DASR cap towards receiver `gid` for every process on this host (0: none).
@@ -503,7 +517,50 @@ impl Shared {
         }
     }
 
-    fn grant_for(&self, st: &HubState, app: &str) -> Grant {
+    /// Publishes every process's grant (after a decision, or a change of who holds QPs).
+    fn publish_all(&self, st: &HubState) {
+        let gates = self.qp_gates(st);
+        for (id, c) in &st.conns {
+            let g = self.grant_for(st, &c.app, gates.get(id).copied());
+            c.map.table().publish(&g, monotonic_ms());
+        }
+    }
+
+    /// Each process's share of the host's QP budget (empty without one): the apps' gates by
+    /// weight over the QPs they hold, each app's gate split among its processes alike.
+    fn qp_gates(&self, st: &HubState) -> BTreeMap<u64, u64> {
+        use drum_common::qp_share::{qp_gates, QpDemand};
+        let budget = self.settings.qp_budget;
+        if budget == 0 {
+            return BTreeMap::new();
+        }
+        let held = |c: &Conn| (c.qps.len() as u64).max(c.map.table().shim.qps.load(Relaxed));
+        let mut apps: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
+        for (&id, c) in &st.conns {
+            apps.entry(&c.app).or_default().push((id, held(c)));
+        }
+        let demands: Vec<QpDemand> = apps
+            .iter()
+            .map(|(app, procs)| QpDemand {
+                weight: st.optimiser.get(*app).map_or(1.0, |d| d.weight),
+                qps: procs.iter().map(|p| p.1).sum(),
+            })
+            .collect();
+        let mut out = BTreeMap::new();
+        for (procs, gate) in apps.values().zip(qp_gates(budget, &demands)) {
+            let alike: Vec<QpDemand> = procs
+                .iter()
+                .map(|&(_, qps)| QpDemand { weight: 1.0, qps })
+                .collect();
+            for (&(id, _), g) in procs.iter().zip(qp_gates(gate, &alike)) {
+                out.insert(id, g);
+            }
+        }
+        out
+    }
+
+    /// `gate`: the process's share of the host's QP budget, if there is one.
+    fn grant_for(&self, st: &HubState, app: &str, gate: Option<u64>) -> Grant {
         let s = &self.settings;
         let pin = s.apps.get(app).cloned().unwrap_or_default();
         let decided = st.optimiser.get(app).copied();
@@ -526,7 +583,12 @@ impl Shared {
                 .rate_cqe_per_s
                 .or_else(polling)
                 .map_or(0, |r| r.min(MAX_RATE_WQE)),
-            max_active_qps: pin.max_active_qps.unwrap_or(s.max_active_qps),
+            max_active_qps: pin
+                .max_active_qps
+                .unwrap_or(match (s.max_active_qps, gate) {
+                    (0, g) => g.unwrap_or(0),
+                    (k, g) => g.map_or(k, |g| g.min(k)),
+                }),
             quantum_us: s.quantum_us,
             long_msg_bytes: s.long_msg_bytes,
             ..Grant::default()
@@ -663,6 +725,9 @@ fn serve_conn(sh: Arc<Shared>, sock: Arc<OwnedFd>) {
         for qpn in busy {
             traffic(&sh, &mut st, c.qps.get(&qpn).copied(), &c.app, false);
         }
+        if sh.settings.qp_budget > 0 {
+            sh.publish_all(&st);
+        }
     }
 }
 
@@ -692,8 +757,6 @@ fn register(sh: &Shared, sock: &Arc<OwnedFd>) -> Result<u64> {
             st.conns.len()
         );
     }
-    let g = sh.grant_for(&st, &app);
-    map.table().publish(&g, monotonic_ms());
     for (gid, &(cap, n)) in &st.caps {
         map.table().set_peer_cap(*gid, cap, n);
     }
@@ -718,6 +781,8 @@ fn register(sh: &Shared, sock: &Arc<OwnedFd>) -> Result<u64> {
             qps_clamped: false,
         },
     );
+    // Its grant, and with a QP budget everyone's shares, now that it counts.
+    sh.publish_all(&st);
     Ok(id)
 }
 
@@ -732,7 +797,9 @@ fn on_message(sh: &Shared, id: u64, m: ShimMsg) {
             // A process's connections are the agent's memory to spend: past the limit a new
             // one is not tracked (its traffic counts towards no receiver), and said once.
             if c.qps.len() < MAX_TRACKED_QPS || c.qps.contains_key(&qpn) {
-                c.qps.insert(qpn, peer);
+                if c.qps.insert(qpn, peer).is_none() && sh.settings.qp_budget > 0 {
+                    sh.publish_all(&st);
+                }
             } else if !c.qps_clamped {
                 c.qps_clamped = true;
                 warn!(
@@ -748,6 +815,9 @@ fn on_message(sh: &Shared, id: u64, m: ShimMsg) {
             if c.busy.remove(&qpn) {
                 let app = c.app.clone();
                 traffic(sh, &mut st, peer, &app, false);
+            }
+            if peer.is_some() && sh.settings.qp_budget > 0 {
+                sh.publish_all(&st);
             }
         }
         ShimMsg::Traffic { qpn, busy } => {
@@ -804,6 +874,7 @@ mod tests {
             active,
             rate,
             cqe_per_wqe: 1.0,
+            weight: 1.0,
         }
     }
 
@@ -812,6 +883,7 @@ mod tests {
             socket: dir.join("shim.sock"),
             line_rate_gbps: 8.0,
             max_active_qps: 0,
+            qp_budget: 0,
             quantum_us: 1000,
             long_msg_bytes: 0,
             parked_rate: 0.01,
@@ -984,6 +1056,58 @@ mod tests {
             table.table().read_grant().unwrap().rate_bytes_per_s,
             500_000_000
         );
+    }
+
+    /// With a host QP budget, an app with one QP keeps it and one with 64 gets the rest of
+    /// the budget as its gate; an app leaving gives its share back; an operator's per-app
+    /// limit still caps the share.
+    #[test]
+    fn the_hosts_qp_budget_becomes_the_apps_gates() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = ShimHub::start(
+            ShimSettings {
+                qp_budget: 20,
+                ..settings(dir.path())
+            },
+            None,
+        )
+        .unwrap();
+        let me = std::process::id();
+        let (victim, attacker) = (connect(hub.socket()), connect(hub.socket()));
+        let (_, fd) = hello(&victim, me, "victim");
+        let v = Mapping::open(fd.unwrap().as_raw_fd()).unwrap();
+        let (_, fd) = hello(&attacker, me, "attacker");
+        let a = Mapping::open(fd.unwrap().as_raw_fd()).unwrap();
+        let gate = |t: &Mapping| t.table().read_grant().unwrap().max_active_qps;
+        let up = |fd: &OwnedFd, qpn: u32| {
+            let m = ShimMsg::QpUp {
+                qpn,
+                peer: [7; 16],
+                peer_qpn: 1,
+            }
+            .encode();
+            socket::send(fd.as_raw_fd(), m.as_bytes()).unwrap();
+        };
+        up(&victim, 1);
+        for qpn in 0..64 {
+            up(&attacker, qpn);
+        }
+        wait_for(|| gate(&v) == 1 && gate(&a) == 19);
+        // Weights from the optimiser's decisions count: 1 and 3 share what is beyond one slot.
+        up(&victim, 2);
+        for qpn in 3..40 {
+            up(&victim, qpn);
+        }
+        hub.set_rates(&[
+            decided("victim", true, 0.5),
+            AppDecision {
+                weight: 3.0,
+                ..decided("attacker", true, 0.5)
+            },
+        ]);
+        wait_for(|| gate(&v) == 5 && gate(&a) == 15);
+        drop(victim);
+        wait_for(|| gate(&a) == 20);
     }
 
     /// The polling grant follows the optimiser: `a·x` in completions per second, for the

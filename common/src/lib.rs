@@ -12,6 +12,7 @@ pub mod instance;
 pub mod live;
 pub mod model;
 pub mod protocol;
+pub mod qp_share;
 pub mod rng;
 pub mod roots;
 pub mod selection;

@@ -197,9 +197,18 @@ pub fn apply(grant: Option<&Grant>) {
         let rate = g.rate_cqe_per_s as f64;
         Gcra::new(rate, Gcra::default_burst(rate))
     });
-    set_limiter(&LIMITS.byte, byte.flatten());
-    set_limiter(&LIMITS.wqe, wqe.flatten());
-    set_limiter(&LIMITS.cqe, cqe.flatten());
+    let now = now_ps();
+    for (cell, tat, new) in [
+        (&LIMITS.byte, &BYTE_TAT, byte.flatten()),
+        (&LIMITS.wqe, &WQE_TAT, wqe.flatten()),
+        (&LIMITS.cqe, &CQE_TAT, cqe.flatten()),
+    ] {
+        if let Some(n) = new {
+            let old = limiter(cell);
+            let _ = tat.fetch_update(Relaxed, Relaxed, |t| Some(n.carry_over(old, t, now)));
+        }
+        set_limiter(cell, new);
+    }
     LIMITS.k.store(g.max_active_qps, Relaxed);
     let q = if g.quantum_us > 0 {
         g.quantum_us

@@ -76,6 +76,20 @@ impl Gcra {
         (self.wait(tat, now) == 0).then(|| self.advance(tat, now, n))
     }
 
+    /// The TAT to keep when this limiter replaces `old`: units already admitted but not
+    /// yet paid for (the TAT beyond `now`) are paid at the new rate. Without it, one 1 MB
+    /// READ admitted at a new app's floor grant kept the next WQE waiting 4 s, however high
+    /// the grant rose a round later.
+    pub fn carry_over(&self, old: Option<Gcra>, tat: u64, now: u64) -> u64 {
+        match old {
+            Some(o) if tat > now && o.interval_ps != self.interval_ps => {
+                let owed = (tat - now) as f64 / o.interval_ps as f64;
+                now.saturating_add((owed * self.interval_ps as f64).min(u64::MAX as f64) as u64)
+            }
+            _ => tat,
+        }
+    }
+
     /// How many of `max` units conform at `now` one after another, each judged as if the
     /// ones before it had gone (for metering completions, which come in batches), and the
     /// TAT after they go.
@@ -126,6 +140,27 @@ pub fn parse_count(name: &str, value: Option<&str>, min: u64) -> Result<Option<u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_rate_pays_what_is_owed_at_the_new_rate() {
+        let slow = Gcra::new(1e3, 1).unwrap();
+        let fast = Gcra::new(1e6, 1).unwrap();
+        // 1,000 units at 1,000/s: owed for a second.
+        let tat = slow.advance(0, 0, 1000);
+        assert_eq!(tat, 1_000_000_000_000);
+        // Raised to 1e6/s after 0.1 s: the 0.9 s still owed at the old rate is 900 units,
+        // 0.9 ms at the new one.
+        let now = 100_000_000_000;
+        assert_eq!(fast.carry_over(Some(slow), tat, now), now + 900_000_000);
+        // Nothing owed, or no old limiter: the TAT stays.
+        assert_eq!(fast.carry_over(Some(slow), now - 1, now), now - 1);
+        assert_eq!(fast.carry_over(None, tat, now), tat);
+        // Lowered: what is owed takes longer.
+        assert_eq!(
+            slow.carry_over(Some(fast), now + 1_000_000, now),
+            now + 1_000_000_000
+        );
+    }
 
     /// A batch admission equals admitting unit by unit until one must wait.
     #[test]

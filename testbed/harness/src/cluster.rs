@@ -203,6 +203,7 @@ impl Cluster {
         let layout = Layout {
             hosts: &hosts,
             line_rate_gbps,
+            qp_budget: Layout::qp_cache(softrnic_args).map_err(anyhow::Error::msg)?,
             dir: &self.dir,
         };
         run(Command::new(self.tool("drum-coordinator")?)

@@ -9,6 +9,8 @@ use std::path::Path;
 /// admin endpoint is that namespace's loopback (unauthenticated, as in production).
 pub const COORDINATOR_PORT: u16 = 7400;
 pub const ADMIN: &str = "127.0.0.1:9464";
+/// `softrnic up`'s default QP-context cache.
+const SOFTRNIC_QP_CACHE: u64 = 20;
 
 /// What the configuration of one cluster depends on.
 pub struct Layout<'a> {
@@ -16,6 +18,8 @@ pub struct Layout<'a> {
     pub hosts: &'a [(String, Ipv4Addr)],
     /// The emulated NICs' line rate, which each agent reports for its host.
     pub line_rate_gbps: f64,
+    /// The emulated NICs' QP-context cache, each agent's budget of active QPs (0: none).
+    pub qp_budget: u64,
     /// The state directory (absolute), where certificates and sockets live.
     pub dir: &'a Path,
 }
@@ -56,10 +60,29 @@ impl Layout<'_> {
              key = \"certs/agent-{host}.key\"\n\
              [shim]\n\
              socket = \"{host}/shim.sock\"\n\
-             line_rate_gbps = {rate}\n",
+             line_rate_gbps = {rate}\n\
+             qp_budget = {qps}\n",
             coordinator = self.coordinator(),
             rate = self.line_rate_gbps,
+            qps = self.qp_budget,
         )
+    }
+
+    /// The QP-context cache `softrnic up` gets from `args` (`--qp-cache N`, else softrnic's
+    /// default of 20): what an operator would tell the agent of its NIC.
+    pub fn qp_cache(args: &[String]) -> Result<u64, String> {
+        let mut value = None;
+        for (i, a) in args.iter().enumerate() {
+            if let Some(v) = a.strip_prefix("--qp-cache=") {
+                value = Some(v.to_string());
+            } else if a == "--qp-cache" {
+                value = Some(args.get(i + 1).cloned().unwrap_or_default());
+            }
+        }
+        value.map_or(Ok(SOFTRNIC_QP_CACHE), |v| {
+            v.parse()
+                .map_err(|_| format!("--qp-cache wants a number of QPs, got {v:?}"))
+        })
     }
 
     /// Where the shims of `host` register with its agent.
@@ -83,6 +106,7 @@ mod tests {
         Layout {
             hosts,
             line_rate_gbps: 25.0,
+            qp_budget: 20,
             dir,
         }
     }
@@ -98,6 +122,15 @@ mod tests {
     }
 
     #[test]
+    fn the_agents_qp_budget_is_the_nics_cache() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(Layout::qp_cache(&args(&["--loss", "0.01"])), Ok(20));
+        assert_eq!(Layout::qp_cache(&args(&["--qp-cache", "64"])), Ok(64));
+        assert_eq!(Layout::qp_cache(&args(&["--qp-cache=0"])), Ok(0));
+        assert!(Layout::qp_cache(&args(&["--qp-cache"])).is_err());
+    }
+
+    #[test]
     fn each_agent_has_its_own_certificate_and_socket() {
         let l = layout(Path::new("/run/x"));
         let a = l.agent_toml("h2");
@@ -106,6 +139,7 @@ mod tests {
             "cert = \"certs/agent-h2.pem\"\n",
             "socket = \"h2/shim.sock\"\n",
             "line_rate_gbps = 25\n",
+            "qp_budget = 20\n",
         ] {
             assert!(a.contains(want), "{want} in {a}");
         }
