@@ -3,15 +3,18 @@
 //! or its connection closed when its QP breaks; every other client is served on.
 
 use crate::cm::{self, Endpoint, Listener, QueueSizes};
+use crate::metrics::Metrics;
 use crate::proto::{self, Hello, Limits, Op, Reply, Status, Welcome};
 use crate::slot::HEADER;
 use crate::store::Store;
 use crate::verbs::{self, Mr, Pd, SendWr};
+use crate::wake::Wake;
 use rdma_sys::{ibv_context, ibv_wc_opcode, ibv_wc_status, rdma_cm_event_type};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddrV4;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -22,6 +25,10 @@ pub struct Config {
     /// The most connections a client may multiplex on one QP.
     pub share: u16,
     pub pollers: usize,
+    /// Where to write the metrics at exit (JSON).
+    pub stats_json: Option<std::path::PathBuf>,
+    /// How often to print the metrics as a JSON line on stdout.
+    pub stats_interval: Option<Duration>,
 }
 
 /// Requests buffered per QP at most (`share × window`), and the buffer memory of one
@@ -58,17 +65,6 @@ impl Sizes {
     }
 }
 
-/// What the server did, for its exit line.
-#[derive(Default)]
-struct Counters {
-    gets: AtomicU64,
-    puts: AtomicU64,
-    error_replies: AtomicU64,
-    broken: AtomicU64,
-    accepted: AtomicU64,
-    rejected: AtomicU64,
-}
-
 static STOP: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_: i32) {
@@ -98,21 +94,28 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         cfg.seed,
         cfg.share
     );
-    let counters = Arc::new(Counters::default());
+    let started = Instant::now();
+    let metrics = Arc::new(Metrics::default());
+    let mut next_report = cfg.stats_interval.map(|i| started + i);
     let mut pollers = Vec::new();
     for i in 0..cfg.pollers.max(1) {
         let (tx, rx) = mpsc::channel::<Arc<Conn>>();
         let wake = Arc::new(Wake::new()?);
-        let (store, counters, w) = (store.clone(), counters.clone(), wake.clone());
+        let (store, metrics, w) = (store.clone(), metrics.clone(), wake.clone());
         std::thread::Builder::new()
             .name(format!("poller{i}"))
-            .spawn(move || poll_loop(rx, &w, &store, &counters))?;
+            .spawn(move || poll_loop(rx, &w, &store, &metrics))?;
         pollers.push((tx, wake));
     }
     let mut regs: HashMap<usize, Registration> = HashMap::new();
     let mut conns: HashMap<usize, Arc<Conn>> = HashMap::new();
     let mut next_poller = 0;
     while !STOP.load(Ordering::Relaxed) {
+        if let Some(at) = next_report.filter(|&at| Instant::now() >= at) {
+            let line = serde_json::to_string(&metrics.snapshot(started.elapsed().as_secs_f64()))?;
+            println!("{line}");
+            next_report = cfg.stats_interval.map(|i| at + i);
+        }
         if !readable(listener.channel.fd(), 200) {
             continue;
         }
@@ -126,13 +129,13 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
                 drop(ev);
                 match admit(&cfg, hello, cm::context_of(id), &mut regs, &store) {
                     Err(why) => {
-                        counters.rejected.fetch_add(1, Ordering::Relaxed);
+                        metrics.rejected();
                         eprintln!("drum-kv server: refused a connection: {why}");
                         cm::reject(id, &why);
                     }
                     Ok((hello, reg)) => match Conn::accept(id, hello, reg, &store) {
                         Ok(conn) => {
-                            counters.accepted.fetch_add(1, Ordering::Relaxed);
+                            metrics.accepted();
                             let conn = Arc::new(conn);
                             conns.insert(id as usize, conn.clone());
                             let (tx, wake) = &pollers[next_poller % pollers.len()];
@@ -140,7 +143,10 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
                             wake.ring();
                             next_poller += 1;
                         }
-                        Err(e) => eprintln!("drum-kv server: accept failed: {e:#}"),
+                        Err(e) => {
+                            metrics.rejected();
+                            eprintln!("drum-kv server: accept failed: {e:#}")
+                        }
                     },
                 }
             }
@@ -150,6 +156,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
             | rdma_cm_event_type::RDMA_CM_EVENT_REJECTED => {
                 drop(ev);
                 if let Some(c) = conns.remove(&(id as usize)) {
+                    metrics.disconnected();
                     // Its poller destroys it: every event of the id is acknowledged now.
                     c.gone.store(true, Ordering::Release);
                 }
@@ -157,15 +164,20 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
             _ => drop(ev),
         }
     }
+    let m = metrics.snapshot(started.elapsed().as_secs_f64());
     eprintln!(
         "drum-kv server: accepted={} rejected={} gets={} puts={} error_replies={} broken={}",
-        counters.accepted.load(Ordering::Relaxed),
-        counters.rejected.load(Ordering::Relaxed),
-        counters.gets.load(Ordering::Relaxed),
-        counters.puts.load(Ordering::Relaxed),
-        counters.error_replies.load(Ordering::Relaxed),
-        counters.broken.load(Ordering::Relaxed),
+        m.connections.accepted,
+        m.connections.rejected,
+        m.gets,
+        m.puts,
+        m.errors,
+        m.connections.broken,
     );
+    if let Some(f) = &cfg.stats_json {
+        std::fs::write(f, serde_json::to_string_pretty(&m)? + "\n")
+            .map_err(|e| anyhow::anyhow!("--stats-json {}: {e}", f.display()))?;
+    }
     // Exit without tearing down connections clients still hold (their pollers may be
     // mid-call); the process's exit releases everything, and atexit handlers still run.
     std::process::exit(0)
@@ -293,37 +305,7 @@ struct Served {
     broken: bool,
 }
 
-/// An eventfd that wakes a poller sleeping on completion events when a connection is
-/// handed to it (its CQ is not among those it waits on yet).
-struct Wake(std::os::fd::OwnedFd);
-
-impl Wake {
-    fn new() -> anyhow::Result<Wake> {
-        // SAFETY: no pointers; the descriptor is owned from here on.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        anyhow::ensure!(fd >= 0, "eventfd: {}", std::io::Error::last_os_error());
-        // SAFETY: a fresh descriptor nobody else owns.
-        Ok(Wake(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }))
-    }
-
-    fn ring(&self) {
-        let one = 1u64;
-        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
-        unsafe { libc::write(self.fd(), (&one as *const u64).cast(), 8) };
-    }
-
-    fn clear(&self) {
-        let mut v = 0u64;
-        // SAFETY: reads 8 bytes into a live u64 (non-blocking).
-        unsafe { libc::read(self.fd(), (&mut v as *mut u64).cast(), 8) };
-    }
-
-    fn fd(&self) -> i32 {
-        std::os::fd::AsRawFd::as_raw_fd(&self.0)
-    }
-}
-
-fn poll_loop(rx: mpsc::Receiver<Arc<Conn>>, wake: &Wake, store: &Store, counters: &Counters) {
+fn poll_loop(rx: mpsc::Receiver<Arc<Conn>>, wake: &Wake, store: &Store, metrics: &Metrics) {
     let mut served: Vec<Served> = Vec::new();
     let mut wcs = verbs::blank_wcs(32);
     let mut idle_passes = 0;
@@ -349,12 +331,12 @@ fn poll_loop(rx: mpsc::Receiver<Arc<Conn>>, wake: &Wake, store: &Store, counters
         served.retain(|s| !s.conn.gone.load(Ordering::Acquire));
         let mut idle = true;
         for s in served.iter_mut() {
-            match serve(s, store, counters, &mut wcs) {
+            match serve(s, store, metrics, &mut wcs) {
                 Ok(n) => idle &= n == 0,
                 Err(e) => {
                     if !s.broken {
                         eprintln!("drum-kv server: closing a connection: {e:#}");
-                        counters.broken.fetch_add(1, Ordering::Relaxed);
+                        metrics.broken();
                         s.broken = true;
                         s.conn.ep.disconnect();
                     }
@@ -413,7 +395,7 @@ fn wait_for_events(served: &[Served], wake: &Wake) {
 fn serve(
     s: &mut Served,
     store: &Store,
-    counters: &Counters,
+    metrics: &Metrics,
     wcs: &mut [rdma_sys::ibv_wc],
 ) -> anyhow::Result<usize> {
     let n = s.conn.ep.cq.poll(wcs)?;
@@ -461,7 +443,9 @@ fn serve(
                     .slice_mut(rep_off, conn.sizes.reply_size),
             )
         };
-        let reply_len = answer(req, out, conn.limits, store, counters);
+        metrics.request(req.len());
+        let reply_len = answer(req, out, conn.limits, store, metrics);
+        metrics.reply(reply_len);
         reposts.push((
             ri as u64,
             conn.ep.mr.addr(roff),
@@ -483,7 +467,7 @@ fn serve(
 }
 
 /// Serves one request into `out`; returns the reply's length.
-fn answer(req: &[u8], out: &mut [u8], limits: Limits, store: &Store, c: &Counters) -> usize {
+fn answer(req: &[u8], out: &mut [u8], limits: Limits, store: &Store, m: &Metrics) -> usize {
     match proto::parse_request(req, limits) {
         Ok(r) => {
             Reply {
@@ -495,20 +479,20 @@ fn answer(req: &[u8], out: &mut [u8], limits: Limits, store: &Store, c: &Counter
             .encode(out);
             match r.op {
                 Op::Get => {
-                    c.gets.fetch_add(1, Ordering::Relaxed);
+                    m.get(r.size);
                     let n = proto::REPLY_HEADER + HEADER + r.size as usize;
                     store.get_into(r.key, &mut out[proto::REPLY_HEADER..n]);
                     n
                 }
                 Op::Put => {
-                    c.puts.fetch_add(1, Ordering::Relaxed);
+                    m.put(r.size);
                     store.put(r.key, r.tag, &req[proto::REQUEST_HEADER..]);
                     proto::REPLY_HEADER
                 }
             }
         }
         Err(e) => {
-            c.error_replies.fetch_add(1, Ordering::Relaxed);
+            m.refused(e.status());
             let (conn, req_id) = proto::reply_address(req);
             Reply {
                 status: e.status(),
