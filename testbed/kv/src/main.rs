@@ -122,7 +122,7 @@ struct ClientArgs {
     /// Seed of the client's choices of keys, sizes and operations.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// busy (poll the CQs) | event (wait on completion channels; RAW mode only).
+    /// busy (poll the CQs) | event (sleep on completion channels when there is nothing to do).
     #[arg(long, default_value = "busy")]
     poll: Poll,
     /// Connections sharing one QP behind a lock (SHARE mode; 1 = RAW).
