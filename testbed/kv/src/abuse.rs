@@ -94,7 +94,7 @@ pub fn run(server: SocketAddrV4, case: Case) -> anyhow::Result<()> {
         lkey: ep.mr.lkey(),
         read_from: None,
     };
-    verbs::post_send(ep.qp(), &[wr])?;
+    ep.post_send(&[wr])?;
     if matches!(case, Case::Vanish) {
         println!("vanished");
         // Gone without a word: no disconnect, no teardown, the request in flight.

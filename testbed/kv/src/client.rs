@@ -373,7 +373,7 @@ impl Conn {
             .collect();
         let _g = self.qp.lock(rec);
         verbs::post_recv(self.qp.ep.qp(), self.qp.ep.mr.lkey(), &reposts)?;
-        verbs::post_send(self.qp.ep.qp(), &wrs)?;
+        self.qp.ep.post_send(&wrs)?;
         progress += wrs.len() + self.qp.poll_and_route(wcs)?;
         Ok(progress)
     }

@@ -462,7 +462,7 @@ fn serve(
     // The buffer goes back before the reply: the client's next request may follow the reply
     // at once.
     verbs::post_recv(conn.ep.qp(), conn.ep.mr.lkey(), &reposts)?;
-    verbs::post_send(conn.ep.qp(), &replies)?;
+    conn.ep.post_send(&replies)?;
     Ok(n)
 }
 

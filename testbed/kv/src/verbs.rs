@@ -316,8 +316,10 @@ pub struct SendWr {
 }
 
 /// Posts `wrs` as one chained list (one `ibv_post_send` call: the paper's batch), every WR
-/// signaled.
-pub fn post_send(qp: *mut ibv_qp, wrs: &[SendWr]) -> anyhow::Result<()> {
+/// signaled; a SEND of at most `max_inline` bytes is inline (its bytes are copied into the
+/// work request, so the NIC does not fetch them from memory: for softrnic's engines, a
+/// `process_vm_readv` less per message).
+pub fn post_send(qp: *mut ibv_qp, max_inline: u32, wrs: &[SendWr]) -> anyhow::Result<()> {
     if wrs.is_empty() {
         return Ok(());
     }
@@ -352,7 +354,12 @@ pub fn post_send(qp: *mut ibv_qp, wrs: &[SendWr]) -> anyhow::Result<()> {
                     rkey,
                 };
             }
-            None => wr.opcode = ibv_wr_opcode::IBV_WR_SEND,
+            None => {
+                wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
+                if w.len <= max_inline {
+                    wr.send_flags |= ibv_send_flags::IBV_SEND_INLINE.0;
+                }
+            }
         }
     }
     let mut bad = null_mut();
