@@ -560,17 +560,27 @@ impl Conn {
                         .buffer()
                         .slice(off, (len as usize).min(qp.reply_size))
                 };
-                self.on_reply(b, rec, budget, now);
+                // the server may have answered several requests in one message
+                for r in proto::replies(b) {
+                    let Some((r, payload)) = r else {
+                        eprintln!("drum-kv client: conn {}: malformed reply", self.id);
+                        rec.error_replies += 1;
+                        break;
+                    };
+                    self.on_reply(r, payload, rec, budget, now);
+                }
             }
         }
     }
 
-    fn on_reply(&mut self, b: &[u8], rec: &mut Recorder, budget: &Budget, now: Instant) {
-        let Some(r) = Reply::decode(b) else {
-            eprintln!("drum-kv client: conn {}: malformed reply", self.id);
-            rec.error_replies += 1;
-            return;
-        };
+    fn on_reply(
+        &mut self,
+        r: Reply,
+        payload: &[u8],
+        rec: &mut Recorder,
+        budget: &Budget,
+        now: Instant,
+    ) {
         let (slot, seq) = wrid::split_request_id(r.req);
         let Some(op) = self
             .slots
@@ -594,7 +604,6 @@ impl Conn {
             rec.error_replies += 1;
         } else if op.kind == OpKind::Get {
             let w = &self.qp.welcome;
-            let payload = &b[proto::REPLY_HEADER..];
             let check = (payload.len() == HEADER + op.size as usize)
                 .then(|| slot::check_read(w.seed, op.key, w.max_value, payload));
             if let Some(slot::ReadCheck::Value { tag, .. }) = check {

@@ -4,7 +4,7 @@
 
 use crate::cm::{self, Endpoint, Listener, QueueSizes};
 use crate::metrics::Metrics;
-use crate::proto::{self, Hello, Limits, Op, Reply, Status, Welcome};
+use crate::proto::{self, Hello, Limits, Op, ProtoError, Reply, Request, Status, Welcome};
 use crate::slot::HEADER;
 use crate::store::Store;
 use crate::verbs::{self, Mr, Pd, SendWr};
@@ -50,7 +50,7 @@ impl Sizes {
         Sizes {
             recvs: hello.window as usize * hello.share as usize,
             recv_size: proto::REQUEST_HEADER + hello.max_size as usize,
-            reply_size: proto::REPLY_HEADER + HEADER + hello.max_size as usize,
+            reply_size: proto::reply_room(hello.max_size),
         }
     }
 
@@ -422,43 +422,53 @@ fn serve(
         }
     }
     let conn = &s.conn;
+    let Sizes {
+        recv_size,
+        reply_size,
+        ..
+    } = conn.sizes;
     let mut reposts = Vec::new();
     let mut replies = Vec::new();
-    while let (Some(&(ri, len)), Some(&reply)) = (s.waiting.front(), s.free_replies.last()) {
-        s.waiting.pop_front();
-        s.free_replies.pop();
-        let roff = ri * conn.sizes.recv_size;
-        let rep_off = conn.reply_off(reply);
+    // The requests found in this poll are answered in batches: consecutive replies to one
+    // client connection share a reply buffer (and so one SEND) while they fit in it.
+    let mut batch: Option<Batch> = None;
+    while let Some(&(ri, len)) = s.waiting.front() {
+        let roff = ri * recv_size;
         // SAFETY: the RECV completed, so the NIC is done with this buffer until it is
-        // reposted; the reply buffer is free (its SEND completed).
-        let (req, out) = unsafe {
-            (
-                conn.ep
-                    .mr
-                    .buffer()
-                    .slice(roff, len.min(conn.sizes.recv_size)),
-                conn.ep
-                    .mr
-                    .buffer()
-                    .slice_mut(rep_off, conn.sizes.reply_size),
-            )
+        // reposted.
+        let req = unsafe { conn.ep.mr.buffer().slice(roff, len.min(recv_size)) };
+        let parsed = proto::parse_request(req, conn.limits);
+        let (to, need) = (reply_to(req, &parsed), reply_len(&parsed));
+        if !batch.is_some_and(|b| b.conn == to && b.used + need <= reply_size) {
+            let Some(buf) = s.free_replies.pop() else {
+                break;
+            };
+            let fresh = Batch {
+                buf,
+                conn: to,
+                used: 0,
+            };
+            if let Some(full) = batch.replace(fresh) {
+                replies.push(full.send(conn));
+            }
+        }
+        let b = batch.as_mut().expect("a batch is open");
+        // SAFETY: the reply buffer is free (its SEND completed) and this batch's alone;
+        // `used + need` fits in it.
+        let out = unsafe {
+            conn.ep
+                .mr
+                .buffer()
+                .slice_mut(conn.reply_off(b.buf) + b.used, need)
         };
+        answer(req, parsed, out, store, metrics);
+        b.used += need;
         metrics.request(req.len());
-        let reply_len = answer(req, out, conn.limits, store, metrics);
-        metrics.reply(reply_len);
-        reposts.push((
-            ri as u64,
-            conn.ep.mr.addr(roff),
-            conn.sizes.recv_size as u32,
-        ));
-        replies.push(SendWr {
-            wr_id: SEND_BIT | reply as u64,
-            addr: conn.ep.mr.addr(rep_off),
-            len: reply_len as u32,
-            lkey: conn.ep.mr.lkey(),
-            read_from: None,
-        });
+        metrics.reply(need);
+        s.waiting.pop_front();
+        reposts.push((ri as u64, conn.ep.mr.addr(roff), recv_size as u32));
     }
+    replies.extend(batch.map(|b| b.send(conn)));
     // The buffer goes back before the reply: the client's next request may follow the reply
     // at once.
     verbs::post_recv(conn.ep.qp(), conn.ep.mr.lkey(), &reposts)?;
@@ -466,28 +476,71 @@ fn serve(
     Ok(n)
 }
 
-/// Serves one request into `out`; returns the reply's length.
-fn answer(req: &[u8], out: &mut [u8], limits: Limits, store: &Store, m: &Metrics) -> usize {
-    match proto::parse_request(req, limits) {
+/// Replies being gathered in one reply buffer.
+#[derive(Clone, Copy)]
+struct Batch {
+    buf: usize,
+    /// The client connection they all answer.
+    conn: u32,
+    used: usize,
+}
+
+impl Batch {
+    fn send(self, conn: &Conn) -> SendWr {
+        SendWr {
+            wr_id: SEND_BIT | self.buf as u64,
+            addr: conn.ep.mr.addr(conn.reply_off(self.buf)),
+            len: self.used as u32,
+            lkey: conn.ep.mr.lkey(),
+            read_from: None,
+        }
+    }
+}
+
+/// The client connection a request's reply goes to (named in the request, or in whatever
+/// part of it arrived).
+fn reply_to(req: &[u8], parsed: &Result<Request, ProtoError>) -> u32 {
+    match parsed {
+        Ok(r) => r.conn,
+        Err(_) => proto::reply_address(req).0,
+    }
+}
+
+/// Bytes of the reply to a request.
+fn reply_len(parsed: &Result<Request, ProtoError>) -> usize {
+    match parsed {
+        Ok(r) if r.op == Op::Get => proto::REPLY_HEADER + HEADER + r.size as usize,
+        _ => proto::REPLY_HEADER,
+    }
+}
+
+/// Serves one request into `out` (its reply's [`reply_len`] bytes).
+fn answer(
+    req: &[u8],
+    parsed: Result<Request, ProtoError>,
+    out: &mut [u8],
+    store: &Store,
+    m: &Metrics,
+) {
+    let payload = (out.len() - proto::REPLY_HEADER) as u32;
+    match parsed {
         Ok(r) => {
             Reply {
                 status: Status::Ok,
                 op: r.op as u8,
                 conn: r.conn,
                 req: r.req,
+                len: payload,
             }
             .encode(out);
             match r.op {
                 Op::Get => {
                     m.get(r.size);
-                    let n = proto::REPLY_HEADER + HEADER + r.size as usize;
-                    store.get_into(r.key, &mut out[proto::REPLY_HEADER..n]);
-                    n
+                    store.get_into(r.key, &mut out[proto::REPLY_HEADER..]);
                 }
                 Op::Put => {
                     m.put(r.size);
                     store.put(r.key, r.tag, &req[proto::REQUEST_HEADER..]);
-                    proto::REPLY_HEADER
                 }
             }
         }
@@ -499,9 +552,9 @@ fn answer(req: &[u8], out: &mut [u8], limits: Limits, store: &Store, m: &Metrics
                 op: req.first().copied().unwrap_or(0),
                 conn,
                 req: req_id,
+                len: payload,
             }
             .encode(out);
-            proto::REPLY_HEADER
         }
     }
 }
@@ -521,7 +574,7 @@ mod tests {
         assert_eq!((s.recvs, s.replies()), (80, 160));
         assert_eq!(
             s.buffer(),
-            80 * (40 + (1 << 20)) + 160 * (16 + 24 + (1 << 20))
+            80 * (40 + (1 << 20)) + 160 * (24 + 24 + (1 << 20))
         );
         assert!(s.buffer() <= MAX_CONN_BUFFER);
         let greedy = Hello {

@@ -7,7 +7,6 @@
 
 use crate::cm::{self, Endpoint, QueueSizes};
 use crate::proto::{self, Hello, Reply, Welcome};
-use crate::slot::HEADER;
 use crate::stats::Recorder;
 use crate::verbs::{self, Mr};
 use crate::wake::Wake;
@@ -71,7 +70,7 @@ impl SharedQp {
             max_size,
         };
         let recvs = if uses_rpc { share * window } else { 0 };
-        let reply_size = proto::REPLY_HEADER + HEADER + max_size as usize;
+        let reply_size = proto::reply_room(max_size);
         let op_size = proto::REQUEST_HEADER + max_size as usize;
         let q = QueueSizes {
             send: share * window,
