@@ -194,6 +194,11 @@ impl Endpoint {
         Ok((cq, mr, attr.cap.max_inline_data))
     }
 
+    /// The most bytes a SEND carries inline on this QP.
+    pub fn max_inline(&self) -> usize {
+        self.max_inline as usize
+    }
+
     /// Posts `wrs` on the QP (see [`verbs::post_send`]).
     pub fn post_send(&self, wrs: &[verbs::SendWr]) -> anyhow::Result<()> {
         verbs::post_send(self.qp(), self.max_inline, wrs)

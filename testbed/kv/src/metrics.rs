@@ -22,6 +22,7 @@ pub struct Metrics {
     put_value_bytes: AtomicU64,
     request_bytes: AtomicU64,
     reply_bytes: AtomicU64,
+    reply_messages: AtomicU64,
     /// Requests refused with an error reply, by status (index: the status's code).
     refused: [AtomicU64; 6],
 }
@@ -52,9 +53,14 @@ impl Metrics {
         add(&self.request_bytes, len as u64)
     }
 
-    /// A reply of `len` bytes was posted.
+    /// A reply of `len` bytes was written.
     pub fn reply(&self, len: usize) {
         add(&self.reply_bytes, len as u64)
+    }
+
+    /// `n` messages of replies were posted.
+    pub fn reply_messages(&self, n: usize) {
+        add(&self.reply_messages, n as u64)
     }
 
     pub fn get(&self, value_bytes: u32) {
@@ -100,6 +106,7 @@ impl Metrics {
             put_value_bytes: v(&self.put_value_bytes),
             request_bytes: v(&self.request_bytes),
             reply_bytes: v(&self.reply_bytes),
+            reply_messages: v(&self.reply_messages),
             errors: refused.total(),
             refused,
         }
@@ -120,6 +127,8 @@ pub struct Snapshot {
     /// Bytes of every request received and every reply sent (headers included).
     pub request_bytes: u64,
     pub reply_bytes: u64,
+    /// SENDs that carried the replies (one carries several when requests arrive together).
+    pub reply_messages: u64,
     /// Requests refused with an error reply (the sum of `refused`).
     pub errors: u64,
     pub refused: Refused,
@@ -171,6 +180,7 @@ mod tests {
         m.put(100);
         m.request(40);
         m.reply(72);
+        m.reply_messages(1);
         m.refused(Status::BadKey);
         m.refused(Status::BadKey);
         m.refused(Status::BadChecksum);
@@ -188,6 +198,7 @@ mod tests {
         assert_eq!((s.gets, s.puts), (2, 1));
         assert_eq!((s.get_value_bytes, s.put_value_bytes), (4128, 100));
         assert_eq!((s.request_bytes, s.reply_bytes), (40, 72));
+        assert_eq!(s.reply_messages, 1);
         assert_eq!((s.refused.bad_key, s.refused.bad_checksum), (2, 1));
         assert_eq!(s.errors, 3);
         let back: Snapshot = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();

@@ -430,7 +430,9 @@ fn serve(
     let mut reposts = Vec::new();
     let mut replies = Vec::new();
     // The requests found in this poll are answered in batches: consecutive replies to one
-    // client connection share a reply buffer (and so one SEND) while they fit in it.
+    // client connection share a reply buffer (and so one SEND) while the SEND stays inline
+    // (a batch that the NIC must fetch from memory cost more than the messages it saved).
+    let batch_room = conn.ep.max_inline().min(reply_size);
     let mut batch: Option<Batch> = None;
     while let Some(&(ri, len)) = s.waiting.front() {
         let roff = ri * recv_size;
@@ -439,7 +441,7 @@ fn serve(
         let req = unsafe { conn.ep.mr.buffer().slice(roff, len.min(recv_size)) };
         let parsed = proto::parse_request(req, conn.limits);
         let (to, need) = (reply_to(req, &parsed), reply_len(&parsed));
-        if !batch.is_some_and(|b| b.conn == to && b.used + need <= reply_size) {
+        if !batch.is_some_and(|b| b.conn == to && b.used + need <= batch_room) {
             let Some(buf) = s.free_replies.pop() else {
                 break;
             };
@@ -469,6 +471,7 @@ fn serve(
         reposts.push((ri as u64, conn.ep.mr.addr(roff), recv_size as u32));
     }
     replies.extend(batch.map(|b| b.send(conn)));
+    metrics.reply_messages(replies.len());
     // The buffer goes back before the reply: the client's next request may follow the reply
     // at once.
     verbs::post_recv(conn.ep.qp(), conn.ep.mr.lkey(), &reposts)?;

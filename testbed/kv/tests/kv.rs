@@ -258,6 +258,9 @@ fn raw_and_share_gets_and_puts_between_two_hosts() {
     assert!(u(&m, "request_bytes") > u(&m, "put_value_bytes"), "{m}");
     assert!(u(&m, "reply_bytes") > u(&m, "get_value_bytes"), "{m}");
     assert_eq!(u(&m, "errors"), 0, "{m}");
+    // requests that arrived together were answered together (4 connections × window 4)
+    let rpcs = u(&m, "gets") + u(&m, "puts");
+    assert!(u(&m, "reply_messages") < rpcs, "{m}");
     assert_eq!(u(&m["connections"], "accepted"), 36, "{m}");
     assert!(u(&m["connections"], "open") <= 2, "{m}");
     // and printed them as it went, a JSON line every half second, counts never going back
