@@ -316,7 +316,10 @@ fn no_wrong_value_with_loss_duplication_and_reordering() {
         "5",
     ]);
     let site = Site::bare(&run);
-    let _server = site.server(&SERVER_ARGS);
+    let stats = run.dir.join("server-stats.json");
+    let mut server_args = SERVER_ARGS.to_vec();
+    server_args.extend(["--stats-json", stats.to_str().unwrap()]);
+    let server = site.server(&server_args);
     for args in [
         &[
             "--op",
@@ -342,6 +345,21 @@ fn no_wrong_value_with_loss_duplication_and_reordering() {
             "--ops",
             "400",
         ],
+        // small GETs, whose replies the server sends in batches
+        &[
+            "--op",
+            "get",
+            "--size",
+            "fixed:32",
+            "--conns",
+            "4",
+            "--threads",
+            "2",
+            "--window",
+            "8",
+            "--ops",
+            "2000",
+        ],
         &[
             "--op",
             "mix:0.5",
@@ -361,10 +379,18 @@ fn no_wrong_value_with_loss_duplication_and_reordering() {
     ] {
         site.client(args);
     }
-    let stats = run.settled_stats("h2");
+    let nic = run.settled_stats("h2");
     assert!(
-        stats["fault_dropped"] > 0 && stats["retransmits"] > 0,
-        "{stats:?}"
+        nic["fault_dropped"] > 0 && nic["retransmits"] > 0,
+        "{nic:?}"
+    );
+    // batched replies were among what the faults hit
+    let o = server.stop();
+    assert!(o.status.success(), "server: {}", text(&o));
+    let m = server_stats(&stats);
+    assert!(
+        u(&m, "reply_messages") < u(&m, "gets") + u(&m, "puts"),
+        "{m}"
     );
 }
 
