@@ -114,7 +114,8 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         if let Some(at) = next_report.filter(|&at| Instant::now() >= at) {
             let line = serde_json::to_string(&metrics.snapshot(started.elapsed().as_secs_f64()))?;
             println!("{line}");
-            next_report = cfg.stats_interval.map(|i| at + i);
+            // (a loop that fell behind a short interval skips the lines it missed)
+            next_report = cfg.stats_interval.map(|i| (at + i).max(Instant::now()));
         }
         if !readable(listener.channel.fd(), 200) {
             continue;
