@@ -15,6 +15,9 @@
 #   64 KiB READ GET throughput  >= 0.8 x ib_read_bw (both 128 requests deep, 16 READs in flight)
 #   32 B RPC GETs, window 16    >= 0.8 x ib_send_bw's message rate at depth 16 (-t 16)
 #   SHARE (R = 5) against RAW at 20 and 100 connections (the lock's cost)
+# and, for the RPC, what softrnic carries when messages go both ways at once (an RPC is a
+# message each way): ib_send_bw -b (one pair, both directions; perftest adds the two up) and
+# two one-way ib_send_bw in opposite directions at the same time.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
@@ -27,6 +30,7 @@ ROUNDS=${KV_BENCH_ROUNDS:-3}
 SECS=${KV_BENCH_SECONDS:-3}
 PORT=7471
 
+echo "start: $(date -u '+%F %T UTC'), load average $(cut -d' ' -f1-3 /proc/loadavg)" > "$OUT/when.txt"
 "$S" up --hosts 2 > "$OUT/up.txt"
 SERVER_PID=
 cleanup() {
@@ -35,6 +39,7 @@ cleanup() {
 }
 trap cleanup EXIT
 H1=$("$S" addr h1)
+H2=$("$S" addr h2)
 
 # perftest: server on h1, client on h2 (both again while the server is not listening yet).
 perftest() { # NAME ARGS...
@@ -53,8 +58,23 @@ perftest() { # NAME ARGS...
     exit 1
 }
 
+# ib_send_bw h2 -> h1 and h1 -> h2 at the same time (other ports than the server's).
+opposite() { # NAME
+    local args=(-x 0 -s 32 -t 16 -D "$SECS") pids=()
+    "$S" exec --host h1 -- ib_send_bw "${args[@]}" -p 18601 > "$OUT/$1.h1srv.txt" 2>&1 &
+    pids+=($!)
+    "$S" exec --host h2 -- ib_send_bw "${args[@]}" -p 18602 > "$OUT/$1.h2srv.txt" 2>&1 &
+    pids+=($!)
+    sleep 1
+    "$S" exec --host h2 -- ib_send_bw "${args[@]}" -p 18601 "$H1" > "$OUT/$1.fw.txt" 2>&1 &
+    pids+=($!)
+    "$S" exec --host h1 -- ib_send_bw "${args[@]}" -p 18602 "$H2" > "$OUT/$1.bw.txt" 2>&1 || true
+    # (not a bare `wait`: the drum-kv server runs in the background too)
+    wait "${pids[@]}" || true
+}
+
 "$S" exec --host h1 -- "$KV" server --listen "$H1:$PORT" --keys 1024 --max-value 64K \
-    --share 5 > "$OUT/server.txt" 2>&1 &
+    --share 5 --stats-json "$OUT/server-stats.json" > "$OUT/server.txt" 2>&1 &
 SERVER_PID=$!
 sleep 1
 kv() { # NAME ARGS...
@@ -69,11 +89,15 @@ for r in $(seq 1 "$ROUNDS"); do
     kv "read64k.$r" --op read --size fixed:64K --window 128 --warmup 0.5 --duration "$SECS"
     perftest "send_bw.$r" ib_send_bw -x 0 -s 32 -t 16 -D "$SECS"
     kv "get32.$r" --op get --size fixed:32 --window 16 --warmup 0.5 --duration "$SECS"
+    perftest "send_bw_b.$r" ib_send_bw -x 0 -s 32 -t 16 -D "$SECS" -b
+    opposite "send_bw_opposite.$r"
 done
 for cc in 20 100; do
     kv "raw$cc" --op read --size fixed:32 --conns $cc --threads 2 --window 1 --warmup 0.5 --duration "$SECS"
     kv "share$cc" --op read --size fixed:32 --conns $cc --threads 2 --window 1 --share 5 --warmup 0.5 --duration "$SECS"
 done
+
+echo "end: $(date -u '+%F %T UTC'), load average $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/when.txt"
 
 python3 - "$OUT" "$ROUNDS" <<'PY'
 import json, statistics, sys
@@ -98,8 +122,19 @@ compare("32 B READ GET p50 / ib_read_lat typical", "<= 1.2",
 compare("64 KiB READ GET / ib_read_bw", ">= 0.8",
         [kv(f"read64k.{r}")["bytes"] * 8 / kv(f"read64k.{r}")["seconds"] / 1e9 for r in rs],
         [perf(f"read_bw.{r}", 3) for r in rs], "Gb/s")
+get32 = [kv(f"get32.{r}")["ops_per_s"] / 1e6 for r in rs]
 compare("32 B RPC GET, window 16 / ib_send_bw -t 16", ">= 0.8",
-        [kv(f"get32.{r}")["ops_per_s"] / 1e6 for r in rs], [perf(f"send_bw.{r}", 4) for r in rs], "Mops/s")
+        get32, [perf(f"send_bw.{r}", 4) for r in rs], "Mops/s")
+# Both directions at once: -b's rate is the two directions' sum; the opposite pair's are
+# averaged. Each against the same round's one-way rate, and the RPCs against the former.
+both = [perf(f"send_bw_b.{r}", 4) / 2 for r in rs]
+opposite = [(perf(f"send_bw_opposite.{r}.fw", 4) + perf(f"send_bw_opposite.{r}.bw", 4)) / 2 for r in rs]
+compare("ib_send_bw -b -t 16 per direction / one-way", "(softrnic)",
+        both, [perf(f"send_bw.{r}", 4) for r in rs], "Mops/s")
+compare("two opposite ib_send_bw -t 16, per direction / one-way", "(softrnic)",
+        opposite, [perf(f"send_bw.{r}", 4) for r in rs], "Mops/s")
+compare("32 B RPC GET, window 16 / ib_send_bw -b -t 16 per direction", "(context)",
+        get32, both, "Mops/s")
 print("| criterion | drum-kv / perftest per round | ratio per round | median | wanted |")
 print("| --- | --- | --- | --- | --- |")
 for t, m, rr, med, want in rows:
@@ -116,4 +151,5 @@ for cc in (20, 100):
 names = [f"{k}.{r}" for k in ("read32", "read64k", "get32") for r in rs]
 names += [f"{m}{cc}" for m in ("raw", "share") for cc in (20, 100)]
 print(f"\nerrors in all drum-kv runs: {sum(kv(n)['errors'] for n in names)}; outputs in {out}")
+print(open(f"{out}/when.txt").read().strip())
 PY

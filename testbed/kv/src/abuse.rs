@@ -30,7 +30,7 @@ pub enum Case {
 const DECLARED: u32 = 64;
 
 pub fn run(server: SocketAddrV4, case: Case) -> anyhow::Result<()> {
-    let reply_size = proto::REPLY_HEADER + crate::slot::HEADER + DECLARED as usize;
+    let reply_size = proto::reply_room(DECLARED);
     let msg_size = 4096;
     let q = QueueSizes {
         send: 1,
@@ -94,7 +94,7 @@ pub fn run(server: SocketAddrV4, case: Case) -> anyhow::Result<()> {
         lkey: ep.mr.lkey(),
         read_from: None,
     };
-    verbs::post_send(ep.qp(), &[wr])?;
+    ep.post_send(&[wr])?;
     if matches!(case, Case::Vanish) {
         println!("vanished");
         // Gone without a word: no disconnect, no teardown, the request in flight.

@@ -12,6 +12,7 @@ use crate::shared_qp::{Done, SharedQp};
 use crate::slot::{self, Retry, Verdict, HEADER};
 use crate::stats::{self, ConnThroughput, Recorder, RunInfo, Summary};
 use crate::verbs::{self, SendWr};
+use crate::wake::Wake;
 use crate::wrid::{self, WrId, WrKind};
 use std::net::SocketAddrV4;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -122,10 +123,6 @@ pub fn run(cfg: Config) -> anyhow::Result<Summary> {
         "--conns and --threads must be at least 1"
     );
     anyhow::ensure!(cfg.share > 0, "--share must be at least 1");
-    anyhow::ensure!(
-        !(cfg.events && cfg.share > 1),
-        "--poll event is for RAW mode (a shared QP's completions are polled under its lock)"
-    );
     let max_size = u32::try_from(cfg.size.max()).map_err(|_| anyhow::anyhow!("size too large"))?;
     let window = cfg.window.max(1) as usize;
     let share = cfg.share as usize;
@@ -236,6 +233,18 @@ fn worker(
             finished: false,
         })
         .collect();
+    // Event mode: a thread sleeps on its CQs' channels and on a wake that a thread polling
+    // a shared CQ rings when it routes a completion to one of this thread's connections.
+    let wake = if cfg.events {
+        let w = Arc::new(Wake::new()?);
+        for c in &conns {
+            // each connection has one thread: set once
+            let _ = c.qp.wakers[c.idx].set(w.clone());
+        }
+        Some(w)
+    } else {
+        None
+    };
     let mut wcs = verbs::blank_wcs(32);
     let mut last_progress = Instant::now();
     while conns.iter().any(|c| !c.finished) {
@@ -262,8 +271,8 @@ fn worker(
             );
         }
         if progress == 0 {
-            if cfg.events {
-                wait_for_events(&conns, &mut rec, &mut wcs)?;
+            if let Some(wake) = &wake {
+                wait_for_events(&conns, wake, &mut rec, &mut wcs)?;
             } else {
                 // Busy polling, but a 2-core machine may run more busy threads than cores.
                 std::thread::yield_now();
@@ -284,14 +293,22 @@ fn worker(
 }
 
 /// Arms every CQ of this thread, polls once more (a completion may have come before the
-/// arming), then waits up to a millisecond for an event.
+/// arming), then waits up to a millisecond for an event or a ring of `wake`. The thread
+/// that takes a shared CQ's event polls that CQ, so completions of connections whose
+/// threads sleep on are routed (and their threads rung) even when the event was not theirs.
 fn wait_for_events(
     conns: &[Conn],
+    wake: &Wake,
     rec: &mut Recorder,
     wcs: &mut [rdma_sys::ibv_wc],
 ) -> anyhow::Result<()> {
-    let mut fds = Vec::new();
-    for c in conns.iter().filter(|c| !c.finished) {
+    let live = || conns.iter().filter(|c| !c.finished);
+    let mut fds = vec![libc::pollfd {
+        fd: wake.fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    for c in live() {
         let _g = c.qp.lock(rec);
         c.qp.ep.cq.arm()?;
         if c.qp.poll_and_route(wcs)? > 0 {
@@ -303,10 +320,17 @@ fn wait_for_events(
             revents: 0,
         });
     }
-    // SAFETY: valid pollfds.
-    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as u64, 1) };
-    for c in conns.iter().filter(|c| !c.finished) {
-        c.qp.ep.cq.take_event();
+    // Work routed here while arming: do not sleep on it (its ring is taken below).
+    if live().all(|c| c.qp.mailboxes[c.idx].lock().is_empty()) {
+        // SAFETY: valid pollfds.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as u64, 1) };
+    }
+    wake.clear();
+    for c in live() {
+        if c.qp.ep.cq.take_event() {
+            let _g = c.qp.lock(rec);
+            c.qp.poll_and_route(wcs)?;
+        }
     }
     Ok(())
 }
@@ -349,7 +373,7 @@ impl Conn {
             .collect();
         let _g = self.qp.lock(rec);
         verbs::post_recv(self.qp.ep.qp(), self.qp.ep.mr.lkey(), &reposts)?;
-        verbs::post_send(self.qp.ep.qp(), &wrs)?;
+        self.qp.ep.post_send(&wrs)?;
         progress += wrs.len() + self.qp.poll_and_route(wcs)?;
         Ok(progress)
     }
@@ -536,17 +560,27 @@ impl Conn {
                         .buffer()
                         .slice(off, (len as usize).min(qp.reply_size))
                 };
-                self.on_reply(b, rec, budget, now);
+                // the server may have answered several requests in one message
+                for r in proto::replies(b) {
+                    let Some((r, payload)) = r else {
+                        eprintln!("drum-kv client: conn {}: malformed reply", self.id);
+                        rec.error_replies += 1;
+                        break;
+                    };
+                    self.on_reply(r, payload, rec, budget, now);
+                }
             }
         }
     }
 
-    fn on_reply(&mut self, b: &[u8], rec: &mut Recorder, budget: &Budget, now: Instant) {
-        let Some(r) = Reply::decode(b) else {
-            eprintln!("drum-kv client: conn {}: malformed reply", self.id);
-            rec.error_replies += 1;
-            return;
-        };
+    fn on_reply(
+        &mut self,
+        r: Reply,
+        payload: &[u8],
+        rec: &mut Recorder,
+        budget: &Budget,
+        now: Instant,
+    ) {
         let (slot, seq) = wrid::split_request_id(r.req);
         let Some(op) = self
             .slots
@@ -570,7 +604,6 @@ impl Conn {
             rec.error_replies += 1;
         } else if op.kind == OpKind::Get {
             let w = &self.qp.welcome;
-            let payload = &b[proto::REPLY_HEADER..];
             let check = (payload.len() == HEADER + op.size as usize)
                 .then(|| slot::check_read(w.seed, op.key, w.max_value, payload));
             if let Some(slot::ReadCheck::Value { tag, .. }) = check {

@@ -2,7 +2,7 @@
 //! connects, the server listens and accepts; the handshake messages ride in the CM's private
 //! data. Each [`Endpoint`] owns its id, QP, CQ and registered buffer and frees them in order.
 
-use crate::verbs::{check, os_error, Cq, Mr, Pd};
+use crate::verbs::{self, check, os_error, Cq, Mr, Pd};
 use rdma_sys::*;
 use std::net::SocketAddrV4;
 use std::ptr::null_mut;
@@ -131,6 +131,11 @@ impl Drop for Id {
     }
 }
 
+/// Inline bytes asked for on every QP: room for a GET request (40 B) and the reply to a GET
+/// of up to 192 B (16 + 24 + 192), the small messages whose fetch from memory costs as
+/// much as their transfer.
+const WANTED_INLINE: u32 = 256;
+
 /// Sizes of an endpoint's queues and memory.
 #[derive(Debug, Clone, Copy)]
 pub struct QueueSizes {
@@ -145,6 +150,8 @@ pub struct Endpoint {
     id: *mut rdma_cm_id,
     pub cq: Cq,
     pub mr: Mr,
+    /// The most bytes a SEND may carry inline on this QP.
+    max_inline: u32,
     /// The client's own channel (the server's connections share the listener's).
     _channel: Option<EventChannel>,
 }
@@ -154,8 +161,9 @@ unsafe impl Send for Endpoint {}
 unsafe impl Sync for Endpoint {}
 
 impl Endpoint {
-    /// Makes the CQ, QP and buffer of a resolved or requested id.
-    fn build(id: *mut rdma_cm_id, pd: &Arc<Pd>, q: QueueSizes) -> anyhow::Result<(Cq, Mr)> {
+    /// Makes the CQ, QP and buffer of a resolved or requested id; returns them with the QP's
+    /// inline limit.
+    fn build(id: *mut rdma_cm_id, pd: &Arc<Pd>, q: QueueSizes) -> anyhow::Result<(Cq, Mr, u32)> {
         // SAFETY: the id is resolved, so it has a device context.
         let ctx = unsafe { (*id).verbs };
         let cq = Cq::new(ctx, q.send + q.recv, q.events)?;
@@ -170,14 +178,30 @@ impl Endpoint {
             max_recv_wr: q.recv.max(1) as u32,
             max_send_sge: 1,
             max_recv_sge: 1,
-            max_inline_data: 0,
+            max_inline_data: WANTED_INLINE,
         };
         // SAFETY: id, pd and cq are alive.
-        check(
-            unsafe { rdma_create_qp(id, pd.0, &mut attr) },
-            "rdma_create_qp",
-        )?;
-        Ok((cq, mr))
+        if unsafe { rdma_create_qp(id, pd.0, &mut attr) } != 0 {
+            // a device that inlines less (or nothing): without
+            attr.cap.max_inline_data = 0;
+            // SAFETY: as above.
+            check(
+                unsafe { rdma_create_qp(id, pd.0, &mut attr) },
+                "rdma_create_qp",
+            )?;
+        }
+        // (the provider wrote back what the QP really has)
+        Ok((cq, mr, attr.cap.max_inline_data))
+    }
+
+    /// The most bytes a SEND carries inline on this QP.
+    pub fn max_inline(&self) -> usize {
+        self.max_inline as usize
+    }
+
+    /// Posts `wrs` on the QP (see [`verbs::post_send`]).
+    pub fn post_send(&self, wrs: &[verbs::SendWr]) -> anyhow::Result<()> {
+        verbs::post_send(self.qp(), self.max_inline, wrs)
     }
 
     pub fn qp(&self) -> *mut ibv_qp {
@@ -249,11 +273,12 @@ pub fn connect(
     drop(channel.expect(rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED)?);
     // SAFETY: route resolved: the id has its device context.
     let pd = Pd::new(unsafe { (*id.0).verbs })?;
-    let (cq, mr) = Endpoint::build(id.0, &pd, q)?;
+    let (cq, mr, max_inline) = Endpoint::build(id.0, &pd, q)?;
     let ep = Endpoint {
         id: std::mem::replace(&mut id.0, null_mut()),
         cq,
         mr,
+        max_inline,
         _channel: None,
     };
     prepare(&ep)?;
@@ -347,7 +372,7 @@ pub fn accept(
     welcome: &[u8],
     prepare: impl FnOnce(&Endpoint) -> anyhow::Result<()>,
 ) -> anyhow::Result<Endpoint> {
-    let (cq, mr) = match Endpoint::build(id, pd, q) {
+    let (cq, mr, max_inline) = match Endpoint::build(id, pd, q) {
         Ok(x) => x,
         Err(e) => {
             reject(id, &e.to_string());
@@ -358,6 +383,7 @@ pub fn accept(
         id,
         cq,
         mr,
+        max_inline,
         _channel: None,
     };
     prepare(&ep)?;

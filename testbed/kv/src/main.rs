@@ -7,6 +7,7 @@ mod batch;
 mod client;
 mod cm;
 mod dist;
+mod metrics;
 mod proto;
 mod server;
 mod shared_qp;
@@ -14,6 +15,7 @@ mod slot;
 mod stats;
 mod store;
 mod verbs;
+mod wake;
 mod wrid;
 
 use clap::{Parser, Subcommand};
@@ -53,6 +55,12 @@ enum Cmd {
         /// Threads polling the connections' completion queues.
         #[arg(long, default_value_t = 1)]
         pollers: usize,
+        /// Write the server's metrics (JSON) to this file when it stops (SIGTERM/SIGINT).
+        #[arg(long)]
+        stats_json: Option<std::path::PathBuf>,
+        /// Print the metrics as one JSON line on stdout every this many seconds.
+        #[arg(long)]
+        stats_interval: Option<f64>,
     },
     /// Load the server and report latency and throughput.
     Client(ClientArgs),
@@ -114,7 +122,7 @@ struct ClientArgs {
     /// Seed of the client's choices of keys, sizes and operations.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// busy (poll the CQs) | event (wait on completion channels; RAW mode only).
+    /// busy (poll the CQs) | event (sleep on completion channels when there is nothing to do).
     #[arg(long, default_value = "busy")]
     poll: Poll,
     /// Connections sharing one QP behind a lock (SHARE mode; 1 = RAW).
@@ -152,6 +160,8 @@ fn main() -> anyhow::Result<()> {
             seed,
             share,
             pollers,
+            stats_json,
+            stats_interval,
         } => server::run(server::Config {
             listen,
             keys,
@@ -159,6 +169,13 @@ fn main() -> anyhow::Result<()> {
             seed,
             share,
             pollers,
+            stats_json,
+            stats_interval: stats_interval
+                .map(|s| match seconds(s, "--stats-interval")? {
+                    d if d.is_zero() => anyhow::bail!("--stats-interval must be more than 0"),
+                    d => Ok(d),
+                })
+                .transpose()?,
         }),
         Cmd::Client(a) => {
             let duration = match (a.duration, a.ops, a.bytes) {

@@ -250,17 +250,33 @@ impl Status {
     }
 }
 
-/// A reply: `status u8 | op u8 | 0 u16 | conn u32 | req u64`, then for a GET the slot's
-/// header and the first `size` bytes of its value (as a READ of the slot would return).
+/// A reply: `status u8 | op u8 | 0 u16 | conn u32 | req u64 | len u32 | 0 u32`, then `len`
+/// bytes: for a GET the slot's header and the first `size` bytes of its value (as a READ of
+/// the slot would return), else none. One SEND carries one or more replies back to back
+/// (all to the same connection): the server answers the requests it found in one poll of a
+/// QP with one message, so a reply costs the NICs a fraction of a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reply {
     pub status: Status,
     pub op: u8,
     pub conn: u32,
     pub req: u64,
+    /// Bytes that follow the header.
+    pub len: u32,
 }
 
-pub const REPLY_HEADER: usize = 16;
+pub const REPLY_HEADER: usize = 24;
+
+/// The smallest receive buffer for replies: room for a batch of replies to small GETs
+/// (12 of 32 B values).
+const MIN_REPLY_ROOM: usize = 1024;
+
+/// Bytes of a reply message buffer (the client's receives, the server's replies) for
+/// values of up to `max_size` bytes: one whole GET reply, and never less than
+/// [`MIN_REPLY_ROOM`], so small replies can travel in batches.
+pub fn reply_room(max_size: u32) -> usize {
+    (REPLY_HEADER + slot::HEADER + max_size as usize).max(MIN_REPLY_ROOM)
+}
 
 impl Reply {
     pub fn encode(&self, out: &mut [u8]) {
@@ -269,6 +285,8 @@ impl Reply {
         out[2..4].fill(0);
         out[4..8].copy_from_slice(&self.conn.to_le_bytes());
         out[8..16].copy_from_slice(&self.req.to_le_bytes());
+        out[16..20].copy_from_slice(&self.len.to_le_bytes());
+        out[20..24].fill(0);
     }
 
     pub fn decode(b: &[u8]) -> Option<Reply> {
@@ -280,8 +298,34 @@ impl Reply {
             op: b[1],
             conn: u32_at(b, 4),
             req: u64_at(b, 8),
+            len: u32_at(b, 16),
         })
     }
+}
+
+/// The replies of one message in order, each with its payload; `None` for bytes that are
+/// not a whole reply (the rest of the message is not read).
+pub fn replies(mut b: &[u8]) -> impl Iterator<Item = Option<(Reply, &[u8])>> {
+    std::iter::from_fn(move || {
+        if b.is_empty() {
+            return None;
+        }
+        let whole = Reply::decode(b).and_then(|r| {
+            let end = REPLY_HEADER.checked_add(r.len as usize)?;
+            (end <= b.len()).then_some((r, end))
+        });
+        match whole {
+            Some((r, end)) => {
+                let payload = &b[REPLY_HEADER..end];
+                b = &b[end..];
+                Some(Some((r, payload)))
+            }
+            None => {
+                b = &[];
+                Some(None)
+            }
+        }
+    })
 }
 
 fn u32_at(b: &[u8], i: usize) -> u32 {
@@ -392,12 +436,49 @@ mod tests {
             op: 1,
             conn: 7,
             req: 99,
+            len: 0,
         };
         let mut b = [0u8; REPLY_HEADER];
         r.encode(&mut b);
         assert_eq!(Reply::decode(&b), Some(r));
         b[0] = 200;
         assert_eq!(Reply::decode(&b), None);
+    }
+
+    #[test]
+    fn a_message_of_several_replies_splits_and_a_cut_one_is_refused() {
+        let first = Reply {
+            status: Status::Ok,
+            op: 1,
+            conn: 7,
+            req: 1,
+            len: 5,
+        };
+        let second = Reply {
+            status: Status::BadKey,
+            req: 2,
+            len: 0,
+            ..first
+        };
+        let mut b = vec![0u8; 2 * REPLY_HEADER + 5];
+        first.encode(&mut b);
+        b[REPLY_HEADER..REPLY_HEADER + 5].copy_from_slice(b"value");
+        second.encode(&mut b[REPLY_HEADER + 5..]);
+        let got: Vec<_> = replies(&b).collect();
+        assert_eq!(
+            got,
+            vec![Some((first, &b"value"[..])), Some((second, &[][..]))]
+        );
+        // a payload longer than the message, a header cut short: refused, and the end
+        assert_eq!(
+            replies(&b[..REPLY_HEADER + 4]).collect::<Vec<_>>(),
+            vec![None]
+        );
+        let cut: Vec<_> = replies(&b[..2 * REPLY_HEADER]).collect();
+        assert_eq!(cut, vec![Some((first, &b"value"[..])), None]);
+        assert_eq!(replies(&[]).count(), 0);
+        assert_eq!(reply_room(32), 1024);
+        assert_eq!(reply_room(1 << 20), REPLY_HEADER + 24 + (1 << 20));
     }
 
     #[test]
@@ -413,6 +494,7 @@ mod tests {
         fn no_bytes_crash_the_parser(b in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
             let _ = parse_request(&b, LIMITS);
             let _ = Reply::decode(&b);
+            proptest::prop_assert!(replies(&b).count() <= b.len() / REPLY_HEADER + 1);
             let _ = Hello::decode(&b);
             let _ = Welcome::decode(&b);
         }

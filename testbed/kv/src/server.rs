@@ -3,15 +3,18 @@
 //! or its connection closed when its QP breaks; every other client is served on.
 
 use crate::cm::{self, Endpoint, Listener, QueueSizes};
-use crate::proto::{self, Hello, Limits, Op, Reply, Status, Welcome};
+use crate::metrics::Metrics;
+use crate::proto::{self, Hello, Limits, Op, ProtoError, Reply, Request, Status, Welcome};
 use crate::slot::HEADER;
 use crate::store::Store;
 use crate::verbs::{self, Mr, Pd, SendWr};
+use crate::wake::Wake;
 use rdma_sys::{ibv_context, ibv_wc_opcode, ibv_wc_status, rdma_cm_event_type};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddrV4;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -22,6 +25,10 @@ pub struct Config {
     /// The most connections a client may multiplex on one QP.
     pub share: u16,
     pub pollers: usize,
+    /// Where to write the metrics at exit (JSON).
+    pub stats_json: Option<std::path::PathBuf>,
+    /// How often to print the metrics as a JSON line on stdout.
+    pub stats_interval: Option<Duration>,
 }
 
 /// Requests buffered per QP at most (`share × window`), and the buffer memory of one
@@ -43,7 +50,7 @@ impl Sizes {
         Sizes {
             recvs: hello.window as usize * hello.share as usize,
             recv_size: proto::REQUEST_HEADER + hello.max_size as usize,
-            reply_size: proto::REPLY_HEADER + HEADER + hello.max_size as usize,
+            reply_size: proto::reply_room(hello.max_size),
         }
     }
 
@@ -56,17 +63,6 @@ impl Sizes {
     fn buffer(&self) -> usize {
         self.recvs * self.recv_size + self.replies() * self.reply_size
     }
-}
-
-/// What the server did, for its exit line.
-#[derive(Default)]
-struct Counters {
-    gets: AtomicU64,
-    puts: AtomicU64,
-    error_replies: AtomicU64,
-    broken: AtomicU64,
-    accepted: AtomicU64,
-    rejected: AtomicU64,
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -98,21 +94,29 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         cfg.seed,
         cfg.share
     );
-    let counters = Arc::new(Counters::default());
+    let started = Instant::now();
+    let metrics = Arc::new(Metrics::default());
+    let mut next_report = cfg.stats_interval.map(|i| started + i);
     let mut pollers = Vec::new();
     for i in 0..cfg.pollers.max(1) {
         let (tx, rx) = mpsc::channel::<Arc<Conn>>();
         let wake = Arc::new(Wake::new()?);
-        let (store, counters, w) = (store.clone(), counters.clone(), wake.clone());
+        let (store, metrics, w) = (store.clone(), metrics.clone(), wake.clone());
         std::thread::Builder::new()
             .name(format!("poller{i}"))
-            .spawn(move || poll_loop(rx, &w, &store, &counters))?;
+            .spawn(move || poll_loop(rx, &w, &store, &metrics))?;
         pollers.push((tx, wake));
     }
     let mut regs: HashMap<usize, Registration> = HashMap::new();
     let mut conns: HashMap<usize, Arc<Conn>> = HashMap::new();
     let mut next_poller = 0;
     while !STOP.load(Ordering::Relaxed) {
+        if let Some(at) = next_report.filter(|&at| Instant::now() >= at) {
+            let line = serde_json::to_string(&metrics.snapshot(started.elapsed().as_secs_f64()))?;
+            println!("{line}");
+            // (a loop that fell behind a short interval skips the lines it missed)
+            next_report = cfg.stats_interval.map(|i| (at + i).max(Instant::now()));
+        }
         if !readable(listener.channel.fd(), 200) {
             continue;
         }
@@ -126,13 +130,13 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
                 drop(ev);
                 match admit(&cfg, hello, cm::context_of(id), &mut regs, &store) {
                     Err(why) => {
-                        counters.rejected.fetch_add(1, Ordering::Relaxed);
+                        metrics.rejected();
                         eprintln!("drum-kv server: refused a connection: {why}");
                         cm::reject(id, &why);
                     }
                     Ok((hello, reg)) => match Conn::accept(id, hello, reg, &store) {
                         Ok(conn) => {
-                            counters.accepted.fetch_add(1, Ordering::Relaxed);
+                            metrics.accepted();
                             let conn = Arc::new(conn);
                             conns.insert(id as usize, conn.clone());
                             let (tx, wake) = &pollers[next_poller % pollers.len()];
@@ -140,7 +144,10 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
                             wake.ring();
                             next_poller += 1;
                         }
-                        Err(e) => eprintln!("drum-kv server: accept failed: {e:#}"),
+                        Err(e) => {
+                            metrics.rejected();
+                            eprintln!("drum-kv server: accept failed: {e:#}")
+                        }
                     },
                 }
             }
@@ -150,6 +157,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
             | rdma_cm_event_type::RDMA_CM_EVENT_REJECTED => {
                 drop(ev);
                 if let Some(c) = conns.remove(&(id as usize)) {
+                    metrics.disconnected();
                     // Its poller destroys it: every event of the id is acknowledged now.
                     c.gone.store(true, Ordering::Release);
                 }
@@ -157,15 +165,20 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
             _ => drop(ev),
         }
     }
+    let m = metrics.snapshot(started.elapsed().as_secs_f64());
     eprintln!(
         "drum-kv server: accepted={} rejected={} gets={} puts={} error_replies={} broken={}",
-        counters.accepted.load(Ordering::Relaxed),
-        counters.rejected.load(Ordering::Relaxed),
-        counters.gets.load(Ordering::Relaxed),
-        counters.puts.load(Ordering::Relaxed),
-        counters.error_replies.load(Ordering::Relaxed),
-        counters.broken.load(Ordering::Relaxed),
+        m.connections.accepted,
+        m.connections.rejected,
+        m.gets,
+        m.puts,
+        m.errors,
+        m.connections.broken,
     );
+    if let Some(f) = &cfg.stats_json {
+        std::fs::write(f, serde_json::to_string_pretty(&m)? + "\n")
+            .map_err(|e| anyhow::anyhow!("--stats-json {}: {e}", f.display()))?;
+    }
     // Exit without tearing down connections clients still hold (their pollers may be
     // mid-call); the process's exit releases everything, and atexit handlers still run.
     std::process::exit(0)
@@ -293,37 +306,7 @@ struct Served {
     broken: bool,
 }
 
-/// An eventfd that wakes a poller sleeping on completion events when a connection is
-/// handed to it (its CQ is not among those it waits on yet).
-struct Wake(std::os::fd::OwnedFd);
-
-impl Wake {
-    fn new() -> anyhow::Result<Wake> {
-        // SAFETY: no pointers; the descriptor is owned from here on.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        anyhow::ensure!(fd >= 0, "eventfd: {}", std::io::Error::last_os_error());
-        // SAFETY: a fresh descriptor nobody else owns.
-        Ok(Wake(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }))
-    }
-
-    fn ring(&self) {
-        let one = 1u64;
-        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
-        unsafe { libc::write(self.fd(), (&one as *const u64).cast(), 8) };
-    }
-
-    fn clear(&self) {
-        let mut v = 0u64;
-        // SAFETY: reads 8 bytes into a live u64 (non-blocking).
-        unsafe { libc::read(self.fd(), (&mut v as *mut u64).cast(), 8) };
-    }
-
-    fn fd(&self) -> i32 {
-        std::os::fd::AsRawFd::as_raw_fd(&self.0)
-    }
-}
-
-fn poll_loop(rx: mpsc::Receiver<Arc<Conn>>, wake: &Wake, store: &Store, counters: &Counters) {
+fn poll_loop(rx: mpsc::Receiver<Arc<Conn>>, wake: &Wake, store: &Store, metrics: &Metrics) {
     let mut served: Vec<Served> = Vec::new();
     let mut wcs = verbs::blank_wcs(32);
     let mut idle_passes = 0;
@@ -349,12 +332,12 @@ fn poll_loop(rx: mpsc::Receiver<Arc<Conn>>, wake: &Wake, store: &Store, counters
         served.retain(|s| !s.conn.gone.load(Ordering::Acquire));
         let mut idle = true;
         for s in served.iter_mut() {
-            match serve(s, store, counters, &mut wcs) {
+            match serve(s, store, metrics, &mut wcs) {
                 Ok(n) => idle &= n == 0,
                 Err(e) => {
                     if !s.broken {
                         eprintln!("drum-kv server: closing a connection: {e:#}");
-                        counters.broken.fetch_add(1, Ordering::Relaxed);
+                        metrics.broken();
                         s.broken = true;
                         s.conn.ep.disconnect();
                     }
@@ -413,7 +396,7 @@ fn wait_for_events(served: &[Served], wake: &Wake) {
 fn serve(
     s: &mut Served,
     store: &Store,
-    counters: &Counters,
+    metrics: &Metrics,
     wcs: &mut [rdma_sys::ibv_wc],
 ) -> anyhow::Result<usize> {
     let n = s.conn.ep.cq.poll(wcs)?;
@@ -440,84 +423,142 @@ fn serve(
         }
     }
     let conn = &s.conn;
+    let Sizes {
+        recv_size,
+        reply_size,
+        ..
+    } = conn.sizes;
     let mut reposts = Vec::new();
     let mut replies = Vec::new();
-    while let (Some(&(ri, len)), Some(&reply)) = (s.waiting.front(), s.free_replies.last()) {
-        s.waiting.pop_front();
-        s.free_replies.pop();
-        let roff = ri * conn.sizes.recv_size;
-        let rep_off = conn.reply_off(reply);
+    // The requests found in this poll are answered in batches: consecutive replies to one
+    // client connection share a reply buffer (and so one SEND) while the SEND stays inline
+    // (a batch that the NIC must fetch from memory cost more than the messages it saved).
+    let batch_room = conn.ep.max_inline().min(reply_size);
+    let mut batch: Option<Batch> = None;
+    while let Some(&(ri, len)) = s.waiting.front() {
+        let roff = ri * recv_size;
         // SAFETY: the RECV completed, so the NIC is done with this buffer until it is
-        // reposted; the reply buffer is free (its SEND completed).
-        let (req, out) = unsafe {
-            (
-                conn.ep
-                    .mr
-                    .buffer()
-                    .slice(roff, len.min(conn.sizes.recv_size)),
-                conn.ep
-                    .mr
-                    .buffer()
-                    .slice_mut(rep_off, conn.sizes.reply_size),
-            )
+        // reposted.
+        let req = unsafe { conn.ep.mr.buffer().slice(roff, len.min(recv_size)) };
+        let parsed = proto::parse_request(req, conn.limits);
+        let (to, need) = (reply_to(req, &parsed), reply_len(&parsed));
+        if !batch.is_some_and(|b| b.conn == to && b.used + need <= batch_room) {
+            let Some(buf) = s.free_replies.pop() else {
+                break;
+            };
+            let fresh = Batch {
+                buf,
+                conn: to,
+                used: 0,
+            };
+            if let Some(full) = batch.replace(fresh) {
+                replies.push(full.send(conn));
+            }
+        }
+        let b = batch.as_mut().expect("a batch is open");
+        // SAFETY: the reply buffer is free (its SEND completed) and this batch's alone;
+        // `used + need` fits in it.
+        let out = unsafe {
+            conn.ep
+                .mr
+                .buffer()
+                .slice_mut(conn.reply_off(b.buf) + b.used, need)
         };
-        let reply_len = answer(req, out, conn.limits, store, counters);
-        reposts.push((
-            ri as u64,
-            conn.ep.mr.addr(roff),
-            conn.sizes.recv_size as u32,
-        ));
-        replies.push(SendWr {
-            wr_id: SEND_BIT | reply as u64,
-            addr: conn.ep.mr.addr(rep_off),
-            len: reply_len as u32,
-            lkey: conn.ep.mr.lkey(),
-            read_from: None,
-        });
+        answer(req, parsed, out, store, metrics);
+        b.used += need;
+        metrics.request(req.len());
+        metrics.reply(need);
+        s.waiting.pop_front();
+        reposts.push((ri as u64, conn.ep.mr.addr(roff), recv_size as u32));
     }
+    replies.extend(batch.map(|b| b.send(conn)));
+    metrics.reply_messages(replies.len());
     // The buffer goes back before the reply: the client's next request may follow the reply
     // at once.
     verbs::post_recv(conn.ep.qp(), conn.ep.mr.lkey(), &reposts)?;
-    verbs::post_send(conn.ep.qp(), &replies)?;
+    conn.ep.post_send(&replies)?;
     Ok(n)
 }
 
-/// Serves one request into `out`; returns the reply's length.
-fn answer(req: &[u8], out: &mut [u8], limits: Limits, store: &Store, c: &Counters) -> usize {
-    match proto::parse_request(req, limits) {
+/// Replies being gathered in one reply buffer.
+#[derive(Clone, Copy)]
+struct Batch {
+    buf: usize,
+    /// The client connection they all answer.
+    conn: u32,
+    used: usize,
+}
+
+impl Batch {
+    fn send(self, conn: &Conn) -> SendWr {
+        SendWr {
+            wr_id: SEND_BIT | self.buf as u64,
+            addr: conn.ep.mr.addr(conn.reply_off(self.buf)),
+            len: self.used as u32,
+            lkey: conn.ep.mr.lkey(),
+            read_from: None,
+        }
+    }
+}
+
+/// The client connection a request's reply goes to (named in the request, or in whatever
+/// part of it arrived).
+fn reply_to(req: &[u8], parsed: &Result<Request, ProtoError>) -> u32 {
+    match parsed {
+        Ok(r) => r.conn,
+        Err(_) => proto::reply_address(req).0,
+    }
+}
+
+/// Bytes of the reply to a request.
+fn reply_len(parsed: &Result<Request, ProtoError>) -> usize {
+    match parsed {
+        Ok(r) if r.op == Op::Get => proto::REPLY_HEADER + HEADER + r.size as usize,
+        _ => proto::REPLY_HEADER,
+    }
+}
+
+/// Serves one request into `out` (its reply's [`reply_len`] bytes).
+fn answer(
+    req: &[u8],
+    parsed: Result<Request, ProtoError>,
+    out: &mut [u8],
+    store: &Store,
+    m: &Metrics,
+) {
+    let payload = (out.len() - proto::REPLY_HEADER) as u32;
+    match parsed {
         Ok(r) => {
             Reply {
                 status: Status::Ok,
                 op: r.op as u8,
                 conn: r.conn,
                 req: r.req,
+                len: payload,
             }
             .encode(out);
             match r.op {
                 Op::Get => {
-                    c.gets.fetch_add(1, Ordering::Relaxed);
-                    let n = proto::REPLY_HEADER + HEADER + r.size as usize;
-                    store.get_into(r.key, &mut out[proto::REPLY_HEADER..n]);
-                    n
+                    m.get(r.size);
+                    store.get_into(r.key, &mut out[proto::REPLY_HEADER..]);
                 }
                 Op::Put => {
-                    c.puts.fetch_add(1, Ordering::Relaxed);
+                    m.put(r.size);
                     store.put(r.key, r.tag, &req[proto::REQUEST_HEADER..]);
-                    proto::REPLY_HEADER
                 }
             }
         }
         Err(e) => {
-            c.error_replies.fetch_add(1, Ordering::Relaxed);
+            m.refused(e.status());
             let (conn, req_id) = proto::reply_address(req);
             Reply {
                 status: e.status(),
                 op: req.first().copied().unwrap_or(0),
                 conn,
                 req: req_id,
+                len: payload,
             }
             .encode(out);
-            proto::REPLY_HEADER
         }
     }
 }
@@ -537,7 +578,7 @@ mod tests {
         assert_eq!((s.recvs, s.replies()), (80, 160));
         assert_eq!(
             s.buffer(),
-            80 * (40 + (1 << 20)) + 160 * (16 + 24 + (1 << 20))
+            80 * (40 + (1 << 20)) + 160 * (24 + 24 + (1 << 20))
         );
         assert!(s.buffer() <= MAX_CONN_BUFFER);
         let greedy = Hello {

@@ -2,18 +2,20 @@
 //! the lock that serialises posting and polling, and the mailboxes through which a poller
 //! hands each completion to its connection — by the connection index in `wr_id` for READs and
 //! SENDs, by the connection id in the reply's payload for RECVs (any posted receive buffer
-//! of the QP may catch any connection's reply).
+//! of the QP may catch any connection's reply). With `--poll event`, a connection's thread may
+//! sleep while another thread polls its completion: the poller rings the sleeper's [`Wake`].
 
 use crate::cm::{self, Endpoint, QueueSizes};
 use crate::proto::{self, Hello, Reply, Welcome};
-use crate::slot::HEADER;
 use crate::stats::Recorder;
 use crate::verbs::{self, Mr};
+use crate::wake::Wake;
 use crate::wrid::{WrId, WrKind};
 use parking_lot::Mutex;
 use rdma_sys::ibv_wc_status;
 use std::net::SocketAddrV4;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 /// The receive of reply buffer `buf` (buffers come first in the QP's memory).
@@ -39,6 +41,8 @@ pub struct SharedQp {
     pub ep: Endpoint,
     lock: Mutex<()>,
     pub mailboxes: Vec<Mutex<Vec<Done>>>,
+    /// The wake of each connection's thread, when it sleeps on completion events.
+    pub wakers: Vec<OnceLock<Arc<Wake>>>,
     pub broken: AtomicBool,
     pub welcome: Welcome,
     /// Global id of the QP's first connection.
@@ -66,7 +70,7 @@ impl SharedQp {
             max_size,
         };
         let recvs = if uses_rpc { share * window } else { 0 };
-        let reply_size = proto::REPLY_HEADER + HEADER + max_size as usize;
+        let reply_size = proto::reply_room(max_size);
         let op_size = proto::REQUEST_HEADER + max_size as usize;
         let q = QueueSizes {
             send: share * window,
@@ -83,6 +87,7 @@ impl SharedQp {
             ep,
             lock: Mutex::new(()),
             mailboxes: (0..share).map(|_| Mutex::new(Vec::new())).collect(),
+            wakers: (0..share).map(|_| OnceLock::new()).collect(),
             broken: AtomicBool::new(false),
             welcome,
             base_conn,
@@ -153,9 +158,16 @@ impl SharedQp {
                     (conn.min(self.mailboxes.len() - 1), done)
                 }
             };
-            self.mailboxes[conn.min(self.mailboxes.len() - 1)]
-                .lock()
-                .push(done);
+            let conn = conn.min(self.mailboxes.len() - 1);
+            let mut mailbox = self.mailboxes[conn].lock();
+            mailbox.push(done);
+            // Its thread drains the whole mailbox after taking its rings: one ring per
+            // mailbox that was empty is enough.
+            if mailbox.len() == 1 {
+                if let Some(w) = self.wakers[conn].get() {
+                    w.ring();
+                }
+            }
         }
         Ok(n)
     }

@@ -39,15 +39,32 @@ pub struct Buffer {
 unsafe impl Send for Buffer {}
 unsafe impl Sync for Buffer {}
 
+/// A transparent huge page: buffers of at least this size are aligned to it and asked to be
+/// backed by huge pages.
+const HUGE_PAGE: usize = 2 << 20;
+
 impl Buffer {
     fn layout(len: usize) -> std::alloc::Layout {
-        std::alloc::Layout::from_size_align(len.max(1), 4096).expect("buffer layout")
+        let align = if len >= HUGE_PAGE { HUGE_PAGE } else { 4096 };
+        std::alloc::Layout::from_size_align(len.max(1), align).expect("buffer layout")
     }
 
+    /// Large buffers get transparent huge pages where the kernel offers them (as RDMA
+    /// applications use huge pages to keep the NIC's translations few): a NIC that walks the
+    /// page tables of the memory it moves — softrnic's engines, by `process_vm_readv/writev`
+    /// — walks one entry per 2 MiB instead of per 4 KiB.
     pub fn new(len: usize) -> anyhow::Result<Buffer> {
+        let layout = Self::layout(len);
         // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(Self::layout(len)) };
+        let ptr = unsafe { std::alloc::alloc(layout) };
         anyhow::ensure!(!ptr.is_null(), "cannot allocate {len} bytes");
+        if layout.align() == HUGE_PAGE {
+            // SAFETY: advice on our own, untouched allocation; failure (no THP) is harmless.
+            unsafe { libc::madvise(ptr.cast(), len, libc::MADV_HUGEPAGE) };
+        }
+        // SAFETY: `len` bytes are ours; zeroed after the advice so the first touch faults in
+        // huge pages.
+        unsafe { ptr.write_bytes(0, len) };
         Ok(Buffer { ptr, len })
     }
 
@@ -299,8 +316,10 @@ pub struct SendWr {
 }
 
 /// Posts `wrs` as one chained list (one `ibv_post_send` call: the paper's batch), every WR
-/// signaled.
-pub fn post_send(qp: *mut ibv_qp, wrs: &[SendWr]) -> anyhow::Result<()> {
+/// signaled; a SEND of at most `max_inline` bytes is inline (its bytes are copied into the
+/// work request, so the NIC does not fetch them from memory: for softrnic's engines, a
+/// `process_vm_readv` less per message).
+pub fn post_send(qp: *mut ibv_qp, max_inline: u32, wrs: &[SendWr]) -> anyhow::Result<()> {
     if wrs.is_empty() {
         return Ok(());
     }
@@ -335,7 +354,12 @@ pub fn post_send(qp: *mut ibv_qp, wrs: &[SendWr]) -> anyhow::Result<()> {
                     rkey,
                 };
             }
-            None => wr.opcode = ibv_wr_opcode::IBV_WR_SEND,
+            None => {
+                wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
+                if w.len <= max_inline {
+                    wr.send_flags |= ibv_send_flags::IBV_SEND_INLINE.0;
+                }
+            }
         }
     }
     let mut bad = null_mut();

@@ -112,6 +112,12 @@ impl Drop for Server {
     }
 }
 
+/// The metrics a server wrote at exit (`--stats-json`).
+fn server_stats(f: &std::path::Path) -> serde_json::Value {
+    let t = std::fs::read_to_string(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+    serde_json::from_str(&t).unwrap_or_else(|e| panic!("{}: {e}: {t}", f.display()))
+}
+
 fn u(v: &serde_json::Value, k: &str) -> u64 {
     v[k].as_u64().unwrap_or_else(|| panic!("no {k} in {v}"))
 }
@@ -173,12 +179,15 @@ fn raw_workload(site: &Site) -> Vec<Output> {
 }
 
 /// SHARE: 10 connections, 5 per QP, on 2 threads (so each QP's connections are on both),
-/// a READ/PUT mix over 32 B – 1 MiB and RPC GETs.
+/// a READ/PUT mix over 32 B – 1 MiB and RPC GETs, busy polling; the mix again with the
+/// threads sleeping on completion events (a thread may sleep while another polls its
+/// connection's completions).
 fn share_workload(site: &Site) -> Vec<Output> {
     let mut outs = Vec::new();
-    for (op, size, ops) in [
-        ("mix:0.3", "loguniform:32..1M", "300"),
-        ("get", "fixed:32", "1000"),
+    for (op, size, ops, poll) in [
+        ("mix:0.3", "loguniform:32..1M", "300", "busy"),
+        ("get", "fixed:32", "1000", "busy"),
+        ("mix:0.3", "loguniform:32..1M", "300", "event"),
     ] {
         let (v, o) = site.client(&[
             "--op",
@@ -195,6 +204,8 @@ fn share_workload(site: &Site) -> Vec<Output> {
             "2",
             "--ops",
             ops,
+            "--poll",
+            poll,
         ]);
         assert_eq!(v["mode"], "share");
         assert_eq!(u(&v, "ops").to_string(), ops);
@@ -218,11 +229,51 @@ fn raw_and_share_gets_and_puts_between_two_hosts() {
     let run = Run::new("kv-bare");
     run.up(&["--hosts", "2"]);
     let site = Site::bare(&run);
-    let server = site.server(&SERVER_ARGS);
+    let stats = run.dir.join("server-stats.json");
+    let mut args = SERVER_ARGS.to_vec();
+    args.extend([
+        "--stats-interval",
+        "0.5",
+        "--stats-json",
+        stats.to_str().unwrap(),
+    ]);
+    let server = site.server(&args);
     let raw = raw_workload(&site);
     let share = share_workload(&site);
     let o = server.stop();
     assert!(o.status.success(), "server: {}", text(&o));
+    // The server counted every RPC (the clients' GETs: 400 × 32 B, 400 × 4 KiB, 24 × 1 MiB
+    // and 200 × 4 KiB RAW, 1000 × 32 B SHARE; their PUTs: 400 and the SHARE mix's) and every
+    // connection (RAW: six clients of 4 and three of 2; SHARE: three clients of 2 QPs), and
+    // their disconnects (the last may still be on its way when the server is stopped).
+    let m = server_stats(&stats);
+    assert_eq!(u(&m, "gets"), 2024, "{m}");
+    assert_eq!(
+        u(&m, "get_value_bytes"),
+        400 * 32 + 400 * 4096 + 24 * (1 << 20) + 200 * 4096 + 1000 * 32,
+        "{m}"
+    );
+    assert!(u(&m, "puts") > 400, "{m}");
+    assert!(u(&m, "put_value_bytes") > 400 * 4096, "{m}");
+    assert!(u(&m, "request_bytes") > u(&m, "put_value_bytes"), "{m}");
+    assert!(u(&m, "reply_bytes") > u(&m, "get_value_bytes"), "{m}");
+    assert_eq!(u(&m, "errors"), 0, "{m}");
+    // requests that arrived together were answered together (4 connections × window 4)
+    let rpcs = u(&m, "gets") + u(&m, "puts");
+    assert!(u(&m, "reply_messages") < rpcs, "{m}");
+    assert_eq!(u(&m["connections"], "accepted"), 36, "{m}");
+    assert!(u(&m["connections"], "open") <= 2, "{m}");
+    // and printed them as it went, a JSON line every half second, counts never going back
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(lines.len() >= 2, "{}", text(&o));
+    assert!(lines
+        .windows(2)
+        .all(|w| u(&w[0], "gets") <= u(&w[1], "gets")));
+    assert!(u(lines.last().unwrap(), "gets") <= 2024);
     // Two clients' summaries merge into one: counts add up, connections are all listed.
     let files: Vec<_> = [&raw[0], &share[1]]
         .iter()
@@ -265,7 +316,10 @@ fn no_wrong_value_with_loss_duplication_and_reordering() {
         "5",
     ]);
     let site = Site::bare(&run);
-    let _server = site.server(&SERVER_ARGS);
+    let stats = run.dir.join("server-stats.json");
+    let mut server_args = SERVER_ARGS.to_vec();
+    server_args.extend(["--stats-json", stats.to_str().unwrap()]);
+    let server = site.server(&server_args);
     for args in [
         &[
             "--op",
@@ -291,6 +345,21 @@ fn no_wrong_value_with_loss_duplication_and_reordering() {
             "--ops",
             "400",
         ],
+        // small GETs, whose replies the server sends in batches
+        &[
+            "--op",
+            "get",
+            "--size",
+            "fixed:32",
+            "--conns",
+            "4",
+            "--threads",
+            "2",
+            "--window",
+            "8",
+            "--ops",
+            "2000",
+        ],
         &[
             "--op",
             "mix:0.5",
@@ -310,10 +379,18 @@ fn no_wrong_value_with_loss_duplication_and_reordering() {
     ] {
         site.client(args);
     }
-    let stats = run.settled_stats("h2");
+    let nic = run.settled_stats("h2");
     assert!(
-        stats["fault_dropped"] > 0 && stats["retransmits"] > 0,
-        "{stats:?}"
+        nic["fault_dropped"] > 0 && nic["retransmits"] > 0,
+        "{nic:?}"
+    );
+    // batched replies were among what the faults hit
+    let o = server.stop();
+    assert!(o.status.success(), "server: {}", text(&o));
+    let m = server_stats(&stats);
+    assert!(
+        u(&m, "reply_messages") < u(&m, "gets") + u(&m, "puts"),
+        "{m}"
     );
 }
 
@@ -371,7 +448,10 @@ fn bad_requests_are_refused_and_every_other_client_is_served() {
     let run = Run::new("kv-abuse");
     run.up(&["--hosts", "2"]);
     let site = Site::bare(&run);
-    let mut server = site.server(&SERVER_ARGS);
+    let stats = run.dir.join("server-stats.json");
+    let mut args = SERVER_ARGS.to_vec();
+    args.extend(["--stats-json", stats.to_str().unwrap()]);
+    let mut server = site.server(&args);
     let addr = format!("{}:{PORT}", run.addr("h1"));
     // wait until it listens: a first good client
     site.client(&["--op", "read", "--ops", "10"]);
@@ -438,6 +518,25 @@ fn bad_requests_are_refused_and_every_other_client_is_served() {
     // receive first, or by the client's disconnect when that is noticed first: either way.)
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("refused a connection: share 6"), "{err}");
+    // Its metrics name every refusal: two truncated requests, one each of the others, the
+    // connect asking for too much; the oversized message's connection closed.
+    let m = server_stats(&stats);
+    let r = &m["refused"];
+    assert_eq!(
+        [
+            u(r, "bad_length"),
+            u(r, "bad_op"),
+            u(r, "bad_key"),
+            u(r, "bad_size"),
+            u(r, "bad_checksum")
+        ],
+        [2, 1, 1, 1, 1],
+        "{m}"
+    );
+    assert_eq!(u(&m, "errors"), 6, "{m}");
+    assert_eq!(u(&m["connections"], "rejected"), 1, "{m}");
+    assert!(u(&m["connections"], "accepted") >= 1 + 3 + 8 + 2 + 2, "{m}");
+    assert!(u(&m, "puts") > 0 && u(&m, "gets") >= 64, "{m}");
 }
 
 /// One key, rewritten by 1 MiB PUTs while another client READs it: READs that met a PUT
