@@ -19,12 +19,30 @@ use std::time::{Duration, Instant};
 const MIN_INTERVAL: Duration = Duration::from_millis(200);
 const SMOOTHING: f64 = 0.5;
 
-/// WQEs an app's shims deferred so far (cumulative) and hold now.
+/// WQEs an app's shims deferred so far (cumulative), hold now, and have on the NIC now.
 #[derive(Clone, Copy, Debug, Default)]
 struct Held {
     deferred: u64,
     queued: u64,
+    on_nic: u64,
 }
+
+impl Held {
+    /// Whether the app wanted more than it got since the `before` reading: its shims queue
+    /// work now, deferred some since, or it has a backlog on the NIC.
+    fn holds_back(&self, before: Option<Held>) -> bool {
+        self.queued > 0
+            || self.on_nic >= NIC_BACKLOG
+            || before.is_some_and(|b| self.deferred > b.deferred)
+    }
+}
+
+/// WRs on the NIC from which an app counts as held back by the NIC rather than by its own
+/// demand. A victim whose 64 KiB writes sat 127 deep in a NIC thrashed by another app's QPs
+/// measured a rate far under its grant, so its demand cap fell to the floor and the optimiser
+/// handed its share to the attacker (the testbed's isolation scenario). A latency-bound app
+/// keeps one or two WRs in flight and stays below this.
+const NIC_BACKLOG: u64 = 8;
 
 pub struct DemandFeed {
     hub: Arc<ShimHub>,
@@ -97,14 +115,12 @@ impl DemandFeed {
             *grant = (*grant).max(u.rate_cqe_per_s);
             held.deferred += u.deferred_wqes;
             held.queued += u.queued_wqes;
+            held.on_nic += u.nic_outstanding_wqes;
         }
         let mut held_back = BTreeMap::new();
         for (app, s) in &sent {
             let before = self.held.insert(app.clone(), s.3);
-            held_back.insert(
-                app.clone(),
-                s.3.queued > 0 || before.is_some_and(|b| s.3.deferred > b.deferred),
-            );
+            held_back.insert(app.clone(), s.3.holds_back(before));
         }
         self.held.retain(|a, _| sent.contains_key(a));
         let now = self.origin.elapsed();
@@ -132,5 +148,35 @@ impl DemandFeed {
             let pair = &mut problem.pairs[p];
             (pair.demand, pair.cqe_per_wqe) = (demand, a);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_app_is_held_back_by_its_shim_or_by_a_backlog_on_the_nic() {
+        let idle = Held::default();
+        assert!(!idle.holds_back(Some(idle)));
+        let queued = Held { queued: 1, ..idle };
+        assert!(queued.holds_back(None));
+        let deferred = Held {
+            deferred: 5,
+            ..idle
+        };
+        assert!(deferred.holds_back(Some(idle)));
+        assert!(
+            !deferred.holds_back(Some(deferred)),
+            "nothing deferred since"
+        );
+        // One or two WRs in flight: a latency-bound app, not held back.
+        assert!(!Held { on_nic: 2, ..idle }.holds_back(Some(idle)));
+        // A send queue full on the NIC (perftest's 128): the NIC limits it, not its demand.
+        assert!(Held {
+            on_nic: 127,
+            ..idle
+        }
+        .holds_back(Some(idle)));
     }
 }

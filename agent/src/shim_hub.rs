@@ -212,6 +212,8 @@ pub struct ShimUsage {
     pub applied_generation: u64,
     /// The polling grant in force, completions per second (0: none).
     pub rate_cqe_per_s: u64,
+    /// WRs on the NIC not known to be complete (a gauge; 0 where the shim tracks none).
+    pub nic_outstanding_wqes: u64,
 }
 
 /// A DASR cap in force for this host's shims.
@@ -456,6 +458,7 @@ impl ShimHub {
                     grant_generation: t.grant.generation.load(Relaxed),
                     applied_generation: s.applied_generation.load(Relaxed),
                     rate_cqe_per_s: t.grant.rate_cqe_per_s.load(Relaxed),
+                    nic_outstanding_wqes: s.nic_outstanding_wqes.load(Relaxed),
                 }
             })
             .collect()

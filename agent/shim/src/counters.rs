@@ -172,6 +172,16 @@ impl QpTable {
         self.slots.iter().map(|s| s.queued.load(Relaxed)).sum()
     }
 
+    /// WRs in flight on the NIC over the QPs whose governance state tracks them; a QP whose
+    /// lock is busy this instant is skipped (the reading is a gauge, never worth a wait).
+    pub fn outstanding(&self) -> u64 {
+        self.slots
+            .iter()
+            .filter(|s| s.key.load(Relaxed) != 0)
+            .filter_map(|s| s.gov.try_lock().ok().map(|g| g.inflight.outstanding()))
+            .sum()
+    }
+
     pub fn overflow(&self) -> u64 {
         self.overflow.load(Relaxed)
     }

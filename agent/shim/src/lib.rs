@@ -1154,6 +1154,8 @@ pub struct Totals {
     pub counting_stopped: bool,
     /// WRs in the software queues now.
     pub queued_wqes: u64,
+    /// WRs on the NIC not known to be complete, over the tracked QPs.
+    pub outstanding_wqes: u64,
 }
 
 /// Reads the totals (a cold path: takes the lock that open and close take).
@@ -1174,6 +1176,7 @@ pub fn totals() -> Totals {
             t.qps += st.qps.entries().len() as u64;
             t.qp_table_overflow += st.qps.overflow();
             t.queued_wqes += st.qps.queued();
+            t.outstanding_wqes += st.qps.outstanding();
             t.counts.merge(&st.counters.snapshot());
         }
     }

@@ -69,6 +69,10 @@ pub struct ShimFields {
     pub active_qps: AtomicU64,
     /// The generation of the grant the shim applies.
     pub applied_generation: AtomicU64,
+    /// WRs posted to the NIC and not known to be complete, over the QPs the shim tracks
+    /// (those it governs): a deep backlog means the NIC, not the app, limits its rate. Added
+    /// at the end of table version 2; a shim that predates it leaves it 0.
+    pub nic_outstanding_wqes: AtomicU64,
 }
 
 #[repr(C)]

@@ -203,7 +203,9 @@ impl Cluster {
         let layout = Layout {
             hosts: &hosts,
             line_rate_gbps,
-            qp_budget: Layout::qp_cache(softrnic_args).map_err(anyhow::Error::msg)?,
+            qp_budget: Layout::qp_budget_for(
+                Layout::qp_cache(softrnic_args).map_err(anyhow::Error::msg)?,
+            ),
             dir: &self.dir,
         };
         run(Command::new(self.tool("drum-coordinator")?)
