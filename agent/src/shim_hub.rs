@@ -763,20 +763,13 @@ fn register(sh: &Shared, sock: &Arc<OwnedFd>) -> Result<u64> {
     for (gid, &(cap, n)) in &st.caps {
         map.table().set_peer_cap(*gid, cap, n);
     }
-    send_with_fd(
-        fd,
-        AgentMsg::Welcome { app: app.clone() }.encode().as_bytes(),
-        table_fd.as_raw_fd(),
-    )
-    .context("sending the table")?;
     st.next_id += 1;
     let id = st.next_id;
-    info!(pid, app = %app, exe = %exe, table_bytes = TABLE_BYTES, "shim registered");
     st.conns.insert(
         id,
         Conn {
             pid,
-            app,
+            app: app.clone(),
             map,
             sock: sock.clone(),
             qps: BTreeMap::new(),
@@ -784,8 +777,22 @@ fn register(sh: &Shared, sock: &Arc<OwnedFd>) -> Result<u64> {
             qps_clamped: false,
         },
     );
-    // Its grant, and with a QP budget everyone's shares, now that it counts.
+    // Its grant (and, with a QP budget, everyone's new shares) is in the table before the
+    // shim maps it: a shim that finds no grant runs ungoverned.
     sh.publish_all(&st);
+    let sent = send_with_fd(
+        fd,
+        AgentMsg::Welcome { app: app.clone() }.encode().as_bytes(),
+        table_fd.as_raw_fd(),
+    );
+    if let Err(e) = sent {
+        st.conns.remove(&id);
+        if sh.settings.qp_budget > 0 {
+            sh.publish_all(&st);
+        }
+        return Err(anyhow::Error::new(e).context("sending the table"));
+    }
+    info!(pid, app = %app, exe = %exe, table_bytes = TABLE_BYTES, "shim registered");
     Ok(id)
 }
 
