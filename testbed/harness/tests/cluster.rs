@@ -171,8 +171,13 @@ fn a_cluster_learns_its_apps_binds_receive_links_and_survives_its_daemons() {
     let s = wait_for(
         &c,
         Duration::from_secs(30),
-        "grants for both writers, on h1's link",
-        |s| into_h1(s).len() == 2,
+        "grants for both writers, within h1's link",
+        // An ADMM iterate may overshoot a facility while its price rises; the allocation
+        // the loop settles on does not.
+        |s| {
+            let r = into_h1(s);
+            r.len() == 2 && r.iter().sum::<f64>() <= 1.0 + 1e-6
+        },
     );
     let sum: f64 = into_h1(&s).iter().sum();
     assert!(sum <= 1.0 + 1e-6, "rates into h1 sum to {sum}: {s:#}");
