@@ -120,8 +120,24 @@ pub fn answer(
     now: Duration,
 ) -> (Reply, Vec<drum_common::protocol::coordinator::Action>) {
     if let AdminRequest::Drain { host } = &req {
-        let actions = core.drain(now, host);
-        return (text(200, format!("host {host} drained\n")), actions);
+        let member = core.is_member(host);
+        return match core.drain(now, host) {
+            Ok(actions) if member => (
+                text(
+                    200,
+                    format!("host {host} drained: removed, its joins are refused\n"),
+                ),
+                actions,
+            ),
+            Ok(actions) => (
+                text(
+                    200,
+                    format!("host {host} drained: not a member now, its joins are refused\n"),
+                ),
+                actions,
+            ),
+            Err(e) => (text(400, format!("{e}\n")), Vec::new()),
+        };
     }
     if let AdminRequest::SetWeight { app, weight } = &req {
         return match core.set_weight(app, *weight) {
@@ -144,7 +160,7 @@ fn answer_simple(core: &mut Coordinator, metrics: &Metrics, req: AdminRequest) -
             if core.undrain(&host) {
                 text(200, format!("host {host} may join again\n"))
             } else {
-                text(400, format!("host {host} was not drained\n"))
+                text(400, format!("host {host:?} is not drained\n"))
             }
         }
         AdminRequest::Status => Reply {

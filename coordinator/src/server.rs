@@ -377,7 +377,7 @@ struct StateFile {
 }
 
 /// Reads a state file; a missing file is an empty state, anything unreadable an error that
-/// names the file (the coordinator then refuses to start rather than drop the changes).
+/// names the file (the caller reports it and sets the file aside, see [`set_aside`]).
 pub fn read_state(path: &Path) -> Result<OperatorState> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
@@ -386,12 +386,8 @@ pub fn read_state(path: &Path) -> Result<OperatorState> {
             return Err(e).with_context(|| format!("reading the state file {}", path.display()))
         }
     };
-    let f: StateFile = serde_json::from_str(&text).with_context(|| {
-        format!(
-            "the state file {} is corrupt (fix or remove it; it holds the operator's changes)",
-            path.display()
-        )
-    })?;
+    let f: StateFile = serde_json::from_str(&text)
+        .with_context(|| format!("the state file {} is corrupt", path.display()))?;
     if f.format != STATE_FORMAT {
         bail!(
             "the state file {} has format {:?}, expected {STATE_FORMAT:?}",
@@ -404,6 +400,56 @@ pub fn read_state(path: &Path) -> Result<OperatorState> {
         weights: f.weights,
         drained: f.drained,
     })
+}
+
+/// Moves a state file that does not fit out of the way, to `PATH.rejected-UNIXSECONDS`,
+/// so that the operator's changes stay at hand while the coordinator starts (issue 19: no
+/// state file may make the service unstartable). Returns where it went.
+pub fn set_aside(path: &Path) -> Result<PathBuf> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(format!(".rejected-{secs}"));
+    let aside = PathBuf::from(aside);
+    std::fs::rename(path, &aside)
+        .with_context(|| format!("moving {} to {}", path.display(), aside.display()))?;
+    Ok(aside)
+}
+
+/// Restores the operator's changes from the state file at start. What does not fit (an
+/// unreadable file, a change the checks refuse) is logged as an error naming the file and
+/// the reasons, the file is set aside, and what did fit is written back: the coordinator
+/// always starts.
+fn restore_state(core: &mut Coordinator, path: &Path) {
+    let (st, mut problems) = match read_state(path) {
+        Ok(st) => (st, Vec::new()),
+        Err(e) => (OperatorState::default(), vec![format!("{e:#}")]),
+    };
+    problems.extend(core.restore(&st));
+    if problems.is_empty() {
+        info!(
+            state_file = %path.display(),
+            capacities = st.capacities.len(),
+            weights = st.weights.len(),
+            drained = st.drained.len(),
+            "operator changes restored"
+        );
+        return;
+    }
+    let aside = match set_aside(path) {
+        Ok(p) => p.display().to_string(),
+        Err(e) => format!("nowhere ({e:#})"),
+    };
+    tracing::error!(
+        state_file = %path.display(),
+        set_aside = %aside,
+        "the state file does not fit; starting with the changes that do, the file is set aside: {}",
+        problems.join("; ")
+    );
+    if let Err(e) = write_state(path, &core.operator_state()) {
+        warn!("the restored operator changes are not persisted: {e:#}");
+    }
 }
 
 /// Writes a state file atomically: `PATH.tmp`, fsync, rename over `PATH`, fsync the directory.
@@ -490,10 +536,6 @@ impl Server {
             }
             None => None,
         };
-        // A corrupt state file stops the start here, before anything listens.
-        if let Some(p) = &options.state_file {
-            read_state(p)?;
-        }
         let idle = Duration::from_millis(settings.member_timeout_ms);
         let endpoint = net::server_endpoint(&settings.tls, settings.listen, idle)
             .with_context(|| format!("binding QUIC on {}", settings.listen))?;
@@ -612,26 +654,14 @@ impl Server {
             (Some(p), _) => {
                 let mut core = Coordinator::new(cfg, facilities);
                 core.set_apps(p.app_names.clone());
+                core.set_hosts(p.hosts.iter().map(|h| h.id.clone()).collect());
                 core
             }
             (None, Some(policy)) => Coordinator::new_live(cfg, policy),
             (None, None) => unreachable!("a policy without an instance"),
         };
         if let Some(p) = &options.state_file {
-            let st = read_state(p)?;
-            core.restore(&st).map_err(|e| {
-                anyhow::anyhow!(
-                    "the state file {} does not fit the instance: {e}",
-                    p.display()
-                )
-            })?;
-            info!(
-                state_file = %p.display(),
-                capacities = st.capacities.len(),
-                weights = st.weights.len(),
-                drained = st.drained.len(),
-                "operator changes restored"
-            );
+            restore_state(&mut core, p);
         }
         let state_file = options.state_file.clone();
         tokio::select! {
@@ -862,6 +892,7 @@ async fn core_loop(
                                 | AdminRequest::Drain { .. }
                                 | AdminRequest::Undrain { .. }
                         );
+                        let what = changes.then(|| format!("{req:?}"));
                         let (mut answer, actions) = admin::answer(&mut core, &metrics, req, now);
                         if let (true, 200, Some(p)) = (changes, answer.code, &state_file) {
                             if let Err(e) = write_state(p, &core.operator_state()) {
@@ -872,6 +903,13 @@ async fn core_loop(
                                     answer.body
                                 );
                             }
+                        }
+                        // The audit trail of operator changes.
+                        match (what, answer.code) {
+                            // 500: made, but not persisted (warned above).
+                            (Some(w), 200 | 500) => info!(request = %w, "operator change: {}", answer.body.trim_end()),
+                            (Some(w), _) => warn!(request = %w, "operator change refused: {}", answer.body.trim_end()),
+                            (None, _) => {}
                         }
                         let _ = reply.send(answer);
                         actions

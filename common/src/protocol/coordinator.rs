@@ -354,6 +354,8 @@ pub struct Coordinator {
     reselect: Reselection,
     /// The instance's app ids ([`Self::set_apps`]), to check `set-weight`.
     apps: Vec<String>,
+    /// The instance's host ids ([`Self::set_hosts`]), to check `drain`.
+    host_ids: Vec<String>,
     /// Operator changes: weights by app, capacities by facility.
     weights: BTreeMap<String, f64>,
     capacities: BTreeMap<String, f64>,
@@ -540,6 +542,7 @@ impl Coordinator {
             exchange: None,
             reselect,
             apps: Vec::new(),
+            host_ids: Vec::new(),
             weights: BTreeMap::new(),
             capacities: BTreeMap::new(),
             live: None,
@@ -603,29 +606,49 @@ impl Coordinator {
     }
 
     /// Applies persisted operator changes at start, each checked as if the operator made it
-    /// now. On error nothing has been applied.
-    pub fn restore(&mut self, st: &OperatorState) -> Result<(), String> {
-        let mut probe = Coordinator::new(self.cfg.clone(), self.facilities.clone());
-        probe.apps = self.apps.clone();
-        probe.live = self.live.clone();
+    /// now. Those that fit are applied; the others are returned, each with why it was
+    /// refused, so that the caller reports them and sets the file aside: no state file may
+    /// keep the coordinator from starting.
+    pub fn restore(&mut self, st: &OperatorState) -> Vec<String> {
+        let mut refused = Vec::new();
         for (f, &y) in &st.capacities {
-            probe
-                .set_capacity(f, y)
-                .map_err(|e| format!("capacity of {f:?}: {e}"))?;
+            if let Err(e) = self.set_capacity(f, y) {
+                refused.push(format!("capacity of {f:?}: {e}"));
+            }
         }
         for (a, &w) in &st.weights {
-            probe
-                .set_weight(a, w)
-                .map_err(|e| format!("weight of {a:?}: {e}"))?;
+            if let Err(e) = self.set_weight(a, w) {
+                refused.push(format!("weight of {a:?}: {e}"));
+            }
         }
-        if let Some(h) = st.drained.iter().find(|h| h.is_empty()) {
-            return Err(format!("drained host {h:?} has an empty id"));
+        for h in &st.drained {
+            match self.check_host(h) {
+                Ok(()) => {
+                    self.drained.insert(h.clone());
+                }
+                Err(e) => refused.push(format!("drained host: {e}")),
+            }
         }
-        self.facilities = probe.facilities;
-        self.capacities = probe.capacities;
-        self.weights = probe.weights;
-        self.live = probe.live;
-        self.drained.extend(st.drained.iter().cloned());
+        refused
+    }
+
+    /// The instance's host ids ([`Self::set_hosts`]), which `drain` may name; empty in the
+    /// live problem, where any well-formed name may be drained before its host joins.
+    pub fn set_hosts(&mut self, hosts: Vec<String>) {
+        self.host_ids = hosts;
+    }
+
+    /// Whether `host` may be named by `drain`: a well-formed name and, with an instance, one
+    /// of its hosts.
+    fn check_host(&self, host: &str) -> Result<(), String> {
+        if !crate::protocol::valid_name(host) {
+            return Err(format!(
+                "host id {host:?} is not 1 to 64 letters, digits, '.', '_' or '-'"
+            ));
+        }
+        if !self.host_ids.is_empty() && !self.host_ids.iter().any(|h| h == host) {
+            return Err(format!("no host {host:?} in the instance"));
+        }
         Ok(())
     }
 
@@ -665,10 +688,10 @@ impl Coordinator {
 
     /// Operator change of a facility's capacity; takes effect at the next update.
     pub fn set_capacity(&mut self, facility: &str, capacity: f64) -> Result<(), String> {
-        if !(capacity.is_finite() && capacity > 0.0) {
-            return Err(format!(
-                "capacity must be positive and finite, got {capacity}"
-            ));
+        // The range instance validation accepts: far outside it is a unit mistake, and
+        // 1e308 or 5e-324 make the prices overflow or vanish.
+        if !crate::live::valid_weight(capacity) {
+            return Err(crate::live::weight_error("capacity", capacity));
         }
         let Some(i) = self.facilities.iter().position(|f| f.id == facility) else {
             // A live link may be set before its host joins: it takes the capacity then.
@@ -709,8 +732,10 @@ impl Coordinator {
 
     /// Takes `host` out of the optimisation: its contribution is removed at once (new epoch),
     /// its connection closed, and its joins refused until [`Self::undrain`]. Its agent keeps
-    /// its last rates (fail-static).
-    pub fn drain(&mut self, now: Duration, host: &str) -> Vec<Action> {
+    /// its last rates (fail-static). A malformed id, or with an instance one that names none
+    /// of its hosts, is refused: persisted, it would name no host the coordinator can have.
+    pub fn drain(&mut self, now: Duration, host: &str) -> Result<Vec<Action>, String> {
+        self.check_host(host)?;
         let mut out = Vec::new();
         self.drained.insert(host.to_string());
         if let Some(&id) = self.hosts.get(host) {
@@ -725,7 +750,12 @@ impl Coordinator {
             self.remove(id, LeaveReason::Drained, &mut out);
         }
         self.advance(now, &mut out);
-        out
+        Ok(out)
+    }
+
+    /// Whether `host` is a member now (for the operator's replies).
+    pub fn is_member(&self, host: &str) -> bool {
+        self.hosts.contains_key(host)
     }
 
     /// Lets a drained host join again; whether it was drained.
@@ -1842,7 +1872,7 @@ mod tests {
         c.on_message(Duration::ZERO, 1, join("h1", 7, 0, 0.2));
         c.on_message(Duration::ZERO, 2, join("h2", 7, 0, 0.5));
         let e = c.epoch();
-        let out = c.drain(MS, "h2");
+        let out = c.drain(MS, "h2").unwrap();
         assert!(out.iter().any(|a| matches!(a, Action::Close(2, _))));
         assert_eq!(c.members(), 1);
         assert!(c.epoch() > e);
@@ -2163,23 +2193,65 @@ mod tests {
             weight: 2.5
         }));
         c.set_capacity("b", 0.5).unwrap();
-        c.drain(2 * MS, "h2");
+        c.drain(2 * MS, "h2").unwrap();
         let st = c.operator_state();
         assert_eq!(st.capacities, BTreeMap::from([("b".to_string(), 0.5)]));
         assert_eq!(st.weights, BTreeMap::from([("y".to_string(), 2.5)]));
         assert_eq!(st.drained, vec!["h2".to_string()]);
         let mut r = Coordinator::new(cfg(7, 1.0, 1), vec![facility("a"), facility("b")]);
         r.set_apps(vec!["x".into(), "y".into()]);
-        r.restore(&st).unwrap();
+        assert!(r.restore(&st).is_empty());
         assert_eq!(r.operator_state(), st);
         assert_eq!(r.status().facilities[1].capacity, 0.5);
-        // A state naming an unknown app changes nothing.
+        // A state with changes that do not fit: those that fit are applied, the others
+        // reported (the caller sets the file aside), never an error that stops the start.
         let mut bad = st.clone();
         bad.weights.insert("nope".into(), 1.0);
+        bad.capacities.insert("a".into(), 1e308);
+        bad.drained.push(String::new());
         let mut q = Coordinator::new(cfg(7, 1.0, 1), vec![facility("a"), facility("b")]);
         q.set_apps(vec!["x".into(), "y".into()]);
-        assert!(q.restore(&bad).unwrap_err().contains("nope"));
-        assert_eq!(q.operator_state(), OperatorState::default());
+        let refused = q.restore(&bad);
+        assert_eq!(refused.len(), 3, "{refused:?}");
+        assert!(
+            refused.iter().any(|r| r.contains("\"nope\"")),
+            "{refused:?}"
+        );
+        assert!(refused.iter().any(|r| r.contains("1e308")), "{refused:?}");
+        assert!(
+            refused.iter().any(|r| r.contains("host id \"\"")),
+            "{refused:?}"
+        );
+        assert_eq!(q.operator_state(), st);
+    }
+
+    /// Issue 19, items 1 and 5: an operator command may not store what a restart would
+    /// refuse, nor values the instance validation refuses.
+    #[test]
+    fn operator_commands_refuse_what_a_restart_or_the_instance_would() {
+        let mut c = Coordinator::new(cfg(7, 1.0, 1), vec![facility("a")]);
+        c.set_hosts(vec!["h1".into(), "h2".into()]);
+        c.on_message(Duration::ZERO, 1, join("h1", 7, 0, 0.2));
+        for bad in ["", "h 1", "../h1", &"h".repeat(65)] {
+            assert!(c.drain(MS, bad).unwrap_err().contains("host id"), "{bad:?}");
+        }
+        assert!(c.drain(MS, "h9").unwrap_err().contains("no host \"h9\""));
+        assert_eq!(c.members(), 1);
+        assert!(c.operator_state().drained.is_empty());
+        assert!(
+            c.drain(MS, "h2").is_ok(),
+            "a host of the instance, not a member"
+        );
+        for bad in [1e308, 5e-324, 1e-300, 0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let e = c.set_capacity("a", bad).unwrap_err();
+            assert!(e.contains("[1e-9, 1e9]"), "{bad}: {e}");
+        }
+        c.set_capacity("a", 1e-9).unwrap();
+        c.set_capacity("a", 1e9).unwrap();
+        // The live problem knows no host list: any well-formed name may be drained.
+        let mut l = Coordinator::new_live(cfg(0, 1.0, 1), LivePolicy::default());
+        assert!(l.drain(MS, "later").is_ok());
+        assert!(l.drain(MS, "").is_err());
     }
 
     /// Verdicts follow the hosts' ranks: with room for one more pair at x_min, the
