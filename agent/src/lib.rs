@@ -20,7 +20,7 @@ use drum_common::protocol::agent::{AgentAction, AgentConfig, AgentCore, AgentEve
 use drum_common::protocol::shard::ShardMux;
 use drum_common::protocol::{AgentMsg, CoordMsg};
 use drum_coordinator::net::{self, FramedRecv, NetError, TlsFiles};
-use rate_table::{LinkState, RateTable};
+use rate_table::{LinkState, TableWriter};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -497,11 +497,12 @@ async fn run_inner(
     // The session's connections, which a reload checks against the new CA and CRL.
     let live: Arc<std::sync::Mutex<Vec<quinn::Connection>>> = Arc::default();
     let endpoint = net::bare_client_endpoint().context("setting up the QUIC client")?;
+    let stats = Arc::new(metrics::AgentMetrics::default());
+    stats.table_ok.store(1, Relaxed);
     let table = settings
         .rate_table
         .as_ref()
-        .map(|p| RateTable::new(p.clone()));
-    let stats = Arc::new(metrics::AgentMetrics::default());
+        .map(|p| TableWriter::start(p.clone(), stats.clone()));
     if let Some(addr) = settings.metrics_listen {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -545,17 +546,15 @@ async fn run_inner(
         );
     }
     let origin = Instant::now();
-    let publish = |problem: &Problem, core: &AgentCore, state: LinkState| -> Result<()> {
+    let publish = |problem: &Problem, core: &AgentCore, state: LinkState| {
         if let Some(t) = &table {
-            t.publish(problem, core, state)
-                .with_context(|| format!("writing the rate table {}", t.path().display()))?;
+            t.publish(rate_table::table_file(problem, core, state));
         }
         if let Some(hub) = &hub {
             hub.set_rates(&rate_table::app_decisions(problem, core));
         }
-        Ok(())
     };
-    publish(&problem, &core, LinkState::Starting)?;
+    publish(&problem, &core, LinkState::Starting);
     let reloads = tokio::spawn({
         let (client_tls, tls) = (client_tls.clone(), settings.tls.clone());
         let (live, server_name) = (live.clone(), settings.server_name.clone());
@@ -649,6 +648,9 @@ async fn run_inner(
         }
     }
     reloads.abort();
+    if let Some(t) = table {
+        t.close(rate_table::table_file(&problem, &core, LinkState::Stopped));
+    }
     endpoint.close(net::CLOSE_NORMAL.into(), b"agent stopping");
     // Give the close (and a Leave sent just before) a moment to reach the coordinator.
     let _ = tokio::time::timeout(Duration::from_millis(200), endpoint.wait_idle()).await;
@@ -693,7 +695,7 @@ async fn session(
     problem: &mut Problem,
     links: Vec<Link>,
     origin: Instant,
-    publish: &impl Fn(&Problem, &AgentCore, LinkState) -> Result<()>,
+    publish: &impl Fn(&Problem, &AgentCore, LinkState),
     presence: &impl Fn(&Problem) -> Option<Vec<bool>>,
     live: &mut Option<LiveState>,
     live_apps: &impl Fn() -> Vec<drum_common::live::LiveApp>,
@@ -763,7 +765,7 @@ async fn session(
                     if let Some(d) = demand {
                         d.update(problem, core);
                     }
-                    publish(problem, core, state)?;
+                    publish(problem, core, state);
                     if let Some(present) = presence(problem) {
                         more.extend(core.set_present(problem, present));
                     }
@@ -927,6 +929,11 @@ async fn session(
                 for send in &mut sends {
                     let _ = net::send_msg(send, &AgentMsg::Leave).await;
                     let _ = send.finish();
+                }
+                // Closing the connection discards unacknowledged stream data: wait (briefly)
+                // until each coordinator has the Leave, or it would see a lost connection.
+                for send in &mut sends {
+                    let _ = tokio::time::timeout(Duration::from_millis(500), send.stopped()).await;
                 }
                 Vec::new()
             }

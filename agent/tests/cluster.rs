@@ -1766,3 +1766,131 @@ fn a_live_cluster_relearns_its_problem_from_a_restarted_coordinator() {
     );
     assert!(c.table(0).is_some_and(|t| t.state == LinkState::Live));
 }
+
+/// A port free now, for an agent's `metrics_listen`.
+fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// Issue 19, item 2: a rate table that cannot be written (here a directory where its
+/// temporary file goes) does not end the agent: it joins and steps, warns naming the path
+/// that failed, counts the failures in its metrics, retries, and writes the table once the
+/// obstacle is gone. On SIGTERM it leaves the coordinator and its table says `stopped`.
+#[test]
+fn an_unwritable_rate_table_does_not_stop_the_agent() {
+    let c = Cluster::new(2, 4, 2, 31);
+    let coord = Coord::start_with(c.settings(localhost()), fixed_sets());
+    let tmp = c.dir.path().join("rates-0.json.tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let metrics_addr = free_addr();
+    let mut agent = c.agent_tagged(
+        "0",
+        0,
+        coord.addr,
+        None,
+        &format!("metrics_listen = \"{metrics_addr}\""),
+    );
+    let host0 = c.problem.hosts[0].id.clone();
+    let metrics = || {
+        drum_coordinator::admin::request(metrics_addr, "GET", "/metrics")
+            .map(|r| r.1)
+            .unwrap_or_default()
+    };
+    wait_for("the agent in rounds", Duration::from_secs(10), || {
+        coord.status()["iteration"].as_u64().unwrap() > 20
+    });
+    assert!(agent.child.try_wait().unwrap().is_none(), "{}", agent.log());
+    wait_for("the failure in the metrics", Duration::from_secs(5), || {
+        metrics().contains(&format!("drum_agent_rate_table_ok{{host=\"{host0}\"}} 0"))
+    });
+    let log = agent.log();
+    assert!(
+        log.contains("could not write the rate table") && log.contains("rates-0.json.tmp"),
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("could not write the rate table").count(),
+        1,
+        "one warning per distinct error: {log}"
+    );
+    assert!(c.table(0).is_none());
+    std::fs::remove_dir(&tmp).unwrap();
+    wait_for("the table written, live", Duration::from_secs(5), || {
+        c.table(0).is_some_and(|t| t.state == LinkState::Live)
+    });
+    let m = metrics();
+    assert!(
+        m.contains(&format!("drum_agent_rate_table_ok{{host=\"{host0}\"}} 1")),
+        "{m}"
+    );
+    assert!(!m.contains(&format!(
+        "drum_agent_rate_table_write_failures_total{{host=\"{host0}\"}} 0\n"
+    )));
+    wait_for("the recovery logged", Duration::from_secs(5), || {
+        agent.log().contains("the rate table is written again")
+    });
+    assert_eq!(
+        unsafe { libc::kill(agent.child.id() as i32, libc::SIGTERM) },
+        0
+    );
+    let status = agent.child.wait().unwrap();
+    assert!(status.success(), "{status:?}: {}", agent.log());
+    assert!(agent.log().contains("agent stopped"));
+    assert_eq!(c.table(0).unwrap().state, LinkState::Stopped);
+    wait_for("the agent's Leave", Duration::from_secs(5), || {
+        log_text().contains(&format!("host=\"{host0}\" why=Leave"))
+    });
+}
+
+/// Issue 19, item 4: a second agent started with the id of a live host is refused, with a
+/// WARN naming both connections; the incumbent keeps its place and the epoch stays (before,
+/// the two replaced each other about 8 times a second for ever).
+#[test]
+fn a_second_agent_with_a_live_host_id_is_refused() {
+    let c = Cluster::new(2, 4, 2, 32);
+    let coord = Coord::start_with(c.settings(localhost()), fixed_sets());
+    let _first = c.agent(0, coord.addr, None);
+    let _other = c.agent(1, coord.addr, None);
+    wait_for("both agents in rounds", Duration::from_secs(10), || {
+        let s = coord.status();
+        s["members"].as_array().unwrap().len() == 2 && s["iteration"].as_u64().unwrap() > 20
+    });
+    let member = |s: &serde_json::Value| -> u64 {
+        s["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["host"] == c.problem.hosts[0].id.as_str())
+            .unwrap()["member"]
+            .as_u64()
+            .unwrap()
+    };
+    let before = coord.status();
+    let second = c.agent_tagged("0b", 0, coord.addr, None, "");
+    wait_for(
+        "the second agent refused twice",
+        Duration::from_secs(10),
+        || second.log().matches("coordinator refused us: host").count() >= 2,
+    );
+    let after = coord.status();
+    assert_eq!(after["epoch"], before["epoch"], "no membership change");
+    assert_eq!(member(&after), member(&before), "the incumbent stays");
+    assert!(after["counters"]["duplicate_joins"].as_u64().unwrap() >= 2);
+    let log = log_text();
+    let host0 = &c.problem.hosts[0].id;
+    assert!(
+        log.lines().any(|l| l.contains("WARN")
+            && l.contains(&format!("refused join: host {host0} is already a member"))
+            && l.contains("newcomer_remote=")
+            && l.contains("incumbent_remote=")),
+        "{log}"
+    );
+    assert_eq!(
+        c.table(0).unwrap().state,
+        LinkState::Live,
+        "the incumbent's table"
+    );
+}

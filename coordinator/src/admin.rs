@@ -294,6 +294,11 @@ fn prometheus(core: &Coordinator, m: &Metrics) -> String {
         c.timeouts,
     );
     counter(
+        "drum_coordinator_duplicate_joins_total",
+        "Joins refused because their host was a member on another live connection (two agents with one host id).",
+        c.duplicate_joins,
+    );
+    counter(
         "drum_coordinator_refused_total",
         "Protocol refusals (bad join, violations).",
         c.refused,

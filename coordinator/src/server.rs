@@ -932,7 +932,7 @@ async fn core_loop(
                         let _ = l.out.send(Outgoing::Close(net::CLOSE_PROTOCOL, reason));
                     }
                 }
-                Action::Event(e) => log_event(&e, &metrics),
+                Action::Event(e) => log_event(&e, &metrics, &writers),
             }
         }
     }
@@ -945,7 +945,7 @@ async fn sleep_until(t: Option<tokio::time::Instant>) {
     }
 }
 
-fn log_event(e: &Event, metrics: &Metrics) {
+fn log_event(e: &Event, metrics: &Metrics, writers: &HashMap<MemberId, Link>) {
     match e {
         Event::Joined {
             member,
@@ -954,6 +954,24 @@ fn log_event(e: &Event, metrics: &Metrics) {
         } => info!(member, host, epoch, "host joined"),
         Event::Left { member, host, why } => info!(member, host, ?why, "host left"),
         Event::Refused { member, reason } => warn!(member, "refused: {reason}"),
+        Event::DuplicateHost {
+            member,
+            incumbent,
+            host,
+            quiet,
+        } => {
+            let remote = |id: &MemberId| writers.get(id).map(|l| l.remote.to_string());
+            warn!(
+                host,
+                newcomer = member,
+                newcomer_remote = remote(member).unwrap_or_default(),
+                incumbent,
+                incumbent_remote = remote(incumbent).unwrap_or_default(),
+                "refused join: host {host} is already a member (connection {incumbent}, heard from {} ms ago); \
+                 a second agent with this host id? the incumbent keeps its place",
+                quiet.as_millis()
+            )
+        }
         Event::RoundDone {
             epoch,
             iteration,

@@ -168,6 +168,14 @@ pub enum Event {
         activations: u32,
         refused: u32,
     },
+    /// A join named a host that is a member on another connection which is still alive
+    /// (heard from `quiet` ago): two agents run with one host id. The newcomer was refused.
+    DuplicateHost {
+        member: MemberId,
+        incumbent: MemberId,
+        host: String,
+        quiet: Duration,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -252,6 +260,8 @@ pub struct Counters {
     pub reselect_requests: u64,
     /// Material changes of agents' inputs (weights, demand caps, `a`) reported.
     pub changes: u64,
+    /// Joins refused because their host was a member on another live connection.
+    pub duplicate_joins: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -973,8 +983,37 @@ impl Coordinator {
             self.violation(from, "second join on one connection".into(), out);
             return;
         }
-        // A host reconnecting before its old connection timed out replaces it.
         if let Some(&old) = self.hosts.get(&j.host) {
+            // Every member heartbeats each `heartbeat_interval`. One heard from within two of
+            // them is alive: the join comes from a second agent with the same host id, and
+            // letting each replace the other would flap for ever, disturbing every host's
+            // rounds. The incumbent keeps its place.
+            let quiet = now.saturating_sub(self.members[&old].last_seen);
+            if quiet <= 2 * self.cfg.heartbeat_interval {
+                self.counters.refused += 1;
+                self.counters.duplicate_joins += 1;
+                out.push(Action::Event(Event::DuplicateHost {
+                    member: from,
+                    incumbent: old,
+                    host: j.host.clone(),
+                    quiet,
+                }));
+                let reason = format!(
+                    "host {} is already a member on another connection, heard from {} ms ago: \
+                     is a second agent running with this host id?",
+                    j.host,
+                    quiet.as_millis()
+                );
+                out.push(Action::Send(
+                    from,
+                    CoordMsg::Refused {
+                        reason: reason.clone(),
+                    },
+                ));
+                out.push(Action::Close(from, reason));
+                return;
+            }
+            // A host reconnecting before its old, silent connection timed out replaces it.
             self.remove(old, LeaveReason::Replaced, out);
             out.push(Action::Close(old, format!("host {} rejoined", j.host)));
         }
@@ -1860,10 +1899,38 @@ mod tests {
     fn rejoin_of_a_host_replaces_its_old_connection() {
         let mut c = Coordinator::new(cfg(7, 1.0, 1), vec![facility("a")]);
         c.on_message(Duration::ZERO, 1, join("h1", 7, 0, 0.2));
-        let out = c.on_message(MS, 2, join("h1", 7, 0, 0.2));
+        // Silent for more than two heartbeat intervals (100 ms): a reconnection.
+        let out = c.on_message(201 * MS, 2, join("h1", 7, 0, 0.2));
         assert!(out.iter().any(|a| matches!(a, Action::Close(1, _))));
         assert_eq!(c.members(), 1);
         assert_eq!(c.status().members[0].member, 2);
+    }
+
+    /// Issue 19, item 4: a second agent with a host id whose member is alive is refused, with
+    /// an event naming both connections; the incumbent stays and the epoch does not move.
+    #[test]
+    fn a_second_agent_with_a_live_host_id_is_refused() {
+        let mut c = Coordinator::new(cfg(7, 1.0, 1), vec![facility("a")]);
+        c.on_message(Duration::ZERO, 1, join("h1", 7, 0, 0.2));
+        c.on_message(150 * MS, 1, AgentMsg::Heartbeat { seq: 1 });
+        let epoch = c.epoch();
+        for (id, at) in [(2, 200), (3, 350)] {
+            let out = c.on_message(at * MS, id, join("h1", 7, 0, 0.2));
+            assert!(out.iter().any(|a| matches!(
+                a,
+                Action::Event(Event::DuplicateHost { member, incumbent: 1, host, .. })
+                    if *member == id && host == "h1"
+            )));
+            assert!(sends(&out).iter().any(|(to, m)| *to == id
+                && matches!(m, CoordMsg::Refused { reason } if reason.contains("second agent"))));
+            assert!(out
+                .iter()
+                .any(|a| matches!(a, Action::Close(i, _) if *i == id)));
+            assert!(!out.iter().any(|a| matches!(a, Action::Close(1, _))));
+            assert_eq!(c.status().members[0].member, 1);
+            assert_eq!(c.epoch(), epoch);
+        }
+        assert_eq!(c.counters().duplicate_joins, 2);
     }
 
     #[test]
