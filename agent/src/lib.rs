@@ -847,6 +847,16 @@ async fn session(
                     AgentEvent::WeightSet { app, weight } => {
                         info!(app, weight, "operator set a weight")
                     }
+                    AgentEvent::HeartbeatShortened {
+                        offered,
+                        used,
+                        timeout,
+                    } => warn!(
+                        "the coordinator's heartbeat_ms ({}) does not fit three times into this agent's coordinator_timeout_ms ({}): heartbeating every {} ms instead; align the two configs",
+                        offered.as_millis(),
+                        timeout.as_millis(),
+                        used.as_millis()
+                    ),
                     AgentEvent::IgnoredWeight { app, weight } => {
                         warn!(
                             app,
