@@ -140,6 +140,10 @@ enum Command {
         /// revocation; its agent uses them after a reload (SIGHUP).
         #[arg(long, value_name = "HOST", conflicts_with_all = ["san", "agents"])]
         reissue: Option<String>,
+        /// Issue the coordinator a new key and certificate (`coordinator.pem/.key`, valid for
+        /// `--san`), e.g. after `--revoke-coordinator`; it uses them after a reload (SIGHUP).
+        #[arg(long, conflicts_with_all = ["revoke", "reissue", "revoke_coordinator", "agents"])]
+        reissue_coordinator: bool,
     },
     /// Show a running coordinator's members, facilities, iteration, residuals and prices.
     Status {
@@ -335,6 +339,7 @@ fn run(cli: Cli) -> Result<()> {
             revoke_coordinator,
             crl_days,
             reissue,
+            reissue_coordinator,
         } => {
             for a in agents.iter().chain(&revoke).chain(&reissue) {
                 if a.is_empty()
@@ -367,6 +372,24 @@ fn run(cli: Cli) -> Result<()> {
                 let f = drum_coordinator::pki::DevCa::open(&out)?.issue_agent(&host)?;
                 println!("agent {host}: {} {}", f.cert.display(), f.key.display());
                 return Ok(());
+            }
+            if reissue_coordinator {
+                let f = drum_coordinator::pki::DevCa::open(&out)?.issue(
+                    "coordinator",
+                    san,
+                    rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+                )?;
+                println!("coordinator: {} {}", f.cert.display(), f.key.display());
+                return Ok(());
+            }
+            // A second CA in the same place would replace the first and wipe its CRL: every
+            // certificate it issued would stop working, revoked ones would be trusted again.
+            if out.join("ca.key").exists() {
+                bail!(
+                    "{} already holds a dev CA (ca.key): creating another would replace it and wipe its CRL. \
+                     Use --reissue HOST (also for a new host), --reissue-coordinator, --revoke, or another directory",
+                    out.display()
+                );
             }
             let certs = drum_coordinator::net::dev_certs(&out, &san, &agents)?;
             println!("CA: {}", certs.ca.display());
