@@ -1019,6 +1019,14 @@ impl Coordinator {
         }
         if !self.started {
             self.iteration = self.iteration.max(j.last_iteration);
+        } else if self.cfg.shard.count > 1 && j.last_iteration > self.iteration {
+            // Shards align their numbering at joins: an agent joins every shard it talks to
+            // with the highest round number any of them sent it, so a shard restarted alone
+            // (which took that number) and the shards that ran on agree again, and their
+            // periodic exchanges, at multiples of the period, fall on the same rounds. The
+            // jump is not a round: no exchange is due on it.
+            self.iteration = j.last_iteration;
+            self.iters_since = 0;
         }
         self.hosts.insert(j.host.clone(), from);
         self.members.insert(
@@ -1409,6 +1417,14 @@ impl Coordinator {
     }
 
     fn start_exchange(&mut self, now: Duration, out: &mut Vec<Action>) {
+        let sel = &self.cfg.selection;
+        if self.exchange_next > sel.rounds {
+            // With shards, periodic exchanges are numbered by their iteration (see
+            // `Reselection::sharded_index`); never below the next number, never reused.
+            if let Some(i) = self.reselect.sharded_index(sel.exchanges(), self.iteration) {
+                self.exchange_next = self.exchange_next.max(i);
+            }
+        }
         let index = self.exchange_next;
         let phase = if index == 0 {
             let prices: Vec<(u32, f64)> = (0..self.facilities.len() as u32)
@@ -1904,6 +1920,37 @@ mod tests {
         assert!(out.iter().any(|a| matches!(a, Action::Close(1, _))));
         assert_eq!(c.members(), 1);
         assert_eq!(c.status().members[0].member, 2);
+    }
+
+    /// Issue 19, item 3: a running shard takes a joining agent's higher round number (the
+    /// highest any shard sent it), so that a shard restarted alone and the others number
+    /// their rounds alike again; an unsharded coordinator keeps its own numbering.
+    #[test]
+    fn a_running_shard_aligns_its_rounds_with_a_join() {
+        for (count, want) in [(2, 500), (1, 3)] {
+            let shard = Shard {
+                index: crate::protocol::shard_of("a", count),
+                count,
+            };
+            let mut c = Coordinator::new(
+                CoordinatorConfig {
+                    shard,
+                    ..cfg(7, 1.0, 1)
+                },
+                vec![facility("a")],
+            );
+            c.on_message(Duration::ZERO, 1, join("h1", 7, 0, 0.2));
+            for it in 1..=3 {
+                c.on_message(it * MS, 1, contrib(c.epoch(), it as u64, 0, 0.2));
+            }
+            assert_eq!(c.iteration(), 3);
+            let AgentMsg::Join(mut j) = join("h2", 7, 0, 0.2) else {
+                unreachable!()
+            };
+            j.last_iteration = 500;
+            c.on_message(10 * MS, 2, AgentMsg::Join(j));
+            assert_eq!(c.iteration(), want, "{count} shards");
+        }
     }
 
     /// Issue 19, item 4: a second agent with a host id whose member is alive is refused, with

@@ -15,6 +15,13 @@
 use super::wire::{AgentMsg, ContributionMsg, CoordMsg, Join, ProposalMsg, SelectedMsg, Shard};
 use crate::model::Problem;
 
+/// How far apart (in iterations) the rounds of two shards may be when the mux merges them.
+/// Shards in step differ by a few at most (one reused a straggler's contribution, the other
+/// waited); more means a shard restarted or counted on alone, and their periodic exchanges
+/// would fall on different rounds. The agent then rejoins every shard with the highest
+/// round number it saw, on which they align (`coordinator::Coordinator`'s joins).
+pub const MAX_SKEW: u64 = 32;
+
 /// A `Restart` held: its exchange and prices.
 type Held = (u32, Vec<(u32, f64)>);
 
@@ -43,6 +50,9 @@ pub struct ShardMux {
     answering: Vec<(u64, u64)>,
     /// Key of the last merged round handed on: strictly increasing within a session.
     merged: (u64, u64),
+    /// The highest round number any shard sent, across sessions: a join carries it, so that
+    /// every shard can align its numbering with the one that counted furthest.
+    seen: u64,
 }
 
 impl ShardMux {
@@ -76,6 +86,7 @@ impl ShardMux {
             restarts: vec![None; n],
             answering: vec![(0, 0); n],
             merged: (0, 0),
+            seen: 0,
         }
     }
 
@@ -165,6 +176,7 @@ impl ShardMux {
                         self.links[link]
                     ));
                 }
+                self.seen = self.seen.max(iteration);
                 // A newer round of the same shard replaces one not yet stepped.
                 self.rounds[link] = Some(RoundIn {
                     epoch,
@@ -180,6 +192,13 @@ impl ShardMux {
                     .iter_mut()
                     .map(|r| r.take().expect("all"))
                     .collect();
+                let lo = rounds.iter().map(|r| r.iteration).min().unwrap_or(0);
+                let hi = rounds.iter().map(|r| r.iteration).max().unwrap_or(0);
+                if hi - lo > MAX_SKEW {
+                    return Err(format!(
+                        "the shards are out of step (rounds {lo} and {hi}): rejoining every shard at round {hi}"
+                    ));
+                }
                 let mut merged_d: Vec<(u32, f64)> = Vec::new();
                 for (i, r) in rounds.iter().enumerate() {
                     self.answering[i] = (r.epoch, r.iteration);
@@ -289,7 +308,7 @@ impl ShardMux {
                             .filter(|e| self.mine(i, e.0))
                             .collect(),
                         entries: keep(i, &j.entries),
-                        last_iteration: j.last_iteration,
+                        last_iteration: j.last_iteration.max(self.seen),
                         last_d: keep(i, &j.last_d),
                         rank: j.rank,
                         interest: j
@@ -518,6 +537,29 @@ mod tests {
             };
             assert_eq!((c.epoch, c.iteration), if i == 0 { (7, 4) } else { (2, 6) });
             assert!(c.entries.iter().all(|e| owner(e.0) == i as u32));
+        }
+        // Shards far out of step (one restarted alone and counted from the agents' last
+        // round, the other ran on): an error, and the next join carries the highest round,
+        // on which the shards align.
+        assert_eq!(m.incoming(1, round(1, 3, 100)), Ok(None));
+        let e = m.incoming(0, round(0, 7, 100 + MAX_SKEW + 1)).unwrap_err();
+        assert!(e.contains("out of step"), "{e}");
+        m.reset();
+        let join = AgentMsg::Join(Join {
+            host: "h0".into(),
+            facility_digest: 0,
+            pairs: Vec::new(),
+            entries: Vec::new(),
+            last_iteration: 6,
+            last_d: Vec::new(),
+            rank: 0,
+            interest: Vec::new(),
+            floor: Vec::new(),
+            exchanges: 0,
+        });
+        for (_, j) in m.outgoing(&join) {
+            let AgentMsg::Join(j) = j else { panic!() };
+            assert_eq!(j.last_iteration, 100 + MAX_SKEW + 1);
         }
     }
 
