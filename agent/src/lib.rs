@@ -596,12 +596,19 @@ async fn run_inner(
         // A session needs every shard this host talks to.
         let mut links = Vec::with_capacity(addrs.len());
         let mut failed = None;
+        let mut stopping = false;
         for &addr in &addrs {
-            let connected = tokio::time::timeout(
-                Duration::from_millis(settings.coordinator_timeout_ms),
-                connect(&endpoint, &client_tls, addr, &settings.server_name),
-            )
-            .await;
+            // SIGTERM must not wait for a connection attempt (up to coordinator_timeout_ms).
+            let connected = tokio::select! {
+                r = tokio::time::timeout(
+                    Duration::from_millis(settings.coordinator_timeout_ms),
+                    connect(&endpoint, &client_tls, addr, &settings.server_name),
+                ) => r,
+                _ = &mut shutdown => {
+                    stopping = true;
+                    break;
+                }
+            };
             match connected {
                 Ok(Ok(c)) => links.push(c),
                 Ok(Err(e)) => {
@@ -613,6 +620,12 @@ async fn run_inner(
                     break;
                 }
             }
+        }
+        if stopping {
+            for (conn, _, _) in &links {
+                conn.close(net::CLOSE_NORMAL.into(), b"agent stopping");
+            }
+            break;
         }
         if let Some(why) = failed {
             stats.connect_failures.fetch_add(1, Relaxed);
@@ -825,11 +838,12 @@ async fn session(
                         stats
                             .activations
                             .fetch_add(activated.is_some() as u64, Relaxed);
-                        info!(exchange, ?parked, ?activated, "selection round applied")
+                        // Up to every `T_sel` for ever: DEBUG, counted in the metrics.
+                        debug!(exchange, ?parked, ?activated, "selection round applied")
                     }
                     AgentEvent::Restarted { exchange } => {
                         stats.exchanges.fetch_add(1, Relaxed);
-                        info!(exchange, "priced restart: new active set")
+                        debug!(exchange, "priced restart: new active set")
                     }
                     AgentEvent::AppsChanged { arrived, left } => {
                         let names = |pairs: &[usize]| -> Vec<&str> {

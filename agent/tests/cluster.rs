@@ -695,6 +695,25 @@ fn bad_peers_and_frames_are_refused_without_disturbing_rounds() {
         metric(&coord.metrics(), "drum_coordinator_refused_frames_total") >= 4.0
     });
 
+    // 2b. A valid client that opens no stream (issue 19, item 9: such connections were held
+    // for ever): closed after the join timeout, with the coordinator's reason.
+    let id = &c.problem.hosts[0].id;
+    let tls = TlsFiles {
+        ca: certs.join("ca.pem"),
+        cert: certs.join(format!("agent-{id}.pem")),
+        key: certs.join(format!("agent-{id}.key")),
+        crl: None,
+    };
+    let closed = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let ep = net::client_endpoint(&tls, Duration::from_secs(10)).unwrap();
+        let conn = ep.connect(coord.addr, "localhost").unwrap().await.unwrap();
+        let why = tokio::time::timeout(Duration::from_secs(5), conn.closed()).await;
+        ep.close(0u32.into(), b"");
+        why.map(|e| e.to_string())
+    });
+    let closed = closed.expect("the coordinator closes a connection without a stream");
+    assert!(closed.contains("no stream"), "{closed}");
+
     // 3. A plain UDP client: not QUIC, dropped by the endpoint.
     let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     for _ in 0..20 {
@@ -757,6 +776,9 @@ fn killed_agent_is_dropped_after_the_timeout() {
     );
     let s = coord.status();
     assert!(pairs(&s) < before, "its pairs left the facility counts");
+    // Counted as a member timeout whether the coordinator's scan or the QUIC idle timeout
+    // noticed the silence first (issue 19, item 9).
+    assert_eq!(s["counters"]["timeouts"], 1, "{s:#}");
     assert!(s["members"]
         .as_array()
         .unwrap()
@@ -1968,4 +1990,70 @@ fn a_shard_restarted_alone_recovers() {
         assert_eq!(s["counters"]["timeouts"], t0[i], "shard {i}: {s:#}");
     }
     assert!((0..4).all(|h| c.table(h).is_some_and(|t| t.state == LinkState::Live)));
+}
+
+/// Issue 19, item 9: SIGTERM while the agent is connecting (here to a UDP socket that never
+/// answers, with a 60 s timeout) stops it at once, cleanly (`agent stopped`, status 0, the
+/// table `stopped`), instead of waiting out the attempt.
+#[test]
+fn sigterm_while_connecting_stops_the_agent_at_once() {
+    let c = Cluster::new(1, 2, 1, 33);
+    let mute = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let id = &c.problem.hosts[0].id;
+    let certs = c.dir.path().join("certs");
+    let config = c.dir.path().join("agent-mute.toml");
+    let rates = c.dir.path().join("rates-mute.json");
+    std::fs::write(
+        &config,
+        format!(
+            "host = {id:?}\ninstance = {:?}\ncoordinator = \"{}\"\nrate_table = {rates:?}\n\
+             heartbeat_ms = 1000\ncoordinator_timeout_ms = 60000\n\
+             [tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
+            c.instance,
+            mute.local_addr().unwrap(),
+            certs.join("ca.pem"),
+            certs.join(format!("agent-{id}.pem")),
+            certs.join(format!("agent-{id}.key")),
+        ),
+    )
+    .unwrap();
+    let log = c.dir.path().join("agent-mute.log");
+    let mut agent = Agent {
+        child: Command::new(env!("CARGO_BIN_EXE_drum-agent"))
+            .arg("--config")
+            .arg(&config)
+            .env("DRUM_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+        log,
+    };
+    // The attempt is under way once the handshake's first datagram arrives.
+    let mut buf = [0u8; 2048];
+    mute.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    mute.recv_from(&mut buf)
+        .expect("the agent's first QUIC datagram");
+    assert_eq!(
+        unsafe { libc::kill(agent.child.id() as i32, libc::SIGTERM) },
+        0
+    );
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = agent.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "still connecting: {}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}: {}", agent.log());
+    assert!(agent.log().contains("agent stopped"), "{}", agent.log());
+    let table = RateTable::read(&rates).unwrap();
+    assert_eq!(table.state, LinkState::Stopped);
+    agent.kill();
 }

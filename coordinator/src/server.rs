@@ -491,7 +491,8 @@ pub fn load_problem(path: &Path) -> Result<Problem> {
 enum Input {
     Connected(Link),
     Msg(MemberId, AgentMsg),
-    Closed(MemberId),
+    /// The connection ended; `true` when its idle timeout ended it (the peer went silent).
+    Closed(MemberId, bool),
     Admin(AdminRequest, oneshot::Sender<Reply>),
     /// The TLS files were read again: check every established peer against them.
     Reloaded(Arc<net::ServerTls>),
@@ -745,7 +746,17 @@ async fn connection(
     policy: ConnPolicy,
 ) -> Result<(), NetError> {
     let join_timeout = policy.join_timeout;
-    let (mut send, recv) = conn.accept_bi().await?;
+    // A peer that completes the handshake but opens no stream would hold its connection
+    // (and memory) for ever: it gets the join timeout, as one that opens a stream and
+    // sends no join.
+    let (mut send, recv) = match tokio::time::timeout(join_timeout, conn.accept_bi()).await {
+        Ok(r) => r?,
+        Err(_) => {
+            warn!(%remote, "no stream within {join_timeout:?}; closing the connection");
+            conn.close(net::CLOSE_PROTOCOL.into(), b"no stream");
+            return Ok(());
+        }
+    };
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let (out_tx, mut out_rx) = mpsc::unbounded_channel();
     let refuse_tx = out_tx.clone();
@@ -830,7 +841,13 @@ async fn connection(
             Err(e) => break Err(e),
         }
     };
-    let _ = tx.send(Input::Closed(id));
+    // A peer that died (kill -9, a crash, a cut link) goes silent: the QUIC idle timeout
+    // (the member timeout) ends its connection. That is a member timeout too.
+    let timed_out = matches!(
+        result,
+        Err(NetError::Connection(quinn::ConnectionError::TimedOut))
+    );
+    let _ = tx.send(Input::Closed(id, timed_out));
     writer.abort();
     result
 }
@@ -879,10 +896,14 @@ async fn core_loop(
                     // A connection being closed may still deliver frames: ignore them.
                     Input::Msg(id, _) if closing.contains(&id) => Vec::new(),
                     Input::Msg(id, m) => core.on_message(now, id, m),
-                    Input::Closed(id) => {
+                    Input::Closed(id, timed_out) => {
                         writers.remove(&id);
                         closing.remove(&id);
-                        core.on_disconnect(now, id)
+                        if timed_out {
+                            core.on_silence(now, id)
+                        } else {
+                            core.on_disconnect(now, id)
+                        }
                     }
                     Input::Admin(req, reply) => {
                         let changes = matches!(
@@ -998,8 +1019,9 @@ fn log_event(e: &Event, metrics: &Metrics, writers: &HashMap<MemberId, Link>) {
             round,
             iteration,
         } => match round {
-            Some(round) => info!(exchange, round, iteration, "selection round started"),
-            None => info!(exchange, iteration, "priced restart started"),
+            // Up to every `T_sel` for ever: DEBUG, counted in the metrics.
+            Some(round) => debug!(exchange, round, iteration, "selection round started"),
+            None => debug!(exchange, iteration, "priced restart started"),
         },
         Event::ReselectRequested {
             member,
@@ -1024,7 +1046,7 @@ fn log_event(e: &Event, metrics: &Metrics, writers: &HashMap<MemberId, Link>) {
             parks,
             activations,
             refused,
-        } => info!(
+        } => debug!(
             exchange,
             parks, activations, refused, "selection exchange done"
         ),

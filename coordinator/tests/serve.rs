@@ -152,4 +152,18 @@ fn serve_refuses_a_bad_config() {
         err.contains("unknown field") && err.contains("instanse"),
         "{err}"
     );
+    // A missing TLS file is named, and its error said once (issue 19, item 9).
+    std::fs::write(
+        &config,
+        "listen = \"127.0.0.1:0\"\n[tls]\nca = \"ca.pem\"\ncert = \"c.pem\"\nkey = \"missing.key\"\n",
+    )
+    .unwrap();
+    let out = run(&["serve", "--config", config.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ca.pem") || err.contains("c.pem") || err.contains("missing.key"),
+        "{err}"
+    );
+    assert_eq!(err.matches("No such file").count(), 1, "{err}");
 }

@@ -878,6 +878,19 @@ impl Coordinator {
         out
     }
 
+    /// The transport's idle timeout ended connection `from`: the member went silent (its
+    /// agent crashed, was killed or cut off), which is a member timeout like the one
+    /// [`Self::tick`] finds, whichever notices first, and is counted as one.
+    pub fn on_silence(&mut self, now: Duration, from: MemberId) -> Vec<Action> {
+        let mut out = Vec::new();
+        if self.members.contains_key(&from) {
+            self.counters.timeouts += 1;
+            self.remove(from, LeaveReason::TimedOut, &mut out);
+            self.advance(now, &mut out);
+        }
+        out
+    }
+
     /// Timeouts, round deadlines and round starts; call at [`Self::next_wakeup`] or sooner.
     pub fn tick(&mut self, now: Duration) -> Vec<Action> {
         let mut out = Vec::new();
@@ -1865,6 +1878,22 @@ mod tests {
         let it = c.iteration();
         c.on_message(now, 1, contrib(c.epoch(), it + 1, 0, 0.4));
         assert!((c.status().facilities[0].usage - 0.4).abs() < 1e-12);
+    }
+
+    /// Issue 19, item 9: a member whose connection the transport's idle timeout ended is
+    /// counted as a member timeout, as one the scan finds; a closed connection is not.
+    #[test]
+    fn a_member_lost_to_the_idle_timeout_counts_as_a_timeout() {
+        let mut c = Coordinator::new(cfg(7, 1.0, 1), vec![facility("a")]);
+        c.on_message(Duration::ZERO, 1, join("h1", 7, 0, 0.2));
+        c.on_message(Duration::ZERO, 2, join("h2", 7, 0, 0.2));
+        c.on_disconnect(MS, 2);
+        assert_eq!(c.counters().timeouts, 0);
+        c.on_silence(1000 * MS, 1);
+        assert_eq!(c.counters().timeouts, 1);
+        assert_eq!(c.members(), 0);
+        c.on_silence(1001 * MS, 1);
+        assert_eq!(c.counters().timeouts, 1, "once");
     }
 
     #[test]
