@@ -198,6 +198,9 @@ impl Drop for Agent {
 struct Coord {
     addr: SocketAddr,
     admin: SocketAddr,
+    /// The admin socket, which alone takes operator commands, and its directory.
+    socket: PathBuf,
+    _socket_dir: tempfile::TempDir,
     reload: Arc<tokio::sync::Notify>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -210,6 +213,12 @@ impl Coord {
 
     fn start_with(settings: ServeSettings, options: ServeOptions) -> Self {
         logs();
+        let socket_dir = tempfile::tempdir().unwrap();
+        let socket = socket_dir.path().join("admin.sock");
+        let options = ServeOptions {
+            admin_socket: Some(socket.clone()),
+            ..options
+        };
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
@@ -235,6 +244,8 @@ impl Coord {
         Self {
             addr,
             admin,
+            socket,
+            _socket_dir: socket_dir,
             reload,
             stop: Some(stop),
             thread: Some(thread),
@@ -548,8 +559,8 @@ fn set_weight_reaches_every_agent_and_moves_the_allocation() {
     let app_index = c.problem.pairs[pair].app;
     let app = c.problem.app_names[app_index as usize].clone();
     let weight = 8.0 * c.problem.pairs[pair].weight;
-    let (code, body) = drum_coordinator::admin::request(
-        coord.admin,
+    let (code, body) = drum_coordinator::admin::request_unix(
+        &coord.socket,
         "POST",
         &format!(
             "/set-weight?app={}&value={weight}",
@@ -793,8 +804,8 @@ fn killed_agent_is_dropped_after_the_timeout() {
 
     // An operator drains host 1: removed at once, its agent keeps its rates, its rejoins refused.
     let host1 = c.problem.hosts[1].id.clone();
-    let (code, body) = drum_coordinator::admin::request(
-        coord.admin,
+    let (code, body) = drum_coordinator::admin::request_unix(
+        &coord.socket,
         "POST",
         &format!(
             "/drain?host={}",
@@ -1544,9 +1555,12 @@ fn the_live_problem_is_learnt_from_the_shims_and_its_snapshot_solves_to_the_live
         "writer-a granted {granted} B/s for a rate of {a} of 8 Gb/s"
     );
     // A weight at run time: every agent steps with it and `status` shows it.
-    let (code, body) =
-        drum_coordinator::admin::request(coord.admin, "POST", "/set-weight?app=writer-a&value=3")
-            .unwrap();
+    let (code, body) = drum_coordinator::admin::request_unix(
+        &coord.socket,
+        "POST",
+        "/set-weight?app=writer-a&value=3",
+    )
+    .unwrap();
     assert_eq!(code, 200, "{body}");
     assert_eq!(coord.status()["policy"]["weights"][0][1], 3.0);
     wait_for(
@@ -1717,8 +1731,8 @@ fn a_static_cluster_settles_after_the_selection_schedule() {
     // A change re-opens selection: the next period runs an exchange.
     let exchanges = s["counters"]["exchanges"].as_u64().unwrap();
     let app = c.problem.app_names[0].clone();
-    let (code, body) = drum_coordinator::admin::request(
-        coord.admin,
+    let (code, body) = drum_coordinator::admin::request_unix(
+        &coord.socket,
         "POST",
         &format!("/set-weight?app={app}&value=5"),
     )

@@ -165,28 +165,36 @@ enum Command {
     /// Take a host out of the optimisation (its agent keeps its last rates) until `undrain-host`.
     DrainHost {
         host: String,
-        #[arg(long, default_value = "127.0.0.1:9464")]
-        admin: std::net::SocketAddr,
+        /// The coordinator's admin socket (`admin_socket` in its config): operator commands
+        /// go there only, its file permissions decide who may send them.
+        #[arg(long, default_value = DEFAULT_ADMIN_SOCKET)]
+        socket: PathBuf,
     },
     /// Let a drained host join again.
     UndrainHost {
         host: String,
-        #[arg(long, default_value = "127.0.0.1:9464")]
-        admin: std::net::SocketAddr,
+        /// The coordinator's admin socket (`admin_socket` in its config): operator commands
+        /// go there only, its file permissions decide who may send them.
+        #[arg(long, default_value = DEFAULT_ADMIN_SOCKET)]
+        socket: PathBuf,
     },
     /// Change an app's weight on every host (finite, > 0; the app must exist).
     SetWeight {
         app: String,
         weight: f64,
-        #[arg(long, default_value = "127.0.0.1:9464")]
-        admin: std::net::SocketAddr,
+        /// The coordinator's admin socket (`admin_socket` in its config): operator commands
+        /// go there only, its file permissions decide who may send them.
+        #[arg(long, default_value = DEFAULT_ADMIN_SOCKET)]
+        socket: PathBuf,
     },
     /// Change a facility's capacity on a running coordinator.
     SetCapacity {
         facility: String,
         capacity: f64,
-        #[arg(long, default_value = "127.0.0.1:9464")]
-        admin: std::net::SocketAddr,
+        /// The coordinator's admin socket (`admin_socket` in its config): operator commands
+        /// go there only, its file permissions decide who may send them.
+        #[arg(long, default_value = DEFAULT_ADMIN_SOCKET)]
+        socket: PathBuf,
     },
 }
 
@@ -423,34 +431,38 @@ fn run(cli: Cli) -> Result<()> {
         Command::SetCapacity {
             facility,
             capacity,
-            admin,
+            socket,
         } => {
             let target = format!(
                 "/set-capacity?facility={}&value={capacity}",
                 drum_coordinator::admin::percent_encode(&facility)
             );
-            print!("{}", admin_call(admin, "POST", &target)?);
+            print!("{}", operator_call(&socket, &target)?);
         }
-        Command::SetWeight { app, weight, admin } => {
+        Command::SetWeight {
+            app,
+            weight,
+            socket,
+        } => {
             let target = format!(
                 "/set-weight?app={}&value={weight}",
                 drum_coordinator::admin::percent_encode(&app)
             );
-            print!("{}", admin_call(admin, "POST", &target)?);
+            print!("{}", operator_call(&socket, &target)?);
         }
-        Command::DrainHost { host, admin } => {
+        Command::DrainHost { host, socket } => {
             let target = format!(
                 "/drain?host={}",
                 drum_coordinator::admin::percent_encode(&host)
             );
-            print!("{}", admin_call(admin, "POST", &target)?);
+            print!("{}", operator_call(&socket, &target)?);
         }
-        Command::UndrainHost { host, admin } => {
+        Command::UndrainHost { host, socket } => {
             let target = format!(
                 "/undrain?host={}",
                 drum_coordinator::admin::percent_encode(&host)
             );
-            print!("{}", admin_call(admin, "POST", &target)?);
+            print!("{}", operator_call(&socket, &target)?);
         }
     }
     std::io::stdout().flush()?;
@@ -499,6 +511,24 @@ async fn shutdown_signal() {
 fn admin_call(admin: std::net::SocketAddr, method: &str, target: &str) -> Result<String> {
     let (code, body) = drum_coordinator::admin::request(admin, method, target)
         .with_context(|| format!("asking the coordinator's admin endpoint at {admin}"))?;
+    if code != 200 {
+        bail!("coordinator answered {code}: {}", body.trim());
+    }
+    Ok(body)
+}
+
+/// Where the deployed coordinator's admin socket is (`RuntimeDirectory=drum-coordinator`).
+const DEFAULT_ADMIN_SOCKET: &str = "/run/drum-coordinator/admin.sock";
+
+/// An operator command over the admin socket.
+fn operator_call(socket: &std::path::Path, target: &str) -> Result<String> {
+    let (code, body) =
+        drum_coordinator::admin::request_unix(socket, "POST", target).with_context(|| {
+            format!(
+                "asking the coordinator's admin socket {} (admin_socket in its config)",
+                socket.display()
+            )
+        })?;
     if code != 200 {
         bail!("coordinator answered {code}: {}", body.trim());
     }

@@ -37,8 +37,8 @@ pub struct ServeSettings {
     #[serde(default)]
     pub instance: Option<PathBuf>,
     pub tls: TlsFiles,
-    /// TCP address of the admin endpoint (`/metrics`, `/status`, `/set-capacity`); keep it on
-    /// loopback, it is not authenticated.
+    /// TCP address of the read-only admin endpoint (`/metrics`, `/status`, `/snapshot`); it
+    /// is not authenticated, so it refuses operator commands (see `admin_socket`).
     #[serde(default)]
     pub admin_listen: Option<SocketAddr>,
     #[serde(default)]
@@ -127,6 +127,11 @@ pub struct ServeOptions {
     /// The live problem's shape and weights (`[policy]`; only without an instance).
     #[serde(default)]
     pub policy: Option<PolicySettings>,
+    /// Unix socket for operator commands (`set-capacity`, `set-weight`, `drain-host`,
+    /// `undrain-host`) and reads: its file permissions (0660, the process's user and group)
+    /// decide who may change the coordinator; `admin_listen` is read-only. None: no changes.
+    #[serde(default)]
+    pub admin_socket: Option<PathBuf>,
 }
 
 /// `[policy]`: the live problem's weights and shape, pushed to every agent.
@@ -215,6 +220,7 @@ const OPTION_KEYS: &[&str] = &[
     "selection_period_ms",
     "state_file",
     "policy",
+    "admin_socket",
 ];
 
 /// The longest `T_sel` accepted: anything longer is surely a unit mistake.
@@ -250,6 +256,7 @@ impl Default for ServeOptions {
             shard: Shard::WHOLE,
             state_file: None,
             policy: None,
+            admin_socket: None,
         }
     }
 }
@@ -322,6 +329,7 @@ impl ServeSettings {
             .with_context(|| format!("in {}", path.display()))?;
         let base = path.parent().unwrap_or(Path::new(".")).to_path_buf();
         options.state_file = options.state_file.map(|p| base.join(p));
+        options.admin_socket = options.admin_socket.map(|p| base.join(p));
         s.instance = s.instance.map(|p| base.join(p));
         if s.instance.is_some() && options.policy.is_some() {
             bail!(
@@ -519,7 +527,26 @@ pub struct Server {
     problem: Option<Problem>,
     endpoint: quinn::Endpoint,
     admin: Option<tokio::net::TcpListener>,
+    admin_socket: Option<(tokio::net::UnixListener, PathBuf)>,
     reload: Arc<tokio::sync::Notify>,
+}
+
+/// Binds the admin socket at `path` with mode 0660: the coordinator's user and group may
+/// send operator commands, nobody else. A socket file left by a coordinator that died is
+/// replaced; any other file there is an error.
+fn bind_admin_socket(path: &Path) -> Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)
+            .with_context(|| format!("removing the stale admin socket {}", path.display()))?,
+        Ok(_) => bail!("admin_socket {} exists and is not a socket", path.display()),
+        Err(_) => {}
+    }
+    let listener = tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("binding the admin socket {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+        .with_context(|| format!("setting the mode of {}", path.display()))?;
+    Ok(listener)
 }
 
 impl Server {
@@ -548,12 +575,17 @@ impl Server {
             ),
             None => None,
         };
+        let admin_socket = match &options.admin_socket {
+            Some(p) => Some((bind_admin_socket(p)?, p.clone())),
+            None => None,
+        };
         Ok(Self {
             settings,
             options,
             problem,
             endpoint,
             admin,
+            admin_socket,
             reload: Arc::new(tokio::sync::Notify::new()),
         })
     }
@@ -582,6 +614,7 @@ impl Server {
             problem,
             endpoint,
             admin,
+            admin_socket,
             reload,
         } = self;
         let live_policy = match &problem {
@@ -628,17 +661,25 @@ impl Server {
         );
         let metrics = Arc::new(Metrics::default());
         let (tx, rx) = mpsc::unbounded_channel();
-        if let Some(listener) = admin {
+        let forward = {
             let tx = tx.clone();
-            tokio::spawn(admin::serve(listener, move |req| {
+            move |req| {
                 let tx = tx.clone();
                 async move {
                     let (reply, answer) = oneshot::channel();
                     tx.send(Input::Admin(req, reply)).ok()?;
                     answer.await.ok()
                 }
-            }));
+            }
+        };
+        if let Some(listener) = admin {
+            tokio::spawn(admin::serve(listener, forward.clone()));
         }
+        let socket_path = admin_socket.map(|(listener, path)| {
+            info!(admin_socket = %path.display(), "operator commands on the admin socket (mode 0660)");
+            tokio::spawn(admin::serve_unix(listener, forward));
+            path
+        });
         let policy = ConnPolicy {
             join_timeout: Duration::from_millis(settings.member_timeout_ms),
             bind_host: settings.bind_host_to_certificate,
@@ -671,6 +712,9 @@ impl Server {
         }
         accept.abort();
         reloads.abort();
+        if let Some(p) = socket_path {
+            let _ = std::fs::remove_file(p);
+        }
         endpoint.close(net::CLOSE_NORMAL.into(), b"coordinator shutting down");
         Ok(())
     }
@@ -906,13 +950,7 @@ async fn core_loop(
                         }
                     }
                     Input::Admin(req, reply) => {
-                        let changes = matches!(
-                            req,
-                            AdminRequest::SetCapacity { .. }
-                                | AdminRequest::SetWeight { .. }
-                                | AdminRequest::Drain { .. }
-                                | AdminRequest::Undrain { .. }
-                        );
+                        let changes = req.is_change();
                         let what = changes.then(|| format!("{req:?}"));
                         let (mut answer, actions) = admin::answer(&mut core, &metrics, req, now);
                         if let (true, 200, Some(p)) = (changes, answer.code, &state_file) {

@@ -108,13 +108,14 @@ fn operator_changes_persist_across_a_restart_and_set_weight_is_checked() {
     std::fs::write(
         &config,
         format!(
-            "listen = \"127.0.0.1:0\"\ninstance = \"instance.json\"\nadmin_listen = \"{admin}\"\n\
+            "listen = \"127.0.0.1:0\"\ninstance = \"instance.json\"\nadmin_listen = \"{admin}\"\nadmin_socket = \"admin.sock\"\n\
              state_file = \"state.json\"\n\
              [tls]\nca = \"certs/ca.pem\"\ncert = \"certs/coordinator.pem\"\nkey = \"certs/coordinator.key\"\n"
         ),
     )
     .unwrap();
     let state = d.join("state.json");
+    let socket = d.join("admin.sock").to_str().unwrap().to_string();
     let ops_log = d.join("ops.log");
     let s = serve_logged(&config, &ops_log);
     let v = status(&admin);
@@ -122,9 +123,9 @@ fn operator_changes_persist_across_a_restart_and_set_weight_is_checked() {
     let f0 = v["facilities"][0]["id"].as_str().unwrap().to_string();
     let app = app.unwrap_or_else(|| panic!("no app id in {instance:#}"));
 
-    ok(&run(&["set-capacity", &f0, "0.25", "--admin", &admin]));
-    ok(&run(&["set-weight", &app, "3.5", "--admin", &admin]));
-    ok(&run(&["drain-host", "h1", "--admin", &admin]));
+    ok(&run(&["set-capacity", &f0, "0.25", "--socket", &socket]));
+    ok(&run(&["set-weight", &app, "3.5", "--socket", &socket]));
+    ok(&run(&["drain-host", "h1", "--socket", &socket]));
     for (args, want) in [
         (vec!["set-weight", "no-such-app", "1"], "no app"),
         (
@@ -136,7 +137,7 @@ fn operator_changes_persist_across_a_restart_and_set_weight_is_checked() {
         (vec!["set-weight", &app, "1e308"], "got 1e308"),
     ] {
         let mut a = args.clone();
-        a.extend(["--admin", &admin]);
+        a.extend(["--socket", &socket]);
         let out = run(&a);
         assert!(!out.status.success(), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
@@ -178,7 +179,7 @@ fn operator_changes_persist_across_a_restart_and_set_weight_is_checked() {
     assert_eq!(cap, 0.25);
     assert_eq!(v["weights"][&app], 3.5);
     assert_eq!(v["drained"][0], "h1");
-    ok(&run(&["undrain-host", "h1", "--admin", &admin]));
+    ok(&run(&["undrain-host", "h1", "--socket", &socket]));
     let saved: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
     assert_eq!(saved["drained"].as_array().unwrap().len(), 0);
@@ -200,7 +201,7 @@ fn operator_changes_persist_across_a_restart_and_set_weight_is_checked() {
         (vec!["set-capacity", &f0, "1e-300"], "got 1e-300"),
     ] {
         let mut a = args.clone();
-        a.extend(["--admin", &admin]);
+        a.extend(["--socket", &socket]);
         let out = run(&a);
         assert!(!out.status.success(), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
