@@ -662,7 +662,8 @@ async fn run_inner(
     }
     reloads.abort();
     if let Some(t) = table {
-        t.close(rate_table::table_file(&problem, &core, LinkState::Stopped));
+        t.close(rate_table::table_file(&problem, &core, LinkState::Stopped))
+            .await;
     }
     endpoint.close(net::CLOSE_NORMAL.into(), b"agent stopping");
     // Give the close (and a Leave sent just before) a moment to reach the coordinator.

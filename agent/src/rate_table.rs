@@ -157,19 +157,13 @@ pub struct TableWriter {
     path: PathBuf,
     latest: watch::Sender<Option<TableFile>>,
     task: tokio::task::JoinHandle<()>,
-    metrics: Arc<AgentMetrics>,
 }
 
 impl TableWriter {
     pub fn start(path: PathBuf, metrics: Arc<AgentMetrics>) -> Self {
         let (latest, rx) = watch::channel(None);
-        let task = tokio::spawn(write_loop(path.clone(), rx, metrics.clone()));
-        Self {
-            path,
-            latest,
-            task,
-            metrics,
-        }
+        let task = tokio::spawn(write_loop(path.clone(), rx, metrics));
+        Self { path, latest, task }
     }
 
     /// Replaces the table to write (an older one not yet written is skipped).
@@ -177,18 +171,20 @@ impl TableWriter {
         self.latest.send_replace(Some(file));
     }
 
-    /// Stops the writer and writes `last` once, now (the agent is exiting).
-    pub fn close(self, last: TableFile) {
-        self.task.abort();
-        match write(&self.path, &last) {
-            Ok(()) => self.metrics.table_ok.store(1, Relaxed),
-            Err(e) => {
-                self.metrics.table_write_failures.fetch_add(1, Relaxed);
-                warn!("could not write the rate table at exit: {e}");
-            }
+    /// Writes `last` (the agent is exiting) after any write under way, then stops the
+    /// writer: one try, as writes are serialised in the writer task (an older table landing
+    /// after it would say the agent still runs).
+    pub async fn close(self, last: TableFile) {
+        self.latest.send_replace(Some(last));
+        drop(self.latest);
+        if tokio::time::timeout(CLOSE_WAIT, self.task).await.is_err() {
+            warn!(path = %self.path.display(), "the rate table's last write did not finish in {CLOSE_WAIT:?}");
         }
     }
 }
+
+/// How long an exiting agent waits for its last table write.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 async fn write_loop(
     path: PathBuf,
