@@ -479,6 +479,7 @@ fn serve(config: &std::path::Path, shard: Option<drum_common::protocol::Shard>) 
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     let tls = settings.tls.clone();
     rt.block_on(async {
+        let stop = shutdown_signal()?;
         let server = drum_coordinator::server::Server::bind_with(settings, options).await?;
         if let Some(a) = server.admin_addr() {
             tracing::info!(admin = %a, "admin endpoint listening");
@@ -494,18 +495,22 @@ fn serve(config: &std::path::Path, shard: Option<drum_common::protocol::Shard>) 
                 reload.notify_one();
             }
         });
-        server.run(shutdown_signal()).await
+        server.run(stop).await
     })
 }
 
-/// SIGINT or SIGTERM (systemd's stop).
-async fn shutdown_signal() {
+/// SIGINT or SIGTERM (systemd's stop), registered now rather than when first polled, so that
+/// a stop during the start is not the default action (death with status 143).
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+    })
 }
 
 fn admin_call(admin: std::net::SocketAddr, method: &str, target: &str) -> Result<String> {
