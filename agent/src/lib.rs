@@ -928,13 +928,23 @@ async fn session(
         actions = tokio::select! {
             m = rx.recv() => match m {
                 Some((link, Ok(m))) => match mux.incoming(link, m) {
+                    Ok(None) => {
+                        let mut out = Vec::new();
+                        for (link, reply) in mux.take_replies() {
+                            if let Err(e) = net::send_msg(&mut sends[link], &reply).await {
+                                warn!("lost the coordinator: {e}; keeping last rates");
+                                out = core.on_disconnected(origin.elapsed(), &e.to_string());
+                                break;
+                            }
+                        }
+                        out
+                    }
                     Ok(Some(m)) => {
                         let t = Instant::now();
                         let out = core.on_message(origin.elapsed(), problem, m);
                         stats.handle_ns.fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
                         out
                     }
-                    Ok(None) => Vec::new(),
                     Err(e) => {
                         warn!("{e}; keeping last rates");
                         let mut out = core.on_disconnected(origin.elapsed(), &e);
