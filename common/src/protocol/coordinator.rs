@@ -210,6 +210,9 @@ struct Member {
     exchanges: u32,
     /// Live problem: the host's latest report (its NIC, its row and grants).
     report: Option<HostReport>,
+    /// Live problem: the GIDs of its reports that other hosts' links own, as last logged:
+    /// reports come every 250 ms, the refusal is said once per change.
+    ignored_gids: Vec<Gid>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -438,7 +441,15 @@ impl Coordinator {
                     .any(|l| l.host != host && l.gids.contains(g))
             })
             .collect();
-        if !owned_elsewhere.is_empty() {
+        let said = m.ignored_gids == owned_elsewhere;
+        if !said {
+            self.members
+                .get_mut(&from)
+                .expect("a member")
+                .ignored_gids
+                .clone_from(&owned_elsewhere);
+        }
+        if !owned_elsewhere.is_empty() && !said {
             out.push(Action::Event(Event::Refused {
                 member: from,
                 reason: format!(
@@ -450,8 +461,8 @@ impl Coordinator {
                         .join(", ")
                 ),
             }));
-            r.gids.retain(|g| !owned_elsewhere.contains(g));
         }
+        r.gids.retain(|g| !owned_elsewhere.contains(g));
         let id = crate::live::link_id(&host);
         let capacity = self.capacities.get(&id).copied().unwrap_or(1.0);
         let changed = match self.facilities.iter().position(|f| f.id == id) {
@@ -1057,6 +1068,7 @@ impl Coordinator {
                 floor: j.floor,
                 exchanges: j.exchanges,
                 report: None,
+                ignored_gids: Vec::new(),
             },
         );
         self.membership_changed = true;
@@ -1878,6 +1890,52 @@ mod tests {
         let it = c.iteration();
         c.on_message(now, 1, contrib(c.epoch(), it + 1, 0, 0.4));
         assert!((c.status().facilities[0].usage - 0.4).abs() < 1e-12);
+    }
+
+    /// Issue 19, item 9 (log volume): a live host whose reports (every 250 ms) carry a GID
+    /// another host's link owns is told so once per change, not at every report.
+    #[test]
+    fn a_gid_owned_elsewhere_is_reported_once_per_change() {
+        let mut c = Coordinator::new_live(cfg(0, 1.0, 1), LivePolicy::default());
+        let live_join = |host: &str| {
+            AgentMsg::Join(Join {
+                host: host.into(),
+                facility_digest: 0,
+                pairs: Vec::new(),
+                entries: Vec::new(),
+                last_iteration: 0,
+                last_d: Vec::new(),
+                rank: 0,
+                interest: Vec::new(),
+                floor: Vec::new(),
+                exchanges: 0,
+            })
+        };
+        let report = |gids: Vec<Gid>| {
+            AgentMsg::Host(HostReport {
+                line_rate_gbps: 10.0,
+                gids,
+                max_active: 4,
+                wqe_budget: 1.0,
+                poll_budget: 16.0,
+                apps: Vec::new(),
+            })
+        };
+        let (lo, a, b) = ([1u8; 16], [2u8; 16], [3u8; 16]);
+        c.on_message(Duration::ZERO, 1, live_join("h1"));
+        c.on_message(Duration::ZERO, 2, live_join("h2"));
+        c.on_message(MS, 1, report(vec![lo, a]));
+        let refusals = |out: &[Action]| {
+            out.iter()
+                .filter(|x| matches!(x, Action::Event(Event::Refused { member: 2, .. })))
+                .count()
+        };
+        let counts: Vec<usize> = [vec![lo, b], vec![lo, b], vec![lo, b], vec![b], vec![lo, b]]
+            .into_iter()
+            .enumerate()
+            .map(|(i, g)| refusals(&c.on_message((2 + i as u32) * MS, 2, report(g))))
+            .collect();
+        assert_eq!(counts, vec![1, 0, 0, 0, 1]);
     }
 
     /// Issue 19, item 9: a member whose connection the transport's idle timeout ended is
