@@ -4,6 +4,12 @@
 //! rounds per second and the residuals, and checks the allocation against the in-process solver.
 //!
 //! `cargo run --release -p drum-agent --example scale -- --agents 1000 --rounds 300`
+//!
+//! With `--coordinator-process` the coordinator is the `drum-coordinator serve` binary next to
+//! this example's directory, in a process of its own, with fixed active sets (no selection
+//! exchanges): the run then also prints the coordinator's own CPU time (utime + stime from
+//! `/proc`) per agent per round, measured between the first `--warmup` rounds and the last
+//! — the cost that decides how many hosts one coordinator serves (docs/control-plane.md).
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -31,6 +37,60 @@ struct Args {
     /// Runtime worker threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
+    /// Run the coordinator as its own process (`drum-coordinator serve`, fixed active sets)
+    /// and report its CPU per agent per round.
+    #[arg(long)]
+    coordinator_process: bool,
+    /// With `--coordinator-process`: rounds before the CPU measurement starts.
+    #[arg(long, default_value_t = 50)]
+    warmup: u64,
+}
+
+/// The coordinator process's CPU time (user + system) in seconds, from `/proc/PID/stat`.
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = stat.rsplit_once(')').context("malformed stat")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok(ticks / hz)
+}
+
+/// Kills the coordinator process when the run ends, however it ends.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The coordinator service in this process, as the run has always used it.
+async fn in_process(
+    args: &Args,
+    instance: &std::path::Path,
+    certs: &net::DevCerts,
+) -> Result<Server> {
+    Server::bind(ServeSettings {
+        listen: "127.0.0.1:0".parse()?,
+        instance: Some(instance.to_path_buf()),
+        tls: certs.coordinator.clone(),
+        admin_listen: Some("127.0.0.1:0".parse()?),
+        rho: None,
+        min_members: args.agents,
+        round_deadline_ms: 1000,
+        max_staleness: 0,
+        round_interval_ms: 0,
+        heartbeat_ms: 2000,
+        member_timeout_ms: 30_000,
+        max_iterations: Some(args.rounds),
+        // One certificate serves every simulated host.
+        bind_host_to_certificate: false,
+    })
+    .await
 }
 
 fn metric(text: &str, prefix: &str) -> Option<f64> {
@@ -70,26 +130,59 @@ fn main() -> Result<()> {
     let rt = rt.enable_all().build()?;
     let problem = Arc::new(problem);
     rt.block_on(async {
-        let server = Server::bind(ServeSettings {
-            listen: "127.0.0.1:0".parse()?,
-            instance: Some(instance.clone()),
-            tls: certs.coordinator.clone(),
-            admin_listen: Some("127.0.0.1:0".parse()?),
-            rho: None,
-            min_members: args.agents,
-            round_deadline_ms: 1000,
-            max_staleness: 0,
-            round_interval_ms: 0,
-            heartbeat_ms: 2000,
-            member_timeout_ms: 30_000,
-            max_iterations: Some(args.rounds),
-            // One certificate serves every simulated host.
-            bind_host_to_certificate: false,
-        })
-        .await?;
-        let addr = server.local_addr()?;
-        let admin = server.admin_addr().context("admin endpoint")?;
-        tokio::spawn(server.run(std::future::pending()));
+        let mut coordinator: Option<Child> = None;
+        let (addr, admin) = if args.coordinator_process {
+            let free = || -> Result<std::net::SocketAddr> {
+                Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+            };
+            let admin = free()?;
+            let listen = std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?;
+            let config = dir.path().join("coordinator.toml");
+            std::fs::write(
+                &config,
+                format!(
+                    "listen = \"{listen}\"\ninstance = {instance:?}\nadmin_listen = \"{admin}\"\n\
+                     min_members = {}\nround_deadline_ms = 1000\nmax_staleness = 0\nround_interval_ms = 0\n\
+                     heartbeat_ms = 2000\nmember_timeout_ms = 30000\nmax_iterations = {}\n\
+                     bind_host_to_certificate = false\npriced_start = false\nselection_rounds = 0\n\
+                     selection_period_ms = 0\n[tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
+                    args.agents,
+                    args.rounds,
+                    certs.coordinator.ca,
+                    certs.coordinator.cert,
+                    certs.coordinator.key,
+                ),
+            )?;
+            let exe = std::env::current_exe()?;
+            let bin = exe
+                .parent()
+                .and_then(|d| d.parent())
+                .context("the example's directory")?
+                .join("drum-coordinator");
+            coordinator = Some(Child(
+                std::process::Command::new(&bin)
+                    .args(["serve", "--config"])
+                    .arg(&config)
+                    .env("DRUM_LOG", "warn")
+                    .spawn()
+                    .with_context(|| format!("starting {}", bin.display()))?,
+            ));
+            // Wait for its admin endpoint.
+            let t = Instant::now();
+            while std::net::TcpStream::connect(admin).is_err() {
+                anyhow::ensure!(t.elapsed() < Duration::from_secs(30), "coordinator did not start");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (listen, admin)
+        } else {
+            let server = in_process(&args, &instance, &certs).await?;
+            let addr = server.local_addr()?;
+            let admin = server.admin_addr().context("admin endpoint")?;
+            tokio::spawn(server.run(std::future::pending()));
+            (addr, admin)
+        };
+        let pid = coordinator.as_ref().map(|c| c.0.id());
+        let mut cpu_mark: Option<(f64, u64)> = None;
         let tls = certs.agents[0].1.clone();
         let joined = Instant::now();
         for (h, a) in active.iter().enumerate() {
@@ -125,6 +218,11 @@ fn main() -> Result<()> {
             let (_, body) = status("/status").await??;
             let s: serde_json::Value = serde_json::from_str(&body)?;
             let it = s["iteration"].as_u64().unwrap_or(0);
+            if let (Some(pid), None) = (pid, cpu_mark) {
+                if it >= args.warmup {
+                    cpu_mark = Some((cpu_seconds(pid)?, it));
+                }
+            }
             if started.is_none() && it > 0 {
                 eprintln!(
                     "all {} agents joined and rounds began after {:.1} s",
@@ -166,11 +264,21 @@ fn main() -> Result<()> {
                     "stale reuses {}  refused {}",
                     s["counters"]["stale_reuses"], s["counters"]["refused"]
                 );
+                if let (Some(pid), Some((cpu0, it0))) = (pid, cpu_mark) {
+                    let cpu = cpu_seconds(pid)? - cpu0;
+                    let rounds = (it - it0).max(1);
+                    println!(
+                        "coordinator process: {cpu:.2} s CPU over rounds {it0}..{it}: {:.2} ms per round, {:.2} µs per agent-round",
+                        cpu / rounds as f64 * 1e3,
+                        cpu / (rounds * args.agents as u64) as f64 * 1e6
+                    );
+                }
                 break;
             }
         }
         Ok::<_, anyhow::Error>(())
     })?;
     rt.shutdown_timeout(Duration::from_secs(1));
+    drop(dir);
     Ok(())
 }

@@ -20,7 +20,7 @@ use drum_common::protocol::agent::{AgentAction, AgentConfig, AgentCore, AgentEve
 use drum_common::protocol::shard::ShardMux;
 use drum_common::protocol::{AgentMsg, CoordMsg};
 use drum_coordinator::net::{self, FramedRecv, NetError, TlsFiles};
-use rate_table::{LinkState, RateTable};
+use rate_table::{LinkState, TableWriter};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -497,11 +497,12 @@ async fn run_inner(
     // The session's connections, which a reload checks against the new CA and CRL.
     let live: Arc<std::sync::Mutex<Vec<quinn::Connection>>> = Arc::default();
     let endpoint = net::bare_client_endpoint().context("setting up the QUIC client")?;
+    let stats = Arc::new(metrics::AgentMetrics::default());
+    stats.table_ok.store(1, Relaxed);
     let table = settings
         .rate_table
         .as_ref()
-        .map(|p| RateTable::new(p.clone()));
-    let stats = Arc::new(metrics::AgentMetrics::default());
+        .map(|p| TableWriter::start(p.clone(), stats.clone()));
     if let Some(addr) = settings.metrics_listen {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -545,17 +546,15 @@ async fn run_inner(
         );
     }
     let origin = Instant::now();
-    let publish = |problem: &Problem, core: &AgentCore, state: LinkState| -> Result<()> {
+    let publish = |problem: &Problem, core: &AgentCore, state: LinkState| {
         if let Some(t) = &table {
-            t.publish(problem, core, state)
-                .with_context(|| format!("writing the rate table {}", t.path().display()))?;
+            t.publish(rate_table::table_file(problem, core, state));
         }
         if let Some(hub) = &hub {
             hub.set_rates(&rate_table::app_decisions(problem, core));
         }
-        Ok(())
     };
-    publish(&problem, &core, LinkState::Starting)?;
+    publish(&problem, &core, LinkState::Starting);
     let reloads = tokio::spawn({
         let (client_tls, tls) = (client_tls.clone(), settings.tls.clone());
         let (live, server_name) = (live.clone(), settings.server_name.clone());
@@ -597,12 +596,19 @@ async fn run_inner(
         // A session needs every shard this host talks to.
         let mut links = Vec::with_capacity(addrs.len());
         let mut failed = None;
+        let mut stopping = false;
         for &addr in &addrs {
-            let connected = tokio::time::timeout(
-                Duration::from_millis(settings.coordinator_timeout_ms),
-                connect(&endpoint, &client_tls, addr, &settings.server_name),
-            )
-            .await;
+            // SIGTERM must not wait for a connection attempt (up to coordinator_timeout_ms).
+            let connected = tokio::select! {
+                r = tokio::time::timeout(
+                    Duration::from_millis(settings.coordinator_timeout_ms),
+                    connect(&endpoint, &client_tls, addr, &settings.server_name),
+                ) => r,
+                _ = &mut shutdown => {
+                    stopping = true;
+                    break;
+                }
+            };
             match connected {
                 Ok(Ok(c)) => links.push(c),
                 Ok(Err(e)) => {
@@ -614,6 +620,12 @@ async fn run_inner(
                     break;
                 }
             }
+        }
+        if stopping {
+            for (conn, _, _) in &links {
+                conn.close(net::CLOSE_NORMAL.into(), b"agent stopping");
+            }
+            break;
         }
         if let Some(why) = failed {
             stats.connect_failures.fetch_add(1, Relaxed);
@@ -649,6 +661,10 @@ async fn run_inner(
         }
     }
     reloads.abort();
+    if let Some(t) = table {
+        t.close(rate_table::table_file(&problem, &core, LinkState::Stopped))
+            .await;
+    }
     endpoint.close(net::CLOSE_NORMAL.into(), b"agent stopping");
     // Give the close (and a Leave sent just before) a moment to reach the coordinator.
     let _ = tokio::time::timeout(Duration::from_millis(200), endpoint.wait_idle()).await;
@@ -693,7 +709,7 @@ async fn session(
     problem: &mut Problem,
     links: Vec<Link>,
     origin: Instant,
-    publish: &impl Fn(&Problem, &AgentCore, LinkState) -> Result<()>,
+    publish: &impl Fn(&Problem, &AgentCore, LinkState),
     presence: &impl Fn(&Problem) -> Option<Vec<bool>>,
     live: &mut Option<LiveState>,
     live_apps: &impl Fn() -> Vec<drum_common::live::LiveApp>,
@@ -763,7 +779,7 @@ async fn session(
                     if let Some(d) = demand {
                         d.update(problem, core);
                     }
-                    publish(problem, core, state)?;
+                    publish(problem, core, state);
                     if let Some(present) = presence(problem) {
                         more.extend(core.set_present(problem, present));
                     }
@@ -823,11 +839,12 @@ async fn session(
                         stats
                             .activations
                             .fetch_add(activated.is_some() as u64, Relaxed);
-                        info!(exchange, ?parked, ?activated, "selection round applied")
+                        // Up to every `T_sel` for ever: DEBUG, counted in the metrics.
+                        debug!(exchange, ?parked, ?activated, "selection round applied")
                     }
                     AgentEvent::Restarted { exchange } => {
                         stats.exchanges.fetch_add(1, Relaxed);
-                        info!(exchange, "priced restart: new active set")
+                        debug!(exchange, "priced restart: new active set")
                     }
                     AgentEvent::AppsChanged { arrived, left } => {
                         let names = |pairs: &[usize]| -> Vec<&str> {
@@ -845,6 +862,16 @@ async fn session(
                     AgentEvent::WeightSet { app, weight } => {
                         info!(app, weight, "operator set a weight")
                     }
+                    AgentEvent::HeartbeatShortened {
+                        offered,
+                        used,
+                        timeout,
+                    } => warn!(
+                        "the coordinator's heartbeat_ms ({}) does not fit three times into this agent's coordinator_timeout_ms ({}): heartbeating every {} ms instead; align the two configs",
+                        offered.as_millis(),
+                        timeout.as_millis(),
+                        used.as_millis()
+                    ),
                     AgentEvent::IgnoredWeight { app, weight } => {
                         warn!(
                             app,
@@ -901,13 +928,23 @@ async fn session(
         actions = tokio::select! {
             m = rx.recv() => match m {
                 Some((link, Ok(m))) => match mux.incoming(link, m) {
+                    Ok(None) => {
+                        let mut out = Vec::new();
+                        for (link, reply) in mux.take_replies() {
+                            if let Err(e) = net::send_msg(&mut sends[link], &reply).await {
+                                warn!("lost the coordinator: {e}; keeping last rates");
+                                out = core.on_disconnected(origin.elapsed(), &e.to_string());
+                                break;
+                            }
+                        }
+                        out
+                    }
                     Ok(Some(m)) => {
                         let t = Instant::now();
                         let out = core.on_message(origin.elapsed(), problem, m);
                         stats.handle_ns.fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
                         out
                     }
-                    Ok(None) => Vec::new(),
                     Err(e) => {
                         warn!("{e}; keeping last rates");
                         let mut out = core.on_disconnected(origin.elapsed(), &e);
@@ -927,6 +964,11 @@ async fn session(
                 for send in &mut sends {
                     let _ = net::send_msg(send, &AgentMsg::Leave).await;
                     let _ = send.finish();
+                }
+                // Closing the connection discards unacknowledged stream data: wait (briefly)
+                // until each coordinator has the Leave, or it would see a lost connection.
+                for send in &mut sends {
+                    let _ = tokio::time::timeout(Duration::from_millis(500), send.stopped()).await;
                 }
                 Vec::new()
             }

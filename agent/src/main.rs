@@ -57,10 +57,14 @@ fn run(cli: Cli) -> Result<()> {
                 notify.notify_one();
             }
         });
-        let stop = async {
-            let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        // Registered now, not when `stop` is first polled (after the TLS files and the shim
+        // link are set up): a SIGTERM meanwhile killed the agent with status 143, no Leave
+        // and no `agent stopped`.
+        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+        let stop = async move {
             tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
+                _ = int.recv() => {}
                 _ = term.recv() => {}
             }
         };

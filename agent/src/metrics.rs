@@ -27,6 +27,10 @@ pub struct AgentMetrics {
     pub activations: AtomicU64,
     /// Time spent handling coordinator messages (almost all of it the x-step).
     pub handle_ns: AtomicU64,
+    /// Whether the last write of the rate table succeeded (1) or failed (0), and the failed
+    /// writes (each retry counts).
+    pub table_ok: AtomicU64,
+    pub table_write_failures: AtomicU64,
 }
 
 impl AgentMetrics {
@@ -104,6 +108,18 @@ impl AgentMetrics {
             "counter",
             "This host's apps activated by selection rounds.",
             self.activations.load(Relaxed) as f64,
+        );
+        line(
+            "drum_agent_rate_table_ok",
+            "gauge",
+            "0 while writing the rate table fails (it is retried), 1 otherwise.",
+            self.table_ok.load(Relaxed) as f64,
+        );
+        line(
+            "drum_agent_rate_table_write_failures_total",
+            "counter",
+            "Failed writes of the rate table (each retry counts).",
+            self.table_write_failures.load(Relaxed) as f64,
         );
         line(
             "drum_agent_step_seconds_total",

@@ -1,15 +1,22 @@
-//! The local rate table: what the agent tells the host's shims (DESIGN.md §7). This version
-//! is a JSON file, replaced atomically (write to a temporary file in the same directory, then
-//! `rename`), so a reader sees either the old or the new table, never a torn one. The layout
+//! The local rate table: the host's grants for operators and tools (the shims get theirs in
+//! shared memory, DESIGN.md §7). A JSON file, replaced atomically (`PATH.tmp` in the same
+//! directory, then `rename`), so a reader sees either the old or the new table, never a torn
+//! one. The layout
 //! (`format: "drum-rate-table/1"`) is documented in docs/control-plane.md; a shared-memory
 //! table for the shim replaces it later.
 
+use crate::metrics::AgentMetrics;
 use crate::shim_hub::AppDecision;
 use drum_common::model::Problem;
 use drum_common::protocol::agent::AgentCore;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tracing::{info, warn};
 
 pub const FORMAT: &str = "drum-rate-table/1";
 
@@ -23,6 +30,8 @@ pub enum LinkState {
     Live,
     /// Coordinator lost: the last rates are kept until a rejoin.
     FailStatic,
+    /// The agent stopped: nobody updates these rates (the shims keep their last grants).
+    Stopped,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -91,48 +100,129 @@ pub fn app_decisions(problem: &Problem, core: &AgentCore) -> Vec<AppDecision> {
         .collect()
 }
 
-pub struct RateTable {
-    path: PathBuf,
+/// The table's content for the agent's current state.
+pub fn table_file(problem: &Problem, core: &AgentCore, state: LinkState) -> TableFile {
+    TableFile {
+        format: FORMAT.into(),
+        host: problem.hosts[core.state().host].id.clone(),
+        state,
+        epoch: core.epoch(),
+        iteration: core.iteration(),
+        updated_unix_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+        apps: app_rates(problem, core),
+    }
 }
 
+/// Where a table at `path` is written before the rename: `PATH.tmp`, in the same directory
+/// (a rename is atomic only within one file system).
+pub fn temporary_path(path: &Path) -> PathBuf {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    PathBuf::from(tmp)
+}
+
+/// Writes `file` to `path` atomically: `PATH.tmp`, `fsync`, rename over `PATH`. An error
+/// names the path of the step that failed.
+pub fn write(path: &Path, file: &TableFile) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(file).expect("rate table serialises");
+    let tmp = temporary_path(path);
+    let mut f =
+        std::fs::File::create(&tmp).map_err(|e| format!("creating {}: {e}", tmp.display()))?;
+    f.write_all(text.as_bytes())
+        .and_then(|()| f.sync_data())
+        .map_err(|e| format!("writing {}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path)
+        .map_err(|e| format!("renaming {} to {}: {e}", tmp.display(), path.display()))
+}
+
+pub struct RateTable;
+
 impl RateTable {
-    pub fn new(path: PathBuf) -> Self {
-        Self { path }
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    pub fn publish(
-        &self,
-        problem: &Problem,
-        core: &AgentCore,
-        state: LinkState,
-    ) -> std::io::Result<()> {
-        let host = &problem.hosts[core.state().host];
-        let apps = app_rates(problem, core);
-        let file = TableFile {
-            format: FORMAT.into(),
-            host: host.id.clone(),
-            state,
-            epoch: core.epoch(),
-            iteration: core.iteration(),
-            updated_unix_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
-            apps,
-        };
-        let text = serde_json::to_string_pretty(&file).expect("rate table serialises");
-        let tmp = self.path.with_extension("tmp");
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.sync_data()?;
-        std::fs::rename(&tmp, &self.path)
-    }
-
     pub fn read(path: &Path) -> Result<TableFile, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
         serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+}
+
+/// How long a failed write waits before the next try (unless a newer table comes first).
+const RETRY: Duration = Duration::from_secs(1);
+
+/// Writes the rate table in a task of its own, off the round path. A write that fails (disk
+/// full, read-only `/run`, a directory in the way) never stops the agent: enforcement goes on
+/// through the shims' shared memory, and the table only informs operators and tools. The
+/// failure is logged once per distinct error, counted in the metrics, and the latest table
+/// is tried again every [`RETRY`] until a write succeeds.
+pub struct TableWriter {
+    path: PathBuf,
+    latest: watch::Sender<Option<TableFile>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TableWriter {
+    pub fn start(path: PathBuf, metrics: Arc<AgentMetrics>) -> Self {
+        let (latest, rx) = watch::channel(None);
+        let task = tokio::spawn(write_loop(path.clone(), rx, metrics));
+        Self { path, latest, task }
+    }
+
+    /// Replaces the table to write (an older one not yet written is skipped).
+    pub fn publish(&self, file: TableFile) {
+        self.latest.send_replace(Some(file));
+    }
+
+    /// Writes `last` (the agent is exiting) after any write under way, then stops the
+    /// writer: one try, as writes are serialised in the writer task (an older table landing
+    /// after it would say the agent still runs).
+    pub async fn close(self, last: TableFile) {
+        self.latest.send_replace(Some(last));
+        drop(self.latest);
+        if tokio::time::timeout(CLOSE_WAIT, self.task).await.is_err() {
+            warn!(path = %self.path.display(), "the rate table's last write did not finish in {CLOSE_WAIT:?}");
+        }
+    }
+}
+
+/// How long an exiting agent waits for its last table write.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+async fn write_loop(
+    path: PathBuf,
+    mut rx: watch::Receiver<Option<TableFile>>,
+    metrics: Arc<AgentMetrics>,
+) {
+    let mut failing: Option<String> = None;
+    while rx.changed().await.is_ok() {
+        loop {
+            let Some(file) = rx.borrow_and_update().clone() else {
+                break;
+            };
+            let p = path.clone();
+            let r = tokio::task::spawn_blocking(move || write(&p, &file))
+                .await
+                .unwrap_or_else(|e| Err(format!("the writer task failed: {e}")));
+            match r {
+                Ok(()) => {
+                    metrics.table_ok.store(1, Relaxed);
+                    if failing.take().is_some() {
+                        info!(path = %path.display(), "the rate table is written again");
+                    }
+                    break;
+                }
+                Err(e) => {
+                    metrics.table_ok.store(0, Relaxed);
+                    metrics.table_write_failures.fetch_add(1, Relaxed);
+                    if failing.as_deref() != Some(e.as_str()) {
+                        warn!("could not write the rate table, retrying every {RETRY:?}; the shims' grants are unaffected: {e}");
+                    }
+                    failing = Some(e);
+                    // A newer table is tried at once; otherwise this one again after RETRY.
+                    if let Ok(Err(_)) = tokio::time::timeout(RETRY, rx.changed()).await {
+                        return;
+                    }
+                }
+            }
+        }
     }
 }

@@ -198,6 +198,9 @@ impl Drop for Agent {
 struct Coord {
     addr: SocketAddr,
     admin: SocketAddr,
+    /// The admin socket, which alone takes operator commands, and its directory.
+    socket: PathBuf,
+    _socket_dir: tempfile::TempDir,
     reload: Arc<tokio::sync::Notify>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -210,6 +213,12 @@ impl Coord {
 
     fn start_with(settings: ServeSettings, options: ServeOptions) -> Self {
         logs();
+        let socket_dir = tempfile::tempdir().unwrap();
+        let socket = socket_dir.path().join("admin.sock");
+        let options = ServeOptions {
+            admin_socket: Some(socket.clone()),
+            ..options
+        };
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
@@ -235,6 +244,8 @@ impl Coord {
         Self {
             addr,
             admin,
+            socket,
+            _socket_dir: socket_dir,
             reload,
             stop: Some(stop),
             thread: Some(thread),
@@ -548,8 +559,8 @@ fn set_weight_reaches_every_agent_and_moves_the_allocation() {
     let app_index = c.problem.pairs[pair].app;
     let app = c.problem.app_names[app_index as usize].clone();
     let weight = 8.0 * c.problem.pairs[pair].weight;
-    let (code, body) = drum_coordinator::admin::request(
-        coord.admin,
+    let (code, body) = drum_coordinator::admin::request_unix(
+        &coord.socket,
         "POST",
         &format!(
             "/set-weight?app={}&value={weight}",
@@ -695,6 +706,25 @@ fn bad_peers_and_frames_are_refused_without_disturbing_rounds() {
         metric(&coord.metrics(), "drum_coordinator_refused_frames_total") >= 4.0
     });
 
+    // 2b. A valid client that opens no stream (issue 19, item 9: such connections were held
+    // for ever): closed after the join timeout, with the coordinator's reason.
+    let id = &c.problem.hosts[0].id;
+    let tls = TlsFiles {
+        ca: certs.join("ca.pem"),
+        cert: certs.join(format!("agent-{id}.pem")),
+        key: certs.join(format!("agent-{id}.key")),
+        crl: None,
+    };
+    let closed = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let ep = net::client_endpoint(&tls, Duration::from_secs(10)).unwrap();
+        let conn = ep.connect(coord.addr, "localhost").unwrap().await.unwrap();
+        let why = tokio::time::timeout(Duration::from_secs(5), conn.closed()).await;
+        ep.close(0u32.into(), b"");
+        why.map(|e| e.to_string())
+    });
+    let closed = closed.expect("the coordinator closes a connection without a stream");
+    assert!(closed.contains("no stream"), "{closed}");
+
     // 3. A plain UDP client: not QUIC, dropped by the endpoint.
     let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     for _ in 0..20 {
@@ -757,6 +787,9 @@ fn killed_agent_is_dropped_after_the_timeout() {
     );
     let s = coord.status();
     assert!(pairs(&s) < before, "its pairs left the facility counts");
+    // Counted as a member timeout whether the coordinator's scan or the QUIC idle timeout
+    // noticed the silence first (issue 19, item 9).
+    assert_eq!(s["counters"]["timeouts"], 1, "{s:#}");
     assert!(s["members"]
         .as_array()
         .unwrap()
@@ -771,8 +804,8 @@ fn killed_agent_is_dropped_after_the_timeout() {
 
     // An operator drains host 1: removed at once, its agent keeps its rates, its rejoins refused.
     let host1 = c.problem.hosts[1].id.clone();
-    let (code, body) = drum_coordinator::admin::request(
-        coord.admin,
+    let (code, body) = drum_coordinator::admin::request_unix(
+        &coord.socket,
         "POST",
         &format!(
             "/drain?host={}",
@@ -1522,9 +1555,12 @@ fn the_live_problem_is_learnt_from_the_shims_and_its_snapshot_solves_to_the_live
         "writer-a granted {granted} B/s for a rate of {a} of 8 Gb/s"
     );
     // A weight at run time: every agent steps with it and `status` shows it.
-    let (code, body) =
-        drum_coordinator::admin::request(coord.admin, "POST", "/set-weight?app=writer-a&value=3")
-            .unwrap();
+    let (code, body) = drum_coordinator::admin::request_unix(
+        &coord.socket,
+        "POST",
+        "/set-weight?app=writer-a&value=3",
+    )
+    .unwrap();
     assert_eq!(code, 200, "{body}");
     assert_eq!(coord.status()["policy"]["weights"][0][1], 3.0);
     wait_for(
@@ -1695,8 +1731,8 @@ fn a_static_cluster_settles_after_the_selection_schedule() {
     // A change re-opens selection: the next period runs an exchange.
     let exchanges = s["counters"]["exchanges"].as_u64().unwrap();
     let app = c.problem.app_names[0].clone();
-    let (code, body) = drum_coordinator::admin::request(
-        coord.admin,
+    let (code, body) = drum_coordinator::admin::request_unix(
+        &coord.socket,
         "POST",
         &format!("/set-weight?app={app}&value=5"),
     )
@@ -1764,5 +1800,274 @@ fn a_live_cluster_relearns_its_problem_from_a_restarted_coordinator() {
                 && live_app(&s, "h0", "writer").is_some_and(|(on, r)| on && r > 0.5)
         },
     );
-    assert!(c.table(0).is_some_and(|t| t.state == LinkState::Live));
+    // The table is written by its own task, a little after the rounds it reports.
+    wait_for("host 0's table live", Duration::from_secs(5), || {
+        c.table(0).is_some_and(|t| t.state == LinkState::Live)
+    });
+}
+
+/// A port free now, for an agent's `metrics_listen`.
+fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// Issue 19, item 2: a rate table that cannot be written (here a directory where its
+/// temporary file goes) does not end the agent: it joins and steps, warns naming the path
+/// that failed, counts the failures in its metrics, retries, and writes the table once the
+/// obstacle is gone. On SIGTERM it leaves the coordinator and its table says `stopped`.
+#[test]
+fn an_unwritable_rate_table_does_not_stop_the_agent() {
+    let c = Cluster::new(2, 4, 2, 31);
+    let coord = Coord::start_with(c.settings(localhost()), fixed_sets());
+    let tmp = c.dir.path().join("rates-0.json.tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let metrics_addr = free_addr();
+    let mut agent = c.agent_tagged(
+        "0",
+        0,
+        coord.addr,
+        None,
+        &format!("metrics_listen = \"{metrics_addr}\""),
+    );
+    let host0 = c.problem.hosts[0].id.clone();
+    let metrics = || {
+        drum_coordinator::admin::request(metrics_addr, "GET", "/metrics")
+            .map(|r| r.1)
+            .unwrap_or_default()
+    };
+    wait_for("the agent in rounds", Duration::from_secs(10), || {
+        coord.status()["iteration"].as_u64().unwrap() > 20
+    });
+    assert!(agent.child.try_wait().unwrap().is_none(), "{}", agent.log());
+    wait_for("the failure in the metrics", Duration::from_secs(5), || {
+        metrics().contains(&format!("drum_agent_rate_table_ok{{host=\"{host0}\"}} 0"))
+    });
+    let log = agent.log();
+    assert!(
+        log.contains("could not write the rate table") && log.contains("rates-0.json.tmp"),
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("could not write the rate table").count(),
+        1,
+        "one warning per distinct error: {log}"
+    );
+    assert!(c.table(0).is_none());
+    std::fs::remove_dir(&tmp).unwrap();
+    wait_for("the table written, live", Duration::from_secs(5), || {
+        c.table(0).is_some_and(|t| t.state == LinkState::Live)
+    });
+    let m = metrics();
+    assert!(
+        m.contains(&format!("drum_agent_rate_table_ok{{host=\"{host0}\"}} 1")),
+        "{m}"
+    );
+    assert!(!m.contains(&format!(
+        "drum_agent_rate_table_write_failures_total{{host=\"{host0}\"}} 0\n"
+    )));
+    wait_for("the recovery logged", Duration::from_secs(5), || {
+        agent.log().contains("the rate table is written again")
+    });
+    assert_eq!(
+        unsafe { libc::kill(agent.child.id() as i32, libc::SIGTERM) },
+        0
+    );
+    let status = agent.child.wait().unwrap();
+    assert!(status.success(), "{status:?}: {}", agent.log());
+    assert!(agent.log().contains("agent stopped"));
+    assert_eq!(c.table(0).unwrap().state, LinkState::Stopped);
+    wait_for("the agent's Leave", Duration::from_secs(5), || {
+        log_text().contains(&format!("host=\"{host0}\" why=Leave"))
+    });
+}
+
+/// Issue 19, item 4: a second agent started with the id of a live host is refused, with a
+/// WARN naming both connections; the incumbent keeps its place and the epoch stays (before,
+/// the two replaced each other about 8 times a second for ever).
+#[test]
+fn a_second_agent_with_a_live_host_id_is_refused() {
+    let c = Cluster::new(2, 4, 2, 32);
+    let coord = Coord::start_with(c.settings(localhost()), fixed_sets());
+    let _first = c.agent(0, coord.addr, None);
+    let _other = c.agent(1, coord.addr, None);
+    wait_for("both agents in rounds", Duration::from_secs(10), || {
+        let s = coord.status();
+        s["members"].as_array().unwrap().len() == 2 && s["iteration"].as_u64().unwrap() > 20
+    });
+    let member = |s: &serde_json::Value| -> u64 {
+        s["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["host"] == c.problem.hosts[0].id.as_str())
+            .unwrap()["member"]
+            .as_u64()
+            .unwrap()
+    };
+    let before = coord.status();
+    let second = c.agent_tagged("0b", 0, coord.addr, None, "");
+    wait_for(
+        "the second agent refused twice",
+        Duration::from_secs(10),
+        || second.log().matches("coordinator refused us: host").count() >= 2,
+    );
+    let after = coord.status();
+    assert_eq!(after["epoch"], before["epoch"], "no membership change");
+    assert_eq!(member(&after), member(&before), "the incumbent stays");
+    assert!(after["counters"]["duplicate_joins"].as_u64().unwrap() >= 2);
+    let log = log_text();
+    let host0 = &c.problem.hosts[0].id;
+    assert!(
+        log.lines().any(|l| l.contains("WARN")
+            && l.contains(&format!("refused join: host {host0} is already a member"))
+            && l.contains("newcomer_remote=")
+            && l.contains("incumbent_remote=")),
+        "{log}"
+    );
+    assert_eq!(
+        c.table(0).unwrap().state,
+        LinkState::Live,
+        "the incumbent's table"
+    );
+}
+
+/// Issue 19, item 3: one of two shards restarted alone (the other keeps running). The
+/// cluster should recover: both shards run rounds in step again, re-select together, and
+/// nobody is dropped for not answering an exchange once the agents are back. It does not
+/// yet: the running shard starts its next periodic exchange at its own count of iterations
+/// since its last one, the restarted shard at another, so the agents hold one shard's
+/// `Select` while the other sends rounds, until the exchange's timeout drops them all; the
+/// shard that timed out completes the exchange alone and the shards' exchange numbers part.
+#[test]
+
+fn a_shard_restarted_alone_recovers() {
+    use drum_common::protocol::Shard;
+    let c = Cluster::new(4, 6, 2, 11);
+    let options = ServeOptions {
+        selection_rounds: 2,
+        iters_per_round: 10,
+        selection_period_ms: 100,
+        ..ServeOptions::default()
+    };
+    let settings = |members: usize| ServeSettings {
+        min_members: members,
+        round_interval_ms: 2,
+        ..c.settings(localhost())
+    };
+    let (mut coords, _agents) = two_shards(&c, &options, settings);
+    let planned = u64::from(options.selection_rounds + 1);
+    let num = |s: &serde_json::Value, k: &str| s[k].as_u64().unwrap();
+    let done = |s: &serde_json::Value| s["selection"]["exchanges_done"].as_u64().unwrap();
+    wait_for(
+        "both shards past the schedule",
+        Duration::from_secs(20),
+        || done(&coords[0].status()) >= planned + 2 && done(&coords[1].status()) >= planned + 2,
+    );
+    let members1 = coords[1].status()["members"].as_array().unwrap().len();
+    let addr1 = coords[1].addr;
+    drop(coords.pop());
+    std::thread::sleep(Duration::from_millis(300));
+    coords.push(Coord::start_with(
+        ServeSettings {
+            listen: addr1,
+            ..settings(members1)
+        },
+        ServeOptions {
+            shard: Shard { index: 1, count: 2 },
+            ..options.clone()
+        },
+    ));
+    wait_for(
+        "the agents back on the new shard",
+        Duration::from_secs(20),
+        || {
+            coords[1].status()["members"].as_array().unwrap().len() == members1
+                && num(&coords[1].status(), "iteration") > 0
+        },
+    );
+    // Recovered: from here on, 3 more exchanges on both shards, and no timeout anywhere.
+    let t0: Vec<u64> = coords
+        .iter()
+        .map(|c| c.status()["counters"]["timeouts"].as_u64().unwrap())
+        .collect();
+    let x0: Vec<u64> = coords.iter().map(|c| done(&c.status())).collect();
+    wait_for(
+        "three re-selections on both shards",
+        Duration::from_secs(30),
+        || (0..2).all(|i| done(&coords[i].status()) >= x0[i] + 3),
+    );
+    for (i, coord) in coords.iter().enumerate() {
+        let s = coord.status();
+        assert_eq!(s["counters"]["timeouts"], t0[i], "shard {i}: {s:#}");
+    }
+    assert!((0..4).all(|h| c.table(h).is_some_and(|t| t.state == LinkState::Live)));
+}
+
+/// Issue 19, item 9: SIGTERM while the agent is connecting (here to a UDP socket that never
+/// answers, with a 60 s timeout) stops it at once, cleanly (`agent stopped`, status 0, the
+/// table `stopped`), instead of waiting out the attempt.
+#[test]
+fn sigterm_while_connecting_stops_the_agent_at_once() {
+    let c = Cluster::new(1, 2, 1, 33);
+    let mute = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let id = &c.problem.hosts[0].id;
+    let certs = c.dir.path().join("certs");
+    let config = c.dir.path().join("agent-mute.toml");
+    let rates = c.dir.path().join("rates-mute.json");
+    std::fs::write(
+        &config,
+        format!(
+            "host = {id:?}\ninstance = {:?}\ncoordinator = \"{}\"\nrate_table = {rates:?}\n\
+             heartbeat_ms = 1000\ncoordinator_timeout_ms = 60000\n\
+             [tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
+            c.instance,
+            mute.local_addr().unwrap(),
+            certs.join("ca.pem"),
+            certs.join(format!("agent-{id}.pem")),
+            certs.join(format!("agent-{id}.key")),
+        ),
+    )
+    .unwrap();
+    let log = c.dir.path().join("agent-mute.log");
+    let mut agent = Agent {
+        child: Command::new(env!("CARGO_BIN_EXE_drum-agent"))
+            .arg("--config")
+            .arg(&config)
+            .env("DRUM_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+        log,
+    };
+    // The attempt is under way once the handshake's first datagram arrives.
+    let mut buf = [0u8; 2048];
+    mute.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    mute.recv_from(&mut buf)
+        .expect("the agent's first QUIC datagram");
+    assert_eq!(
+        unsafe { libc::kill(agent.child.id() as i32, libc::SIGTERM) },
+        0
+    );
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = agent.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "still connecting: {}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}: {}", agent.log());
+    assert!(agent.log().contains("agent stopped"), "{}", agent.log());
+    let table = RateTable::read(&rates).unwrap();
+    assert_eq!(table.state, LinkState::Stopped);
+    agent.kill();
 }

@@ -1,9 +1,14 @@
 //! The coordinator's admin endpoint: a deliberately tiny HTTP/1.0 server (one request per
 //! connection) for `GET /metrics` (Prometheus text format), `GET /status` (JSON),
-//! `GET /snapshot` (the live problem as an instance file) and
+//! `GET /snapshot` (the live problem as an instance file) and the operator's changes
 //! `POST /set-capacity?facility=F&value=Y`, `POST /set-weight?app=A&value=W`, `POST /drain?host=H`,
-//! `POST /undrain?host=H`, plus the client the operator CLI uses. It has no
-//! authentication: bind it to loopback.
+//! `POST /undrain?host=H`, plus the clients the operator CLI uses.
+//!
+//! Who may change the coordinator is decided by the file permissions of a Unix socket
+//! ([`serve_unix`], `admin_socket`): only it takes changes. The TCP endpoint ([`serve`],
+//! `admin_listen`) has no authentication, so it answers reads only and refuses every change
+//! with 403 — any local user, or a web page in a local browser (a cross-origin POST needs no
+//! permission), could otherwise drain hosts.
 
 use drum_common::protocol::coordinator::Coordinator;
 use std::future::Future;
@@ -33,6 +38,19 @@ pub enum AdminRequest {
     Undrain {
         host: String,
     },
+}
+
+impl AdminRequest {
+    /// Whether the request changes the coordinator (an operator command).
+    pub fn is_change(&self) -> bool {
+        matches!(
+            self,
+            AdminRequest::SetCapacity { .. }
+                | AdminRequest::SetWeight { .. }
+                | AdminRequest::Drain { .. }
+                | AdminRequest::Undrain { .. }
+        )
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -120,8 +138,24 @@ pub fn answer(
     now: Duration,
 ) -> (Reply, Vec<drum_common::protocol::coordinator::Action>) {
     if let AdminRequest::Drain { host } = &req {
-        let actions = core.drain(now, host);
-        return (text(200, format!("host {host} drained\n")), actions);
+        let member = core.is_member(host);
+        return match core.drain(now, host) {
+            Ok(actions) if member => (
+                text(
+                    200,
+                    format!("host {host} drained: removed, its joins are refused\n"),
+                ),
+                actions,
+            ),
+            Ok(actions) => (
+                text(
+                    200,
+                    format!("host {host} drained: not a member now, its joins are refused\n"),
+                ),
+                actions,
+            ),
+            Err(e) => (text(400, format!("{e}\n")), Vec::new()),
+        };
     }
     if let AdminRequest::SetWeight { app, weight } = &req {
         return match core.set_weight(app, *weight) {
@@ -144,7 +178,7 @@ fn answer_simple(core: &mut Coordinator, metrics: &Metrics, req: AdminRequest) -
             if core.undrain(&host) {
                 text(200, format!("host {host} may join again\n"))
             } else {
-                text(400, format!("host {host} was not drained\n"))
+                text(400, format!("host {host:?} is not drained\n"))
             }
         }
         AdminRequest::Status => Reply {
@@ -276,6 +310,11 @@ fn prometheus(core: &Coordinator, m: &Metrics) -> String {
         "drum_coordinator_member_timeouts_total",
         "Members dropped after the heartbeat timeout.",
         c.timeouts,
+    );
+    counter(
+        "drum_coordinator_duplicate_joins_total",
+        "Joins refused because their host was a member on another live connection (two agents with one host id).",
+        c.duplicate_joins,
     );
     counter(
         "drum_coordinator_refused_total",
@@ -417,71 +456,119 @@ pub fn percent_encode(s: &str) -> String {
         .collect()
 }
 
-/// Serves admin requests; `handle` forwards them to the state machine's task.
+/// Serves read-only admin requests over TCP (`admin_listen`, unauthenticated); changes are
+/// refused with 403 and pointed at the admin socket. `handle` forwards requests to the state
+/// machine's task.
 pub async fn serve<F, Fut>(listener: tokio::net::TcpListener, handle: F)
 where
     F: Fn(AdminRequest) -> Fut + Send + Sync + 'static + Clone,
-    Fut: Future<Output = Option<Reply>> + Send,
+    Fut: Future<Output = Option<Reply>> + Send + 'static,
 {
     loop {
-        let Ok((mut sock, peer)) = listener.accept().await else {
+        let Ok((sock, peer)) = listener.accept().await else {
             continue;
         };
-        let handle = handle.clone();
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 8192];
-            let mut n = 0;
-            let read = tokio::time::timeout(Duration::from_secs(5), async {
-                while n < buf.len() {
-                    let k = sock.read(&mut buf[n..]).await?;
-                    if k == 0 {
-                        break;
-                    }
-                    n += k;
-                    if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                        break;
-                    }
-                }
-                Ok::<_, std::io::Error>(())
-            })
-            .await;
-            if !matches!(read, Ok(Ok(()))) {
-                return;
-            }
-            let head = String::from_utf8_lossy(&buf[..n]);
-            let reply = match parse_request(&head) {
-                Ok(req) => handle(req).await.unwrap_or(Reply {
-                    code: 503,
-                    content_type: "text/plain",
-                    body: "coordinator is shutting down\n".into(),
-                }),
-                Err(e) => Reply {
-                    code: 400,
-                    content_type: "text/plain",
-                    body: format!("{e}\n"),
-                },
-            };
-            debug!(%peer, code = reply.code, "admin request");
-            let text = format!(
-                "HTTP/1.0 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
-                reply.code,
-                if reply.code == 200 { "OK" } else { "Error" },
-                reply.content_type,
-                reply.body.len(),
-                reply.body
-            );
-            let _ = sock.write_all(text.as_bytes()).await;
-            let _ = sock.shutdown().await;
-        });
+        tokio::spawn(one_request(sock, peer.to_string(), false, handle.clone()));
     }
+}
+
+/// Serves every admin request, changes included, over a Unix socket (`admin_socket`), whose
+/// file permissions decide who may connect.
+pub async fn serve_unix<F, Fut>(listener: tokio::net::UnixListener, handle: F)
+where
+    F: Fn(AdminRequest) -> Fut + Send + Sync + 'static + Clone,
+    Fut: Future<Output = Option<Reply>> + Send + 'static,
+{
+    loop {
+        let Ok((sock, _)) = listener.accept().await else {
+            continue;
+        };
+        // The peer's uid, for the log: the socket's permissions already let it in.
+        let peer = sock
+            .peer_cred()
+            .map_or("unix socket".into(), |c| format!("uid {}", c.uid()));
+        tokio::spawn(one_request(sock, peer, true, handle.clone()));
+    }
+}
+
+async fn one_request<S, F, Fut>(mut sock: S, peer: String, changes: bool, handle: F)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    F: Fn(AdminRequest) -> Fut,
+    Fut: Future<Output = Option<Reply>>,
+{
+    let mut buf = vec![0u8; 8192];
+    let mut n = 0;
+    let read = tokio::time::timeout(Duration::from_secs(5), async {
+        while n < buf.len() {
+            let k = sock.read(&mut buf[n..]).await?;
+            if k == 0 {
+                break;
+            }
+            n += k;
+            if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                break;
+            }
+        }
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
+    if !matches!(read, Ok(Ok(()))) {
+        return;
+    }
+    let head = String::from_utf8_lossy(&buf[..n]);
+    let reply = match parse_request(&head) {
+        Ok(req) if req.is_change() && !changes => text(
+            403,
+            "operator commands are taken only on the coordinator's admin socket (admin_socket), \
+             whose file permissions decide who may send them; this endpoint is read-only\n"
+                .into(),
+        ),
+        Ok(req) => handle(req).await.unwrap_or(Reply {
+            code: 503,
+            content_type: "text/plain",
+            body: "coordinator is shutting down\n".into(),
+        }),
+        Err(e) => text(400, format!("{e}\n")),
+    };
+    debug!(%peer, code = reply.code, "admin request");
+    let text = format!(
+        "HTTP/1.0 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
+        reply.code,
+        if reply.code == 200 { "OK" } else { "Error" },
+        reply.content_type,
+        reply.body.len(),
+        reply.body
+    );
+    let _ = sock.write_all(text.as_bytes()).await;
+    let _ = sock.shutdown().await;
 }
 
 /// The operator CLI's side: one request, the reply's status code and body.
 pub fn request(addr: SocketAddr, method: &str, target: &str) -> std::io::Result<(u16, String)> {
-    use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "{method} {target} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    exchange(&mut s, &addr.to_string(), method, target)
+}
+
+/// One request over the admin socket (`admin_socket`), the reply's status code and body.
+pub fn request_unix(
+    path: &std::path::Path,
+    method: &str,
+    target: &str,
+) -> std::io::Result<(u16, String)> {
+    let mut s = std::os::unix::net::UnixStream::connect(path)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    exchange(&mut s, "localhost", method, target)
+}
+
+fn exchange(
+    s: &mut (impl std::io::Read + std::io::Write),
+    host: &str,
+    method: &str,
+    target: &str,
+) -> std::io::Result<(u16, String)> {
+    write!(s, "{method} {target} HTTP/1.0\r\nHost: {host}\r\n\r\n")?;
     let mut text = String::new();
     s.read_to_string(&mut text)?;
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));

@@ -140,6 +140,10 @@ enum Command {
         /// revocation; its agent uses them after a reload (SIGHUP).
         #[arg(long, value_name = "HOST", conflicts_with_all = ["san", "agents"])]
         reissue: Option<String>,
+        /// Issue the coordinator a new key and certificate (`coordinator.pem/.key`, valid for
+        /// `--san`), e.g. after `--revoke-coordinator`; it uses them after a reload (SIGHUP).
+        #[arg(long, conflicts_with_all = ["revoke", "reissue", "revoke_coordinator", "agents"])]
+        reissue_coordinator: bool,
     },
     /// Show a running coordinator's members, facilities, iteration, residuals and prices.
     Status {
@@ -161,28 +165,36 @@ enum Command {
     /// Take a host out of the optimisation (its agent keeps its last rates) until `undrain-host`.
     DrainHost {
         host: String,
-        #[arg(long, default_value = "127.0.0.1:9464")]
-        admin: std::net::SocketAddr,
+        /// The coordinator's admin socket (`admin_socket` in its config): operator commands
+        /// go there only, its file permissions decide who may send them.
+        #[arg(long, default_value = DEFAULT_ADMIN_SOCKET)]
+        socket: PathBuf,
     },
     /// Let a drained host join again.
     UndrainHost {
         host: String,
-        #[arg(long, default_value = "127.0.0.1:9464")]
-        admin: std::net::SocketAddr,
+        /// The coordinator's admin socket (`admin_socket` in its config): operator commands
+        /// go there only, its file permissions decide who may send them.
+        #[arg(long, default_value = DEFAULT_ADMIN_SOCKET)]
+        socket: PathBuf,
     },
     /// Change an app's weight on every host (finite, > 0; the app must exist).
     SetWeight {
         app: String,
         weight: f64,
-        #[arg(long, default_value = "127.0.0.1:9464")]
-        admin: std::net::SocketAddr,
+        /// The coordinator's admin socket (`admin_socket` in its config): operator commands
+        /// go there only, its file permissions decide who may send them.
+        #[arg(long, default_value = DEFAULT_ADMIN_SOCKET)]
+        socket: PathBuf,
     },
     /// Change a facility's capacity on a running coordinator.
     SetCapacity {
         facility: String,
         capacity: f64,
-        #[arg(long, default_value = "127.0.0.1:9464")]
-        admin: std::net::SocketAddr,
+        /// The coordinator's admin socket (`admin_socket` in its config): operator commands
+        /// go there only, its file permissions decide who may send them.
+        #[arg(long, default_value = DEFAULT_ADMIN_SOCKET)]
+        socket: PathBuf,
     },
 }
 
@@ -335,6 +347,7 @@ fn run(cli: Cli) -> Result<()> {
             revoke_coordinator,
             crl_days,
             reissue,
+            reissue_coordinator,
         } => {
             for a in agents.iter().chain(&revoke).chain(&reissue) {
                 if a.is_empty()
@@ -368,6 +381,24 @@ fn run(cli: Cli) -> Result<()> {
                 println!("agent {host}: {} {}", f.cert.display(), f.key.display());
                 return Ok(());
             }
+            if reissue_coordinator {
+                let f = drum_coordinator::pki::DevCa::open(&out)?.issue(
+                    "coordinator",
+                    san,
+                    rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+                )?;
+                println!("coordinator: {} {}", f.cert.display(), f.key.display());
+                return Ok(());
+            }
+            // A second CA in the same place would replace the first and wipe its CRL: every
+            // certificate it issued would stop working, revoked ones would be trusted again.
+            if out.join("ca.key").exists() {
+                bail!(
+                    "{} already holds a dev CA (ca.key): creating another would replace it and wipe its CRL. \
+                     Use --reissue HOST (also for a new host), --reissue-coordinator, --revoke, or another directory",
+                    out.display()
+                );
+            }
             let certs = drum_coordinator::net::dev_certs(&out, &san, &agents)?;
             println!("CA: {}", certs.ca.display());
             println!("CRL (empty): {}", out.join("crl.pem").display());
@@ -400,34 +431,38 @@ fn run(cli: Cli) -> Result<()> {
         Command::SetCapacity {
             facility,
             capacity,
-            admin,
+            socket,
         } => {
             let target = format!(
                 "/set-capacity?facility={}&value={capacity}",
                 drum_coordinator::admin::percent_encode(&facility)
             );
-            print!("{}", admin_call(admin, "POST", &target)?);
+            print!("{}", operator_call(&socket, &target)?);
         }
-        Command::SetWeight { app, weight, admin } => {
+        Command::SetWeight {
+            app,
+            weight,
+            socket,
+        } => {
             let target = format!(
                 "/set-weight?app={}&value={weight}",
                 drum_coordinator::admin::percent_encode(&app)
             );
-            print!("{}", admin_call(admin, "POST", &target)?);
+            print!("{}", operator_call(&socket, &target)?);
         }
-        Command::DrainHost { host, admin } => {
+        Command::DrainHost { host, socket } => {
             let target = format!(
                 "/drain?host={}",
                 drum_coordinator::admin::percent_encode(&host)
             );
-            print!("{}", admin_call(admin, "POST", &target)?);
+            print!("{}", operator_call(&socket, &target)?);
         }
-        Command::UndrainHost { host, admin } => {
+        Command::UndrainHost { host, socket } => {
             let target = format!(
                 "/undrain?host={}",
                 drum_coordinator::admin::percent_encode(&host)
             );
-            print!("{}", admin_call(admin, "POST", &target)?);
+            print!("{}", operator_call(&socket, &target)?);
         }
     }
     std::io::stdout().flush()?;
@@ -444,6 +479,7 @@ fn serve(config: &std::path::Path, shard: Option<drum_common::protocol::Shard>) 
     let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     let tls = settings.tls.clone();
     rt.block_on(async {
+        let stop = shutdown_signal()?;
         let server = drum_coordinator::server::Server::bind_with(settings, options).await?;
         if let Some(a) = server.admin_addr() {
             tracing::info!(admin = %a, "admin endpoint listening");
@@ -459,23 +495,45 @@ fn serve(config: &std::path::Path, shard: Option<drum_common::protocol::Shard>) 
                 reload.notify_one();
             }
         });
-        server.run(shutdown_signal()).await
+        server.run(stop).await
     })
 }
 
-/// SIGINT or SIGTERM (systemd's stop).
-async fn shutdown_signal() {
+/// SIGINT or SIGTERM (systemd's stop), registered now rather than when first polled, so that
+/// a stop during the start is not the default action (death with status 143).
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+    })
 }
 
 fn admin_call(admin: std::net::SocketAddr, method: &str, target: &str) -> Result<String> {
     let (code, body) = drum_coordinator::admin::request(admin, method, target)
         .with_context(|| format!("asking the coordinator's admin endpoint at {admin}"))?;
+    if code != 200 {
+        bail!("coordinator answered {code}: {}", body.trim());
+    }
+    Ok(body)
+}
+
+/// Where the deployed coordinator's admin socket is (`RuntimeDirectory=drum-coordinator`).
+const DEFAULT_ADMIN_SOCKET: &str = "/run/drum-coordinator/admin.sock";
+
+/// An operator command over the admin socket.
+fn operator_call(socket: &std::path::Path, target: &str) -> Result<String> {
+    let (code, body) =
+        drum_coordinator::admin::request_unix(socket, "POST", target).with_context(|| {
+            format!(
+                "asking the coordinator's admin socket {} (admin_socket in its config)",
+                socket.display()
+            )
+        })?;
     if code != 200 {
         bail!("coordinator answered {code}: {}", body.trim());
     }

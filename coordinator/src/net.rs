@@ -32,10 +32,12 @@ pub const CLOSE_PROTOCOL: u32 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
-    #[error("reading {path}: {source}")]
+    // Not a `source`: the message already carries it, and error chains printed in full
+    // (`{:#}`) would say it twice.
+    #[error("reading {path}: {error}")]
     Pem {
         path: PathBuf,
-        source: rustls::pki_types::pem::Error,
+        error: rustls::pki_types::pem::Error,
     },
     #[error("{0} holds no certificate")]
     NoCertificate(PathBuf),
@@ -163,9 +165,9 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 }
 
 fn pem_err(path: &Path) -> impl FnOnce(rustls::pki_types::pem::Error) -> NetError + '_ {
-    move |source| NetError::Pem {
+    move |error| NetError::Pem {
         path: path.to_path_buf(),
-        source,
+        error,
     }
 }
 

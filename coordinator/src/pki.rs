@@ -142,9 +142,9 @@ impl DevCa {
     /// [`DevCa::revoke_agent`] does.
     pub fn revoke(&self, name: &str) -> Result<PathBuf, NetError> {
         let cert_path = self.dir.join(format!("{name}.pem"));
-        let der = CertificateDer::from_pem_file(&cert_path).map_err(|e| NetError::Pem {
+        let der = CertificateDer::from_pem_file(&cert_path).map_err(|error| NetError::Pem {
             path: cert_path.clone(),
-            source: e,
+            error,
         })?;
         let leaf = webpki::EndEntityCert::try_from(&der)
             .map_err(|e| NetError::Pki(format!("{}: {e}", cert_path.display())))?;

@@ -37,8 +37,8 @@ pub struct ServeSettings {
     #[serde(default)]
     pub instance: Option<PathBuf>,
     pub tls: TlsFiles,
-    /// TCP address of the admin endpoint (`/metrics`, `/status`, `/set-capacity`); keep it on
-    /// loopback, it is not authenticated.
+    /// TCP address of the read-only admin endpoint (`/metrics`, `/status`, `/snapshot`); it
+    /// is not authenticated, so it refuses operator commands (see `admin_socket`).
     #[serde(default)]
     pub admin_listen: Option<SocketAddr>,
     #[serde(default)]
@@ -127,6 +127,11 @@ pub struct ServeOptions {
     /// The live problem's shape and weights (`[policy]`; only without an instance).
     #[serde(default)]
     pub policy: Option<PolicySettings>,
+    /// Unix socket for operator commands (`set-capacity`, `set-weight`, `drain-host`,
+    /// `undrain-host`) and reads: its file permissions (0660, the process's user and group)
+    /// decide who may change the coordinator; `admin_listen` is read-only. None: no changes.
+    #[serde(default)]
+    pub admin_socket: Option<PathBuf>,
 }
 
 /// `[policy]`: the live problem's weights and shape, pushed to every agent.
@@ -215,6 +220,7 @@ const OPTION_KEYS: &[&str] = &[
     "selection_period_ms",
     "state_file",
     "policy",
+    "admin_socket",
 ];
 
 /// The longest `T_sel` accepted: anything longer is surely a unit mistake.
@@ -250,6 +256,7 @@ impl Default for ServeOptions {
             shard: Shard::WHOLE,
             state_file: None,
             policy: None,
+            admin_socket: None,
         }
     }
 }
@@ -322,6 +329,7 @@ impl ServeSettings {
             .with_context(|| format!("in {}", path.display()))?;
         let base = path.parent().unwrap_or(Path::new(".")).to_path_buf();
         options.state_file = options.state_file.map(|p| base.join(p));
+        options.admin_socket = options.admin_socket.map(|p| base.join(p));
         s.instance = s.instance.map(|p| base.join(p));
         if s.instance.is_some() && options.policy.is_some() {
             bail!(
@@ -377,7 +385,7 @@ struct StateFile {
 }
 
 /// Reads a state file; a missing file is an empty state, anything unreadable an error that
-/// names the file (the coordinator then refuses to start rather than drop the changes).
+/// names the file (the caller reports it and sets the file aside, see [`set_aside`]).
 pub fn read_state(path: &Path) -> Result<OperatorState> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
@@ -386,12 +394,8 @@ pub fn read_state(path: &Path) -> Result<OperatorState> {
             return Err(e).with_context(|| format!("reading the state file {}", path.display()))
         }
     };
-    let f: StateFile = serde_json::from_str(&text).with_context(|| {
-        format!(
-            "the state file {} is corrupt (fix or remove it; it holds the operator's changes)",
-            path.display()
-        )
-    })?;
+    let f: StateFile = serde_json::from_str(&text)
+        .with_context(|| format!("the state file {} is corrupt", path.display()))?;
     if f.format != STATE_FORMAT {
         bail!(
             "the state file {} has format {:?}, expected {STATE_FORMAT:?}",
@@ -404,6 +408,56 @@ pub fn read_state(path: &Path) -> Result<OperatorState> {
         weights: f.weights,
         drained: f.drained,
     })
+}
+
+/// Moves a state file that does not fit out of the way, to `PATH.rejected-UNIXSECONDS`,
+/// so that the operator's changes stay at hand while the coordinator starts (issue 19: no
+/// state file may make the service unstartable). Returns where it went.
+pub fn set_aside(path: &Path) -> Result<PathBuf> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(format!(".rejected-{secs}"));
+    let aside = PathBuf::from(aside);
+    std::fs::rename(path, &aside)
+        .with_context(|| format!("moving {} to {}", path.display(), aside.display()))?;
+    Ok(aside)
+}
+
+/// Restores the operator's changes from the state file at start. What does not fit (an
+/// unreadable file, a change the checks refuse) is logged as an error naming the file and
+/// the reasons, the file is set aside, and what did fit is written back: the coordinator
+/// always starts.
+fn restore_state(core: &mut Coordinator, path: &Path) {
+    let (st, mut problems) = match read_state(path) {
+        Ok(st) => (st, Vec::new()),
+        Err(e) => (OperatorState::default(), vec![format!("{e:#}")]),
+    };
+    problems.extend(core.restore(&st));
+    if problems.is_empty() {
+        info!(
+            state_file = %path.display(),
+            capacities = st.capacities.len(),
+            weights = st.weights.len(),
+            drained = st.drained.len(),
+            "operator changes restored"
+        );
+        return;
+    }
+    let aside = match set_aside(path) {
+        Ok(p) => p.display().to_string(),
+        Err(e) => format!("nowhere ({e:#})"),
+    };
+    tracing::error!(
+        state_file = %path.display(),
+        set_aside = %aside,
+        "the state file does not fit; starting with the changes that do, the file is set aside: {}",
+        problems.join("; ")
+    );
+    if let Err(e) = write_state(path, &core.operator_state()) {
+        warn!("the restored operator changes are not persisted: {e:#}");
+    }
 }
 
 /// Writes a state file atomically: `PATH.tmp`, fsync, rename over `PATH`, fsync the directory.
@@ -445,7 +499,8 @@ pub fn load_problem(path: &Path) -> Result<Problem> {
 enum Input {
     Connected(Link),
     Msg(MemberId, AgentMsg),
-    Closed(MemberId),
+    /// The connection ended; `true` when its idle timeout ended it (the peer went silent).
+    Closed(MemberId, bool),
     Admin(AdminRequest, oneshot::Sender<Reply>),
     /// The TLS files were read again: check every established peer against them.
     Reloaded(Arc<net::ServerTls>),
@@ -472,7 +527,26 @@ pub struct Server {
     problem: Option<Problem>,
     endpoint: quinn::Endpoint,
     admin: Option<tokio::net::TcpListener>,
+    admin_socket: Option<(tokio::net::UnixListener, PathBuf)>,
     reload: Arc<tokio::sync::Notify>,
+}
+
+/// Binds the admin socket at `path` with mode 0660: the coordinator's user and group may
+/// send operator commands, nobody else. A socket file left by a coordinator that died is
+/// replaced; any other file there is an error.
+fn bind_admin_socket(path: &Path) -> Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)
+            .with_context(|| format!("removing the stale admin socket {}", path.display()))?,
+        Ok(_) => bail!("admin_socket {} exists and is not a socket", path.display()),
+        Err(_) => {}
+    }
+    let listener = tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("binding the admin socket {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+        .with_context(|| format!("setting the mode of {}", path.display()))?;
+    Ok(listener)
 }
 
 impl Server {
@@ -490,10 +564,6 @@ impl Server {
             }
             None => None,
         };
-        // A corrupt state file stops the start here, before anything listens.
-        if let Some(p) = &options.state_file {
-            read_state(p)?;
-        }
         let idle = Duration::from_millis(settings.member_timeout_ms);
         let endpoint = net::server_endpoint(&settings.tls, settings.listen, idle)
             .with_context(|| format!("binding QUIC on {}", settings.listen))?;
@@ -505,12 +575,17 @@ impl Server {
             ),
             None => None,
         };
+        let admin_socket = match &options.admin_socket {
+            Some(p) => Some((bind_admin_socket(p)?, p.clone())),
+            None => None,
+        };
         Ok(Self {
             settings,
             options,
             problem,
             endpoint,
             admin,
+            admin_socket,
             reload: Arc::new(tokio::sync::Notify::new()),
         })
     }
@@ -539,6 +614,7 @@ impl Server {
             problem,
             endpoint,
             admin,
+            admin_socket,
             reload,
         } = self;
         let live_policy = match &problem {
@@ -585,17 +661,25 @@ impl Server {
         );
         let metrics = Arc::new(Metrics::default());
         let (tx, rx) = mpsc::unbounded_channel();
-        if let Some(listener) = admin {
+        let forward = {
             let tx = tx.clone();
-            tokio::spawn(admin::serve(listener, move |req| {
+            move |req| {
                 let tx = tx.clone();
                 async move {
                     let (reply, answer) = oneshot::channel();
                     tx.send(Input::Admin(req, reply)).ok()?;
                     answer.await.ok()
                 }
-            }));
+            }
+        };
+        if let Some(listener) = admin {
+            tokio::spawn(admin::serve(listener, forward.clone()));
         }
+        let socket_path = admin_socket.map(|(listener, path)| {
+            info!(admin_socket = %path.display(), "operator commands on the admin socket (mode 0660)");
+            tokio::spawn(admin::serve_unix(listener, forward));
+            path
+        });
         let policy = ConnPolicy {
             join_timeout: Duration::from_millis(settings.member_timeout_ms),
             bind_host: settings.bind_host_to_certificate,
@@ -612,26 +696,14 @@ impl Server {
             (Some(p), _) => {
                 let mut core = Coordinator::new(cfg, facilities);
                 core.set_apps(p.app_names.clone());
+                core.set_hosts(p.hosts.iter().map(|h| h.id.clone()).collect());
                 core
             }
             (None, Some(policy)) => Coordinator::new_live(cfg, policy),
             (None, None) => unreachable!("a policy without an instance"),
         };
         if let Some(p) = &options.state_file {
-            let st = read_state(p)?;
-            core.restore(&st).map_err(|e| {
-                anyhow::anyhow!(
-                    "the state file {} does not fit the instance: {e}",
-                    p.display()
-                )
-            })?;
-            info!(
-                state_file = %p.display(),
-                capacities = st.capacities.len(),
-                weights = st.weights.len(),
-                drained = st.drained.len(),
-                "operator changes restored"
-            );
+            restore_state(&mut core, p);
         }
         let state_file = options.state_file.clone();
         tokio::select! {
@@ -640,6 +712,9 @@ impl Server {
         }
         accept.abort();
         reloads.abort();
+        if let Some(p) = socket_path {
+            let _ = std::fs::remove_file(p);
+        }
         endpoint.close(net::CLOSE_NORMAL.into(), b"coordinator shutting down");
         Ok(())
     }
@@ -715,7 +790,17 @@ async fn connection(
     policy: ConnPolicy,
 ) -> Result<(), NetError> {
     let join_timeout = policy.join_timeout;
-    let (mut send, recv) = conn.accept_bi().await?;
+    // A peer that completes the handshake but opens no stream would hold its connection
+    // (and memory) for ever: it gets the join timeout, as one that opens a stream and
+    // sends no join.
+    let (mut send, recv) = match tokio::time::timeout(join_timeout, conn.accept_bi()).await {
+        Ok(r) => r?,
+        Err(_) => {
+            warn!(%remote, "no stream within {join_timeout:?}; closing the connection");
+            conn.close(net::CLOSE_PROTOCOL.into(), b"no stream");
+            return Ok(());
+        }
+    };
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let (out_tx, mut out_rx) = mpsc::unbounded_channel();
     let refuse_tx = out_tx.clone();
@@ -800,7 +885,13 @@ async fn connection(
             Err(e) => break Err(e),
         }
     };
-    let _ = tx.send(Input::Closed(id));
+    // A peer that died (kill -9, a crash, a cut link) goes silent: the QUIC idle timeout
+    // (the member timeout) ends its connection. That is a member timeout too.
+    let timed_out = matches!(
+        result,
+        Err(NetError::Connection(quinn::ConnectionError::TimedOut))
+    );
+    let _ = tx.send(Input::Closed(id, timed_out));
     writer.abort();
     result
 }
@@ -849,19 +940,18 @@ async fn core_loop(
                     // A connection being closed may still deliver frames: ignore them.
                     Input::Msg(id, _) if closing.contains(&id) => Vec::new(),
                     Input::Msg(id, m) => core.on_message(now, id, m),
-                    Input::Closed(id) => {
+                    Input::Closed(id, timed_out) => {
                         writers.remove(&id);
                         closing.remove(&id);
-                        core.on_disconnect(now, id)
+                        if timed_out {
+                            core.on_silence(now, id)
+                        } else {
+                            core.on_disconnect(now, id)
+                        }
                     }
                     Input::Admin(req, reply) => {
-                        let changes = matches!(
-                            req,
-                            AdminRequest::SetCapacity { .. }
-                                | AdminRequest::SetWeight { .. }
-                                | AdminRequest::Drain { .. }
-                                | AdminRequest::Undrain { .. }
-                        );
+                        let changes = req.is_change();
+                        let what = changes.then(|| format!("{req:?}"));
                         let (mut answer, actions) = admin::answer(&mut core, &metrics, req, now);
                         if let (true, 200, Some(p)) = (changes, answer.code, &state_file) {
                             if let Err(e) = write_state(p, &core.operator_state()) {
@@ -872,6 +962,13 @@ async fn core_loop(
                                     answer.body
                                 );
                             }
+                        }
+                        // The audit trail of operator changes.
+                        match (what, answer.code) {
+                            // 500: made, but not persisted (warned above).
+                            (Some(w), 200 | 500) => info!(request = %w, "operator change: {}", answer.body.trim_end()),
+                            (Some(w), _) => warn!(request = %w, "operator change refused: {}", answer.body.trim_end()),
+                            (None, _) => {}
                         }
                         let _ = reply.send(answer);
                         actions
@@ -894,7 +991,7 @@ async fn core_loop(
                         let _ = l.out.send(Outgoing::Close(net::CLOSE_PROTOCOL, reason));
                     }
                 }
-                Action::Event(e) => log_event(&e, &metrics),
+                Action::Event(e) => log_event(&e, &metrics, &writers),
             }
         }
     }
@@ -907,7 +1004,7 @@ async fn sleep_until(t: Option<tokio::time::Instant>) {
     }
 }
 
-fn log_event(e: &Event, metrics: &Metrics) {
+fn log_event(e: &Event, metrics: &Metrics, writers: &HashMap<MemberId, Link>) {
     match e {
         Event::Joined {
             member,
@@ -916,6 +1013,24 @@ fn log_event(e: &Event, metrics: &Metrics) {
         } => info!(member, host, epoch, "host joined"),
         Event::Left { member, host, why } => info!(member, host, ?why, "host left"),
         Event::Refused { member, reason } => warn!(member, "refused: {reason}"),
+        Event::DuplicateHost {
+            member,
+            incumbent,
+            host,
+            quiet,
+        } => {
+            let remote = |id: &MemberId| writers.get(id).map(|l| l.remote.to_string());
+            warn!(
+                host,
+                newcomer = member,
+                newcomer_remote = remote(member).unwrap_or_default(),
+                incumbent,
+                incumbent_remote = remote(incumbent).unwrap_or_default(),
+                "refused join: host {host} is already a member (connection {incumbent}, heard from {} ms ago); \
+                 a second agent with this host id? the incumbent keeps its place",
+                quiet.as_millis()
+            )
+        }
         Event::RoundDone {
             epoch,
             iteration,
@@ -942,8 +1057,9 @@ fn log_event(e: &Event, metrics: &Metrics) {
             round,
             iteration,
         } => match round {
-            Some(round) => info!(exchange, round, iteration, "selection round started"),
-            None => info!(exchange, iteration, "priced restart started"),
+            // Up to every `T_sel` for ever: DEBUG, counted in the metrics.
+            Some(round) => debug!(exchange, round, iteration, "selection round started"),
+            None => debug!(exchange, iteration, "priced restart started"),
         },
         Event::ReselectRequested {
             member,
@@ -968,7 +1084,7 @@ fn log_event(e: &Event, metrics: &Metrics) {
             parks,
             activations,
             refused,
-        } => info!(
+        } => debug!(
             exchange,
             parks, activations, refused, "selection exchange done"
         ),

@@ -27,8 +27,14 @@ fn deploy_example_parses_with_the_selection_defaults() {
     let policy = o.policy.clone().expect("[policy]").policy().unwrap();
     assert_eq!(policy, drum_common::live::LivePolicy::default());
     assert_eq!(
+        o.admin_socket.as_deref(),
+        Some(Path::new("/run/drum-coordinator/admin.sock")),
+        "operator commands on the unit's runtime directory"
+    );
+    assert_eq!(
         ServeOptions {
             policy: None,
+            admin_socket: None,
             ..o.clone()
         },
         ServeOptions::default()

@@ -99,6 +99,21 @@ fn dev_certs_revokes_and_reissues_with_its_kept_ca_key() {
         "{out}"
     );
     assert_eq!(revoked(&certs.join("crl.pem")), 4);
+    // Issue 19, item 9: the coordinator gets a new certificate after its revocation, and
+    // `dev-certs` into a directory that holds a CA refuses rather than replace the CA and
+    // wipe its CRL.
+    let before = std::fs::read(certs.join("coordinator.pem")).unwrap();
+    let ca = std::fs::read(certs.join("ca.pem")).unwrap();
+    let out = ok(&run(&["dev-certs", "--out", c, "--reissue-coordinator"]));
+    assert!(out.contains("coordinator.pem"), "{out}");
+    assert_ne!(
+        std::fs::read(certs.join("coordinator.pem")).unwrap(),
+        before
+    );
+    let e = err(&run(&["dev-certs", "--out", c, "--agents", "h2"]));
+    assert!(e.contains("already holds a dev CA"), "{e}");
+    assert_eq!(std::fs::read(certs.join("ca.pem")).unwrap(), ca);
+    assert_eq!(revoked(&certs.join("crl.pem")), 4, "the CRL is kept");
     let e = err(&run(&["dev-certs", "--out", c, "--crl-days", "3"]));
     assert!(e.contains("--crl-days applies to"), "{e}");
     let e = err(&run(&["dev-certs", "--out", c, "--revoke", "nohost"]));
@@ -275,4 +290,49 @@ fn serve_checks_its_crl_and_reloads_on_sighup() {
     std::thread::sleep(Duration::from_millis(100));
     let mut serve = serve;
     assert!(serve.0.try_wait().unwrap().is_none(), "still serving");
+}
+
+/// Issue 19, item 7: `dev-certs` run as root writes every key 0600; `install.sh certs` makes
+/// the daemons' keys readable by the units' group (here the test's own group, as `DRUM_GROUP`),
+/// and keeps the CA's key private.
+#[test]
+fn install_certs_makes_the_daemon_keys_readable_by_the_service_group() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    ok(&run(&[
+        "dev-certs",
+        "--out",
+        certs.to_str().unwrap(),
+        "--agents",
+        "h0",
+    ]));
+    let gid = std::fs::metadata(dir.path()).unwrap().gid();
+    let group = Command::new("id").arg("-gn").output().unwrap();
+    let group = String::from_utf8_lossy(&group.stdout).trim().to_string();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/install.sh");
+    let out = Command::new("sh")
+        .arg(script)
+        .arg("certs")
+        .arg(&certs)
+        .env("DRUM_GROUP", &group)
+        .output()
+        .unwrap();
+    ok(&out);
+    let meta = |f: &str| std::fs::metadata(certs.join(f)).unwrap();
+    for key in ["coordinator.key", "agent-h0.key"] {
+        assert_eq!(meta(key).permissions().mode() & 0o777, 0o640, "{key}");
+        assert_eq!(meta(key).gid(), gid, "{key}");
+    }
+    assert_eq!(meta("ca.key").permissions().mode() & 0o777, 0o600);
+    assert_eq!(meta("coordinator.pem").permissions().mode() & 0o777, 0o644);
+    assert_eq!(meta(".").permissions().mode() & 0o777, 0o750);
+    // A reissued key keeps the group's access (the file is rewritten in place).
+    ok(&run(&[
+        "dev-certs",
+        "--out",
+        certs.to_str().unwrap(),
+        "--reissue-coordinator",
+    ]));
+    assert_eq!(meta("coordinator.key").permissions().mode() & 0o777, 0o640);
 }

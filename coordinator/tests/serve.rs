@@ -87,7 +87,7 @@ fn serve_answers_operator_commands() {
     std::fs::write(
         &config,
         format!(
-            "listen = \"127.0.0.1:0\"\ninstance = \"instance.json\"\nadmin_listen = \"{admin}\"\n\
+            "listen = \"127.0.0.1:0\"\ninstance = \"instance.json\"\nadmin_listen = \"{admin}\"\nadmin_socket = \"admin.sock\"\n\
              [tls]\nca = \"certs/ca.pem\"\ncert = \"certs/coordinator.pem\"\nkey = \"certs/coordinator.key\"\n"
         ),
     )
@@ -112,27 +112,47 @@ fn serve_answers_operator_commands() {
         );
         std::thread::sleep(Duration::from_millis(50));
     };
+    let socket = d.join("admin.sock").to_str().unwrap().to_string();
+    // Issue 19, item 6: the admin socket takes operator commands, mode 0660; the TCP
+    // endpoint (unauthenticated) refuses them, cross-origin or not, and still serves reads.
+    {
+        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+        let m = std::fs::metadata(&socket).unwrap();
+        assert!(m.file_type().is_socket());
+        assert_eq!(m.permissions().mode() & 0o777, 0o660);
+    }
+    for target in [
+        "/drain?host=h1",
+        "/undrain?host=h1",
+        "/set-weight?app=x&value=2",
+        "/set-capacity?facility=x&value=2",
+    ] {
+        let (code, body) =
+            drum_coordinator::admin::request(admin.parse().unwrap(), "POST", target).unwrap();
+        assert_eq!(code, 403, "{target}: {body}");
+        assert!(body.contains("admin socket"), "{body}");
+    }
     let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(v["members"].as_array().unwrap().len(), 0);
     assert_eq!(v["facilities"].as_array().unwrap().len(), 4);
     let f0 = v["facilities"][0]["id"].as_str().unwrap().to_string();
 
-    let out = run(&["set-capacity", &f0, "0.25", "--admin", &admin]);
+    let out = run(&["set-capacity", &f0, "0.25", "--socket", &socket]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = run(&["set-capacity", "no-such-facility", "1", "--admin", &admin]);
+    let out = run(&["set-capacity", "no-such-facility", "1", "--socket", &socket]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no facility"));
-    let out = run(&["drain-host", "h1", "--admin", &admin]);
+    let out = run(&["drain-host", "h1", "--socket", &socket]);
     assert!(out.status.success());
     let out = run(&["status", "--admin", &admin]);
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.contains("drained: h1"), "{table}");
     assert!(table.contains("0.2500"), "{table}");
-    let out = run(&["undrain-host", "h1", "--admin", &admin]);
+    let out = run(&["undrain-host", "h1", "--socket", &socket]);
     assert!(out.status.success());
     let metrics = drum_coordinator::admin::request(admin.parse().unwrap(), "GET", "/metrics")
         .unwrap()
@@ -152,4 +172,18 @@ fn serve_refuses_a_bad_config() {
         err.contains("unknown field") && err.contains("instanse"),
         "{err}"
     );
+    // A missing TLS file is named, and its error said once (issue 19, item 9).
+    std::fs::write(
+        &config,
+        "listen = \"127.0.0.1:0\"\n[tls]\nca = \"ca.pem\"\ncert = \"c.pem\"\nkey = \"missing.key\"\n",
+    )
+    .unwrap();
+    let out = run(&["serve", "--config", config.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ca.pem") || err.contains("c.pem") || err.contains("missing.key"),
+        "{err}"
+    );
+    assert_eq!(err.matches("No such file").count(), 1, "{err}");
 }

@@ -95,6 +95,14 @@ pub enum AgentEvent {
         app: String,
         weight: f64,
     },
+    /// The coordinator's heartbeat interval (`offered`) leaves too little of the agent's
+    /// `coordinator_timeout` (at least three heartbeats must fit in it): the agent
+    /// heartbeats every `used` instead.
+    HeartbeatShortened {
+        offered: Duration,
+        used: Duration,
+        timeout: Duration,
+    },
 }
 
 /// `(facility, value)` pairs, facility ascending.
@@ -544,14 +552,27 @@ impl AgentCore {
                 self.last_step = (0, 0);
                 self.epoch = epoch;
                 self.iteration = self.iteration.max(iteration);
-                if heartbeat_ms > 0 {
-                    self.cfg.heartbeat_interval = Duration::from_millis(heartbeat_ms);
-                }
-                self.next_heartbeat = now + self.cfg.heartbeat_interval;
                 let mut out = vec![
                     AgentAction::Event(AgentEvent::Welcomed { epoch, iteration }),
                     AgentAction::Publish,
                 ];
+                if heartbeat_ms > 0 {
+                    // While no round runs the agent hears only the answers to its heartbeats;
+                    // with the coordinator's interval longer than the silence it tolerates it
+                    // would go fail-static and rejoin for ever. So it heartbeats at least
+                    // three times per `coordinator_timeout`, and says so.
+                    let offered = Duration::from_millis(heartbeat_ms);
+                    let most = self.cfg.coordinator_timeout / 3;
+                    if offered > most {
+                        out.push(AgentAction::Event(AgentEvent::HeartbeatShortened {
+                            offered,
+                            used: most,
+                            timeout: self.cfg.coordinator_timeout,
+                        }));
+                    }
+                    self.cfg.heartbeat_interval = offered.min(most);
+                }
+                self.next_heartbeat = now + self.cfg.heartbeat_interval;
                 out.extend(self.reselect_request());
                 out
             }
@@ -923,6 +944,51 @@ mod tests {
                 shard: super::super::Shard::WHOLE,
             },
         );
+    }
+
+    /// Issue 19, item 8: a coordinator heartbeat interval above the agent's timeout is
+    /// shortened to a third of the timeout, with an event saying so, and the agent, hearing
+    /// only heartbeat answers, stays a member.
+    #[test]
+    fn a_heartbeat_longer_than_the_timeout_is_shortened() {
+        let (problem, mut core) = setup();
+        core.on_connected(Duration::ZERO, &problem);
+        let out = core.on_message(
+            Duration::ZERO,
+            &problem,
+            CoordMsg::Welcome {
+                epoch: 1,
+                iteration: 0,
+                heartbeat_ms: 10_000,
+                shard: super::super::Shard::WHOLE,
+            },
+        );
+        assert!(
+            out.contains(&AgentAction::Event(AgentEvent::HeartbeatShortened {
+                offered: 10_000 * MS,
+                used: 100 * MS,
+                timeout: 300 * MS,
+            }))
+        );
+        // Ten timeouts with no round: every heartbeat answered, never fail-static.
+        let mut now = Duration::ZERO;
+        while now < 3000 * MS {
+            now = core.next_wakeup();
+            for a in core.tick(now) {
+                assert!(
+                    !matches!(a, AgentAction::Event(AgentEvent::FailStatic(_))),
+                    "fail-static at {now:?}"
+                );
+                if let AgentAction::Send(AgentMsg::Heartbeat { seq }) = a {
+                    core.on_message(now, &problem, CoordMsg::HeartbeatAck { seq });
+                }
+            }
+        }
+        assert!(core.is_member());
+        // An interval that fits is taken as it is.
+        let (problem, mut core) = setup();
+        welcome(&mut core, &problem, Duration::ZERO);
+        assert_eq!(core.next_wakeup(), 100 * MS);
     }
 
     /// A material change of the host's inputs is reported once (`Changed`), noise never, and

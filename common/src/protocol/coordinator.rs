@@ -168,6 +168,14 @@ pub enum Event {
         activations: u32,
         refused: u32,
     },
+    /// A join named a host that is a member on another connection which is still alive
+    /// (heard from `quiet` ago): two agents run with one host id. The newcomer was refused.
+    DuplicateHost {
+        member: MemberId,
+        incumbent: MemberId,
+        host: String,
+        quiet: Duration,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -205,6 +213,9 @@ struct Member {
     exchanges: u32,
     /// Live problem: the host's latest report (its NIC, its row and grants).
     report: Option<HostReport>,
+    /// Live problem: the GIDs of its reports that other hosts' links own, as last logged:
+    /// reports come every 250 ms, the refusal is said once per change.
+    ignored_gids: Vec<Gid>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -255,6 +266,8 @@ pub struct Counters {
     pub reselect_requests: u64,
     /// Material changes of agents' inputs (weights, demand caps, `a`) reported.
     pub changes: u64,
+    /// Joins refused because their host was a member on another live connection.
+    pub duplicate_joins: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -359,6 +372,8 @@ pub struct Coordinator {
     reselect: Reselection,
     /// The instance's app ids ([`Self::set_apps`]), to check `set-weight`.
     apps: Vec<String>,
+    /// The instance's host ids ([`Self::set_hosts`]), to check `drain`.
+    host_ids: Vec<String>,
     /// Operator changes: weights by app, capacities by facility.
     weights: BTreeMap<String, f64>,
     capacities: BTreeMap<String, f64>,
@@ -445,7 +460,15 @@ impl Coordinator {
                     .any(|l| l.host != host && l.gids.contains(g))
             })
             .collect();
-        if !owned_elsewhere.is_empty() {
+        let said = m.ignored_gids == owned_elsewhere;
+        if !said {
+            self.members
+                .get_mut(&from)
+                .expect("a member")
+                .ignored_gids
+                .clone_from(&owned_elsewhere);
+        }
+        if !owned_elsewhere.is_empty() && !said {
             out.push(Action::Event(Event::Refused {
                 member: from,
                 reason: format!(
@@ -457,8 +480,8 @@ impl Coordinator {
                         .join(", ")
                 ),
             }));
-            r.gids.retain(|g| !owned_elsewhere.contains(g));
         }
+        r.gids.retain(|g| !owned_elsewhere.contains(g));
         let id = crate::live::link_id(&host);
         let capacity = self.capacities.get(&id).copied().unwrap_or(1.0);
         let changed = match self.facilities.iter().position(|f| f.id == id) {
@@ -559,6 +582,7 @@ impl Coordinator {
             exchange: None,
             reselect,
             apps: Vec::new(),
+            host_ids: Vec::new(),
             weights: BTreeMap::new(),
             capacities: BTreeMap::new(),
             live: None,
@@ -622,29 +646,49 @@ impl Coordinator {
     }
 
     /// Applies persisted operator changes at start, each checked as if the operator made it
-    /// now. On error nothing has been applied.
-    pub fn restore(&mut self, st: &OperatorState) -> Result<(), String> {
-        let mut probe = Coordinator::new(self.cfg.clone(), self.facilities.clone());
-        probe.apps = self.apps.clone();
-        probe.live = self.live.clone();
+    /// now. Those that fit are applied; the others are returned, each with why it was
+    /// refused, so that the caller reports them and sets the file aside: no state file may
+    /// keep the coordinator from starting.
+    pub fn restore(&mut self, st: &OperatorState) -> Vec<String> {
+        let mut refused = Vec::new();
         for (f, &y) in &st.capacities {
-            probe
-                .set_capacity(f, y)
-                .map_err(|e| format!("capacity of {f:?}: {e}"))?;
+            if let Err(e) = self.set_capacity(f, y) {
+                refused.push(format!("capacity of {f:?}: {e}"));
+            }
         }
         for (a, &w) in &st.weights {
-            probe
-                .set_weight(a, w)
-                .map_err(|e| format!("weight of {a:?}: {e}"))?;
+            if let Err(e) = self.set_weight(a, w) {
+                refused.push(format!("weight of {a:?}: {e}"));
+            }
         }
-        if let Some(h) = st.drained.iter().find(|h| h.is_empty()) {
-            return Err(format!("drained host {h:?} has an empty id"));
+        for h in &st.drained {
+            match self.check_host(h) {
+                Ok(()) => {
+                    self.drained.insert(h.clone());
+                }
+                Err(e) => refused.push(format!("drained host: {e}")),
+            }
         }
-        self.facilities = probe.facilities;
-        self.capacities = probe.capacities;
-        self.weights = probe.weights;
-        self.live = probe.live;
-        self.drained.extend(st.drained.iter().cloned());
+        refused
+    }
+
+    /// The instance's host ids ([`Self::set_hosts`]), which `drain` may name; empty in the
+    /// live problem, where any well-formed name may be drained before its host joins.
+    pub fn set_hosts(&mut self, hosts: Vec<String>) {
+        self.host_ids = hosts;
+    }
+
+    /// Whether `host` may be named by `drain`: a well-formed name and, with an instance, one
+    /// of its hosts.
+    fn check_host(&self, host: &str) -> Result<(), String> {
+        if !crate::protocol::valid_name(host) {
+            return Err(format!(
+                "host id {host:?} is not 1 to 64 letters, digits, '.', '_' or '-'"
+            ));
+        }
+        if !self.host_ids.is_empty() && !self.host_ids.iter().any(|h| h == host) {
+            return Err(format!("no host {host:?} in the instance"));
+        }
         Ok(())
     }
 
@@ -684,10 +728,10 @@ impl Coordinator {
 
     /// Operator change of a facility's capacity; takes effect at the next update.
     pub fn set_capacity(&mut self, facility: &str, capacity: f64) -> Result<(), String> {
-        if !(capacity.is_finite() && capacity > 0.0) {
-            return Err(format!(
-                "capacity must be positive and finite, got {capacity}"
-            ));
+        // The range instance validation accepts: far outside it is a unit mistake, and
+        // 1e308 or 5e-324 make the prices overflow or vanish.
+        if !crate::live::valid_weight(capacity) {
+            return Err(crate::live::weight_error("capacity", capacity));
         }
         let Some(i) = self.facilities.iter().position(|f| f.id == facility) else {
             // A live link may be set before its host joins: it takes the capacity then.
@@ -728,8 +772,10 @@ impl Coordinator {
 
     /// Takes `host` out of the optimisation: its contribution is removed at once (new epoch),
     /// its connection closed, and its joins refused until [`Self::undrain`]. Its agent keeps
-    /// its last rates (fail-static).
-    pub fn drain(&mut self, now: Duration, host: &str) -> Vec<Action> {
+    /// its last rates (fail-static). A malformed id, or with an instance one that names none
+    /// of its hosts, is refused: persisted, it would name no host the coordinator can have.
+    pub fn drain(&mut self, now: Duration, host: &str) -> Result<Vec<Action>, String> {
+        self.check_host(host)?;
         let mut out = Vec::new();
         self.drained.insert(host.to_string());
         if let Some(&id) = self.hosts.get(host) {
@@ -744,7 +790,12 @@ impl Coordinator {
             self.remove(id, LeaveReason::Drained, &mut out);
         }
         self.advance(now, &mut out);
-        out
+        Ok(out)
+    }
+
+    /// Whether `host` is a member now (for the operator's replies).
+    pub fn is_member(&self, host: &str) -> bool {
+        self.hosts.contains_key(host)
     }
 
     /// Lets a drained host join again; whether it was drained.
@@ -858,6 +909,19 @@ impl Coordinator {
         out
     }
 
+    /// The transport's idle timeout ended connection `from`: the member went silent (its
+    /// agent crashed, was killed or cut off), which is a member timeout like the one
+    /// [`Self::tick`] finds, whichever notices first, and is counted as one.
+    pub fn on_silence(&mut self, now: Duration, from: MemberId) -> Vec<Action> {
+        let mut out = Vec::new();
+        if self.members.contains_key(&from) {
+            self.counters.timeouts += 1;
+            self.remove(from, LeaveReason::TimedOut, &mut out);
+            self.advance(now, &mut out);
+        }
+        out
+    }
+
     /// Timeouts, round deadlines and round starts; call at [`Self::next_wakeup`] or sooner.
     pub fn tick(&mut self, now: Duration) -> Vec<Action> {
         let mut out = Vec::new();
@@ -963,13 +1027,50 @@ impl Coordinator {
             self.violation(from, "second join on one connection".into(), out);
             return;
         }
-        // A host reconnecting before its old connection timed out replaces it.
         if let Some(&old) = self.hosts.get(&j.host) {
+            // Every member heartbeats each `heartbeat_interval`. One heard from within two of
+            // them is alive: the join comes from a second agent with the same host id, and
+            // letting each replace the other would flap for ever, disturbing every host's
+            // rounds. The incumbent keeps its place.
+            let quiet = now.saturating_sub(self.members[&old].last_seen);
+            if quiet <= 2 * self.cfg.heartbeat_interval {
+                self.counters.refused += 1;
+                self.counters.duplicate_joins += 1;
+                out.push(Action::Event(Event::DuplicateHost {
+                    member: from,
+                    incumbent: old,
+                    host: j.host.clone(),
+                    quiet,
+                }));
+                let reason = format!(
+                    "host {} is already a member on another connection, heard from {} ms ago: \
+                     is a second agent running with this host id?",
+                    j.host,
+                    quiet.as_millis()
+                );
+                out.push(Action::Send(
+                    from,
+                    CoordMsg::Refused {
+                        reason: reason.clone(),
+                    },
+                ));
+                out.push(Action::Close(from, reason));
+                return;
+            }
+            // A host reconnecting before its old, silent connection timed out replaces it.
             self.remove(old, LeaveReason::Replaced, out);
             out.push(Action::Close(old, format!("host {} rejoined", j.host)));
         }
         if !self.started {
             self.iteration = self.iteration.max(j.last_iteration);
+        } else if self.cfg.shard.count > 1 && j.last_iteration > self.iteration {
+            // Shards align their numbering at joins: an agent joins every shard it talks to
+            // with the highest round number any of them sent it, so a shard restarted alone
+            // (which took that number) and the shards that ran on agree again, and their
+            // periodic exchanges, at multiples of the period, fall on the same rounds. The
+            // jump is not a round: no exchange is due on it.
+            self.iteration = j.last_iteration;
+            self.iters_since = 0;
         }
         self.hosts.insert(j.host.clone(), from);
         self.members.insert(
@@ -988,6 +1089,7 @@ impl Coordinator {
                 floor: j.floor,
                 exchanges: j.exchanges,
                 report: None,
+                ignored_gids: Vec::new(),
             },
         );
         self.membership_changed = true;
@@ -1394,6 +1496,14 @@ impl Coordinator {
     }
 
     fn start_exchange(&mut self, now: Duration, out: &mut Vec<Action>) {
+        let sel = &self.cfg.selection;
+        if self.exchange_next > sel.rounds {
+            // With shards, periodic exchanges are numbered by their iteration (see
+            // `Reselection::sharded_index`); never below the next number, never reused.
+            if let Some(i) = self.reselect.sharded_index(sel.exchanges(), self.iteration) {
+                self.exchange_next = self.exchange_next.max(i);
+            }
+        }
         let index = self.exchange_next;
         let phase = if index == 0 {
             let prices: Vec<(u32, f64)> = (0..self.facilities.len() as u32)
@@ -1837,6 +1947,68 @@ mod tests {
         assert!((c.status().facilities[0].usage - 0.4).abs() < 1e-12);
     }
 
+    /// Issue 19, item 9 (log volume): a live host whose reports (every 250 ms) carry a GID
+    /// another host's link owns is told so once per change, not at every report.
+    #[test]
+    fn a_gid_owned_elsewhere_is_reported_once_per_change() {
+        let mut c = Coordinator::new_live(cfg(0, 1.0, 1), LivePolicy::default());
+        let live_join = |host: &str| {
+            AgentMsg::Join(Join {
+                host: host.into(),
+                facility_digest: 0,
+                pairs: Vec::new(),
+                entries: Vec::new(),
+                last_iteration: 0,
+                last_d: Vec::new(),
+                rank: 0,
+                interest: Vec::new(),
+                floor: Vec::new(),
+                exchanges: 0,
+            })
+        };
+        let report = |gids: Vec<Gid>| {
+            AgentMsg::Host(HostReport {
+                line_rate_gbps: 10.0,
+                gids,
+                max_active: 4,
+                wqe_budget: 1.0,
+                poll_budget: 16.0,
+                apps: Vec::new(),
+            })
+        };
+        let (lo, a, b) = ([1u8; 16], [2u8; 16], [3u8; 16]);
+        c.on_message(Duration::ZERO, 1, live_join("h1"));
+        c.on_message(Duration::ZERO, 2, live_join("h2"));
+        c.on_message(MS, 1, report(vec![lo, a]));
+        let refusals = |out: &[Action]| {
+            out.iter()
+                .filter(|x| matches!(x, Action::Event(Event::Refused { member: 2, .. })))
+                .count()
+        };
+        let counts: Vec<usize> = [vec![lo, b], vec![lo, b], vec![lo, b], vec![b], vec![lo, b]]
+            .into_iter()
+            .enumerate()
+            .map(|(i, g)| refusals(&c.on_message((2 + i as u32) * MS, 2, report(g))))
+            .collect();
+        assert_eq!(counts, vec![1, 0, 0, 0, 1]);
+    }
+
+    /// Issue 19, item 9: a member whose connection the transport's idle timeout ended is
+    /// counted as a member timeout, as one the scan finds; a closed connection is not.
+    #[test]
+    fn a_member_lost_to_the_idle_timeout_counts_as_a_timeout() {
+        let mut c = Coordinator::new(cfg(7, 1.0, 1), vec![facility("a")]);
+        c.on_message(Duration::ZERO, 1, join("h1", 7, 0, 0.2));
+        c.on_message(Duration::ZERO, 2, join("h2", 7, 0, 0.2));
+        c.on_disconnect(MS, 2);
+        assert_eq!(c.counters().timeouts, 0);
+        c.on_silence(1000 * MS, 1);
+        assert_eq!(c.counters().timeouts, 1);
+        assert_eq!(c.members(), 0);
+        c.on_silence(1001 * MS, 1);
+        assert_eq!(c.counters().timeouts, 1, "once");
+    }
+
     #[test]
     fn timeout_of_a_member_the_round_waits_for_starts_a_new_epoch() {
         let mut c = Coordinator::new(cfg(7, 1.0, 2), vec![facility("a")]);
@@ -1885,10 +2057,69 @@ mod tests {
     fn rejoin_of_a_host_replaces_its_old_connection() {
         let mut c = Coordinator::new(cfg(7, 1.0, 1), vec![facility("a")]);
         c.on_message(Duration::ZERO, 1, join("h1", 7, 0, 0.2));
-        let out = c.on_message(MS, 2, join("h1", 7, 0, 0.2));
+        // Silent for more than two heartbeat intervals (100 ms): a reconnection.
+        let out = c.on_message(201 * MS, 2, join("h1", 7, 0, 0.2));
         assert!(out.iter().any(|a| matches!(a, Action::Close(1, _))));
         assert_eq!(c.members(), 1);
         assert_eq!(c.status().members[0].member, 2);
+    }
+
+    /// Issue 19, item 3: a running shard takes a joining agent's higher round number (the
+    /// highest any shard sent it), so that a shard restarted alone and the others number
+    /// their rounds alike again; an unsharded coordinator keeps its own numbering.
+    #[test]
+    fn a_running_shard_aligns_its_rounds_with_a_join() {
+        for (count, want) in [(2, 500), (1, 3)] {
+            let shard = Shard {
+                index: crate::protocol::shard_of("a", count),
+                count,
+            };
+            let mut c = Coordinator::new(
+                CoordinatorConfig {
+                    shard,
+                    ..cfg(7, 1.0, 1)
+                },
+                vec![facility("a")],
+            );
+            c.on_message(Duration::ZERO, 1, join("h1", 7, 0, 0.2));
+            for it in 1..=3 {
+                c.on_message(it * MS, 1, contrib(c.epoch(), it as u64, 0, 0.2));
+            }
+            assert_eq!(c.iteration(), 3);
+            let AgentMsg::Join(mut j) = join("h2", 7, 0, 0.2) else {
+                unreachable!()
+            };
+            j.last_iteration = 500;
+            c.on_message(10 * MS, 2, AgentMsg::Join(j));
+            assert_eq!(c.iteration(), want, "{count} shards");
+        }
+    }
+
+    /// Issue 19, item 4: a second agent with a host id whose member is alive is refused, with
+    /// an event naming both connections; the incumbent stays and the epoch does not move.
+    #[test]
+    fn a_second_agent_with_a_live_host_id_is_refused() {
+        let mut c = Coordinator::new(cfg(7, 1.0, 1), vec![facility("a")]);
+        c.on_message(Duration::ZERO, 1, join("h1", 7, 0, 0.2));
+        c.on_message(150 * MS, 1, AgentMsg::Heartbeat { seq: 1 });
+        let epoch = c.epoch();
+        for (id, at) in [(2, 200), (3, 350)] {
+            let out = c.on_message(at * MS, id, join("h1", 7, 0, 0.2));
+            assert!(out.iter().any(|a| matches!(
+                a,
+                Action::Event(Event::DuplicateHost { member, incumbent: 1, host, .. })
+                    if *member == id && host == "h1"
+            )));
+            assert!(sends(&out).iter().any(|(to, m)| *to == id
+                && matches!(m, CoordMsg::Refused { reason } if reason.contains("second agent"))));
+            assert!(out
+                .iter()
+                .any(|a| matches!(a, Action::Close(i, _) if *i == id)));
+            assert!(!out.iter().any(|a| matches!(a, Action::Close(1, _))));
+            assert_eq!(c.status().members[0].member, 1);
+            assert_eq!(c.epoch(), epoch);
+        }
+        assert_eq!(c.counters().duplicate_joins, 2);
     }
 
     #[test]
@@ -1897,7 +2128,7 @@ mod tests {
         c.on_message(Duration::ZERO, 1, join("h1", 7, 0, 0.2));
         c.on_message(Duration::ZERO, 2, join("h2", 7, 0, 0.5));
         let e = c.epoch();
-        let out = c.drain(MS, "h2");
+        let out = c.drain(MS, "h2").unwrap();
         assert!(out.iter().any(|a| matches!(a, Action::Close(2, _))));
         assert_eq!(c.members(), 1);
         assert!(c.epoch() > e);
@@ -2218,23 +2449,65 @@ mod tests {
             weight: 2.5
         }));
         c.set_capacity("b", 0.5).unwrap();
-        c.drain(2 * MS, "h2");
+        c.drain(2 * MS, "h2").unwrap();
         let st = c.operator_state();
         assert_eq!(st.capacities, BTreeMap::from([("b".to_string(), 0.5)]));
         assert_eq!(st.weights, BTreeMap::from([("y".to_string(), 2.5)]));
         assert_eq!(st.drained, vec!["h2".to_string()]);
         let mut r = Coordinator::new(cfg(7, 1.0, 1), vec![facility("a"), facility("b")]);
         r.set_apps(vec!["x".into(), "y".into()]);
-        r.restore(&st).unwrap();
+        assert!(r.restore(&st).is_empty());
         assert_eq!(r.operator_state(), st);
         assert_eq!(r.status().facilities[1].capacity, 0.5);
-        // A state naming an unknown app changes nothing.
+        // A state with changes that do not fit: those that fit are applied, the others
+        // reported (the caller sets the file aside), never an error that stops the start.
         let mut bad = st.clone();
         bad.weights.insert("nope".into(), 1.0);
+        bad.capacities.insert("a".into(), 1e308);
+        bad.drained.push(String::new());
         let mut q = Coordinator::new(cfg(7, 1.0, 1), vec![facility("a"), facility("b")]);
         q.set_apps(vec!["x".into(), "y".into()]);
-        assert!(q.restore(&bad).unwrap_err().contains("nope"));
-        assert_eq!(q.operator_state(), OperatorState::default());
+        let refused = q.restore(&bad);
+        assert_eq!(refused.len(), 3, "{refused:?}");
+        assert!(
+            refused.iter().any(|r| r.contains("\"nope\"")),
+            "{refused:?}"
+        );
+        assert!(refused.iter().any(|r| r.contains("1e308")), "{refused:?}");
+        assert!(
+            refused.iter().any(|r| r.contains("host id \"\"")),
+            "{refused:?}"
+        );
+        assert_eq!(q.operator_state(), st);
+    }
+
+    /// Issue 19, items 1 and 5: an operator command may not store what a restart would
+    /// refuse, nor values the instance validation refuses.
+    #[test]
+    fn operator_commands_refuse_what_a_restart_or_the_instance_would() {
+        let mut c = Coordinator::new(cfg(7, 1.0, 1), vec![facility("a")]);
+        c.set_hosts(vec!["h1".into(), "h2".into()]);
+        c.on_message(Duration::ZERO, 1, join("h1", 7, 0, 0.2));
+        for bad in ["", "h 1", "../h1", &"h".repeat(65)] {
+            assert!(c.drain(MS, bad).unwrap_err().contains("host id"), "{bad:?}");
+        }
+        assert!(c.drain(MS, "h9").unwrap_err().contains("no host \"h9\""));
+        assert_eq!(c.members(), 1);
+        assert!(c.operator_state().drained.is_empty());
+        assert!(
+            c.drain(MS, "h2").is_ok(),
+            "a host of the instance, not a member"
+        );
+        for bad in [1e308, 5e-324, 1e-300, 0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let e = c.set_capacity("a", bad).unwrap_err();
+            assert!(e.contains("[1e-9, 1e9]"), "{bad}: {e}");
+        }
+        c.set_capacity("a", 1e-9).unwrap();
+        c.set_capacity("a", 1e9).unwrap();
+        // The live problem knows no host list: any well-formed name may be drained.
+        let mut l = Coordinator::new_live(cfg(0, 1.0, 1), LivePolicy::default());
+        assert!(l.drain(MS, "later").is_ok());
+        assert!(l.drain(MS, "").is_err());
     }
 
     /// Verdicts follow the hosts' ranks: with room for one more pair at x_min, the

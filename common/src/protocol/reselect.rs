@@ -17,8 +17,13 @@
 //!   host that does not talk to it; yet every shard must start the same exchange at the same
 //!   iteration, or agents that talk to several shards hold one shard's `Select` while another
 //!   sends rounds. So a sharded coordinator counts the period in iterations — `T_sel` divided
-//!   by `round_interval`, at least `min_iters`, the same number on every shard since they share
-//!   the config — and ignores requests; an arrival then waits for the next periodic exchange.
+//!   by `round_interval`, at least `min_iters`, the same number `P` on every shard since they
+//!   share the config — and ignores requests; an arrival then waits for the next periodic
+//!   exchange. The exchanges fall on the absolute multiples of `P`, not `P` after each
+//!   shard's previous one: a shard restarted alone has no previous one, and the numbering
+//!   of iterations is what shards can agree on (they align it at joins, see
+//!   `coordinator::Coordinator`), so every shard selects at the same round and gives the
+//!   exchange the same number ([`Reselection::sharded_index`]).
 
 use std::time::Duration;
 
@@ -86,13 +91,24 @@ impl Reselection {
             return false;
         }
         if self.sharded {
-            return self.period_iters.is_some_and(|n| iters_since >= n);
+            return self
+                .period_iters
+                .is_some_and(|n| iteration.is_multiple_of(u64::from(n)));
         }
         let asked = self.requested.is_some_and(|at| iteration >= at);
         let periodic = self.dirty
             && self.period.is_some_and(|p| now >= self.last + p)
             && (iters_since >= self.min_iters || converged);
         asked || periodic
+    }
+
+    /// With shards: the number of the periodic exchange at iteration `iteration` (a multiple
+    /// of the period), `first` being the number of the first exchange after the schedule.
+    /// A function of the iteration alone, so shards that never talked agree on it; numbers
+    /// grow with the iteration, and skip those of exchanges no shard ran.
+    pub fn sharded_index(&self, first: u32, iteration: u64) -> Option<u32> {
+        let n = u64::from(self.period_iters?);
+        Some(first.saturating_add(u32::try_from(iteration / n).unwrap_or(u32::MAX)))
     }
 
     /// An exchange starts after iteration `iteration`: the requests it answers are done, and
@@ -156,15 +172,25 @@ mod tests {
 
     #[test]
     fn shards_count_the_period_in_iterations_and_ignore_requests() {
-        // 100 ms at one round per 2 ms: every 50 iterations, whatever the clock says.
+        // 100 ms at one round per 2 ms: every 50 iterations, whatever the clock says, at
+        // the multiples of 50 however long ago the shard's last exchange was (a restarted
+        // shard and a running one agree), and numbered by the iteration alone.
         let mut r = Reselection::new(Some(100 * MS), 20, Some(2 * MS));
         assert!(!r.request(3));
-        assert!(!r.due(Duration::from_secs(60), 3, 49, true));
-        assert!(r.due(Duration::ZERO, 3, 50, false));
+        assert!(!r.due(Duration::from_secs(60), 149, 49, true));
+        assert!(r.due(Duration::ZERO, 150, 50, false));
+        assert!(
+            r.due(Duration::ZERO, 150, 7, false),
+            "a restarted shard too"
+        );
+        assert!(!r.due(Duration::ZERO, 150, 0, false), "never back to back");
+        assert!(!r.due(Duration::ZERO, 170, 70, false));
+        assert_eq!(r.sharded_index(3, 150), Some(6));
+        assert_eq!(r.sharded_index(3, 200), Some(7));
         // Never fewer than `min_iters`, also when rounds run back to back.
         for interval in [Duration::ZERO, 50 * MS] {
             let r = Reselection::new(Some(100 * MS), 20, Some(interval));
-            assert!(!r.due(MS, 0, 19, true) && r.due(MS, 0, 20, false));
+            assert!(!r.due(MS, 19, 19, true) && r.due(MS, 20, 20, false));
         }
         let off = Reselection::new(None, 20, Some(2 * MS));
         assert!(!off.due(MS, 0, u32::MAX, true));

@@ -16,6 +16,16 @@ use super::wire::{AgentMsg, ContributionMsg, CoordMsg, Join, ProposalMsg, Select
 use crate::admm::FacilityTerm;
 use crate::model::Problem;
 
+/// How far apart (in iterations) the rounds of two shards may be when the mux merges them.
+/// Shards in step differ by a few (one reused a straggler's contribution, the other waited);
+/// a shard that restarted or ran on alone for a while may differ by more, which the next
+/// exchange absorbs (the shard behind gets the host's last contribution for its rounds until
+/// it reaches the exchange, see [`ShardMux::incoming`]) if it takes well under the member
+/// timeout: 128 rounds are 1.3 s at the default 10 ms. Beyond it the agent rejoins every
+/// shard with the highest round number it saw, on which they align
+/// (`coordinator::Coordinator`'s joins).
+pub const MAX_SKEW: u64 = 128;
+
 /// A `Restart` held: its exchange and prices.
 type Held = (u32, Vec<(u32, f64)>);
 
@@ -43,6 +53,13 @@ pub struct ShardMux {
     answering: Vec<(u64, u64)>,
     /// Key of the last merged round handed on: strictly increasing within a session.
     merged: (u64, u64),
+    /// The highest round number any shard sent, across sessions: a join carries it, so that
+    /// every shard can align its numbering with the one that counted furthest.
+    seen: u64,
+    /// Each link's last contribution (its facilities' entries), and the answers the mux
+    /// gives on its own ([`Self::take_replies`]).
+    last_entries: Vec<Option<Vec<(u32, f64)>>>,
+    replies: Vec<(usize, AgentMsg)>,
 }
 
 impl ShardMux {
@@ -76,7 +93,17 @@ impl ShardMux {
             restarts: vec![None; n],
             answering: vec![(0, 0); n],
             merged: (0, 0),
+            seen: 0,
+            last_entries: vec![None; n],
+            replies: Vec::new(),
         }
+    }
+
+    /// Messages the mux answered on its own, to send on their links: a shard that is behind
+    /// while another waits in an exchange gets the host's last contribution for each of its
+    /// rounds, without a step (see [`Self::incoming`]).
+    pub fn take_replies(&mut self) -> Vec<(usize, AgentMsg)> {
+        std::mem::take(&mut self.replies)
     }
 
     /// The shard indices this host connects to, one link each.
@@ -98,6 +125,8 @@ impl ShardMux {
         self.restarts = vec![None; n];
         self.answering = vec![(0, 0); n];
         self.merged = (0, 0);
+        self.last_entries = vec![None; n];
+        self.replies.clear();
     }
 
     fn mine(&self, link: usize, f: u32) -> bool {
@@ -160,6 +189,29 @@ impl ShardMux {
                         self.links[link]
                     ));
                 }
+                self.seen = self.seen.max(iteration);
+                // Another shard waits in a selection exchange (its `Select` is held) while
+                // this one sends rounds: this one is behind (their exchanges fall on the same
+                // iteration numbers, see `reselect`). It gets the host's last contribution for
+                // each round, as a straggler's would be reused, until it reaches the exchange
+                // too; holding its round instead would stall both until the exchange's
+                // timeout drops the host.
+                let other_selecting = self
+                    .selects
+                    .iter()
+                    .enumerate()
+                    .any(|(j, s)| j != link && s.is_some());
+                if let (true, Some(entries)) = (other_selecting, &self.last_entries[link]) {
+                    self.replies.push((
+                        link,
+                        AgentMsg::Contribution(ContributionMsg {
+                            epoch,
+                            iteration,
+                            entries: entries.clone(),
+                        }),
+                    ));
+                    return Ok(None);
+                }
                 // A newer round of the same shard replaces one not yet stepped.
                 self.rounds[link] = Some(RoundIn { epoch, iteration, d });
                 if !self.rounds.iter().all(Option::is_some) {
@@ -170,6 +222,13 @@ impl ShardMux {
                     .iter_mut()
                     .map(|r| r.take().expect("all"))
                     .collect();
+                let lo = rounds.iter().map(|r| r.iteration).min().unwrap_or(0);
+                let hi = rounds.iter().map(|r| r.iteration).max().unwrap_or(0);
+                if hi - lo > MAX_SKEW {
+                    return Err(format!(
+                        "the shards are out of step (rounds {lo} and {hi}): rejoining every shard at round {hi}"
+                    ));
+                }
                 let mut merged_d: Vec<FacilityTerm> = Vec::new();
                 for (i, r) in rounds.iter().enumerate() {
                     self.answering[i] = (r.epoch, r.iteration);
@@ -258,9 +317,21 @@ impl ShardMux {
     }
 
     /// What each link must carry of a message of the agent core.
-    pub fn outgoing(&self, msg: &AgentMsg) -> Vec<(usize, AgentMsg)> {
+    pub fn outgoing(&mut self, msg: &AgentMsg) -> Vec<(usize, AgentMsg)> {
         if self.count == 1 {
             return vec![(0, msg.clone())];
+        }
+        let entries = match msg {
+            AgentMsg::Join(j) => Some(&j.entries),
+            AgentMsg::Contribution(c) => Some(&c.entries),
+            AgentMsg::Selected(s) => Some(&s.entries),
+            _ => None,
+        };
+        if let Some(e) = entries {
+            for i in 0..self.links.len() {
+                let mine = e.iter().copied().filter(|x| self.mine(i, x.0)).collect();
+                self.last_entries[i] = Some(mine);
+            }
         }
         let keep = |link: usize, v: &[(u32, f64)]| -> Vec<(u32, f64)> {
             v.iter().copied().filter(|e| self.mine(link, e.0)).collect()
@@ -278,7 +349,7 @@ impl ShardMux {
                             .filter(|e| self.mine(i, e.0))
                             .collect(),
                         entries: keep(i, &j.entries),
-                        last_iteration: j.last_iteration,
+                        last_iteration: j.last_iteration.max(self.seen),
                         last_d: j
                             .last_d
                             .iter()
@@ -516,6 +587,91 @@ mod tests {
             assert_eq!((c.epoch, c.iteration), if i == 0 { (7, 4) } else { (2, 6) });
             assert!(c.entries.iter().all(|e| owner(e.0) == i as u32));
         }
+        // Shards far out of step (one restarted alone and counted from the agents' last
+        // round, the other ran on): an error, and the next join carries the highest round,
+        // on which the shards align.
+        assert_eq!(m.incoming(1, round(1, 3, 100)), Ok(None));
+        let e = m.incoming(0, round(0, 7, 100 + MAX_SKEW + 1)).unwrap_err();
+        assert!(e.contains("out of step"), "{e}");
+        m.reset();
+        let join = AgentMsg::Join(Join {
+            host: "h0".into(),
+            facility_digest: 0,
+            pairs: Vec::new(),
+            entries: Vec::new(),
+            last_iteration: 6,
+            last_d: Vec::new(),
+            rank: 0,
+            interest: Vec::new(),
+            floor: Vec::new(),
+            exchanges: 0,
+        });
+        for (_, j) in m.outgoing(&join) {
+            let AgentMsg::Join(j) = j else { panic!() };
+            assert_eq!(j.last_iteration, 100 + MAX_SKEW + 1);
+        }
+    }
+
+    /// Issue 19, item 3: while one shard waits in an exchange, the other's rounds are
+    /// answered by the mux with the host's last contribution to that shard (no step), so it
+    /// reaches the exchange too instead of both stalling; then the exchange merges.
+    #[test]
+    fn a_shard_behind_an_exchange_gets_the_last_contribution() {
+        let p = problem();
+        let mut m = ShardMux::new(&p, 0, 2);
+        let owner = |f: u32| crate::protocol::shard_of(&p.facilities[f as usize].id, 2);
+        let fs: Vec<u32> = (0..p.facilities.len() as u32).collect();
+        let opts: SelectionParams = crate::selection::SelectionOptions::default().into();
+        let select = |s: u32, exchange| CoordMsg::Select {
+            exchange,
+            round: exchange - 1,
+            prices: fs
+                .iter()
+                .filter(|&&f| owner(f) == s)
+                .map(|&f| (f, 0.5))
+                .collect(),
+            options: opts,
+        };
+        let round = |s: u32, iteration| CoordMsg::Round {
+            epoch: 1,
+            iteration,
+            d: fs
+                .iter()
+                .filter(|&&f| owner(f) == s)
+                .map(|&f| FacilityTerm {
+                    facility: f,
+                    d: 0.0,
+                    rho: 2.0,
+                })
+                .collect(),
+        };
+        m.outgoing(&AgentMsg::Contribution(ContributionMsg {
+            epoch: 1,
+            iteration: 98,
+            entries: fs.iter().map(|&f| (f, f as f64)).collect(),
+        }));
+        assert_eq!(m.incoming(0, select(0, 7)), Ok(None));
+        for it in [99, 100] {
+            assert_eq!(m.incoming(1, round(1, it)), Ok(None));
+            let replies = m.take_replies();
+            assert_eq!(replies.len(), 1);
+            let (1, AgentMsg::Contribution(c)) = &replies[0] else {
+                panic!("{replies:?}")
+            };
+            assert_eq!((c.epoch, c.iteration), (1, it));
+            assert!(!c.entries.is_empty() && c.entries.iter().all(|e| owner(e.0) == 1));
+            assert!(
+                c.entries.iter().all(|e| e.1 == e.0 as f64),
+                "the last entries"
+            );
+        }
+        assert!(matches!(
+            m.incoming(1, select(1, 7)),
+            Ok(Some(CoordMsg::Select { exchange: 7, .. }))
+        ));
+        // Without an exchange held, rounds wait for each other as before.
+        assert_eq!(m.incoming(1, round(1, 101)), Ok(None));
+        assert!(m.take_replies().is_empty());
     }
 
     #[test]
@@ -635,7 +791,7 @@ mod tests {
         let mut inbox: Vec<(usize, usize, CoordMsg)> = Vec::new();
         let member = |h: usize, shard: u32| (h * 2 + shard as usize) as MemberId;
         let deliver = |coords: &mut Vec<Coordinator>,
-                       muxes: &Vec<ShardMux>,
+                       muxes: &mut Vec<ShardMux>,
                        h: usize,
                        acts: Vec<AgentAction>,
                        inbox: &mut Vec<(usize, usize, CoordMsg)>| {
@@ -657,13 +813,13 @@ mod tests {
         };
         for (h, agent) in agents.iter_mut().enumerate() {
             let acts = agent.on_connected(now, &problem);
-            deliver(&mut coords, &muxes, h, acts, &mut inbox);
+            deliver(&mut coords, &mut muxes, h, acts, &mut inbox);
         }
         while !inbox.is_empty() {
             for (h, link, msg) in std::mem::take(&mut inbox) {
                 if let Some(m) = muxes[h].incoming(link, msg).unwrap() {
                     let acts = agents[h].on_message(now, &problem, m);
-                    deliver(&mut coords, &muxes, h, acts, &mut inbox);
+                    deliver(&mut coords, &mut muxes, h, acts, &mut inbox);
                 }
             }
         }
