@@ -23,7 +23,7 @@ pub fn init_logging() {
         .init();
 }
 
-/// ALPN of protocol version 4 (`PROTOCOL_VERSION`); a peer speaking anything else, such as a
+/// ALPN of protocol version 5 (`PROTOCOL_VERSION`); a peer speaking anything else, such as a
 /// version-3 agent (`drum/3`), fails the handshake.
 pub const ALPN: &[u8] = b"drum/5";
 /// QUIC application error codes used when closing a connection.
