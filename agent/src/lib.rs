@@ -465,17 +465,12 @@ async fn run_inner(
     if let Some(l) = &live_problem {
         core.set_live(&l.view.host);
     }
+    let traffic_clock = Instant::now();
     let live_apps = || -> Vec<drum_common::live::LiveApp> {
         let Some(hub) = &hub else {
             return Vec::new();
         };
-        hub.app_peers()
-            .into_iter()
-            .map(|(name, peers)| drum_common::live::LiveApp {
-                name,
-                peers: peers.into_iter().collect(),
-            })
-            .collect()
+        hub.live_apps(traffic_clock.elapsed())
     };
     let shard_addrs: Vec<SocketAddr> = std::iter::once(settings.coordinator)
         .chain(options.coordinator_shards.iter().copied())

@@ -10,6 +10,8 @@
 use anyhow::{bail, Context, Result};
 use drum_common::dasr::Lookahead;
 use drum_common::demand::{poll_grant, MIN_PROFILE_WQES};
+use drum_common::live::LiveApp;
+use drum_common::traffic_shares::{Dest, PeerBytes, TrafficShares};
 use drum_table::layout::{monotonic_ms, Grant, MAX_RATE_WQE, TABLE_BYTES};
 use drum_table::mapping::{send_with_fd, Mapping};
 use drum_table::message::{AgentMsg, ShimMsg, MAX_LEN};
@@ -255,6 +257,9 @@ struct Conn {
     sock: Arc<OwnedFd>,
     /// Connected QPs: QP number → peer GID.
     qps: BTreeMap<u32, [u8; 16]>,
+    /// The last byte counts each connected QP reported (`BYTES`): the next report counts
+    /// from there; a QP's first report only sets it (its slot may carry a previous QP's).
+    qp_bytes: BTreeMap<u32, PeerBytes>,
     busy: BTreeSet<u32>,
     /// Whether the QP limit was hit (logged once).
     qps_clamped: bool,
@@ -276,9 +281,24 @@ struct HubState {
     /// only after [`END_LINGER`], so the gaps between back-to-back messages do not flap the
     /// receiver's sender count.
     ending: BTreeMap<([u8; 16], String), std::time::Instant>,
+    /// Bytes per app and peer GID, summed from its QPs' reports since its first process
+    /// registered: they outlive the QPs that carried them, so the sums only grow.
+    app_bytes: BTreeMap<String, BTreeMap<[u8; 16], PeerBytes>>,
+    shares: TrafficShares,
 }
 
 impl HubState {
+    fn app_peers(&self) -> BTreeMap<String, BTreeMap<[u8; 16], u32>> {
+        let mut out: BTreeMap<String, BTreeMap<[u8; 16], u32>> = BTreeMap::new();
+        for c in self.conns.values() {
+            let peers = out.entry(c.app.clone()).or_default();
+            for gid in c.qps.values() {
+                *peers.entry(*gid).or_default() += 1;
+            }
+        }
+        out
+    }
+
     /// The mean size of `app`'s send WQEs so far, over its registered processes; `None`
     /// until they have posted enough to say.
     fn bytes_per_wqe(&self, app: &str) -> Option<f64> {
@@ -469,17 +489,43 @@ impl ShimHub {
     }
 
     /// Every app with a registered process, with its connected QPs per peer GID (over all its
-    /// processes): where its traffic goes, for the live problem's facilities.
+    /// processes).
     pub fn app_peers(&self) -> BTreeMap<String, BTreeMap<[u8; 16], u32>> {
-        let st = self.shared.lock();
-        let mut out: BTreeMap<String, BTreeMap<[u8; 16], u32>> = BTreeMap::new();
-        for c in st.conns.values() {
-            let peers = out.entry(c.app.clone()).or_default();
-            for gid in c.qps.values() {
-                *peers.entry(*gid).or_default() += 1;
-            }
-        }
-        out
+        self.shared.lock().app_peers()
+    }
+
+    /// Every app with a registered process and where its traffic goes, for the live
+    /// problem's facilities: its measured byte shares per receiver (READ data on this host's
+    /// own link) once it has sent anything, before that its connected QPs per peer GID.
+    /// `now` is the agent's clock (any origin), for the byte rates.
+    pub fn live_apps(&self, now: Duration) -> Vec<LiveApp> {
+        let mut st = self.shared.lock();
+        let peers = st.app_peers();
+        let st = &mut *st;
+        st.shares.retain(|a| peers.contains_key(a));
+        let none = BTreeMap::new();
+        peers
+            .into_iter()
+            .map(|(name, conns)| {
+                let bytes = st.app_bytes.get(&name).unwrap_or(&none);
+                st.shares.observe(&name, bytes, now.as_secs_f64());
+                let (peers, own) = match st.shares.shares(&name) {
+                    Some(shares) => {
+                        let mut own = 0.0;
+                        let mut peers = Vec::new();
+                        for &(d, share) in shares {
+                            match d {
+                                Dest::Own => own = share,
+                                Dest::Peer(gid) => peers.push((gid, share)),
+                            }
+                        }
+                        (peers, own)
+                    }
+                    None => (conns.into_iter().map(|(g, n)| (g, n as f64)).collect(), 0.0),
+                };
+                LiveApp { name, peers, own }
+            })
+            .collect()
     }
 }
 
@@ -724,6 +770,9 @@ fn serve_conn(sh: Arc<Shared>, sock: Arc<OwnedFd>) {
     let mut st = sh.lock();
     if let Some(c) = st.conns.remove(&id) {
         info!(pid = c.pid, app = %c.app, "shim left");
+        if !st.conns.values().any(|o| o.app == c.app) {
+            st.app_bytes.remove(&c.app);
+        }
         let busy: Vec<u32> = c.busy.iter().copied().collect();
         for qpn in busy {
             traffic(&sh, &mut st, c.qps.get(&qpn).copied(), &c.app, false);
@@ -773,6 +822,7 @@ fn register(sh: &Shared, sock: &Arc<OwnedFd>) -> Result<u64> {
             map,
             sock: sock.clone(),
             qps: BTreeMap::new(),
+            qp_bytes: BTreeMap::new(),
             busy: BTreeSet::new(),
             qps_clamped: false,
         },
@@ -807,6 +857,7 @@ fn on_message(sh: &Shared, id: u64, m: ShimMsg) {
             // A process's connections are the agent's memory to spend: past the limit a new
             // one is not tracked (its traffic counts towards no receiver), and said once.
             if c.qps.len() < MAX_TRACKED_QPS || c.qps.contains_key(&qpn) {
+                c.qp_bytes.remove(&qpn);
                 if c.qps.insert(qpn, peer).is_none() && sh.settings.qp_budget > 0 {
                     sh.publish_all(&st);
                 }
@@ -822,6 +873,7 @@ fn on_message(sh: &Shared, id: u64, m: ShimMsg) {
         }
         ShimMsg::QpGone { qpn } => {
             let peer = c.qps.remove(&qpn);
+            c.qp_bytes.remove(&qpn);
             if c.busy.remove(&qpn) {
                 let app = c.app.clone();
                 traffic(sh, &mut st, peer, &app, false);
@@ -829,6 +881,27 @@ fn on_message(sh: &Shared, id: u64, m: ShimMsg) {
             if peer.is_some() && sh.settings.qp_budget > 0 {
                 sh.publish_all(&st);
             }
+        }
+        ShimMsg::Bytes { qpn, out, back } => {
+            // Counts of a QP the agent does not track (never connected, or past the limit)
+            // go nowhere: their peer is unknown.
+            let Some(&peer) = c.qps.get(&qpn) else {
+                return;
+            };
+            let now = PeerBytes { out, back };
+            let Some(before) = c.qp_bytes.insert(qpn, now) else {
+                return;
+            };
+            let app = c.app.clone();
+            let sum = st
+                .app_bytes
+                .entry(app)
+                .or_default()
+                .entry(peer)
+                .or_default();
+            // A count that went back (the shim restarted its slot) adds nothing.
+            sum.out = sum.out.saturating_add(out.saturating_sub(before.out));
+            sum.back = sum.back.saturating_add(back.saturating_sub(before.back));
         }
         ShimMsg::Traffic { qpn, busy } => {
             let peer = c.qps.get(&qpn).copied();
@@ -1007,6 +1080,69 @@ mod tests {
         let path = hub.socket().to_path_buf();
         drop(hub);
         assert!(!path.exists(), "socket removed on stop");
+    }
+
+    /// An app's traffic shares come from its QPs' byte reports: before it sends, its
+    /// connections; then 3 parts written to one receiver for 1 to the other (0.75 / 0.25),
+    /// and the bytes it reads land on this host's own link. A QP's first report is a baseline.
+    #[test]
+    fn byte_reports_become_the_apps_traffic_shares() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = ShimHub::start(settings(dir.path()), None).unwrap();
+        let s = connect(hub.socket());
+        let (m, _fd) = hello(&s, std::process::id(), "w");
+        assert_eq!(m, "DRUM1 WELCOME app=w");
+        let send = |m: ShimMsg| socket::send(s.as_raw_fd(), m.encode().as_bytes()).unwrap();
+        for (qpn, peer) in [(1, [1; 16]), (2, [2; 16]), (3, [2; 16])] {
+            send(ShimMsg::QpUp {
+                qpn,
+                peer,
+                peer_qpn: 9,
+            });
+        }
+        let bytes = |qpn, out, back| ShimMsg::Bytes { qpn, out, back };
+        // Baselines (a reused slot's old counts must not count), and one for an unknown QP.
+        for m in [
+            bytes(1, 100, 0),
+            bytes(2, 100, 0),
+            bytes(3, 0, 0),
+            bytes(77, 5, 5),
+        ] {
+            send(m);
+        }
+        wait_for(|| {
+            hub.shared
+                .lock()
+                .conns
+                .values()
+                .all(|c| c.qp_bytes.len() == 3)
+        });
+        let secs = Duration::from_secs;
+        let apps = hub.live_apps(secs(0));
+        assert_eq!(apps.len(), 1);
+        assert_eq!(apps[0].peers, vec![([1; 16], 1.0), ([2; 16], 2.0)]);
+        assert_eq!(apps[0].own, 0.0, "connections until it has sent");
+        for m in [bytes(1, 3100, 0), bytes(2, 600, 0), bytes(3, 500, 0)] {
+            send(m);
+        }
+        wait_for(|| {
+            hub.shared
+                .lock()
+                .app_bytes
+                .get("w")
+                .is_some_and(|b| b.len() == 2)
+        });
+        wait_for(|| {
+            let b = &hub.shared.lock().app_bytes["w"];
+            b[&[1; 16]].out == 3000 && b[&[2; 16]].out == 1000
+        });
+        let apps = hub.live_apps(secs(1));
+        assert_eq!(apps[0].peers, vec![([1; 16], 0.75), ([2; 16], 0.25)]);
+        // Now it only reads from host 2: the shares move to its own link.
+        send(bytes(3, 500, 1_000_000));
+        wait_for(|| hub.shared.lock().app_bytes["w"][&[2; 16]].back == 1_000_000);
+        let apps = hub.live_apps(secs(2));
+        assert!(apps[0].own > 0.9, "{apps:?}");
     }
 
     /// Absurd app names (empty, 10 KB, control characters) are refused with the reason (the

@@ -17,4 +17,5 @@ pub mod rng;
 pub mod roots;
 pub mod selection;
 pub mod solver;
+pub mod traffic_shares;
 pub mod utility;

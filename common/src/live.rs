@@ -160,8 +160,13 @@ pub struct NicParams {
 #[derive(Clone, Debug, PartialEq)]
 pub struct LiveApp {
     pub name: String,
-    /// Connected QPs per peer GID, over all the app's registered processes.
-    pub peers: Vec<(Gid, u32)>,
+    /// How much of its traffic goes to each peer GID, over all the app's registered
+    /// processes: its measured byte rates once it has sent anything
+    /// ([`crate::traffic_shares`]), before that its connected QPs.
+    pub peers: Vec<(Gid, f64)>,
+    /// How much lands on this host's own receive link on the same scale: the data of its
+    /// RDMA READs, which flows from the responder back to the requester.
+    pub own: f64,
 }
 
 /// A new app's values until its shims have said otherwise (docs/live-problem.md): it may use
@@ -178,10 +183,11 @@ pub struct UnknownPeer {
 
 /// This host's row of the live problem, as a one-host [`Problem`] over every facility of the
 /// table: apps in name order at the new-app values, each with `b_f = share_f × L / L_f`, where
-/// `share_f` is the share of the app's connections that end at `f`'s host, `L` this host's line
-/// rate and `L_f` the receiver's: rates are fractions of the sender's line, capacities of the
-/// receiver's, so `b_f·x` is the app's load on `f` in `f`'s units. A connection to a GID no
-/// facility owns loads no facility; those peers are returned so the caller can say so.
+/// `share_f` is the share of the app's traffic ([`LiveApp`]) that lands on `f`'s host (its READ
+/// data on this host's own link), `L` this host's line rate and `L_f` the receiver's: rates are
+/// fractions of the sender's line, capacities of the receiver's, so `b_f·x` is the app's load
+/// on `f` in `f`'s units. Traffic to a GID no facility owns loads no facility; those peers are
+/// returned so the caller can say so.
 pub fn host_problem(
     host: &str,
     nic: &NicParams,
@@ -198,23 +204,31 @@ pub fn host_problem(
         .iter()
         .enumerate()
         .map(|(i, app)| {
-            let total: u32 = app.peers.iter().map(|p| p.1).sum();
+            let total: f64 = app.own + app.peers.iter().map(|p| p.1).sum::<f64>();
             let mut uses: Vec<(u32, f64)> = Vec::new();
+            let mut load = |f: usize, n: f64| match uses.iter_mut().find(|u| u.0 == f as u32) {
+                Some(u) => u.1 += n,
+                None => uses.push((f as u32, n)),
+            };
+            if app.own > 0.0 {
+                // This host's link appears in the table once the host has reported.
+                let own = link_id(host);
+                if let Some(f) = facilities.iter().position(|f| f.id == own) {
+                    load(f, app.own);
+                }
+            }
             for &(gid, n) in &app.peers {
                 match facilities.iter().position(|f| f.gids.contains(&gid)) {
-                    Some(f) => match uses.iter_mut().find(|u| u.0 == f as u32) {
-                        Some(u) => u.1 += n as f64,
-                        None => uses.push((f as u32, n as f64)),
-                    },
+                    Some(f) => load(f, n),
                     None => unknown.push(UnknownPeer {
                         app: app.name.clone(),
                         gid,
                     }),
                 }
             }
+            uses.retain(|u| u.1 > 0.0);
             for u in &mut uses {
-                u.1 *=
-                    nic.line_rate_gbps / (total as f64 * facilities[u.0 as usize].line_rate_gbps);
+                u.1 *= nic.line_rate_gbps / (total * facilities[u.0 as usize].line_rate_gbps);
             }
             uses.sort_unstable_by_key(|u| u.0);
             Pair {
@@ -558,11 +572,13 @@ mod tests {
         let apps = [
             LiveApp {
                 name: "b".into(),
-                peers: vec![([1; 16], 3), ([2; 16], 1), ([9; 16], 4)],
+                peers: vec![([1; 16], 3.0), ([2; 16], 1.0), ([9; 16], 4.0)],
+                own: 0.0,
             },
             LiveApp {
                 name: "a".into(),
                 peers: vec![],
+                own: 0.0,
             },
         ];
         let (p, unknown) = host_problem("h0", &nic(), &policy, &links(), &apps);
@@ -579,6 +595,30 @@ mod tests {
                 gid: [9; 16]
             }]
         );
+    }
+
+    #[test]
+    fn byte_shares_weigh_the_links_and_read_data_loads_the_own_link() {
+        let policy = LivePolicy::default();
+        // On h1: 3 parts written to h2 for 1 part read from it (READ data comes back to h1).
+        let apps = [LiveApp {
+            name: "r".into(),
+            peers: vec![([2; 16], 0.75)],
+            own: 0.25,
+        }];
+        let (p, unknown) = host_problem("h1", &nic(), &policy, &links(), &apps);
+        assert!(unknown.is_empty());
+        assert_eq!(p.pairs[0].uses, vec![(0, 0.0625), (1, 0.1875)]);
+        // A pure reader loads only its own link; a host not yet in the table, nothing.
+        let reader = [LiveApp {
+            name: "r".into(),
+            peers: vec![([2; 16], 0.0)],
+            own: 1.0,
+        }];
+        let (p, _) = host_problem("h1", &nic(), &policy, &links(), &reader);
+        assert_eq!(p.pairs[0].uses, vec![(0, 0.25)]);
+        let (p, _) = host_problem("h9", &nic(), &policy, &links(), &reader);
+        assert!(p.pairs[0].uses.is_empty());
     }
 
     #[test]
@@ -602,7 +642,8 @@ mod tests {
         let policy = LivePolicy::default();
         let apps = [LiveApp {
             name: "a".into(),
-            peers: vec![([2; 16], 1)],
+            peers: vec![([2; 16], 1.0)],
+            own: 0.0,
         }];
         let (p, _) = host_problem("h1", &nic(), &policy, &links(), &apps);
         let report = HostReport::of(&p, 10.0, &[[1; 16]], &|_| Some(0.5));
@@ -628,15 +669,16 @@ mod tests {
         use std::time::Duration;
         let ms = Duration::from_millis(1);
         let gid = |h: u8| [h + 1; 16];
-        let app = |name: &str, peers: &[(u8, u32)]| LiveApp {
+        let app = |name: &str, peers: &[(u8, f64)]| LiveApp {
             name: name.into(),
             peers: peers.iter().map(|&(h, n)| (gid(h), n)).collect(),
+            own: 0.0,
         };
         // h2 is the busy receiver: three writers on h0 and h1 send into it.
         let apps = [
-            vec![app("w1", &[(2, 2)]), app("w2", &[(2, 1), (1, 1)])],
-            vec![app("w3", &[(2, 1)]), app("idle", &[])],
-            vec![app("srv", &[(0, 3), (1, 1)])],
+            vec![app("w1", &[(2, 2.0)]), app("w2", &[(2, 1.0), (1, 1.0)])],
+            vec![app("w3", &[(2, 1.0)]), app("idle", &[])],
+            vec![app("srv", &[(0, 3.0), (1, 1.0)])],
         ];
         let mut hosts: Vec<LiveHost> = (0..3u8)
             .map(|h| {

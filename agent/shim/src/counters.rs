@@ -93,6 +93,9 @@ pub struct QpCounters {
     key: AtomicU64,
     pub send_wqes: AtomicU64,
     pub send_bytes: AtomicU64,
+    /// Of `send_bytes`, those of RDMA READs: their data comes back from the peer, so it loads
+    /// this host's receive link rather than the peer's (reported to the agent, `BYTES`).
+    pub read_bytes: AtomicU64,
     pub recv_wqes: AtomicU64,
     pub completions: AtomicU64,
     /// Taken only when the QP is governed (limits or tracking in force, or work queued).
@@ -128,8 +131,7 @@ impl QpTable {
     pub fn get(&self, qpn: u32) -> Option<&QpCounters> {
         let key = u64::from(qpn) + 1;
         let mask = self.slots.len() - 1;
-        // Fibonacci hashing spreads the (often consecutive) QP numbers.
-        let start = (u64::from(qpn).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & mask;
+        let start = Self::home(qpn) & mask;
         for i in 0..self.slots.len() {
             let slot = &self.slots[(start + i) & mask];
             let k = slot.key.load(Relaxed);
@@ -165,6 +167,30 @@ impl QpTable {
                 })
             })
             .collect()
+    }
+
+    /// Bytes posted on QP `qpn` so far, `(towards the peer, read from it)`; `None` for a QP
+    /// without a slot (never claims one).
+    pub fn bytes(&self, qpn: u32) -> Option<(u64, u64)> {
+        let key = u64::from(qpn) + 1;
+        let mask = self.slots.len() - 1;
+        let start = Self::home(qpn) & mask;
+        // Slots are never given back, so the probe that `get` would make ends at the QP's
+        // slot or at a free one.
+        (0..self.slots.len())
+            .map(|i| &self.slots[(start + i) & mask])
+            .take_while(|s| s.key.load(Relaxed) != 0)
+            .find(|s| s.key.load(Relaxed) == key)
+            .map(|s| {
+                let (all, read) = (s.send_bytes.load(Relaxed), s.read_bytes.load(Relaxed));
+                (all.saturating_sub(read), read)
+            })
+    }
+
+    /// Where QP `qpn`'s probe starts (before masking): Fibonacci hashing spreads the (often
+    /// consecutive) QP numbers.
+    fn home(qpn: u32) -> usize {
+        (u64::from(qpn).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize
     }
 
     /// WRs held in the software queues of all QPs.
@@ -209,6 +235,15 @@ mod tests {
         assert_eq!(got, vec![(0, 1), (7, 8), (42, 43), (0xFF_FFFF, 0x100_0000)]);
         // An existing QP is still found when the table is full.
         assert_eq!(t.get(7).unwrap().send_wqes.load(Relaxed), 8);
+        // Byte counts: READ bytes come back, the rest goes out; no slot is claimed.
+        let q = t.get(42).unwrap();
+        q.send_bytes.fetch_add(1000, Relaxed);
+        q.read_bytes.fetch_add(250, Relaxed);
+        assert_eq!(t.bytes(42), Some((750, 250)));
+        assert_eq!(t.bytes(0), Some((0, 0)));
+        let fresh = QpTable::with_capacity(4);
+        assert_eq!(fresh.bytes(7), None);
+        assert!(fresh.entries().is_empty());
     }
 
     #[test]

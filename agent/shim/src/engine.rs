@@ -32,6 +32,9 @@ static FIRST_ATTEMPT: AtomicBool = AtomicBool::new(false);
 
 /// How often the link to the agent is checked and counters are reported.
 const LINK_TICK: Duration = Duration::from_millis(20);
+/// How often the connected QPs' byte counts are reported (`BYTES`, for the ones that
+/// changed): the agent measures rates over 200 ms, so more often would only cost messages.
+const BYTES_PERIOD: Duration = Duration::from_millis(250);
 /// Retry interval while no agent is reachable.
 const RETRY: Duration = Duration::from_millis(500);
 /// A table whose heartbeat is older than this belongs to a hung agent.
@@ -167,6 +170,9 @@ struct Engine {
     applied: Option<(u64, Caps)>,
     /// Every connected QP, replayed to an agent that (re)attaches.
     qps: BTreeMap<u32, ShimMsg>,
+    next_bytes: Instant,
+    /// The byte counts last reported per connected QP (cleared for an agent that attaches).
+    bytes_sent: BTreeMap<u32, (u64, u64)>,
 }
 
 fn run() {
@@ -230,6 +236,8 @@ impl Engine {
             next_rotate: now,
             applied: None,
             qps: BTreeMap::new(),
+            next_bytes: now,
+            bytes_sent: BTreeMap::new(),
         }
     }
 
@@ -276,6 +284,10 @@ impl Engine {
             match why.map_or_else(|| self.apply_table(), Err) {
                 Ok(()) => {
                     report(self.link.as_ref().expect("attached").table());
+                    if now >= self.next_bytes {
+                        self.next_bytes = now + BYTES_PERIOD;
+                        self.report_bytes();
+                    }
                     return;
                 }
                 Err(why) => self.detach(&why),
@@ -297,6 +309,7 @@ impl Engine {
                 for m in self.qps.values() {
                     l.send(m);
                 }
+                self.bytes_sent.clear();
                 self.link = Some(l);
                 self.applied = None;
                 if let Err(why) = self.apply_table() {
@@ -308,6 +321,18 @@ impl Engine {
                     Trouble::NoAgent,
                     &format!("no DRUM agent ({why}); the application runs ungoverned until one is reachable"),
                 );
+            }
+        }
+    }
+
+    /// Sends the byte counts of the connected QPs whose counts changed since last sent.
+    fn report_bytes(&mut self) {
+        let Some(l) = &self.link else {
+            return;
+        };
+        for (qpn, out, back) in crate::qp_bytes(self.qps.keys().copied()) {
+            if self.bytes_sent.insert(qpn, (out, back)) != Some((out, back)) {
+                l.send(&ShimMsg::Bytes { qpn, out, back });
             }
         }
     }
@@ -348,6 +373,7 @@ impl Engine {
                 }
                 ShimMsg::QpGone { qpn } => {
                     self.qps.remove(qpn);
+                    self.bytes_sent.remove(qpn);
                 }
                 _ => {}
             }

@@ -68,6 +68,8 @@ pub const IBV_SEND_SIGNALED: u32 = 2;
 pub const IBV_SEND_INLINE: u32 = 8;
 /// `IBV_WC_LOC_QP_OP_ERR`: what the shim reports for a held-back WR the provider refused.
 pub const IBV_WC_LOC_QP_OP_ERR: c_int = 2;
+/// `IBV_WR_RDMA_READ` (`enum ibv_wr_opcode`): its data flows from the peer back to us.
+pub const IBV_WR_RDMA_READ: c_int = 4;
 /// Work-completion opcodes from this value on are receive-side.
 pub const IBV_WC_RECV: c_int = 128;
 

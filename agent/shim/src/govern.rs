@@ -348,6 +348,8 @@ pub struct Posted {
     /// WRs the provider took now, and their bytes (queued ones count when the engine posts).
     pub direct: u64,
     pub direct_bytes: u64,
+    /// Of `direct_bytes`, those of RDMA READs.
+    pub direct_read_bytes: u64,
 }
 
 fn sge_sum(w: &IbvSendWr) -> u64 {
@@ -419,6 +421,7 @@ pub unsafe fn post(
     // Walk the list: how many WRs may go now (only while nothing is queued before them).
     let mut n_direct = 0u64;
     let mut direct_bytes = 0u64;
+    let mut direct_read_bytes = 0u64;
     let mut last_direct: *mut IbvSendWr = ptr::null_mut();
     let mut w = wr;
     let mut any_long = false;
@@ -463,7 +466,7 @@ pub unsafe fn post(
             ptr::null_mut()
         };
         let tracking = LIMITS.tracking.load(Relaxed);
-        let (mut posted, mut posted_bytes) = (0, 0);
+        let (mut posted, mut posted_bytes, mut posted_read) = (0, 0, 0);
         let mut p = wr;
         for _ in 0..n_direct {
             if p.is_null() || p == fail_at {
@@ -476,11 +479,16 @@ pub unsafe fn post(
                 g.inflight.on_post(signalled);
             }
             posted += 1;
-            posted_bytes += sge_sum(r);
+            let b = sge_sum(r);
+            posted_bytes += b;
+            if r.opcode == crate::ffi::IBV_WR_RDMA_READ {
+                posted_read += b;
+            }
             p = r.next;
         }
         n_direct = posted;
         direct_bytes = posted_bytes;
+        direct_read_bytes = posted_read;
         STATS.direct_wqes.fetch_add(posted, Relaxed);
         if rc != 0 {
             // The provider refused part of what we handed over: report exactly that, and
@@ -489,6 +497,7 @@ pub unsafe fn post(
                 rc,
                 direct: n_direct,
                 direct_bytes,
+                direct_read_bytes,
             };
         }
     }
@@ -534,6 +543,7 @@ pub unsafe fn post(
         rc,
         direct: n_direct,
         direct_bytes,
+        direct_read_bytes,
     }
 }
 
@@ -639,6 +649,9 @@ pub fn serve(st: &ContextState, q: &QpCounters, qpn: u32) -> Option<u64> {
         if rc == 0 {
             q.send_wqes.fetch_add(1, Relaxed);
             q.send_bytes.fetch_add(o.bytes, Relaxed);
+            if o.is_read() {
+                q.read_bytes.fetch_add(o.bytes, Relaxed);
+            }
             st.counters.send_wqes.fetch_add(1, Relaxed);
             st.counters.send_bytes.fetch_add(o.bytes, Relaxed);
             if LIMITS.tracking.load(Relaxed) {

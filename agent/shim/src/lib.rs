@@ -898,6 +898,7 @@ pub(crate) unsafe extern "C" fn drum_post_send(
                     st.counters.send_bytes.fetch_add(p.direct_bytes, Relaxed);
                     q.send_wqes.fetch_add(p.direct, Relaxed);
                     q.send_bytes.fetch_add(p.direct_bytes, Relaxed);
+                    q.read_bytes.fetch_add(p.direct_read_bytes, Relaxed);
                 });
                 p.rc
             }
@@ -923,13 +924,17 @@ pub(crate) unsafe extern "C" fn drum_post_send(
             }
             b
         };
-        let (mut n, mut bytes) = (0u64, 0u64);
+        let (mut n, mut bytes, mut read) = (0u64, 0u64, 0u64);
         let mut w = wr;
         while !w.is_null() && w != stop {
             // SAFETY: the application's WR list, which the provider has just walked.
             let r = unsafe { &*w };
             // SAFETY: the WR's own scatter/gather list.
-            bytes += unsafe { sge_bytes(r.sg_list, r.num_sge) };
+            let b = unsafe { sge_bytes(r.sg_list, r.num_sge) };
+            bytes += b;
+            if r.opcode == ffi::IBV_WR_RDMA_READ {
+                read += b;
+            }
             n += 1;
             w = r.next;
         }
@@ -938,6 +943,7 @@ pub(crate) unsafe extern "C" fn drum_post_send(
         if let Some(q) = q {
             q.send_wqes.fetch_add(n, Relaxed);
             q.send_bytes.fetch_add(bytes, Relaxed);
+            q.read_bytes.fetch_add(read, Relaxed);
         }
     });
     rc
@@ -1181,6 +1187,22 @@ pub fn totals() -> Totals {
         }
     }
     t
+}
+
+/// Bytes posted so far on each of `qpns` that has a slot: `(qpn, towards the peer, read
+/// from it)` (a cold path: takes the lock that open and close take). QP numbers are per
+/// device, so with several devices open the first context that knows the number answers.
+pub fn qp_bytes(qpns: impl Iterator<Item = u32>) -> Vec<(u32, u64, u64)> {
+    let _g = COLD.lock();
+    let n = HIGH.load(Acquire);
+    qpns.filter_map(|qpn| {
+        SLOTS.iter().take(n).find_map(|slot| {
+            // SAFETY: states are freed only under the lock held here.
+            let st = unsafe { slot.state.load(Acquire).as_ref() }?;
+            st.qps.bytes(qpn).map(|(out, back)| (qpn, out, back))
+        })
+    })
+    .collect()
 }
 
 /// The one-line summary printed at exit with `DRUM_SHIM_LOG=1`.

@@ -98,6 +98,11 @@ impl OwnedWr {
         &mut self.wr
     }
 
+    /// Whether it is an RDMA READ (its data comes back from the peer).
+    pub fn is_read(&self) -> bool {
+        self.wr.opcode == crate::ffi::IBV_WR_RDMA_READ
+    }
+
     pub fn wr_id(&self) -> u64 {
         self.wr.wr_id
     }

@@ -129,6 +129,8 @@ fn wrappers() -> [(usize, usize); EX_OPS] {
 }
 
 pub const EX_OPS: usize = 21;
+/// The index of `ibv_wr_rdma_read` among the request ops (its `request_op!`).
+const RDMA_READ_OP: usize = 4;
 const SET_INLINE_DATA: usize = 12;
 const SET_INLINE_DATA_LIST: usize = 13;
 const SET_SGE: usize = 14;
@@ -212,12 +214,20 @@ pub enum Batch {
     Idle,
     /// Nothing was in force at `wr_start`: the calls go to the provider as they come; the
     /// bytes of each request are kept for the counters.
-    Passing(Vec<u64>),
+    Passing(Vec<Passed>),
     /// A grant was in force at `wr_start`: the calls are recorded as `ibv_send_wr`s and
     /// `wr_complete` posts them the governed way, as `ibv_post_send` would.
     Recording(Vec<Recorded>),
     /// A recorded batch used an op that no `ibv_send_wr` can express (named).
     Refused(&'static str),
+}
+
+/// A request passed on to the provider: its bytes, and whether it is an RDMA READ (whose
+/// data comes back).
+#[derive(Clone, Copy)]
+pub struct Passed {
+    bytes: u64,
+    read: bool,
 }
 
 /// One recorded request: the WR and the buffers its lists point into once posted.
@@ -257,7 +267,7 @@ const WR_RDMA_WRITE: i32 = 0;
 const WR_RDMA_WRITE_WITH_IMM: i32 = 1;
 const WR_SEND: i32 = 2;
 const WR_SEND_WITH_IMM: i32 = 3;
-const WR_RDMA_READ: i32 = 4;
+use crate::ffi::IBV_WR_RDMA_READ as WR_RDMA_READ;
 const WR_ATOMIC_CMP_AND_SWP: i32 = 5;
 const WR_ATOMIC_FETCH_AND_ADD: i32 = 6;
 const WR_LOCAL_INV: i32 = 7;
@@ -308,7 +318,7 @@ macro_rules! request_op {
             };
             with_batch(q, |b| {
                 if let Batch::Passing(v) = b {
-                    v.push($bytes)
+                    v.push(Passed { bytes: $bytes, read: $idx == RDMA_READ_OP })
                 }
             });
         }
@@ -338,7 +348,7 @@ request_op!(local_inv, 3, 0, (rkey: u32), |w| {
     w.imm_data = rkey;
     Some(WR_LOCAL_INV)
 });
-request_op!(rdma_read, 4, 0, (rkey: u32, addr: u64), |w| {
+request_op!(rdma_read, RDMA_READ_OP, 0, (rkey: u32, addr: u64), |w| {
     w.wr[..2].copy_from_slice(&[addr, u64::from(rkey)]);
     Some(WR_RDMA_READ)
 });
@@ -368,7 +378,7 @@ fn add_bytes(q: &QpCounters, bytes: u64) {
     with_batch(q, |b| {
         if let Batch::Passing(v) = b {
             if let Some(last) = v.last_mut() {
-                *last += bytes;
+                last.bytes += bytes;
             }
         }
     });
@@ -548,16 +558,18 @@ unsafe extern "C" fn complete(qpx: *mut IbvQpEx) -> c_int {
         // `wr_complete` without `wr_start`: the provider says what it thinks of that.
         Batch::Idle => Vec::new(),
     };
-    let _ = catch_unwind(AssertUnwindSafe(|| pace(q, &bytes)));
+    let _ = catch_unwind(AssertUnwindSafe(|| pace(q, bytes.iter().map(|p| p.bytes))));
     // SAFETY: as in `request_op`.
     let rc = unsafe {
         std::mem::transmute::<usize, unsafe extern "C" fn(*mut IbvQpEx) -> c_int>(f)(qpx)
     };
     if rc == 0 {
-        let total: u64 = bytes.iter().sum();
+        let total: u64 = bytes.iter().map(|p| p.bytes).sum();
+        let read: u64 = bytes.iter().filter(|p| p.read).map(|p| p.bytes).sum();
         let n = bytes.len() as u64;
         q.send_wqes.fetch_add(n, Relaxed);
         q.send_bytes.fetch_add(total, Relaxed);
+        q.read_bytes.fetch_add(read, Relaxed);
         // SAFETY: as above.
         let ctx = unsafe { (*qpx).qp_base.context };
         if let Some(st) = lookup(ctx) {
@@ -614,12 +626,12 @@ unsafe fn post_recorded(qpx: *mut IbvQpEx, mut v: Vec<Recorded>) -> c_int {
 const MAX_SLEEP: Duration = Duration::from_millis(10);
 
 /// Waits until the limiters admit each request of the batch, charging them as it goes.
-fn pace(q: &QpCounters, batch: &[u64]) {
+fn pace(q: &QpCounters, batch: impl Iterator<Item = u64>) {
     if !LIMITS.active.load(Acquire) {
         return;
     }
     let peer = q.gov.lock().unwrap_or_else(|e| e.into_inner()).peer;
-    for &bytes in batch {
+    for bytes in batch {
         while let Err(wait_ps) = admit(now_ps(), bytes, peer) {
             std::thread::sleep(Duration::from_nanos(wait_ps / 1000).min(MAX_SLEEP));
         }

@@ -32,6 +32,15 @@ pub enum ShimMsg {
         qpn: u32,
         busy: bool,
     },
+    /// Bytes posted on this connected QP so far (cumulative): `out` to the peer (SEND,
+    /// WRITE, atomics), `back` asked of it (RDMA READ lengths, whose data comes back). Sent
+    /// periodically for the QPs whose counts changed; the agent turns them into the app's
+    /// byte shares per receiver (the live problem's facility coefficients).
+    Bytes {
+        qpn: u32,
+        out: u64,
+        back: u64,
+    },
 }
 
 /// From the agent.
@@ -159,6 +168,9 @@ impl ShimMsg {
                 "{PROTOCOL} {} qpn={qpn}",
                 if *busy { "BUSY" } else { "IDLE" }
             ),
+            ShimMsg::Bytes { qpn, out, back } => {
+                format!("{PROTOCOL} BYTES qpn={qpn} out={out} back={back}")
+            }
         }
     }
 
@@ -185,6 +197,11 @@ impl ShimMsg {
             "BUSY" | "IDLE" => ShimMsg::Traffic {
                 qpn: f.num("qpn")?,
                 busy: kind == "BUSY",
+            },
+            "BYTES" => ShimMsg::Bytes {
+                qpn: f.num("qpn")?,
+                out: f.num("out")?,
+                back: f.num("back")?,
             },
             k => return err(format!("unknown message kind {k:?}")),
         };
@@ -311,6 +328,11 @@ mod tests {
                 qpn: 3,
                 busy: false,
             },
+            ShimMsg::Bytes {
+                qpn: 3,
+                out: u64::MAX,
+                back: 0,
+            },
         ] {
             assert_eq!(ShimMsg::parse(m.encode().as_bytes()), Ok(m));
         }
@@ -326,7 +348,7 @@ mod tests {
 
     #[test]
     fn bad_messages_say_what_is_wrong() {
-        let cases: [(&[u8], &str); 9] = [
+        let cases: [(&[u8], &str); 11] = [
             (b"", "not a DRUM"),
             (b"DRUM2 HELLO pid=1", "unsupported protocol"),
             (b"DRUM1 HELLO pid=x app=a exe=b", "pid=\"x\""),
@@ -335,6 +357,8 @@ mod tests {
             (b"DRUM1 QP qpn=1 peer=zz peer_qpn=2", "32 hex"),
             (b"DRUM1 QPGONE qpn=1 extra=2", "unexpected"),
             (b"DRUM1 NOPE", "unknown message kind"),
+            (b"DRUM1 BYTES qpn=1 out=-5 back=0", "out=\"-5\""),
+            (b"DRUM1 BYTES qpn=1 out=5", "missing back="),
             (&[0xff, 0xfe], "UTF-8"),
         ];
         for (b, want) in cases {
