@@ -169,9 +169,9 @@ impl QpTable {
             .collect()
     }
 
-    /// Bytes posted on QP `qpn` so far, `(towards the peer, read from it)`; `None` for a QP
-    /// without a slot (never claims one).
-    pub fn bytes(&self, qpn: u32) -> Option<(u64, u64)> {
+    /// The counters of QP `qpn` if it has a slot; unlike [`get`](Self::get), never claims
+    /// one.
+    fn find(&self, qpn: u32) -> Option<&QpCounters> {
         let key = u64::from(qpn) + 1;
         let mask = self.slots.len() - 1;
         let start = Self::home(qpn) & mask;
@@ -181,10 +181,15 @@ impl QpTable {
             .map(|i| &self.slots[(start + i) & mask])
             .take_while(|s| s.key.load(Relaxed) != 0)
             .find(|s| s.key.load(Relaxed) == key)
-            .map(|s| {
-                let (all, read) = (s.send_bytes.load(Relaxed), s.read_bytes.load(Relaxed));
-                (all.saturating_sub(read), read)
-            })
+    }
+
+    /// Bytes posted on QP `qpn` so far, `(towards the peer, read from it)`; `None` for a QP
+    /// without a slot.
+    pub fn bytes(&self, qpn: u32) -> Option<(u64, u64)> {
+        self.find(qpn).map(|s| {
+            let (all, read) = (s.send_bytes.load(Relaxed), s.read_bytes.load(Relaxed));
+            (all.saturating_sub(read), read)
+        })
     }
 
     /// Where QP `qpn`'s probe starts (before masking): Fibonacci hashing spreads the (often

@@ -898,7 +898,9 @@ pub(crate) unsafe extern "C" fn drum_post_send(
                     st.counters.send_bytes.fetch_add(p.direct_bytes, Relaxed);
                     q.send_wqes.fetch_add(p.direct, Relaxed);
                     q.send_bytes.fetch_add(p.direct_bytes, Relaxed);
-                    q.read_bytes.fetch_add(p.direct_read_bytes, Relaxed);
+                    if p.direct_read_bytes > 0 {
+                        q.read_bytes.fetch_add(p.direct_read_bytes, Relaxed);
+                    }
                 });
                 p.rc
             }
@@ -943,7 +945,10 @@ pub(crate) unsafe extern "C" fn drum_post_send(
         if let Some(q) = q {
             q.send_wqes.fetch_add(n, Relaxed);
             q.send_bytes.fetch_add(bytes, Relaxed);
-            q.read_bytes.fetch_add(read, Relaxed);
+            // Most posts carry no READ: no second atomic on their path.
+            if read > 0 {
+                q.read_bytes.fetch_add(read, Relaxed);
+            }
         }
     });
     rc
