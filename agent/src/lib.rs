@@ -738,6 +738,11 @@ async fn session(
         }));
     }
     drop(tx);
+    if let Some(l) = live.as_mut() {
+        // The previous coordinator's facility numbers mean nothing to this one: until its
+        // table arrives, a rebuild (an app arriving) must not name them in an `Update`.
+        l.view.facilities.clear();
+    }
     let mut actions = core.on_connected(origin.elapsed(), problem);
     let mut stop = false;
     'session: loop {

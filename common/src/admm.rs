@@ -160,6 +160,9 @@ pub struct FacilityState {
     pub n: u32,
     /// The facility's penalty `ρ_f`.
     pub rho: f64,
+    /// Whether this state's dual was ever stepped with members or restored: a restarted
+    /// coordinator restores only the facilities it has not priced itself.
+    pub priced: bool,
 }
 
 /// Residuals after a coordinator step.
@@ -277,6 +280,7 @@ impl CoordinatorState {
     pub fn restore(&mut self, f: u32, rho: f64, price: f64) {
         let st = &mut self.facilities[f as usize];
         st.rho = rho;
+        st.priced = true;
         st.u = if st.n == 0 {
             0.0
         } else {
@@ -335,6 +339,7 @@ impl CoordinatorState {
                 st.y = 0.0;
                 st.u = 0.0;
             } else {
+                st.priced = true;
                 let y_old = st.y;
                 st.y = spec.prox(s + st.u, st.rho / st.n as f64);
                 st.u += s - st.y;

@@ -813,5 +813,62 @@ mod tests {
                 assert!((x - y).abs() <= 1e-6, "host h{h}: live {x} vs solve {y}");
             }
         }
+
+        // The coordinator restarts; the hosts come back in the reverse order, so the new
+        // table numbers the links differently. Their `Update`s carry the terms they last
+        // stepped with, by link id: after one round the busy link's price is where it was.
+        let price = |c: &Coordinator, id: &str| {
+            let s = c.status();
+            s.facilities.iter().find(|f| f.id == id).expect(id).price
+        };
+        let before = price(&coord, "rx:h2");
+        let mut coord = Coordinator::new_live(
+            CoordinatorConfig {
+                rho: 10.0,
+                facility_digest: 0,
+                heartbeat_interval: 100 * ms,
+                member_timeout: 1000 * ms,
+                round_deadline: 50 * ms,
+                max_staleness: 0,
+                round_interval: Duration::ZERO,
+                min_members: 3,
+                max_iterations: Some(1),
+                selection: SelectionSchedule::from_solve(&opts),
+                shard: Shard::WHOLE,
+            },
+            LivePolicy::default(),
+        );
+        let mut inbox = Vec::new();
+        for i in (0..agents.len()).rev() {
+            // The new coordinator's table replaces the old before the agent rebuilds (its
+            // driver handles `Welcome`, `Policy` and `Facilities` as one batch).
+            hosts[i].facilities.clear();
+            for act in agents[i].on_connected(now, &problems[i]) {
+                if let AgentAction::Send(m) = act {
+                    inbox.extend(
+                        coord
+                            .on_message(now, i as MemberId, m)
+                            .into_iter()
+                            .filter_map(|a| match a {
+                                Action::Send(id, m) => Some((id, m)),
+                                _ => None,
+                            }),
+                    );
+                }
+            }
+        }
+        run(&mut coord, &mut agents, &mut hosts, &mut problems, inbox);
+        let ids: Vec<String> = coord
+            .status()
+            .facilities
+            .into_iter()
+            .map(|f| f.id)
+            .collect();
+        assert_eq!(ids, ["rx:h2", "rx:h1", "rx:h0"]);
+        let after = price(&coord, "rx:h2");
+        assert!(
+            (after / before - 1.0).abs() < 0.05,
+            "the busy link's price {before} before the restart, {after} after one round"
+        );
     }
 }

@@ -134,6 +134,10 @@ pub struct AgentCore {
     failures: u32,
     /// The facility terms of the last round stepped, reported on rejoin.
     last_d: Vec<FacilityTerm>,
+    /// Live problem: the last term stepped with of every facility this host has used, by
+    /// facility id, so it survives tables that number the facilities afresh or lack some
+    /// of them for a while (a restarted coordinator's).
+    terms_by_id: std::collections::BTreeMap<String, FacilityTerm>,
     jitter: SplitMix64,
     /// Discounted share of recent selection rounds each of the host's pairs was active
     /// (indexed from the host's first pair), the SDRF-style memory of `selection`.
@@ -197,6 +201,7 @@ impl AgentCore {
             heartbeat_seq: 0,
             failures: 0,
             last_d: Vec::new(),
+            terms_by_id: Default::default(),
             jitter,
             activity,
             exchanges: 0,
@@ -278,6 +283,22 @@ impl AgentCore {
         self.present = vec![true; new.pairs.len()];
         self.digest = facility_digest(new);
         self.unsettled |= arrived;
+        // The terms last stepped with, renumbered into the new table by facility id (a new
+        // coordinator numbers its facilities afresh, and learns them one host at a time).
+        for t in &self.last_d {
+            if let Some(f) = old.facilities.get(t.facility as usize) {
+                self.terms_by_id.insert(f.id.clone(), *t);
+            }
+        }
+        self.last_d = (new.facilities.iter().enumerate())
+            .filter_map(|(i, f)| {
+                let t = self.terms_by_id.get(&f.id)?;
+                Some(FacilityTerm {
+                    facility: i as u32,
+                    ..*t
+                })
+            })
+            .collect();
         let mut out = Vec::new();
         if self.is_member() {
             let (pairs, floor) = self.active_summary(new);
@@ -286,6 +307,7 @@ impl AgentCore {
                 entries: self.state.contribution(new).entries,
                 interest: interest(new, self.state.host),
                 floor,
+                last_d: self.last_d.clone(),
             })));
             out.extend(self.reselect_request());
         }

@@ -532,6 +532,7 @@ impl Coordinator {
         let checked = self
             .check_active(&u.pairs, &u.floor)
             .and_then(|()| self.check_entries(&u.entries))
+            .and_then(|()| Self::check_last_d(&u.last_d, nf))
             .and_then(|()| {
                 if u.interest.windows(2).all(|w| w[0] < w[1]) && u.interest.iter().all(|&f| f < nf)
                 {
@@ -549,6 +550,7 @@ impl Coordinator {
         m.entries = u.entries;
         m.interest = u.interest;
         m.floor = u.floor;
+        m.last_d = u.last_d;
         self.membership_changed = true;
     }
     pub fn new(cfg: CoordinatorConfig, facilities: Vec<Facility>) -> Self {
@@ -1141,15 +1143,7 @@ impl Coordinator {
         }
         self.check_entries(&j.entries)?;
         let nf = self.facilities.len() as u32;
-        if j.last_d
-            .iter()
-            .any(|e| e.facility >= nf || !e.d.is_finite() || !(e.rho.is_finite() && e.rho > 0.0))
-        {
-            return Err(
-                "last_d must name known facilities with finite values and positive penalties"
-                    .into(),
-            );
-        }
+        Self::check_last_d(&j.last_d, nf)?;
         if !j.interest.windows(2).all(|w| w[0] < w[1]) || j.interest.iter().any(|&f| f >= nf) {
             return Err("interest must name known facilities in ascending order".into());
         }
@@ -1367,6 +1361,9 @@ impl Coordinator {
                 let sums = self.sums();
                 self.admm.set_counts(&counts);
                 if self.started {
+                    // A live host's `Update` may bring the terms it stepped with under a
+                    // previous coordinator, for facilities this one has not priced yet.
+                    self.restore_duals();
                     self.admm.set_sums(&sums);
                 } else {
                     // Cold start, as the in-process engine: a full update on the first sums;
@@ -1409,14 +1406,31 @@ impl Coordinator {
         }
     }
 
+    fn check_last_d(last_d: &[FacilityTerm], nf: u32) -> Result<(), String> {
+        if last_d
+            .iter()
+            .any(|e| e.facility >= nf || !e.d.is_finite() || !(e.rho.is_finite() && e.rho > 0.0))
+        {
+            return Err(
+                "last_d must name known facilities with finite values and positive penalties"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
     /// After a coordinator restart: the price `ρ_f·d_f` from the freshest report per
     /// facility, exact at convergence (`d_f = (u_f + s_f − y_f)/n_f` with `s_f = y_f`), and
     /// its penalty where penalties adapt. Prices thus survive the restart instead of climbing
-    /// again from zero.
+    /// again from zero. Only facilities this coordinator has not priced yet take a report:
+    /// once it steps a facility, its own dual is fresher than any member's memory.
     fn restore_duals(&mut self) {
         let mut best: Vec<Option<(u64, FacilityTerm)>> = vec![None; self.facilities.len()];
         for m in self.members.values() {
-            for t in &m.last_d {
+            for t in m.last_d.iter().filter(|t| {
+                let st = &self.admm.facilities[t.facility as usize];
+                st.n > 0 && !st.priced
+            }) {
                 let b = &mut best[t.facility as usize];
                 if b.is_none_or(|(it, _)| m.entries_iteration > it) {
                     *b = Some((m.entries_iteration, *t));

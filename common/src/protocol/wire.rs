@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 /// `Facilities`.
 /// Version 5 gives every facility its own penalty: a `Round` carries `(d_f, ρ_f)` per facility
 /// and a `Join` the terms the agent last stepped with.
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;
 pub const MAGIC: [u8; 2] = *b"DR";
 pub const HEADER_LEN: usize = 8;
 /// Hard limit on a payload: a host reports at most k facilities, so real messages are a few
@@ -80,6 +80,11 @@ pub struct UpdateMsg {
     pub entries: Vec<(u32, f64)>,
     pub interest: Vec<u32>,
     pub floor: Vec<(u32, f64)>,
+    /// As in [`Join`], in this coordinator's facility numbers: the terms the host stepped
+    /// with under its previous coordinator, matched by facility id, so a restarted
+    /// coordinator resumes the prices (a live `Join` precedes the facility table and cannot
+    /// carry them).
+    pub last_d: Vec<FacilityTerm>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
