@@ -2,7 +2,7 @@
 //! unmodified `ib_write_bw` programs as apps no configuration names. The live problem is
 //! learned as they run: both writers into h1 get grants whose sum the receive link h1 binds
 //! (softrnic's counters confirm the bytes), a third app on h2 shares h2's budget, a stopped
-//! app leaves, the snapshot is an instance `solve` reads, and killing the coordinator and an
+//! app leaves, a reader's bytes load its own receive link, the snapshot is an instance `solve` reads, and killing the coordinator and an
 //! agent neither stops the apps nor keeps the loop from converging again. Nothing is left
 //! behind.
 //!
@@ -44,17 +44,20 @@ impl Cluster {
     /// `ib_write_bw` of 64 KiB messages for `secs` as app `app`: a server on h1 on `port`
     /// and a client on `host`.
     fn writer(&self, app: &str, host: &str, port: &str, secs: &str) -> (Child, Child) {
-        let args = [
-            "ib_write_bw",
-            "-x",
-            "0",
-            "-s",
-            "65536",
-            "-D",
-            secs,
-            "-p",
-            port,
-        ];
+        self.perftest("ib_write_bw", app, host, port, secs)
+    }
+
+    /// `program` (a perftest bandwidth test) of 64 KiB messages for `secs` as app `app`: a
+    /// server on h1 on `port` and a client on `host`.
+    fn perftest(
+        &self,
+        program: &str,
+        app: &str,
+        host: &str,
+        port: &str,
+        secs: &str,
+    ) -> (Child, Child) {
+        let args = [program, "-x", "0", "-s", "65536", "-D", secs, "-p", port];
         let mut s = self.cmd();
         s.args([
             "exec",
@@ -203,6 +206,27 @@ fn a_cluster_learns_its_apps_binds_receive_links_and_survives_its_daemons() {
     wait_for(&c, Duration::from_secs(30), "writer-c gone", |s| {
         !apps(s).iter().any(|a| a.1 == "writer-c")
     });
+
+    // Byte shares: what an `ib_read_bw` client on h3 reads from h1 comes back over h3's own
+    // receive link, so that link, not h1's, carries its coefficient.
+    let (mut sr, mut cr) = c.perftest("ib_read_bw", "reader", "h3", "18905", "10");
+    let s = wait_for(
+        &c,
+        Duration::from_secs(30),
+        "the reader's bytes on its own link",
+        |s| {
+            let (rx_h1, rx_h3) = (facility(s, "rx:h1"), facility(s, "rx:h3"));
+            apps(s).iter().any(|a| {
+                let on = |f: u64| a.4.iter().find(|u| u.0 == f).map_or(0.0, |u| u.1);
+                a.1 == "reader" && on(rx_h3) > 0.9 && on(rx_h1) < 0.1
+            })
+        },
+    );
+    eprintln!("reader: {:?}", apps(&s).iter().find(|a| a.1 == "reader"));
+    for p in [&mut cr, &mut sr] {
+        let _ = p.kill();
+        let _ = p.wait();
+    }
 
     // The live problem as an instance file, which `solve` reads.
     let snap = dir.join("snapshot.json");
