@@ -1,6 +1,9 @@
 //! The per-application utility of DESIGN.md §3 and its derivatives.
 //!
-//! `U(x) = w·x^(1−α)/(1−α) − β/(a·x)²` (`w·ln x` for α = 1). Because rates are fractions of line
+//! `U(x) = w·x^(1−α)/(1−α) − β/x²` (`w·ln x` for α = 1). The DRUM paper's CQ utility is
+//! `−β/(a·x)²` with the polling rate `a·x`; this model drops `a` from it, so that an app
+//! cannot gain rate by signalling fewer of its work requests (docs/model.md, "The polling
+//! term"); `a` still counts against the host's polling budget. Because rates are fractions of line
 //! rate, `U` is negative for every α ≥ 1, so "how much does activating this app add" cannot be
 //! `U` itself (parking every app would look best, and heavier apps would look worse). Selection
 //! therefore ranks by the *activation value* `V(x) = U(x) − w·x_min^(1−α)/(1−α)`, which is `U`
@@ -35,8 +38,7 @@ impl Utility {
 
     /// `U(x)`, the objective's term for an active app at rate `x > 0`.
     pub fn value(&self, x: f64) -> f64 {
-        let ax = self.a * x;
-        self.rate_term(x) - self.shape.beta / (ax * ax)
+        self.rate_term(x) - self.shape.beta / (x * x)
     }
 
     /// `V(x) = U(x) − U_rate(x_min)`: what activating the app at rate `x` adds.
@@ -56,7 +58,7 @@ impl Utility {
         } else {
             self.w * x.powf(-self.shape.alpha)
         };
-        rate + 2.0 * self.shape.beta / (self.a * self.a * x * x * x)
+        rate + 2.0 * self.shape.beta / (x * x * x)
     }
 
     /// `U''(x) < 0`.
@@ -67,7 +69,7 @@ impl Utility {
             -self.shape.alpha * self.w * x.powf(-self.shape.alpha - 1.0)
         };
         let x2 = x * x;
-        rate - 6.0 * self.shape.beta / (self.a * self.a * x2 * x2)
+        rate - 6.0 * self.shape.beta / (x2 * x2)
     }
 
     /// A cheap guess of the root of `U'(x) = c`, exact when β = 0.
@@ -115,8 +117,29 @@ mod tests {
                 assert!(u.d1(x) > 0.0 && u.d2(x) < 0.0);
             }
             let floor = u.shape.x_min;
-            let beta_part = -u.shape.beta / (u.a * floor).powi(2);
+            let beta_part = -u.shape.beta / (floor * floor);
             assert!((u.activation_value(floor) - beta_part).abs() < 1e-9);
+        }
+    }
+
+    /// Signalling fewer work requests (a smaller `a`) buys no rate: the marginal utility,
+    /// which sets the rate at a given price, does not depend on `a`. The paper's
+    /// `−β/(a x)²` gave an app signalling one WR in a hundred 10⁴ times the polling term's
+    /// marginal, and with it most of a shared link.
+    #[test]
+    fn the_marginal_utility_does_not_reward_signalling_less() {
+        let u = |a| Utility {
+            w: 1.0,
+            a,
+            shape: Shape {
+                alpha: 1.0,
+                beta: 1e-4,
+                x_min: 0.005,
+            },
+        };
+        for x in [0.01, 0.1, 0.5, 1.0] {
+            assert_eq!(u(0.01).d1(x), u(1.0).d1(x), "x = {x}");
+            assert_eq!(u(0.01).value(x), u(1.0).value(x), "x = {x}");
         }
     }
 

@@ -68,8 +68,8 @@ fn clarabel_optimum(p: &Problem) -> (f64, Vec<f64>) {
             push(&mut rows, &mut b, &[], 1.0);
             cones.push(SupportedConeT::PowerConeT(1.0 / alpha));
         }
-        // r ≥ 1/x², i.e. r^(1/3)·x^(2/3) ≥ 1; minimise β/a²·r.
-        q[ri(j)] = beta / (pair.cqe_per_wqe * pair.cqe_per_wqe);
+        // r ≥ 1/x², i.e. r^(1/3)·x^(2/3) ≥ 1; minimise β·r.
+        q[ri(j)] = beta;
         push(&mut rows, &mut b, &[(ri(j), -1.0)], 0.0);
         push(&mut rows, &mut b, &[(xi(j), -1.0)], 0.0);
         push(&mut rows, &mut b, &[], 1.0);

@@ -206,6 +206,9 @@ impl Cluster {
             qp_budget: Layout::qp_budget_for(
                 Layout::qp_cache(softrnic_args).map_err(anyhow::Error::msg)?,
             ),
+            gate_quantum_us: Layout::gate_quantum_us_for(
+                Layout::qp_miss_ns(softrnic_args).map_err(anyhow::Error::msg)?,
+            ),
             dir: &self.dir,
         };
         run(Command::new(self.tool("drum-coordinator")?)

@@ -11,6 +11,10 @@ pub const COORDINATOR_PORT: u16 = 7400;
 pub const ADMIN: &str = "127.0.0.1:9464";
 /// `softrnic up`'s default QP-context cache.
 const SOFTRNIC_QP_CACHE: u64 = 20;
+/// `softrnic up`'s default cost of a QP-context cache miss, in ns.
+const SOFTRNIC_QP_MISS_NS: u64 = 1000;
+/// The shim's gate quantum on a real NIC (1 ms) over its QP-context miss cost (≈ 0.5 µs).
+const QUANTUM_PER_MISS: u64 = 2000;
 
 /// What the configuration of one cluster depends on.
 pub struct Layout<'a> {
@@ -20,6 +24,8 @@ pub struct Layout<'a> {
     pub line_rate_gbps: f64,
     /// Each agent's budget of QPs with work on the NIC ([`Layout::qp_budget_for`]; 0: none).
     pub qp_budget: u64,
+    /// How long a QP keeps its gate slot while others wait ([`Layout::gate_quantum_us_for`]).
+    pub gate_quantum_us: u64,
     /// The state directory (absolute), where certificates and sockets live.
     pub dir: &'a Path,
 }
@@ -61,28 +67,34 @@ impl Layout<'_> {
              [shim]\n\
              socket = \"{host}/shim.sock\"\n\
              line_rate_gbps = {rate}\n\
-             qp_budget = {qps}\n",
+             qp_budget = {qps}\n\
+             quantum_us = {quantum}\n",
             coordinator = self.coordinator(),
             rate = self.line_rate_gbps,
             qps = self.qp_budget,
+            quantum = self.gate_quantum_us,
         )
     }
 
     /// The QP-context cache `softrnic up` gets from `args` (`--qp-cache N`, else softrnic's
     /// default of 20): what an operator would tell the agent of its NIC.
     pub fn qp_cache(args: &[String]) -> Result<u64, String> {
-        let mut value = None;
-        for (i, a) in args.iter().enumerate() {
-            if let Some(v) = a.strip_prefix("--qp-cache=") {
-                value = Some(v.to_string());
-            } else if a == "--qp-cache" {
-                value = Some(args.get(i + 1).cloned().unwrap_or_default());
-            }
-        }
-        value.map_or(Ok(SOFTRNIC_QP_CACHE), |v| {
-            v.parse()
-                .map_err(|_| format!("--qp-cache wants a number of QPs, got {v:?}"))
-        })
+        softrnic_number(args, "--qp-cache", SOFTRNIC_QP_CACHE)
+    }
+
+    /// The cost of a QP-context miss `softrnic up` gets from `args` (`--qp-miss-ns`).
+    pub fn qp_miss_ns(args: &[String]) -> Result<u64, String> {
+        softrnic_number(args, "--qp-miss-ns", SOFTRNIC_QP_MISS_NS)
+    }
+
+    /// The shims' gate quantum for a NIC whose QP-context miss costs `miss_ns`: the ratio a
+    /// real NIC has to the shim's default (1 ms against ≈ 0.5 µs), at least that default.
+    /// Every hand-over of a slot costs a miss on both NICs, so on a time-dilated NIC an
+    /// undilated quantum spends the NIC on misses: a 64-QP `ib_write_bw` of 1 KiB gated to
+    /// 10 slots next to a bandwidth victim caused 49,245 misses on the responder in 8 s with
+    /// 1 ms on the dilated NIC (100 µs a miss), 1,562 with 200 ms (2026-11-26).
+    pub fn gate_quantum_us_for(miss_ns: u64) -> u64 {
+        (miss_ns.saturating_mul(QUANTUM_PER_MISS) / 1000).max(1000)
     }
 
     /// The agents' QP budget for a QP-context cache of `cache`: half of it. A gate as large
@@ -98,6 +110,23 @@ impl Layout<'_> {
     pub fn shim_socket(&self, host: &str) -> std::path::PathBuf {
         self.dir.join(host).join("shim.sock")
     }
+}
+
+/// The value of `softrnic up`'s option `name` in `args` (`--name N` or `--name=N`), else
+/// `default`.
+fn softrnic_number(args: &[String], name: &str, default: u64) -> Result<u64, String> {
+    let mut value = None;
+    for (i, a) in args.iter().enumerate() {
+        if let Some(v) = a.strip_prefix(name).and_then(|v| v.strip_prefix('=')) {
+            value = Some(v.to_string());
+        } else if a == name {
+            value = Some(args.get(i + 1).cloned().unwrap_or_default());
+        }
+    }
+    value.map_or(Ok(default), |v| {
+        v.parse()
+            .map_err(|_| format!("{name} wants a whole number, got {v:?}"))
+    })
 }
 
 #[cfg(test)]
@@ -116,6 +145,7 @@ mod tests {
             hosts,
             line_rate_gbps: 25.0,
             qp_budget: 20,
+            gate_quantum_us: 1000,
             dir,
         }
     }
@@ -141,6 +171,21 @@ mod tests {
     }
 
     #[test]
+    fn the_gate_quantum_follows_the_nics_miss_cost() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(Layout::qp_miss_ns(&args(&[])), Ok(1000));
+        assert_eq!(
+            Layout::qp_miss_ns(&args(&["--qp-miss-ns=100000"])),
+            Ok(100_000)
+        );
+        assert!(Layout::qp_miss_ns(&args(&["--qp-miss-ns", "x"])).is_err());
+        assert_eq!(Layout::gate_quantum_us_for(100_000), 200_000);
+        assert_eq!(Layout::gate_quantum_us_for(500), 1000);
+        assert_eq!(Layout::gate_quantum_us_for(0), 1000);
+        assert_eq!(Layout::gate_quantum_us_for(u64::MAX), u64::MAX / 1000);
+    }
+
+    #[test]
     fn each_agent_has_its_own_certificate_and_socket() {
         let l = layout(Path::new("/run/x"));
         let a = l.agent_toml("h2");
@@ -150,6 +195,7 @@ mod tests {
             "socket = \"h2/shim.sock\"\n",
             "line_rate_gbps = 25\n",
             "qp_budget = 20\n",
+            "quantum_us = 1000\n",
         ] {
             assert!(a.contains(want), "{want} in {a}");
         }
