@@ -19,21 +19,26 @@ use std::time::{Duration, Instant};
 const MIN_INTERVAL: Duration = Duration::from_millis(200);
 const SMOOTHING: f64 = 0.5;
 
-/// WQEs an app's shims deferred so far (cumulative), hold now, and have on the NIC now.
+/// WQEs an app's shims deferred so far (cumulative), hold now, and have on the NIC now; and
+/// its polls that found completions the polling grant held back (cumulative).
 #[derive(Clone, Copy, Debug, Default)]
 struct Held {
     deferred: u64,
     queued: u64,
     on_nic: u64,
+    polls: u64,
 }
 
 impl Held {
     /// Whether the app wanted more than it got since the `before` reading: its shims queue
-    /// work now, deferred some since, or it has a backlog on the NIC.
+    /// work now, deferred some since, it has a backlog on the NIC, or its polling grant held
+    /// completions back since. The last one matters for an app that keeps one request in
+    /// flight: it never queues, but at the floor rate its polling grant limits how many
+    /// requests it completes; counted as satisfied, it stayed at the floor for good.
     fn holds_back(&self, before: Option<Held>) -> bool {
         self.queued > 0
             || self.on_nic >= NIC_BACKLOG
-            || before.is_some_and(|b| self.deferred > b.deferred)
+            || before.is_some_and(|b| self.deferred > b.deferred || self.polls > b.polls)
     }
 }
 
@@ -116,6 +121,7 @@ impl DemandFeed {
             held.deferred += u.deferred_wqes;
             held.queued += u.queued_wqes;
             held.on_nic += u.nic_outstanding_wqes;
+            held.polls += u.held_polls;
         }
         let mut held_back = BTreeMap::new();
         for (app, s) in &sent {
@@ -178,5 +184,9 @@ mod tests {
             ..idle
         }
         .holds_back(Some(idle)));
+        // Completions the polling grant held back since the last reading.
+        let held_polls = Held { polls: 3, ..idle };
+        assert!(held_polls.holds_back(Some(idle)));
+        assert!(!held_polls.holds_back(Some(held_polls)), "none held since");
     }
 }

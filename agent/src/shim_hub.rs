@@ -216,6 +216,8 @@ pub struct ShimUsage {
     pub rate_cqe_per_s: u64,
     /// WRs on the NIC not known to be complete (a gauge; 0 where the shim tracks none).
     pub nic_outstanding_wqes: u64,
+    /// Polls that found completions the polling grant held back (cumulative).
+    pub held_polls: u64,
 }
 
 /// A DASR cap in force for this host's shims.
@@ -479,6 +481,7 @@ impl ShimHub {
                     applied_generation: s.applied_generation.load(Relaxed),
                     rate_cqe_per_s: t.grant.rate_cqe_per_s.load(Relaxed),
                     nic_outstanding_wqes: s.nic_outstanding_wqes.load(Relaxed),
+                    held_polls: s.held_polls.load(Relaxed),
                 }
             })
             .collect()

@@ -477,6 +477,7 @@ fn report(t: &Table) {
         .store(STATS.queue_delay_ns.load(Relaxed), Relaxed);
     s.queued_wqes.store(tot.queued_wqes, Relaxed);
     s.nic_outstanding_wqes.store(tot.outstanding_wqes, Relaxed);
+    s.held_polls.store(STATS.held_polls.load(Relaxed), Relaxed);
     s.deferred_post_errors
         .store(STATS.deferred_post_errors.load(Relaxed), Relaxed);
     s.qps.store(tot.qps, Relaxed);

@@ -89,6 +89,9 @@ pub struct Stats {
     pub deferred_post_errors: AtomicU64,
     pub dropped_wqes: AtomicU64,
     pub unqueueable_wqes: AtomicU64,
+    /// Polls that found completions the polling grant held back: the app wanted them
+    /// sooner than its grant lets it have them, which the agent counts as demand.
+    pub held_polls: AtomicU64,
 }
 
 pub static STATS: Stats = Stats {
@@ -98,6 +101,7 @@ pub static STATS: Stats = Stats {
     deferred_post_errors: AtomicU64::new(0),
     dropped_wqes: AtomicU64::new(0),
     unqueueable_wqes: AtomicU64::new(0),
+    held_polls: AtomicU64::new(0),
 };
 
 /// WRs held back in all software queues of the process.
@@ -749,7 +753,7 @@ pub fn summary(queued: u64) -> String {
     format!(
         "extended_verbs={} wr_api_qps={} governed={} grant_generation={} rate_bytes_per_s={} rate_wqe_per_s={} rate_cqe_per_s={} max_active_qps={} \
          direct_wqes={} deferred_wqes={} queue_delay_us={} queued_wqes={} deferred_post_errors={} \
-         dropped_wqes={}",
+         dropped_wqes={} held_polls={}",
         crate::extended::USES.load(Relaxed),
         crate::wr_api::WRAPPED_QPS.load(Relaxed),
         if LIMITS.active.load(Relaxed) {
@@ -768,5 +772,6 @@ pub fn summary(queued: u64) -> String {
         queued,
         STATS.deferred_post_errors.load(Relaxed),
         STATS.dropped_wqes.load(Relaxed),
+        STATS.held_polls.load(Relaxed),
     )
 }

@@ -492,6 +492,9 @@ impl Vcq {
             crate::follow(st, &unfollowed);
             crate::follow(st, direct);
         }
+        if held {
+            govern::STATS.held_polls.fetch_add(1, Relaxed);
+        }
         Polled {
             rc: rc.unwrap_or(got as c_int),
             held,
@@ -523,6 +526,7 @@ impl Vcq {
         let now = govern::now_ps();
         let metered = govern::completions_metered();
         if metered && govern::completion_allowance(now, 1).unwrap_or(0) == 0 {
+            govern::STATS.held_polls.fetch_add(1, Relaxed);
             inner.backlog = true;
             let look_again = inner.armed && self.channel.is_some();
             drop(inner);

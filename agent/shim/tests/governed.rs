@@ -112,6 +112,10 @@ fn polling_grant_meters_completions_for_polling_and_event_driven_programs() {
         let s = summary(&out, "vcq_probe");
         assert_eq!(s["rate_cqe_per_s"], 1000, "{s:?}");
         assert!(s["delayed_cq_events"] > 0, "{}", text(&out));
+        assert!(
+            s["held_polls"] > 0,
+            "the grant held completions back: {s:?}"
+        );
         probe_rate(&out, "vcq_probe")
     });
     report.push(format!("vcq_probe: {rates:.0?}/s"));

@@ -73,6 +73,10 @@ pub struct ShimFields {
     /// (those it governs): a deep backlog means the NIC, not the app, limits its rate. Added
     /// at the end of table version 2; a shim that predates it leaves it 0.
     pub nic_outstanding_wqes: AtomicU64,
+    /// Polls that found completions the polling grant held back (cumulative): the app
+    /// wants more than its grant even when it queues nothing. Added at the end of table
+    /// version 2, like the field above.
+    pub held_polls: AtomicU64,
 }
 
 #[repr(C)]
