@@ -7,7 +7,7 @@
 //! the instance's values.
 
 use crate::shim_hub::ShimHub;
-use drum_common::demand::{cqe_per_wqe, demand_cap, CqeMeter, UsageMeter, WqeCounts};
+use drum_common::demand::{cqe_per_wqe, demand_cap, CqeMeter, HeldBack, UsageMeter, WqeCounts};
 use drum_common::live::{NEW_APP_CQE_PER_WQE, NEW_APP_DEMAND};
 use drum_common::model::Problem;
 use drum_common::protocol::agent::AgentCore;
@@ -30,15 +30,22 @@ struct Held {
 }
 
 impl Held {
-    /// Whether the app wanted more than it got since the `before` reading: its shims queue
-    /// work now, deferred some since, it has a backlog on the NIC, or its polling grant held
-    /// completions back since. The last one matters for an app that keeps one request in
-    /// flight: it never queues, but at the floor rate its polling grant limits how many
-    /// requests it completes; counted as satisfied, it stayed at the floor for good.
-    fn holds_back(&self, before: Option<Held>) -> bool {
-        self.queued > 0
+    /// What held the app back since the `before` reading: its work, if its shims queue work
+    /// now, deferred some since or it has a backlog on the NIC; else its completions, if its
+    /// polling grant held some back since. The last one matters for an app that keeps one
+    /// request in flight: it never queues, but at the floor rate its polling grant limits how
+    /// many requests it completes; counted as satisfied, it stayed at the floor for good.
+    fn holds_back(&self, before: Option<Held>) -> HeldBack {
+        if self.queued > 0
             || self.on_nic >= NIC_BACKLOG
-            || before.is_some_and(|b| self.deferred > b.deferred || self.polls > b.polls)
+            || before.is_some_and(|b| self.deferred > b.deferred)
+        {
+            HeldBack::Work
+        } else if before.is_some_and(|b| self.polls > b.polls) {
+            HeldBack::Completions
+        } else {
+            HeldBack::No
+        }
     }
 }
 
@@ -146,7 +153,7 @@ impl DemandFeed {
                 .active
                 .binary_search(&p)
                 .map_or(self.parked_rate, |i| hs.x[i]);
-            let held = held_back.get(app).copied().unwrap_or(false);
+            let held = held_back.get(app).copied().unwrap_or(HeldBack::No);
             let demand = demand_cap(cap, granted, self.meter.rate(app), x_min, held);
             let grant = sent.get(app).map(|s| s.2 as f64);
             let a = cqe_per_wqe(self.cqes.cqe_per_wqe(app), self.polled.rate(app), grant, a)
@@ -163,30 +170,33 @@ mod tests {
 
     #[test]
     fn an_app_is_held_back_by_its_shim_or_by_a_backlog_on_the_nic() {
+        use HeldBack::{Completions, No, Work};
         let idle = Held::default();
-        assert!(!idle.holds_back(Some(idle)));
+        assert_eq!(idle.holds_back(Some(idle)), No);
         let queued = Held { queued: 1, ..idle };
-        assert!(queued.holds_back(None));
+        assert_eq!(queued.holds_back(None), Work);
         let deferred = Held {
             deferred: 5,
             ..idle
         };
-        assert!(deferred.holds_back(Some(idle)));
-        assert!(
-            !deferred.holds_back(Some(deferred)),
+        assert_eq!(deferred.holds_back(Some(idle)), Work);
+        assert_eq!(
+            deferred.holds_back(Some(deferred)),
+            No,
             "nothing deferred since"
         );
         // One or two WRs in flight: a latency-bound app, not held back.
-        assert!(!Held { on_nic: 2, ..idle }.holds_back(Some(idle)));
+        assert_eq!(Held { on_nic: 2, ..idle }.holds_back(Some(idle)), No);
         // A send queue full on the NIC (perftest's 128): the NIC limits it, not its demand.
-        assert!(Held {
+        let full = Held {
             on_nic: 127,
             ..idle
-        }
-        .holds_back(Some(idle)));
-        // Completions the polling grant held back since the last reading.
-        let held_polls = Held { polls: 3, ..idle };
-        assert!(held_polls.holds_back(Some(idle)));
-        assert!(!held_polls.holds_back(Some(held_polls)), "none held since");
+        };
+        assert_eq!(full.holds_back(Some(idle)), Work);
+        // Completions the polling grant held back since the last reading; work wins.
+        let polls = Held { polls: 3, ..idle };
+        assert_eq!(polls.holds_back(Some(idle)), Completions);
+        assert_eq!(polls.holds_back(Some(polls)), No, "none held since");
+        assert_eq!(Held { polls: 3, ..full }.holds_back(Some(idle)), Work);
     }
 }

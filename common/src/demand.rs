@@ -15,14 +15,34 @@ pub const SATURATED: f64 = 0.9;
 /// The cap of an app below its grant: its usage times this.
 pub const HEADROOM: f64 = 1.25;
 
+/// What held an app back since the last reading, if anything.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeldBack {
+    /// Nothing: its usage is what it wants.
+    No,
+    /// Its work: the shim's pacer or gate made WQEs wait, or the NIC holds a backlog of
+    /// them. It wants more than its grant, by an unknown amount.
+    Work,
+    /// Only its completions: its polling grant, which follows its rate grant, delivered
+    /// fewer than were there. An app with one request in flight never queues work, so this
+    /// is how it shows that it wants more.
+    Completions,
+}
+
+/// The growth of the cap, per reading, of an app held back only by its polling grant: its
+/// rate grant doubles until the polling grant that follows it no longer binds. Not the
+/// instance's cap at once: such an app (a latency-bound one) uses little of its rate grant,
+/// and a grant it does not use is taken from the others.
+pub const POLL_GROWTH: f64 = 2.0;
+
 /// The demand cap for one app: `instance_cap` while its measured rate reaches
-/// [`SATURATED`] of its grant, while the shim `held_back` some of its work since the last
-/// reading (its pacer or gate made WQEs wait: it wants more than its grant), or while
-/// nothing is measured; else the measured rate with [`HEADROOM`], kept within
+/// [`SATURATED`] of its grant, while its work was held back ([`HeldBack::Work`]), or while
+/// nothing is measured; else the measured rate with [`HEADROOM`] — at least
+/// [`POLL_GROWTH`] times its grant if its polling grant held completions back — kept within
 /// `[x_min, instance_cap]`. Rates are fractions of line rate.
 ///
-/// Without `held_back`, an app paced below what it asks for (one that posts a batch and
-/// waits for a completion reaches well under its grant) measured under 90 % of its grant,
+/// Without the held-back rule, an app paced below what it asks for (one that posts a batch
+/// and waits for a completion reaches well under its grant) measured under 90 % of its grant,
 /// got a cap of its rate × 1.25, was paced lower, and so on down to `x_min`: drum-kv's
 /// background clients ended at 1 % of the line with the link otherwise idle.
 pub fn demand_cap(
@@ -30,11 +50,18 @@ pub fn demand_cap(
     granted: f64,
     measured: Option<f64>,
     x_min: f64,
-    held_back: bool,
+    held: HeldBack,
 ) -> f64 {
     match measured {
-        Some(m) if !held_back && m.is_finite() && m >= 0.0 && m < SATURATED * granted => {
-            (m * HEADROOM).max(x_min).min(instance_cap)
+        Some(m)
+            if held != HeldBack::Work && m.is_finite() && m >= 0.0 && m < SATURATED * granted =>
+        {
+            let grow = if held == HeldBack::Completions {
+                granted * POLL_GROWTH
+            } else {
+                0.0
+            };
+            (m * HEADROOM).max(grow).max(x_min).min(instance_cap)
         }
         _ => instance_cap,
     }
@@ -219,18 +246,24 @@ mod tests {
 
     #[test]
     fn caps_follow_usage_below_the_grant_and_release_when_saturated() {
+        use HeldBack::{Completions, No, Work};
         let cap = |g, m, held| demand_cap(0.8, g, m, 0.01, held);
-        assert_eq!(cap(0.4, None, false), 0.8, "nothing measured");
-        assert_eq!(cap(0.4, Some(0.39), false), 0.8, "saturated");
-        assert!((cap(0.4, Some(0.1), false) - 0.125).abs() < 1e-12);
-        assert_eq!(cap(0.4, Some(0.1), true), 0.8, "held back by the shim");
-        assert_eq!(cap(0.4, Some(0.0), false), 0.01, "floor");
+        assert_eq!(cap(0.4, None, No), 0.8, "nothing measured");
+        assert_eq!(cap(0.4, Some(0.39), No), 0.8, "saturated");
+        assert!((cap(0.4, Some(0.1), No) - 0.125).abs() < 1e-12);
+        assert_eq!(cap(0.4, Some(0.1), Work), 0.8, "held back by the shim");
+        assert_eq!(cap(0.4, Some(0.0), No), 0.01, "floor");
         assert_eq!(
-            demand_cap(0.1, 0.9, Some(0.5), 0.01, false),
+            demand_cap(0.1, 0.9, Some(0.5), 0.01, No),
             0.1,
             "never above the instance"
         );
-        assert_eq!(cap(0.4, Some(f64::NAN), false), 0.8);
+        assert_eq!(cap(0.4, Some(f64::NAN), No), 0.8);
+        // Held back by its polling grant only: the cap doubles from the grant, not to the
+        // instance's cap (a latency-bound app at the floor uses 72 % of it).
+        assert_eq!(cap(0.01, Some(0.0072), Completions), 0.02);
+        assert!((cap(0.4, Some(0.1), Completions) - 0.8).abs() < 1e-12);
+        assert!((cap(0.05, Some(0.01), Completions) - 0.1).abs() < 1e-12);
     }
 
     #[test]
