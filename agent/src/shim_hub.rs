@@ -1450,6 +1450,95 @@ mod tests {
         wait_for(|| gate(&a) == 20);
     }
 
+    /// A shim that writes garbage over its whole table (4 KiB of pseudo-random words,
+    /// extremes among them) changes no other app's grant, and the agent neither crashes nor
+    /// stops serving: the other app's rate, polling grant and QP gate stay what they were
+    /// (the victim holds fewer QPs than its share of the host's budget, which any claim of
+    /// the attacker's, bounded by what the agent tracks, leaves it), and status and metrics
+    /// still render.
+    #[test]
+    fn garbage_in_one_table_changes_no_other_apps_grant() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = ShimHub::start(
+            ShimSettings {
+                qp_budget: 20,
+                ..settings(dir.path())
+            },
+            None,
+        )
+        .unwrap();
+        let me = std::process::id();
+        let (victim, attacker) = (connect(hub.socket()), connect(hub.socket()));
+        let (_, fd) = hello(&victim, me, "victim");
+        let v = Mapping::open(fd.unwrap().as_raw_fd()).unwrap();
+        let (_, fd) = hello(&attacker, me, "attacker");
+        let a = Mapping::open(fd.unwrap().as_raw_fd()).unwrap();
+        let up = |fd: &OwnedFd, qpn: u32| {
+            let m = ShimMsg::QpUp {
+                qpn,
+                peer: [7; 16],
+                peer_qpn: 1,
+            }
+            .encode();
+            socket::send(fd.as_raw_fd(), m.as_bytes()).unwrap();
+        };
+        for qpn in 0..3 {
+            up(&victim, qpn);
+        }
+        up(&attacker, 1);
+        let decide = || {
+            hub.set_rates(&[
+                AppDecision {
+                    cqe_per_wqe: 2.0,
+                    ..decided("victim", true, 0.4)
+                },
+                decided("attacker", true, 0.4),
+            ])
+        };
+        v.table().shim.send_wqes.store(1000, Relaxed);
+        v.table().shim.send_bytes.store(1000 * 4096, Relaxed);
+        decide();
+        wait_for(|| v.table().read_grant().unwrap().max_active_qps == 3);
+        let before = v.table().read_grant().unwrap();
+        assert!(before.rate_cqe_per_s > 0 && before.rate_bytes_per_s > 0);
+        // SAFETY: the mapping is TABLE_BYTES long and every word of it is an atomic the
+        // shim may store to (a hostile shim stores anything).
+        let words = unsafe {
+            &*(a.table() as *const drum_table::layout::Table
+                as *const [std::sync::atomic::AtomicU64; TABLE_BYTES / 8])
+        };
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for (i, w) in words.iter().enumerate() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            w.store([x, u64::MAX, 0, 1 << 63][i % 4], Relaxed);
+        }
+        // The agent goes on: new decisions, connections, caps, status and metrics.
+        decide();
+        up(&attacker, 2);
+        up(&victim, 2);
+        hub.set_peer_cap([9; 16], 1_000_000, 2);
+        hub.set_peer_cap([9; 16], 0, 0);
+        decide();
+        std::thread::sleep(Duration::from_millis(100));
+        let after = v.table().read_grant().unwrap();
+        assert_eq!(
+            Grant {
+                generation: 0,
+                ..after
+            },
+            Grant {
+                generation: 0,
+                ..before
+            }
+        );
+        assert_eq!(hub.usage().len(), 2);
+        assert!(hub.render_metrics("h").contains("app=\"victim\""));
+        let live = hub.live_apps(Duration::from_secs(1));
+        assert_eq!(live.len(), 2);
+    }
+
     /// The polling grant follows the optimiser: `a·x` in completions per second, for the
     /// WQE size the app's shims have measured, with headroom; nothing before that size is
     /// known, and a parked app's trickle is metered the same way.
