@@ -61,10 +61,17 @@ impl Layout<'_> {
              [shim]\n\
              socket = \"{host}/shim.sock\"\n\
              line_rate_gbps = {rate}\n\
-             qp_budget = {qps}\n",
+             qp_budget = {qps}\n\
+             # Programs on this host that use the NIC without the shim (docs/tenants.md): the\n\
+             # hosts share one kernel, so only this host's network namespace, and softrnic's\n\
+             # per-process counters say what they send.\n\
+             [shim.ungoverned]\n\
+             same_netns = true\n\
+             nic_counters = {counters:?}\n",
             coordinator = self.coordinator(),
             rate = self.line_rate_gbps,
             qps = self.qp_budget,
+            counters = self.dir.join("softrnic/hosts").join(host).join("stats"),
         )
     }
 
@@ -150,6 +157,7 @@ mod tests {
             "socket = \"h2/shim.sock\"\n",
             "line_rate_gbps = 25\n",
             "qp_budget = 20\n",
+            "nic_counters = \"/run/x/softrnic/hosts/h2/stats\"\n",
         ] {
             assert!(a.contains(want), "{want} in {a}");
         }
