@@ -65,10 +65,9 @@ pub struct ShimSettings {
     /// Which app each process is, by the identity the kernel reports (docs/tenants.md).
     #[serde(default)]
     pub tenants: TenantSettings,
-    /// Finding the processes that use the NIC without a shim (docs/tenants.md); none: not
-    /// looked for.
+    /// Finding the processes that use the NIC without a shim (docs/tenants.md).
     #[serde(default)]
-    pub ungoverned: Option<UngovernedSettings>,
+    pub ungoverned: UngovernedSettings,
 }
 
 /// What an operator fixes for one app.
@@ -168,9 +167,7 @@ impl ShimSettings {
             bail!("shim.max_shims must be at least 1");
         }
         self.tenants.validate().map_err(anyhow::Error::msg)?;
-        if let Some(u) = &self.ungoverned {
-            u.validate().map_err(anyhow::Error::msg)?;
-        }
+        self.ungoverned.validate().map_err(anyhow::Error::msg)?;
         for (app, pin) in &self.apps {
             if !drum_table::message::valid_app(app) {
                 bail!("shim.apps.{app:?}: not a valid app name ([A-Za-z0-9._-], ≤ 64)");
@@ -398,8 +395,8 @@ impl ShimHub {
                 .name("shim-heartbeat".into())
                 .spawn(move || heartbeat_loop(s2))?,
         ];
-        if let Some(cfg) = shared.settings.ungoverned.clone() {
-            let s3 = shared.clone();
+        if shared.settings.ungoverned.enabled {
+            let (s3, cfg) = (shared.clone(), shared.settings.ungoverned.clone());
             threads.push(
                 std::thread::Builder::new()
                     .name("shim-scan".into())
@@ -870,6 +867,9 @@ fn heartbeat_loop(sh: Arc<Shared>) {
 
 /// Looks for ungoverned RDMA users every `scan_ms` until the hub stops.
 fn scan_loop(sh: Arc<Shared>, cfg: UngovernedSettings) {
+    if std::fs::read_dir("/proc/1/fd").is_err() {
+        warn!("cannot read other processes' descriptors in /proc (the agent needs root or CAP_SYS_PTRACE): RDMA users outside the agent's own uid are not looked for");
+    }
     let mut scanner = Scanner::default();
     let period = Duration::from_millis(cfg.scan_ms);
     while !sh.stop.load(Relaxed) {
@@ -1164,7 +1164,7 @@ mod tests {
             parked_rate: 0.01,
             max_shims: 2,
             tenants: TenantSettings::default(),
-            ungoverned: None,
+            ungoverned: UngovernedSettings::default(),
             apps: BTreeMap::from([(
                 "pinned".to_string(),
                 AppPin {

@@ -14,6 +14,9 @@ use tracing::warn;
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct UngovernedSettings {
+    /// Whether to look at all.
+    #[serde(default = "d_true")]
+    pub enabled: bool,
     /// How often `/proc` is scanned.
     #[serde(default = "d_scan_ms")]
     pub scan_ms: u64,
@@ -33,6 +36,7 @@ pub struct UngovernedSettings {
 impl Default for UngovernedSettings {
     fn default() -> Self {
         UngovernedSettings {
+            enabled: true,
             scan_ms: d_scan_ms(),
             devices: d_devices(),
             same_netns: false,
@@ -41,6 +45,9 @@ impl Default for UngovernedSettings {
     }
 }
 
+fn d_true() -> bool {
+    true
+}
 fn d_scan_ms() -> u64 {
     1000
 }
