@@ -130,8 +130,9 @@ impl Rates {
 }
 
 /// The smallest change of the host's budget that rebuilds its problem: the measured share
-/// moves a little every scan, and each rebuild restarts the host's rounds.
-pub const BUDGET_STEP: f64 = 0.03;
+/// moves a little every scan, and a rebuild is not free (the host's row is rebuilt and
+/// re-reported, and the optimiser moves to the new budget over some rounds).
+pub const BUDGET_STEP: f64 = 0.05;
 
 /// The host's WQE budget for its governed apps: the configured one less what ungoverned
 /// processes send (fractions of the line rate), never below `floor` (every active app's
