@@ -833,7 +833,11 @@ async fn session(
                         }
                         let floor = l.view.nic.max_active as f64 * l.view.policy.x_min;
                         let budget = ungoverned::host_budget(l.base_budget, seen.ungoverned, floor);
-                        if (budget - l.view.nic.wqe_budget).abs() >= ungoverned::BUDGET_STEP {
+                        // Small moves wait for a step; the configured budget comes back
+                        // whole when the last ungoverned sender stops.
+                        let moved = (budget - l.view.nic.wqe_budget).abs();
+                        let restored = budget == l.base_budget && moved > 0.0;
+                        if moved >= ungoverned::BUDGET_STEP || restored {
                             info!(
                                 wqe_budget = budget,
                                 configured = l.base_budget,
