@@ -121,14 +121,16 @@ impl DemandFeed {
         let mut sent: BTreeMap<String, (u64, WqeCounts, u64, Held)> = BTreeMap::new();
         for u in self.hub.usage() {
             let (bytes, c, grant, held) = sent.entry(u.app).or_default();
-            *bytes += u.send_bytes;
-            c.wqes += u.send_wqes;
-            c.completions += u.completions;
+            // Saturating: the counters are the shim's word, and a table full of garbage
+            // must not overflow the sums of the app's other processes.
+            *bytes = bytes.saturating_add(u.send_bytes);
+            c.wqes = c.wqes.saturating_add(u.send_wqes);
+            c.completions = c.completions.saturating_add(u.completions);
             *grant = (*grant).max(u.rate_cqe_per_s);
-            held.deferred += u.deferred_wqes;
-            held.queued += u.queued_wqes;
-            held.on_nic += u.nic_outstanding_wqes;
-            held.polls += u.held_polls;
+            held.deferred = held.deferred.saturating_add(u.deferred_wqes);
+            held.queued = held.queued.saturating_add(u.queued_wqes);
+            held.on_nic = held.on_nic.saturating_add(u.nic_outstanding_wqes);
+            held.polls = held.polls.saturating_add(u.held_polls);
         }
         let mut held_back = BTreeMap::new();
         for (app, s) in &sent {

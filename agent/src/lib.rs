@@ -9,8 +9,11 @@ pub mod demand_feed;
 pub mod gids;
 pub mod local;
 pub mod metrics;
+pub mod procfs;
 pub mod rate_table;
 pub mod shim_hub;
+pub mod tenants;
+pub mod ungoverned;
 
 use anyhow::{bail, Context, Result};
 use drum_common::admm::HostState;
@@ -385,10 +388,14 @@ pub async fn run_live(
         gids = ?gids.iter().map(drum_table::message::gid_hex).collect::<Vec<_>>(),
         "live problem: no instance; apps come from the shims, facilities from the coordinator"
     );
+    let base_budget = nic.wqe_budget;
     let view = LiveHost::new(&settings.host, nic, gids);
     let problem = view.problem().0;
     let live = LiveState {
+        coordinator_policy: view.policy.clone(),
+        tenant_weights: Default::default(),
         view,
+        base_budget,
         dirty: false,
         last_report: None,
         unknown_logged: Default::default(),
@@ -410,9 +417,34 @@ pub async fn run_live(
 /// be rebuilt, when the host last reported, and the unknown peers already logged.
 struct LiveState {
     view: LiveHost,
+    /// The coordinator's policy as it sent it; `view.policy` is it with the tenant rules'
+    /// weights applied.
+    coordinator_policy: LivePolicy,
+    tenant_weights: std::collections::BTreeMap<String, f64>,
+    /// `[nic] wqe_budget`; `view.nic.wqe_budget` is it less what ungoverned processes send.
+    base_budget: f64,
     dirty: bool,
     last_report: Option<Instant>,
     unknown_logged: std::collections::BTreeSet<(String, Gid)>,
+}
+
+/// What the shim link says for the live problem: the apps, the weights tenant rules give
+/// them, and the share of the line ungoverned processes take.
+#[derive(Default)]
+struct ShimView {
+    apps: Vec<drum_common::live::LiveApp>,
+    weights: std::collections::BTreeMap<String, f64>,
+    ungoverned: f64,
+}
+
+/// The coordinator's policy with the tenant rules' weights: the host's operator decides
+/// what its own users' apps weigh.
+fn with_weights(p: &LivePolicy, weights: &std::collections::BTreeMap<String, f64>) -> LivePolicy {
+    let mut p = p.clone();
+    for (app, &w) in weights {
+        p.set_weight(app, Some(w));
+    }
+    p
 }
 
 /// How often a live host reports its row and grants (for `status` and `snapshot`).
@@ -466,11 +498,15 @@ async fn run_inner(
         core.set_live(&l.view.host);
     }
     let traffic_clock = Instant::now();
-    let live_apps = || -> Vec<drum_common::live::LiveApp> {
+    let live_apps = || -> ShimView {
         let Some(hub) = &hub else {
-            return Vec::new();
+            return ShimView::default();
         };
-        hub.live_apps(traffic_clock.elapsed())
+        ShimView {
+            apps: hub.live_apps(traffic_clock.elapsed()),
+            weights: hub.tenant_weights(),
+            ungoverned: hub.ungoverned_share(),
+        }
     };
     let shard_addrs: Vec<SocketAddr> = std::iter::once(settings.coordinator)
         .chain(options.coordinator_shards.iter().copied())
@@ -707,7 +743,7 @@ async fn session(
     publish: &impl Fn(&Problem, &AgentCore, LinkState),
     presence: &impl Fn(&Problem) -> Option<Vec<bool>>,
     live: &mut Option<LiveState>,
-    live_apps: &impl Fn() -> Vec<drum_common::live::LiveApp>,
+    live_apps: &impl Fn() -> ShimView,
     demand: &mut Option<demand_feed::DemandFeed>,
     stats: &metrics::AgentMetrics,
     shutdown: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
@@ -784,9 +820,31 @@ async fn session(
                         more.extend(core.set_present(problem, present));
                     }
                     if let Some(l) = live.as_mut() {
-                        let apps = live_apps();
-                        if apps != l.view.apps {
-                            l.view.apps = apps;
+                        let seen = live_apps();
+                        if seen.apps != l.view.apps {
+                            l.view.apps = seen.apps;
+                            l.dirty = true;
+                        }
+                        let policy = with_weights(&l.coordinator_policy, &seen.weights);
+                        l.tenant_weights = seen.weights;
+                        if policy != l.view.policy {
+                            l.view.policy = policy;
+                            l.dirty = true;
+                        }
+                        let floor = l.view.nic.max_active as f64 * l.view.policy.x_min;
+                        let budget = ungoverned::host_budget(l.base_budget, seen.ungoverned, floor);
+                        // Small moves wait for a step; the configured budget comes back
+                        // whole when the last ungoverned sender stops.
+                        let moved = (budget - l.view.nic.wqe_budget).abs();
+                        let restored = budget == l.base_budget && moved > 0.0;
+                        if moved >= ungoverned::BUDGET_STEP || restored {
+                            info!(
+                                wqe_budget = budget,
+                                configured = l.base_budget,
+                                ungoverned_share = seen.ungoverned,
+                                "the host's budget less what ungoverned processes send"
+                            );
+                            l.view.nic.wqe_budget = budget;
                             l.dirty = true;
                         }
                         let due = l.last_report.is_none_or(|t| t.elapsed() >= REPORT_PERIOD);
@@ -803,7 +861,8 @@ async fn session(
                             weights = ?p.weights,
                             "the coordinator's policy"
                         );
-                        l.view.policy = p;
+                        l.view.policy = with_weights(&p, &l.tenant_weights);
+                        l.coordinator_policy = p;
                         l.dirty = true;
                     }
                 }

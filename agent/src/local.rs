@@ -7,6 +7,7 @@
 use crate::dasr::{DasrConfig, DasrService};
 use crate::dasr_link;
 use crate::shim_hub::{PeerCapView, ShimHub, ShimSettings, ShimUsage};
+use crate::ungoverned::Ungoverned;
 use anyhow::{Context, Result};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -52,6 +53,8 @@ struct Status<'a> {
     caps: &'a [PeerCapView],
     /// Unique senders counted by this host as a DASR receiver.
     dasr_senders: Option<u32>,
+    /// Processes using the NIC without a registered shim (`[shim.ungoverned]`).
+    ungoverned: &'a [Ungoverned],
 }
 
 fn write_status(path: &Path, hub: &ShimHub, dasr: Option<&DasrService>) -> Result<()> {
@@ -61,6 +64,7 @@ fn write_status(path: &Path, hub: &ShimHub, dasr: Option<&DasrService>) -> Resul
         shims: &hub.usage(),
         caps: &hub.caps(),
         dasr_senders: dasr.map(|d| d.receiver().borrow().n),
+        ungoverned: &hub.ungoverned(),
     })?;
     std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, path)?;

@@ -7,6 +7,9 @@
 //! the heartbeat must keep beating while the async runtime is busy. The state is small and
 //! behind one mutex that no thread holds across a system call that can block.
 
+use crate::procfs;
+use crate::tenants::{Identity, TenantSettings};
+use crate::ungoverned::{Scanner, Ungoverned, UngovernedSettings};
 use anyhow::{bail, Context, Result};
 use drum_common::dasr::Lookahead;
 use drum_common::demand::{poll_grant, MIN_PROFILE_WQES};
@@ -59,6 +62,12 @@ pub struct ShimSettings {
     /// Operator pins per app, overriding the optimiser.
     #[serde(default)]
     pub apps: BTreeMap<String, AppPin>,
+    /// Which app each process is, by the identity the kernel reports (docs/tenants.md).
+    #[serde(default)]
+    pub tenants: TenantSettings,
+    /// Finding the processes that use the NIC without a shim (docs/tenants.md).
+    #[serde(default)]
+    pub ungoverned: UngovernedSettings,
 }
 
 /// What an operator fixes for one app.
@@ -157,6 +166,8 @@ impl ShimSettings {
         if self.max_shims == 0 {
             bail!("shim.max_shims must be at least 1");
         }
+        self.tenants.validate().map_err(anyhow::Error::msg)?;
+        self.ungoverned.validate().map_err(anyhow::Error::msg)?;
         for (app, pin) in &self.apps {
             if !drum_table::message::valid_app(app) {
                 bail!("shim.apps.{app:?}: not a valid app name ([A-Za-z0-9._-], ≤ 64)");
@@ -203,6 +214,12 @@ impl ShimSettings {
 pub struct ShimUsage {
     pub pid: u32,
     pub app: String,
+    /// Who the process is, as the kernel says.
+    pub uid: u32,
+    pub gid: u32,
+    pub cgroup: String,
+    /// The name it asked for (`DRUM_APP` or its executable's), where the policy mapped it.
+    pub requested_app: Option<String>,
     pub send_wqes: u64,
     pub send_bytes: u64,
     pub completions: u64,
@@ -255,6 +272,11 @@ fn name_hash(app: &str) -> u64 {
 struct Conn {
     pid: u32,
     app: String,
+    identity: Identity,
+    /// The name it asked for, when the policy gave it another.
+    requested: Option<String>,
+    /// The weight its tenant rule gives its app.
+    weight: Option<f64>,
     map: Mapping,
     sock: Arc<OwnedFd>,
     /// Connected QPs: QP number → peer GID.
@@ -287,6 +309,8 @@ struct HubState {
     /// registered: they outlive the QPs that carried them, so the sums only grow.
     app_bytes: BTreeMap<String, BTreeMap<[u8; 16], PeerBytes>>,
     shares: TrafficShares,
+    /// What the last scan for ungoverned RDMA users found.
+    ungoverned: Vec<Ungoverned>,
 }
 
 impl HubState {
@@ -311,6 +335,29 @@ impl HubState {
             bytes = bytes.saturating_add(s.send_bytes.load(Relaxed));
         }
         (wqes >= MIN_PROFILE_WQES).then(|| bytes as f64 / wqes as f64)
+    }
+
+    /// The uids of the processes registered as `app`.
+    fn holders(&self, app: &str) -> BTreeSet<u32> {
+        self.conns
+            .values()
+            .filter(|c| c.app == app)
+            .map(|c| c.identity.uid)
+            .collect()
+    }
+
+    /// The weight of `app` on this host: the optimiser's (the coordinator's policy with the
+    /// tenant rules applied), else its tenant rule's, else 1.
+    fn weight(&self, app: &str) -> f64 {
+        self.optimiser
+            .get(app)
+            .map(|d| d.weight)
+            .unwrap_or_else(|| {
+                self.conns
+                    .values()
+                    .find_map(|c| (c.app == app).then_some(c.weight).flatten())
+                    .unwrap_or(1.0)
+            })
     }
 }
 
@@ -342,7 +389,7 @@ impl ShimHub {
         });
         let s1 = shared.clone();
         let s2 = shared.clone();
-        let threads = vec![
+        let mut threads = vec![
             std::thread::Builder::new()
                 .name("shim-accept".into())
                 .spawn(move || accept_loop(s1))?,
@@ -350,6 +397,14 @@ impl ShimHub {
                 .name("shim-heartbeat".into())
                 .spawn(move || heartbeat_loop(s2))?,
         ];
+        if shared.settings.ungoverned.enabled {
+            let (s3, cfg) = (shared.clone(), shared.settings.ungoverned.clone());
+            threads.push(
+                std::thread::Builder::new()
+                    .name("shim-scan".into())
+                    .spawn(move || scan_loop(s3, cfg))?,
+            );
+        }
         Ok(ShimHub { shared, threads })
     }
 
@@ -409,7 +464,12 @@ impl ShimHub {
     /// Prometheus text: registered processes, and per app what its shims report.
     pub fn render_metrics(&self, host: &str) -> String {
         use std::fmt::Write;
-        let esc = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
+        // Prometheus label escaping; an executable's or cgroup's name may hold any byte.
+        let esc = |s: &str| {
+            s.replace('\\', "\\\\")
+                .replace('"', "\\\"")
+                .replace('\n', "\\n")
+        };
         let host = esc(host);
         let usage = self.usage();
         let mut per_app: BTreeMap<&str, [u64; 4]> = BTreeMap::new();
@@ -457,6 +517,48 @@ impl ShimHub {
                 let _ = writeln!(o, "{name}{{host=\"{host}\",app=\"{}\"}} {}", esc(app), v[i]);
             }
         }
+        let mut identities: BTreeMap<(&str, u32, u32, &str), u64> = BTreeMap::new();
+        for u in &usage {
+            *identities
+                .entry((&u.app, u.uid, u.gid, &u.cgroup))
+                .or_default() += 1;
+        }
+        let _ = writeln!(
+            o,
+            "# HELP drum_agent_app_identity_processes Registered processes per app and kernel identity.\n\
+             # TYPE drum_agent_app_identity_processes gauge"
+        );
+        for ((app, uid, gid, cgroup), n) in identities {
+            let _ = writeln!(
+                o,
+                "drum_agent_app_identity_processes{{host=\"{host}\",app=\"{}\",uid=\"{uid}\",gid=\"{gid}\",cgroup=\"{}\"}} {n}",
+                esc(app),
+                esc(cgroup)
+            );
+        }
+        let ungoverned = self.ungoverned();
+        let _ = writeln!(
+            o,
+            "# HELP drum_agent_ungoverned_processes Processes holding an RDMA device without a registered shim.\n\
+             # TYPE drum_agent_ungoverned_processes gauge\ndrum_agent_ungoverned_processes{{host=\"{host}\"}} {}\n\
+             # HELP drum_agent_ungoverned_share What they send, as a fraction of the line rate (taken from the host's budget).\n\
+             # TYPE drum_agent_ungoverned_share gauge\ndrum_agent_ungoverned_share{{host=\"{host}\"}} {}\n\
+             # HELP drum_agent_ungoverned_tx_bytes_per_second What one ungoverned process sends.\n\
+             # TYPE drum_agent_ungoverned_tx_bytes_per_second gauge",
+            ungoverned.len(),
+            self.ungoverned_share()
+        );
+        for u in &ungoverned {
+            let _ = writeln!(
+                o,
+                "drum_agent_ungoverned_tx_bytes_per_second{{host=\"{host}\",pid=\"{}\",uid=\"{}\",exe=\"{}\",cgroup=\"{}\"}} {}",
+                u.pid,
+                u.uid,
+                esc(&u.exe),
+                esc(&u.cgroup),
+                u.tx_bytes_per_s
+            );
+        }
         o
     }
 
@@ -470,6 +572,10 @@ impl ShimHub {
                 ShimUsage {
                     pid: c.pid,
                     app: c.app.clone(),
+                    uid: c.identity.uid,
+                    gid: c.identity.gid,
+                    cgroup: c.identity.cgroup.clone(),
+                    requested_app: c.requested.clone(),
                     send_wqes: s.send_wqes.load(Relaxed),
                     send_bytes: s.send_bytes.load(Relaxed),
                     completions: s.completions.load(Relaxed),
@@ -489,6 +595,33 @@ impl ShimHub {
 
     pub fn socket(&self) -> &Path {
         &self.shared.settings.socket
+    }
+
+    /// The processes the last scan found using the NIC without a registered shim.
+    pub fn ungoverned(&self) -> Vec<Ungoverned> {
+        self.shared.lock().ungoverned.clone()
+    }
+
+    /// What those processes send, as a fraction of the line rate (0 where the NIC does not
+    /// count per process): the part of the host's budget the optimiser must not hand out.
+    pub fn ungoverned_share(&self) -> f64 {
+        let bytes: f64 = self
+            .shared
+            .lock()
+            .ungoverned
+            .iter()
+            .map(|u| u.tx_bytes_per_s)
+            .sum();
+        (bytes / self.shared.settings.line_rate_bytes()).clamp(0.0, 1.0)
+    }
+
+    /// The weights tenant rules give the apps registered now.
+    pub fn tenant_weights(&self) -> BTreeMap<String, f64> {
+        let st = self.shared.lock();
+        st.conns
+            .values()
+            .filter_map(|c| Some((c.app.clone(), c.weight?)))
+            .collect()
     }
 
     /// Every app with a registered process, with its connected QPs per peer GID (over all its
@@ -586,7 +719,12 @@ impl Shared {
         if budget == 0 {
             return BTreeMap::new();
         }
-        let held = |c: &Conn| (c.qps.len() as u64).max(c.map.table().shim.qps.load(Relaxed));
+        // The table's count is the shim's word: bounded by what the agent would track, so a
+        // table of garbage claims no more of the budget than a process with that many QPs.
+        let held = |c: &Conn| {
+            let said = c.map.table().shim.qps.load(Relaxed);
+            (c.qps.len() as u64).max(said.min(MAX_TRACKED_QPS as u64))
+        };
         let mut apps: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
         for (&id, c) in &st.conns {
             apps.entry(&c.app).or_default().push((id, held(c)));
@@ -594,7 +732,7 @@ impl Shared {
         let demands: Vec<QpDemand> = apps
             .iter()
             .map(|(app, procs)| QpDemand {
-                weight: st.optimiser.get(*app).map_or(1.0, |d| d.weight),
+                weight: st.weight(app),
                 qps: procs.iter().map(|p| p.1).sum(),
             })
             .collect();
@@ -730,6 +868,25 @@ fn heartbeat_loop(sh: Arc<Shared>) {
     }
 }
 
+/// Looks for ungoverned RDMA users every `scan_ms` until the hub stops.
+fn scan_loop(sh: Arc<Shared>, cfg: UngovernedSettings) {
+    if std::fs::read_dir("/proc/1/fd").is_err() {
+        warn!("cannot read other processes' descriptors in /proc (the agent needs root or CAP_SYS_PTRACE): RDMA users outside the agent's own uid are not looked for");
+    }
+    let mut scanner = Scanner::default();
+    let period = Duration::from_millis(cfg.scan_ms);
+    while !sh.stop.load(Relaxed) {
+        let registered: BTreeSet<u32> = sh.lock().conns.values().map(|c| c.pid).collect();
+        // The scan reads /proc without the lock: registrations go on meanwhile.
+        let found = scanner.scan(&cfg, &registered);
+        sh.lock().ungoverned = found;
+        let until = std::time::Instant::now() + period;
+        while !sh.stop.load(Relaxed) && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
 fn refuse(fd: RawFd, reason: &str) {
     let m = AgentMsg::Refused {
         reason: reason.into(),
@@ -797,10 +954,16 @@ fn register(sh: &Shared, sock: &Arc<OwnedFd>) -> Result<u64> {
     let ShimMsg::Hello { pid, app, exe } = ShimMsg::parse(&buf[..n])? else {
         bail!("the first message must be HELLO");
     };
-    let real = socket::peer_pid(fd).context("no peer credentials")?;
+    let (real, uid, gid) = socket::peer_cred(fd).context("no peer credentials")?;
     if real != pid {
         bail!("hello claims pid {pid} but the peer is pid {real}");
     }
+    // Who the process is comes from the kernel, never from the hello.
+    let identity = Identity {
+        uid,
+        gid,
+        cgroup: procfs::cgroup(pid),
+    };
     // After registration the reader blocks until the shim talks.
     socket::set_recv_timeout(fd, None)?;
     let (map, table_fd) =
@@ -815,6 +978,23 @@ fn register(sh: &Shared, sock: &Arc<OwnedFd>) -> Result<u64> {
     for (gid, &(cap, n)) in &st.caps {
         map.table().set_peer_cap(*gid, cap, n);
     }
+    let decision = sh
+        .settings
+        .tenants
+        .decide(&identity, &app, &|name| st.holders(name));
+    if let Some(why) = &decision.mapped {
+        warn!(
+            pid,
+            uid,
+            gid,
+            cgroup = %identity.cgroup,
+            requested = %app,
+            granted = %decision.app,
+            "tenant policy: the app asked for is not this identity's; governed as the granted one ({why})"
+        );
+    }
+    let requested = decision.mapped.as_ref().map(|_| app.clone());
+    let app = decision.app;
     st.next_id += 1;
     let id = st.next_id;
     st.conns.insert(
@@ -822,6 +1002,9 @@ fn register(sh: &Shared, sock: &Arc<OwnedFd>) -> Result<u64> {
         Conn {
             pid,
             app: app.clone(),
+            identity: identity.clone(),
+            requested,
+            weight: decision.weight,
             map,
             sock: sock.clone(),
             qps: BTreeMap::new(),
@@ -845,7 +1028,16 @@ fn register(sh: &Shared, sock: &Arc<OwnedFd>) -> Result<u64> {
         }
         return Err(anyhow::Error::new(e).context("sending the table"));
     }
-    info!(pid, app = %app, exe = %exe, table_bytes = TABLE_BYTES, "shim registered");
+    info!(
+        pid,
+        app = %app,
+        exe = %exe,
+        uid = identity.uid,
+        gid = identity.gid,
+        cgroup = %identity.cgroup,
+        table_bytes = TABLE_BYTES,
+        "shim registered"
+    );
     Ok(id)
 }
 
@@ -974,6 +1166,8 @@ mod tests {
             long_msg_bytes: 0,
             parked_rate: 0.01,
             max_shims: 2,
+            tenants: TenantSettings::default(),
+            ungoverned: UngovernedSettings::default(),
             apps: BTreeMap::from([(
                 "pinned".to_string(),
                 AppPin {
@@ -1257,6 +1451,95 @@ mod tests {
         wait_for(|| gate(&v) == 5 && gate(&a) == 15);
         drop(victim);
         wait_for(|| gate(&a) == 20);
+    }
+
+    /// A shim that writes garbage over its whole table (4 KiB of pseudo-random words,
+    /// extremes among them) changes no other app's grant, and the agent neither crashes nor
+    /// stops serving: the other app's rate, polling grant and QP gate stay what they were
+    /// (the victim holds fewer QPs than its share of the host's budget, which any claim of
+    /// the attacker's, bounded by what the agent tracks, leaves it), and status and metrics
+    /// still render.
+    #[test]
+    fn garbage_in_one_table_changes_no_other_apps_grant() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = ShimHub::start(
+            ShimSettings {
+                qp_budget: 20,
+                ..settings(dir.path())
+            },
+            None,
+        )
+        .unwrap();
+        let me = std::process::id();
+        let (victim, attacker) = (connect(hub.socket()), connect(hub.socket()));
+        let (_, fd) = hello(&victim, me, "victim");
+        let v = Mapping::open(fd.unwrap().as_raw_fd()).unwrap();
+        let (_, fd) = hello(&attacker, me, "attacker");
+        let a = Mapping::open(fd.unwrap().as_raw_fd()).unwrap();
+        let up = |fd: &OwnedFd, qpn: u32| {
+            let m = ShimMsg::QpUp {
+                qpn,
+                peer: [7; 16],
+                peer_qpn: 1,
+            }
+            .encode();
+            socket::send(fd.as_raw_fd(), m.as_bytes()).unwrap();
+        };
+        for qpn in 0..3 {
+            up(&victim, qpn);
+        }
+        up(&attacker, 1);
+        let decide = || {
+            hub.set_rates(&[
+                AppDecision {
+                    cqe_per_wqe: 2.0,
+                    ..decided("victim", true, 0.4)
+                },
+                decided("attacker", true, 0.4),
+            ])
+        };
+        v.table().shim.send_wqes.store(1000, Relaxed);
+        v.table().shim.send_bytes.store(1000 * 4096, Relaxed);
+        decide();
+        wait_for(|| v.table().read_grant().unwrap().max_active_qps == 3);
+        let before = v.table().read_grant().unwrap();
+        assert!(before.rate_cqe_per_s > 0 && before.rate_bytes_per_s > 0);
+        // SAFETY: the mapping is TABLE_BYTES long and every word of it is an atomic the
+        // shim may store to (a hostile shim stores anything).
+        let words = unsafe {
+            &*(a.table() as *const drum_table::layout::Table
+                as *const [std::sync::atomic::AtomicU64; TABLE_BYTES / 8])
+        };
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for (i, w) in words.iter().enumerate() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            w.store([x, u64::MAX, 0, 1 << 63][i % 4], Relaxed);
+        }
+        // The agent goes on: new decisions, connections, caps, status and metrics.
+        decide();
+        up(&attacker, 2);
+        up(&victim, 2);
+        hub.set_peer_cap([9; 16], 1_000_000, 2);
+        hub.set_peer_cap([9; 16], 0, 0);
+        decide();
+        std::thread::sleep(Duration::from_millis(100));
+        let after = v.table().read_grant().unwrap();
+        assert_eq!(
+            Grant {
+                generation: 0,
+                ..after
+            },
+            Grant {
+                generation: 0,
+                ..before
+            }
+        );
+        assert_eq!(hub.usage().len(), 2);
+        assert!(hub.render_metrics("h").contains("app=\"victim\""));
+        let live = hub.live_apps(Duration::from_secs(1));
+        assert_eq!(live.len(), 2);
     }
 
     /// The polling grant follows the optimiser: `a·x` in completions per second, for the

@@ -128,6 +128,12 @@ pub fn set_recv_timeout(fd: RawFd, t: Option<Duration>) -> io::Result<()> {
 
 /// The peer's pid as the kernel recorded it at connect time.
 pub fn peer_pid(fd: RawFd) -> Option<u32> {
+    peer_cred(fd).map(|c| c.0)
+}
+
+/// The peer's pid, uid and gid as the kernel recorded them at connect time (`SO_PEERCRED`):
+/// who the peer is, whatever it says.
+pub fn peer_cred(fd: RawFd) -> Option<(u32, u32, u32)> {
     // SAFETY: getsockopt into a zeroed ucred of the right size.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
@@ -141,7 +147,7 @@ pub fn peer_pid(fd: RawFd) -> Option<u32> {
             &mut len,
         )
     };
-    (r == 0).then_some(cred.pid as u32)
+    (r == 0).then_some((cred.pid as u32, cred.uid, cred.gid))
 }
 
 #[cfg(test)]

@@ -68,11 +68,18 @@ impl Layout<'_> {
              socket = \"{host}/shim.sock\"\n\
              line_rate_gbps = {rate}\n\
              qp_budget = {qps}\n\
-             quantum_us = {quantum}\n",
+             quantum_us = {quantum}\n\
+             # Programs on this host that use the NIC without the shim (docs/tenants.md): the\n\
+             # hosts share one kernel, so only this host's network namespace, and softrnic's\n\
+             # per-process counters say what they send.\n\
+             [shim.ungoverned]\n\
+             same_netns = true\n\
+             nic_counters = {counters:?}\n",
             coordinator = self.coordinator(),
             rate = self.line_rate_gbps,
             qps = self.qp_budget,
             quantum = self.gate_quantum_us,
+            counters = self.dir.join("softrnic/hosts").join(host).join("stats"),
         )
     }
 
@@ -196,6 +203,7 @@ mod tests {
             "line_rate_gbps = 25\n",
             "qp_budget = 20\n",
             "quantum_us = 1000\n",
+            "nic_counters = \"/run/x/softrnic/hosts/h2/stats\"\n",
         ] {
             assert!(a.contains(want), "{want} in {a}");
         }

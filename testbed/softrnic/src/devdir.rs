@@ -96,6 +96,13 @@ pub fn private_devdir_root() -> Result<()> {
         {
             bail!("mknod {DEVDIR}/{name}: {}", std::io::Error::last_os_error());
         }
+        // Open to every user, as udev makes a real NIC's nodes: processes of other uids
+        // (tests of DRUM's tenants) use the device too. mknod's mode went through the umask.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(
+            format!("{DEVDIR}/{name}"),
+            std::fs::Permissions::from_mode(0o666),
+        )?;
     }
     Ok(())
 }

@@ -341,7 +341,7 @@ impl Doorbell {
     /// Open (creating if needed) the doorbell file at `path`.
     pub fn open(path: &std::path::Path, create: bool) -> io::Result<Doorbell> {
         use std::os::fd::AsRawFd;
-        use std::os::unix::fs::OpenOptionsExt;
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -351,6 +351,10 @@ impl Doorbell {
             .open(path)?;
         if create {
             f.set_len(DOORBELL_LEN as u64)?;
+            // Every user's programs ring it, as every user may open a real NIC's uverbs
+            // device: the umask must not take that away. Best effort: a file left by another
+            // owner stays as it is, and its users are the ones it served before.
+            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666));
         } else if f.metadata()?.len() < DOORBELL_LEN as u64 {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }

@@ -226,7 +226,8 @@ pub(super) fn tx_loop(sh: Arc<Shared>, stats: Option<PathBuf>, port_state: Optio
             if now.duration_since(last_write) >= STATS_EVERY && st.counters != written {
                 written = st.counters;
                 last_write = now;
-                write_stats(path, &written);
+                let procs = st.proc_tx_lines();
+                write_stats(path, &written, &procs);
             }
         }
         let mut sent = 0usize;
@@ -416,9 +417,9 @@ pub(super) fn recv_gro(
 }
 
 /// Write the counters atomically (temporary file, then rename).
-pub(super) fn write_stats(path: &std::path::Path, c: &Counters) {
+pub(super) fn write_stats(path: &std::path::Path, c: &Counters, procs: &str) {
     let tmp = path.with_extension("tmp");
-    if std::fs::write(&tmp, c.encode()).is_ok() {
+    if std::fs::write(&tmp, c.encode() + procs).is_ok() {
         let _ = std::fs::rename(&tmp, path);
     }
 }

@@ -47,9 +47,13 @@ impl State {
             return;
         }
         let n = nic::fetch_count(q.sq.iter().skip(idx).map(|w| w.doorbell), batch);
+        let mut bytes = 0u64;
         for w in q.sq.iter_mut().skip(idx).take(n as usize) {
             w.fetched = true;
+            bytes += u64::from(w.len);
         }
+        let p = self.proc_tx.entry(q.pid).or_default();
+        (p.0, p.1) = (p.0 + u64::from(n), p.1 + bytes);
         self.counters.wqe_fetches += u64::from(n);
         self.counters.wqe_fetch_reads += 1;
         let ns = self.nic.cfg.wqe_fetch_ns.saturating_mul(u64::from(n));

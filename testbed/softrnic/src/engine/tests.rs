@@ -462,6 +462,12 @@ fn tx_arbitration_is_round_robin_per_packet() {
     // Packet sizes: every QP's packets alternate 256, 256, 188 payload bytes.
     assert_eq!(st.out.len(), 18);
     assert_eq!(st.counters.wqe_fetches, 6);
+    // Every WQE is charged to the process that owns its QP (this one): 6 × 700 bytes.
+    let pid = std::process::id();
+    assert_eq!(
+        st.proc_tx_lines(),
+        format!("proc_tx_wqes.{pid} 6\nproc_tx_bytes.{pid} 4200\n")
+    );
     // One QP drained: the others keep alternating.
     let (mut st, qpns, _buf) = nic_rig(NicConfig::default(), 2, 1);
     st.qps.get_mut(&qpns[0]).unwrap().sq.clear();

@@ -1,0 +1,423 @@
+//! Tenants (issue 23, docs/tenants.md) with real processes of several uids over softrnic: a
+//! `drum-agent --local` with a tenant policy, unmodified `ib_write_bw` servers (they open the
+//! device, so their shims register, and then wait) started through `setpriv` as other users.
+//! The app each is governed as comes from the kernel's uid (and cgroup, where this machine
+//! lets the test make one), never from `DRUM_APP`; hostile names are mapped with a log line;
+//! another user's process can neither open nor write an app's table; a program without the
+//! shim is reported with its pid, uid and executable.
+//!
+//! Needs root (setpriv switches to uids that need no account: nothing to create or remove),
+//! perftest and the workspace built; skips otherwise.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use support::*;
+
+/// Uids no account on a test machine is expected to have; the test needs no account.
+const UA: u32 = 42_101;
+const UB: u32 = 42_102;
+const UC: u32 = 42_103;
+const UD: u32 = 42_104;
+
+fn require() -> bool {
+    if let Err(why) = privileged() {
+        eprintln!("SKIPPED: {why}");
+        return false;
+    }
+    for tool in ["ib_write_bw", "setpriv"] {
+        if !have(tool) {
+            eprintln!("SKIPPED: {tool} not installed (perftest, util-linux)");
+            return false;
+        }
+    }
+    true
+}
+
+/// A `drum-agent --local` whose log (stderr) goes to a file the test reads.
+struct LocalAgent {
+    child: Child,
+    dir: PathBuf,
+    socket: PathBuf,
+    status: PathBuf,
+    log: PathBuf,
+}
+
+impl LocalAgent {
+    /// On `run`'s host h1 (in its namespaces, as a host's agent is) when given.
+    fn start(name: &str, run: Option<&Run>, shim_extra: &str) -> LocalAgent {
+        let dir = std::env::temp_dir().join(format!("drum-tenants-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("agent.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "status_file = \"status.json\"\n[shim]\nsocket = \"shim.sock\"\n\
+                 line_rate_gbps = 1\n{shim_extra}\n"
+            ),
+        )
+        .unwrap();
+        let log = dir.join("agent.log");
+        let mut c = match run {
+            Some(r) => {
+                let mut c = r.cmd();
+                c.args(["exec", "--host", "h1", "--"])
+                    .arg(built("drum-agent"));
+                c
+            }
+            None => Command::new(built("drum-agent")),
+        };
+        let child = c
+            .arg("--local")
+            .arg(&config)
+            .env("DRUM_LOG", "info")
+            .env_remove("LD_PRELOAD")
+            .stdin(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn drum-agent");
+        let a = LocalAgent {
+            child,
+            socket: dir.join("shim.sock"),
+            status: dir.join("status.json"),
+            log,
+            dir,
+        };
+        wait_until("the agent's socket", || a.socket.exists());
+        a
+    }
+
+    fn status(&self) -> serde_json::Value {
+        std::fs::read_to_string(&self.status)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The registered process `pid` as the status lists it.
+    fn shim(&self, pid: u32) -> Option<serde_json::Value> {
+        self.status()["shims"]
+            .as_array()?
+            .iter()
+            .find(|s| s["pid"].as_u64() == Some(u64::from(pid)))
+            .cloned()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for LocalAgent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- agent log:\n{}", self.log());
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Processes killed on drop (they wait for a client for ever).
+struct Procs(Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !ok() {
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "{what}: not within 15 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `ib_write_bw` as a server on h1 (it opens the device, then waits), as user `uid`, under
+/// the shim with `DRUM_APP = app` when `agent` is given, bare otherwise. `pre` runs in the
+/// shell before (e.g. to enter a cgroup); the program `exec`s, so the child's pid is the
+/// program's.
+fn server(
+    run: &Run,
+    agent: Option<&LocalAgent>,
+    uid: u32,
+    app: &str,
+    port: u16,
+    pre: &str,
+) -> Child {
+    let shim_env = agent.map(|a| {
+        vec![
+            ("DRUM_AGENT_SOCKET", a.socket.to_str().unwrap()),
+            ("DRUM_APP", app),
+        ]
+    });
+    let mut c = run.exec(
+        "h1",
+        &["sh", "-c", &format!("{pre} exec setpriv --reuid={uid} --regid={uid} --clear-groups ib_write_bw -x 0 -p {port}")],
+        agent.is_some(),
+        shim_env.as_deref().unwrap_or(&[]),
+    );
+    c.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn ib_write_bw")
+}
+
+/// A cgroup of the unified hierarchy the test may make, or None (read-only or absent).
+struct Cgroup(PathBuf);
+
+impl Cgroup {
+    fn make() -> Option<Cgroup> {
+        for root in ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"] {
+            let root = Path::new(root);
+            if !root.join("cgroup.procs").exists() {
+                continue;
+            }
+            let dir = root.join(format!("drum-tenants-{}", std::process::id()));
+            if std::fs::create_dir(&dir).is_ok() {
+                return Some(Cgroup(dir));
+            }
+        }
+        None
+    }
+
+    /// Its path as `/proc/PID/cgroup` shows it.
+    fn path(&self) -> String {
+        format!("/{}", self.0.file_name().unwrap().to_string_lossy())
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        // Empty by now (its processes were killed first); the kernel removes it on rmdir.
+        let t = Instant::now();
+        while std::fs::remove_dir(&self.0).is_err() && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// User B asking for user A's app gets B's default; an unknown user gets the default;
+/// empty, 10 KB and control-character `DRUM_APP`s are mapped with a log line naming both
+/// names; root asking for a tenant's name is mapped, root's own names are kept (as before the
+/// policy); a cgroup rule lets an untrusted uid keep the name it asks for. Every program
+/// keeps running.
+#[test]
+fn the_kernels_identity_decides_the_app() {
+    if !require() {
+        return;
+    }
+    let cg = Cgroup::make();
+    let cg_rule = cg.as_ref().map_or(String::new(), |c| {
+        format!(
+            "[[shim.tenants.rules]]\ncgroup = \"{}\"\napps = [\"*\"]\n",
+            c.path()
+        )
+    });
+    let agent = LocalAgent::start(
+        "identity",
+        None,
+        &format!("[[shim.tenants.rules]]\nuid = {UA}\napps = [\"kv\"]\nweight = 2.0\n{cg_rule}"),
+    );
+    let run = Run::new("tenants-identity");
+    run.up(&["--hosts", "1", "--line-rate-gbps", "1"]);
+    let long = "x".repeat(10 * 1024);
+    // (uid, DRUM_APP, the app wanted, the name the agent sees asked for when mapped)
+    let cases: Vec<(u32, &str, String, Option<&str>)> = vec![
+        (UA, "kv", "kv".into(), None),
+        (UB, "kv", format!("uid-{UB}"), Some("kv")),
+        (UC, "", format!("uid-{UC}"), Some("ib_write_bw")),
+        (UC, &long, format!("uid-{UC}"), Some("ib_write_bw")),
+        (UB, "a\u{1}b\nc", format!("uid-{UB}"), Some("ib_write_bw")),
+        (0, "kv", "uid-0".into(), Some("kv")),
+        (0, "bulk", "bulk".into(), None),
+    ];
+    let mut procs = Procs(Vec::new());
+    for (i, (uid, app, ..)) in cases.iter().enumerate() {
+        procs
+            .0
+            .push(server(&run, Some(&agent), *uid, app, 18700 + i as u16, ""));
+    }
+    if let Some(c) = &cg {
+        let pre = format!("echo $$ > {}/cgroup.procs &&", c.0.display());
+        procs
+            .0
+            .push(server(&run, Some(&agent), UD, "batch", 18790, &pre));
+    } else {
+        eprintln!("no writable cgroup hierarchy here: the cgroup rule is not exercised");
+    }
+    let pids: Vec<u32> = procs.0.iter().map(Child::id).collect();
+    wait_until("every server registered", || {
+        pids.iter().all(|&p| agent.shim(p).is_some())
+    });
+    for (i, (uid, _, want, requested)) in cases.iter().enumerate() {
+        let s = agent.shim(pids[i]).unwrap();
+        assert_eq!(s["app"], want.as_str(), "case {i}: {s}");
+        assert_eq!(s["uid"], *uid, "case {i}: the kernel's uid: {s}");
+        assert_eq!(s["requested_app"].as_str(), *requested, "case {i}: {s}");
+        if let Some(r) = requested {
+            let line = format!("requested={r} granted={want}");
+            assert!(
+                agent
+                    .log()
+                    .lines()
+                    .any(|l| l.contains(&line) && l.contains(&format!("pid={}", pids[i]))),
+                "case {i}: no log line with {line:?}:\n{}",
+                agent.log()
+            );
+        }
+    }
+    if let Some(c) = &cg {
+        let s = agent.shim(pids[cases.len()]).unwrap();
+        assert_eq!(
+            (s["app"].as_str(), s["uid"].as_u64()),
+            (Some("batch"), Some(u64::from(UD))),
+            "{s}"
+        );
+        assert_eq!(s["cgroup"], c.path().as_str(), "{s}");
+    }
+    for (i, c) in procs.0.iter_mut().enumerate() {
+        assert!(c.try_wait().unwrap().is_none(), "process {i} died");
+    }
+    drop(procs);
+    drop(cg);
+}
+
+/// The mappings of a table in process `pid`: `/proc/PID/map_files/RANGE` and the start
+/// address (the shim and the agent close the memfd once mapped: the mapping is the way in).
+fn table_maps(pid: u32) -> Vec<(String, u64)> {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("memfd:drum-table"))
+        .map(|l| {
+            let range = l.split_whitespace().next().unwrap();
+            let start = u64::from_str_radix(range.split('-').next().unwrap(), 16).unwrap();
+            (format!("/proc/{pid}/map_files/{range}"), start)
+        })
+        .collect()
+}
+
+/// As `uid`, `sh -c script`: whether it succeeded, and what it said.
+fn as_user(uid: u32, script: &str) -> (bool, String) {
+    let out = run_timeout(
+        Command::new("setpriv")
+            .args([
+                &format!("--reuid={uid}"),
+                &format!("--regid={uid}"),
+                "--clear-groups",
+            ])
+            .args(["sh", "-c", script]),
+        Duration::from_secs(10),
+    );
+    (out.status.success(), text(&out))
+}
+
+/// User A's app's table, in A's process and in the agent, cannot be opened for reading or
+/// writing by user B's process (the kernel's ptrace check on `/proc/PID/fd`), though root
+/// can read it; A's grant is unchanged after B's attempts. A program without the shim next
+/// to it is reported with its pid, uid, executable and why.
+#[test]
+fn another_users_process_cannot_reach_an_apps_table_and_bare_programs_are_reported() {
+    if !require() {
+        return;
+    }
+    let run = Run::new("tenants-tables");
+    run.up(&["--hosts", "1", "--line-rate-gbps", "1"]);
+    // On h1 and looking at h1's processes only: other emulated hosts (and other tests) on
+    // this machine share its kernel.
+    let agent = LocalAgent::start(
+        "tables",
+        Some(&run),
+        &format!(
+            "[shim.apps.kv]\nrate = 0.25\n[[shim.tenants.rules]]\nuid = {UA}\napps = [\"kv\"]\n\
+             [shim.ungoverned]\nscan_ms = 200\nsame_netns = true\n"
+        ),
+    );
+    let mut procs = Procs(vec![server(&run, Some(&agent), UA, "kv", 18800, "")]);
+    let a = procs.0[0].id();
+    wait_until("A registered", || agent.shim(a).is_some());
+    let grant = || agent.shim(a).unwrap()["grant_generation"].clone();
+    let before = grant();
+    let mut maps = table_maps(a);
+    maps.extend(table_maps(agent.child.id()));
+    assert!(maps.len() >= 2, "the table in A and in the agent: {maps:?}");
+    let denied = |said: &str| said.contains("Permission denied") || said.contains("not permitted");
+    for (file, start) in &maps {
+        let mem = format!(
+            "{}/mem",
+            Path::new(file)
+                .parent()
+                .unwrap()
+                .parent()
+                .unwrap()
+                .display()
+        );
+        for script in [
+            format!("cat {file} > /dev/null"),
+            format!("printf garbage >> {file}"),
+            format!(
+                "dd if={mem} bs=4096 skip={} count=1 iflag=skip_bytes of=/dev/null",
+                start
+            ),
+            format!("printf garbage | dd of={mem} bs=1 seek={start} oflag=seek_bytes conv=notrunc"),
+        ] {
+            let (ok, said) = as_user(UB, &script);
+            assert!(!ok && denied(&said), "B: {script}: {said}");
+        }
+        assert_eq!(
+            std::fs::read(file).unwrap().len(),
+            4096,
+            "root reads {file}"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(grant(), before);
+    assert_eq!(agent.shim(a).unwrap()["app"], "kv");
+
+    // A program without the shim, as user C: reported within seconds.
+    let t = Instant::now();
+    procs.0.push(server(&run, None, UC, "", 18801, ""));
+    let bare = procs.0[1].id();
+    let found = || -> Option<serde_json::Value> {
+        agent.status()["ungoverned"]
+            .as_array()?
+            .iter()
+            .find(|u| u["pid"].as_u64() == Some(u64::from(bare)))
+            .cloned()
+    };
+    wait_until("the bare program reported", || found().is_some());
+    let took = t.elapsed();
+    let u = found().unwrap();
+    assert_eq!(u["uid"], UC, "{u}");
+    assert_eq!(u["exe"], "/usr/bin/ib_write_bw", "{u}");
+    assert!(u["reason"].as_str().unwrap().contains("no shim"), "{u}");
+    assert!(took < Duration::from_secs(5), "reported after {took:?}");
+    std::thread::sleep(Duration::from_millis(600));
+    let warned = format!("pid={bare} uid={UC}");
+    assert!(
+        agent
+            .log()
+            .lines()
+            .filter(|l| l.contains(&warned) && l.contains("without DRUM's shim"))
+            .count()
+            == 1,
+        "one WARN for the process:\n{}",
+        agent.log()
+    );
+    eprintln!("a bare ib_write_bw was reported {took:?} after it started");
+    // The governed one is not reported.
+    assert!(agent.status()["ungoverned"].as_array().unwrap().len() == 1);
+}

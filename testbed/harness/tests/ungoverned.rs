@@ -1,0 +1,219 @@
+//! An unmodified `ib_write_bw` started without the shim next to a governed app (issue 23,
+//! docs/tenants.md): the host's agent reports it within seconds (pid, uid, executable, why,
+//! one WARN), measures what it sends from softrnic's per-process counters, and takes that out
+//! of the host's budget, so the optimiser grants the governed app less.
+//!
+//! Needs root, perftest and the workspace built (`cargo build --workspace --release`).
+
+use drum_test_support::{privileged, run_timeout, spawn, text};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().join(name)
+}
+
+/// A cluster in its own state directory, taken down when dropped.
+struct Cluster {
+    dir: PathBuf,
+}
+
+impl Cluster {
+    fn cmd(&self) -> Command {
+        let mut c = Command::new(bin("drum-testbed"));
+        c.arg("--dir").arg(&self.dir).arg("cluster");
+        c
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = run_timeout(self.cmd().args(args), Duration::from_secs(120));
+        assert!(out.status.success(), "cluster {args:?}: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).to_string()
+    }
+
+    /// `ib_write_bw` of 64 KiB messages for `secs`: a server on h1 and a client on h2, as app
+    /// `app` under the shim, or bare (`None`: `softrnic exec` alone, no shim).
+    fn writer(&self, app: Option<&str>, port: &str, secs: &str) -> (Child, Child) {
+        let args = [
+            "ib_write_bw",
+            "-x",
+            "0",
+            "-s",
+            "65536",
+            "-D",
+            secs,
+            "-p",
+            port,
+        ];
+        let ip = self.ok(&["addr", "h1"]).trim().to_string();
+        let on = |host: &str, role: &str| -> Command {
+            match app {
+                Some(app) => {
+                    let mut c = self.cmd();
+                    c.args([
+                        "exec",
+                        "--host",
+                        host,
+                        "--app",
+                        &format!("{app}{role}"),
+                        "--",
+                    ]);
+                    c
+                }
+                None => {
+                    let mut c = Command::new(bin("softrnic"));
+                    c.env("SOFTRNIC_RUN_DIR", self.dir.join("softrnic"))
+                        .env_remove("LD_PRELOAD")
+                        .args(["exec", "--host", host, "--"]);
+                    c
+                }
+            }
+        };
+        let server = spawn(on("h1", "-sink").args(args));
+        std::thread::sleep(Duration::from_millis(500));
+        let client = spawn(on("h2", "").args(args).arg(ip));
+        (server, client)
+    }
+
+    fn status(&self) -> Value {
+        serde_json::from_str(&self.ok(&["status", "--json"])).expect("status JSON")
+    }
+
+    fn agent_log(&self, host: &str) -> String {
+        std::fs::read_to_string(self.dir.join(format!("agent-{host}.log"))).unwrap_or_default()
+    }
+
+    /// What process `pid` on `host` has sent so far (softrnic's per-process counter).
+    fn sent(&self, host: &str, pid: u32) -> f64 {
+        let stats =
+            std::fs::read_to_string(self.dir.join("softrnic/hosts").join(host).join("stats"))
+                .unwrap_or_default();
+        let key = format!("proc_tx_bytes.{pid} ");
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&key)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- agent-h2.log:\n{}", self.agent_log("h2"));
+        }
+        let out = run_timeout(self.cmd().arg("down"), Duration::from_secs(60));
+        if !out.status.success() {
+            eprintln!("cluster down: {}", text(&out));
+        }
+    }
+}
+
+/// App `app`'s granted rate on `host` (fraction of the line; None: not granted).
+fn rate(s: &Value, host: &str, app: &str) -> Option<f64> {
+    s["members"]
+        .as_array()?
+        .iter()
+        .filter(|m| m["host"] == host)
+        .flat_map(|m| m["apps"].as_array().cloned().unwrap_or_default())
+        .find(|a| a["app"] == app && a["active"] == true)
+        .and_then(|a| a["rate"].as_f64())
+        .filter(|r| *r > 0.0)
+}
+
+/// The mean of `app`'s granted rate over `n` status polls, 250 ms apart.
+fn mean_rate(c: &Cluster, host: &str, app: &str, n: usize) -> f64 {
+    let mut sum = 0.0;
+    for _ in 0..n {
+        sum += rate(&c.status(), host, app).unwrap_or(0.0);
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    sum / n as f64
+}
+
+fn wait_until(limit: Duration, what: &str, mut ok: impl FnMut() -> bool) -> Duration {
+    let t = Instant::now();
+    while !ok() {
+        assert!(t.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    t.elapsed()
+}
+
+#[test]
+fn a_bare_ib_write_bw_is_reported_and_its_traffic_comes_off_the_hosts_budget() {
+    if let Err(why) = privileged(&["ib_write_bw"]) {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("drum-ungoverned-test-{}", std::process::id()));
+    let c = Cluster { dir };
+    c.ok(&["up", "--hosts", "2", "--line-rate-gbps", "1"]);
+
+    let (_gs, mut gc) = c.writer(Some("bulk"), "18951", "60");
+    wait_until(Duration::from_secs(30), "a grant for bulk", || {
+        rate(&c.status(), "h2", "bulk").is_some()
+    });
+    // Settled: the grant follows the app's measured demand for a few rounds.
+    std::thread::sleep(Duration::from_secs(4));
+    let alone = mean_rate(&c, "h2", "bulk", 8);
+
+    let (_bs, mut bc) = c.writer(None, "18952", "40");
+    let bare = bc.id();
+    let warned = format!("pid={bare} uid=0");
+    let found = wait_until(Duration::from_secs(10), "the bare client reported", || {
+        c.agent_log("h2")
+            .lines()
+            .any(|l| l.contains(&warned) && l.contains("without DRUM's shim"))
+    });
+    let line = c
+        .agent_log("h2")
+        .lines()
+        .find(|l| l.contains(&warned))
+        .unwrap()
+        .to_string();
+    assert!(line.contains("exe=/usr/bin/ib_write_bw"), "{line}");
+    assert!(line.contains("no shim loaded"), "{line}");
+    assert!(found < Duration::from_secs(5), "reported after {found:?}");
+
+    // Its traffic comes off h2's budget: bulk's grant falls.
+    let fell = wait_until(Duration::from_secs(30), "bulk's grant falls", || {
+        rate(&c.status(), "h2", "bulk").is_some_and(|r| r < 0.8 * alone)
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let beside = mean_rate(&c, "h2", "bulk", 8);
+    let (b0, g0) = (c.sent("h2", bare), c.sent("h2", gc.id()));
+    std::thread::sleep(Duration::from_secs(2));
+    let (b1, g1) = (c.sent("h2", bare), c.sent("h2", gc.id()));
+    let line_rate = 125e6;
+    let bare_share = (b1 - b0) / 2.0 / line_rate;
+    let bulk_share = (g1 - g0) / 2.0 / line_rate;
+    let budget_lines = c
+        .agent_log("h2")
+        .lines()
+        .filter(|l| l.contains("less what ungoverned processes send"))
+        .count();
+    eprintln!(
+        "bare ib_write_bw reported {:.2} s after its client started; bulk granted {alone:.3} of \
+         the line alone, {beside:.3} beside it ({:.1} s later below 80 %); measured at the NIC \
+         beside it: bare {bare_share:.3}, bulk {bulk_share:.3}; {budget_lines} budget changes logged",
+        found.as_secs_f64(),
+        fell.as_secs_f64()
+    );
+    assert!(beside < 0.8 * alone, "{beside} beside vs {alone} alone");
+    assert!(
+        bare_share > 0.1,
+        "the bare client sends {bare_share} of the line"
+    );
+    assert!(budget_lines >= 1);
+    assert!(
+        gc.try_wait().unwrap().is_none(),
+        "the governed client still runs"
+    );
+    let _ = bc.kill();
+    let _ = gc.kill();
+    let _ = bc.wait();
+    let _ = gc.wait();
+}
