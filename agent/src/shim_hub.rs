@@ -404,60 +404,6 @@ impl ShimHub {
             .collect()
     }
 
-    /// Prometheus text: registered processes, and per app what its shims report.
-    pub fn render_metrics(&self, host: &str) -> String {
-        use std::fmt::Write;
-        let esc = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
-        let host = esc(host);
-        let usage = self.usage();
-        let mut per_app: BTreeMap<&str, [u64; 4]> = BTreeMap::new();
-        for u in &usage {
-            let e = per_app.entry(&u.app).or_default();
-            e[0] += u.send_bytes;
-            e[1] += u.send_wqes;
-            e[2] += u.deferred_wqes;
-            e[3] += u.queued_wqes;
-        }
-        let mut o = String::new();
-        let _ = writeln!(
-            o,
-            "# HELP drum_agent_shims Processes registered by their shim.\n\
-             # TYPE drum_agent_shims gauge\ndrum_agent_shims{{host=\"{host}\"}} {}",
-            usage.len()
-        );
-        let _ = writeln!(
-            o,
-            "# HELP drum_agent_dasr_caps Receivers this host's shims are capped towards.\n\
-             # TYPE drum_agent_dasr_caps gauge\ndrum_agent_dasr_caps{{host=\"{host}\"}} {}",
-            self.caps().len()
-        );
-        let series = [
-            (
-                "drum_agent_app_send_bytes_total",
-                "counter",
-                "Bytes the app's shims posted.",
-            ),
-            (
-                "drum_agent_app_send_wqes_total",
-                "counter",
-                "Send WQEs the app's shims posted.",
-            ),
-            (
-                "drum_agent_app_deferred_wqes_total",
-                "counter",
-                "WQEs the app's shims held back before posting.",
-            ),
-            ("drum_agent_app_queued_wqes", "gauge", "WQEs held back now."),
-        ];
-        for (i, (name, kind, help)) in series.iter().enumerate() {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for (app, v) in &per_app {
-                let _ = writeln!(o, "{name}{{host=\"{host}\",app=\"{}\"}} {}", esc(app), v[i]);
-            }
-        }
-        o
-    }
-
     pub fn usage(&self) -> Vec<ShimUsage> {
         let st = self.shared.lock();
         st.conns
@@ -943,6 +889,94 @@ fn traffic(sh: &Shared, st: &mut HubState, peer: Option<[u8; 16]>, app: &str, bu
         if let Some(h) = &sh.hook {
             h(&sh.flow(peer, app), true);
         }
+    }
+}
+
+/// The hub's metrics at each scrape: registered processes, and per app (label `app`) what
+/// its shims report.
+pub struct ShimMetrics(pub Arc<ShimHub>);
+
+impl std::fmt::Debug for ShimMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ShimMetrics")
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct AppLabel {
+    app: String,
+}
+
+impl prometheus_client::collector::Collector for ShimMetrics {
+    fn encode(
+        &self,
+        mut enc: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        use prometheus_client::metrics::MetricType;
+        let usage = self.0.usage();
+        let mut per_app: BTreeMap<&str, [u64; 4]> = BTreeMap::new();
+        for u in &usage {
+            let e = per_app.entry(&u.app).or_default();
+            e[0] += u.send_bytes;
+            e[1] += u.send_wqes;
+            e[2] += u.deferred_wqes;
+            e[3] += u.queued_wqes;
+        }
+        for (name, help, v) in [
+            (
+                "drum_agent_shims",
+                "Processes registered by their shim.",
+                usage.len(),
+            ),
+            (
+                "drum_agent_dasr_caps",
+                "Receivers this host's shims are capped towards.",
+                self.0.caps().len(),
+            ),
+        ] {
+            let g = ConstGauge::new(v as i64);
+            g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)?;
+        }
+        // Counter names without `_total`: the encoder appends it.
+        let series = [
+            (
+                "drum_agent_app_send_bytes",
+                MetricType::Counter,
+                "Bytes the app's shims posted.",
+            ),
+            (
+                "drum_agent_app_send_wqes",
+                MetricType::Counter,
+                "Send WQEs the app's shims posted.",
+            ),
+            (
+                "drum_agent_app_deferred_wqes",
+                MetricType::Counter,
+                "WQEs the app's shims held back before posting.",
+            ),
+            (
+                "drum_agent_app_queued_wqes",
+                MetricType::Gauge,
+                "WQEs held back now.",
+            ),
+        ];
+        for (i, (name, kind, help)) in series.into_iter().enumerate() {
+            let mut family = enc.encode_descriptor(name, help, None, kind)?;
+            for (app, v) in &per_app {
+                let label = AppLabel {
+                    app: app.to_string(),
+                };
+                let m = family.encode_family(&label)?;
+                match kind {
+                    MetricType::Counter => ConstCounter::new(v[i]).encode(m)?,
+                    _ => ConstGauge::new(v[i] as i64).encode(m)?,
+                }
+            }
+        }
+        Ok(())
     }
 }
 
