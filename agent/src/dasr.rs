@@ -7,7 +7,7 @@
 //! long message to a peer host's agent, and [`DasrHandle::caps`] (a `watch` of destination →
 //! [`CapView`]) or [`DasrHandle::cap_for`] to write the caps into the shim's table.
 //! [`DasrHandle::observe_receive`] feeds the congestion state machine (non-receiver congestion
-//! turns the cap off); [`DasrMetrics::render`] gives Prometheus text.
+//! turns the cap off); [`DasrMetrics`] is a metrics collector.
 
 use drum_common::dasr::{
     Auss, AussAction, AussConfig, AussStats, CapView, CongestionConfig, CongestionDetector,
@@ -239,32 +239,37 @@ impl DasrMetrics {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Prometheus text format, every counter labelled with `host`.
-    pub fn render(&self, host: &str) -> String {
-        let c = self.snapshot();
-        let host = host.replace('\\', "\\\\").replace('"', "\\\"");
-        let v = serde_json::to_value(&c).unwrap_or_default();
-        let mut o = String::new();
-        if let Some(map) = v.as_object() {
-            for (k, val) in map {
-                let gauge = matches!(k.as_str(), "members" | "epoch");
-                let name = if gauge {
-                    format!("drum_dasr_{k}")
-                } else {
-                    format!("drum_dasr_{k}_total")
-                };
-                let kind = if gauge { "gauge" } else { "counter" };
-                o.push_str(&format!(
-                    "# TYPE {name} {kind}\n{name}{{host=\"{host}\"}} {}\n",
-                    val.as_u64().unwrap_or(0)
-                ));
-            }
-        }
-        o
-    }
-
     fn update(&self, f: impl FnOnce(&mut DasrCounters)) {
         f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+}
+
+/// DASR's series at each scrape: `drum_dasr_members` and `drum_dasr_epoch` as gauges, every
+/// other count as a counter `drum_dasr_NAME_total`.
+impl prometheus_client::collector::Collector for DasrMetrics {
+    fn encode(
+        &self,
+        mut enc: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let v = serde_json::to_value(self.snapshot()).unwrap_or_default();
+        let Some(map) = v.as_object() else {
+            return Ok(());
+        };
+        for (k, val) in map {
+            let name = format!("drum_dasr_{k}");
+            let n = val.as_u64().unwrap_or(0);
+            if matches!(k.as_str(), "members" | "epoch") {
+                let g = ConstGauge::new(n as i64);
+                g.encode(enc.encode_descriptor(&name, k, None, g.metric_type())?)?;
+            } else {
+                let c = ConstCounter::new(n);
+                c.encode(enc.encode_descriptor(&name, k, None, c.metric_type())?)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -691,7 +696,9 @@ mod tests {
         .unwrap();
         assert_eq!(a.cap_for(dest), Some(10.0));
         assert_eq!(rx.receiver().borrow().n, 1);
-        let text = rx.metrics().render("h\"1");
+        let text = crate::metrics::render(
+            &crate::metrics::AgentMetrics::default().registry("h\"1", vec![Box::new(rx.metrics())]),
+        );
         assert!(
             text.contains("drum_dasr_starts_total{host=\"h\\\"1\"} 1\n"),
             "{text}"

@@ -27,7 +27,6 @@ use rate_table::{LinkState, TableWriter};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -529,7 +528,7 @@ async fn run_inner(
     let live: Arc<std::sync::Mutex<Vec<quinn::Connection>>> = Arc::default();
     let endpoint = net::bare_client_endpoint().context("setting up the QUIC client")?;
     let stats = Arc::new(metrics::AgentMetrics::default());
-    stats.table_ok.store(1, Relaxed);
+    stats.table_ok.set(1);
     let table = settings
         .rate_table
         .as_ref()
@@ -539,25 +538,16 @@ async fn run_inner(
             .await
             .with_context(|| format!("binding the metrics endpoint on {addr}"))?;
         info!(metrics = %listener.local_addr()?, "metrics endpoint listening");
-        let (hub, dasr) = (hub.clone(), dasr.as_ref().map(|d| d.metrics()));
-        let host = settings.host.clone();
-        // The shim link's and DASR's metrics, when configured, follow the agent's own.
-        let more = move || {
-            let mut o = hub
-                .as_ref()
-                .map(|h| h.render_metrics(&host))
-                .unwrap_or_default();
-            if let Some(d) = &dasr {
-                o.push_str(&d.render(&host));
-            }
-            o
-        };
-        tokio::spawn(metrics::serve(
-            listener,
-            stats.clone(),
-            settings.host.clone(),
-            more,
-        ));
+        // The shim link's and DASR's metrics, when configured, with the agent's own.
+        let mut more: Vec<Box<dyn prometheus_client::collector::Collector>> = Vec::new();
+        if let Some(h) = &hub {
+            more.push(Box::new(shim_hub::ShimMetrics(h.clone())));
+        }
+        if let Some(d) = &dasr {
+            more.push(Box::new(d.metrics()));
+        }
+        let registry = Arc::new(stats.registry(&settings.host, more));
+        tokio::spawn(metrics::serve(listener, registry));
     }
     let mut demand = match (&hub, &options.shim) {
         (Some(h), Some(s)) => Some(demand_feed::DemandFeed::new(
@@ -600,7 +590,7 @@ async fn run_inner(
                         // another CA) is left now, not at the next reconnection.
                         for conn in live.lock().expect("not poisoned").iter() {
                             if let Err(e) = c.check_peer(conn, &server_name) {
-                                stats.refused_coordinators.fetch_add(1, Relaxed);
+                                stats.refused_coordinators.inc();
                                 warn!(remote = %conn.remote_address(), "the coordinator's certificate is no longer accepted after the reload: {e}; closing the connection");
                                 let reason = format!("certificate no longer accepted: {e}");
                                 conn.close(net::CLOSE_PROTOCOL.into(), reason.as_bytes());
@@ -659,7 +649,7 @@ async fn run_inner(
             break;
         }
         if let Some(why) = failed {
-            stats.connect_failures.fetch_add(1, Relaxed);
+            stats.connect_failures.inc();
             warn!("{why}; keeping last rates");
             for (conn, _, _) in &links {
                 conn.close(net::CLOSE_NORMAL.into(), b"another shard is unreachable");
@@ -667,7 +657,7 @@ async fn run_inner(
             core.on_connect_failed(origin.elapsed());
             continue;
         }
-        stats.connects.fetch_add(1, Relaxed);
+        stats.connects.inc();
         info!(coordinators = ?addrs, "connected");
         *live.lock().expect("not poisoned") = links.iter().map(|l| l.0.clone()).collect();
         mux.reset();
@@ -788,8 +778,8 @@ async fn session(
             match a {
                 AgentAction::Send(m) => {
                     if let AgentMsg::Contribution(c) = &m {
-                        stats.rounds.fetch_add(1, Relaxed);
-                        stats.iteration.store(c.iteration, Relaxed);
+                        stats.rounds.inc();
+                        stats.iteration.set(c.iteration as i64);
                     }
                     for (link, part) in mux.outgoing(&m) {
                         if let Err(e) = net::send_msg(&mut sends[link], &part).await {
@@ -810,8 +800,8 @@ async fn session(
                     } else {
                         LinkState::FailStatic
                     };
-                    stats.live.store(core.is_member() as u64, Relaxed);
-                    stats.epoch.store(core.epoch(), Relaxed);
+                    stats.live.set(core.is_member() as i64);
+                    stats.epoch.set(core.epoch() as i64);
                     if let Some(d) = demand {
                         d.update(problem, core);
                     }
@@ -882,7 +872,7 @@ async fn session(
                     }
                     AgentEvent::Refused(r) => warn!("coordinator refused us: {r}"),
                     AgentEvent::FailStatic(r) => {
-                        stats.fail_static.fetch_add(1, Relaxed);
+                        stats.fail_static.inc();
                         warn!("fail-static, keeping last rates: {r}")
                     }
                     AgentEvent::IgnoredRound { epoch, iteration } => {
@@ -893,16 +883,16 @@ async fn session(
                         parked,
                         activated,
                     } => {
-                        stats.exchanges.fetch_add(1, Relaxed);
-                        stats.parks.fetch_add(parked.is_some() as u64, Relaxed);
+                        stats.exchanges.inc();
+                        stats.parks.inc_by(parked.is_some() as u64);
                         stats
                             .activations
-                            .fetch_add(activated.is_some() as u64, Relaxed);
+                            .inc_by(activated.is_some() as u64);
                         // Up to every `T_sel` for ever: DEBUG, counted in the metrics.
                         debug!(exchange, ?parked, ?activated, "selection round applied")
                     }
                     AgentEvent::Restarted { exchange } => {
-                        stats.exchanges.fetch_add(1, Relaxed);
+                        stats.exchanges.inc();
                         debug!(exchange, "priced restart: new active set")
                     }
                     AgentEvent::AppsChanged { arrived, left } => {
@@ -1001,7 +991,7 @@ async fn session(
                     Ok(Some(m)) => {
                         let t = Instant::now();
                         let out = core.on_message(origin.elapsed(), problem, m);
-                        stats.handle_ns.fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+                        stats.step_seconds.inc_by(t.elapsed().as_secs_f64());
                         out
                     }
                     Err(e) => {

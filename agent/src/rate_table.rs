@@ -12,7 +12,6 @@ use drum_common::protocol::agent::AgentCore;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -204,15 +203,15 @@ async fn write_loop(
                 .unwrap_or_else(|e| Err(format!("the writer task failed: {e}")));
             match r {
                 Ok(()) => {
-                    metrics.table_ok.store(1, Relaxed);
+                    metrics.table_ok.set(1);
                     if failing.take().is_some() {
                         info!(path = %path.display(), "the rate table is written again");
                     }
                     break;
                 }
                 Err(e) => {
-                    metrics.table_ok.store(0, Relaxed);
-                    metrics.table_write_failures.fetch_add(1, Relaxed);
+                    metrics.table_ok.set(0);
+                    metrics.table_write_failures.inc();
                     if failing.as_deref() != Some(e.as_str()) {
                         warn!("could not write the rate table, retrying every {RETRY:?}; the shims' grants are unaffected: {e}");
                     }

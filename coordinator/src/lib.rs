@@ -4,6 +4,8 @@
 //! `drum-agent` reuses [`net`] for its side of the connection.
 
 pub mod admin;
+pub mod http;
+pub mod metrics;
 pub mod net;
 pub mod pki;
 pub mod server;

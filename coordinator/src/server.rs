@@ -770,7 +770,7 @@ async fn accept_loop(
             let conn = match incoming.await {
                 Ok(c) => c,
                 Err(e) => {
-                    metrics.refused_handshakes.fetch_add(1, Ordering::Relaxed);
+                    metrics.refused_handshakes.inc();
                     warn!(%remote, "refused connection: {e}");
                     return;
                 }
@@ -856,7 +856,7 @@ async fn connection(
             Ok(Some(AgentMsg::Join(j)))
                 if policy.bind_host && !net::certificate_names(&conn, &j.host) =>
             {
-                metrics.refused_joins.fetch_add(1, Ordering::Relaxed);
+                metrics.refused_joins.inc();
                 let reason = format!(
                     "the client certificate is not issued to host {:?} (no such DNS name)",
                     j.host
@@ -877,7 +877,7 @@ async fn connection(
             }
             Ok(None) => break Ok(()),
             Err(NetError::Wire(e)) => {
-                metrics.refused_frames.fetch_add(1, Ordering::Relaxed);
+                metrics.refused_frames.inc();
                 warn!(%remote, member = id, "refused frame: {e}; closing the connection");
                 conn.close(net::CLOSE_PROTOCOL.into(), e.to_string().as_bytes());
                 break Ok(());
@@ -925,7 +925,7 @@ async fn core_loop(
                             .collect();
                         for (id, e) in revoked {
                             let l = writers.remove(&id).expect("listed above");
-                            metrics.refused_handshakes.fetch_add(1, Ordering::Relaxed);
+                            metrics.refused_handshakes.inc();
                             warn!(
                                 member = id,
                                 remote = %l.remote,

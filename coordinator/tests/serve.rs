@@ -2,6 +2,7 @@
 //! commands against it (`status`, `set-capacity`, `drain-host`, `undrain-host`). Agents are
 //! covered by drum-agent's tests/cluster.rs.
 
+use std::io::{Read, Write};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -158,6 +159,63 @@ fn serve_answers_operator_commands() {
         .unwrap()
         .1;
     assert!(metrics.contains("drum_coordinator_members 0"), "{metrics}");
+    assert!(
+        metrics.contains("drum_coordinator_rounds_total 0"),
+        "{metrics}"
+    );
+    assert!(metrics.ends_with("# EOF\n"), "{metrics}");
+
+    // The HTTP stack's limits on the real daemon: a browser's change on the socket, a
+    // malformed request, an oversized head and body, a connection that sends nothing.
+    let idle = {
+        let admin = admin.clone();
+        std::thread::spawn(move || {
+            let (reply, took) = raw(&admin, b"");
+            assert!(reply.is_empty(), "{reply}");
+            took
+        })
+    };
+    let mut s = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    s.write_all(b"POST /drain?host=h1 HTTP/1.1\r\nHost: x\r\nOrigin: http://example.com\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 403"), "{reply}");
+    assert!(
+        !String::from_utf8_lossy(&run(&["status", "--admin", &admin]).stdout)
+            .contains("drained: h1")
+    );
+    let (reply, _) = raw(&admin, b"BREW /pot HTCPCP/1.0\r\n\r\n");
+    assert!(reply.is_empty() || reply.contains(" 400 "), "{reply}");
+    let head = format!(
+        "GET /status HTTP/1.1\r\nHost: x\r\nX: {}\r\n\r\n",
+        "a".repeat(16384)
+    );
+    let (reply, _) = raw(&admin, head.as_bytes());
+    assert!(reply.starts_with("HTTP/1.1 431"), "{reply}");
+    let body = format!(
+        "POST /status HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\nConnection: close\r\n\r\n{}",
+        "b".repeat(100000)
+    );
+    let (reply, _) = raw(&admin, body.as_bytes());
+    assert!(reply.starts_with("HTTP/1.1 413"), "{reply}");
+    let took = idle.join().unwrap();
+    assert!(
+        took >= Duration::from_secs(4) && took < Duration::from_secs(8),
+        "an idle connection was closed after {took:?}, not the 5 s header timeout"
+    );
+}
+
+/// Sends `bytes` to the TCP admin endpoint, reads until it closes; the reply and how long.
+fn raw(admin: &str, bytes: &[u8]) -> (String, Duration) {
+    let mut s = std::net::TcpStream::connect(admin).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let t = Instant::now();
+    // The server may refuse (and close) before reading all of an oversized request.
+    let _ = s.write_all(bytes);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    (String::from_utf8_lossy(&out).into_owned(), t.elapsed())
 }
 
 #[test]
