@@ -41,7 +41,15 @@ fn pid(dir: &Path, name: &str) -> Option<i32> {
 
 /// Whether the daemon of `DIR/NAME.pid` runs (and is ours: mentions `marker`).
 pub fn running(dir: &Path, name: &str, marker: &str) -> bool {
-    pid(dir, name).is_some_and(|p| ours(p, marker))
+    running_pid(dir, name, marker).is_some()
+}
+
+/// The pid of the daemon of `DIR/NAME.pid` if it runs and is ours (reaping it first if it
+/// exited as this process's child, so that a zombie does not look alive).
+pub fn running_pid(dir: &Path, name: &str, marker: &str) -> Option<i32> {
+    let p = pid(dir, name)?;
+    reap(p);
+    ours(p, marker).then_some(p)
 }
 
 /// Stops the daemon of `DIR/NAME.pid` (SIGTERM, then SIGKILL after `grace`) if it is still
