@@ -105,10 +105,29 @@ fn soak(
     period: Duration,
     plan: &[schedule::Fault],
 ) -> Result<()> {
-    let load_before = load_average();
     let mut work = Workload::start(cluster, (period + KV_BEYOND).as_secs())?;
+    let r = soak_with(cluster, &mut work, o, period, plan);
+    if r.is_err() {
+        let keep = logs_dir(cluster.dir());
+        let _ = std::fs::create_dir_all(&keep);
+        for a in &work.apps {
+            let _ = std::fs::write(keep.join(format!("app-{}.log", a.name)), a.tail(usize::MAX));
+        }
+    }
+    r
+}
+
+/// The soak with the workload running.
+fn soak_with(
+    cluster: &Cluster,
+    work: &mut Workload,
+    o: &ChaosOptions,
+    period: Duration,
+    plan: &[schedule::Fault],
+) -> Result<()> {
+    let load_before = load_average();
     let t0 = Instant::now();
-    let first = settle(cluster, &mut work, CONVERGE_LIMIT)
+    let first = settle(cluster, work, CONVERGE_LIMIT)
         .map_err(|e| broken("convergence", format!("before any fault: {e}")))?;
     println!(
         "chaos: cluster settled in {:.1} s; {} faults over {:.0} s (seed {})",
@@ -118,16 +137,16 @@ fn soak(
         o.seed
     );
     let mut soak = Soak::new(cluster);
-    soak.run(&schedule::steps(plan), period, &mut work)?;
+    soak.run(&schedule::steps(plan), period, work)?;
     let reconverged =
-        settle(cluster, &mut work, RECONVERGE_LIMIT).map_err(|e| broken("reconvergence", e))?;
+        settle(cluster, work, RECONVERGE_LIMIT).map_err(|e| broken("reconvergence", e))?;
     println!(
         "chaos: reconverged {:.1} s after the last fault",
         reconverged.as_secs_f64()
     );
     let kv = work
         .check_kv(KV_BEYOND + Duration::from_secs(30))
-        .map_err(|e| broken("data-loss", e))?;
+        .map_err(|e| broken("data-loss", format!("{e}\n{}", grants_now(cluster))))?;
     let bulk = work
         .apps
         .iter_mut()
@@ -174,9 +193,7 @@ impl TearDown<'_> {
     /// for the post-mortem of a broken invariant.
     fn keep_logs(&self) {
         let dir = self.0.dir();
-        let mut keep = dir.as_os_str().to_owned();
-        keep.push(".logs");
-        let keep = PathBuf::from(keep);
+        let keep = logs_dir(dir);
         let _ = std::fs::create_dir_all(&keep);
         for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
             if e.path().extension().is_some_and(|x| x == "log") {
@@ -196,6 +213,13 @@ impl Drop for TearDown<'_> {
             eprintln!("drum-testbed chaos: cluster down: {e:#}");
         }
     }
+}
+
+/// Where a failed soak keeps the daemons' and applications' logs: `DIR.logs`.
+fn logs_dir(dir: &Path) -> PathBuf {
+    let mut keep = dir.as_os_str().to_owned();
+    keep.push(".logs");
+    PathBuf::from(keep)
 }
 
 /// Waits until every host is a member and every sending app holds a steady grant; how long
@@ -475,7 +499,13 @@ impl<'a> Soak<'a> {
             if let Some(s) = a.exited() {
                 return Err(broken(
                     "app-exit",
-                    format!("{} on {} exited with {s}:\n{}", a.name, a.host, a.tail(20)),
+                    format!(
+                        "{} on {} exited with {s}:\n{}\n{}",
+                        a.name,
+                        a.host,
+                        a.tail(20),
+                        grants_now(self.cluster)
+                    ),
                 ));
             }
             if let Some(p) = self.stalls.get_mut(&format!("{}@{}", a.name, a.host)) {
@@ -484,11 +514,12 @@ impl<'a> Soak<'a> {
                     return Err(broken(
                         "app-stall",
                         format!(
-                            "{} on {} made no progress for {:.1} s:\n{}",
+                            "{} on {} made no progress for {:.1} s:\n{}\n{}",
                             a.name,
                             a.host,
                             p.stalled(now).as_secs_f64(),
-                            a.tail(10)
+                            a.tail(10),
+                            grants_now(self.cluster)
                         ),
                     ));
                 }
@@ -496,6 +527,22 @@ impl<'a> Soak<'a> {
         }
         Ok(())
     }
+}
+
+/// Every agent's grants now, for the report of an application that stalled or failed:
+/// whether DRUM held it back.
+fn grants_now(cluster: &Cluster) -> String {
+    let mut out = String::from("the agents' grants now:");
+    for h in 0..HOSTS {
+        let Some(pid) = cluster.pid(&Daemon::Agent(host(h))) else {
+            out.push_str(&format!("\n  {}: no agent", host(h)));
+            continue;
+        };
+        for (table, g) in tables::grants(pid) {
+            out.push_str(&format!("\n  {} {table}: {}", host(h), describe(&g)));
+        }
+    }
+    out
 }
 
 fn host_of(t: Target) -> usize {

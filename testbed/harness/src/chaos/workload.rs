@@ -23,6 +23,8 @@ pub struct App {
     /// Whether its output shows progress: a client's, or the server's for its client.
     pub watched: bool,
     output: Arc<Mutex<Vec<String>>>,
+    /// What it printed on stdout alone (the key-value client's summary).
+    stdout: Arc<Mutex<String>>,
 }
 
 impl App {
@@ -44,15 +46,25 @@ impl App {
         let output = Arc::new(Mutex::new(Vec::new()));
         let out = child.stdout.take().expect("piped");
         let err = child.stderr.take().expect("piped");
-        for (stream, counts) in [
-            (Box::new(out) as Box<dyn Read + Send>, counts),
-            (Box::new(err) as Box<dyn Read + Send>, None),
+        let stdout = Arc::new(Mutex::new(String::new()));
+        for (stream, counts, whole) in [
+            (
+                Box::new(out) as Box<dyn Read + Send>,
+                counts,
+                Some(stdout.clone()),
+            ),
+            (Box::new(err) as Box<dyn Read + Send>, None, None),
         ] {
             let (progress, output) = (progress.clone(), output.clone());
             std::thread::spawn(move || {
                 for line in BufReader::new(stream).lines().map_while(Result::ok) {
                     if let Some(v) = counts.and_then(|c| c(&line, progress.load(Relaxed))) {
                         progress.store(v, Relaxed);
+                    }
+                    if let Some(w) = &whole {
+                        let mut w = w.lock().expect("not poisoned");
+                        w.push_str(&line);
+                        w.push('\n');
                     }
                     output.lock().expect("not poisoned").push(line);
                 }
@@ -65,6 +77,7 @@ impl App {
             progress,
             watched: counts.is_some(),
             output,
+            stdout,
         })
     }
 
@@ -103,9 +116,9 @@ impl App {
             .join("\n")
     }
 
-    /// Every line it printed.
-    pub fn lines(&self) -> Vec<String> {
-        self.output.lock().expect("not poisoned").clone()
+    /// Everything it printed on stdout.
+    pub fn stdout(&self) -> String {
+        self.stdout.lock().expect("not poisoned").clone()
     }
 }
 
@@ -237,11 +250,8 @@ impl Workload {
         let Some(status) = c.wait(limit) else {
             bail!("the drum-kv client did not finish within {limit:?}");
         };
-        let summary: Option<Value> = c.lines().iter().rev().find_map(|l| {
-            serde_json::from_str::<Value>(l)
-                .ok()
-                .filter(|v| v.is_object())
-        });
+        // `--json`: the summary is all it prints on stdout (pretty-printed).
+        let summary: Option<Value> = serde_json::from_str(&c.stdout()).ok();
         let errors = summary.as_ref().and_then(|v| v["errors"].as_u64());
         if !status.success() || errors != Some(0) {
             bail!(
