@@ -8,9 +8,13 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Starts `cmd` detached, logging to `DIR/NAME.log`, its pid in `DIR/NAME.pid`.
+/// Starts `cmd` detached, logging to `DIR/NAME.log` (appended to: a daemon started again
+/// keeps the log of its previous run, which says why it went), its pid in `DIR/NAME.pid`.
 pub fn start(dir: &Path, name: &str, cmd: &mut Command) -> Result<u32> {
-    let log = std::fs::File::create(dir.join(format!("{name}.log")))
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("{name}.log")))
         .with_context(|| format!("creating {name}.log in {}", dir.display()))?;
     let child = cmd
         .stdin(Stdio::null())

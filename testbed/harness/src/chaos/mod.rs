@@ -12,7 +12,9 @@
 //! - `data-loss`: the key-value client read every value intact (checksums) and failed no
 //!   operation;
 //! - `reconvergence`: after the last fault every host is a member again and every sending
-//!   app holds a steady grant within [`RECONVERGE_LIMIT`].
+//!   app holds a steady grant within [`RECONVERGE_LIMIT`];
+//! - `panic`, `protocol`: no daemon's log shows a panic, nor a connection the coordinator
+//!   closed as a protocol violation.
 
 mod invariants;
 mod schedule;
@@ -144,6 +146,7 @@ fn soak_with(
         "chaos: reconverged {:.1} s after the last fault",
         reconverged.as_secs_f64()
     );
+    check_logs(cluster)?;
     let kv = work
         .check_kv(KV_BEYOND + Duration::from_secs(30))
         .map_err(|e| broken("data-loss", format!("{e}\n{}", grants_now(cluster))))?;
@@ -527,6 +530,27 @@ impl<'a> Soak<'a> {
         }
         Ok(())
     }
+}
+
+/// What the daemons' logs must not say, with the invariant it breaks: a panic, or the
+/// coordinator closing an agent's connection as a protocol violation (QUIC code 1), which
+/// a well-behaved agent never commits, faults or not.
+const LOG_FAULTS: [(&str, &str); 2] = [("panicked", "panic"), ("(code 1)", "protocol")];
+
+/// Checks every daemon's log (kept across its restarts) for [`LOG_FAULTS`].
+fn check_logs(cluster: &Cluster) -> Result<()> {
+    let all =
+        std::iter::once(Daemon::Coordinator).chain((0..HOSTS).map(|h| Daemon::Agent(host(h))));
+    for d in all {
+        let log = std::fs::read_to_string(cluster.dir().join(format!("{}.log", d.name())))
+            .unwrap_or_default();
+        for (pattern, invariant) in LOG_FAULTS {
+            if let Some(line) = log.lines().find(|l| l.contains(pattern)) {
+                return Err(broken(invariant, format!("{}: {line}", d.name())));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Every agent's grants now, for the report of an application that stalled or failed:

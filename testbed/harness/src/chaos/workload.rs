@@ -174,6 +174,12 @@ impl Workload {
             "-D",
             "1",
             "--run_infinitely",
+            // A transport timeout of 1 s a retry (4.096 µs · 2^18) rather than perftest's
+            // 67 ms: a loaded 2-core machine can deschedule softrnic's engines for longer
+            // than the default 7 retries cover (a 10-minute soak with a build running beside
+            // it ended in IBV_WC_RETRY_EXC_ERR), which tests the machine, not DRUM.
+            "-u",
+            "18",
             "-p",
             PERFTEST_PORT,
         ]);
