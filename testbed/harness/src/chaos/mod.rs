@@ -168,6 +168,9 @@ fn soak_with(
         "faults_by_kind": soak.by_kind,
         "settled_s": first.as_secs_f64(),
         "reconverged_s": reconverged.as_secs_f64(),
+        // The period's end may come a few seconds after the last fault was undone.
+        "reconverged_since_last_undo_s": reconverged.as_secs_f64()
+            + (period - plan.iter().map(|f| f.ends()).max().unwrap_or_default()).as_secs_f64(),
         "reconverge_limit_s": RECONVERGE_LIMIT.as_secs_f64(),
         "fail_static_windows": soak.windows,
         "fail_static_checked_s": soak.checked.as_secs_f64(),
@@ -577,13 +580,14 @@ fn host_of(t: Target) -> usize {
 }
 
 /// Puts a directory where the agent writes its table's temporary file, so that creating it
-/// fails. The agent's own temporary file may be there for a moment; then try again.
+/// fails. A temporary file already there is removed first: one a killed agent left behind
+/// stays for ever, and one being written makes that write fail, which is the fault anyway.
 fn block_table(tmp: &Path) -> Result<()> {
     for _ in 0..50 {
         match std::fs::create_dir(tmp) {
             Ok(()) => return Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                std::thread::sleep(Duration::from_millis(10))
+                let _ = std::fs::remove_file(tmp);
             }
             Err(e) => return Err(e).with_context(|| format!("creating {}", tmp.display())),
         }
