@@ -370,8 +370,9 @@ impl ShimHub {
                 .optimiser
                 .get(&d.app)
                 .filter(|o| (o.rate, o.cqe_per_wqe) == (rate, d.cqe_per_wqe));
-            let bytes_per_wqe = match same {
-                Some(o) => o.bytes_per_wqe,
+            // A size not known when the decision was taken is taken as soon as it is.
+            let bytes_per_wqe = match same.and_then(|o| o.bytes_per_wqe) {
+                Some(b) => Some(b),
                 None => st.bytes_per_wqe(&d.app),
             };
             st.optimiser.insert(
