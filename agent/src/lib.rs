@@ -571,7 +571,10 @@ async fn run_inner(
         if let Some(t) = &table {
             t.publish(rate_table::table_file(problem, core, state));
         }
-        if let Some(hub) = &hub {
+        // Fail-static: the shims keep the grants of the last round. The rates do not move
+        // without rounds, but the demand feed goes on measuring each app's `a`, which would
+        // move its polling grant with no coordinator to price it (found by the chaos soak).
+        if let Some(hub) = hub.as_ref().filter(|_| state != LinkState::FailStatic) {
             hub.set_rates(&rate_table::app_decisions(problem, core));
         }
     };
@@ -768,6 +771,10 @@ async fn session(
         // The previous coordinator's facility numbers mean nothing to this one: until its
         // table arrives, a rebuild (an app arriving) must not name them in an `Update`.
         l.view.facilities.clear();
+        // Nor may a report: the row still carries them until it is rebuilt for this
+        // connection (a restarted coordinator refused such a report as a protocol violation
+        // and closed the connection; found by the chaos soak).
+        l.dirty = true;
     }
     let mut actions = core.on_connected(origin.elapsed(), problem);
     let mut stop = false;

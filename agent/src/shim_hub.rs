@@ -112,6 +112,10 @@ struct Decided {
     rate: f64,
     cqe_per_wqe: f64,
     weight: f64,
+    /// The app's mean send size when this decision was taken, which turns its WQE rate into
+    /// the polling grant: fixed with the decision, so that republishing it (a shim
+    /// registering, fail-static) gives the same grant, not one following the measurement.
+    bytes_per_wqe: Option<f64>,
 }
 
 fn d_socket() -> PathBuf {
@@ -419,12 +423,22 @@ impl ShimHub {
             } else {
                 self.shared.settings.parked_rate
             };
+            let same = st
+                .optimiser
+                .get(&d.app)
+                .filter(|o| (o.rate, o.cqe_per_wqe) == (rate, d.cqe_per_wqe));
+            // A size not known when the decision was taken is taken as soon as it is.
+            let bytes_per_wqe = match same.and_then(|o| o.bytes_per_wqe) {
+                Some(b) => Some(b),
+                None => st.bytes_per_wqe(&d.app),
+            };
             st.optimiser.insert(
                 d.app.clone(),
                 Decided {
                     rate,
                     cqe_per_wqe: d.cqe_per_wqe,
                     weight: d.weight,
+                    bytes_per_wqe,
                 },
             );
         }
@@ -658,12 +672,7 @@ impl Shared {
         // only a polling pin meters its completions).
         let polling = || {
             let d = decided.filter(|_| pin.rate.is_none())?;
-            poll_grant(
-                d.rate,
-                d.cqe_per_wqe,
-                s.line_rate_bytes(),
-                st.bytes_per_wqe(app),
-            )
+            poll_grant(d.rate, d.cqe_per_wqe, s.line_rate_bytes(), d.bytes_per_wqe)
         };
         Grant {
             rate_bytes_per_s: fraction.map_or(0, |f| (f * s.line_rate_bytes()).round() as u64),
@@ -1340,6 +1349,37 @@ mod tests {
         let path = hub.socket().to_path_buf();
         drop(hub);
         assert!(!path.exists(), "socket removed on stop");
+    }
+
+    /// The polling grant turns the WQE rate into completions with the app's mean send size
+    /// as measured when the rate was decided: the same decision published again (a shim
+    /// registering, an agent holding its grants while the coordinator is away) gives the same
+    /// grant however the app's sends changed since; the next decision uses the new size.
+    #[test]
+    fn a_republished_decision_keeps_its_polling_grant() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = ShimHub::start(settings(dir.path()), None).unwrap();
+        let a = connect(hub.socket());
+        let (_, fd) = hello(&a, std::process::id(), "free");
+        let t = Mapping::open(fd.unwrap().as_raw_fd()).unwrap();
+        let sends = |wqes: u64, bytes: u64| {
+            t.table().shim.send_wqes.store(wqes, Relaxed);
+            t.table().shim.send_bytes.store(bytes, Relaxed);
+        };
+        let cqe = || t.table().read_grant().unwrap().rate_cqe_per_s;
+        sends(1000, 1000 * 65536);
+        hub.set_rates(&[decided("free", true, 0.5)]);
+        let large = cqe();
+        assert!(large > 0);
+        sends(2000, 1000 * 65536 + 1000 * 512);
+        hub.set_rates(&[decided("free", true, 0.5)]);
+        assert_eq!(cqe(), large, "the same decision, the same grant");
+        hub.set_rates(&[decided("free", true, 0.4)]);
+        assert!(
+            cqe() > large,
+            "a new decision uses the smaller sends: {}",
+            cqe()
+        );
     }
 
     /// An app's traffic shares come from its QPs' byte reports: before it sends, its

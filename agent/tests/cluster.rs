@@ -1760,7 +1760,7 @@ fn a_live_cluster_relearns_its_problem_from_a_restarted_coordinator() {
     let coord = Coord::start(settings.clone());
     let addr = coord.addr;
     let socket = |h: usize| c.dir.path().join(format!("shim-{h}.sock"));
-    let _agents: Vec<Agent> = (0..2)
+    let agents: Vec<Agent> = (0..2)
         .map(|h| {
             let extra = format!(
                 "[shim]\nsocket = {:?}\nline_rate_gbps = 8.0\n[nic]\ngids = [\"10.9.1.{}\"]\n",
@@ -1804,6 +1804,11 @@ fn a_live_cluster_relearns_its_problem_from_a_restarted_coordinator() {
     wait_for("host 0's table live", Duration::from_secs(5), || {
         c.table(0).is_some_and(|t| t.state == LinkState::Live)
     });
+    // Found by the chaos soak: the first report to the new coordinator named the old one's
+    // facility numbers, which it refused, closing the connection.
+    for a in &agents {
+        assert!(!a.log().contains("bad host report"), "{}", a.log());
+    }
 }
 
 /// A port free now, for an agent's `metrics_listen`.

@@ -209,7 +209,12 @@ impl QpTable {
         self.slots
             .iter()
             .filter(|s| s.key.load(Relaxed) != 0)
-            .filter_map(|s| s.gov.try_lock().ok().map(|g| g.inflight.outstanding()))
+            .filter_map(|s| {
+                s.gov.try_lock().ok().map(|g| {
+                    g.inflight
+                        .outstanding_in(crate::govern::TRACKING_EPOCH.load(Relaxed))
+                })
+            })
             .sum()
     }
 

@@ -222,12 +222,24 @@ pub fn apply(grant: Option<&Grant>) {
     LIMITS.quantum_ns.store(q * 1000, Relaxed);
     LIMITS.long_msg.store(g.long_msg_bytes, Relaxed);
     let tracking = g.max_active_qps > 0 || g.long_msg_bytes > 0;
+    if tracking && !LIMITS.tracking.load(Relaxed) {
+        // A new tracking period: what was posted before may have completed unseen.
+        TRACKING_EPOCH.fetch_add(1, Relaxed);
+    }
     LIMITS.tracking.store(tracking, Relaxed);
     LIMITS.active.store(
         byte.is_some() || wqe.is_some() || tracking || CAPS_PRESENT.load(Relaxed),
         Release,
     );
     LIMITS.generation.store(g.generation, Relaxed);
+    if g.max_active_qps > 0 {
+        // A larger gate has room for QPs waiting now: nothing else would hand it to them
+        // until a holder released its slot.
+        let granted = GATE.lock().fill(now / 1000, g.max_active_qps as usize);
+        if !granted.is_empty() {
+            crate::engine::grant(&granted);
+        }
+    }
     if g.max_active_qps == 0 {
         // No gate any more: everyone waiting for a slot may go.
         let waiting = {
@@ -330,6 +342,15 @@ pub fn consume_completions(now: u64, n: u64) {
     if let Some(g) = limiter(&LIMITS.cqe).filter(|_| n > 0) {
         let _ = CQE_TAT.fetch_update(Relaxed, Relaxed, |t| Some(g.advance(t, now, n)));
     }
+}
+
+/// The tracking period of work in flight, bumped whenever tracking starts (see
+/// [`InFlight::in_epoch`]).
+pub static TRACKING_EPOCH: AtomicU64 = AtomicU64::new(0);
+
+/// A QP's work in flight in the current tracking period.
+fn tracked(g: &mut QpGov) -> &mut InFlight {
+    g.inflight.in_epoch(TRACKING_EPOCH.load(Relaxed))
 }
 
 /// Is `qp` allowed to put work on the NIC now (top-k)?
@@ -480,7 +501,7 @@ pub unsafe fn post(
             let r = unsafe { &*p };
             if tracking {
                 let signalled = g.sig_all || r.send_flags & IBV_SEND_SIGNALED != 0;
-                g.inflight.on_post(signalled);
+                tracked(&mut g).on_post(signalled);
             }
             posted += 1;
             let b = sge_sum(r);
@@ -558,7 +579,7 @@ pub unsafe fn post(
 pub fn settle(st: &ContextState, q: &QpCounters, qpn: u32) {
     let queue_empty = {
         let mut g = q.gov.lock().unwrap_or_else(|e| e.into_inner());
-        if !g.inflight.idle() {
+        if !tracked(&mut g).idle() {
             return;
         }
         let empty = g.queue.is_empty();
@@ -600,9 +621,9 @@ pub fn on_completions(st: &ContextState, done: &[IbvWc]) {
         {
             let mut g = q.gov.lock().unwrap_or_else(|e| e.into_inner());
             if w.status != 0 {
-                g.inflight.on_error();
+                tracked(&mut g).on_error();
             } else if w.opcode < IBV_WC_RECV {
-                g.inflight.on_completion();
+                tracked(&mut g).on_completion();
             } else {
                 continue;
             }
@@ -659,7 +680,7 @@ pub fn serve(st: &ContextState, q: &QpCounters, qpn: u32) -> Option<u64> {
             st.counters.send_wqes.fetch_add(1, Relaxed);
             st.counters.send_bytes.fetch_add(o.bytes, Relaxed);
             if LIMITS.tracking.load(Relaxed) {
-                g.inflight.on_post(o.signalled);
+                tracked(&mut g).on_post(o.signalled);
             }
         } else {
             STATS.deferred_post_errors.fetch_add(1, Relaxed);

@@ -12,9 +12,36 @@ pub struct InFlight {
     done: u64,
     /// Sequence numbers (1-based) of signalled WRs not yet completed.
     signalled: VecDeque<u64>,
+    /// The tracking period these counts belong to (see [`InFlight::in_epoch`]).
+    epoch: u64,
 }
 
 impl InFlight {
+    /// These counts if they belong to tracking period `epoch`, else fresh ones. The shim
+    /// follows completions only while it tracks work in flight: WRs posted in an earlier
+    /// period may have completed unseen (the agent was away, the shim ran ungoverned), and
+    /// counting them still in flight would keep the QP from ever being idle, so that it
+    /// held its gate slot for ever and the app's other QPs starved (found by the chaos
+    /// soak: a drum-kv client stalled after its agent was killed and came back).
+    pub fn in_epoch(&mut self, epoch: u64) -> &mut InFlight {
+        if self.epoch != epoch {
+            *self = InFlight {
+                epoch,
+                ..InFlight::default()
+            };
+        }
+        self
+    }
+
+    /// [`outstanding`](Self::outstanding) as of tracking period `epoch`.
+    pub fn outstanding_in(&self, epoch: u64) -> u64 {
+        if self.epoch == epoch {
+            self.outstanding()
+        } else {
+            0
+        }
+    }
+
     pub fn on_post(&mut self, signalled: bool) {
         self.posted += 1;
         if signalled {
@@ -50,6 +77,21 @@ impl InFlight {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn work_of_an_earlier_tracking_period_is_forgotten() {
+        let mut f = InFlight::default();
+        f.in_epoch(1).on_post(true);
+        f.in_epoch(1).on_post(true);
+        assert!(!f.in_epoch(1).idle());
+        assert_eq!(f.outstanding_in(1), 2);
+        // Tracking stopped and started again: those completions went by unseen.
+        assert_eq!(f.outstanding_in(2), 0);
+        assert!(f.in_epoch(2).idle());
+        f.in_epoch(2).on_post(true);
+        f.in_epoch(2).on_completion();
+        assert!(f.in_epoch(2).idle());
+    }
 
     #[test]
     fn unsignalled_wrs_complete_with_the_next_signalled_one() {

@@ -30,7 +30,7 @@ pub enum Daemon {
 
 impl Daemon {
     /// Its name in the state directory (`NAME.pid`, `NAME.log`).
-    fn name(&self) -> String {
+    pub fn name(&self) -> String {
         match self {
             Daemon::Coordinator => "coordinator".into(),
             Daemon::Agent(h) => format!("agent-{h}"),
@@ -274,6 +274,43 @@ impl Cluster {
         self.start_daemon(d, &self.hosts()?)
     }
 
+    /// The process id of a running daemon of the cluster.
+    pub fn pid(&self, d: &Daemon) -> Option<i32> {
+        let marker = self.dir.to_string_lossy().to_string();
+        daemons::running_pid(&self.dir, &d.name(), &marker)
+    }
+
+    /// Stops a daemon as an operator's restart does (SIGTERM, SIGKILL after a grace) and
+    /// starts it again.
+    pub fn restart(&self, d: &Daemon) -> Result<()> {
+        self.check_daemon(d)?;
+        let marker = self.dir.to_string_lossy().to_string();
+        daemons::stop(&self.dir, &d.name(), &marker, STOP_GRACE);
+        self.start_daemon(d, &self.hosts()?)
+    }
+
+    /// The last `lines` lines of a daemon's log.
+    pub fn log_tail(&self, d: &Daemon, lines: usize) -> String {
+        let text =
+            std::fs::read_to_string(self.dir.join(format!("{}.log", d.name()))).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// `softrnic link HOST up|down`.
+    pub fn link(&self, host: &str, up: bool) -> Result<()> {
+        self.check_host(host)?;
+        run(self
+            .softrnic()?
+            .args(["link", host, if up { "up" } else { "down" }]))
+        .context("softrnic link")
+    }
+
+    /// The state directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     fn check_daemon(&self, d: &Daemon) -> Result<()> {
         match d {
             Daemon::Agent(h) => self.check_host(h),
@@ -316,16 +353,23 @@ impl Cluster {
 
     /// The hosts the coordinator counts as members (0 while it does not answer).
     fn members(&self) -> Result<usize> {
+        Ok(self
+            .status_json()?
+            .map_or(0, |s| s["members"].as_array().map_or(0, Vec::len)))
+    }
+
+    /// `drum-coordinator status --json`; `None` while the coordinator does not answer.
+    pub fn status_json(&self) -> Result<Option<serde_json::Value>> {
         let out = self
             .status_command(true)?
             .stderr(std::process::Stdio::null())
             .output()?;
         if !out.status.success() {
-            return Ok(0);
+            return Ok(None);
         }
-        let status: serde_json::Value = serde_json::from_slice(&out.stdout)
-            .context("drum-coordinator status --json printed no JSON")?;
-        Ok(status["members"].as_array().map_or(0, Vec::len))
+        serde_json::from_slice(&out.stdout)
+            .map(Some)
+            .context("drum-coordinator status --json printed no JSON")
     }
 
     fn status_command(&self, json: bool) -> Result<Command> {

@@ -60,6 +60,7 @@ impl Layout<'_> {
              host = \"{host}\"\n\
              coordinator = \"{coordinator}\"\n\
              server_name = \"localhost\"\n\
+             rate_table = \"{host}/rates.json\"\n\
              [tls]\n\
              ca = \"certs/ca.pem\"\n\
              cert = \"certs/agent-{host}.pem\"\n\
@@ -111,6 +112,11 @@ impl Layout<'_> {
     /// lookups with a gate of 20, 40 % with 16, 0.5 % with 10 (2026-11-26, `softrnic stats`).
     pub fn qp_budget_for(cache: u64) -> u64 {
         cache / 2
+    }
+
+    /// Where the agent of `host` writes its rate table (docs/control-plane.md).
+    pub fn rate_table(dir: &Path, host: &str) -> std::path::PathBuf {
+        dir.join(host).join("rates.json")
     }
 
     /// Where the shims of `host` register with its agent.
@@ -200,6 +206,7 @@ mod tests {
             "host = \"h2\"\n",
             "cert = \"certs/agent-h2.pem\"\n",
             "socket = \"h2/shim.sock\"\n",
+            "rate_table = \"h2/rates.json\"\n",
             "line_rate_gbps = 25\n",
             "qp_budget = 20\n",
             "quantum_us = 1000\n",

@@ -8,9 +8,13 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Starts `cmd` detached, logging to `DIR/NAME.log`, its pid in `DIR/NAME.pid`.
+/// Starts `cmd` detached, logging to `DIR/NAME.log` (appended to: a daemon started again
+/// keeps the log of its previous run, which says why it went), its pid in `DIR/NAME.pid`.
 pub fn start(dir: &Path, name: &str, cmd: &mut Command) -> Result<u32> {
-    let log = std::fs::File::create(dir.join(format!("{name}.log")))
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("{name}.log")))
         .with_context(|| format!("creating {name}.log in {}", dir.display()))?;
     let child = cmd
         .stdin(Stdio::null())
@@ -41,7 +45,15 @@ fn pid(dir: &Path, name: &str) -> Option<i32> {
 
 /// Whether the daemon of `DIR/NAME.pid` runs (and is ours: mentions `marker`).
 pub fn running(dir: &Path, name: &str, marker: &str) -> bool {
-    pid(dir, name).is_some_and(|p| ours(p, marker))
+    running_pid(dir, name, marker).is_some()
+}
+
+/// The pid of the daemon of `DIR/NAME.pid` if it runs and is ours (reaping it first if it
+/// exited as this process's child, so that a zombie does not look alive).
+pub fn running_pid(dir: &Path, name: &str, marker: &str) -> Option<i32> {
+    let p = pid(dir, name)?;
+    reap(p);
+    ours(p, marker).then_some(p)
 }
 
 /// Stops the daemon of `DIR/NAME.pid` (SIGTERM, then SIGKILL after `grace`) if it is still

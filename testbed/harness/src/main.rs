@@ -3,6 +3,7 @@
 //! programs on it under the shim; `run`, `report` and `check` reproduce the DRUM paper's
 //! experiments (docs/testbed.md).
 
+mod chaos;
 mod cluster;
 mod configs;
 mod daemons;
@@ -58,6 +59,20 @@ enum Top {
         seed: u64,
         #[arg(long, default_value = "out/testbed")]
         out: PathBuf,
+    },
+    /// A fault soak: a cluster with applications under the shim while daemons are killed,
+    /// stopped and restarted, links flap and rate-table writes fail; exits non-zero naming
+    /// the first broken invariant (docs/chaos.md).
+    Chaos {
+        /// How long faults are injected (reconvergence is measured after).
+        #[arg(long)]
+        minutes: f64,
+        /// Seed of the fault schedule: the same seed, the same faults.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Write the figures (faults, reconvergence, stalls) to this JSON file.
+        #[arg(long)]
+        json: Option<PathBuf>,
     },
     /// Rebuild every output of DIR (CSV, plots, report.html) from its raw runs.
     Report { dir: PathBuf },
@@ -177,6 +192,18 @@ fn run(cli: Cli) -> Result<()> {
                 out,
             })
         }
+        Top::Chaos {
+            minutes,
+            seed,
+            json,
+        } => chaos::run(
+            &dir,
+            &chaos::ChaosOptions {
+                minutes,
+                seed,
+                json,
+            },
+        ),
         Top::Report { dir } => report::build(&dir),
         Top::Check { dir } => report::check(&dir),
     }
