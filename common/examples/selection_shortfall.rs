@@ -2,7 +2,8 @@
 //! the shortfall of `solve`'s activation value below the best over every choice of active
 //! sets, as a distribution (docs/benchmarks.md).
 //!
-//! `cargo run --release -p drum-common --example selection_shortfall -- [instances] [first seed]`
+//! `cargo run --release -p drum-common --example selection_shortfall -- [instances] [first seed]
+//! [polish trials]` (defaults: 300, 0, `SolveOptions`'s; 0 trials: the swap rounds alone).
 
 use drum_common::exact::{choices, optimum, random_small};
 use drum_common::solver::{activation_value, solve, SolveOptions};
@@ -12,14 +13,22 @@ const MAX_CHOICES: usize = 12_000;
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let count: u64 = args.next().map_or(200, |a| a.parse().expect("instances"));
+    let count: u64 = args.next().map_or(300, |a| a.parse().expect("instances"));
     let first: u64 = args.next().map_or(0, |a| a.parse().expect("first seed"));
+    let opts = SolveOptions {
+        polish_trials: args
+            .next()
+            .map_or(SolveOptions::default().polish_trials, |a| {
+                a.parse().expect("polish trials")
+            }),
+        ..SolveOptions::default()
+    };
     let mut shortfalls = Vec::new();
     let (mut moves, mut trials, mut unsettled) = (0, 0, 0);
     for seed in first..first + count {
         let p = random_small(seed, MAX_CHOICES);
         let (best, _) = optimum(&p);
-        let s = solve(&p, &SolveOptions::default());
+        let s = solve(&p, &opts);
         let got = activation_value(&p, &s.hosts);
         let shortfall = ((best - got) / best.abs().max(f64::MIN_POSITIVE)).max(0.0);
         println!(
@@ -36,7 +45,7 @@ fn main() {
         );
         moves += s.polish.moves;
         trials += s.polish.trials;
-        unsettled += usize::from(!s.polish.settled);
+        unsettled += usize::from(opts.polish_trials > 0 && !s.polish.settled);
         shortfalls.push(shortfall);
     }
     shortfalls.sort_by(f64::total_cmp);

@@ -70,7 +70,7 @@ impl Default for SolveOptions {
             certificate_iters: 30,
             polish_trials: 64,
             polish_candidates: 8,
-            polish_iters: 200,
+            polish_iters: 50,
         }
     }
 }
