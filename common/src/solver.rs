@@ -36,7 +36,7 @@ pub struct SolveOptions {
     pub max_iter: usize,
     /// Cap on inner iterations between two selection rounds.
     pub iters_per_round: usize,
-    /// Selection rounds (0: keep the initial active sets).
+    /// Selection rounds (0: none; with `polish_trials` 0 too the initial active sets stay).
     pub rounds: usize,
     pub eps_primal: f64,
     pub eps_dual: f64,
