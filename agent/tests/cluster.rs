@@ -1615,6 +1615,8 @@ fn the_live_problem_is_learnt_from_the_shims_and_its_snapshot_solves_to_the_live
             eps_primal: 1e-12,
             eps_dual: 1e-12,
             max_iter: 20_000,
+            // The service runs the swap rounds only, not `solve`'s verified local search.
+            polish_trials: 0,
             ..SolveOptions::default()
         },
     );

@@ -708,6 +708,8 @@ mod tests {
             eps_dual: 1e-12,
             max_iter: 20_000,
             certificate_iters: 0,
+            // The control plane runs the swap rounds, not the verified search (docs/model.md).
+            polish_trials: 0,
             ..Default::default()
         };
         let mut coord = Coordinator::new_live(

@@ -209,6 +209,75 @@ pub fn evaluate_present(
     }
 }
 
+/// One host's proposal to the verified local search (`solver::polish`): park a member,
+/// activate an outsider (at `x`, its best response at current prices), or both. `estimate` is
+/// the first-order gain the surpluses predict; the coordinator re-solves before it believes it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Move {
+    pub host: usize,
+    pub swap: Swap,
+    pub estimate: f64,
+}
+
+/// Host `host`'s `limit` most promising moves at the given prices and multipliers: every
+/// exchange of a member for an outsider, every activation into a free slot and every plain
+/// park, ranked by predicted gain — surplus gained minus surplus lost, each discounted by
+/// recent activity as the swap rounds' keys are (so among near-equal moves the one that
+/// activates a long-parked app is tried first). Unlike [`evaluate_host`] there is no coin and
+/// no margin: nothing here is applied before the coordinator has checked it.
+#[allow(clippy::too_many_arguments)]
+pub fn propose_moves(
+    problem: &Problem,
+    host: usize,
+    active: &[usize],
+    price: impl Fn(u32) -> f64,
+    mu: f64,
+    nu: f64,
+    activity: &[f32],
+    opts: &SelectionOptions,
+    limit: usize,
+) -> Vec<Move> {
+    let (mut members, mut outsiders) = (Vec::new(), Vec::new());
+    for p in problem.hosts[host].pairs.clone() {
+        let pair = &problem.pairs[p];
+        let charge = pair.charge(&price) + mu + nu * pair.cqe_per_wqe;
+        let (l, x) = surplus(problem, host, p, charge);
+        let key = l * (1.0 - opts.fairness * activity[p] as f64 * l.signum());
+        if active.binary_search(&p).is_ok() {
+            members.push((key, p));
+        } else {
+            outsiders.push((key, p, x));
+        }
+    }
+    // The best moves pair low members with high outsiders: only `limit` of each can matter.
+    members.sort_by(|a, b| a.0.total_cmp(&b.0));
+    members.truncate(limit);
+    outsiders.sort_by(|a, b| b.0.total_cmp(&a.0));
+    outsiders.truncate(limit);
+    let mut moves = Vec::new();
+    let mut push = |park: Option<usize>, activate: Option<(usize, f64)>, estimate: f64| {
+        moves.push(Move {
+            host,
+            swap: Swap { park, activate },
+            estimate,
+        })
+    };
+    if active.len() < problem.slots(host) {
+        for &(key, p, x) in &outsiders {
+            push(None, Some((p, x)), key);
+        }
+    }
+    for &(member_key, m) in &members {
+        push(Some(m), None, -member_key);
+        for &(key, p, x) in &outsiders {
+            push(Some(m), Some((p, x)), key - member_key);
+        }
+    }
+    moves.sort_by(|a, b| b.estimate.total_cmp(&a.estimate));
+    moves.truncate(limit);
+    moves
+}
+
 /// A host's Lagrangian relaxation at given prices and multipliers: its `k` best pairs by surplus
 /// (positive ones only), what they would use, and the host's share of the weak-duality bound.
 #[derive(Clone, Debug, PartialEq)]

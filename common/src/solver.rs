@@ -5,6 +5,8 @@
 use crate::admm::{accumulate, Contribution, CoordinatorState, HostState, Residuals};
 use crate::dual::{DualState, DualStep};
 use crate::model::Problem;
+use crate::polish::polish;
+pub use crate::polish::PolishReport;
 use crate::rng::SplitMix64;
 use crate::selection::{evaluate_host, initial_active, relax_host, SelectionOptions};
 use rayon::prelude::*;
@@ -34,7 +36,7 @@ pub struct SolveOptions {
     pub max_iter: usize,
     /// Cap on inner iterations between two selection rounds.
     pub iters_per_round: usize,
-    /// Selection rounds (0: keep the initial active sets).
+    /// Selection rounds (0: none; with `polish_trials` 0 too the initial active sets stay).
     pub rounds: usize,
     pub eps_primal: f64,
     pub eps_dual: f64,
@@ -44,6 +46,13 @@ pub struct SolveOptions {
     pub priced_start: bool,
     /// Subgradient steps on the relaxed dual that tighten the final certificate (0: none).
     pub certificate_iters: usize,
+    /// Verified local search after the swap rounds ([`polish`]): at most this many trial
+    /// re-solves (0: none).
+    pub polish_trials: usize,
+    /// Moves each host proposes per step of the local search.
+    pub polish_candidates: usize,
+    /// Cap on the ADMM iterations of one trial re-solve.
+    pub polish_iters: usize,
 }
 
 impl Default for SolveOptions {
@@ -59,6 +68,9 @@ impl Default for SolveOptions {
             selection: SelectionOptions::default(),
             priced_start: true,
             certificate_iters: 30,
+            polish_trials: 64,
+            polish_candidates: 8,
+            polish_iters: 50,
         }
     }
 }
@@ -111,6 +123,7 @@ pub struct Solution {
     pub hosts: Vec<HostState>,
     pub rounds: Vec<RoundReport>,
     pub trace: Vec<TraceRow>,
+    pub polish: PolishReport,
 }
 
 impl Solution {
@@ -156,6 +169,7 @@ pub fn price_reference(problem: &Problem) -> f64 {
 }
 
 /// The inner algorithm's state.
+#[derive(Clone)]
 enum Inner {
     Admm(CoordinatorState),
     Dual(DualState),
@@ -171,6 +185,7 @@ impl Inner {
 }
 
 /// Inner algorithm plus host states: everything one iteration touches.
+#[derive(Clone)]
 pub struct Engine<'p> {
     problem: &'p Problem,
     inner: Inner,
@@ -309,20 +324,31 @@ impl<'p> Engine<'p> {
         &self.sums
     }
 
-    /// Applies a selection round's swaps; returns how many were applied.
-    fn apply_swaps(&mut self, swaps: Vec<(usize, crate::selection::Swap)>) -> usize {
+    pub fn problem(&self) -> &'p Problem {
+        self.problem
+    }
+
+    /// Per facility, what its active members use at `x_min`.
+    pub fn floor_usage(&self) -> Vec<f64> {
         let problem = self.problem;
-        let x_min = problem.params.x_min;
-        // Floor usage per facility: a pair may join only if each of its facilities can still
-        // carry every member at x_min, so the feasible projection always exists.
         let mut floor = vec![0.0; problem.facilities.len()];
         for h in &self.hosts {
             for &p in &h.active {
                 for &(f, b) in &problem.pairs[p].uses {
-                    floor[f as usize] += b * x_min;
+                    floor[f as usize] += b * problem.params.x_min;
                 }
             }
         }
+        floor
+    }
+
+    /// Applies a selection round's swaps; returns how many were applied.
+    pub(crate) fn apply_swaps(&mut self, swaps: Vec<(usize, crate::selection::Swap)>) -> usize {
+        let problem = self.problem;
+        let x_min = problem.params.x_min;
+        // Floor usage per facility: a pair may join only if each of its facilities can still
+        // carry every member at x_min, so the feasible projection always exists.
+        let mut floor = self.floor_usage();
         let mut applied = 0;
         for (host, swap) in swaps {
             let h = &mut self.hosts[host];
@@ -408,6 +434,11 @@ pub fn objective(problem: &Problem, hosts: &[HostState]) -> f64 {
             .zip(&sums)
             .map(|(f, &s)| f.cost_of(s))
             .sum::<f64>()
+}
+
+/// `Σ V(x)`, the activation value of an allocation (what selection maximises, docs/model.md).
+pub fn activation_value(problem: &Problem, hosts: &[HostState]) -> f64 {
+    objective(problem, hosts) - activation_offset(problem, hosts)
 }
 
 /// `Σ_active U(x) − V(x)`: the constant between objective and activation value.
@@ -743,6 +774,26 @@ fn run_rounds(problem: &Problem, mut engine: Engine, opts: &SolveOptions) -> Sol
             swaps: if selecting { swaps_n } else { 0 },
         });
     }
+    let polish_report = if opts.polish_trials > 0 {
+        polish(&mut engine, &activity, opts)
+    } else {
+        PolishReport::default()
+    };
+    if polish_report.moves > 0 {
+        // The schedule's last round certified other sets: certify these. The earlier bound
+        // stays valid (any prices give one), so the least of the two is kept.
+        let budget = opts.max_iter.saturating_sub(trace.len());
+        converged = run_inner(&mut engine, budget, opts, opts.rounds, &mut trace) || converged;
+        let settled = SelectionOptions {
+            swap_prob: 0.0,
+            ..opts.selection
+        };
+        let (upper_bound, _) = evaluate(&engine, &activity, &settled, opts.rounds);
+        let last = rounds.last_mut().expect("at least one round");
+        last.lower_bound = activation_value(problem, &feasible(problem, &engine.hosts));
+        last.upper_bound = last.upper_bound.min(upper_bound);
+        last.iterations = trace.len();
+    }
     if opts.certificate_iters > 0 {
         let lower = rounds.last().expect("at least one round").lower_bound;
         let refined = refine_bound(
@@ -770,6 +821,7 @@ fn run_rounds(problem: &Problem, mut engine: Engine, opts: &SolveOptions) -> Sol
         hosts,
         rounds,
         trace,
+        polish: polish_report,
     }
 }
 

@@ -211,7 +211,12 @@ fn warm_start_reconverges_faster_after_a_change() {
     for (i, f) in changed.facilities.iter_mut().enumerate() {
         f.capacity *= if i % 2 == 0 { 1.1 } else { 0.9 };
     }
-    let fixed = SolveOptions { rounds: 0, ..opts };
+    // Fixed active sets: no swap rounds and no verified search.
+    let fixed = SolveOptions {
+        rounds: 0,
+        polish_trials: 0,
+        ..opts
+    };
     let active = first.hosts.iter().map(|h| h.active.clone()).collect();
     let cold = solve_from(&changed, active, &fixed);
     let warm = solve_warm(&changed, &first, &fixed).unwrap();

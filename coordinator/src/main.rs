@@ -55,6 +55,10 @@ struct SolverArgs {
     /// once the primal and the dual residual are both at most this.
     #[arg(long, default_value_t = 1e-4)]
     eps: f64,
+    /// Trial re-solves of the verified local search after the selection rounds (0: none;
+    /// docs/model.md, "Selection").
+    #[arg(long, default_value_t = SolveOptions::default().polish_trials)]
+    polish_trials: usize,
 }
 
 #[derive(Subcommand)]
@@ -218,6 +222,7 @@ fn options(args: &SolverArgs, algorithm: Algorithm) -> Result<SolveOptions> {
         iters_per_round: args.iters_per_round,
         eps_primal: args.eps,
         eps_dual: args.eps,
+        polish_trials: args.polish_trials,
         ..SolveOptions::default()
     };
     opts.selection.seed = args.selection_seed;

@@ -22,7 +22,17 @@ pub struct SolutionReport {
     pub rho: Option<f64>,
     pub prices: BTreeMap<String, f64>,
     pub rounds: Vec<RoundRow>,
+    pub polish: PolishRow,
     pub hosts: Vec<HostRow>,
+}
+
+/// What the verified local search after the rounds did (docs/model.md, "Selection").
+#[derive(Serialize)]
+pub struct PolishRow {
+    pub trials: usize,
+    pub moves: usize,
+    pub iterations: usize,
+    pub settled: bool,
 }
 
 #[derive(Serialize)]
@@ -118,6 +128,12 @@ impl SolutionReport {
                     swaps: r.swaps,
                 })
                 .collect(),
+            polish: PolishRow {
+                trials: s.polish.trials,
+                moves: s.polish.moves,
+                iterations: s.polish.iterations,
+                settled: s.polish.settled,
+            },
             hosts,
         }
     }

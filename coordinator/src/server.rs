@@ -270,6 +270,9 @@ impl ServeOptions {
             iters_per_round: self.iters_per_round as usize,
             eps_primal: self.eps_primal,
             eps_dual: self.eps_dual,
+            // The service runs the swap rounds of the schedule; the verified local search of
+            // the offline solver is not part of the control plane (docs/model.md, "Selection").
+            polish_trials: 0,
             ..SolveOptions::default()
         };
         o.selection.seed = self.selection_seed;

@@ -2240,6 +2240,8 @@ mod tests {
             eps_dual: 1e-11,
             max_iter: 5000,
             certificate_iters: 0,
+            // The control plane runs the swap rounds, not the verified search (docs/model.md).
+            polish_trials: 0,
             ..Default::default()
         };
         let solution = crate::solver::solve(&problem, &opts);

@@ -1,0 +1,229 @@
+//! Verified local search over active sets, run after the damped swap rounds (docs/model.md,
+//! "Selection"). Hosts propose moves — park a member, activate an outsider, or exchange the
+//! two — ranked by the surplus their prices predict; the coordinator checks the most promising
+//! one by re-solving the allocation with the move applied, warm-started from the current one,
+//! and keeps it only if the feasible activation value rises. The first move that passes is
+//! applied and every host proposes again at the new prices; when no proposal passes, the sets
+//! are a fixed point: a further search on the same instance changes nothing.
+//!
+//! Surpluses are a first-order estimate taken at prices that the move itself changes, so
+//! trusting them (as the swap rounds must, to stay cheap and distributed) swaps apps on a
+//! shared facility back and forth and ends several per cent below the best sets on small
+//! instances (docs/benchmarks.md). Checking every move against a re-solve makes each applied
+//! change an improvement of the objective, which is also what justifies its QP-cache refill.
+
+use crate::model::Problem;
+use crate::selection::{propose_moves, Move};
+use crate::solver::{activation_value, feasible, Engine, SolveOptions};
+use rayon::prelude::*;
+
+/// Residuals a trial re-solve runs to: the compared values must be accurate well below the
+/// margin.
+const TRIAL_EPS: f64 = 1e-6;
+/// Relative rise of the activation value a move must bring: above a trial's remaining error,
+/// so that a repeated search does not accept noise and the fixed point holds.
+const MARGIN: f64 = 1e-5;
+
+/// What the verified local search did.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PolishReport {
+    /// Trial re-solves run.
+    pub trials: usize,
+    /// Moves applied (each one QP-cache refill at most per host it touches).
+    pub moves: usize,
+    /// ADMM iterations of all trials together (the applied ones included).
+    pub iterations: usize,
+    /// The search ended because no proposal improved, not because the trial budget ran out.
+    pub settled: bool,
+}
+
+/// Runs the engine until both residuals and the objective's relative change are within
+/// [`TRIAL_EPS`], or `cap` iterations pass; returns the activation value of its feasible
+/// allocation and the iterations run. The objective's change is part of the test because the
+/// residuals alone can vanish right after a move: a facility a pair just entered has `y = s`
+/// after one update whatever the rates still have to travel.
+fn settle(engine: &mut Engine, cap: usize) -> (f64, usize) {
+    let mut iterations = 0;
+    let mut last = engine.objective();
+    while iterations < cap {
+        iterations += 1;
+        let r = engine.step();
+        let now = engine.objective();
+        let still = (now - last).abs() <= TRIAL_EPS * now.abs().max(1.0);
+        last = now;
+        if still && r.primal <= TRIAL_EPS && r.dual <= TRIAL_EPS {
+            break;
+        }
+    }
+    let problem = engine.problem();
+    (
+        activation_value(problem, &feasible(problem, &engine.hosts)),
+        iterations,
+    )
+}
+
+/// Whether a move keeps every facility able to carry its members at `x_min`: the same rule
+/// the swap rounds apply, so that a feasible allocation always exists.
+fn fits(problem: &Problem, floor: &[f64], m: &Move) -> bool {
+    let Some((inp, _)) = m.swap.activate else {
+        return true;
+    };
+    let x_min = problem.params.x_min;
+    let freed = |f: u32| {
+        m.swap.park.map_or(0.0, |out| {
+            problem.pairs[out]
+                .uses
+                .iter()
+                .filter(|u| u.0 == f)
+                .map(|u| u.1 * x_min)
+                .sum()
+        })
+    };
+    problem.pairs[inp].uses.iter().all(|&(f, b)| {
+        floor[f as usize] - freed(f) + b * x_min <= problem.facilities[f as usize].capacity
+    })
+}
+
+/// Every host's proposals at the engine's current prices, best predicted gain first, those
+/// that would overload a facility at `x_min` left out.
+fn proposals(engine: &Engine, activity: &[f32], opts: &SolveOptions) -> Vec<Move> {
+    let problem = engine.problem();
+    let prices = engine.prices();
+    let mut moves: Vec<Move> = engine
+        .hosts
+        .par_iter()
+        .flat_map_iter(|h| {
+            propose_moves(
+                problem,
+                h.host,
+                &h.active,
+                |f| prices[f as usize],
+                h.multipliers.mu,
+                h.multipliers.nu,
+                activity,
+                &opts.selection,
+                opts.polish_candidates,
+            )
+        })
+        .collect();
+    // Stable: equal estimates keep host order, so the search is deterministic.
+    moves.sort_by(|a, b| b.estimate.total_cmp(&a.estimate));
+    let floor = engine.floor_usage();
+    moves.retain(|m| fits(problem, &floor, m));
+    moves
+}
+
+/// How many of the best rejected single moves a chain starts from, and how many second
+/// moves it tries after each.
+const CHAIN_FIRSTS: usize = 4;
+const CHAIN_SECONDS: usize = 4;
+
+/// The search's state: the current engine, its value, the trials left.
+struct Search<'a, 'p> {
+    engine: &'a mut Engine<'p>,
+    value: f64,
+    report: PolishReport,
+    budget: usize,
+    cap: usize,
+}
+
+impl<'p> Search<'_, 'p> {
+    /// Re-solves `from` with `moves` applied; `None` when the budget is spent.
+    fn trial(&mut self, from: &Engine<'p>, moves: &[Move]) -> Option<(f64, Engine<'p>)> {
+        if self.report.trials >= self.budget {
+            return None;
+        }
+        self.report.trials += 1;
+        let mut trial = from.clone();
+        trial.apply_swaps(moves.iter().map(|m| (m.host, m.swap)).collect());
+        let (v, iterations) = settle(&mut trial, self.cap);
+        self.report.iterations += iterations;
+        Some((v, trial))
+    }
+
+    fn improves(&self, v: f64) -> bool {
+        v > self.value + MARGIN * self.value.abs()
+    }
+
+    fn accept(&mut self, v: f64, trial: Engine<'p>, moves: usize) {
+        *self.engine = trial;
+        self.value = v;
+        self.report.moves += moves;
+    }
+}
+
+/// The verified local search; `activity` is the swap rounds' memory, which orders near-equal
+/// proposals. Leaves the engine at the best sets found, settled to [`TRIAL_EPS`].
+///
+/// First batches: every host's best move at once, re-solved once, kept if the value rises;
+/// a rejected batch is halved, down to single moves (on large instances one re-solve then
+/// checks many moves; on small ones the batch is rejected once or twice and costs as much).
+/// Then single moves, best predicted gain first. When none improves, chains of two: from each of the few rejected moves
+/// that lost least, the hosts propose again at the prices that move produced, and a second
+/// move that together with the first beats the current value is taken. That is what gets two
+/// hosts to trade facilities (each alone would crowd the other's), which single moves cannot.
+pub fn polish(engine: &mut Engine, activity: &[f32], opts: &SolveOptions) -> PolishReport {
+    let (value, iterations) = settle(engine, opts.polish_iters);
+    let mut search = Search {
+        engine,
+        value,
+        report: PolishReport {
+            iterations,
+            ..PolishReport::default()
+        },
+        budget: opts.polish_trials,
+        cap: opts.polish_iters,
+    };
+    // Moves tried together: every host's best at first, halved after each rejected batch.
+    let mut batch = search.engine.hosts.len();
+    'search: loop {
+        let base = search.engine.clone();
+        let moves = proposals(&base, activity, opts);
+        while batch > 1 {
+            let mut seen = vec![false; base.hosts.len()];
+            let firsts: Vec<Move> = moves
+                .iter()
+                .filter(|m| m.estimate > 0.0 && !std::mem::replace(&mut seen[m.host], true))
+                .take(batch)
+                .copied()
+                .collect();
+            if firsts.len() <= 1 {
+                break;
+            }
+            let Some((v, trial)) = search.trial(&base, &firsts) else {
+                return search.report;
+            };
+            if search.improves(v) {
+                search.accept(v, trial, firsts.len());
+                continue 'search;
+            }
+            batch /= 2;
+        }
+        let mut rejected: Vec<(f64, Engine)> = Vec::new();
+        for m in moves {
+            let Some((v, trial)) = search.trial(&base, &[m]) else {
+                return search.report;
+            };
+            if search.improves(v) {
+                search.accept(v, trial, 1);
+                continue 'search;
+            }
+            rejected.push((v, trial));
+            rejected.sort_by(|a, b| b.0.total_cmp(&a.0));
+            rejected.truncate(CHAIN_FIRSTS);
+        }
+        for (_, first) in &rejected {
+            for m in proposals(first, activity, opts).iter().take(CHAIN_SECONDS) {
+                let Some((v, trial)) = search.trial(first, std::slice::from_ref(m)) else {
+                    return search.report;
+                };
+                if search.improves(v) {
+                    search.accept(v, trial, 2);
+                    continue 'search;
+                }
+            }
+        }
+        search.report.settled = true;
+        return search.report;
+    }
+}
