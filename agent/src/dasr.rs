@@ -1,5 +1,5 @@
 //! The agent's DASR service: Dart's AUSS receiver and the DASR sender over one UDP socket
-//! (DESIGN.md §4, docs/dasr.md). The protocol logic is the pure core in
+//! (docs/design.md §4, docs/dasr.md). The protocol logic is the pure core in
 //! [`drum_common::dasr`]; this module owns the socket, the clock and the timers.
 //!
 //! The lead's entry points: [`DasrService::bind`], then on the handle

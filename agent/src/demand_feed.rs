@@ -2,7 +2,7 @@
 //! counters into demand"): each round, the bytes every registered process of an app has sent
 //! become that app's measured rate, and the pure rule of `drum_common::demand` turns it
 //! into the demand cap `x̄` of this host's pair for the app; their completions per send WQE
-//! become the pair's `a` (DESIGN.md §3: "measured by the shim"), which sets the app's share
+//! become the pair's `a` (docs/design.md §3: "measured by the shim"), which sets the app's share
 //! of the host's polling budget and its polling grant. Apps without a registered shim keep
 //! the instance's values.
 

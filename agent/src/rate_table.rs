@@ -1,5 +1,5 @@
 //! The local rate table: the host's grants for operators and tools (the shims get theirs in
-//! shared memory, DESIGN.md §7). A JSON file, replaced atomically (`PATH.tmp` in the same
+//! shared memory, docs/design.md §7). A JSON file, replaced atomically (`PATH.tmp` in the same
 //! directory, then `rename`), so a reader sees either the old or the new table, never a torn
 //! one. The layout
 //! (`format: "drum-rate-table/1"`) is documented in docs/control-plane.md; a shared-memory

@@ -1,4 +1,4 @@
-//! The agent's side of the shim link (DESIGN.md §7): a Unix `SOCK_SEQPACKET` socket where
+//! The agent's side of the shim link (docs/design.md §7): a Unix `SOCK_SEQPACKET` socket where
 //! every `libdrum_shim.so` on the host registers, and one shared-memory table per
 //! registered process, in which the agent writes the app's grant (rates, active-QP limit,
 //! DASR caps, a heartbeat) and the shim writes its counters.
@@ -80,7 +80,7 @@ pub struct AppPin {
     /// Completions per second delivered to the app (its polling rate).
     pub rate_cqe_per_s: Option<u64>,
     pub max_active_qps: Option<u64>,
-    /// Incast look-ahead (Dart, DESIGN.md §4; off unless set): the app's long messages
+    /// Incast look-ahead (Dart, docs/design.md §4; off unless set): the app's long messages
     /// announce that they belong to an incast of `members` senders, so a receiver with
     /// `[dasr] lookahead = true` counts them all at the first announcement.
     pub incast: Option<IncastPin>,

@@ -4,7 +4,7 @@
 //!
 //! Each active (host, app) pair is one agent of the sharing problem; a facility's `n` is its
 //! number of active pairs. `u_f` is the scaled dual in units of the facility's sum, so the
-//! facility price is `π_f = ρ_f·u_f/n_f` (DESIGN.md §3). Every facility has its own penalty
+//! facility price is `π_f = ρ_f·u_f/n_f` (docs/design.md §3). Every facility has its own penalty
 //! `ρ_f`; the live coordinator balances it against the facility's residuals
 //! ([`RhoBalance`], docs/model.md), the offline solver keeps every `ρ_f` at one `ρ`.
 

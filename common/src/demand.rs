@@ -1,4 +1,4 @@
-//! Demand from measured usage (DESIGN.md §2): what an app actually sends, as its shims count
+//! Demand from measured usage (docs/design.md §2): what an app actually sends, as its shims count
 //! it, turned into the demand cap `x̄` the optimiser uses. Pure: readings and times come in
 //! as arguments.
 //!
@@ -156,7 +156,7 @@ pub struct WqeCounts {
     pub completions: u64,
 }
 
-/// Completions per WQE (the model's `a_ij`, DESIGN.md §3) per app, from cumulative counters,
+/// Completions per WQE (the model's `a_ij`, docs/design.md §3) per app, from cumulative counters,
 /// over intervals of at least [`MIN_PROFILE_WQES`] WQEs, smoothed.
 #[derive(Debug, Clone)]
 pub struct CqeMeter {

@@ -1,4 +1,4 @@
-//! DRUM's pure core: the corrected model of DESIGN.md §3, its optimisers and the instance
+//! DRUM's pure core: the corrected model of docs/design.md §3, its optimisers and the instance
 //! generator. Nothing here does I/O, spawns threads of its own (rayon aside) or reads clocks, so
 //! the agent, the coordinator and the simulator can all reuse it and tests are deterministic.
 

@@ -1,4 +1,4 @@
-//! Top-k selection, the slow outer step of DESIGN.md §3, and the weak-duality certificate.
+//! Top-k selection, the slow outer step of docs/design.md §3, and the weak-duality certificate.
 //!
 //! At current facility prices `π` and host multipliers `μ`, `ν` each pair has a surplus
 //! `L = max_x V(x) − (π·b + μ + ν·a)·x` (V: activation value, see `utility`). A host swaps at most

@@ -1,4 +1,4 @@
-//! The per-application utility of DESIGN.md §3 and its derivatives.
+//! The per-application utility of docs/design.md §3 and its derivatives.
 //!
 //! `U(x) = w·x^(1−α)/(1−α) − β/x²` (`w·ln x` for α = 1). The DRUM paper's CQ utility is
 //! `−β/(a·x)²` with the polling rate `a·x`; this model drops `a` from it, so that an app

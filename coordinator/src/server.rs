@@ -111,7 +111,7 @@ pub struct ServeOptions {
     /// Seed of the selection's coin flips (`solve --selection-seed`).
     #[serde(default = "d_seed")]
     pub selection_seed: u64,
-    /// `T_sel` (DESIGN.md §2): once the schedule is done, a selection round at most this
+    /// `T_sel` (docs/design.md §2): once the schedule is done, a selection round at most this
     /// often (and at least `iters_per_round` iterations apart); 0: none, the sets then change
     /// only when an agent's apps arrive or leave.
     #[serde(default = "d_selection_period")]
@@ -238,7 +238,7 @@ fn d_eps() -> f64 {
 fn d_seed() -> u64 {
     SelectionOptions::default().seed
 }
-/// The slow end of DESIGN.md's 10–100 ms: a swap costs a refill of the NIC's QP cache.
+/// The slow end of docs/design.md's 10–100 ms: a swap costs a refill of the NIC's QP cache.
 fn d_selection_period() -> u64 {
     100
 }

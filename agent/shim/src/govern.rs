@@ -1,4 +1,4 @@
-//! Enforcement of the app's grant on the data path (DESIGN.md §5): the rate limiters, the
+//! Enforcement of the app's grant on the data path (docs/design.md §5): the rate limiters, the
 //! per-QP software send queues, top-k gating and the tracking of work in flight. The
 //! engine thread (`engine`) drains the queues; this module holds what both it and the
 //! application's posting and polling threads share.
@@ -392,7 +392,7 @@ fn paced() -> bool {
 }
 
 /// Posts the first `n` WRs of the list one provider call each. A NIC fetches the WRs of one
-/// doorbell as one batch, ahead of other QPs' work (DESIGN.md §6, the DRUM paper's Fig. 2a);
+/// doorbell as one batch, ahead of other QPs' work (docs/design.md §6, the DRUM paper's Fig. 2a);
 /// a paced app's burst handed over as one list would hold other apps' work for the whole
 /// batch, however well its rate is kept. One doorbell per WR lets the NIC's arbitration
 /// interleave them. Returns the first failure (the provider set `*bad` to that WR).

@@ -1,4 +1,4 @@
-//! The interface between `drum-agent` and `libdrum_shim.so` on one host (DESIGN.md §7):
+//! The interface between `drum-agent` and `libdrum_shim.so` on one host (docs/design.md §7):
 //!
 //! - [`message`]: what travels over the agent's Unix socket (registration, QP and message
 //!   events), as bounded, versioned text datagrams;

@@ -1,4 +1,4 @@
-//! Dart's active unique senders (AUSS) and direct rate apportioning (DASR), DESIGN.md §4 —
+//! Dart's active unique senders (AUSS) and direct rate apportioning (DASR), docs/design.md §4 —
 //! the pure core: no sockets, threads or clocks; time is an explicit `now: Duration` and every
 //! effect is returned as an action. The agent's `drum_agent::dasr` runs it over UDP;
 //! docs/dasr.md describes the protocol.

@@ -1,5 +1,5 @@
 //! The coordinator's state machine: membership, epochs, rounds, bounded staleness and the
-//! sharing-ADMM price update (DESIGN.md §3, §7).
+//! sharing-ADMM price update (docs/design.md §3, §7).
 //!
 //! * **Membership.** A connection becomes a member by a valid `Join`; any message refreshes its
 //!   liveness; `Leave`, a closed connection or silence longer than `member_timeout` removes it.

@@ -1,4 +1,4 @@
-//! When the coordinator re-selects once the selection schedule is done (DESIGN.md §2: every
+//! When the coordinator re-selects once the selection schedule is done (docs/design.md §2: every
 //! `T_sel`, and when an app arrives or leaves). Pure: the time and the iteration numbers come
 //! in as arguments.
 //!

@@ -1,4 +1,4 @@
-//! The agent's side of coordinator shards (DESIGN.md §7): facilities are sharded by hash
+//! The agent's side of coordinator shards (docs/design.md §7): facilities are sharded by hash
 //! ([`super::shard_of`]) across coordinator processes that share nothing, and an agent talks
 //! to every shard that owns one of its facilities. [`ShardMux`] makes those shards look like
 //! one coordinator to the unchanged [`super::agent::AgentCore`]:
