@@ -712,22 +712,25 @@ mod tests {
             polish_trials: 0,
             ..Default::default()
         };
-        let mut coord = Coordinator::new_live(
-            CoordinatorConfig {
-                rho: 10.0,
-                facility_digest: 0,
-                heartbeat_interval: 100 * ms,
-                member_timeout: 1000 * ms,
-                round_deadline: 50 * ms,
-                max_staleness: 0,
-                round_interval: Duration::ZERO,
-                min_members: 3,
-                max_iterations: Some(3000),
-                selection: SelectionSchedule::from_solve(&opts),
-                shard: Shard::WHOLE,
-            },
-            LivePolicy::default(),
-        );
+        let coordinator = |max_iterations| {
+            Coordinator::new_live(
+                CoordinatorConfig {
+                    rho: 10.0,
+                    facility_digest: 0,
+                    heartbeat_interval: 100 * ms,
+                    member_timeout: 1000 * ms,
+                    round_deadline: 50 * ms,
+                    max_staleness: 0,
+                    round_interval: Duration::ZERO,
+                    min_members: 3,
+                    max_iterations: Some(max_iterations),
+                    selection: SelectionSchedule::from_solve(&opts),
+                    shard: Shard::WHOLE,
+                },
+                LivePolicy::default(),
+            )
+        };
+        let mut coord = coordinator(3000);
         let now = Duration::ZERO;
         let run = |coord: &mut Coordinator,
                    agents: &mut Vec<AgentCore>,
@@ -769,22 +772,30 @@ mod tests {
                 }
             }
         };
-        let mut inbox = Vec::new();
-        for (i, a) in agents.iter_mut().enumerate() {
-            for act in a.on_connected(now, &problems[i]) {
-                if let AgentAction::Send(m) = act {
-                    inbox.extend(
-                        coord
-                            .on_message(now, i as MemberId, m)
-                            .into_iter()
-                            .filter_map(|a| match a {
-                                Action::Send(id, m) => Some((id, m)),
-                                _ => None,
-                            }),
-                    );
+        // The agents connect in `order`; what the coordinator answers their joins.
+        let connect = |coord: &mut Coordinator,
+                       agents: &mut Vec<AgentCore>,
+                       problems: &[Problem],
+                       order: &[usize]| {
+            let mut inbox = Vec::new();
+            for &i in order {
+                for act in agents[i].on_connected(now, &problems[i]) {
+                    if let AgentAction::Send(m) = act {
+                        inbox.extend(
+                            coord
+                                .on_message(now, i as MemberId, m)
+                                .into_iter()
+                                .filter_map(|a| match a {
+                                    Action::Send(id, m) => Some((id, m)),
+                                    _ => None,
+                                }),
+                        );
+                    }
                 }
             }
-        }
+            inbox
+        };
+        let inbox = connect(&mut coord, &mut agents, &problems, &[0, 1, 2]);
         run(&mut coord, &mut agents, &mut hosts, &mut problems, inbox);
         assert_eq!(coord.iteration(), 3000);
         let status = coord.status();
@@ -824,41 +835,13 @@ mod tests {
             s.facilities.iter().find(|f| f.id == id).expect(id).price
         };
         let before = price(&coord, "rx:h2");
-        let mut coord = Coordinator::new_live(
-            CoordinatorConfig {
-                rho: 10.0,
-                facility_digest: 0,
-                heartbeat_interval: 100 * ms,
-                member_timeout: 1000 * ms,
-                round_deadline: 50 * ms,
-                max_staleness: 0,
-                round_interval: Duration::ZERO,
-                min_members: 3,
-                max_iterations: Some(1),
-                selection: SelectionSchedule::from_solve(&opts),
-                shard: Shard::WHOLE,
-            },
-            LivePolicy::default(),
-        );
-        let mut inbox = Vec::new();
-        for i in (0..agents.len()).rev() {
+        let mut coord = coordinator(1);
+        for h in &mut hosts {
             // The new coordinator's table replaces the old before the agent rebuilds (its
             // driver handles `Welcome`, `Policy` and `Facilities` as one batch).
-            hosts[i].facilities.clear();
-            for act in agents[i].on_connected(now, &problems[i]) {
-                if let AgentAction::Send(m) = act {
-                    inbox.extend(
-                        coord
-                            .on_message(now, i as MemberId, m)
-                            .into_iter()
-                            .filter_map(|a| match a {
-                                Action::Send(id, m) => Some((id, m)),
-                                _ => None,
-                            }),
-                    );
-                }
-            }
+            h.facilities.clear();
         }
+        let inbox = connect(&mut coord, &mut agents, &problems, &[2, 1, 0]);
         run(&mut coord, &mut agents, &mut hosts, &mut problems, inbox);
         let ids: Vec<String> = coord
             .status()

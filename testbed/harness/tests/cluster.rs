@@ -10,37 +10,15 @@
 
 use drum_test_support::{privileged, run_timeout, softrnic_stats, spawn, text, wait_timeout};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-fn bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().join(name)
-}
+mod support;
 
-/// A cluster in its own state directory, taken down when dropped.
-struct Cluster {
-    dir: PathBuf,
-}
+use support::{bin, Cluster};
 
 impl Cluster {
-    fn cmd(&self) -> Command {
-        let mut c = Command::new(bin("drum-testbed"));
-        c.arg("--dir").arg(&self.dir).arg("cluster");
-        c
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = run_timeout(self.cmd().args(args), Duration::from_secs(120));
-        assert!(out.status.success(), "cluster {args:?}: {}", text(&out));
-        String::from_utf8_lossy(&out.stdout).to_string()
-    }
-
-    fn status(&self) -> Value {
-        serde_json::from_str(&self.ok(&["status", "--json"])).expect("status JSON")
-    }
-
     /// `ib_write_bw` of 64 KiB messages for `secs` as app `app`: a server on h1 on `port`
     /// and a client on `host`.
     fn writer(&self, app: &str, host: &str, port: &str, secs: &str) -> (Child, Child) {
@@ -85,15 +63,6 @@ impl Cluster {
                 .args(["stats", "h1"]),
         );
         stats["rx_packets"] as f64
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let out = run_timeout(self.cmd().arg("down"), Duration::from_secs(60));
-        if !out.status.success() {
-            eprintln!("cluster down: {}", text(&out));
-        }
     }
 }
 

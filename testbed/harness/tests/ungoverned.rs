@@ -5,35 +5,16 @@
 //!
 //! Needs root, perftest and the workspace built (`cargo build --workspace --release`).
 
-use drum_test_support::{privileged, run_timeout, spawn, text};
+use drum_test_support::{privileged, spawn};
 use serde_json::Value;
-use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-fn bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().join(name)
-}
+mod support;
 
-/// A cluster in its own state directory, taken down when dropped.
-struct Cluster {
-    dir: PathBuf,
-}
+use support::{bin, Cluster};
 
 impl Cluster {
-    fn cmd(&self) -> Command {
-        let mut c = Command::new(bin("drum-testbed"));
-        c.arg("--dir").arg(&self.dir).arg("cluster");
-        c
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = run_timeout(self.cmd().args(args), Duration::from_secs(120));
-        assert!(out.status.success(), "cluster {args:?}: {}", text(&out));
-        String::from_utf8_lossy(&out.stdout).to_string()
-    }
-
     /// `ib_write_bw` of 64 KiB messages for `secs`: a server on h1 and a client on h2, as app
     /// `app` under the shim, or bare (`None`: `softrnic exec` alone, no shim).
     fn writer(&self, app: Option<&str>, port: &str, secs: &str) -> (Child, Child) {
@@ -78,14 +59,6 @@ impl Cluster {
         (server, client)
     }
 
-    fn status(&self) -> Value {
-        serde_json::from_str(&self.ok(&["status", "--json"])).expect("status JSON")
-    }
-
-    fn agent_log(&self, host: &str) -> String {
-        std::fs::read_to_string(self.dir.join(format!("agent-{host}.log"))).unwrap_or_default()
-    }
-
     /// What process `pid` on `host` has sent so far (softrnic's per-process counter).
     fn sent(&self, host: &str, pid: u32) -> f64 {
         let stats =
@@ -96,18 +69,6 @@ impl Cluster {
             .lines()
             .find_map(|l| l.strip_prefix(&key)?.trim().parse().ok())
             .unwrap_or(0.0)
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("--- agent-h2.log:\n{}", self.agent_log("h2"));
-        }
-        let out = run_timeout(self.cmd().arg("down"), Duration::from_secs(60));
-        if !out.status.success() {
-            eprintln!("cluster down: {}", text(&out));
-        }
     }
 }
 

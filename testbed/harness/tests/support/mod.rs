@@ -1,0 +1,59 @@
+//! What the harness's integration tests share: the workspace's binaries and a
+//! `drum-testbed cluster` in its own state directory, taken down when dropped (with the
+//! agents' logs on stderr when a test fails).
+
+use drum_test_support::{run_timeout, text};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+/// A binary of the workspace's build, next to the test's own.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().join(name)
+}
+
+pub struct Cluster {
+    pub dir: PathBuf,
+}
+
+impl Cluster {
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::new(bin("drum-testbed"));
+        c.arg("--dir").arg(&self.dir).arg("cluster");
+        c
+    }
+
+    /// `cluster ARGS…`, which must succeed; its standard output.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = run_timeout(self.cmd().args(args), Duration::from_secs(120));
+        assert!(out.status.success(), "cluster {args:?}: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).to_string()
+    }
+
+    pub fn status(&self) -> Value {
+        serde_json::from_str(&self.ok(&["status", "--json"])).expect("status JSON")
+    }
+
+    pub fn agent_log(&self, host: &str) -> String {
+        std::fs::read_to_string(self.dir.join(format!("agent-{host}.log"))).unwrap_or_default()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for host in ["h1", "h2", "h3"] {
+                let log = self.agent_log(host);
+                if !log.is_empty() {
+                    eprintln!("--- agent-{host}.log:\n{log}");
+                }
+            }
+        }
+        let out = run_timeout(self.cmd().arg("down"), Duration::from_secs(60));
+        if !out.status.success() {
+            eprintln!("cluster down: {}", text(&out));
+        }
+    }
+}
