@@ -1504,16 +1504,21 @@ mod tests {
         );
     }
 
-    /// With a host QP budget, an app with one QP keeps it and one with 64 gets the rest of
-    /// the budget as its gate; an app leaving gives its share back; an operator's per-app
-    /// limit still caps the share.
-    #[test]
-    fn the_hosts_qp_budget_becomes_the_apps_gates() {
-        let dir = tempfile::tempdir().unwrap();
+    /// A hub with a host QP budget of 20 and two registered apps of this process, `victim`
+    /// and `attacker`: their sockets and tables.
+    struct TwoApps {
+        hub: Arc<ShimHub>,
+        victim: OwnedFd,
+        attacker: OwnedFd,
+        v: Mapping,
+        a: Mapping,
+    }
+
+    fn two_apps(dir: &Path) -> TwoApps {
         let hub = ShimHub::start(
             ShimSettings {
                 qp_budget: 20,
-                ..settings(dir.path())
+                ..settings(dir)
             },
             None,
         )
@@ -1525,16 +1530,40 @@ mod tests {
         let v = Mapping::open(fd.unwrap().as_raw_fd()).unwrap();
         let (_, fd) = hello(&attacker, me, "attacker");
         let a = Mapping::open(fd.unwrap().as_raw_fd()).unwrap();
+        TwoApps {
+            hub,
+            victim,
+            attacker,
+            v,
+            a,
+        }
+    }
+
+    /// The shim on `fd` reports its QP `qpn` connected.
+    fn up(fd: &OwnedFd, qpn: u32) {
+        let m = ShimMsg::QpUp {
+            qpn,
+            peer: [7; 16],
+            peer_qpn: 1,
+        }
+        .encode();
+        socket::send(fd.as_raw_fd(), m.as_bytes()).unwrap();
+    }
+
+    /// With a host QP budget, an app with one QP keeps it and one with 64 gets the rest of
+    /// the budget as its gate; an app leaving gives its share back; an operator's per-app
+    /// limit still caps the share.
+    #[test]
+    fn the_hosts_qp_budget_becomes_the_apps_gates() {
+        let dir = tempfile::tempdir().unwrap();
+        let TwoApps {
+            hub,
+            victim,
+            attacker,
+            v,
+            a,
+        } = two_apps(dir.path());
         let gate = |t: &Mapping| t.table().read_grant().unwrap().max_active_qps;
-        let up = |fd: &OwnedFd, qpn: u32| {
-            let m = ShimMsg::QpUp {
-                qpn,
-                peer: [7; 16],
-                peer_qpn: 1,
-            }
-            .encode();
-            socket::send(fd.as_raw_fd(), m.as_bytes()).unwrap();
-        };
         up(&victim, 1);
         for qpn in 0..64 {
             up(&attacker, qpn);
@@ -1566,30 +1595,13 @@ mod tests {
     #[test]
     fn garbage_in_one_table_changes_no_other_apps_grant() {
         let dir = tempfile::tempdir().unwrap();
-        let hub = ShimHub::start(
-            ShimSettings {
-                qp_budget: 20,
-                ..settings(dir.path())
-            },
-            None,
-        )
-        .map(Arc::new)
-        .unwrap();
-        let me = std::process::id();
-        let (victim, attacker) = (connect(hub.socket()), connect(hub.socket()));
-        let (_, fd) = hello(&victim, me, "victim");
-        let v = Mapping::open(fd.unwrap().as_raw_fd()).unwrap();
-        let (_, fd) = hello(&attacker, me, "attacker");
-        let a = Mapping::open(fd.unwrap().as_raw_fd()).unwrap();
-        let up = |fd: &OwnedFd, qpn: u32| {
-            let m = ShimMsg::QpUp {
-                qpn,
-                peer: [7; 16],
-                peer_qpn: 1,
-            }
-            .encode();
-            socket::send(fd.as_raw_fd(), m.as_bytes()).unwrap();
-        };
+        let TwoApps {
+            hub,
+            victim,
+            attacker,
+            v,
+            a,
+        } = two_apps(dir.path());
         for qpn in 0..3 {
             up(&victim, qpn);
         }
