@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod procfs;
 pub mod rate_table;
 pub mod shim_hub;
+pub mod shim_metrics;
 pub mod tenants;
 pub mod ungoverned;
 
@@ -541,7 +542,7 @@ async fn run_inner(
         // The shim link's and DASR's metrics, when configured, with the agent's own.
         let mut more: Vec<Box<dyn prometheus_client::collector::Collector>> = Vec::new();
         if let Some(h) = &hub {
-            more.push(Box::new(shim_hub::ShimMetrics(h.clone())));
+            more.push(Box::new(shim_metrics::ShimMetrics(h.clone())));
         }
         if let Some(d) = &dasr {
             more.push(Box::new(d.metrics()));

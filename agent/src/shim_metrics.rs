@@ -1,0 +1,162 @@
+//! The shim hub's Prometheus metrics, read at each scrape: registered processes, what each
+//! app's shims report, the kernel identities behind each app and the NIC users no shim
+//! governs.
+
+use crate::shim_hub::ShimHub;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// The hub's metrics at each scrape: registered processes, and per app (label `app`) what
+/// its shims report.
+pub struct ShimMetrics(pub Arc<ShimHub>);
+
+impl std::fmt::Debug for ShimMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ShimMetrics")
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct AppLabel {
+    app: String,
+}
+
+impl prometheus_client::collector::Collector for ShimMetrics {
+    fn encode(
+        &self,
+        mut enc: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        use prometheus_client::metrics::MetricType;
+        let usage = self.0.usage();
+        let mut per_app: BTreeMap<&str, [u64; 4]> = BTreeMap::new();
+        for u in &usage {
+            let e = per_app.entry(&u.app).or_default();
+            e[0] += u.send_bytes;
+            e[1] += u.send_wqes;
+            e[2] += u.deferred_wqes;
+            e[3] += u.queued_wqes;
+        }
+        for (name, help, v) in [
+            (
+                "drum_agent_shims",
+                "Processes registered by their shim.",
+                usage.len(),
+            ),
+            (
+                "drum_agent_dasr_caps",
+                "Receivers this host's shims are capped towards.",
+                self.0.caps().len(),
+            ),
+        ] {
+            let g = ConstGauge::new(v as i64);
+            g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)?;
+        }
+        // Counter names without `_total`: the encoder appends it.
+        let series = [
+            (
+                "drum_agent_app_send_bytes",
+                MetricType::Counter,
+                "Bytes the app's shims posted.",
+            ),
+            (
+                "drum_agent_app_send_wqes",
+                MetricType::Counter,
+                "Send WQEs the app's shims posted.",
+            ),
+            (
+                "drum_agent_app_deferred_wqes",
+                MetricType::Counter,
+                "WQEs the app's shims held back before posting.",
+            ),
+            (
+                "drum_agent_app_queued_wqes",
+                MetricType::Gauge,
+                "WQEs held back now.",
+            ),
+        ];
+        for (i, (name, kind, help)) in series.into_iter().enumerate() {
+            let mut family = enc.encode_descriptor(name, help, None, kind)?;
+            for (app, v) in &per_app {
+                let label = AppLabel {
+                    app: app.to_string(),
+                };
+                let m = family.encode_family(&label)?;
+                match kind {
+                    MetricType::Counter => ConstCounter::new(v[i]).encode(m)?,
+                    _ => ConstGauge::new(v[i] as i64).encode(m)?,
+                }
+            }
+        }
+        let mut identities: BTreeMap<(&str, u32, u32, &str), u64> = BTreeMap::new();
+        for u in &usage {
+            *identities
+                .entry((&u.app, u.uid, u.gid, &u.cgroup))
+                .or_default() += 1;
+        }
+        let mut family = enc.encode_descriptor(
+            "drum_agent_app_identity_processes",
+            "Registered processes per app and kernel identity.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for ((app, uid, gid, cgroup), n) in identities {
+            let label = IdentityLabels {
+                app: app.to_string(),
+                uid,
+                gid,
+                cgroup: cgroup.to_string(),
+            };
+            ConstGauge::new(n as i64).encode(family.encode_family(&label)?)?;
+        }
+        let ungoverned = self.0.ungoverned();
+        let g = ConstGauge::new(ungoverned.len() as i64);
+        g.encode(enc.encode_descriptor(
+            "drum_agent_ungoverned_processes",
+            "Processes holding an RDMA device without a registered shim.",
+            None,
+            g.metric_type(),
+        )?)?;
+        let g = ConstGauge::new(self.0.ungoverned_share());
+        g.encode(enc.encode_descriptor(
+            "drum_agent_ungoverned_share",
+            "What they send, as a fraction of the line rate (taken from the host's budget).",
+            None,
+            g.metric_type(),
+        )?)?;
+        let mut family = enc.encode_descriptor(
+            "drum_agent_ungoverned_tx_bytes_per_second",
+            "What one ungoverned process sends.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for u in &ungoverned {
+            let label = UngovernedLabels {
+                pid: u.pid,
+                uid: u.uid,
+                exe: u.exe.clone(),
+                cgroup: u.cgroup.clone(),
+            };
+            ConstGauge::new(u.tx_bytes_per_s).encode(family.encode_family(&label)?)?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct IdentityLabels {
+    app: String,
+    uid: u32,
+    gid: u32,
+    cgroup: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct UngovernedLabels {
+    pid: u32,
+    uid: u32,
+    exe: String,
+    cgroup: String,
+}
