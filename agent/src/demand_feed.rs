@@ -4,10 +4,13 @@
 //! into the demand cap `x̄` of this host's pair for the app; their completions per send WQE
 //! become the pair's `a` (docs/design.md §3: "measured by the shim"), which sets the app's share
 //! of the host's polling budget and its polling grant. Apps without a registered shim keep
-//! the instance's values.
+//! the instance's values. The shims count payload; the measured rate is turned into wire
+//! bytes with the app's mean WQE size (`drum_common::wire_cost`), as the rates are.
 
 use crate::shim_hub::ShimHub;
-use drum_common::demand::{cqe_per_wqe, demand_cap, CqeMeter, HeldBack, UsageMeter, WqeCounts};
+use drum_common::demand::{
+    cqe_per_wqe, demand_cap, CqeMeter, HeldBack, UsageMeter, WqeCounts, MIN_PROFILE_WQES,
+};
 use drum_common::live::{NEW_APP_CQE_PER_WQE, NEW_APP_DEMAND};
 use drum_common::model::Problem;
 use drum_common::protocol::agent::AgentCore;
@@ -139,7 +142,12 @@ impl DemandFeed {
         }
         self.held.retain(|a, _| sent.contains_key(a));
         let now = self.origin.elapsed();
+        let wire = self.hub.wire_cost();
+        let mut wire_factor = BTreeMap::new();
         for (app, (bytes, counts, ..)) in &sent {
+            let bytes_per_wqe =
+                (counts.wqes >= MIN_PROFILE_WQES).then(|| *bytes as f64 / counts.wqes as f64);
+            wire_factor.insert(app.as_str(), wire.factor(bytes_per_wqe));
             self.meter.observe(app, *bytes, now);
             self.cqes.observe(app, *counts);
             self.polled.observe(app, counts.completions, now);
@@ -156,7 +164,10 @@ impl DemandFeed {
                 .binary_search(&p)
                 .map_or(self.parked_rate, |i| hs.x[i]);
             let held = held_back.get(app).copied().unwrap_or(HeldBack::No);
-            let demand = demand_cap(cap, granted, self.meter.rate(app), x_min, held);
+            // The meter counts payload; the rates it is compared with are wire bytes.
+            let factor = wire_factor.get(app.as_str()).copied().unwrap_or(1.0);
+            let used = self.meter.rate(app).map(|r| r * factor);
+            let demand = demand_cap(cap, granted, used, x_min, held);
             let grant = sent.get(app).map(|s| s.2 as f64);
             let a = cqe_per_wqe(self.cqes.cqe_per_wqe(app), self.polled.rate(app), grant, a)
                 .min(self.a_max);

@@ -15,6 +15,7 @@ use drum_common::dasr::Lookahead;
 use drum_common::demand::{poll_grant, MIN_PROFILE_WQES};
 use drum_common::live::LiveApp;
 use drum_common::traffic_shares::{Dest, PeerBytes, TrafficShares};
+use drum_common::wire_cost::WireCost;
 use drum_table::layout::{monotonic_ms, Grant, MAX_RATE_WQE, TABLE_BYTES};
 use drum_table::mapping::{send_with_fd, Mapping};
 use drum_table::message::{AgentMsg, ShimMsg, MAX_LEN};
@@ -38,6 +39,16 @@ pub struct ShimSettings {
     pub socket: PathBuf,
     /// The NIC's line rate: grants are fractions of it.
     pub line_rate_gbps: f64,
+    /// The path MTU and the header bytes each packet adds on the wire (default: RoCE v2 on
+    /// Ethernet, 62 header bytes and a 20-byte preamble and gap): the optimiser's rates are
+    /// wire bytes, the shims meter payload (`drum_common::wire_cost`).
+    #[serde(default = "d_mtu")]
+    pub mtu: u32,
+    #[serde(default = "d_packet_overhead")]
+    pub packet_overhead_bytes: u32,
+    /// The NIC time each WQE takes beyond its packets (fetching it), in ns; 0 by default.
+    #[serde(default)]
+    pub wqe_cost_ns: u64,
     /// Most QPs per app with work on the NIC at once (top-k gating); 0: no gating.
     #[serde(default)]
     pub max_active_qps: u64,
@@ -121,6 +132,12 @@ struct Decided {
 fn d_socket() -> PathBuf {
     PathBuf::from("/run/drum/shim.sock")
 }
+fn d_mtu() -> u32 {
+    4096
+}
+fn d_packet_overhead() -> u32 {
+    82
+}
 fn d_quantum() -> u64 {
     1000
 }
@@ -132,6 +149,9 @@ fn d_max_shims() -> usize {
 }
 
 const MAX_LINE_RATE_GBPS: f64 = 1000.0;
+/// Headers larger than a small packet: surely a mistake.
+const MAX_PACKET_OVERHEAD: u32 = 1024;
+const MAX_WQE_COST_NS: u64 = 1_000_000_000;
 /// More QP contexts than any NIC caches: surely a mistake.
 const MAX_QP_BUDGET: u64 = 1 << 20;
 const HEARTBEAT: Duration = Duration::from_millis(100);
@@ -169,6 +189,24 @@ impl ShimSettings {
         }
         if self.max_shims == 0 {
             bail!("shim.max_shims must be at least 1");
+        }
+        if ![256, 512, 1024, 2048, 4096].contains(&self.mtu) {
+            bail!(
+                "shim.mtu = {} must be an RDMA path MTU: 256, 512, 1024, 2048 or 4096",
+                self.mtu
+            );
+        }
+        if self.wqe_cost_ns > MAX_WQE_COST_NS {
+            bail!(
+                "shim.wqe_cost_ns = {} must be at most {MAX_WQE_COST_NS} (1 s)",
+                self.wqe_cost_ns
+            );
+        }
+        if self.packet_overhead_bytes > MAX_PACKET_OVERHEAD {
+            bail!(
+                "shim.packet_overhead_bytes = {} must be at most {MAX_PACKET_OVERHEAD}",
+                self.packet_overhead_bytes
+            );
         }
         self.tenants.validate().map_err(anyhow::Error::msg)?;
         self.ungoverned.validate().map_err(anyhow::Error::msg)?;
@@ -210,6 +248,15 @@ impl ShimSettings {
 
     fn line_rate_bytes(&self) -> f64 {
         self.line_rate_gbps * 1e9 / 8.0
+    }
+
+    pub fn wire_cost(&self) -> WireCost {
+        WireCost::new(
+            self.mtu,
+            self.packet_overhead_bytes,
+            self.wqe_cost_ns as f64,
+            self.line_rate_bytes(),
+        )
     }
 }
 
@@ -510,6 +557,10 @@ impl ShimHub {
         &self.shared.settings.socket
     }
 
+    pub fn wire_cost(&self) -> WireCost {
+        self.shared.settings.wire_cost()
+    }
+
     /// The processes the last scan found using the NIC without a registered shim.
     pub fn ungoverned(&self) -> Vec<Ungoverned> {
         self.shared.lock().ungoverned.clone()
@@ -667,15 +718,18 @@ impl Shared {
         let s = &self.settings;
         let pin = s.apps.get(app).cloned().unwrap_or_default();
         let decided = st.optimiser.get(app).copied();
-        let fraction = pin.rate.or(decided.map(|d| d.rate));
+        // The optimiser's rates are wire bytes, a pin is payload (docs/live-problem.md).
+        let wire = |d: &Decided| s.wire_cost().factor(d.bytes_per_wqe);
+        let payload = pin.rate.or(decided.map(|d| d.rate / wire(&d)));
         // The optimiser's polling rate `a·x`, unless the operator fixed the app's rate (then
         // only a polling pin meters its completions).
         let polling = || {
             let d = decided.filter(|_| pin.rate.is_none())?;
-            poll_grant(d.rate, d.cqe_per_wqe, s.line_rate_bytes(), d.bytes_per_wqe)
+            let wire_per_wqe = d.bytes_per_wqe.map(|b| b * wire(&d));
+            poll_grant(d.rate, d.cqe_per_wqe, s.line_rate_bytes(), wire_per_wqe)
         };
         Grant {
-            rate_bytes_per_s: fraction.map_or(0, |f| (f * s.line_rate_bytes()).round() as u64),
+            rate_bytes_per_s: payload.map_or(0, |f| (f * s.line_rate_bytes()).round() as u64),
             rate_wqe_per_s: pin.rate_wqe_per_s.unwrap_or(0),
             rate_cqe_per_s: pin
                 .rate_cqe_per_s
@@ -1078,6 +1132,9 @@ mod tests {
         ShimSettings {
             socket: dir.join("shim.sock"),
             line_rate_gbps: 8.0,
+            mtu: 4096,
+            packet_overhead_bytes: 0,
+            wqe_cost_ns: 0,
             max_active_qps: 0,
             qp_budget: 0,
             quantum_us: 1000,

@@ -21,3 +21,4 @@ pub mod selection;
 pub mod solver;
 pub mod traffic_shares;
 pub mod utility;
+pub mod wire_cost;

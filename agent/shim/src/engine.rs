@@ -9,9 +9,11 @@
 //! runs unthrottled; the first such loss is reported once on stderr. If the thread itself
 //! fails, every limit is lifted and what is queued is posted, so nothing stalls.
 
+use crate::ffi::{IbvQp, IBV_QPS_RTS};
 use crate::gate::QpId;
 use crate::govern::{self, LIMITS, PENDING, STATS};
 use crate::link::{Link, DEFAULT_SOCKET};
+use crate::nic_pace;
 use crate::pacer::{parse_count, parse_rate};
 use crate::spin::SpinLock;
 use crate::{lookup, totals, warn_once, Trouble, COLD, SLOTS};
@@ -173,6 +175,25 @@ struct Engine {
     next_bytes: Instant,
     /// The byte counts last reported per connected QP (cleared for an agent that attaches).
     bytes_sent: BTreeMap<u32, (u64, u64)>,
+    /// The grant in force as the NIC's pacing needs it: bytes per second and QP gate.
+    paced_grant: (u64, u64),
+    /// `DRUM_SHIM_NIC_PACING=0` turns packet pacing on the NIC off.
+    nic_pacing: bool,
+}
+
+/// Set once a NIC refused to pace a QP for a reason other than its state: no more tries.
+static NIC_PACING_REFUSED: AtomicBool = AtomicBool::new(false);
+/// WQEs posted before their mean size sets the NIC's pacing.
+const MIN_SIZED_WQES: u64 = 256;
+
+/// What of a grant the NIC's pacing follows: its byte rate and QP gate.
+fn pacing_terms(g: Option<&Grant>) -> (u64, u64) {
+    g.map_or((0, 0), |g| (g.rate_bytes_per_s, g.max_active_qps))
+}
+
+fn q_num(qp: *mut IbvQp) -> u32 {
+    // SAFETY: called with a live QP under its `gov` lock.
+    unsafe { (*qp).qp_num }
 }
 
 fn run() {
@@ -238,6 +259,8 @@ impl Engine {
             qps: BTreeMap::new(),
             next_bytes: now,
             bytes_sent: BTreeMap::new(),
+            paced_grant: pacing_terms(static_grant.as_ref()),
+            nic_pacing: std::env::var_os("DRUM_SHIM_NIC_PACING").is_none_or(|v| v != "0"),
         }
     }
 
@@ -270,8 +293,66 @@ impl Engine {
         }
     }
 
-    /// Checks the agent link, (re)attaches, applies a new grant, reports counters.
+    /// Checks the agent link, (re)attaches, applies a new grant, reports counters, and
+    /// keeps the NIC's pacing of the connected QPs in line with the grant.
     fn link_tick(&mut self, now: Instant) {
+        self.check_link(now);
+        self.pace_nic();
+    }
+
+    /// Paces each connected QP on the NIC at its share of the byte grant (`nic_pace`); a
+    /// QP the application paces itself is left alone, and a NIC that refuses is said once.
+    fn pace_nic(&self) {
+        if NIC_PACING_REFUSED.load(Relaxed) || !self.nic_pacing {
+            return;
+        }
+        let (rate, gate) = self.paced_grant;
+        let t = totals();
+        let bytes_per_wqe = (t.counts.send_wqes >= MIN_SIZED_WQES)
+            .then(|| t.counts.send_bytes as f64 / t.counts.send_wqes as f64);
+        let sending = nic_pace::sending_qps(self.qps.len(), gate);
+        crate::with_qps(self.qps.keys().copied(), |q| {
+            let mut g = q.gov.lock().unwrap_or_else(|e| e.into_inner());
+            let qp = g.qp as *mut IbvQp;
+            if qp.is_null() || g.app_paced || g.serves_reads {
+                return;
+            }
+            let target = nic_pace::qp_kbps(rate, sending, bytes_per_wqe, g.path_mtu);
+            let current = if g.nic_paced { g.nic_kbps } else { None };
+            if g.nic_kbps == target || !nic_pace::worth_changing(current, target) {
+                return;
+            }
+            // SAFETY: a live QP (its record names it) whose `gov` lock is held, which
+            // `ibv_destroy_qp`'s interposition must take before the QP is freed.
+            if unsafe { (*qp).state } != IBV_QPS_RTS {
+                return;
+            }
+            // SAFETY: as above.
+            let rc = unsafe { crate::set_rate_limit(qp, target.unwrap_or(0)) };
+            g.nic_kbps = target;
+            g.nic_paced = rc == 0 && target.is_some();
+            let counter = if rc == 0 {
+                &STATS.nic_pacing_sets
+            } else {
+                &STATS.nic_pacing_refusals
+            };
+            counter.fetch_add(1, Relaxed);
+            if matches!(rc, libc::EOPNOTSUPP | libc::ENOSYS) {
+                NIC_PACING_REFUSED.store(true, Relaxed);
+            }
+            if rc != 0 && target.is_some() {
+                warn_once(
+                    Trouble::NicPacing,
+                    &format!(
+                        "the NIC refused packet pacing for QP {} (errno {rc}); its bursts are paced per work request only",
+                        q_num(qp)
+                    ),
+                );
+            }
+        });
+    }
+
+    fn check_link(&mut self, now: Instant) {
         if let Some(l) = &self.link {
             let why = if l.closed() {
                 Some("the agent closed the connection".to_string())
@@ -346,6 +427,7 @@ impl Engine {
         if self.applied.as_ref() != Some(&key) {
             govern::set_caps(&caps);
             govern::apply(Some(&g));
+            self.paced_grant = pacing_terms(Some(&g));
             t.shim.applied_generation.store(g.generation, Relaxed);
             self.applied = Some(key);
         }
@@ -357,6 +439,7 @@ impl Engine {
         self.applied = None;
         govern::set_caps(&[]);
         govern::apply(self.static_grant.as_ref());
+        self.paced_grant = pacing_terms(self.static_grant.as_ref());
         warn_once(
             Trouble::AgentLost,
             &format!("{why}; the application runs ungoverned until the agent returns"),

@@ -63,7 +63,12 @@ pub const IBV_QPS_RTR: u32 = 2;
 pub const IBV_QPS_RTS: u32 = 3;
 pub const IBV_QP_STATE: c_int = 1;
 pub const IBV_QP_AV: c_int = 1 << 7;
+pub const IBV_QP_ACCESS_FLAGS: c_int = 1 << 3;
+pub const IBV_QP_PATH_MTU: c_int = 1 << 8;
+/// `IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC`: the peer may read through the QP.
+pub const IBV_ACCESS_REMOTE_READ_ATOMIC: u32 = (1 << 2) | (1 << 3);
 pub const IBV_QP_DEST_QPN: c_int = 1 << 20;
+pub const IBV_QP_RATE_LIMIT: c_int = 1 << 25;
 pub const IBV_SEND_SIGNALED: u32 = 2;
 pub const IBV_SEND_INLINE: u32 = 8;
 /// `IBV_WC_LOC_QP_OP_ERR`: what the shim reports for a held-back WR the provider refused.
@@ -100,10 +105,25 @@ pub struct IbvAhAttr {
 #[repr(C)]
 pub struct IbvQpAttr {
     pub qp_state: u32,
-    pub _a: [u8; 24],
+    pub _a: [u8; 4],
+    /// `enum ibv_mtu`: 1 (256 bytes) to 5 (4096).
+    pub path_mtu: u32,
+    pub _b0: [u8; 16],
     pub dest_qp_num: u32,
-    pub _b: [u8; 24],
+    pub qp_access_flags: u32,
+    pub _b: [u8; 20],
     pub ah_attr: IbvAhAttr,
+}
+
+/// The whole `struct ibv_qp_attr`, for the shim's own RTS-to-RTS `ibv_modify_qp` that
+/// sets a QP's packet pacing (`nic_pace`).
+#[repr(C, align(8))]
+pub struct IbvQpAttrFull {
+    pub qp_state: u32,
+    pub _a: [u8; 132],
+    /// kb/s; 0: none.
+    pub rate_limit: u32,
+    pub _tail: [u8; 4],
 }
 
 pub type CreateQpFn = unsafe extern "C" fn(*mut c_void, *mut IbvQpInitAttr) -> *mut IbvQp;
@@ -263,6 +283,16 @@ mod tests {
             (
                 "ibv_qp_init_attr.sq_sig_all",
                 offset_of!(IbvQpInitAttr, sq_sig_all),
+            ),
+            ("ibv_qp_attr.path_mtu", offset_of!(IbvQpAttr, path_mtu)),
+            (
+                "ibv_qp_attr.qp_access_flags",
+                offset_of!(IbvQpAttr, qp_access_flags),
+            ),
+            ("sizeof ibv_qp_attr", size_of::<IbvQpAttrFull>()),
+            (
+                "ibv_qp_attr.rate_limit",
+                offset_of!(IbvQpAttrFull, rate_limit),
             ),
             (
                 "ibv_qp_attr.dest_qp_num",

@@ -42,6 +42,16 @@ pub struct QpGov {
     pub busy: bool,
     /// The `ibv_wr_*` batch being built (`wr_api`).
     pub ex_batch: crate::wr_api::Batch,
+    /// Its path MTU in bytes (0: not set yet).
+    pub path_mtu: u32,
+    /// Packet pacing on the NIC (`nic_pace`): the application set its own, which the shim
+    /// leaves alone; the rate the shim last asked for, and whether the NIC took it.
+    pub app_paced: bool,
+    /// The peer may read (or do atomics) through it: READ responses leave the NIC through
+    /// this QP and belong to the reader's grant, so the shim does not pace it on the NIC.
+    pub serves_reads: bool,
+    pub nic_kbps: Option<u32>,
+    pub nic_paced: bool,
 }
 
 /// The limits in force, as plain atomics the data path reads without a lock. A limiter is
@@ -92,6 +102,9 @@ pub struct Stats {
     /// Polls that found completions the polling grant held back: the app wanted them
     /// sooner than its grant lets it have them, which the agent counts as demand.
     pub held_polls: AtomicU64,
+    /// Packet-pacing changes the NIC took (`nic_pace`), and the ones it refused.
+    pub nic_pacing_sets: AtomicU64,
+    pub nic_pacing_refusals: AtomicU64,
 }
 
 pub static STATS: Stats = Stats {
@@ -102,6 +115,8 @@ pub static STATS: Stats = Stats {
     dropped_wqes: AtomicU64::new(0),
     unqueueable_wqes: AtomicU64::new(0),
     held_polls: AtomicU64::new(0),
+    nic_pacing_sets: AtomicU64::new(0),
+    nic_pacing_refusals: AtomicU64::new(0),
 };
 
 /// WRs held back in all software queues of the process.
@@ -774,7 +789,7 @@ pub fn summary(queued: u64) -> String {
     format!(
         "extended_verbs={} wr_api_qps={} governed={} grant_generation={} rate_bytes_per_s={} rate_wqe_per_s={} rate_cqe_per_s={} max_active_qps={} \
          direct_wqes={} deferred_wqes={} queue_delay_us={} queued_wqes={} deferred_post_errors={} \
-         dropped_wqes={} held_polls={}",
+         dropped_wqes={} held_polls={} nic_pacing_sets={} nic_pacing_refusals={}",
         crate::extended::USES.load(Relaxed),
         crate::wr_api::WRAPPED_QPS.load(Relaxed),
         if LIMITS.active.load(Relaxed) {
@@ -794,5 +809,7 @@ pub fn summary(queued: u64) -> String {
         STATS.deferred_post_errors.load(Relaxed),
         STATS.dropped_wqes.load(Relaxed),
         STATS.held_polls.load(Relaxed),
+        STATS.nic_pacing_sets.load(Relaxed),
+        STATS.nic_pacing_refusals.load(Relaxed),
     )
 }

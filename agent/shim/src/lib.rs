@@ -30,6 +30,7 @@ pub mod gate;
 mod govern;
 pub mod inflight;
 mod link;
+pub mod nic_pace;
 pub mod pacer;
 pub mod sendq;
 mod spin;
@@ -157,6 +158,7 @@ pub(crate) enum Trouble {
     Completions = 16384,
     WrApi = 32768,
     DirectVerbs = 65536,
+    NicPacing = 131072,
 }
 
 static WARNED: AtomicU32 = AtomicU32::new(0);
@@ -473,21 +475,44 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, mas
     // SAFETY: forwarding unchanged.
     let rc = unsafe { f(qp, attr, mask) };
     let connects = IBV_QP_STATE | IBV_QP_AV | IBV_QP_DEST_QPN;
-    if rc == 0 && !qp.is_null() && !attr.is_null() && mask & connects == connects {
+    let noted = connects | IBV_QP_PATH_MTU | IBV_QP_RATE_LIMIT | IBV_QP_ACCESS_FLAGS;
+    if rc == 0 && !qp.is_null() && !attr.is_null() && mask & noted != 0 {
         qp_bookkeeping(|| {
             // SAFETY: the caller's valid QP and attributes.
             let (a, ctx, qpn) = unsafe { (&*attr, (*qp).context, (*qp).qp_num) };
-            if a.qp_state != IBV_QPS_RTR || a.ah_attr.is_global == 0 {
+            let Some(q) = lookup(ctx).and_then(|st| st.qps.get(qpn)) else {
                 return;
+            };
+            {
+                let mut g = q.gov.lock().unwrap_or_else(|e| e.into_inner());
+                if mask & IBV_QP_PATH_MTU != 0 && (1..=5).contains(&a.path_mtu) {
+                    g.path_mtu = 128 << a.path_mtu;
+                }
+                if mask & IBV_QP_ACCESS_FLAGS != 0 {
+                    g.serves_reads = a.qp_access_flags & IBV_ACCESS_REMOTE_READ_ATOMIC != 0;
+                }
+                if mask & IBV_QP_RATE_LIMIT != 0 {
+                    // SAFETY: with this mask bit the caller passed a whole `ibv_qp_attr`.
+                    let limit = unsafe { (*attr.cast::<IbvQpAttrFull>()).rate_limit };
+                    g.app_paced = limit != 0;
+                }
+                if mask & IBV_QP_STATE != 0 && a.qp_state != IBV_QPS_RTS {
+                    // A QP leaving RTS loses its pacing; it is set again in RTS.
+                    (g.nic_kbps, g.nic_paced) = (None, false);
+                }
+                if mask & connects != connects
+                    || a.qp_state != IBV_QPS_RTR
+                    || a.ah_attr.is_global == 0
+                {
+                    return;
+                }
+                g.peer = Some(a.ah_attr.dgid);
             }
-            if let Some(q) = lookup(ctx).and_then(|st| st.qps.get(qpn)) {
-                q.gov.lock().unwrap_or_else(|e| e.into_inner()).peer = Some(a.ah_attr.dgid);
-                govern::event(drum_table::message::ShimMsg::QpUp {
-                    qpn,
-                    peer: a.ah_attr.dgid,
-                    peer_qpn: a.dest_qp_num,
-                });
-            }
+            govern::event(drum_table::message::ShimMsg::QpUp {
+                qpn,
+                peer: a.ah_attr.dgid,
+                peer_qpn: a.dest_qp_num,
+            });
         });
     }
     rc
@@ -1208,6 +1233,49 @@ pub fn qp_bytes(qpns: impl Iterator<Item = u32>) -> Vec<(u32, u64, u64)> {
         })
     })
     .collect()
+}
+
+/// Runs `f` on the slot of each of `qpns` that has one (a cold path: takes the lock that
+/// open and close take, so no slot is freed meanwhile).
+pub fn with_qps(qpns: impl Iterator<Item = u32>, mut f: impl FnMut(&counters::QpCounters)) {
+    let _g = COLD.lock();
+    let n = HIGH.load(Acquire);
+    for qpn in qpns {
+        let q = SLOTS.iter().take(n).find_map(|slot| {
+            // SAFETY: states are freed only under the lock held here.
+            let st = unsafe { slot.state.load(Acquire).as_ref() }?;
+            st.qps.get(qpn)
+        });
+        if let Some(q) = q {
+            f(q);
+        }
+    }
+}
+
+/// Paces `qp` on the NIC at `kbps` (0: no pacing) with the real `ibv_modify_qp`, RTS to
+/// RTS; 0 or the provider's errno.
+///
+/// # Safety
+/// `qp` is a live QP, not destroyed meanwhile (the caller holds its `gov` lock, which
+/// `ibv_destroy_qp`'s interposition takes first).
+pub(crate) unsafe fn set_rate_limit(qp: *mut IbvQp, kbps: u32) -> c_int {
+    let Some(f) = real(c"ibv_modify_qp", &REAL_MODIFY_QP) else {
+        return libc::ENOSYS;
+    };
+    // SAFETY: libibverbs' ibv_modify_qp@IBVERBS_1.1; the attribute is a whole, zeroed
+    // `ibv_qp_attr` (layout checked against the headers) of which only the masked fields
+    // are read.
+    unsafe {
+        let f = std::mem::transmute::<usize, ModifyQpFn>(f);
+        let mut a: IbvQpAttrFull = std::mem::zeroed();
+        a.qp_state = IBV_QPS_RTS;
+        a.rate_limit = kbps;
+        f(
+            qp,
+            (&mut a as *mut IbvQpAttrFull).cast(),
+            IBV_QP_STATE | IBV_QP_RATE_LIMIT,
+        )
+    }
 }
 
 /// The one-line summary printed at exit with `DRUM_SHIM_LOG=1`.

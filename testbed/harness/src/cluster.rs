@@ -209,6 +209,8 @@ impl Cluster {
             gate_quantum_us: Layout::gate_quantum_us_for(
                 Layout::qp_miss_ns(softrnic_args).map_err(anyhow::Error::msg)?,
             ),
+            mtu: Layout::mtu(softrnic_args).map_err(anyhow::Error::msg)?,
+            wqe_fetch_ns: Layout::wqe_fetch_ns(softrnic_args).map_err(anyhow::Error::msg)?,
             dir: &self.dir,
         };
         run(Command::new(self.tool("drum-coordinator")?)

@@ -13,6 +13,13 @@ pub const ADMIN: &str = "127.0.0.1:9464";
 const SOFTRNIC_QP_CACHE: u64 = 20;
 /// `softrnic up`'s default cost of a QP-context cache miss, in ns.
 const SOFTRNIC_QP_MISS_NS: u64 = 1000;
+/// `softrnic up`'s default cost of fetching a WQE, in ns.
+const SOFTRNIC_WQE_FETCH_NS: u64 = 500;
+/// `softrnic up`'s default MTU.
+const SOFTRNIC_MTU: u64 = 4096;
+/// What each softrnic packet adds on the wire: its 48-byte header and the 42 bytes of
+/// Ethernet, IPv4 and UDP it charges (softrnic's `wire::HDR_LEN + nic::L2_L4_OVERHEAD`).
+pub const SOFTRNIC_PACKET_OVERHEAD: u32 = 90;
 /// The shim's gate quantum on a real NIC (1 ms) over its QP-context miss cost (≈ 0.5 µs).
 const QUANTUM_PER_MISS: u64 = 2000;
 
@@ -26,6 +33,12 @@ pub struct Layout<'a> {
     pub qp_budget: u64,
     /// How long a QP keeps its gate slot while others wait ([`Layout::gate_quantum_us_for`]).
     pub gate_quantum_us: u64,
+    /// The emulated NICs' MTU ([`Layout::mtu`]): with [`SOFTRNIC_PACKET_OVERHEAD`], what the
+    /// agents count a payload byte as on the wire.
+    pub mtu: u64,
+    /// What fetching a WQE costs the emulated NIC ([`Layout::wqe_fetch_ns`]), on the same
+    /// clock as its packets: the agents count it as NIC time.
+    pub wqe_fetch_ns: u64,
     /// The state directory (absolute), where certificates and sockets live.
     pub dir: &'a Path,
 }
@@ -70,6 +83,9 @@ impl Layout<'_> {
              line_rate_gbps = {rate}\n\
              qp_budget = {qps}\n\
              quantum_us = {quantum}\n\
+             mtu = {mtu}\n\
+             packet_overhead_bytes = {SOFTRNIC_PACKET_OVERHEAD}\n\
+             wqe_cost_ns = {fetch}\n\
              # Programs on this host that use the NIC without the shim (docs/tenants.md): the\n\
              # hosts share one kernel, so only this host's network namespace, and softrnic's\n\
              # per-process counters say what they send.\n\
@@ -80,6 +96,8 @@ impl Layout<'_> {
             rate = self.line_rate_gbps,
             qps = self.qp_budget,
             quantum = self.gate_quantum_us,
+            mtu = self.mtu,
+            fetch = self.wqe_fetch_ns,
             counters = self.dir.join("softrnic/hosts").join(host).join("stats"),
         )
     }
@@ -88,6 +106,16 @@ impl Layout<'_> {
     /// default of 20): what an operator would tell the agent of its NIC.
     pub fn qp_cache(args: &[String]) -> Result<u64, String> {
         softrnic_number(args, "--qp-cache", SOFTRNIC_QP_CACHE)
+    }
+
+    /// The WQE fetch cost `softrnic up` gets from `args` (`--wqe-fetch-ns`).
+    pub fn wqe_fetch_ns(args: &[String]) -> Result<u64, String> {
+        softrnic_number(args, "--wqe-fetch-ns", SOFTRNIC_WQE_FETCH_NS)
+    }
+
+    /// The MTU `softrnic up` gets from `args` (`--mtu`).
+    pub fn mtu(args: &[String]) -> Result<u64, String> {
+        softrnic_number(args, "--mtu", SOFTRNIC_MTU)
     }
 
     /// The cost of a QP-context miss `softrnic up` gets from `args` (`--qp-miss-ns`).
@@ -159,6 +187,8 @@ mod tests {
             line_rate_gbps: 25.0,
             qp_budget: 20,
             gate_quantum_us: 1000,
+            mtu: 1024,
+            wqe_fetch_ns: 10_000,
             dir,
         }
     }
@@ -210,6 +240,9 @@ mod tests {
             "line_rate_gbps = 25\n",
             "qp_budget = 20\n",
             "quantum_us = 1000\n",
+            "mtu = 1024\n",
+            "packet_overhead_bytes = 90\n",
+            "wqe_cost_ns = 10000\n",
             "nic_counters = \"/run/x/softrnic/hosts/h2/stats\"\n",
         ] {
             assert!(a.contains(want), "{want} in {a}");

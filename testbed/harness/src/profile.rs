@@ -38,6 +38,15 @@ pub const DILATED: Nic = Nic {
 };
 
 impl Nic {
+    /// The NIC time one WQE of `bytes` takes in softrnic's model, in ns: its fetch and its
+    /// packets' wire time (each packet with softrnic's header and Ethernet/IPv4/UDP bytes),
+    /// all on the one clock of the NIC's pipeline.
+    pub fn wqe_time_ns(&self, bytes: u64) -> f64 {
+        let packets = bytes.div_ceil(self.mtu as u64).max(1);
+        let wire = bytes + packets * crate::configs::SOFTRNIC_PACKET_OVERHEAD as u64;
+        self.wqe_fetch_ns as f64 + wire as f64 * 8.0 / self.line_rate_gbps
+    }
+
     /// The options of `softrnic up` that set this NIC.
     pub fn softrnic_args(&self) -> Vec<String> {
         [

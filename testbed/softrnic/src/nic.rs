@@ -329,6 +329,12 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_packet_adds_the_overhead_drum_testbed_tells_its_agents() {
+        // testbed/harness/src/configs.rs: SOFTRNIC_PACKET_OVERHEAD.
+        assert_eq!(L2_L4_OVERHEAD + crate::wire::HDR_LEN as u64, 90);
+    }
+
+    #[test]
     fn a_pacer_keeps_its_rate_and_bursts_only_what_it_was_given() {
         // (958 + 42) bytes at 8,000 kb/s = 1 ms.
         let t = Instant::now() + Duration::from_secs(1);
