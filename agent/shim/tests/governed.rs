@@ -38,7 +38,7 @@ fn bw_mib(o: &Output, who: &str) -> f64 {
 
 /// Granted 10 %, 30 % and 60 % of a 1 Gb/s line, an unmodified `ib_write_bw` achieves its
 /// grant within ±5 %, measured by perftest itself (never above; see [`assert_holds_grant`]
-/// for the floor).
+/// for the floor), with its QP paced on the NIC too (`nic_pace`).
 #[test]
 fn agent_grants_hold_ib_write_bw_to_10_30_and_60_percent_of_line_rate() {
     require_privileges!();
@@ -70,6 +70,10 @@ fn agent_grants_hold_ib_write_bw_to_10_30_and_60_percent_of_line_rate() {
                 "{who}: {s:?}"
             );
             assert!(s["deferred_wqes"] > 0, "{who}: {s:?}");
+            // 64 KiB messages are 16 packets: their QPs are paced on the NIC as well, and
+            // the NIC's limit does not hold them under the grant.
+            assert!(s["nic_pacing_sets"] >= 1, "{who}: {s:?}");
+            assert_eq!(s["nic_pacing_refusals"], 0, "{who}: {s:?}");
             assert!(
                 shim_complaints(&client).is_empty(),
                 "{who}: {}",
