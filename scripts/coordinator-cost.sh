@@ -15,7 +15,12 @@ R0=$(it)
 perf stat -x, -e task-clock,context-switches,syscalls:sys_enter_sendmsg,syscalls:sys_enter_recvmmsg,syscalls:sys_enter_recvmsg,syscalls:sys_enter_futex,syscalls:sys_enter_epoll_wait -p $P -o $OUT.perf -- sleep $S
 R1=$(it)
 Q=$(curl -s http://$PORT/metrics | grep 'round_recent_seconds{quantile="0.5"}' | awk '{print $2*1000}')
-kill $SP; wait $SP 2>/dev/null
+# The coordinator is the scale example's child and outlives a SIGTERM to it, which also
+# skips the example's removal of its temporary directory (the coordinator's config's): end
+# both and remove it.
+CONF=$(tr '\0' '\n' < /proc/$P/cmdline | grep 'coordinator.toml$')
+kill $P $SP; wait $SP 2>/dev/null
+case "$CONF" in /tmp/.tmp*/coordinator.toml) rm -rf "$(dirname "$CONF")" ;; esac
 R=$((R1-R0))
 awk -F, -v r=$R -v n=$N -v l=$L -v q=$Q '
   /task-clock/ {cpu=$1}

@@ -180,6 +180,12 @@ impl Workload {
             // it ended in IBV_WC_RETRY_EXC_ERR), which tests the machine, not DRUM.
             "-u",
             "18",
+            // perftest times its reports in TSC cycles and samples the cycles' frequency
+            // against gettimeofday for every report line; when the sampling is descheduled
+            // (r^2 < 0.9) it prints "Can't produce a report" and exits 1 unless -F is given.
+            // Under load that ended a CI run: the client exited, so the server's end-of-run
+            // TCP read failed ("Failed to exchange data between server and clients").
+            "-F",
             "-p",
             PERFTEST_PORT,
         ]);
