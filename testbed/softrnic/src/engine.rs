@@ -39,6 +39,7 @@ use crate::ring::{self, Doorbell, Map, QpLayout, Ring};
 use crate::wire::{self, psn_add, psn_diff, Packet, Payload};
 
 mod host_io;
+mod ingress;
 mod multicast;
 mod placement;
 mod qp_state;
@@ -135,6 +136,8 @@ pub struct Counters {
     pub rx_dropped_no_flow: u64,
     /// UC packets dropped because an earlier packet of their message was lost.
     pub rx_uc_broken: u64,
+    /// Pauses from other hosts' receive ports that held this NIC's transmitter back.
+    pub pauses_received: u64,
     /// Packets not sent or not taken because the port's link was down.
     pub port_down_dropped: u64,
     /// WRITE and SEND data and READ responses placed into applications, one
@@ -172,6 +175,7 @@ impl Counters {
             ("rx_dropped_no_flow", self.rx_dropped_no_flow),
             ("rx_uc_broken", self.rx_uc_broken),
             ("port_down_dropped", self.port_down_dropped),
+            ("pauses_received", self.pauses_received),
             ("rx_placements", self.rx_placements),
         ] {
             s.push_str(&format!("{k} {v}\n"));
@@ -487,6 +491,8 @@ struct State {
     inject: Option<Injection>,
     /// The NIC model: pipeline clock and QP-context cache.
     nic: Pipeline,
+    /// The NIC's receive port (see [`crate::rx_port`]).
+    rx_port: crate::rx_port::RxPort,
     /// Destroyed QPs that still re-acknowledge their peer's duplicates for a while.
     tombstones: IdMap<Tombstone>,
     /// Message data gathered and not yet placed (see `placement`).
@@ -658,6 +664,9 @@ impl State {
     /// Handle a packet from `from`; a bug that panics in its handler costs the packet, not
     /// the engine (counted in `rx_handler_panics`).
     fn receive(&mut self, from: SocketAddr, p: Packet, now: Instant) {
+        if p.op == wire::OP_PAUSE {
+            return self.on_pause(&p, now);
+        }
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             self.on_packet(from, p, now)
         }));
@@ -916,6 +925,7 @@ impl State {
             out: Vec::new(),
             inject: None,
             nic: Pipeline::new(nic),
+            rx_port: crate::rx_port::RxPort::new(nic.rx_port()),
             tombstones: IdMap::default(),
             gathered: placement::Combiner::default(),
             context_keys: HashMap::new(),

@@ -28,6 +28,7 @@ pub mod hosts;
 pub mod idmap;
 pub mod mw;
 pub mod nic;
+pub mod rx_port;
 pub mod proto;
 pub mod provider;
 pub mod rdma_cm;
