@@ -43,10 +43,7 @@ pub struct RxPortConfig {
 pub enum Verdict {
     /// Taken into the queue; `mark`: congestion experienced; `pause`: hold the sender back
     /// for this long (lossless port, buffer full), None when it is not to be told again.
-    Accept {
-        mark: bool,
-        pause: Option<Duration>,
-    },
+    Accept { mark: bool, pause: Option<Duration> },
     /// Dropped (lossy port, buffer full).
     Drop,
 }
@@ -279,7 +276,10 @@ mod tests {
         // 1 µs later one packet has drained: one fits again (the dropped sender's line was
         // not taken by what was dropped).
         let t1 = t0 + Duration::from_nanos(1000);
-        assert!(matches!(p.arrive(t1, peer(11), 1000), Verdict::Accept { .. }));
+        assert!(matches!(
+            p.arrive(t1, peer(11), 1000),
+            Verdict::Accept { .. }
+        ));
         assert_eq!(p.arrive(t1, peer(12), 1000), Verdict::Drop);
     }
 
