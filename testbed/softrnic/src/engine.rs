@@ -136,8 +136,6 @@ pub struct Counters {
     pub rx_dropped_no_flow: u64,
     /// UC packets dropped because an earlier packet of their message was lost.
     pub rx_uc_broken: u64,
-    /// Pauses from other hosts' receive ports that held this NIC's transmitter back.
-    pub pauses_received: u64,
     /// Packets not sent or not taken because the port's link was down.
     pub port_down_dropped: u64,
     /// WRITE and SEND data and READ responses placed into applications, one
@@ -175,7 +173,6 @@ impl Counters {
             ("rx_dropped_no_flow", self.rx_dropped_no_flow),
             ("rx_uc_broken", self.rx_uc_broken),
             ("port_down_dropped", self.port_down_dropped),
-            ("pauses_received", self.pauses_received),
             ("rx_placements", self.rx_placements),
         ] {
             s.push_str(&format!("{k} {v}\n"));
@@ -664,9 +661,6 @@ impl State {
     /// Handle a packet from `from`; a bug that panics in its handler costs the packet, not
     /// the engine (counted in `rx_handler_panics`).
     fn receive(&mut self, from: SocketAddr, p: Packet, now: Instant) {
-        if p.op == wire::OP_PAUSE {
-            return self.on_pause(&p, now);
-        }
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             self.on_packet(from, p, now)
         }));

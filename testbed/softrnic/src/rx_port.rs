@@ -61,6 +61,8 @@ pub struct RxPortCounters {
     pub pauses: u64,
     pub pause_ns: u64,
     pub dropped: u64,
+    /// Pauses from other hosts' receive ports that held this NIC's transmitter back.
+    pub pauses_received: u64,
 }
 
 impl RxPortCounters {
@@ -75,14 +77,16 @@ impl RxPortCounters {
     pub fn lines(&self) -> String {
         format!(
             "rx_port_arrivals {}\nrx_queue_max_bytes {}\nrx_queue_mean_bytes {}\n\
-             rx_ecn_marked {}\nrx_pauses {}\nrx_pause_ns {}\nrx_port_dropped {}\n",
+             rx_ecn_marked {}\nrx_pauses {}\nrx_pause_ns {}\nrx_port_dropped {}\n\
+             pauses_received {}\n",
             self.arrivals,
             self.depth_max_bytes,
             self.depth_mean_bytes(),
             self.ecn_marked,
             self.pauses,
             self.pause_ns,
-            self.dropped
+            self.dropped,
+            self.pauses_received
         )
     }
 }

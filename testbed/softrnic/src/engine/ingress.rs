@@ -15,8 +15,8 @@ impl State {
     /// A datagram of `len` bytes, decoded as `p`, arrived from another host at `now`.
     pub(super) fn arrive(&mut self, from: SocketAddr, p: Packet, len: usize, now: Instant) {
         if p.op == wire::OP_PAUSE {
-            self.receive(from, p, now);
-            return;
+            // A link-level frame: it does not queue behind data.
+            return self.receive(from, p, now);
         }
         let wire_bytes = len as u64 + nic::L2_L4_OVERHEAD;
         match self.rx_port.arrive(now, from, wire_bytes) {
@@ -42,7 +42,7 @@ impl State {
     /// A pause from a receiver's port: nothing leaves this NIC for `imm` ns.
     pub(super) fn on_pause(&mut self, p: &Packet, now: Instant) {
         let hold = Duration::from_nanos(p.imm as u64).min(MAX_PAUSE);
-        self.counters.pauses_received += 1;
+        self.rx_port.counters.pauses_received += 1;
         self.nic.hold(now, hold);
     }
 }
