@@ -39,6 +39,7 @@ use crate::ring::{self, Doorbell, Map, QpLayout, Ring};
 use crate::wire::{self, psn_add, psn_diff, Packet, Payload};
 
 mod host_io;
+mod ingress;
 mod multicast;
 mod placement;
 mod qp_state;
@@ -487,6 +488,8 @@ struct State {
     inject: Option<Injection>,
     /// The NIC model: pipeline clock and QP-context cache.
     nic: Pipeline,
+    /// The NIC's receive port (see [`crate::rx_port`]).
+    rx_port: crate::rx_port::RxPort,
     /// Destroyed QPs that still re-acknowledge their peer's duplicates for a while.
     tombstones: IdMap<Tombstone>,
     /// Message data gathered and not yet placed (see `placement`).
@@ -916,6 +919,7 @@ impl State {
             out: Vec::new(),
             inject: None,
             nic: Pipeline::new(nic),
+            rx_port: crate::rx_port::RxPort::new(nic.rx_port()),
             tombstones: IdMap::default(),
             gathered: placement::Combiner::default(),
             context_keys: HashMap::new(),

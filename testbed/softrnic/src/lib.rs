@@ -32,5 +32,6 @@ pub mod proto;
 pub mod provider;
 pub mod rdma_cm;
 pub mod ring;
+pub mod rx_port;
 pub mod userns;
 pub mod wire;

@@ -74,6 +74,17 @@ enum Cmd {
         /// at a time); the read costs wqe-fetch-ns per work request, before other QPs' packets.
         #[arg(long, default_value_t = nic::NicConfig::default().wqe_fetch_batch)]
         wqe_fetch_batch: u32,
+        /// NIC model: the receive port's ingress buffer in KiB (arrivals are serialised at the
+        /// line rate through it).
+        #[arg(long, default_value_t = nic::NicConfig::default().rx_buffer_kib)]
+        rx_buffer_kib: u64,
+        /// NIC model: queue depth in KiB from which arriving packets are ECN-marked (0: never).
+        #[arg(long, default_value_t = nic::NicConfig::default().ecn_threshold_kib)]
+        ecn_threshold_kib: u64,
+        /// NIC model: drop what does not fit into the receive buffer instead of pausing the
+        /// sender (lossless, as InfiniBand or PFC-protected RoCE, is the default).
+        #[arg(long)]
+        rx_lossy: bool,
         /// Send every packet with its own sendto (no UDP GSO batching between engines).
         #[arg(long)]
         no_gso: bool,
@@ -163,6 +174,9 @@ fn main() -> Result<()> {
             qp_miss_ns,
             wqe_fetch_ns,
             wqe_fetch_batch,
+            rx_buffer_kib,
+            ecn_threshold_kib,
+            rx_lossy,
             no_gso,
         } => {
             let nic = nic::NicConfig {
@@ -172,6 +186,9 @@ fn main() -> Result<()> {
                 qp_miss_ns,
                 wqe_fetch_ns,
                 wqe_fetch_batch,
+                rx_buffer_kib,
+                ecn_threshold_kib,
+                rx_lossy,
             };
             let f = hosts::UpFaults {
                 seed,

@@ -54,6 +54,8 @@ pub enum NicError {
     Rate(String),
     #[error("WQE fetch batch must be at least 1")]
     FetchBatch,
+    #[error("receive buffer must be at least 1 KiB")]
+    RxBuffer,
 }
 
 /// The model's parameters (see docs/softrnic.md for the defaults and their sources).
@@ -71,6 +73,11 @@ pub struct NicConfig {
     pub wqe_fetch_ns: u64,
     /// Most work requests of one doorbell the NIC fetches in one read (1: one at a time).
     pub wqe_fetch_batch: u32,
+    /// Receive port (see [`crate::rx_port`]): ingress buffer, ECN marking threshold (0:
+    /// never), and whether a full buffer drops (lossy) or pauses the sender (lossless).
+    pub rx_buffer_kib: u64,
+    pub ecn_threshold_kib: u64,
+    pub rx_lossy: bool,
 }
 
 impl Default for NicConfig {
@@ -82,6 +89,9 @@ impl Default for NicConfig {
             qp_miss_ns: 1000,
             wqe_fetch_ns: 500,
             wqe_fetch_batch: 64,
+            rx_buffer_kib: 2048,
+            ecn_threshold_kib: 200,
+            rx_lossy: false,
         }
     }
 }
@@ -109,18 +119,25 @@ impl NicConfig {
         if self.wqe_fetch_batch == 0 {
             return Err(NicError::FetchBatch);
         }
+        if self.rx_buffer_kib == 0 {
+            return Err(NicError::RxBuffer);
+        }
         Ok(())
     }
 
     pub fn encode(&self) -> String {
         format!(
-            "line_rate_gbps {} mtu {} qp_cache {} qp_miss_ns {} wqe_fetch_ns {} wqe_fetch_batch {}\n",
+            "line_rate_gbps {} mtu {} qp_cache {} qp_miss_ns {} wqe_fetch_ns {} wqe_fetch_batch {} \
+             rx_buffer_kib {} ecn_threshold_kib {} rx_lossy {}\n",
             self.line_rate_gbps,
             self.mtu,
             self.qp_cache,
             self.qp_miss_ns,
             self.wqe_fetch_ns,
-            self.wqe_fetch_batch
+            self.wqe_fetch_batch,
+            self.rx_buffer_kib,
+            self.ecn_threshold_kib,
+            u8::from(self.rx_lossy)
         )
     }
 
@@ -143,11 +160,30 @@ impl NicConfig {
                 "qp_miss_ns" => c.qp_miss_ns = kv[1].parse().map_err(|_| bad())?,
                 "wqe_fetch_ns" => c.wqe_fetch_ns = kv[1].parse().map_err(|_| bad())?,
                 "wqe_fetch_batch" => c.wqe_fetch_batch = kv[1].parse().map_err(|_| bad())?,
+                "rx_buffer_kib" => c.rx_buffer_kib = kv[1].parse().map_err(|_| bad())?,
+                "ecn_threshold_kib" => c.ecn_threshold_kib = kv[1].parse().map_err(|_| bad())?,
+                "rx_lossy" => {
+                    c.rx_lossy = match kv[1] {
+                        "0" => false,
+                        "1" => true,
+                        _ => return Err(bad()),
+                    }
+                }
                 _ => return Err(bad()),
             }
         }
         c.validate()?;
         Ok(c)
+    }
+
+    /// The receive port's parameters.
+    pub fn rx_port(&self) -> crate::rx_port::RxPortConfig {
+        crate::rx_port::RxPortConfig {
+            line_rate_gbps: self.line_rate_gbps,
+            buffer_bytes: self.rx_buffer_kib * 1024,
+            ecn_threshold_bytes: self.ecn_threshold_kib * 1024,
+            lossy: self.rx_lossy,
+        }
     }
 
     /// Wire time of a datagram of `len` bytes.
@@ -277,6 +313,13 @@ impl Pipeline {
         self.busy_until = self.busy_until.max(floor) + Duration::from_nanos(ns);
     }
 
+    /// Start nothing before `now + d` (a pause from a receiver): the clock is moved to where
+    /// [`Pipeline::wait`] first lets a packet go at that time; banked credit does not cut the
+    /// pause short.
+    pub fn hold(&mut self, now: Instant, d: Duration) {
+        self.busy_until = self.busy_until.max(now + d + SLACK);
+    }
+
     /// None when a new packet may start now, else how long to wait.
     pub fn wait(&self, now: Instant) -> Option<Duration> {
         let ahead = self.busy_until.saturating_duration_since(now);
@@ -382,8 +425,16 @@ mod tests {
             qp_miss_ns: 3000,
             wqe_fetch_ns: 100,
             wqe_fetch_batch: 8,
+            rx_buffer_kib: 512,
+            ecn_threshold_kib: 0,
+            rx_lossy: true,
         };
         assert_eq!(NicConfig::decode(&c.encode()).unwrap(), c);
+        assert_eq!(
+            NicConfig::decode("rx_buffer_kib 0"),
+            Err(NicError::RxBuffer)
+        );
+        assert!(NicConfig::decode("rx_lossy yes").is_err());
         assert_eq!(NicConfig::decode("").unwrap(), NicConfig::default());
         assert_eq!(NicConfig::decode("mtu 1000"), Err(NicError::Mtu(1000)));
         assert!(NicConfig::decode("line_rate_gbps -1").is_err());

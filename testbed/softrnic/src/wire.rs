@@ -32,8 +32,11 @@ pub const MCAST_QPN: u32 = 0xFF_FFFF;
 /// An Ethernet frame of a raw-packet QP (the payload, as the application built it), flooded
 /// to every host as a switch floods unknown unicast; receivers steer it by their flow rules.
 pub const OP_RAW: u8 = 11;
+/// A pause from a receive port whose buffer is full (PFC's PAUSE, for the whole port): the
+/// sender holds back everything for `imm` ns. Engine to engine; no QP.
+pub const OP_PAUSE: u8 = 12;
 /// The highest op the decoder accepts.
-pub const OP_MAX: u8 = OP_RAW;
+pub const OP_MAX: u8 = OP_PAUSE;
 
 pub const F_FIRST: u8 = 1;
 pub const F_LAST: u8 = 2;

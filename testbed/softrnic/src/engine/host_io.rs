@@ -188,7 +188,7 @@ pub(super) fn rx_loop(sh: Arc<Shared>) {
             match Packet::decode(d) {
                 Some(p) => {
                     wake |= wakes_transmitter(p.op);
-                    st.receive(from, p, Instant::now());
+                    st.arrive(from, p, d.len(), Instant::now());
                 }
                 None => st.counters.rx_dropped_malformed += 1,
             }
@@ -206,6 +206,7 @@ pub(super) fn rx_loop(sh: Arc<Shared>) {
 pub(super) fn tx_loop(sh: Arc<Shared>, stats: Option<PathBuf>, port_state: Option<PathBuf>) {
     let mut st = sh.lock();
     let mut written = Counters::default();
+    let mut written_port = crate::rx_port::RxPortCounters::default();
     let mut last_write = Instant::now();
     let mut port_checked = Instant::now();
     loop {
@@ -223,10 +224,14 @@ pub(super) fn tx_loop(sh: Arc<Shared>, stats: Option<PathBuf>, port_state: Optio
         st.timers(now);
         let next_held = sh.flush_held(&mut st, now);
         if let Some(path) = &stats {
-            if now.duration_since(last_write) >= STATS_EVERY && st.counters != written {
+            let port_changed = st.rx_port.counters != written_port;
+            if now.duration_since(last_write) >= STATS_EVERY
+                && (st.counters != written || port_changed)
+            {
                 written = st.counters;
+                written_port = st.rx_port.counters;
                 last_write = now;
-                let procs = st.proc_tx_lines();
+                let procs = written_port.lines() + &st.proc_tx_lines();
                 write_stats(path, &written, &procs);
             }
         }

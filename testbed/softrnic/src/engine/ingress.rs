@@ -1,0 +1,48 @@
+//! The engine's side of the receive port ([`crate::rx_port`]): every packet that arrives
+//! from another host passes the port before it is handled, and the pauses the port decides
+//! go back to their senders, which then hold back their whole transmitter as a PFC-paused
+//! port does.
+
+use super::*;
+use crate::rx_port::Verdict;
+
+/// The longest pause a sender honours: a pause that says more is treated as this much (a
+/// forged or corrupt one must not stop a NIC for good; the model's own pauses are the
+/// drain time of one buffer overflow, microseconds to a few milliseconds).
+const MAX_PAUSE: Duration = Duration::from_millis(10);
+
+impl State {
+    /// A datagram of `len` bytes, decoded as `p`, arrived from another host at `now`.
+    pub(super) fn arrive(&mut self, from: SocketAddr, p: Packet, len: usize, now: Instant) {
+        if p.op == wire::OP_PAUSE {
+            // A link-level frame: it does not queue behind data.
+            return self.receive(from, p, now);
+        }
+        let wire_bytes = len as u64 + nic::L2_L4_OVERHEAD;
+        match self.rx_port.arrive(now, from, wire_bytes) {
+            Verdict::Drop => {}
+            Verdict::Accept { pause, .. } => {
+                if let Some(hold) = pause {
+                    // Straight onto the socket, ahead of queued data: a pause is a link-level
+                    // frame, not a packet the arbiter schedules.
+                    self.out.push((
+                        from,
+                        Packet {
+                            op: wire::OP_PAUSE,
+                            imm: hold.as_nanos().min(u32::MAX as u128) as u32,
+                            ..Default::default()
+                        },
+                    ));
+                }
+                self.receive(from, p, now);
+            }
+        }
+    }
+
+    /// A pause from a receiver's port: nothing leaves this NIC for `imm` ns.
+    pub(super) fn on_pause(&mut self, p: &Packet, now: Instant) {
+        let hold = Duration::from_nanos(p.imm as u64).min(MAX_PAUSE);
+        self.rx_port.counters.pauses_received += 1;
+        self.nic.hold(now, hold);
+    }
+}

@@ -1,0 +1,115 @@
+//! The receive port (docs/softrnic-congestion.md) with real processes: stock `ib_write_bw`
+//! senders on several emulated hosts into one.
+
+#[macro_use]
+mod common;
+
+use common::*;
+use drum_test_support::{spawn, text, wait_timeout};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Payload rate of a 1 Gb/s line with 4,096-byte packets and 90 bytes of headers, MiB/s.
+const LINE_MIB_S: f64 = 1e9 / 8.0 * 4096.0 / 4186.0 / 1_048_576.0;
+
+fn have_perftest() -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join("ib_write_bw").is_file()))
+        .unwrap_or(false)
+}
+
+/// `senders` clients on h2, h3, … each into its own server on h1; returns each client's
+/// MiB/s (None for one that failed) and h1's counters once they have been written.
+fn incast(run: &Run, senders: usize, args: &[&str]) -> (Vec<Option<f64>>, HashMap<String, u64>) {
+    let ip = run.addr("h1");
+    let servers: Vec<_> = (1..=senders)
+        .map(|i| {
+            let port = (18600 + i).to_string();
+            let mut a = args.to_vec();
+            a.extend(["-p", &port]);
+            spawn(&mut run.exec("h1", &a))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let clients: Vec<_> = (1..=senders)
+        .map(|i| {
+            let port = (18600 + i).to_string();
+            let mut a = args.to_vec();
+            a.extend(["-p", &port, &ip]);
+            spawn(&mut run.exec(&format!("h{}", i + 1), &a))
+        })
+        .collect();
+    let rates = clients
+        .into_iter()
+        .map(|c| {
+            let out = wait_timeout(c, Duration::from_secs(90));
+            if !out.status.success() {
+                eprintln!("sender failed: {}", text(&out));
+                return None;
+            }
+            String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.len() >= 4 && f[0].parse::<u64>().is_ok()).then(|| f[3].parse().ok())?
+            })
+        })
+        .collect();
+    for s in servers {
+        wait_timeout(s, Duration::from_secs(30));
+    }
+    // The stats file is rewritten about every 200 ms.
+    std::thread::sleep(Duration::from_millis(600));
+    (rates, run.stats("h1"))
+}
+
+#[test]
+fn incast_queues_at_the_receivers_line_rate_and_one_sender_does_not() {
+    require_privileges!();
+    if !have_perftest() {
+        eprintln!("SKIPPED: perftest not installed (apt-get install perftest)");
+        return;
+    }
+    let bw = ["ib_write_bw", "-x", "0", "-s", "65536", "-D", "3"];
+
+    let run = Run::new("incast");
+    run.up(&["--hosts", "4", "--line-rate-gbps", "1"]);
+    let (rates, s) = incast(&run, 3, &bw);
+    eprintln!("lossless, 3 senders: {rates:?} MiB/s, h1: {s:?}");
+    let total: f64 = rates.iter().map(|r| r.expect("a sender failed")).sum();
+    // Before the receive port the three delivered 270 MiB/s into this 117 MiB/s line.
+    assert!(
+        total > 0.8 * LINE_MIB_S && total < 1.05 * LINE_MIB_S,
+        "aggregate {total:.1} MiB/s, line {LINE_MIB_S:.1}"
+    );
+    assert!(s["rx_queue_max_bytes"] > 200 * 1024, "{s:?}");
+    assert!(s["rx_queue_mean_bytes"] > 0, "{s:?}");
+    assert!(s["rx_ecn_marked"] > 0 && s["rx_pause_ns"] > 0, "{s:?}");
+    assert_eq!(s["rx_port_dropped"], 0, "{s:?}");
+    drop(run);
+
+    let run = Run::new("incast-lossy");
+    run.up(&["--hosts", "4", "--line-rate-gbps", "1", "--rx-lossy"]);
+    let (rates, s) = incast(&run, 3, &bw);
+    eprintln!("lossy, 3 senders: {rates:?} MiB/s, h1: {s:?}");
+    assert!(s["rx_port_dropped"] > 0 && s["rx_pauses"] == 0, "{s:?}");
+    let retransmits: u64 = ["h2", "h3", "h4"]
+        .iter()
+        .map(|h| run.stats(h)["retransmits"])
+        .sum();
+    assert!(retransmits > 0);
+    drop(run);
+
+    let run = Run::new("incast-one");
+    run.up(&["--hosts", "2", "--line-rate-gbps", "1"]);
+    let (rates, s) = incast(&run, 1, &bw);
+    eprintln!("one sender: {rates:?} MiB/s, h1: {s:?}");
+    assert!(rates[0].expect("the sender failed") > 0.9 * LINE_MIB_S);
+    assert!(s["rx_port_arrivals"] > 0, "{s:?}");
+    for k in [
+        "rx_queue_max_bytes",
+        "rx_ecn_marked",
+        "rx_pauses",
+        "rx_port_dropped",
+    ] {
+        assert_eq!(s[k], 0, "{k}: {s:?}");
+    }
+}
