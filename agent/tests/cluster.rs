@@ -1327,8 +1327,8 @@ fn a_revoked_agent_is_refused_and_rejoins_with_a_rotated_certificate() {
         .unwrap()
         .issue_agent(&h1)
         .unwrap();
-    // SAFETY: kill(2) on the pid of a child this test started and still owns.
     assert_eq!(
+        // SAFETY: kill(2) on the pid of a child this test started and still owns.
         unsafe { libc::kill(agents[1].child.id() as i32, libc::SIGHUP) },
         0
     );
@@ -1375,8 +1375,8 @@ fn an_agent_leaves_a_coordinator_revoked_while_connected() {
         .unwrap()
         .revoke("coordinator")
         .unwrap();
-    // SAFETY: kill(2) on the pid of a child this test started and still owns.
     assert_eq!(
+        // SAFETY: kill(2) on the pid of a child this test started and still owns.
         unsafe { libc::kill(agents[0].child.id() as i32, libc::SIGHUP) },
         0
     );
@@ -1880,6 +1880,7 @@ fn an_unwritable_rate_table_does_not_stop_the_agent() {
         agent.log().contains("the rate table is written again")
     });
     assert_eq!(
+        // SAFETY: kill(2) on the pid of a child this test started and still owns.
         unsafe { libc::kill(agent.child.id() as i32, libc::SIGTERM) },
         0
     );
@@ -2058,6 +2059,7 @@ fn sigterm_while_connecting_stops_the_agent_at_once() {
     mute.recv_from(&mut buf)
         .expect("the agent's first QUIC datagram");
     assert_eq!(
+        // SAFETY: kill(2) on the pid of a child this test started and still owns.
         unsafe { libc::kill(agent.child.id() as i32, libc::SIGTERM) },
         0
     );

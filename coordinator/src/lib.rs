@@ -3,6 +3,8 @@
 //! endpoint and metrics, and the throw-away development CA of `dev-certs`
 //! (docs/control-plane.md).
 
+#![forbid(unsafe_code)]
+
 pub mod admin;
 pub mod dev_ca;
 pub mod metrics;

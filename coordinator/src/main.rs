@@ -1,6 +1,8 @@
 //! drum-coordinator: offline `solve` and `simulate`, the control-plane service (`serve`), and
 //! operator commands (`dev-certs`, `status`, `set-capacity`); docs/control-plane.md.
 
+#![forbid(unsafe_code)]
+
 mod plot;
 mod report;
 mod simulate;

@@ -4,6 +4,8 @@
 //! instance files ([`config`]). What the messages and endpoints mean is the daemons' own
 //! (docs/control-plane.md); `quic` builds on `pki`, never the other way round.
 
+#![forbid(unsafe_code)]
+
 pub mod config;
 pub mod error;
 pub mod http;
