@@ -17,7 +17,7 @@ use drum_agent::AgentSettings;
 use drum_common::generator::{generate, GeneratorConfig};
 use drum_common::instance::Instance;
 use drum_common::protocol::fixed_active_sets;
-use drum_coordinator::net;
+use drum_coordinator::dev_ca;
 use drum_coordinator::server::{ServeSettings, Server};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -72,7 +72,7 @@ impl Drop for Child {
 async fn in_process(
     args: &Args,
     instance: &std::path::Path,
-    certs: &net::DevCerts,
+    certs: &dev_ca::DevCerts,
 ) -> Result<Server> {
     Server::bind(ServeSettings {
         listen: "127.0.0.1:0".parse()?,
@@ -110,7 +110,7 @@ fn main() -> Result<()> {
     });
     let instance = dir.path().join("instance.json");
     std::fs::write(&instance, Instance::from_problem(&problem).to_json())?;
-    let certs = net::dev_certs(
+    let certs = dev_ca::dev_certs(
         &dir.path().join("certs"),
         &["localhost".into(), "127.0.0.1".into()],
         &["scale".into()],

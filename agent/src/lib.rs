@@ -23,7 +23,7 @@ use drum_common::model::Problem;
 use drum_common::protocol::agent::{AgentAction, AgentConfig, AgentCore, AgentEvent};
 use drum_common::protocol::shard::ShardMux;
 use drum_common::protocol::{AgentMsg, CoordMsg};
-use drum_coordinator::net::{self, FramedRecv, NetError, TlsFiles};
+use drum_net::{config, quic, quic::FramedRecv, NetError, TlsFiles};
 use rate_table::{LinkState, TableWriter};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -214,7 +214,7 @@ impl AgentSettings {
 
     /// Loads the whole agent config: the settings and the [`AgentOptions`].
     pub fn load_with_options(path: &Path) -> Result<(Self, AgentOptions)> {
-        let (mut table, base): (toml::Table, _) = net::load_config(path)?;
+        let (mut table, base): (toml::Table, _) = config::load_config(path)?;
         let mut extra = toml::Table::new();
         for key in OPTION_KEYS {
             if let Some(v) = table.remove(*key) {
@@ -523,11 +523,11 @@ async fn run_inner(
     let idle = Duration::from_millis(settings.coordinator_timeout_ms);
     // The TLS config of the next connection; a reload replaces it.
     let client_tls = Arc::new(std::sync::Mutex::new(
-        net::ClientTls::load(&settings.tls, idle).context("setting up the QUIC client")?,
+        quic::ClientTls::load(&settings.tls, idle).context("setting up the QUIC client")?,
     ));
     // The session's connections, which a reload checks against the new CA and CRL.
     let live: Arc<std::sync::Mutex<Vec<quinn::Connection>>> = Arc::default();
-    let endpoint = net::bare_client_endpoint().context("setting up the QUIC client")?;
+    let endpoint = quic::bare_client_endpoint().context("setting up the QUIC client")?;
     let stats = Arc::new(metrics::AgentMetrics::default());
     stats.table_ok.set(1);
     let table = settings
@@ -587,7 +587,7 @@ async fn run_inner(
         async move {
             loop {
                 reload.notified().await;
-                match net::ClientTls::load(&tls, idle) {
+                match quic::ClientTls::load(&tls, idle) {
                     Ok(c) => {
                         info!(cert = %tls.cert.display(), crl = ?tls.crl, "reloaded the TLS files; the next connection uses them");
                         // A coordinator the new files no longer vouch for (revoked, or from
@@ -597,7 +597,7 @@ async fn run_inner(
                                 stats.refused_coordinators.inc();
                                 warn!(remote = %conn.remote_address(), "the coordinator's certificate is no longer accepted after the reload: {e}; closing the connection");
                                 let reason = format!("certificate no longer accepted: {e}");
-                                conn.close(net::CLOSE_PROTOCOL.into(), reason.as_bytes());
+                                conn.close(quic::CLOSE_PROTOCOL.into(), reason.as_bytes());
                             }
                         }
                         *client_tls.lock().expect("not poisoned") = c;
@@ -648,7 +648,7 @@ async fn run_inner(
         }
         if stopping {
             for (conn, _, _) in &links {
-                conn.close(net::CLOSE_NORMAL.into(), b"agent stopping");
+                conn.close(quic::CLOSE_NORMAL.into(), b"agent stopping");
             }
             break;
         }
@@ -656,7 +656,7 @@ async fn run_inner(
             stats.connect_failures.inc();
             warn!("{why}; keeping last rates");
             for (conn, _, _) in &links {
-                conn.close(net::CLOSE_NORMAL.into(), b"another shard is unreachable");
+                conn.close(quic::CLOSE_NORMAL.into(), b"another shard is unreachable");
             }
             core.on_connect_failed(origin.elapsed());
             continue;
@@ -690,7 +690,7 @@ async fn run_inner(
         t.close(rate_table::table_file(&problem, &core, LinkState::Stopped))
             .await;
     }
-    endpoint.close(net::CLOSE_NORMAL.into(), b"agent stopping");
+    endpoint.close(quic::CLOSE_NORMAL.into(), b"agent stopping");
     // Give the close (and a Leave sent just before) a moment to reach the coordinator.
     let _ = tokio::time::timeout(Duration::from_millis(200), endpoint.wait_idle()).await;
     info!("agent stopped");
@@ -715,7 +715,7 @@ type Link = (quinn::Connection, quinn::SendStream, quinn::RecvStream);
 
 async fn connect(
     endpoint: &quinn::Endpoint,
-    tls: &std::sync::Mutex<net::ClientTls>,
+    tls: &std::sync::Mutex<quic::ClientTls>,
     addr: SocketAddr,
     server_name: &str,
 ) -> Result<Link, NetError> {
@@ -790,7 +790,7 @@ async fn session(
                         stats.iteration.set(c.iteration as i64);
                     }
                     for (link, part) in mux.outgoing(&m) {
-                        if let Err(e) = net::send_msg(&mut sends[link], &part).await {
+                        if let Err(e) = quic::send_msg(&mut sends[link], &part).await {
                             actions = core.on_disconnected(origin.elapsed(), &e.to_string());
                             warn!("lost the coordinator: {e}; keeping last rates");
                             continue 'session;
@@ -799,7 +799,7 @@ async fn session(
                 }
                 AgentAction::Disconnect(reason) => {
                     for conn in &conns {
-                        conn.close(net::CLOSE_PROTOCOL.into(), reason.as_bytes());
+                        conn.close(quic::CLOSE_PROTOCOL.into(), reason.as_bytes());
                     }
                 }
                 AgentAction::Publish => {
@@ -988,7 +988,7 @@ async fn session(
                     Ok(None) => {
                         let mut out = Vec::new();
                         for (link, reply) in mux.take_replies() {
-                            if let Err(e) = net::send_msg(&mut sends[link], &reply).await {
+                            if let Err(e) = quic::send_msg(&mut sends[link], &reply).await {
                                 warn!("lost the coordinator: {e}; keeping last rates");
                                 out = core.on_disconnected(origin.elapsed(), &e.to_string());
                                 break;
@@ -1019,7 +1019,7 @@ async fn session(
             _ = shutdown.as_mut() => {
                 stop = true;
                 for send in &mut sends {
-                    let _ = net::send_msg(send, &AgentMsg::Leave).await;
+                    let _ = quic::send_msg(send, &AgentMsg::Leave).await;
                     let _ = send.finish();
                 }
                 // Closing the connection discards unacknowledged stream data: wait (briefly)
@@ -1036,7 +1036,7 @@ async fn session(
     }
     if !stop {
         for conn in &conns {
-            conn.close(net::CLOSE_NORMAL.into(), b"reconnecting");
+            conn.close(quic::CLOSE_NORMAL.into(), b"reconnecting");
         }
     }
     Ok(stop)

@@ -29,7 +29,7 @@ fn main() {
 }
 
 fn run(cli: Cli) -> Result<()> {
-    drum_coordinator::net::init_logging();
+    drum_net::config::init_logging();
     if let Some(path) = cli.local {
         return run_local(&path);
     }
@@ -37,7 +37,7 @@ fn run(cli: Cli) -> Result<()> {
     let (settings, options) = drum_agent::AgentSettings::load_with_options(&config)?;
     let instance = match &settings.instance {
         Some(path) => {
-            let problem = drum_coordinator::server::load_problem(path)?;
+            let problem = drum_net::config::load_problem(path)?;
             let (host, active) = drum_agent::host_and_active(&problem, &settings.host)?;
             Some((problem, host, active))
         }

@@ -3,8 +3,7 @@
 //! time spent in the host step; with `[shim]` and `[dasr]`, the shim link's and DASR's
 //! metrics too. Every series carries the label `host`.
 
-use drum_coordinator::http::{self, Limits, Reply};
-use drum_coordinator::metrics::OPENMETRICS;
+use drum_net::http::{self, Limits, Reply, OPENMETRICS};
 use prometheus_client::collector::Collector;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;

@@ -10,8 +10,9 @@ use drum_common::model::Problem;
 use drum_common::protocol::wire::{encode, MAGIC, PROTOCOL_VERSION};
 use drum_common::protocol::AgentMsg;
 use drum_common::solver::{solve, SolveOptions};
-use drum_coordinator::net::{self, TlsFiles};
+use drum_coordinator::dev_ca::dev_certs;
 use drum_coordinator::server::{ServeOptions, ServeSettings, Server};
+use drum_net::{quic, TlsFiles};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -70,7 +71,7 @@ impl Cluster {
         let instance = dir.path().join("instance.json");
         std::fs::write(&instance, Instance::from_problem(&problem).to_json()).unwrap();
         let names: Vec<String> = problem.hosts.iter().map(|h| h.id.clone()).collect();
-        let certs = net::dev_certs(
+        let certs = dev_certs(
             &dir.path().join("certs"),
             &["localhost".into(), "127.0.0.1".into()],
             &names,
@@ -623,7 +624,7 @@ fn raw_client(c: &Cluster, coordinator: SocketAddr, bytes: Vec<u8>) {
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let ep = net::client_endpoint(&tls, Duration::from_secs(2)).unwrap();
+        let ep = quic::client_endpoint(&tls, Duration::from_secs(2)).unwrap();
         let conn = ep.connect(coordinator, "localhost").unwrap().await.unwrap();
         let (mut send, _recv) = conn.open_bi().await.unwrap();
         send.write_all(&bytes).await.unwrap();
@@ -648,7 +649,7 @@ fn bad_peers_and_frames_are_refused_without_disturbing_rounds() {
     let epoch = coord.status()["epoch"].clone();
 
     // 1. An agent whose certificate comes from another CA.
-    let other = net::dev_certs(&c.dir.path().join("other-ca"), &[], &["intruder".into()]).unwrap();
+    let other = dev_certs(&c.dir.path().join("other-ca"), &[], &["intruder".into()]).unwrap();
     let mut intruder_tls = other.agents[0].1.clone();
     intruder_tls.ca = c.dir.path().join("certs/ca.pem");
     let intruder = c.agent_tagged("intruder", 0, coord.addr, Some(intruder_tls), "");
@@ -716,7 +717,7 @@ fn bad_peers_and_frames_are_refused_without_disturbing_rounds() {
         crl: None,
     };
     let closed = tokio::runtime::Runtime::new().unwrap().block_on(async {
-        let ep = net::client_endpoint(&tls, Duration::from_secs(10)).unwrap();
+        let ep = quic::client_endpoint(&tls, Duration::from_secs(10)).unwrap();
         let conn = ep.connect(coord.addr, "localhost").unwrap().await.unwrap();
         let why = tokio::time::timeout(Duration::from_secs(5), conn.closed()).await;
         ep.close(0u32.into(), b"");
@@ -1280,7 +1281,7 @@ fn a_revoked_agent_is_refused_and_rejoins_with_a_rotated_certificate() {
     assert_eq!(members(), 3);
     // Revoke host 1 and reload: its connection goes, its reconnections are refused.
     let h1 = c.problem.hosts[1].id.clone();
-    drum_coordinator::pki::DevCa::open(&certs)
+    drum_coordinator::dev_ca::DevCa::open(&certs)
         .unwrap()
         .revoke_agent(&h1)
         .unwrap();
@@ -1322,12 +1323,12 @@ fn a_revoked_agent_is_refused_and_rejoins_with_a_rotated_certificate() {
         );
     }
     // A new certificate for host 1, and SIGHUP to its agent: it rejoins.
-    drum_coordinator::pki::DevCa::open(&certs)
+    drum_coordinator::dev_ca::DevCa::open(&certs)
         .unwrap()
         .issue_agent(&h1)
         .unwrap();
-    // SAFETY: kill(2) on the pid of a child this test started and still owns.
     assert_eq!(
+        // SAFETY: kill(2) on the pid of a child this test started and still owns.
         unsafe { libc::kill(agents[1].child.id() as i32, libc::SIGHUP) },
         0
     );
@@ -1370,12 +1371,12 @@ fn an_agent_leaves_a_coordinator_revoked_while_connected() {
     wait_for("two members iterating", Duration::from_secs(10), || {
         members() == 2 && coord.status()["iteration"].as_u64().unwrap() > 20
     });
-    drum_coordinator::pki::DevCa::open(&certs)
+    drum_coordinator::dev_ca::DevCa::open(&certs)
         .unwrap()
         .revoke("coordinator")
         .unwrap();
-    // SAFETY: kill(2) on the pid of a child this test started and still owns.
     assert_eq!(
+        // SAFETY: kill(2) on the pid of a child this test started and still owns.
         unsafe { libc::kill(agents[0].child.id() as i32, libc::SIGHUP) },
         0
     );
@@ -1879,6 +1880,7 @@ fn an_unwritable_rate_table_does_not_stop_the_agent() {
         agent.log().contains("the rate table is written again")
     });
     assert_eq!(
+        // SAFETY: kill(2) on the pid of a child this test started and still owns.
         unsafe { libc::kill(agent.child.id() as i32, libc::SIGTERM) },
         0
     );
@@ -2057,6 +2059,7 @@ fn sigterm_while_connecting_stops_the_agent_at_once() {
     mute.recv_from(&mut buf)
         .expect("the agent's first QUIC datagram");
     assert_eq!(
+        // SAFETY: kill(2) on the pid of a child this test started and still owns.
         unsafe { libc::kill(agent.child.id() as i32, libc::SIGTERM) },
         0
     );

@@ -2,6 +2,8 @@
 //! generator. Nothing here does I/O, spawns threads of its own (rayon aside) or reads clocks, so
 //! the agent, the coordinator and the simulator can all reuse it and tests are deterministic.
 
+#![forbid(unsafe_code)]
+
 pub mod admm;
 pub mod dasr;
 pub mod demand;

@@ -1,4 +1,4 @@
-//! The coordinator's admin endpoint (HTTP, [`crate::http`]): `GET /metrics` (OpenMetrics
+//! The coordinator's admin endpoint (HTTP, [`drum_net::http`]): `GET /metrics` (OpenMetrics
 //! text, [`crate::metrics`]), `GET /status` (JSON),
 //! `GET /snapshot` (the live problem as an instance file) and the operator's changes
 //! `POST /set-capacity?facility=F&value=Y`, `POST /set-weight?app=A&value=W`, `POST /drain?host=H`,
@@ -11,10 +11,10 @@
 //! permission), could otherwise drain hosts. A browser's request (it carries `Origin`) is
 //! refused a change on the socket too.
 
-pub use crate::http::Reply;
-use crate::http::{self, HttpRequest, Limits};
 pub use crate::metrics::Metrics;
 use drum_common::protocol::coordinator::Coordinator;
+pub use drum_net::http::Reply;
+use drum_net::http::{self, HttpRequest, Limits};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -130,7 +130,7 @@ fn answer_simple(core: &mut Coordinator, metrics: &Metrics, req: AdminRequest) -
         },
         AdminRequest::Metrics => Reply {
             code: 200,
-            content_type: crate::metrics::OPENMETRICS,
+            content_type: http::OPENMETRICS,
             body: crate::metrics::render(core.status(), metrics),
         },
         AdminRequest::SetCapacity { facility, capacity } => {

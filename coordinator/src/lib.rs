@@ -1,11 +1,11 @@
-//! The networked half of DRUM's control plane: QUIC transport with mutual TLS, framed message
-//! streams, throw-away development certificates, and the coordinator service that drives the
-//! pure state machine of `drum_common::protocol::coordinator` (docs/control-plane.md).
-//! `drum-agent` reuses [`net`] for its side of the connection.
+//! The coordinator's half of DRUM's control plane: the service that drives the pure state
+//! machine of `drum_common::protocol::coordinator` over `drum-net`'s QUIC transport, its admin
+//! endpoint and metrics, and the throw-away development CA of `dev-certs`
+//! (docs/control-plane.md).
+
+#![forbid(unsafe_code)]
 
 pub mod admin;
-pub mod http;
+pub mod dev_ca;
 pub mod metrics;
-pub mod net;
-pub mod pki;
 pub mod server;

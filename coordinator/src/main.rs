@@ -1,6 +1,8 @@
 //! drum-coordinator: offline `solve` and `simulate`, the control-plane service (`serve`), and
 //! operator commands (`dev-certs`, `status`, `set-capacity`); docs/control-plane.md.
 
+#![forbid(unsafe_code)]
+
 mod plot;
 mod report;
 mod simulate;
@@ -366,28 +368,28 @@ fn run(cli: Cli) -> Result<()> {
             if crl_days.is_some() && revoke.is_none() && !revoke_coordinator {
                 bail!("--crl-days applies to --revoke and --revoke-coordinator");
             }
-            let crl_days = crl_days.unwrap_or(drum_coordinator::pki::CRL_DAYS);
+            let crl_days = crl_days.unwrap_or(drum_coordinator::dev_ca::CRL_DAYS);
             if revoke_coordinator {
-                let crl = drum_coordinator::pki::DevCa::open(&out)?
+                let crl = drum_coordinator::dev_ca::DevCa::open(&out)?
                     .with_crl_days(crl_days)
                     .revoke("coordinator")?;
                 println!("revoked the coordinator's certificate: {}", crl.display());
                 return Ok(());
             }
             if let Some(host) = revoke {
-                let crl = drum_coordinator::pki::DevCa::open(&out)?
+                let crl = drum_coordinator::dev_ca::DevCa::open(&out)?
                     .with_crl_days(crl_days)
                     .revoke_agent(&host)?;
                 println!("revoked agent {host}: {}", crl.display());
                 return Ok(());
             }
             if let Some(host) = reissue {
-                let f = drum_coordinator::pki::DevCa::open(&out)?.issue_agent(&host)?;
+                let f = drum_coordinator::dev_ca::DevCa::open(&out)?.issue_agent(&host)?;
                 println!("agent {host}: {} {}", f.cert.display(), f.key.display());
                 return Ok(());
             }
             if reissue_coordinator {
-                let f = drum_coordinator::pki::DevCa::open(&out)?.issue(
+                let f = drum_coordinator::dev_ca::DevCa::open(&out)?.issue(
                     "coordinator",
                     san,
                     rcgen::ExtendedKeyUsagePurpose::ServerAuth,
@@ -404,7 +406,7 @@ fn run(cli: Cli) -> Result<()> {
                     out.display()
                 );
             }
-            let certs = drum_coordinator::net::dev_certs(&out, &san, &agents)?;
+            let certs = drum_coordinator::dev_ca::dev_certs(&out, &san, &agents)?;
             println!("CA: {}", certs.ca.display());
             println!("CRL (empty): {}", out.join("crl.pem").display());
             println!(
@@ -475,7 +477,7 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 fn serve(config: &std::path::Path, shard: Option<drum_common::protocol::Shard>) -> Result<()> {
-    drum_coordinator::net::init_logging();
+    drum_net::config::init_logging();
     let (settings, mut options) =
         drum_coordinator::server::ServeSettings::load_with_options(config)?;
     if let Some(shard) = shard {

@@ -5,9 +5,7 @@
 //! handshake refused, a bad frame) close only the offending connection, with a log line.
 
 use crate::admin::{self, AdminRequest, Metrics, Reply};
-use crate::net::{self, FramedRecv, NetError, TlsFiles};
 use anyhow::{bail, Context, Result};
-use drum_common::instance::Instance;
 use drum_common::live::LivePolicy;
 use drum_common::model::Problem;
 use drum_common::protocol::coordinator::{
@@ -16,6 +14,8 @@ use drum_common::protocol::coordinator::{
 use drum_common::protocol::{facility_digest, valid_name, AgentMsg, CoordMsg, Shard};
 use drum_common::selection::SelectionOptions;
 use drum_common::solver::{default_rho, SolveOptions};
+use drum_net::quic::{self, FramedRecv};
+use drum_net::{NetError, TlsFiles};
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -490,14 +490,6 @@ pub fn write_state(path: &Path, st: &OperatorState) -> Result<()> {
     Ok(())
 }
 
-pub fn load_problem(path: &Path) -> Result<Problem> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    Instance::from_json(&text)
-        .and_then(Instance::into_problem)
-        .with_context(|| format!("in {}", path.display()))
-}
-
 /// What a connection task sends to the state machine.
 enum Input {
     Connected(Link),
@@ -506,7 +498,7 @@ enum Input {
     Closed(MemberId, bool),
     Admin(AdminRequest, oneshot::Sender<Reply>),
     /// The TLS files were read again: check every established peer against them.
-    Reloaded(Arc<net::ServerTls>),
+    Reloaded(Arc<quic::ServerTls>),
 }
 
 enum Outgoing {
@@ -561,14 +553,14 @@ impl Server {
     pub async fn bind_with(settings: ServeSettings, options: ServeOptions) -> Result<Self> {
         options.validate()?;
         let problem = match &settings.instance {
-            Some(path) => Some(load_problem(path)?),
+            Some(path) => Some(drum_net::config::load_problem(path)?),
             None if options.shard != Shard::WHOLE => {
                 bail!("the live problem (no instance) has one coordinator: no --shard")
             }
             None => None,
         };
         let idle = Duration::from_millis(settings.member_timeout_ms);
-        let endpoint = net::server_endpoint(&settings.tls, settings.listen, idle)
+        let endpoint = quic::server_endpoint(&settings.tls, settings.listen, idle)
             .with_context(|| format!("binding QUIC on {}", settings.listen))?;
         let admin = match settings.admin_listen {
             Some(a) => Some(
@@ -718,7 +710,7 @@ impl Server {
         if let Some(p) = socket_path {
             let _ = std::fs::remove_file(p);
         }
-        endpoint.close(net::CLOSE_NORMAL.into(), b"coordinator shutting down");
+        endpoint.close(quic::CLOSE_NORMAL.into(), b"coordinator shutting down");
         Ok(())
     }
 }
@@ -735,7 +727,7 @@ async fn reload_loop(
 ) {
     loop {
         reload.notified().await;
-        match net::ServerTls::load(&tls, idle) {
+        match quic::ServerTls::load(&tls, idle) {
             Ok(t) => {
                 endpoint.set_server_config(Some(t.config.clone()));
                 info!(
@@ -800,7 +792,7 @@ async fn connection(
         Ok(r) => r?,
         Err(_) => {
             warn!(%remote, "no stream within {join_timeout:?}; closing the connection");
-            conn.close(net::CLOSE_PROTOCOL.into(), b"no stream");
+            conn.close(quic::CLOSE_PROTOCOL.into(), b"no stream");
             return Ok(());
         }
     };
@@ -821,7 +813,7 @@ async fn connection(
         while let Some(o) = out_rx.recv().await {
             match o {
                 Outgoing::Msg(m) => {
-                    if net::send_msg(&mut send, &m).await.is_err() {
+                    if quic::send_msg(&mut send, &m).await.is_err() {
                         break;
                     }
                 }
@@ -849,7 +841,7 @@ async fn connection(
                 Ok(r) => r,
                 Err(_) => {
                     warn!(%remote, "no join within {join_timeout:?}; closing the connection");
-                    conn.close(net::CLOSE_PROTOCOL.into(), b"no join");
+                    conn.close(quic::CLOSE_PROTOCOL.into(), b"no join");
                     break Ok(());
                 }
             }
@@ -857,7 +849,7 @@ async fn connection(
         joined = true;
         match next {
             Ok(Some(AgentMsg::Join(j)))
-                if policy.bind_host && !net::certificate_names(&conn, &j.host) =>
+                if policy.bind_host && !quic::certificate_names(&conn, &j.host) =>
             {
                 metrics.refused_joins.inc();
                 let reason = format!(
@@ -868,7 +860,7 @@ async fn connection(
                 let _ = refuse_tx.send(Outgoing::Msg(CoordMsg::Refused {
                     reason: reason.clone(),
                 }));
-                let _ = refuse_tx.send(Outgoing::Close(net::CLOSE_PROTOCOL, reason));
+                let _ = refuse_tx.send(Outgoing::Close(quic::CLOSE_PROTOCOL, reason));
                 // The writer closes the connection once the refusal is delivered.
                 let _ = tokio::time::timeout(Duration::from_secs(1), conn.closed()).await;
                 break Ok(());
@@ -882,7 +874,7 @@ async fn connection(
             Err(NetError::Wire(e)) => {
                 metrics.refused_frames.inc();
                 warn!(%remote, member = id, "refused frame: {e}; closing the connection");
-                conn.close(net::CLOSE_PROTOCOL.into(), e.to_string().as_bytes());
+                conn.close(quic::CLOSE_PROTOCOL.into(), e.to_string().as_bytes());
                 break Ok(());
             }
             Err(e) => break Err(e),
@@ -936,7 +928,7 @@ async fn core_loop(
                             );
                             closing.insert(id);
                             let reason = format!("certificate no longer accepted: {e}");
-                            let _ = l.out.send(Outgoing::Close(net::CLOSE_PROTOCOL, reason));
+                            let _ = l.out.send(Outgoing::Close(quic::CLOSE_PROTOCOL, reason));
                         }
                         Vec::new()
                     }
@@ -991,7 +983,7 @@ async fn core_loop(
                     if let Some(l) = writers.remove(&id) {
                         closing.insert(id);
                         info!(member = id, remote = %l.remote, "closing connection: {reason}");
-                        let _ = l.out.send(Outgoing::Close(net::CLOSE_PROTOCOL, reason));
+                        let _ = l.out.send(Outgoing::Close(quic::CLOSE_PROTOCOL, reason));
                     }
                 }
                 Action::Event(e) => log_event(&e, &metrics, &writers),

@@ -208,7 +208,7 @@ fn tls_setup(d: &Path) {
 }
 
 /// A CRL (or certificate) rewritten on disk is read again without SIGHUP: the daemon watches
-/// its TLS files ([`drum_coordinator::net::TLS_WATCH_PERIOD`]).
+/// its TLS files ([`drum_net::pki::TLS_WATCH_PERIOD`]).
 #[test]
 fn serve_reloads_its_tls_files_when_they_change_on_disk() {
     let dir = tempfile::tempdir().unwrap();

@@ -92,10 +92,12 @@ pub unsafe fn install(ctx: *mut IbvContext) -> ExtOrig {
 /// # Safety
 /// `ctx` is the valid context `o` was taken from, no longer used by other threads.
 pub unsafe fn uninstall(ctx: *mut IbvContext, o: &ExtOrig) {
+    // SAFETY: `ctx` is the caller's valid context (this function's contract).
     if let (Some(f), Some(p)) = (o.create_cq_ex, unsafe { op_slot(ctx, CREATE_CQ_EX_BACK) }) {
         // SAFETY: the slot we swapped.
         unsafe { *p = f as usize };
     }
+    // SAFETY: as above.
     if let (Some(f), Some(p)) = (o.create_qp_ex, unsafe { op_slot(ctx, CREATE_QP_EX_BACK) }) {
         // SAFETY: the slot we swapped.
         unsafe { *p = f as usize };

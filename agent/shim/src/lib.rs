@@ -576,10 +576,10 @@ pub unsafe extern "C" fn ibv_create_cq(
     channel: *mut IbvCompChannel,
     comp_vector: c_int,
 ) -> *mut IbvCq {
-    // SAFETY: the caller's arguments.
-    if let Some(cq) =
-        completions(|| Some(unsafe { vcq::create_cq(ctx, cqe, cq_context, channel, comp_vector) }))
-    {
+    if let Some(cq) = completions(|| {
+        // SAFETY: the caller's arguments, passed on unchanged.
+        Some(unsafe { vcq::create_cq(ctx, cqe, cq_context, channel, comp_vector) })
+    }) {
         return cq;
     }
     match real_as::<CreateCqFn>(c"ibv_create_cq", &vcq::REAL_CREATE_CQ) {

@@ -181,15 +181,15 @@ mod tests {
         }];
         let mut w = wr(&mut sg, 0);
         w.num_sge = -1;
-        // SAFETY: the copy refuses before reading.
         assert_eq!(
+            // SAFETY: the copy refuses before reading.
             unsafe { OwnedWr::copy(&w, false, 0) }.err(),
             Some(Unqueueable::Sge(-1))
         );
         w.num_sge = 1;
         w.sg_list = std::ptr::null_mut();
-        // SAFETY: as above.
         assert_eq!(
+            // SAFETY: as above.
             unsafe { OwnedWr::copy(&w, false, 0) }.err(),
             Some(Unqueueable::NullSgList)
         );
@@ -199,8 +199,8 @@ mod tests {
             lkey: 0,
         }];
         let w = wr(&mut big, IBV_SEND_INLINE);
-        // SAFETY: as above.
         assert_eq!(
+            // SAFETY: as above.
             unsafe { OwnedWr::copy(&w, false, 0) }.err(),
             Some(Unqueueable::InlineTooLong(100_000))
         );

@@ -957,8 +957,8 @@ unsafe fn channel_over(
         // SAFETY: valid fds and event.
         unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) == 0 }
     };
-    // SAFETY: the real channel's fd.
     let made = efd >= 0 && tfd >= 0 && epfd >= 0;
+    // SAFETY: the real channel's fd; `realch` is the app's live channel.
     if !made || !watch(efd) || !watch(tfd) || !watch(unsafe { (*realch).fd }) {
         // SAFETY: closing what was made here (close(-1) is harmless).
         unsafe {

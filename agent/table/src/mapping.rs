@@ -37,6 +37,7 @@ impl Mapping {
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         // SAFETY: plain syscalls on our own descriptor.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), TABLE_BYTES as libc::off_t) } != 0
+            // SAFETY: as above, our own descriptor.
             || unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } != 0
         {
             return Err(io::Error::last_os_error());
@@ -192,8 +193,8 @@ mod tests {
     #[test]
     fn a_table_passed_over_a_socket_is_shared() {
         let mut sv = [0; 2];
-        // SAFETY: socketpair into a 2-element array.
         assert_eq!(
+            // SAFETY: socketpair into a 2-element array.
             unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, sv.as_mut_ptr()) },
             0
         );

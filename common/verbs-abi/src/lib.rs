@@ -4,6 +4,8 @@
 //! through its own signature. The layouts are checked against the installed
 //! `<infiniband/verbs.h>` here; the two crates check where they embed them.
 
+#![forbid(unsafe_code)]
+
 use std::ffi::c_void;
 
 /// `sizeof(struct ibv_qp)`: where `struct ibv_qp_ex` continues after its `qp_base`.

@@ -557,7 +557,7 @@ fn hostile_sender(
     thread_setns(&host_ns);
     let udp = UdpSocket::bind((engines[0], 0)).expect("udp");
     thread_setns(&switch_ns);
-    // SAFETY (all libc calls below): socket calls on a fd we own, with zeroed structures of
+    // SAFETY: (and for the libc calls below) socket calls on a fd we own, with zeroed structures of
     // the sizes passed and buffers that outlive the calls.
     let fd = unsafe {
         libc::socket(
@@ -576,6 +576,7 @@ fn hostile_sender(
         tv_sec: 0,
         tv_usec: 20_000,
     };
+    // SAFETY: setsockopt reads a timeval of exactly the size passed.
     unsafe {
         libc::setsockopt(
             fd,
@@ -598,8 +599,10 @@ fn hostile_sender(
         let mut captured: Vec<(Vec<u8>, usize, Ipv4Addr, libc::sockaddr_ll)> = Vec::new();
         let t = Instant::now();
         while captured.len() < 64 && t.elapsed() < Duration::from_millis(300) {
+            // SAFETY: sockaddr_ll is a plain C struct; all zeroes is a valid value.
             let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
             let mut flen = sll_len;
+            // SAFETY: recvfrom writes at most the lengths passed into buffers that outlive it.
             let n = unsafe {
                 libc::recvfrom(
                     fd,
@@ -661,6 +664,7 @@ fn hostile_sender(
             rf[udp_off + 7] = 0;
             let mut to = *port;
             to.sll_protocol = (libc::ETH_P_IP as u16).to_be();
+            // SAFETY: sendto reads the frame and address of the sizes passed.
             let n = unsafe {
                 libc::sendto(
                     fd,
@@ -679,6 +683,7 @@ fn hostile_sender(
             h.rounds += 1;
         }
     }
+    // SAFETY: closes the socket this test opened, once.
     unsafe { libc::close(fd) };
     h
 }

@@ -24,6 +24,9 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::debug;
 
+/// The content type of OpenMetrics text (the daemons' `GET /metrics`).
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
 /// One reply: status code, content type and body.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Reply {

@@ -1,12 +1,13 @@
-//! The development CA of `dev-certs`, its certificate revocation list, and the checks a CRL
-//! file must pass before a daemon uses it.
+//! The development CA of `dev-certs` and its certificate revocation list. Issuing is the
+//! coordinator's alone (the daemons only read PEM files, `drum_net::pki`), so rcgen stays out
+//! of the agent's build.
 //!
 //! `dev-certs` keeps the throw-away CA's key (`ca.key`, mode 0600) next to its certificate so
 //! that `dev-certs --revoke HOST` can sign a CRL (`crl.pem`) and `dev-certs --reissue HOST`
 //! can rotate a host's certificate later. A production CA does both with its own tools; the
 //! daemons only read the PEM files.
 
-use crate::net::{NetError, TlsFiles};
+use drum_net::{NetError, TlsFiles};
 use rcgen::{
     BasicConstraints, Certificate, CertificateParams, CertificateRevocationListParams, DnType,
     ExtendedKeyUsagePurpose, IsCa, KeyIdMethod, KeyPair, KeyUsagePurpose, RevokedCertParams,
@@ -16,10 +17,21 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, CertificateRevocationListDer};
 use std::path::{Path, PathBuf};
 
+/// Why the dev CA could not issue, revoke or write.
+#[derive(Debug, thiserror::Error)]
+pub enum CaError {
+    #[error("generating certificates: {0}")]
+    Rcgen(#[from] rcgen::Error),
+    #[error(transparent)]
+    Net(#[from] NetError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
 /// The dev CA's parameters. They are fixed, so the CA can be rebuilt from its key alone: a
 /// certificate or CRL signed by the rebuilt CA names the same issuer and carries the same
 /// key identifier, and verifies against the original `ca.pem`.
-fn ca_params() -> Result<CertificateParams, NetError> {
+fn ca_params() -> Result<CertificateParams, CaError> {
     let mut p = CertificateParams::new(Vec::<String>::new())?;
     p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     p.distinguished_name
@@ -52,12 +64,12 @@ impl DevCa {
     }
 
     /// A new CA in `dir`: writes `ca.pem`, `ca.key` (mode 0600) and an empty `crl.pem`.
-    pub fn create(dir: &Path) -> Result<Self, NetError> {
+    pub fn create(dir: &Path) -> Result<Self, CaError> {
         std::fs::create_dir_all(dir)?;
         let key = KeyPair::generate()?;
         let cert = ca_params()?.self_signed(&key)?;
         std::fs::write(dir.join("ca.pem"), cert.pem())?;
-        crate::net::write_private(&dir.join("ca.key"), key.serialize_pem().as_bytes())?;
+        write_private(&dir.join("ca.key"), key.serialize_pem().as_bytes())?;
         let ca = Self {
             cert,
             key,
@@ -69,7 +81,7 @@ impl DevCa {
     }
 
     /// The CA `dev-certs` made in `dir`, rebuilt from its key.
-    pub fn open(dir: &Path) -> Result<Self, NetError> {
+    pub fn open(dir: &Path) -> Result<Self, CaError> {
         let key_path = dir.join("ca.key");
         let pem = std::fs::read_to_string(&key_path).map_err(|e| {
             NetError::Pki(format!(
@@ -103,7 +115,7 @@ impl DevCa {
         name: &str,
         sans: Vec<String>,
         usage: ExtendedKeyUsagePurpose,
-    ) -> Result<TlsFiles, NetError> {
+    ) -> Result<TlsFiles, CaError> {
         let mut p = CertificateParams::new(sans)?;
         p.distinguished_name.push(DnType::CommonName, name);
         p.extended_key_usages = vec![usage];
@@ -117,14 +129,14 @@ impl DevCa {
             crl: None,
         };
         // Key first: a reader that sees the new certificate must find its key.
-        crate::net::write_private(&files.key, key.serialize_pem().as_bytes())?;
+        write_private(&files.key, key.serialize_pem().as_bytes())?;
         replace(&files.cert, cert.pem().as_bytes())?;
         Ok(files)
     }
 
     /// A client certificate for host `host`, carrying the host id as its DNS name (the
     /// coordinator binds joins to it): `agent-HOST.pem` and `.key`.
-    pub fn issue_agent(&self, host: &str) -> Result<TlsFiles, NetError> {
+    pub fn issue_agent(&self, host: &str) -> Result<TlsFiles, CaError> {
         self.issue(
             &format!("agent-{host}"),
             vec![host.to_string()],
@@ -134,13 +146,13 @@ impl DevCa {
 
     /// Adds the current certificate of host `host` (`agent-HOST.pem`) to `crl.pem`, keeping
     /// the serials revoked before; returns the CRL's path.
-    pub fn revoke_agent(&self, host: &str) -> Result<PathBuf, NetError> {
+    pub fn revoke_agent(&self, host: &str) -> Result<PathBuf, CaError> {
         self.revoke(&format!("agent-{host}"))
     }
 
     /// Adds the current certificate `NAME.pem` (e.g. `coordinator`) to `crl.pem`, as
     /// [`DevCa::revoke_agent`] does.
-    pub fn revoke(&self, name: &str) -> Result<PathBuf, NetError> {
+    pub fn revoke(&self, name: &str) -> Result<PathBuf, CaError> {
         let cert_path = self.dir.join(format!("{name}.pem"));
         let der = CertificateDer::from_pem_file(&cert_path).map_err(|error| NetError::Pem {
             path: cert_path.clone(),
@@ -158,7 +170,7 @@ impl DevCa {
     }
 
     /// The serials `crl.pem` revokes (none if it does not exist).
-    fn revoked(&self) -> Result<Vec<Vec<u8>>, NetError> {
+    fn revoked(&self) -> Result<Vec<Vec<u8>>, CaError> {
         let path = self.crl_path();
         if !path.exists() {
             return Ok(Vec::new());
@@ -175,12 +187,12 @@ impl DevCa {
             .into_iter()
             .map(|r| r.map(|r| minimal(r.serial_number)))
             .collect::<Result<_, _>>()
-            .map_err(|e| bad(format!("not a valid CRL: {e}")))
+            .map_err(|e| bad(format!("not a valid CRL: {e}")).into())
     }
 
     /// Signs a CRL revoking `serials`; its number is the time in seconds, which grows with
     /// every CRL issued (as RFC 5280 asks) without keeping a counter.
-    fn write_crl(&self, serials: Vec<Vec<u8>>) -> Result<(), NetError> {
+    fn write_crl(&self, serials: Vec<Vec<u8>>) -> Result<(), CaError> {
         let now = time::OffsetDateTime::now_utc();
         let number = now.unix_timestamp().max(0) as u64;
         let params = CertificateRevocationListParams {
@@ -217,88 +229,49 @@ fn minimal(serial: &[u8]) -> Vec<u8> {
 
 /// Writes `path` atomically (`PATH.tmp`, then rename), so a daemon reloading meanwhile reads
 /// the old file or the new one, never half of one.
-fn replace(path: &Path, data: &[u8]) -> Result<(), NetError> {
+fn replace(path: &Path, data: &[u8]) -> Result<(), CaError> {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, data)?;
     std::fs::rename(&tmp, path)?;
     Ok(())
 }
 
-/// Reads a CRL file (PEM, one or more CRLs) and checks it against the CAs in `ca` and the
-/// daemon's own chain `own`: a CRL of another CA would make every peer's revocation status
-/// unknown, and so refuse every peer, so it is an error here rather than an outage later.
-/// Dev CAs all carry the same name, so the check verifies the CRL's signature, by checking
-/// `own` (issued by the same CA in a DRUM cluster) as a handshake would, with these CRLs.
-pub fn load_crls(
-    path: &Path,
-    ca: &[CertificateDer<'static>],
-    own: &[CertificateDer<'static>],
-) -> Result<Vec<CertificateRevocationListDer<'static>>, NetError> {
-    let bad = |what: String| NetError::Crl {
-        path: path.to_path_buf(),
-        reason: what,
-    };
-    let crls = CertificateRevocationListDer::pem_file_iter(path)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| bad(e.to_string()))?;
-    if crls.is_empty() {
-        return Err(bad("holds no CRL (a PEM block \"X509 CRL\")".into()));
+/// Files written by [`dev_certs`].
+pub struct DevCerts {
+    pub ca: PathBuf,
+    pub coordinator: TlsFiles,
+    pub agents: Vec<(String, TlsFiles)>,
+}
+
+/// A throw-away CA (`ca.pem`, its key `ca.key` and an empty CRL `crl.pem`; see
+/// [`DevCa`]), a coordinator certificate for `sans` (DNS names or IP addresses) and one
+/// client certificate per agent name. Keys are written with mode 0600.
+pub fn dev_certs(dir: &Path, sans: &[String], agents: &[String]) -> Result<DevCerts, CaError> {
+    let ca = DevCa::create(dir)?;
+    let coordinator = ca.issue(
+        "coordinator",
+        sans.to_vec(),
+        ExtendedKeyUsagePurpose::ServerAuth,
+    )?;
+    let mut out = Vec::new();
+    for a in agents {
+        out.push((a.clone(), ca.issue_agent(a)?));
     }
-    let anchors: Vec<_> = ca
-        .iter()
-        .filter_map(|c| webpki::anchor_from_trusted_cert(c).ok())
-        .collect();
-    let mut parsed = Vec::with_capacity(crls.len());
-    for der in &crls {
-        let crl = webpki::BorrowedCertRevocationList::from_der(der.as_ref())
-            .map_err(|e| bad(format!("not a valid CRL: {e}")))?;
-        let crl = webpki::CertRevocationList::from(crl);
-        if !anchors.iter().any(|a| a.subject.as_ref() == crl.issuer()) {
-            return Err(bad("is not issued by the configured CA".into()));
-        }
-        parsed.push(crl);
-    }
-    let refs: Vec<&webpki::CertRevocationList<'_>> = parsed.iter().collect();
-    let revocation = webpki::RevocationOptionsBuilder::new(&refs)
-        .expect("at least one CRL")
-        .with_expiration_policy(webpki::ExpirationPolicy::Enforce)
-        .build();
-    let (Some(leaf), intermediates) = (own.first(), own.get(1..).unwrap_or_default()) else {
-        return Ok(crls);
-    };
-    let leaf = webpki::EndEntityCert::try_from(leaf).map_err(|e| NetError::Pki(format!("{e}")))?;
-    let algs = rustls::crypto::ring::default_provider()
-        .signature_verification_algorithms
-        .all;
-    let check = |usage: webpki::KeyUsage| {
-        leaf.verify_for_usage(
-            algs,
-            &anchors,
-            intermediates,
-            rustls::pki_types::UnixTime::now(),
-            usage,
-            Some(revocation),
-            None,
-        )
-        .map(|_| ())
-    };
-    // The daemon's own certificate is for serving (coordinator) or for clients (agent).
-    use webpki::Error as E;
-    let result = match check(webpki::KeyUsage::server_auth()) {
-        Err(E::RequiredEkuNotFoundContext(_)) => check(webpki::KeyUsage::client_auth()),
-        other => other,
-    };
-    match result {
-        // Our own certificate is from another CA than the peers': nothing to check it with.
-        Ok(()) | Err(E::UnknownIssuer | E::RequiredEkuNotFoundContext(_)) => Ok(crls),
-        Err(E::CertRevoked) => Err(bad("revokes this daemon's own certificate".into())),
-        Err(E::CrlExpired { time, next_update }) => Err(bad(format!(
-            "expired {} s ago (its next update was Unix time {}): install a fresh one",
-            time.as_secs().saturating_sub(next_update.as_secs()),
-            next_update.as_secs()
-        ))),
-        Err(e) => Err(bad(format!(
-            "is not a valid CRL of the configured CA (checking our own certificate: {e:?})"
-        ))),
-    }
+    Ok(DevCerts {
+        ca: ca.ca_path(),
+        coordinator,
+        agents: out,
+    })
+}
+
+fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(data)
 }

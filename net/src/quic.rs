@@ -1,27 +1,15 @@
-//! QUIC endpoints with mutual TLS (rustls, TLS 1.3 only, ring provider), framed streams, and
-//! development certificates.
+//! QUIC endpoints with mutual TLS (rustls, TLS 1.3 only, ring provider) and framed message
+//! streams: the transport between the agents and the coordinator.
 
+use crate::error::NetError;
+use crate::pki::{load_certs, load_key, TlsFiles};
 use drum_common::protocol::wire::{encode, FrameDecoder, WireError};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::CertificateDer;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// Logs to stderr, filtered by `DRUM_LOG` (default `info`), coloured only on a terminal: the
-/// daemons' common setup.
-pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("DRUM_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-}
 
 /// ALPN of protocol version 6 (`PROTOCOL_VERSION`); a peer speaking anything else, such as a
 /// version-3 agent (`drum/3`), fails the handshake.
@@ -30,160 +18,8 @@ pub const ALPN: &[u8] = b"drum/6";
 pub const CLOSE_NORMAL: u32 = 0;
 pub const CLOSE_PROTOCOL: u32 = 1;
 
-#[derive(Debug, thiserror::Error)]
-pub enum NetError {
-    // Not a `source`: the message already carries it, and error chains printed in full
-    // (`{:#}`) would say it twice.
-    #[error("reading {path}: {error}")]
-    Pem {
-        path: PathBuf,
-        error: rustls::pki_types::pem::Error,
-    },
-    #[error("{0} holds no certificate")]
-    NoCertificate(PathBuf),
-    #[error("TLS configuration: {0}")]
-    Tls(#[from] rustls::Error),
-    #[error("client certificate verifier: {0}")]
-    Verifier(#[from] rustls::server::VerifierBuilderError),
-    #[error("QUIC crypto configuration: {0}")]
-    QuicCrypto(String),
-    #[error("socket: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("connecting: {0}")]
-    Connect(#[from] quinn::ConnectError),
-    #[error("connection: {0}")]
-    Connection(#[from] quinn::ConnectionError),
-    #[error("writing: {0}")]
-    Write(#[from] quinn::WriteError),
-    #[error("reading: {0}")]
-    Read(#[from] quinn::ReadError),
-    #[error("refused frame: {0}")]
-    Wire(#[from] WireError),
-    #[error("generating certificates: {0}")]
-    Rcgen(#[from] rcgen::Error),
-    #[error("certificate revocation list {path}: {reason}")]
-    Crl { path: PathBuf, reason: String },
-    #[error("{0}")]
-    Pki(String),
-}
-
-/// Paths of a party's TLS material: the CA that signs every peer, its own chain and key, and
-/// optionally a certificate revocation list of that CA. All are read again on a reload.
-#[derive(Clone, Debug, serde::Deserialize, serde::Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct TlsFiles {
-    pub ca: PathBuf,
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    /// PEM file of CRLs issued by `ca`: a peer whose certificate it lists is refused.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub crl: Option<PathBuf>,
-}
-
-/// How often the daemons look at their TLS files for changes ([`TlsFiles::watch`]).
-pub const TLS_WATCH_PERIOD: Duration = Duration::from_secs(2);
-
-impl TlsFiles {
-    /// Resolves relative paths against `base`, the directory of the config file naming them.
-    pub fn rebase(&mut self, base: &Path) {
-        for p in [&mut self.ca, &mut self.cert, &mut self.key]
-            .into_iter()
-            .chain(self.crl.as_mut())
-        {
-            *p = base.join(&*p);
-        }
-    }
-
-    /// The files, in a fixed order.
-    fn paths(&self) -> impl Iterator<Item = &Path> {
-        [&self.ca, &self.cert, &self.key]
-            .into_iter()
-            .chain(self.crl.as_ref())
-            .map(PathBuf::as_path)
-    }
-
-    /// Watches the files: when one is replaced or rewritten (its modification time, size or
-    /// inode changes, checked every [`TLS_WATCH_PERIOD`]), `reload` is notified, as on
-    /// SIGHUP — a rotated certificate or a new CRL takes effect without `systemctl reload`.
-    pub fn watch(&self, reload: Arc<tokio::sync::Notify>) -> tokio::task::JoinHandle<()> {
-        let paths: Vec<PathBuf> = self.paths().map(Path::to_path_buf).collect();
-        let stamps = move || -> Vec<Option<(Option<std::time::SystemTime>, u64, u64)>> {
-            use std::os::unix::fs::MetadataExt;
-            paths
-                .iter()
-                .map(|p| {
-                    let m = std::fs::metadata(p).ok()?;
-                    Some((m.modified().ok(), m.len(), m.ino()))
-                })
-                .collect()
-        };
-        tokio::spawn(async move {
-            let mut seen = stamps();
-            loop {
-                tokio::time::sleep(TLS_WATCH_PERIOD).await;
-                let now = stamps();
-                if now != seen {
-                    seen = now;
-                    tracing::info!("a TLS file changed on disk: reloading");
-                    reload.notify_one();
-                }
-            }
-        })
-    }
-
-    /// The CA certificates and, if configured, the CRLs (checked against those CAs).
-    fn trust(&self) -> Result<(Arc<rustls::RootCertStore>, Vec<CrlDer>), NetError> {
-        let ca = load_certs(&self.ca)?;
-        let crls = match &self.crl {
-            Some(path) => crate::pki::load_crls(path, &ca, &load_certs(&self.cert)?)?,
-            None => Vec::new(),
-        };
-        let mut roots = rustls::RootCertStore::empty();
-        for c in ca {
-            roots.add(c)?;
-        }
-        Ok((Arc::new(roots), crls))
-    }
-}
-
-type CrlDer = rustls::pki_types::CertificateRevocationListDer<'static>;
-
-/// Reads a daemon's TOML config; returns it with the directory its relative paths are relative to.
-pub fn load_config<T: DeserializeOwned>(path: &Path) -> anyhow::Result<(T, PathBuf)> {
-    use anyhow::Context;
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let config = toml::from_str(&text).with_context(|| format!("in {}", path.display()))?;
-    Ok((
-        config,
-        path.parent().unwrap_or(Path::new(".")).to_path_buf(),
-    ))
-}
-
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
-}
-
-fn pem_err(path: &Path) -> impl FnOnce(rustls::pki_types::pem::Error) -> NetError + '_ {
-    move |error| NetError::Pem {
-        path: path.to_path_buf(),
-        error,
-    }
-}
-
-fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, NetError> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(pem_err(path))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(pem_err(path))?;
-    if certs.is_empty() {
-        return Err(NetError::NoCertificate(path.to_path_buf()));
-    }
-    Ok(certs)
-}
-
-fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, NetError> {
-    PrivateKeyDer::from_pem_file(path).map_err(pem_err(path))
 }
 
 fn transport(idle: Duration) -> Arc<quinn::TransportConfig> {
@@ -422,44 +258,4 @@ pub fn certificate_names(conn: &quinn::Connection, host: &str) -> bool {
     };
     webpki::EndEntityCert::try_from(leaf)
         .is_ok_and(|c| c.verify_is_valid_for_subject_name(&name).is_ok())
-}
-
-/// Files written by [`dev_certs`].
-pub struct DevCerts {
-    pub ca: PathBuf,
-    pub coordinator: TlsFiles,
-    pub agents: Vec<(String, TlsFiles)>,
-}
-
-/// A throw-away CA (`ca.pem`, its key `ca.key` and an empty CRL `crl.pem`; see
-/// [`crate::pki`]), a coordinator certificate for `sans` (DNS names or IP addresses) and one
-/// client certificate per agent name. Keys are written with mode 0600.
-pub fn dev_certs(dir: &Path, sans: &[String], agents: &[String]) -> Result<DevCerts, NetError> {
-    let ca = crate::pki::DevCa::create(dir)?;
-    let coordinator = ca.issue(
-        "coordinator",
-        sans.to_vec(),
-        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
-    )?;
-    let mut out = Vec::new();
-    for a in agents {
-        out.push((a.clone(), ca.issue_agent(a)?));
-    }
-    Ok(DevCerts {
-        ca: ca.ca_path(),
-        coordinator,
-        agents: out,
-    })
-}
-
-pub(crate) fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
-    f.write_all(data)
 }
