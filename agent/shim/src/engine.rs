@@ -314,10 +314,17 @@ impl Engine {
         crate::with_qps(self.qps.keys().copied(), |q| {
             let mut g = q.gov.lock().unwrap_or_else(|e| e.into_inner());
             let qp = g.qp as *mut IbvQp;
-            if qp.is_null() || g.app_paced || g.serves_reads {
+            if qp.is_null() || g.app_paced {
                 return;
             }
-            let target = nic_pace::qp_kbps(rate, sending, bytes_per_wqe, g.path_mtu);
+            // Pacing a READ's requester paces its requests, not the data they bring back; and
+            // a QP others read through would hold their READ responses to this app's grant.
+            let reads = q.read_bytes.load(Relaxed) > 0;
+            let target = if reads || g.serves_reads {
+                None
+            } else {
+                nic_pace::qp_kbps(rate, sending, bytes_per_wqe, g.path_mtu)
+            };
             let current = if g.nic_paced { g.nic_kbps } else { None };
             if g.nic_kbps == target || !nic_pace::worth_changing(current, target) {
                 return;
