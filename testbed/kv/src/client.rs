@@ -552,8 +552,8 @@ impl Conn {
                     return;
                 }
                 let off = buf as usize * self.qp.reply_size;
-                // SAFETY: the RECV completed and is reposted only after this.
                 let qp = self.qp.clone();
+                // SAFETY: the RECV completed and is reposted only after this.
                 let b = unsafe {
                     qp.ep
                         .mr

@@ -12,6 +12,7 @@ pub struct EventChannel(*mut rdma_event_channel);
 
 // SAFETY: librdmacm channels may be used from any thread.
 unsafe impl Send for EventChannel {}
+// SAFETY: as for `Send`: librdmacm serialises the calls made on one channel.
 unsafe impl Sync for EventChannel {}
 
 impl EventChannel {
@@ -28,10 +29,8 @@ impl EventChannel {
     pub fn next(&self) -> anyhow::Result<Event> {
         let mut ev = null_mut();
         // SAFETY: the channel is alive.
-        check(
-            unsafe { rdma_get_cm_event(self.0, &mut ev) },
-            "rdma_get_cm_event",
-        )?;
+        let rc = unsafe { rdma_get_cm_event(self.0, &mut ev) };
+        check(rc, "rdma_get_cm_event")?;
         Ok(Event(ev))
     }
 
@@ -158,6 +157,7 @@ pub struct Endpoint {
 
 // SAFETY: verbs and CM objects may be used from any thread.
 unsafe impl Send for Endpoint {}
+// SAFETY: as for `Send`: libibverbs and librdmacm are thread-safe for one object's verbs.
 unsafe impl Sync for Endpoint {}
 
 impl Endpoint {
@@ -185,10 +185,8 @@ impl Endpoint {
             // a device that inlines less (or nothing): without
             attr.cap.max_inline_data = 0;
             // SAFETY: as above.
-            check(
-                unsafe { rdma_create_qp(id, pd.0, &mut attr) },
-                "rdma_create_qp",
-            )?;
+            let rc = unsafe { rdma_create_qp(id, pd.0, &mut attr) };
+            check(rc, "rdma_create_qp")?;
         }
         // (the provider wrote back what the QP really has)
         Ok((cq, mr, attr.cap.max_inline_data))
@@ -240,36 +238,30 @@ pub fn connect(
     let channel = EventChannel::new()?;
     let mut id = Id(null_mut());
     // SAFETY: the channel is alive.
-    check(
-        unsafe {
-            rdma_create_id(
-                channel.0,
-                &mut id.0,
-                null_mut(),
-                rdma_port_space::RDMA_PS_TCP,
-            )
-        },
-        "rdma_create_id",
-    )?;
+    let rc = unsafe {
+        rdma_create_id(
+            channel.0,
+            &mut id.0,
+            null_mut(),
+            rdma_port_space::RDMA_PS_TCP,
+        )
+    };
+    check(rc, "rdma_create_id")?;
     let mut dst = sockaddr(server);
     // SAFETY: dst is a valid sockaddr_in.
-    check(
-        unsafe {
-            rdma_resolve_addr(
-                id.0,
-                null_mut(),
-                (&mut dst as *mut libc::sockaddr_in).cast(),
-                2000,
-            )
-        },
-        "rdma_resolve_addr",
-    )?;
+    let rc = unsafe {
+        rdma_resolve_addr(
+            id.0,
+            null_mut(),
+            (&mut dst as *mut libc::sockaddr_in).cast(),
+            2000,
+        )
+    };
+    check(rc, "rdma_resolve_addr")?;
     drop(channel.expect(rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED)?);
     // SAFETY: address resolved.
-    check(
-        unsafe { rdma_resolve_route(id.0, 2000) },
-        "rdma_resolve_route",
-    )?;
+    let rc = unsafe { rdma_resolve_route(id.0, 2000) };
+    check(rc, "rdma_resolve_route")?;
     drop(channel.expect(rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED)?);
     // SAFETY: route resolved: the id has its device context.
     let pd = Pd::new(unsafe { (*id.0).verbs })?;
@@ -334,23 +326,19 @@ impl Listener {
         let channel = EventChannel::new()?;
         let mut id = Id(null_mut());
         // SAFETY: the channel is alive.
-        check(
-            unsafe {
-                rdma_create_id(
-                    channel.0,
-                    &mut id.0,
-                    null_mut(),
-                    rdma_port_space::RDMA_PS_TCP,
-                )
-            },
-            "rdma_create_id",
-        )?;
+        let rc = unsafe {
+            rdma_create_id(
+                channel.0,
+                &mut id.0,
+                null_mut(),
+                rdma_port_space::RDMA_PS_TCP,
+            )
+        };
+        check(rc, "rdma_create_id")?;
         let mut sa = sockaddr(addr);
         // SAFETY: a valid sockaddr_in.
-        check(
-            unsafe { rdma_bind_addr(id.0, (&mut sa as *mut libc::sockaddr_in).cast()) },
-            &format!("rdma_bind_addr {addr}"),
-        )?;
+        let rc = unsafe { rdma_bind_addr(id.0, (&mut sa as *mut libc::sockaddr_in).cast()) };
+        check(rc, &format!("rdma_bind_addr {addr}"))?;
         // SAFETY: bound.
         check(unsafe { rdma_listen(id.0, 0) }, "rdma_listen")?;
         Ok(Listener { id, channel })

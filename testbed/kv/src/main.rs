@@ -2,10 +2,6 @@
 //! of several clients' summaries (`merge`). An ordinary verbs application: it knows nothing
 //! of DRUM, which governs it from outside (the shim in `LD_PRELOAD`).
 
-// Not yet held to the workspace's unsafe lints (issue 20): 5 operations in unsafe fns
-// and 16 unsafe blocks or impls without a SAFETY comment (clippy, 27 Nov).
-#![allow(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 mod abuse;
 mod batch;
 mod client;

@@ -37,6 +37,8 @@ pub struct Buffer {
 // SAFETY: the memory is owned; concurrent access is coordinated by its users (each part of a
 // buffer has one owner at a time, and the NIC's accesses are ordered by completions).
 unsafe impl Send for Buffer {}
+// SAFETY: as for `Send`: shared use is ordered by the verbs' own thread safety and, for
+// memory, by one owner per range at a time.
 unsafe impl Sync for Buffer {}
 
 /// A transparent huge page: buffers of at least this size are aligned to it and asked to be
@@ -82,7 +84,8 @@ impl Buffer {
     /// Nobody else (thread or NIC) writes the range while the slice lives.
     pub unsafe fn slice(&self, off: usize, len: usize) -> &[u8] {
         assert!(off + len <= self.len);
-        std::slice::from_raw_parts(self.ptr.add(off), len)
+        // SAFETY: in bounds (asserted) of our allocation; the caller excludes writers.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(off), len) }
     }
 
     /// `len` bytes at `off`, to write.
@@ -92,7 +95,8 @@ impl Buffer {
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn slice_mut(&self, off: usize, len: usize) -> &mut [u8] {
         assert!(off + len <= self.len);
-        std::slice::from_raw_parts_mut(self.ptr.add(off), len)
+        // SAFETY: in bounds (asserted) of our allocation; the caller excludes other access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(off), len) }
     }
 }
 
@@ -107,6 +111,7 @@ pub struct Pd(pub *mut ibv_pd);
 
 // SAFETY: verbs objects may be used from any thread.
 unsafe impl Send for Pd {}
+// SAFETY: as for `Send`: libibverbs' verbs on one object are thread-safe.
 unsafe impl Sync for Pd {}
 
 impl Pd {
@@ -136,6 +141,7 @@ pub struct Mr {
 
 // SAFETY: see Buffer and Pd.
 unsafe impl Send for Mr {}
+// SAFETY: as for `Send`: libibverbs' verbs on one object are thread-safe.
 unsafe impl Sync for Mr {}
 
 impl Mr {
@@ -155,7 +161,9 @@ impl Mr {
         if remote_read {
             access |= ibv_access_flags::IBV_ACCESS_REMOTE_READ;
         }
-        let mr = ibv_reg_mr(pd.0, buf.ptr().cast(), buf.len(), access.0 as i32);
+        // SAFETY: the PD is alive (held by `pd`) and `buf` is valid for its length; the
+        // caller keeps it alive as long as the registration.
+        let mr = unsafe { ibv_reg_mr(pd.0, buf.ptr().cast(), buf.len(), access.0 as i32) };
         if mr.is_null() {
             return Err(os_error("ibv_reg_mr"));
         }
@@ -204,6 +212,7 @@ pub struct Cq {
 
 // SAFETY: verbs objects may be used from any thread.
 unsafe impl Send for Cq {}
+// SAFETY: as for `Send`: libibverbs' verbs on one object are thread-safe.
 unsafe impl Sync for Cq {}
 
 impl Cq {
@@ -340,8 +349,8 @@ pub fn post_send(qp: *mut ibv_qp, max_inline: u32, wrs: &[SendWr]) -> anyhow::Re
         wr.sg_list = &mut sges[i];
         wr.num_sge = 1;
         wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
-        // SAFETY: i + 1 ≤ n; the last link is null.
         wr.next = if i + 1 < n {
+            // SAFETY: i + 1 < n: within the list; the last link is null.
             unsafe { base.add(i + 1) }
         } else {
             null_mut()
@@ -387,8 +396,8 @@ pub fn post_recv(qp: *mut ibv_qp, lkey: u32, bufs: &[(u64, u64, u32)]) -> anyhow
         wr.wr_id = b.0;
         wr.sg_list = &mut sges[i];
         wr.num_sge = 1;
-        // SAFETY: i + 1 ≤ n.
         wr.next = if i + 1 < n {
+            // SAFETY: i + 1 < n: within the list; the last link is null.
             unsafe { base.add(i + 1) }
         } else {
             null_mut()
