@@ -1535,8 +1535,12 @@ fn the_live_problem_is_learnt_from_the_shims_and_its_snapshot_solves_to_the_live
         else {
             return false;
         };
-        let usage = facility(s, "rx:h2").unwrap()["usage"].as_f64().unwrap();
-        (a + b - usage).abs() < 1e-3 && usage > 0.98 && usage < 1.0 + 1e-3
+        let rx2 = facility(s, "rx:h2").unwrap();
+        let usage = rx2["usage"].as_f64().unwrap();
+        // While the writers' measured demand still ramps up the link can be 98 % full and
+        // not yet priced; the link binds only once its price has risen.
+        let priced = rx2["price"].as_f64().unwrap() > 0.0;
+        (a + b - usage).abs() < 1e-3 && usage > 0.98 && usage < 1.0 + 1e-3 && priced
     };
     wait_for(
         "both writers granted, sharing h2's link",
@@ -1544,11 +1548,6 @@ fn the_live_problem_is_learnt_from_the_shims_and_its_snapshot_solves_to_the_live
         || both_share_h2(&coord.status()),
     );
     let s = coord.status();
-    let rx2 = facility(&s, "rx:h2").unwrap();
-    assert!(
-        rx2["price"].as_f64().unwrap() > 0.0,
-        "the link binds: {rx2}"
-    );
     wait_for("the unknown peer logged", Duration::from_secs(5), || {
         agents[2].log().contains(
             "a connection of this app ends at a GID no agent's host owns; its traffic loads no receive link app=server peer=00000000000000000000ffff0a090909",
