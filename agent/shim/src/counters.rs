@@ -169,6 +169,14 @@ impl QpTable {
             .collect()
     }
 
+    /// Every QP seen so far with its counters.
+    pub fn live(&self) -> impl Iterator<Item = (u32, &QpCounters)> {
+        self.slots.iter().filter_map(|s| {
+            let k = s.key.load(Relaxed);
+            (k != 0).then(|| ((k - 1) as u32, s))
+        })
+    }
+
     /// The counters of QP `qpn` if it has a slot; unlike [`get`](Self::get), never claims
     /// one.
     fn find(&self, qpn: u32) -> Option<&QpCounters> {

@@ -742,6 +742,14 @@ pub fn forget(st: &ContextState, q: &QpCounters, qpn: u32) {
     };
     if dropped > 0 {
         STATS.dropped_wqes.fetch_add(dropped, Relaxed);
+        // Work held back until its QP is destroyed is what an application stalled on the
+        // shim leaves behind: the state that held it is worth seeing, once.
+        if !DROP_REPORTED.swap(true, Relaxed) {
+            eprintln!(
+                "drum-shim: QP {qpn} destroyed with {dropped} work requests still held back; {}",
+                state_report(st)
+            );
+        }
     }
     {
         let mut gate = GATE.lock();
@@ -754,6 +762,47 @@ pub fn forget(st: &ContextState, q: &QpCounters, qpn: u32) {
             }
         }
     }
+}
+
+static DROP_REPORTED: AtomicBool = AtomicBool::new(false);
+
+/// The shim's view of a context, for diagnostics: each QP with work held back or in
+/// flight (its gate slot, whether the engine lists it), the gate, how far the polling grant
+/// is spent ahead, and the virtual CQs holding completions. Only `try_lock`s: it may run
+/// with any lock of the shim held.
+pub fn state_report(st: &ContextState) -> String {
+    let epoch = TRACKING_EPOCH.load(Relaxed);
+    let gate = GATE.try_lock();
+    let mut qps = Vec::new();
+    for (qpn, q) in st.qps.live() {
+        let Ok(g) = q.gov.try_lock() else {
+            qps.push(format!("{qpn}: busy"));
+            continue;
+        };
+        let (queued, in_flight) = (g.queue.len(), g.inflight.outstanding_in(epoch));
+        if queued == 0 && in_flight == 0 {
+            continue;
+        }
+        let slot = gate.as_ref().map_or_else(
+            || "?".to_string(),
+            |gt| format!("{:?}", gt.slot(qp_id(st.index, qpn))),
+        );
+        qps.push(format!(
+            "{qpn}: slot={slot} queued={queued} in_flight={in_flight} listed={} posted={} completions={}",
+            q.pending.load(Relaxed),
+            q.send_wqes.load(Relaxed),
+            q.completions.load(Relaxed),
+        ));
+    }
+    let (holders, waiting) = gate.as_ref().map_or((0, 0), |g| (g.holders(), g.waiting()));
+    drop(gate);
+    let cqe_ahead_us = CQE_TAT.load(Relaxed).saturating_sub(now_ps()) / 1_000_000;
+    format!(
+        "gate k={} holders={holders} waiting={waiting}; polling grant spent {cqe_ahead_us} µs ahead; QPs [{}]; {}",
+        LIMITS.k.load(Relaxed),
+        qps.join("; "),
+        crate::vcq::held_report()
+    )
 }
 
 /// Queues a message for the agent (sent by the engine).

@@ -864,6 +864,31 @@ pub fn harvest() {
     }
 }
 
+/// The virtual CQs holding completions the application has not taken yet: `app CQ: moved
+/// in the ring, backlog left in the dedicated CQ` (a diagnostic; a CQ whose lock is busy
+/// this instant is skipped rather than waited for).
+pub fn held_report() -> String {
+    let Some(reg) = REG.try_lock() else {
+        return "virtual CQs busy".into();
+    };
+    let all: Vec<Arc<Vcq>> = reg.as_ref().map_or_else(Vec::new, |m| {
+        m.iter()
+            .filter(|(k, v)| **k == v.app)
+            .map(|(_, v)| v.clone())
+            .collect()
+    });
+    drop(reg);
+    let held: Vec<String> = all
+        .iter()
+        .filter_map(|v| {
+            let i = v.inner.try_lock()?;
+            (!i.ring.is_empty() || i.backlog)
+                .then(|| format!("{:#x}: ring={} backlog={}", v.app, i.ring.len(), i.backlog))
+        })
+        .collect();
+    format!("{} virtual CQs, holding: [{}]", all.len(), held.join(", "))
+}
+
 fn defer(when: u64, v: Arc<Vcq>) {
     let ch = v.channel.clone();
     {

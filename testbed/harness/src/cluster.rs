@@ -417,6 +417,16 @@ impl Cluster {
         Ok(c)
     }
 
+    /// What host `host`'s NIC engine has logged so far (empty if there is no log).
+    pub fn engine_log(&self, host: &str) -> String {
+        let path = self
+            .softrnic_dir()
+            .join("hosts")
+            .join(host)
+            .join("engine.log");
+        std::fs::read_to_string(path).unwrap_or_default()
+    }
+
     /// `softrnic stats HOST` as name → value.
     pub fn stats(&self, host: &str) -> Result<std::collections::BTreeMap<String, f64>> {
         let out = self.softrnic()?.args(["stats", host]).output()?;

@@ -149,6 +149,40 @@ pub fn run(opts: &RunOptions) -> Result<()> {
     crate::report::build(&opts.out)
 }
 
+/// Every host's NIC counters (those not zero) and what its engine logged about stalled QPs,
+/// so that a failed run says what its NICs were doing: retransmissions, pauses, drops, QPs
+/// with work that made no progress.
+fn engine_counters(cluster: &Cluster) -> Vec<String> {
+    let hosts = std::fs::read_to_string(cluster.dir().join("hosts")).unwrap_or_default();
+    let mut out = Vec::new();
+    for h in hosts.split_whitespace() {
+        out.push(match cluster.stats(h) {
+            Ok(c) => {
+                let set: Vec<String> = c
+                    .iter()
+                    .filter(|(_, v)| **v != 0.0)
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
+                format!(
+                    "engine counters of {h} after the failure: {}",
+                    set.join(" ")
+                )
+            }
+            Err(e) => format!("engine counters of {h}: {e:#}"),
+        });
+        let log = cluster.engine_log(h);
+        let stalls: Vec<&str> = log
+            .lines()
+            .filter(|l| l.starts_with("softrnic engine: "))
+            .collect();
+        if !stalls.is_empty() {
+            let last = &stalls[stalls.len().saturating_sub(40)..];
+            out.push(format!("engine of {h}: {}", last.join("; ")));
+        }
+    }
+    out
+}
+
 /// One run, measured and recorded; a failed run is recorded as such (and run again by a
 /// later `run`), an interrupted one is not recorded at all.
 fn one(cluster: &Cluster, s: &Scenario, p: &Planned, opts: &RunOptions) -> Result<RunRecord> {
@@ -172,6 +206,7 @@ fn one(cluster: &Cluster, s: &Scenario, p: &Planned, opts: &RunOptions) -> Resul
     let mut m = result.unwrap_or_else(|e| {
         let mut m = scenarios::Measured::default();
         m.flags.push(format!("failed: {e:#}"));
+        m.flags.extend(engine_counters(cluster));
         m
     });
     // More runnable threads than cores before the run started: something else competed.

@@ -14,13 +14,13 @@
 //! `xrc`, and `host_io` (threads, sockets, GSO/GRO).
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -69,6 +69,8 @@ const TICK: Duration = Duration::from_millis(1);
 const TX_BURST: usize = 64;
 /// The stats file is rewritten at most this often (and only when a counter changed).
 const STATS_EVERY: Duration = Duration::from_millis(200);
+/// A QP with work that has made no progress for this long is listed in the stats file.
+const NO_PROGRESS: Duration = Duration::from_secs(1);
 /// How often the engine reads its port's sysfs state (`softrnic link`).
 pub const PORT_CHECK_EVERY: Duration = Duration::from_millis(100);
 /// Atomic results a responder QP remembers by PSN, so that a retransmitted atomic request is
@@ -380,6 +382,9 @@ struct Qp {
     /// them (all at once, a 1 MiB read's 256 packets overflowed the requester's socket and
     /// every retransmission did it again).
     read_jobs: VecDeque<ReadJob>,
+    /// When its READ responses last moved (a response left, or a job arrived at an empty
+    /// queue): a responder with jobs and no movement is stalled.
+    responded_at: Instant,
     /// (PSN, original value) of the last [`ATOMIC_CACHE`] atomics executed, oldest first.
     atomic_cache: VecDeque<(u32, u64)>,
     /// Work-request rings shared with the application.
@@ -534,11 +539,52 @@ struct Shared {
     udp: UdpSocket,
     /// This engine's own address: packets to it are looped back (see [`Shared::loop_back`]).
     me: SocketAddr,
+    /// The last [`Holder`] to take `st`, named when someone waited long for it.
+    holder: AtomicU8,
 }
 
+/// Who takes the NIC's state: a wait for it of [`SLOW_LOCK`] or more is logged with the
+/// holder's name, since every thread of the engine stops while one holds it.
+#[derive(Clone, Copy)]
+#[repr(u8)]
+enum Holder {
+    Transmitter,
+    Receiver,
+    Verbs,
+    Connection,
+}
+
+impl Holder {
+    const NAMES: [&'static str; 4] = [
+        "the transmitter",
+        "the receiver",
+        "a verbs request",
+        "a connection's setup or teardown",
+    ];
+
+    fn name(i: u8) -> &'static str {
+        Self::NAMES.get(usize::from(i)).copied().unwrap_or("?")
+    }
+}
+
+/// A wait for the NIC's state, or a hand-over of packets to the kernel, this long is logged.
+const SLOW_LOCK: Duration = Duration::from_millis(200);
+
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self, who: Holder) -> MutexGuard<'_, State> {
+        let start = Instant::now();
+        let g = self.st.lock().unwrap_or_else(|p| p.into_inner());
+        let waited = start.elapsed();
+        if waited >= SLOW_LOCK {
+            eprintln!(
+                "softrnic engine: {} waited {} ms for the NIC's state, last taken by {}",
+                Holder::name(who as u8),
+                waited.as_millis(),
+                Holder::name(self.holder.load(Ordering::Relaxed))
+            );
+        }
+        self.holder.store(who as u8, Ordering::Relaxed);
+        g
     }
 
     fn kick(&self) {
@@ -567,7 +613,15 @@ impl Shared {
         let Some(inj) = st.inject.as_mut() else {
             self.loop_back(st);
             if self.gso {
+                let (start, n) = (Instant::now(), st.out.len());
                 st.counters.tx_packets += send_batched(&self.udp, &mut st.out);
+                let took = start.elapsed();
+                if took >= SLOW_LOCK {
+                    eprintln!(
+                        "softrnic engine: handing {n} packets to the kernel took {} ms",
+                        took.as_millis()
+                    );
+                }
                 return;
             }
             for (dst, p) in st.out.drain(..) {
@@ -888,6 +942,61 @@ impl State {
             .collect()
     }
 
+    /// The RC QPs that have work and have made no progress for [`NO_PROGRESS`]: what a
+    /// stalled application waits for.
+    fn no_progress_qps(&self, now: Instant) -> BTreeSet<u32> {
+        self.qps
+            .iter()
+            .filter(|(_, q)| {
+                let has_work = q.sq_next < q.sq.len() || !q.inflight.is_empty();
+                let requester_stalled =
+                    has_work && now.saturating_duration_since(q.last_progress) >= NO_PROGRESS;
+                let responder_stalled = !q.read_jobs.is_empty()
+                    && now.saturating_duration_since(q.responded_at) >= NO_PROGRESS;
+                q.qpt == IBV_QPT_RC && (requester_stalled || responder_stalled)
+            })
+            .map(|(n, _)| *n)
+            .collect()
+    }
+
+    /// A QP's requester state, for the engine's log.
+    fn describe_qp(&self, qpn: u32, now: Instant) -> String {
+        let Some(q) = self.qps.get(&qpn) else {
+            return "gone".into();
+        };
+        let jobs = q.read_jobs.front().map_or(String::new(), |j| {
+            format!(
+                "; answering {} READs, the oldest at PSN {} (packet {} of {}), last response \
+                 {} ms ago",
+                q.read_jobs.len(),
+                j.psn,
+                j.next,
+                j.n,
+                now.saturating_duration_since(q.responded_at).as_millis()
+            )
+        });
+        let nic_busy = self.nic.wait(now).map_or(0, |d| d.as_millis());
+        let paced = q.pacer.map_or(String::new(), |p| {
+            let due = p
+                .ready_at(now)
+                .map_or(0, |t| t.saturating_duration_since(now).as_millis());
+            format!("; paced at {} kb/s, next packet due in {due} ms", p.kbps())
+        });
+        format!(
+            "NIC busy for {nic_busy} ms{paced}; state {} idle {} ms; send queue {} (next to send {}), {} packets in flight \
+             (retransmitting from {:?}, retry {}), READs/atomics waiting for responses {} of {}{jobs}",
+            q.state,
+            now.saturating_duration_since(q.last_progress).as_millis(),
+            q.sq.len(),
+            q.sq_next,
+            q.inflight.len(),
+            q.resend,
+            q.retries,
+            q.reads_atomics_outstanding(),
+            q.reads_atomics_limit(),
+        )
+    }
+
     #[cfg(test)]
     fn new() -> Self {
         Self::with_nic(NicConfig::default())
@@ -1038,7 +1147,12 @@ impl State {
                 self.pull_rq(qpn);
             }
             let pkt = match self.next_read_response(qpn) {
-                Some(r) => Some(r),
+                Some(r) => {
+                    if let Some(q) = self.qps.get_mut(&qpn) {
+                        q.responded_at = now;
+                    }
+                    Some(r)
+                }
                 None => self.next_packet(qpn, now),
             };
             self.sync_done(qpn);
@@ -1308,6 +1422,7 @@ pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
         gso,
         udp,
         me,
+        holder: AtomicU8::new(0),
     });
     {
         let sh = sh.clone();

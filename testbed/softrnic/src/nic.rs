@@ -353,6 +353,10 @@ impl Pacer {
         bytes * 8_000_000 / self.kbps as u64
     }
 
+    pub fn kbps(&self) -> u32 {
+        self.kbps
+    }
+
     /// When the QP may start its next packet; None: now.
     pub fn ready_at(&self, now: Instant) -> Option<Instant> {
         self.clock.filter(|c| *c > now)

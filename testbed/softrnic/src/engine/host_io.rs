@@ -68,7 +68,7 @@ pub(super) fn serve_conn(sh: Arc<Shared>, mut s: UnixStream, conn: u64) {
             break;
         }
     }
-    sh.lock().drop_conn(conn);
+    sh.lock(Holder::Connection).drop_conn(conn);
 }
 
 /// A request of process `pid` on behalf of context `conn`; `joined`: from a process that
@@ -76,7 +76,7 @@ pub(super) fn serve_conn(sh: Arc<Shared>, mut s: UnixStream, conn: u64) {
 fn answer(sh: &Shared, conn: u64, pid: i32, body: &[u8], joined: bool) -> Resp {
     match Req::decode(body) {
         Ok(req) => {
-            let mut st = sh.lock();
+            let mut st = sh.lock(Holder::Verbs);
             if joined && !st.context_keys.contains_key(&conn) {
                 return err(libc::ENODEV);
             }
@@ -94,7 +94,7 @@ fn answer(sh: &Shared, conn: u64, pid: i32, body: &[u8], joined: bool) -> Resp {
 /// the context's secret: its requests act on that context, with its own memory. The context
 /// ends with its owner's connection, as before; this one ending leaves it alone.
 fn serve_forked(sh: &Shared, mut s: UnixStream, pid: i32, owner: u64, token: u64) {
-    let joined = sh.lock().context_keys.get(&owner) == Some(&token);
+    let joined = sh.lock(Holder::Connection).context_keys.get(&owner) == Some(&token);
     let resp = if joined { Resp::Unit } else { err(libc::EPERM) };
     if proto::write_frame(&mut s, &resp.encode()).is_err() || !joined {
         return;
@@ -110,7 +110,9 @@ fn serve_forked(sh: &Shared, mut s: UnixStream, pid: i32, owner: u64, token: u64
 /// A channel's event connection: attach it, then wait for the process to close it.
 pub(super) fn serve_channel(sh: &Shared, mut s: UnixStream, pid: i32, id: u32, token: u64) {
     let resp = match s.try_clone() {
-        Ok(sink) => sh.lock().attach_channel(pid, id, token, sink),
+        Ok(sink) => sh
+            .lock(Holder::Connection)
+            .attach_channel(pid, id, token, sink),
         Err(_) => err(libc::ENOMEM),
     };
     let ok = resp == Resp::Unit;
@@ -119,7 +121,7 @@ pub(super) fn serve_channel(sh: &Shared, mut s: UnixStream, pid: i32, id: u32, t
     }
     // Nothing more is sent on this connection; EOF means the channel was destroyed.
     while proto::read_frame(&mut s).is_ok() {}
-    let mut st = sh.lock();
+    let mut st = sh.lock(Holder::Connection);
     st.channels.remove(&id);
     for c in st.cqs.values_mut().filter(|c| c.channel == id) {
         c.channel = 0;
@@ -170,7 +172,7 @@ pub(super) fn rx_loop(sh: Arc<Shared>) {
                 continue;
             }
         };
-        let mut st = sh.lock();
+        let mut st = sh.lock(Holder::Receiver);
         if !st.port_up {
             st.counters.port_down_dropped += 1;
             continue;
@@ -204,9 +206,11 @@ pub(super) fn rx_loop(sh: Arc<Shared>) {
 }
 
 pub(super) fn tx_loop(sh: Arc<Shared>, stats: Option<PathBuf>, port_state: Option<PathBuf>) {
-    let mut st = sh.lock();
+    let mut st = sh.lock(Holder::Transmitter);
     let mut written = Counters::default();
     let mut written_port = crate::rx_port::RxPortCounters::default();
+    let mut stalled = std::collections::BTreeMap::new();
+    let mut stall_checked = Instant::now();
     let mut last_write = Instant::now();
     let mut port_checked = Instant::now();
     loop {
@@ -234,6 +238,31 @@ pub(super) fn tx_loop(sh: Arc<Shared>, stats: Option<PathBuf>, port_state: Optio
                 let procs = written_port.lines() + &st.proc_tx_lines();
                 write_stats(path, &written, &procs);
             }
+        }
+        if now.duration_since(stall_checked) >= STATS_EVERY {
+            stall_checked = now;
+            let now_stalled = st.no_progress_qps(now);
+            for q in &now_stalled {
+                if !stalled.contains_key(q) {
+                    eprintln!(
+                        "softrnic engine: QP {q} has had work and no progress for {} s: {}",
+                        NO_PROGRESS.as_secs(),
+                        st.describe_qp(*q, now)
+                    );
+                    stalled.insert(*q, now);
+                }
+            }
+            stalled.retain(|q, since| {
+                let still = now_stalled.contains(q);
+                if !still {
+                    eprintln!(
+                        "softrnic engine: QP {q} moves again, {} ms after it was reported: {}",
+                        now.saturating_duration_since(*since).as_millis(),
+                        st.describe_qp(*q, now)
+                    );
+                }
+                still
+            });
         }
         let mut sent = 0usize;
         let mut paced = None;
@@ -266,12 +295,12 @@ pub(super) fn tx_loop(sh: Arc<Shared>, stats: Option<PathBuf>, port_state: Optio
                 Some(p) => std::thread::sleep(wait.min(p.max(Duration::from_micros(10)))),
                 None => sh.db.wait(seen, wait),
             }
-            st = sh.lock();
+            st = sh.lock(Holder::Transmitter);
         } else {
             // Let receivers and verbs in between bursts.
             drop(st);
             std::thread::yield_now();
-            st = sh.lock();
+            st = sh.lock(Holder::Transmitter);
         }
     }
 }

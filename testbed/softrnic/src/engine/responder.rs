@@ -792,6 +792,9 @@ impl State {
         if q.read_jobs.len() >= MAX_READ_JOBS {
             return true;
         }
+        if q.read_jobs.is_empty() {
+            q.responded_at = Instant::now();
+        }
         q.read_jobs.push_back(ReadJob {
             to,
             peer_qpn: p.src_qpn,

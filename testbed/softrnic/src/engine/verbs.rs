@@ -360,6 +360,7 @@ impl State {
                         cur_recv: None,
                         nak_sent: false,
                         read_jobs: VecDeque::new(),
+                        responded_at: Instant::now(),
                         atomic_cache: VecDeque::new(),
                         rings: None,
                         user: 0,
