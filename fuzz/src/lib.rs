@@ -431,6 +431,7 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         op,
         flags,
         syndrome: 0,
+        ecn: 0,
         dst_qpn: 17,
         src_qpn: 18,
         psn: 0x00ab_cdef,
@@ -459,6 +460,14 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         ),
         ("read_resp", pkt(sw::OP_READ_RESP, sw::F_FIRST, b"data")),
         ("ack", pkt(sw::OP_ACK, 0, b"")),
+        (
+            "write_ce",
+            Packet {
+                ecn: sw::ECN_CE,
+                ..pkt(sw::OP_WRITE, first_last, b"xyz")
+            },
+        ),
+        ("cnp", pkt(sw::OP_CNP, 0, b"")),
         (
             "nak",
             Packet {
