@@ -98,9 +98,9 @@ fn round_trip<M: DeserializeOwned + Serialize>(frame: &[u8]) {
 pub fn softrnic_packet(data: &[u8]) {
     if let Some(p) = Packet::decode(data) {
         assert!(p.psn <= PSN_MASK);
-        let mut e = p.encode();
-        e[7] = data[7]; // pad byte: ignored on receive
-        assert_eq!(e, data, "an accepted datagram does not re-encode to itself");
+        // Byte 7 is the ECN field (two bits), re-encoded like every other.
+        assert!(p.ecn <= softrnic::wire::ECN_CE);
+        assert_eq!(p.encode(), data, "an accepted datagram does not re-encode to itself");
         // Distances of up to half the PSN space survive the wrap.
         let n = p.offset & (PSN_MASK >> 1);
         assert_eq!(psn_diff(psn_add(p.psn, n), p.psn), n as i32);
@@ -431,6 +431,7 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         op,
         flags,
         syndrome: 0,
+        ecn: 0,
         dst_qpn: 17,
         src_qpn: 18,
         psn: 0x00ab_cdef,
@@ -459,6 +460,14 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         ),
         ("read_resp", pkt(sw::OP_READ_RESP, sw::F_FIRST, b"data")),
         ("ack", pkt(sw::OP_ACK, 0, b"")),
+        (
+            "write_ce",
+            Packet {
+                ecn: sw::ECN_CE,
+                ..pkt(sw::OP_WRITE, first_last, b"xyz")
+            },
+        ),
+        ("cnp", pkt(sw::OP_CNP, 0, b"")),
         (
             "nak",
             Packet {

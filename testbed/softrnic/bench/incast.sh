@@ -32,7 +32,7 @@ while [ $i -le $N ]; do
 done
 echo "aggregate: $tot MiB/s"
 sleep 0.5
-"$S" --run-dir "$RUN" stats h1 | grep -E "rx_port|rx_queue|rx_ecn|rx_pause|rx_port_dropped|retransmits"
-for h in $(seq 2 $H); do "$S" --run-dir "$RUN" stats h$h | grep -E "pauses_received|retransmits" | tr '\n' ' ' | sed "s/^/h$h: /"; echo; done
+"$S" --run-dir "$RUN" stats h1 | grep -E "rx_port|rx_queue|rx_ecn|rx_pause|rx_port_dropped|retransmits|dcqcn_cnps_sent"
+for h in $(seq 2 $H); do "$S" --run-dir "$RUN" stats h$h | grep -E "pauses_received|retransmits|dcqcn_cnps_received|dcqcn_rate_decreases" | tr '\n' ' ' | sed "s/^/h$h: /"; echo; done
 "$S" --run-dir "$RUN" down >/dev/null
 rm -rf "$RUN"

@@ -38,6 +38,7 @@ use crate::proto::{self, Caps, QpAttrs, RecvWr, Req, Resp, SendWr, Sge};
 use crate::ring::{self, Doorbell, Map, QpLayout, Ring};
 use crate::wire::{self, psn_add, psn_diff, Packet, Payload};
 
+mod congestion;
 mod host_io;
 mod ingress;
 mod multicast;
@@ -395,6 +396,8 @@ struct Qp {
     comm_est: bool,
     /// Packet pacing (`IBV_QP_RATE_LIMIT`): None, unpaced.
     pacer: Option<nic::Pacer>,
+    /// DCQCN (RC QPs): CNPs sent, rate and its pacer.
+    cc: congestion::QpCc,
     /// An XRC target's other handles: (connection, the application's `ibv_qp *`) of the
     /// processes that opened it with `ibv_open_qp` (see `xrc::State::release_qp`).
     openers: Vec<(u64, u64)>,
@@ -495,6 +498,7 @@ struct State {
     nic: Pipeline,
     /// The NIC's receive port (see [`crate::rx_port`]).
     rx_port: crate::rx_port::RxPort,
+    dcqcn: congestion::Dcqcn,
     /// Destroyed QPs that still re-acknowledge their peer's duplicates for a while.
     tombstones: IdMap<Tombstone>,
     /// Message data gathered and not yet placed (see `placement`).
@@ -1029,6 +1033,7 @@ impl State {
             inject: None,
             nic: Pipeline::new(nic),
             rx_port: crate::rx_port::RxPort::new(nic.rx_port()),
+            dcqcn: congestion::Dcqcn::new(nic.dcqcn()),
             tombstones: IdMap::default(),
             gathered: placement::Combiner::default(),
             context_keys: HashMap::new(),
@@ -1131,13 +1136,7 @@ impl State {
         for _ in 0..self.rr.len() {
             let qpn = self.rr.pop_front()?;
             self.rr.push_back(qpn);
-            // A QP leaving RTS (flushing, say) is not held back by its pacing.
-            let paced = self
-                .qps
-                .get(&qpn)
-                .filter(|q| q.state == IBV_QPS_RTS)
-                .and_then(|q| q.pacer?.ready_at(now));
-            if let Some(t) = paced {
+            if let Some(t) = self.pace_ready_at(qpn, now) {
                 self.pace_wake = Some(self.pace_wake.map_or(t, |w| w.min(t)));
                 continue;
             }
@@ -1158,9 +1157,7 @@ impl State {
             self.sync_done(qpn);
             if let Some(pkt) = pkt {
                 self.touch_qp(qpn, now);
-                if let Some(p) = self.qps.get_mut(&qpn).and_then(|q| q.pacer.as_mut()) {
-                    p.charge(now, pkt.1.wire_len());
-                }
+                self.pace_charge(qpn, now, pkt.1.wire_len());
                 self.emit_at(pkt.0, pkt.1, now);
                 return Some(qpn);
             }

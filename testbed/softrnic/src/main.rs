@@ -88,6 +88,14 @@ enum Cmd {
         /// sender (lossless, as InfiniBand or PFC-protected RoCE, is the default).
         #[arg(long)]
         rx_lossy: bool,
+        /// DCQCN congestion control for RC QPs (CNPs answer ECN-marked packets, senders cut
+        /// their QP's rate): on or off. It only acts when marking is on (--ecn-threshold-kib).
+        #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+        dcqcn: String,
+        /// NIC model: how many times slower than real time the NIC's time runs (a dilated
+        /// NIC, as the testbed harness emulates); DCQCN's timers are stretched by it.
+        #[arg(long, default_value_t = nic::NicConfig::default().time_scale)]
+        time_scale: f64,
         /// Send every packet with its own sendto (no UDP GSO batching between engines).
         #[arg(long)]
         no_gso: bool,
@@ -180,6 +188,8 @@ fn main() -> Result<()> {
             rx_buffer_kib,
             ecn_threshold_kib,
             rx_lossy,
+            dcqcn,
+            time_scale,
             no_gso,
         } => {
             let nic = nic::NicConfig {
@@ -192,6 +202,8 @@ fn main() -> Result<()> {
                 rx_buffer_kib,
                 ecn_threshold_kib,
                 rx_lossy,
+                dcqcn: dcqcn == "on",
+                time_scale,
             };
             let f = hosts::UpFaults {
                 seed,

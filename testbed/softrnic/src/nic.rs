@@ -56,6 +56,8 @@ pub enum NicError {
     FetchBatch,
     #[error("receive buffer must be at least 1 KiB")]
     RxBuffer,
+    #[error("time scale must be a positive number, got {0}")]
+    TimeScale(String),
 }
 
 /// The model's parameters (see docs/softrnic.md for the defaults and their sources).
@@ -78,6 +80,12 @@ pub struct NicConfig {
     pub rx_buffer_kib: u64,
     pub ecn_threshold_kib: u64,
     pub rx_lossy: bool,
+    /// DCQCN for RC QPs (see [`crate::dcqcn`]): CNPs for marked packets, rates cut on CNPs.
+    /// Inert while nothing is marked.
+    pub dcqcn: bool,
+    /// How many times slower than real time the modelled NIC's time runs (1: not dilated);
+    /// DCQCN's timers are stretched by it.
+    pub time_scale: f64,
 }
 
 impl Default for NicConfig {
@@ -90,9 +98,22 @@ impl Default for NicConfig {
             wqe_fetch_ns: 500,
             wqe_fetch_batch: 64,
             rx_buffer_kib: 2048,
-            ecn_threshold_kib: 200,
+            // Off: the NIC model's results stay what they were unless marking is asked for
+            // (DCQCN, on by default, then reacts to it).
+            ecn_threshold_kib: 0,
             rx_lossy: false,
+            dcqcn: true,
+            time_scale: 1.0,
         }
+    }
+}
+
+/// A `0`/`1` setting.
+fn flag(v: &str) -> Option<bool> {
+    match v {
+        "0" => Some(false),
+        "1" => Some(true),
+        _ => None,
     }
 }
 
@@ -122,13 +143,16 @@ impl NicConfig {
         if self.rx_buffer_kib == 0 {
             return Err(NicError::RxBuffer);
         }
+        if !(self.time_scale.is_finite() && self.time_scale > 0.0) {
+            return Err(NicError::TimeScale(self.time_scale.to_string()));
+        }
         Ok(())
     }
 
     pub fn encode(&self) -> String {
         format!(
             "line_rate_gbps {} mtu {} qp_cache {} qp_miss_ns {} wqe_fetch_ns {} wqe_fetch_batch {} \
-             rx_buffer_kib {} ecn_threshold_kib {} rx_lossy {}\n",
+             rx_buffer_kib {} ecn_threshold_kib {} rx_lossy {} dcqcn {} time_scale {}\n",
             self.line_rate_gbps,
             self.mtu,
             self.qp_cache,
@@ -137,7 +161,9 @@ impl NicConfig {
             self.wqe_fetch_batch,
             self.rx_buffer_kib,
             self.ecn_threshold_kib,
-            u8::from(self.rx_lossy)
+            u8::from(self.rx_lossy),
+            u8::from(self.dcqcn),
+            self.time_scale
         )
     }
 
@@ -162,18 +188,25 @@ impl NicConfig {
                 "wqe_fetch_batch" => c.wqe_fetch_batch = kv[1].parse().map_err(|_| bad())?,
                 "rx_buffer_kib" => c.rx_buffer_kib = kv[1].parse().map_err(|_| bad())?,
                 "ecn_threshold_kib" => c.ecn_threshold_kib = kv[1].parse().map_err(|_| bad())?,
-                "rx_lossy" => {
-                    c.rx_lossy = match kv[1] {
-                        "0" => false,
-                        "1" => true,
-                        _ => return Err(bad()),
-                    }
+                "rx_lossy" => c.rx_lossy = flag(kv[1]).ok_or_else(bad)?,
+                "dcqcn" => c.dcqcn = flag(kv[1]).ok_or_else(bad)?,
+                "time_scale" => {
+                    c.time_scale = kv[1]
+                        .parse()
+                        .map_err(|_| NicError::TimeScale(kv[1].to_string()))?
                 }
                 _ => return Err(bad()),
             }
         }
         c.validate()?;
         Ok(c)
+    }
+
+    /// DCQCN's parameters for this NIC's line rate and time scale; None when it is off
+    /// or the line is unlimited (no rate to cut).
+    pub fn dcqcn(&self) -> Option<crate::dcqcn::DcqcnConfig> {
+        (self.dcqcn && self.line_rate_gbps > 0.0)
+            .then(|| crate::dcqcn::DcqcnConfig::scaled(self.line_rate_gbps, self.time_scale))
     }
 
     /// The receive port's parameters.
@@ -362,6 +395,11 @@ impl Pacer {
         self.clock.filter(|c| *c > now)
     }
 
+    /// A new rate from now on (what is charged stays charged).
+    pub fn set_kbps(&mut self, kbps: u32) {
+        self.kbps = kbps.max(1);
+    }
+
     /// A datagram of `len` bytes started at `now`.
     pub fn charge(&mut self, now: Instant, len: usize) {
         let credit = Duration::from_nanos(self.ns(self.burst_bytes as u64)) + PACE_BANK;
@@ -432,8 +470,14 @@ mod tests {
             rx_buffer_kib: 512,
             ecn_threshold_kib: 0,
             rx_lossy: true,
+            dcqcn: false,
+            time_scale: 200.0,
         };
         assert_eq!(NicConfig::decode(&c.encode()).unwrap(), c);
+        assert!(NicConfig::decode("dcqcn 2").is_err());
+        assert!(NicConfig::decode("time_scale 0").is_err());
+        assert!(NicConfig::decode("time_scale nan").is_err());
+        assert!(NicConfig::decode("").unwrap().dcqcn);
         assert_eq!(
             NicConfig::decode("rx_buffer_kib 0"),
             Err(NicError::RxBuffer)

@@ -70,8 +70,14 @@ fn incast_queues_at_the_receivers_line_rate_and_one_sender_does_not() {
     }
     let bw = ["ib_write_bw", "-x", "0", "-s", "65536", "-D", "3"];
 
+    // The port without congestion control: marks counted, nobody reacts.
     let run = Run::new("incast");
-    run.up(&["--hosts", "4", "--line-rate-gbps", "1"]);
+    let marking = ["--ecn-threshold-kib", "200"];
+    run.up(&[
+        &["--hosts", "4", "--line-rate-gbps", "1", "--dcqcn", "off"],
+        &marking[..],
+    ]
+    .concat());
     let (rates, s) = incast(&run, 3, &bw);
     eprintln!("lossless, 3 senders: {rates:?} MiB/s, h1: {s:?}");
     let total: f64 = rates.iter().map(|r| r.expect("a sender failed")).sum();
@@ -99,7 +105,7 @@ fn incast_queues_at_the_receivers_line_rate_and_one_sender_does_not() {
     drop(run);
 
     let run = Run::new("incast-one");
-    run.up(&["--hosts", "2", "--line-rate-gbps", "1"]);
+    run.up(&[&["--hosts", "2", "--line-rate-gbps", "1"], &marking[..]].concat());
     let (rates, s) = incast(&run, 1, &bw);
     eprintln!("one sender: {rates:?} MiB/s, h1: {s:?}");
     assert!(rates[0].expect("the sender failed") > 0.9 * LINE_MIB_S);
@@ -112,4 +118,82 @@ fn incast_queues_at_the_receivers_line_rate_and_one_sender_does_not() {
     ] {
         assert_eq!(s[k], 0, "{k}: {s:?}");
     }
+}
+
+/// DCQCN (docs/softrnic-congestion.md): four senders into one host with ECN marking on. With
+/// DCQCN the receiver answers marks with CNPs, the senders' QPs slow down, and the queue
+/// stays near the marking threshold instead of at the buffer, so the port pauses senders
+/// far less; with `--dcqcn off` the same incast is held back by pauses alone.
+#[test]
+fn dcqcn_keeps_the_incast_queue_near_the_ecn_threshold_and_pauses_rare() {
+    require_privileges!();
+    if !have_perftest() {
+        eprintln!("SKIPPED: perftest not installed (apt-get install perftest)");
+        return;
+    }
+    let bw = ["ib_write_bw", "-x", "0", "-s", "65536", "-D", "3"];
+    let senders = ["h2", "h3", "h4", "h5"];
+    let mut runs = Vec::new();
+    for dcqcn in ["on", "off"] {
+        let run = Run::new(&format!("incast-dcqcn-{dcqcn}"));
+        run.up(&[
+            "--hosts",
+            "5",
+            "--line-rate-gbps",
+            "1",
+            "--ecn-threshold-kib",
+            "200",
+            "--dcqcn",
+            dcqcn,
+        ]);
+        let (rates, s) = incast(&run, 4, &bw);
+        let decreases: u64 = senders
+            .iter()
+            .map(|h| run.stats(h)["dcqcn_rate_decreases"])
+            .sum();
+        let cnps_received: u64 = senders
+            .iter()
+            .map(|h| run.stats(h)["dcqcn_cnps_received"])
+            .sum();
+        eprintln!(
+            "dcqcn {dcqcn}, 4 senders: {rates:?} MiB/s, senders' rate decreases {decreases}, \
+             CNPs received {cnps_received}, h1: {s:?}"
+        );
+        let total: f64 = rates.iter().map(|r| r.expect("a sender failed")).sum();
+        assert!(
+            total > 0.6 * LINE_MIB_S,
+            "dcqcn {dcqcn}: aggregate {total:.1} MiB/s"
+        );
+        assert_eq!(s["rx_port_dropped"], 0, "{s:?}");
+        runs.push((s, decreases, cnps_received));
+    }
+    let (on, on_decreases, on_cnps) = &runs[0];
+    let (off, off_decreases, off_cnps) = &runs[1];
+    assert!(
+        on["dcqcn_cnps_sent"] > 0 && *on_cnps > 0 && *on_decreases > 0,
+        "{on:?}"
+    );
+    assert!(
+        off["dcqcn_cnps_sent"] == 0 && *off_cnps == 0 && *off_decreases == 0,
+        "{off:?}"
+    );
+    assert!(
+        off["rx_ecn_marked"] > 0 && off["rx_pause_ns"] > 0,
+        "{off:?}"
+    );
+    // Pause time much lower, and the queue as packets find it near the threshold (200 KiB)
+    // rather than near the 2 MiB buffer.
+    assert!(
+        on["rx_pause_ns"] * 4 < off["rx_pause_ns"],
+        "pause time: on {} ns, off {} ns",
+        on["rx_pause_ns"],
+        off["rx_pause_ns"]
+    );
+    assert!(
+        on["rx_queue_mean_bytes"] < 600 * 1024
+            && on["rx_queue_mean_bytes"] * 2 < off["rx_queue_mean_bytes"],
+        "mean queue: on {}, off {}",
+        on["rx_queue_mean_bytes"],
+        off["rx_queue_mean_bytes"]
+    );
 }

@@ -211,6 +211,7 @@ pub(super) fn tx_loop(sh: Arc<Shared>, stats: Option<PathBuf>, port_state: Optio
     let mut written_port = crate::rx_port::RxPortCounters::default();
     let mut stalled = std::collections::BTreeMap::new();
     let mut stall_checked = Instant::now();
+    let mut written_cc = congestion::DcqcnCounters::default();
     let mut last_write = Instant::now();
     let mut port_checked = Instant::now();
     loop {
@@ -228,14 +229,16 @@ pub(super) fn tx_loop(sh: Arc<Shared>, stats: Option<PathBuf>, port_state: Optio
         st.timers(now);
         let next_held = sh.flush_held(&mut st, now);
         if let Some(path) = &stats {
-            let port_changed = st.rx_port.counters != written_port;
+            let cc = st.dcqcn_counters();
+            let port_changed = st.rx_port.counters != written_port || cc != written_cc;
             if now.duration_since(last_write) >= STATS_EVERY
                 && (st.counters != written || port_changed)
             {
                 written = st.counters;
                 written_port = st.rx_port.counters;
+                written_cc = cc;
                 last_write = now;
-                let procs = written_port.lines() + &st.proc_tx_lines();
+                let procs = written_port.lines() + &cc.lines() + &st.proc_tx_lines();
                 write_stats(path, &written, &procs);
             }
         }

@@ -13,7 +13,7 @@ const MAX_PAUSE: Duration = Duration::from_millis(10);
 
 impl State {
     /// A datagram of `len` bytes, decoded as `p`, arrived from another host at `now`.
-    pub(super) fn arrive(&mut self, from: SocketAddr, p: Packet, len: usize, now: Instant) {
+    pub(super) fn arrive(&mut self, from: SocketAddr, mut p: Packet, len: usize, now: Instant) {
         if p.op == wire::OP_PAUSE {
             // A link-level frame: it does not queue behind data.
             return self.receive(from, p, now);
@@ -21,7 +21,7 @@ impl State {
         let wire_bytes = len as u64 + nic::L2_L4_OVERHEAD;
         match self.rx_port.arrive(now, from, wire_bytes) {
             Verdict::Drop => {}
-            Verdict::Accept { pause, .. } => {
+            Verdict::Accept { mark, pause } => {
                 if let Some(hold) = pause {
                     // Straight onto the socket, ahead of queued data: a pause is a link-level
                     // frame, not a packet the arbiter schedules.
@@ -33,6 +33,13 @@ impl State {
                             ..Default::default()
                         },
                     ));
+                }
+                if mark {
+                    // The CE codepoint, as the congested port sets it in the IP header.
+                    p.ecn = wire::ECN_CE;
+                }
+                if p.ecn == wire::ECN_CE {
+                    self.on_marked(from, &p, now);
                 }
                 self.receive(from, p, now);
             }

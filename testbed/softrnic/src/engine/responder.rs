@@ -74,6 +74,9 @@ impl State {
         if p.op == wire::OP_PAUSE {
             return self.on_pause(&p, now);
         }
+        if p.op == wire::OP_CNP {
+            return self.on_cnp(from, &p, now);
+        }
         let Some(q) = self.qps.get(&p.dst_qpn) else {
             if !self.tombstone_rx(from, &p, now) {
                 self.counters.rx_dropped_unknown_qp += 1;

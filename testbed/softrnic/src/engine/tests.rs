@@ -1181,6 +1181,7 @@ mod fuzz {
                         op,
                         flags,
                         syndrome,
+                        ecn: syndrome & 3,
                         dst_qpn: qpn_any,
                         src_qpn: PEER_QPN,
                         psn: if dpsn == 139 {
@@ -2810,4 +2811,102 @@ fn a_send_acknowledged_while_a_read_ahead_of_it_waits_completes_after_the_read()
         .collect();
     let ok = IBV_WC_SUCCESS;
     assert_eq!(got, [(b, 77, ok), (a, 1, ok), (a, 2, ok)]);
+}
+
+/// DCQCN in the engine: a CE-marked packet for an RC QP from its peer is answered with a
+/// CNP to the sending QP, at most once per 50 µs, and not at all with DCQCN off or from
+/// anyone but the peer; a CNP from the peer halves the QP's rate (alpha starts at 1), after
+/// which its packets are paced at that rate while another QP keeps the line.
+#[test]
+fn marked_packets_draw_cnps_and_a_cnp_paces_its_qp() {
+    let cfg = NicConfig {
+        line_rate_gbps: 1.0,
+        ..Default::default()
+    };
+    let (mut st, qpns, _buf) = nic_rig(cfg, 2, 4);
+    let (slowed, free) = (qpns[0], qpns[1]);
+    let peer = st.qps[&slowed].remote.unwrap();
+    let peer_qpn = st.qps[&slowed].attr.dest_qp_num;
+    let marked = Packet {
+        op: wire::OP_WRITE,
+        ecn: wire::ECN_CE,
+        dst_qpn: slowed,
+        src_qpn: peer_qpn,
+        ..Default::default()
+    };
+    let t0 = Instant::now();
+    let cnps = |st: &mut State| {
+        let n = st.out.iter().filter(|(_, p)| p.op == wire::OP_CNP).count();
+        st.out.clear();
+        n
+    };
+    st.on_marked(peer, &marked, t0);
+    assert_eq!(st.out.len(), 1);
+    let (to, cnp) = &st.out[0];
+    assert_eq!((*to, cnp.dst_qpn, cnp.src_qpn), (peer, peer_qpn, slowed));
+    assert_eq!(cnps(&mut st), 1);
+    st.on_marked(peer, &marked, t0 + Duration::from_micros(49));
+    assert_eq!(cnps(&mut st), 0, "within the CNP interval");
+    st.on_marked(peer, &marked, t0 + Duration::from_micros(50));
+    assert_eq!(cnps(&mut st), 1);
+    let stranger = SocketAddr::from(([10, 9, 9, 9], 4791));
+    st.on_marked(stranger, &marked, t0 + Duration::from_millis(1));
+    assert_eq!(cnps(&mut st), 0, "not the QP's peer");
+    assert_eq!(st.dcqcn_counters().cnps_sent, 2);
+
+    // A CNP from a stranger changes nothing; one from the peer halves the rate.
+    let cnp = Packet {
+        op: wire::OP_CNP,
+        dst_qpn: slowed,
+        src_qpn: peer_qpn,
+        ..Default::default()
+    };
+    st.receive(stranger, cnp.clone(), t0);
+    assert_eq!(st.dcqcn_counters().rate_decreases, 0);
+    assert_eq!(st.counters.rx_dropped_unknown_qp, 1);
+    st.receive(peer, cnp.clone(), t0);
+    let c = st.dcqcn_counters();
+    assert_eq!((c.cnps_received, c.rate_decreases), (1, 1));
+    assert_eq!(c.min_rate_kbps, 500_000);
+    // The slowed QP sends once, then waits its pacer while the free one sends everything.
+    let order: Vec<u32> = std::iter::from_fn(|| st.tx_one(t0)).collect();
+    assert_eq!(
+        order.iter().filter(|q| **q == slowed).count(),
+        1,
+        "{order:?}"
+    );
+    assert_eq!(
+        order.iter().filter(|q| **q == free).count(),
+        12,
+        "{order:?}"
+    );
+    // 256 + 48 + 42 bytes at 500 Mb/s.
+    let due = st.pace_wake.expect("the slowed QP is due later");
+    assert_eq!(due - t0, Duration::from_nanos((256 + 48 + 42) * 8 * 2));
+
+    // With DCQCN off: no CNPs, and CNPs received are counted but cut nothing.
+    let off = NicConfig {
+        dcqcn: false,
+        ..cfg
+    };
+    let (mut st, qpns, _buf) = nic_rig(off, 1, 1);
+    let peer = st.qps[&qpns[0]].remote.unwrap();
+    let marked = Packet {
+        dst_qpn: qpns[0],
+        src_qpn: st.qps[&qpns[0]].attr.dest_qp_num,
+        ..marked
+    };
+    st.on_marked(peer, &marked, t0);
+    assert_eq!(cnps(&mut st), 0);
+    let cnp = Packet {
+        dst_qpn: marked.dst_qpn,
+        src_qpn: marked.src_qpn,
+        ..cnp
+    };
+    st.receive(peer, cnp, t0);
+    let c = st.dcqcn_counters();
+    assert_eq!(
+        (c.cnps_received, c.rate_decreases, c.min_rate_kbps),
+        (1, 0, 0)
+    );
 }

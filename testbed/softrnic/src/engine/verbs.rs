@@ -366,6 +366,7 @@ impl State {
                         user: 0,
                         comm_est: false,
                         pacer: None,
+                        cc: Default::default(),
                         openers: Vec::new(),
                     },
                 );
