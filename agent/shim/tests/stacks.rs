@@ -158,8 +158,10 @@ fn qperf_rc_tests_bare_fail_open_and_governed() {
     for mode in MODES {
         let who = format!("qperf, {mode:?}");
         let stage = Stage::new(&run, mode, "qperf");
-        let server = spawn(&mut stage.exec("h1", &["qperf"], &[]));
-        std::thread::sleep(Duration::from_millis(300));
+        let mut server = spawn(&mut stage.exec("h1", &["qperf"], &[]));
+        // qperf's client does not retry a connection its server does not take yet; 19765 is
+        // qperf's listening port.
+        drum_test_support::wait_listening(&mut server, 19765, Duration::from_secs(30));
         let mut args = vec!["qperf", "-cm1", "-t", "1", ip.as_str()];
         args.extend(tests);
         args.push("quit");
