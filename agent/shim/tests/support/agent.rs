@@ -5,6 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant, SystemTime};
 
+/// A shim as the agent's status lists it: (pid, app, send_bytes, applied_generation).
+pub type Shim = (u64, String, u64, u64);
+
 /// A `drum-agent --local` with its own config, socket and status file; killed on drop.
 pub struct Agent {
     child: Option<Child>,
@@ -97,14 +100,14 @@ impl Agent {
         }
     }
 
-    /// The shims the agent lists: (pid, app, send_bytes, applied_generation).
-    pub fn shims(&self) -> Vec<(u64, String, u64, u64)> {
+    /// The shims the agent lists.
+    pub fn shims(&self) -> Vec<Shim> {
         self.shims_written()
             .map_or_else(Vec::new, |(shims, _)| shims)
     }
 
     /// [`Self::shims`] and when the agent wrote them.
-    pub fn shims_written(&self) -> Option<(Vec<(u64, String, u64, u64)>, SystemTime)> {
+    pub fn shims_written(&self) -> Option<(Vec<Shim>, SystemTime)> {
         let (text, written) = drum_test_support::read_written(&self.status)?;
         let v: serde_json::Value = serde_json::from_str(&text).expect("status is JSON");
         let shims = v["shims"]
