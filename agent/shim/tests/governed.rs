@@ -697,7 +697,8 @@ fn dasr_caps_halve_with_a_second_sender_and_return_when_it_leaves() {
     });
     let t_back = wait_until(
         "h2's cap back at R after h3 ended",
-        Duration::from_secs(10),
+        // h3's `-D 2` run with perftest's own warm-up and teardown, slower under load.
+        Duration::from_secs(30),
         || cap_of(&agents[1]) == Some((r, 1)),
     );
     for (o, who) in [
