@@ -106,7 +106,9 @@ impl Cluster {
             max_staleness: 3,
             round_interval_ms: 2,
             heartbeat_ms: 100,
-            member_timeout_ms: 800,
+            // 800 ms dropped live agents of these tests when the machine was loaded (load
+            // average 26 on 2 cores: member timeouts, epoch changes, parks after the schedule).
+            member_timeout_ms: MEMBER_TIMEOUT_MS,
             max_iterations: None,
             bind_host_to_certificate: true,
         }
@@ -146,7 +148,7 @@ impl Cluster {
         };
         let toml = format!(
             "host = {id:?}\n{instance}coordinator = \"{coordinator}\"\nrate_table = {:?}\n\
-             heartbeat_ms = 100\ncoordinator_timeout_ms = 800\nbackoff_min_ms = 50\nbackoff_max_ms = 400\n\
+             heartbeat_ms = 100\ncoordinator_timeout_ms = {MEMBER_TIMEOUT_MS}\nbackoff_min_ms = 50\nbackoff_max_ms = 400\n\
              {extra}\n[tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n{}",
             self.dir.path().join(format!("rates-{tag}.json")),
             tls.ca,
@@ -276,6 +278,10 @@ impl Drop for Coord {
         }
     }
 }
+
+/// How long the coordinator keeps a silent member and an agent a silent coordinator: 30
+/// heartbeats, so that a loaded machine descheduling a process does not look like its death.
+const MEMBER_TIMEOUT_MS: u64 = 3000;
 
 fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
     let t = Instant::now();
@@ -777,12 +783,12 @@ fn killed_agent_is_dropped_after_the_timeout() {
     let before = pairs(&coord.status());
     let killed = Instant::now();
     agents[2].kill();
-    wait_for("the dead agent dropped", Duration::from_secs(5), || {
+    wait_for("the dead agent dropped", Duration::from_secs(15), || {
         coord.status()["members"].as_array().unwrap().len() == 2
     });
-    // Not before the member timeout (800 ms) less a heartbeat: silence, not luck, removed it.
+    // Not before the member timeout less two heartbeats: silence, not luck, removed it.
     assert!(
-        killed.elapsed() >= Duration::from_millis(600),
+        killed.elapsed() >= Duration::from_millis(MEMBER_TIMEOUT_MS - 200),
         "{:?}",
         killed.elapsed()
     );
@@ -820,10 +826,10 @@ fn killed_agent_is_dropped_after_the_timeout() {
     assert_eq!(s["drained"][0], host1.as_str());
     wait_for(
         "the drained agent fail-static",
-        Duration::from_secs(5),
+        Duration::from_secs(15),
         || c.table(1).is_some_and(|t| t.state == LinkState::FailStatic),
     );
-    wait_for("a refused rejoin", Duration::from_secs(5), || {
+    wait_for("a refused rejoin", Duration::from_secs(15), || {
         agents[1].log().contains("is drained")
     });
     assert_eq!(coord.status()["members"].as_array().unwrap().len(), 1);
@@ -864,7 +870,7 @@ fn coordinator_loss_is_fail_static_and_agents_rejoin_a_restarted_one() {
     };
     let before = prices(&coord.status());
     drop(coord);
-    wait_for("both agents fail-static", Duration::from_secs(5), || {
+    wait_for("both agents fail-static", Duration::from_secs(15), || {
         (0..2).all(|h| c.table(h).is_some_and(|t| t.state == LinkState::FailStatic))
     });
     let frozen: Vec<TableFile> = (0..2).map(|h| c.table(h).unwrap()).collect();
@@ -1800,7 +1806,7 @@ fn a_live_cluster_relearns_its_problem_from_a_restarted_coordinator() {
         live_app(&coord.status(), "h0", "writer").is_some_and(|(on, r)| on && r > 0.5)
     });
     drop(coord);
-    wait_for("fail-static", Duration::from_secs(10), || {
+    wait_for("fail-static", Duration::from_secs(15), || {
         c.table(0).is_some_and(|t| t.state == LinkState::FailStatic)
     });
     let kept = writer.granted_bytes_per_s();
