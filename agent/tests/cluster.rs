@@ -106,7 +106,9 @@ impl Cluster {
             max_staleness: 3,
             round_interval_ms: 2,
             heartbeat_ms: 100,
-            member_timeout_ms: 800,
+            // 800 ms dropped live agents of these tests when the machine was loaded (load
+            // average 26 on 2 cores: member timeouts, epoch changes, parks after the schedule).
+            member_timeout_ms: MEMBER_TIMEOUT_MS,
             max_iterations: None,
             bind_host_to_certificate: true,
         }
@@ -146,7 +148,7 @@ impl Cluster {
         };
         let toml = format!(
             "host = {id:?}\n{instance}coordinator = \"{coordinator}\"\nrate_table = {:?}\n\
-             heartbeat_ms = 100\ncoordinator_timeout_ms = 800\nbackoff_min_ms = 50\nbackoff_max_ms = 400\n\
+             heartbeat_ms = 100\ncoordinator_timeout_ms = {MEMBER_TIMEOUT_MS}\nbackoff_min_ms = 50\nbackoff_max_ms = 400\n\
              {extra}\n[tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n{}",
             self.dir.path().join(format!("rates-{tag}.json")),
             tls.ca,
@@ -276,6 +278,10 @@ impl Drop for Coord {
         }
     }
 }
+
+/// How long the coordinator keeps a silent member and an agent a silent coordinator: 30
+/// heartbeats, so that a loaded machine descheduling a process does not look like its death.
+const MEMBER_TIMEOUT_MS: u64 = 3000;
 
 fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
     let t = Instant::now();
@@ -777,12 +783,12 @@ fn killed_agent_is_dropped_after_the_timeout() {
     let before = pairs(&coord.status());
     let killed = Instant::now();
     agents[2].kill();
-    wait_for("the dead agent dropped", Duration::from_secs(5), || {
+    wait_for("the dead agent dropped", Duration::from_secs(15), || {
         coord.status()["members"].as_array().unwrap().len() == 2
     });
-    // Not before the member timeout (800 ms) less a heartbeat: silence, not luck, removed it.
+    // Not before the member timeout less two heartbeats: silence, not luck, removed it.
     assert!(
-        killed.elapsed() >= Duration::from_millis(600),
+        killed.elapsed() >= Duration::from_millis(MEMBER_TIMEOUT_MS - 200),
         "{:?}",
         killed.elapsed()
     );
@@ -820,10 +826,10 @@ fn killed_agent_is_dropped_after_the_timeout() {
     assert_eq!(s["drained"][0], host1.as_str());
     wait_for(
         "the drained agent fail-static",
-        Duration::from_secs(5),
+        Duration::from_secs(15),
         || c.table(1).is_some_and(|t| t.state == LinkState::FailStatic),
     );
-    wait_for("a refused rejoin", Duration::from_secs(5), || {
+    wait_for("a refused rejoin", Duration::from_secs(15), || {
         agents[1].log().contains("is drained")
     });
     assert_eq!(coord.status()["members"].as_array().unwrap().len(), 1);
@@ -864,7 +870,7 @@ fn coordinator_loss_is_fail_static_and_agents_rejoin_a_restarted_one() {
     };
     let before = prices(&coord.status());
     drop(coord);
-    wait_for("both agents fail-static", Duration::from_secs(5), || {
+    wait_for("both agents fail-static", Duration::from_secs(15), || {
         (0..2).all(|h| c.table(h).is_some_and(|t| t.state == LinkState::FailStatic))
     });
     let frozen: Vec<TableFile> = (0..2).map(|h| c.table(h).unwrap()).collect();
@@ -1029,10 +1035,19 @@ fn optimiser_rates_reach_the_shims_registered_with_an_agent() {
 fn shim_counters_become_the_optimisers_demand_and_polling_grant() {
     use std::sync::atomic::Ordering::Relaxed;
     let c = Cluster::new(2, 4, 2, 5);
-    let coord = Coord::start(ServeSettings {
-        min_members: 2,
-        ..c.settings(localhost())
-    });
+    // No periodic re-selection: an app whose demand falls to 1 % may rightly be parked for an
+    // outsider, and a parked app (rate 0) has no `a` and no polling grant to check (seen
+    // under load, where the exchange came before the grant's check).
+    let coord = Coord::start_with(
+        ServeSettings {
+            min_members: 2,
+            ..c.settings(localhost())
+        },
+        ServeOptions {
+            selection_period_ms: 0,
+            ..ServeOptions::default()
+        },
+    );
     let socket = c.dir.path().join("shim-0.sock");
     // Each 4 KiB WQE is one packet of 82 header bytes more on the wire: the rates the
     // optimiser hands out are wire bytes (docs/live-problem.md, "Rates are NIC time").
@@ -1064,9 +1079,11 @@ fn shim_counters_become_the_optimisers_demand_and_polling_grant() {
     let usage = 0.01;
     let line = 8.0e9 / 8.0;
     let t0 = Instant::now();
+    // An app no longer active is no grant near its usage (NaN fails every comparison).
     let rate_now = || {
         c.table(0)
             .and_then(|t| t.apps.into_iter().find(|a| a.app == app.app))
+            .filter(|a| a.active)
             .map_or(f64::NAN, |a| a.rate)
     };
     while t0.elapsed() < Duration::from_secs(20) {
@@ -1547,18 +1564,33 @@ fn the_live_problem_is_learnt_from_the_shims_and_its_snapshot_solves_to_the_live
         Duration::from_secs(30),
         || both_share_h2(&coord.status()),
     );
-    let s = coord.status();
     wait_for("the unknown peer logged", Duration::from_secs(5), || {
         agents[2].log().contains(
             "a connection of this app ends at a GID no agent's host owns; its traffic loads no receive link app=server peer=00000000000000000000ffff0a090909",
         )
     });
-    let (_, a) = live_app(&s, "h0", "writer-a").unwrap();
-    let granted = writer_a.granted_bytes_per_s() as f64;
-    assert!(
-        (granted - a * 1e9).abs() <= 0.02 * a * 1e9,
-        "writer-a granted {granted} B/s for a rate of {a} of 8 Gb/s"
-    );
+    // The grant reaches the shim after the round the coordinator reports, and the rates still
+    // move while the price settles: a status and a grant read at different times need not
+    // agree, so the two are read together until they do.
+    let mut seen = (0.0, f64::NAN);
+    let granted_its_rate = |seen: &mut (f64, f64)| {
+        let granted = writer_a.granted_bytes_per_s() as f64;
+        let Some((_, a)) = live_app(&coord.status(), "h0", "writer-a") else {
+            return false;
+        };
+        *seen = (granted, a);
+        (granted - a * 1e9).abs() <= 0.02 * a * 1e9
+    };
+    let t = Instant::now();
+    while !granted_its_rate(&mut seen) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "writer-a granted {} B/s for a rate of {} of 8 Gb/s",
+            seen.0,
+            seen.1
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // A weight at run time: every agent steps with it and `status` shows it.
     let (code, body) = drum_coordinator::admin::request_unix(
         &coord.socket,
@@ -1785,7 +1817,7 @@ fn a_live_cluster_relearns_its_problem_from_a_restarted_coordinator() {
         live_app(&coord.status(), "h0", "writer").is_some_and(|(on, r)| on && r > 0.5)
     });
     drop(coord);
-    wait_for("fail-static", Duration::from_secs(10), || {
+    wait_for("fail-static", Duration::from_secs(15), || {
         c.table(0).is_some_and(|t| t.state == LinkState::FailStatic)
     });
     let kept = writer.granted_bytes_per_s();
@@ -1872,11 +1904,13 @@ fn an_unwritable_rate_table_does_not_stop_the_agent() {
     wait_for("the table written, live", Duration::from_secs(5), || {
         c.table(0).is_some_and(|t| t.state == LinkState::Live)
     });
-    let m = metrics();
-    assert!(
-        m.contains(&format!("drum_agent_rate_table_ok{{host=\"{host0}\"}} 1")),
-        "{m}"
+    // The writer task sets the gauge after the file is in place, when it runs again.
+    wait_for(
+        "the recovery in the metrics",
+        Duration::from_secs(5),
+        || metrics().contains(&format!("drum_agent_rate_table_ok{{host=\"{host0}\"}} 1")),
     );
+    let m = metrics();
     assert!(!m.contains(&format!(
         "drum_agent_rate_table_write_failures_total{{host=\"{host0}\"}} 0\n"
     )));

@@ -820,8 +820,9 @@ fn checker_through_shim(
     who: &str,
 ) -> Output {
     let ip = run.addr("h1");
-    let server = spawn(&mut run.exec("h1", &[bin, "server", port], true, env));
-    std::thread::sleep(Duration::from_millis(300));
+    let mut server = spawn(&mut run.exec("h1", &[bin, "server", port], true, env));
+    // The checker's client does not retry a connection its server does not take yet.
+    drum_test_support::wait_listening(&mut server, port.parse().unwrap(), Duration::from_secs(30));
     let client = run_timeout(
         &mut run.exec("h2", &[bin, "client", &ip, port], true, env),
         Duration::from_secs(60),

@@ -5,7 +5,7 @@
 //!
 //! Needs root, perftest and the workspace built (`cargo build --workspace --release`).
 
-use drum_test_support::{privileged, spawn};
+use drum_test_support::{privileged, spawn, wait_listening};
 use serde_json::Value;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -53,8 +53,9 @@ impl Cluster {
                 }
             }
         };
-        let server = spawn(on("h1", "-sink").args(args));
-        std::thread::sleep(Duration::from_millis(500));
+        let mut server = spawn(on("h1", "-sink").args(args));
+        // perftest's client does not retry a connection its server does not take yet.
+        wait_listening(&mut server, port.parse().unwrap(), Duration::from_secs(30));
         let client = spawn(on("h2", "").args(args).arg(ip));
         (server, client)
     }

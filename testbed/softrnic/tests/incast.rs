@@ -22,7 +22,7 @@ fn have_perftest() -> bool {
 /// MiB/s (None for one that failed) and h1's counters once they have been written.
 fn incast(run: &Run, senders: usize, args: &[&str]) -> (Vec<Option<f64>>, HashMap<String, u64>) {
     let ip = run.addr("h1");
-    let servers: Vec<_> = (1..=senders)
+    let mut servers: Vec<_> = (1..=senders)
         .map(|i| {
             let port = (18600 + i).to_string();
             let mut a = args.to_vec();
@@ -30,7 +30,10 @@ fn incast(run: &Run, senders: usize, args: &[&str]) -> (Vec<Option<f64>>, HashMa
             spawn(&mut run.exec("h1", &a))
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(500));
+    // perftest's clients do not retry a connection their server does not take yet.
+    for (i, server) in (1..=senders).zip(&mut servers) {
+        drum_test_support::wait_listening(server, 18600 + i as u16, Duration::from_secs(30));
+    }
     let clients: Vec<_> = (1..=senders)
         .map(|i| {
             let port = (18600 + i).to_string();

@@ -1115,12 +1115,30 @@ fn polling_fails_instead_of_hanging_when_the_engine_vanishes() {
     run.up(&["--hosts", "2"]);
     let ip = run.addr("h1");
     let args = ["ib_write_bw", "-x", "0", "-s", "65536", "-n", "1000000"];
-    let server = spawn(&mut run.exec("h1", &args));
-    std::thread::sleep(Duration::from_millis(400));
+    let mut server = spawn(&mut run.exec("h1", &args));
+    // perftest's client does not retry a connection its server does not take yet.
+    drum_test_support::wait_listening(&mut server, 18515, Duration::from_secs(30));
     let mut cargs = args.to_vec();
     cargs.push(&ip);
     let client = spawn(&mut run.exec("h2", &cargs));
-    std::thread::sleep(Duration::from_millis(1500));
+    // The engines must vanish under a transfer, not before the client has connected (a
+    // fixed wait was not always enough for that on a loaded machine).
+    let t = Instant::now();
+    let rx_packets = || {
+        // The engine writes its counters file at the first change: absent until then.
+        std::fs::read_to_string(run.dir.join("hosts/h1/stats"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("rx_packets ")?.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    while rx_packets() < 1000 {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "no transfer into h1 within 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let out = run_timeout(run.cmd().arg("down"), Duration::from_secs(30));
     assert!(out.status.success(), "{}", text(&out));
     let t = Instant::now();

@@ -118,6 +118,62 @@ pub fn perftest_cm_listen_race(client: &Output) -> bool {
             || all.contains("Event: RDMA_CM_EVENT_UNREACHABLE; error: 1."))
 }
 
+/// Waits until `server` listens on TCP `port` in its own network namespace (its
+/// `/proc/PID/net/tcp{,6}`), instead of sleeping a guessed while before starting its client:
+/// a loaded machine starts a program under `softrnic exec` and the shim late, and perftest's
+/// client does not retry. The port must not be listened on in the namespace the server
+/// starts from (the root one), which holds for the emulated hosts' ports of these tests.
+/// Panics, naming the port, when the server exits or `limit` passes first.
+pub fn wait_listening(server: &mut Child, port: u16, limit: Duration) {
+    let pid = server.id();
+    let t = Instant::now();
+    loop {
+        let listening = ["tcp", "tcp6"].iter().any(|f| {
+            std::fs::read_to_string(format!("/proc/{pid}/net/{f}"))
+                .is_ok_and(|table| listens_on(&table, port))
+        });
+        if listening {
+            return;
+        }
+        if let Ok(Some(status)) = server.try_wait() {
+            panic!("the server (pid {pid}) exited ({status}) before it listened on port {port}");
+        }
+        assert!(
+            t.elapsed() < limit,
+            "the server (pid {pid}) did not listen on TCP port {port} within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether a `/proc/net/tcp` (or `tcp6`) table has a socket listening on `port`: a row whose
+/// local address ends in the port in hex and whose state is `0A` (LISTEN).
+fn listens_on(table: &str, port: u16) -> bool {
+    table.lines().skip(1).any(|row| {
+        let mut fields = row.split_whitespace().skip(1);
+        let local = fields.next().unwrap_or("");
+        let state = fields.nth(1).unwrap_or("");
+        state == "0A"
+            && local
+                .rsplit_once(':')
+                .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
+                == Some(port)
+    })
+}
+
+/// A file its writer replaces by a rename (a status or counters file), with the time it was
+/// written: its modification time, from the same open file as the text. A rate is the
+/// difference of two such readings over the difference of their times, not over the time the
+/// test slept between them: a writer that runs every 100–200 ms, later on a loaded machine,
+/// makes the slept time off by up to that much.
+pub fn read_written(path: &std::path::Path) -> Option<(String, std::time::SystemTime)> {
+    let mut file = std::fs::File::open(path).ok()?;
+    let written = file.metadata().ok()?.modified().ok()?;
+    let mut text = String::new();
+    file.read_to_string(&mut text).ok()?;
+    Some((text, written))
+}
+
 /// Waits for a child with a deadline; kills it when the deadline passes.
 pub fn wait_timeout(mut child: Child, limit: Duration) -> Output {
     let t = Instant::now();
@@ -235,6 +291,36 @@ pub fn assert_c_layout_with(headers: &[&str], checks: &[(&str, usize)]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_listening_socket_is_found_by_its_port_and_state() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+             0: 00000000:4A6B 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1\n\
+             1: 0100007F:48B8 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 2 1\n";
+        assert!(listens_on(table, 0x4A6B));
+        // Connected, not listening.
+        assert!(!listens_on(table, 0x48B8));
+        assert!(!listens_on(table, 18515));
+        let v6 = "  sl  local_address                         remote_address                        st\n\
+             0: 00000000000000000000000000000000:4A6B 00000000000000000000000000000000:0000 0A 0\n";
+        assert!(listens_on(v6, 0x4A6B));
+    }
+
+    #[test]
+    fn a_real_listener_is_waited_for() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        // A stand-in server process that shares our namespace: the table is this process's.
+        let mut child = Command::new("sleep").arg("5").spawn().unwrap();
+        wait_listening(&mut child, port, Duration::from_secs(5));
+        drop(listener);
+        let gone = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            wait_listening(&mut child, port, Duration::from_millis(100))
+        }));
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(gone.is_err(), "no listener: the wait must fail");
+    }
 
     #[test]
     fn a_child_past_its_deadline_is_killed() {

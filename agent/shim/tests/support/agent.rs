@@ -3,7 +3,10 @@
 use super::{built, Run};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
+
+/// A shim as the agent's status lists it: (pid, app, send_bytes, applied_generation).
+pub type Shim = (u64, String, u64, u64);
 
 /// A `drum-agent --local` with its own config, socket and status file; killed on drop.
 pub struct Agent {
@@ -97,13 +100,17 @@ impl Agent {
         }
     }
 
-    /// The shims the agent lists: (pid, app, send_bytes, applied_generation).
-    pub fn shims(&self) -> Vec<(u64, String, u64, u64)> {
-        let Ok(text) = std::fs::read_to_string(&self.status) else {
-            return Vec::new();
-        };
+    /// The shims the agent lists.
+    pub fn shims(&self) -> Vec<Shim> {
+        self.shims_written()
+            .map_or_else(Vec::new, |(shims, _)| shims)
+    }
+
+    /// [`Self::shims`] and when the agent wrote them.
+    pub fn shims_written(&self) -> Option<(Vec<Shim>, SystemTime)> {
+        let (text, written) = drum_test_support::read_written(&self.status)?;
         let v: serde_json::Value = serde_json::from_str(&text).expect("status is JSON");
-        v["shims"]
+        let shims = v["shims"]
             .as_array()
             .unwrap()
             .iter()
@@ -115,7 +122,34 @@ impl Agent {
                     s["applied_generation"].as_u64().unwrap(),
                 )
             })
-            .collect()
+            .collect();
+        Some((shims, written))
+    }
+
+    /// What the shims of `app` send per second (`total` of their byte counters) over at
+    /// least `secs`, between two writes of the agent's status (about every 100 ms, later on
+    /// a loaded machine: a tenth of a one-second window).
+    pub fn send_rate(&self, app: &str, secs: f64, total: fn(&[u64]) -> u64) -> Option<f64> {
+        let sample = || {
+            let (shims, at) = self.shims_written()?;
+            let bytes: Vec<u64> = shims.iter().filter(|s| s.1 == app).map(|s| s.2).collect();
+            (!bytes.is_empty()).then(|| (total(&bytes), at))
+        };
+        let (b0, t0) = sample()?;
+        std::thread::sleep(Duration::from_secs_f64(secs));
+        // A status written after the sleep began, a full window after the first one.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let (b1, t1) = sample()?;
+            let span = t1.duration_since(t0).unwrap_or_default().as_secs_f64();
+            if span >= secs {
+                return Some(b1.saturating_sub(b0) as f64 / span);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// The DASR caps in force for this host's shims: (peer GID hex, bytes/s, senders).
