@@ -556,19 +556,36 @@ enum Holder {
     Receiver,
     Verbs,
     Connection,
+    Housekeeping,
 }
 
 impl Holder {
-    const NAMES: [&'static str; 4] = [
+    const NAMES: [&'static str; 5] = [
         "the transmitter",
         "the receiver",
         "a verbs request",
         "a connection's setup or teardown",
+        "the stats writer",
     ];
 
     fn name(i: u8) -> &'static str {
         Self::NAMES.get(usize::from(i)).copied().unwrap_or("?")
     }
+}
+
+/// Lines for the engine's log, written by the housekeeping thread: a write to the log file
+/// may wait for the disk (see [`host_io::housekeeping`]), never with the NIC's state held.
+static LOG_LATER: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+fn log_later(line: String) {
+    LOG_LATER
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(line);
+}
+
+fn take_log() -> Vec<String> {
+    std::mem::take(&mut *LOG_LATER.lock().unwrap_or_else(|p| p.into_inner()))
 }
 
 /// A wait for the NIC's state, or a hand-over of packets to the kernel, this long is logged.
@@ -580,12 +597,12 @@ impl Shared {
         let g = self.st.lock().unwrap_or_else(|p| p.into_inner());
         let waited = start.elapsed();
         if waited >= SLOW_LOCK {
-            eprintln!(
+            log_later(format!(
                 "softrnic engine: {} waited {} ms for the NIC's state, last taken by {}",
                 Holder::name(who as u8),
                 waited.as_millis(),
                 Holder::name(self.holder.load(Ordering::Relaxed))
-            );
+            ));
         }
         self.holder.store(who as u8, Ordering::Relaxed);
         g
@@ -621,10 +638,10 @@ impl Shared {
                 st.counters.tx_packets += send_batched(&self.udp, &mut st.out);
                 let took = start.elapsed();
                 if took >= SLOW_LOCK {
-                    eprintln!(
+                    log_later(format!(
                         "softrnic engine: handing {n} packets to the kernel took {} ms",
                         took.as_millis()
-                    );
+                    ));
                 }
                 return;
             }
@@ -1429,11 +1446,17 @@ pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
     }
     {
         let sh = sh.clone();
+        std::thread::Builder::new()
+            .name("tx".into())
+            .spawn(move || tx_loop(sh))?;
+    }
+    {
+        let sh = sh.clone();
         let stats = cfg.stats.clone();
         let port_state = cfg.port_state.clone();
         std::thread::Builder::new()
-            .name("tx".into())
-            .spawn(move || tx_loop(sh, stats, port_state))?;
+            .name("housekeeping".into())
+            .spawn(move || housekeeping(sh, stats, port_state))?;
     }
     eprintln!(
         "softrnic engine for {} on {}:{} ({})",

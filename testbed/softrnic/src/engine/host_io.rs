@@ -173,6 +173,7 @@ pub(super) fn rx_loop(sh: Arc<Shared>) {
             }
         };
         let mut st = sh.lock(Holder::Receiver);
+        let held = Instant::now();
         if !st.port_up {
             st.counters.port_down_dropped += 1;
             continue;
@@ -195,78 +196,105 @@ pub(super) fn rx_loop(sh: Arc<Shared>) {
                 None => st.counters.rx_dropped_malformed += 1,
             }
         }
+        let arrived = held.elapsed();
         // Nothing stays gathered while the lock is free (see `placement`).
         st.place_all();
+        let placed = held.elapsed();
         sh.flush_out(&mut st);
         drop(st);
+        let total = held.elapsed();
+        if total >= SLOW_LOCK {
+            eprintln!(
+                "softrnic engine: the receiver held the NIC's state {} ms for {} packets: {} ms \
+                 taking them in, {} ms placing data into applications' memory, {} ms sending",
+                total.as_millis(),
+                (n / seg).max(1),
+                arrived.as_millis(),
+                (placed - arrived).as_millis(),
+                (total - placed).as_millis()
+            );
+        }
         if wake {
             sh.kick();
         }
     }
 }
 
-pub(super) fn tx_loop(sh: Arc<Shared>, stats: Option<PathBuf>, port_state: Option<PathBuf>) {
-    let mut st = sh.lock(Holder::Transmitter);
-    let mut written = Counters::default();
-    let mut written_port = crate::rx_port::RxPortCounters::default();
+/// The engine's files and log, on a thread of their own: every [`STATS_EVERY`] it takes a
+/// snapshot of the counters and of stalled QPs with the NIC's state held, then writes the
+/// stats file, reads the port's state and logs with it released. Never the transmitter or
+/// the receiver: replacing the stats file frees the old one's blocks, and on a file system
+/// mounted with `discard` that waited for the disk — up to 5 s on a busy machine, during
+/// which the NIC stood still (drum-kv's READs got no response for 10 s; docs/softrnic.md).
+pub(super) fn housekeeping(sh: Arc<Shared>, stats: Option<PathBuf>, port_state: Option<PathBuf>) {
+    let mut written = None;
     let mut stalled = std::collections::BTreeMap::new();
-    let mut stall_checked = Instant::now();
-    let mut written_cc = congestion::DcqcnCounters::default();
-    let mut last_write = Instant::now();
     let mut port_checked = Instant::now();
+    loop {
+        std::thread::sleep(STATS_EVERY.min(PORT_CHECK_EVERY));
+        let now = Instant::now();
+        let up = match port_state.as_ref() {
+            Some(p) if now.duration_since(port_checked) >= PORT_CHECK_EVERY => {
+                port_checked = now;
+                std::fs::read_to_string(p)
+                    .ok()
+                    .map(|s| device::port_is_up(&s))
+            }
+            _ => None,
+        };
+        let mut st = sh.lock(Holder::Housekeeping);
+        if let Some(up) = up {
+            st.set_port(up);
+        }
+        let snapshot = stats.as_ref().map(|_| {
+            let cc = st.dcqcn_counters();
+            let procs = st.rx_port.counters.lines() + &cc.lines() + &st.proc_tx_lines();
+            (st.counters, procs)
+        });
+        let now_stalled = st.no_progress_qps(now);
+        let mut log = Vec::new();
+        for q in &now_stalled {
+            if !stalled.contains_key(q) {
+                log.push(format!(
+                    "softrnic engine: QP {q} has had work and no progress for {} s: {}",
+                    NO_PROGRESS.as_secs(),
+                    st.describe_qp(*q, now)
+                ));
+                stalled.insert(*q, now);
+            }
+        }
+        stalled.retain(|q, since| {
+            let still = now_stalled.contains(q);
+            if !still {
+                log.push(format!(
+                    "softrnic engine: QP {q} moves again, {} ms after it was reported: {}",
+                    now.saturating_duration_since(*since).as_millis(),
+                    st.describe_qp(*q, now)
+                ));
+            }
+            still
+        });
+        drop(st);
+        for line in take_log().into_iter().chain(log) {
+            eprintln!("{line}");
+        }
+        if let (Some(path), Some(snap)) = (stats.as_ref(), snapshot) {
+            if written.as_ref() != Some(&snap) {
+                write_stats(path, &snap.0, &snap.1);
+                written = Some(snap);
+            }
+        }
+    }
+}
+
+pub(super) fn tx_loop(sh: Arc<Shared>) {
+    let mut st = sh.lock(Holder::Transmitter);
     loop {
         // Read before scanning the rings: a post after this makes the wait below return.
         let seen = sh.db.seq();
         let now = Instant::now();
-        if let Some(p) = port_state.as_ref() {
-            if now.duration_since(port_checked) >= PORT_CHECK_EVERY {
-                port_checked = now;
-                if let Ok(s) = std::fs::read_to_string(p) {
-                    st.set_port(device::port_is_up(&s));
-                }
-            }
-        }
         st.timers(now);
         let next_held = sh.flush_held(&mut st, now);
-        if let Some(path) = &stats {
-            let cc = st.dcqcn_counters();
-            let port_changed = st.rx_port.counters != written_port || cc != written_cc;
-            if now.duration_since(last_write) >= STATS_EVERY
-                && (st.counters != written || port_changed)
-            {
-                written = st.counters;
-                written_port = st.rx_port.counters;
-                written_cc = cc;
-                last_write = now;
-                let procs = written_port.lines() + &cc.lines() + &st.proc_tx_lines();
-                write_stats(path, &written, &procs);
-            }
-        }
-        if now.duration_since(stall_checked) >= STATS_EVERY {
-            stall_checked = now;
-            let now_stalled = st.no_progress_qps(now);
-            for q in &now_stalled {
-                if !stalled.contains_key(q) {
-                    eprintln!(
-                        "softrnic engine: QP {q} has had work and no progress for {} s: {}",
-                        NO_PROGRESS.as_secs(),
-                        st.describe_qp(*q, now)
-                    );
-                    stalled.insert(*q, now);
-                }
-            }
-            stalled.retain(|q, since| {
-                let still = now_stalled.contains(q);
-                if !still {
-                    eprintln!(
-                        "softrnic engine: QP {q} moves again, {} ms after it was reported: {}",
-                        now.saturating_duration_since(*since).as_millis(),
-                        st.describe_qp(*q, now)
-                    );
-                }
-                still
-            });
-        }
         let mut sent = 0usize;
         let mut paced = None;
         // One packet at a time, round robin over the QPs with work, while the NIC model's
@@ -284,7 +312,15 @@ pub(super) fn tx_loop(sh: Arc<Shared>, stats: Option<PathBuf>, port_state: Optio
             }
             sent += 1;
         }
+        let built = now.elapsed();
         sh.flush_out(&mut st);
+        if built >= SLOW_LOCK {
+            log_later(format!(
+                "softrnic engine: the transmitter took {} ms to build {sent} packets (reading \
+                 applications' memory for them)",
+                built.as_millis()
+            ));
+        }
         if sent == 0 {
             // Until the next held packet or paced QP is due, at most a tick.
             let wait = [next_held, st.pace_wake]
