@@ -7,6 +7,7 @@ pub mod dasr;
 pub mod dasr_link;
 pub mod demand_feed;
 pub mod gids;
+pub mod grant_audit;
 pub mod local;
 pub mod metrics;
 pub mod procfs;
