@@ -102,9 +102,8 @@ impl GrantAudit {
             let last = t.samples.back().copied();
             // Another registration with this pid, a counter that went back (a new process),
             // or a stretch without a limit: what came before says nothing about now.
-            let fresh = t.app != p.app
-                || t.grant == 0
-                || last.is_none_or(|l| sent < l.sent || now < l.at);
+            let fresh =
+                t.app != p.app || t.grant == 0 || last.is_none_or(|l| sent < l.sent || now < l.at);
             let allowed = match last {
                 Some(l) if !fresh => {
                     l.allowed + t.grant as f64 * now.saturating_sub(l.at).as_secs_f64()

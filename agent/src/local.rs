@@ -6,8 +6,8 @@
 
 use crate::dasr::{DasrConfig, DasrService};
 use crate::dasr_link;
-use crate::shim_hub::{PeerCapView, ShimHub, ShimSettings, ShimUsage};
 use crate::grant_audit::OverGrant;
+use crate::shim_hub::{PeerCapView, ShimHub, ShimSettings, ShimUsage};
 use crate::ungoverned::Ungoverned;
 use anyhow::{Context, Result};
 use serde::Deserialize;

@@ -7,9 +7,9 @@
 //! the heartbeat must keep beating while the async runtime is busy. The state is small and
 //! behind one mutex that no thread holds across a system call that can block.
 
+use crate::grant_audit::{GrantAudit, OverGrant, Registered};
 use crate::procfs;
 use crate::tenants::{Identity, TenantSettings};
-use crate::grant_audit::{GrantAudit, OverGrant, Registered};
 use crate::ungoverned::{Scanner, Ungoverned, UngovernedSettings};
 use anyhow::{bail, Context, Result};
 use drum_common::dasr::Lookahead;
@@ -580,7 +580,10 @@ impl ShimHub {
     pub fn ungoverned_share(&self) -> f64 {
         let st = self.shared.lock();
         let bytes: f64 = st.ungoverned.iter().map(|u| u.tx_bytes_per_s).sum::<f64>()
-            + st.over_grant.iter().map(|o| o.excess_bytes_per_s).sum::<f64>();
+            + st.over_grant
+                .iter()
+                .map(|o| o.excess_bytes_per_s)
+                .sum::<f64>();
         (bytes / self.shared.settings.line_rate_bytes()).clamp(0.0, 1.0)
     }
 
