@@ -7,6 +7,7 @@ pub mod dasr;
 pub mod dasr_link;
 pub mod demand_feed;
 pub mod gids;
+pub mod grant_audit;
 pub mod local;
 pub mod metrics;
 pub mod procfs;
@@ -435,6 +436,7 @@ struct ShimView {
     apps: Vec<drum_common::live::LiveApp>,
     weights: std::collections::BTreeMap<String, f64>,
     ungoverned: f64,
+    identities: std::collections::BTreeMap<String, Vec<drum_common::app_identity::AppIdentity>>,
 }
 
 /// The coordinator's policy with the tenant rules' weights: the host's operator decides
@@ -506,6 +508,11 @@ async fn run_inner(
             apps: hub.live_apps(traffic_clock.elapsed()),
             weights: hub.tenant_weights(),
             ungoverned: hub.ungoverned_share(),
+            identities: drum_common::app_identity::group(
+                hub.usage()
+                    .iter()
+                    .map(|u| (u.app.as_str(), u.uid, u.gid, u.cgroup.as_str())),
+            ),
         }
     };
     let shard_addrs: Vec<SocketAddr> = std::iter::once(settings.coordinator)
@@ -823,6 +830,8 @@ async fn session(
                             l.view.apps = seen.apps;
                             l.dirty = true;
                         }
+                        // Reported with the row, not part of the problem: no rebuild.
+                        l.view.identities = seen.identities;
                         let policy = with_weights(&l.coordinator_policy, &seen.weights);
                         l.tenant_weights = seen.weights;
                         if policy != l.view.policy {

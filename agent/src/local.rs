@@ -6,6 +6,7 @@
 
 use crate::dasr::{DasrConfig, DasrService};
 use crate::dasr_link;
+use crate::grant_audit::OverGrant;
 use crate::shim_hub::{PeerCapView, ShimHub, ShimSettings, ShimUsage};
 use crate::ungoverned::Ungoverned;
 use anyhow::{Context, Result};
@@ -55,6 +56,8 @@ struct Status<'a> {
     dasr_senders: Option<u32>,
     /// Processes using the NIC without a registered shim (`[shim.ungoverned]`).
     ungoverned: &'a [Ungoverned],
+    /// Registered processes sending above their grant (`grant_audit`).
+    over_grant: &'a [OverGrant],
 }
 
 fn write_status(path: &Path, hub: &ShimHub, dasr: Option<&DasrService>) -> Result<()> {
@@ -65,6 +68,7 @@ fn write_status(path: &Path, hub: &ShimHub, dasr: Option<&DasrService>) -> Resul
         caps: &hub.caps(),
         dasr_senders: dasr.map(|d| d.receiver().borrow().n),
         ungoverned: &hub.ungoverned(),
+        over_grant: &hub.over_grant(),
     })?;
     std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, path)?;

@@ -7,6 +7,7 @@
 //! the heartbeat must keep beating while the async runtime is busy. The state is small and
 //! behind one mutex that no thread holds across a system call that can block.
 
+use crate::grant_audit::{GrantAudit, OverGrant, Registered};
 use crate::procfs;
 use crate::tenants::{Identity, TenantSettings};
 use crate::ungoverned::{Scanner, Ungoverned, UngovernedSettings};
@@ -362,6 +363,8 @@ struct HubState {
     shares: TrafficShares,
     /// What the last scan for ungoverned RDMA users found.
     ungoverned: Vec<Ungoverned>,
+    /// Registered processes the last audit found sending above their grant.
+    over_grant: Vec<OverGrant>,
 }
 
 impl HubState {
@@ -566,16 +569,21 @@ impl ShimHub {
         self.shared.lock().ungoverned.clone()
     }
 
-    /// What those processes send, as a fraction of the line rate (0 where the NIC does not
-    /// count per process): the part of the host's budget the optimiser must not hand out.
+    /// The registered processes the last audit found sending above their grant.
+    pub fn over_grant(&self) -> Vec<OverGrant> {
+        self.shared.lock().over_grant.clone()
+    }
+
+    /// What those processes send, and what registered ones send beyond their grant, as a
+    /// fraction of the line rate (0 where the NIC does not count per process): the part of
+    /// the host's budget the optimiser must not hand out.
     pub fn ungoverned_share(&self) -> f64 {
-        let bytes: f64 = self
-            .shared
-            .lock()
-            .ungoverned
-            .iter()
-            .map(|u| u.tx_bytes_per_s)
-            .sum();
+        let st = self.shared.lock();
+        let bytes: f64 = st.ungoverned.iter().map(|u| u.tx_bytes_per_s).sum::<f64>()
+            + st.over_grant
+                .iter()
+                .map(|o| o.excess_bytes_per_s)
+                .sum::<f64>();
         (bytes / self.shared.settings.line_rate_bytes()).clamp(0.0, 1.0)
     }
 
@@ -836,12 +844,34 @@ fn scan_loop(sh: Arc<Shared>, cfg: UngovernedSettings) {
         warn!("cannot read other processes' descriptors in /proc (the agent needs root or CAP_SYS_PTRACE): RDMA users outside the agent's own uid are not looked for");
     }
     let mut scanner = Scanner::default();
+    let mut audit = GrantAudit::new(
+        Duration::from_millis(cfg.audit_window_ms),
+        cfg.audit_tolerance,
+    );
+    let clock = std::time::Instant::now();
     let period = Duration::from_millis(cfg.scan_ms);
     while !sh.stop.load(Relaxed) {
-        let registered: BTreeSet<u32> = sh.lock().conns.values().map(|c| c.pid).collect();
+        let procs: Vec<Registered> = sh
+            .lock()
+            .conns
+            .values()
+            .map(|c| Registered {
+                pid: c.pid,
+                uid: c.identity.uid,
+                app: c.app.clone(),
+                grant_bytes_per_s: c.map.table().grant.rate_bytes_per_s.load(Relaxed),
+            })
+            .collect();
+        let registered: BTreeSet<u32> = procs.iter().map(|p| p.pid).collect();
         // The scan reads /proc without the lock: registrations go on meanwhile.
-        let found = scanner.scan(&cfg, &registered);
-        sh.lock().ungoverned = found;
+        let counters = crate::ungoverned::read_counters(&cfg);
+        let found = scanner.scan(&cfg, &registered, &counters);
+        let over = audit.observe(clock.elapsed(), &procs, &counters);
+        crate::grant_audit::warn_first(&over);
+        let mut st = sh.lock();
+        st.ungoverned = found;
+        st.over_grant = over;
+        drop(st);
         let until = std::time::Instant::now() + period;
         while !sh.stop.load(Relaxed) && std::time::Instant::now() < until {
             std::thread::sleep(Duration::from_millis(50));

@@ -2,6 +2,7 @@
 //! app's shims report, the kernel identities behind each app and the NIC users no shim
 //! governs.
 
+use crate::grant_audit::OverGrant;
 use crate::shim_hub::ShimHub;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -141,8 +142,45 @@ impl prometheus_client::collector::Collector for ShimMetrics {
             };
             ConstGauge::new(u.tx_bytes_per_s).encode(family.encode_family(&label)?)?;
         }
+        let over = self.0.over_grant();
+        let g = ConstGauge::new(over.len() as i64);
+        g.encode(enc.encode_descriptor(
+            "drum_agent_over_grant_processes",
+            "Registered processes sending above their grant (beyond the audit's tolerance).",
+            None,
+            g.metric_type(),
+        )?)?;
+        for (name, help, value) in [
+            (
+                "drum_agent_over_grant_tx_bytes_per_second",
+                "What one such process sent over the audit's window (at the NIC).",
+                (|o: &OverGrant| o.measured_bytes_per_s) as fn(&OverGrant) -> f64,
+            ),
+            (
+                "drum_agent_over_grant_granted_bytes_per_second",
+                "What its grant allowed over the same window.",
+                |o: &OverGrant| o.grant_bytes_per_s,
+            ),
+        ] {
+            let mut family = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for o in &over {
+                let label = OverGrantLabels {
+                    pid: o.pid,
+                    uid: o.uid,
+                    app: o.app.clone(),
+                };
+                ConstGauge::new(value(o)).encode(family.encode_family(&label)?)?;
+            }
+        }
         Ok(())
     }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct OverGrantLabels {
+    pid: u32,
+    uid: u32,
+    app: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]

@@ -2119,3 +2119,177 @@ fn sigterm_while_connecting_stops_the_agent_at_once() {
     assert_eq!(table.state, LinkState::Stopped);
     agent.kill();
 }
+
+/// Registers with the shim socket `socket` as app `app` from a process of user `uid` (a
+/// numeric uid through `setpriv`: no account needed), which holds its registration until its
+/// standard input closes. Returns once the agent welcomed it, with the name it was granted.
+fn register_as_user(socket: &std::path::Path, uid: u32, app: &str) -> (Child, String) {
+    use std::io::{BufRead, BufReader};
+    const REGISTER_AND_HOLD: &str = "import os, socket, sys\n\
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n\
+s.connect(sys.argv[1])\n\
+s.send(('DRUM1 HELLO pid=%d app=%s exe=/usr/bin/python3' % (os.getpid(), sys.argv[2])).encode())\n\
+print(s.recvmsg(512, socket.CMSG_SPACE(4))[0].decode(), flush=True)\n\
+sys.stdin.read()\n";
+    let mut child = Command::new("setpriv")
+        .args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={uid}"),
+            "--clear-groups",
+            "--",
+            "/usr/bin/python3",
+            "-c",
+            REGISTER_AND_HOLD,
+        ])
+        .arg(socket)
+        .arg(app)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("setpriv python3");
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let granted = line
+        .trim()
+        .strip_prefix("DRUM1 WELCOME app=")
+        .unwrap_or_else(|| panic!("uid {uid} not welcomed: {line:?}"))
+        .to_string();
+    (child, granted)
+}
+
+/// `(uid, gid, cgroup, processes)` of app `app` on `host` in the coordinator's status.
+fn identities(s: &serde_json::Value, host: &str, app: &str) -> Vec<(u64, u64, String, u64)> {
+    let Some(a) = s["members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["host"] == host)
+        .flat_map(|m| m["apps"].as_array().cloned().unwrap_or_default())
+        .find(|a| a["app"] == app)
+    else {
+        return Vec::new();
+    };
+    let mut out: Vec<_> = a["identities"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|i| {
+            (
+                i["uid"].as_u64().unwrap(),
+                i["gid"].as_u64().unwrap(),
+                i["cgroup"].as_str().unwrap().to_string(),
+                i["processes"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Who runs each live app, as the host's agent learnt it from the kernel, reaches the
+/// coordinator's `status`: real processes of three users register with one agent as `kv`;
+/// tenant rules give `kv` to root and uid 42101, so those two share it, and uid 42102, which
+/// no rule names, runs as `uid-42102`. The coordinator shows `kv` with both identities
+/// and their process counts, and `uid-42102` with its own; when a process leaves, its
+/// identity goes.
+#[test]
+fn the_coordinators_status_shows_who_runs_each_app() {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let have = |tool: &str| {
+        Command::new(tool)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    // The system's interpreter: one under root's home is not every user's to run.
+    if !root || !have("setpriv") || !have("/usr/bin/python3") {
+        eprintln!(
+            "SKIPPED: needs root, setpriv and /usr/bin/python3 to run processes of other users"
+        );
+        return;
+    }
+    let c = Cluster::live(1);
+    // Other users reach the agent's socket in the test's directory.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(c.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let coord = Coord::start(c.settings(localhost()));
+    let socket = c.dir.path().join("shim-0.sock");
+    let extra = format!(
+        "[shim]\nsocket = {socket:?}\nline_rate_gbps = 8.0\n[nic]\ngids = [\"10.9.0.1\"]\n\
+         [[shim.tenants.rules]]\nuid = 0\napps = [\"kv\"]\n\
+         [[shim.tenants.rules]]\nuid = 42101\napps = [\"kv\"]\n"
+    );
+    let agent = c.agent_tagged("0", 0, coord.addr, None, &extra);
+    wait_for("the shim socket", Duration::from_secs(20), || {
+        socket.exists()
+    });
+    let (_fd, _map) = register_as_shim(&socket, "kv");
+    let (mut a1, granted1) = register_as_user(&socket, 42101, "kv");
+    let (mut a2, granted2) = register_as_user(&socket, 42101, "kv");
+    let (mut b, granted_b) = register_as_user(&socket, 42102, "kv");
+    assert_eq!(
+        (&*granted1, &*granted2, &*granted_b),
+        ("kv", "kv", "uid-42102")
+    );
+    let h = &c.problem.hosts[0].id;
+    let cgroup = |pid: u32| {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .unwrap_or("/")
+            .to_string()
+    };
+    let (me, theirs) = (cgroup(std::process::id()), cgroup(a1.id()));
+    let want_kv = {
+        let mut v = vec![(0, 0, me, 1), (42101, 42101, theirs.clone(), 2)];
+        v.sort();
+        v
+    };
+    wait_for(
+        "kv's and uid-42102's identities in status",
+        Duration::from_secs(30),
+        || {
+            let s = coord.status();
+            identities(&s, h, "kv") == want_kv
+                && identities(&s, h, "uid-42102") == vec![(42102, 42102, theirs.clone(), 1)]
+        },
+    );
+    let s = coord.status();
+    let kv = s["members"][0]["apps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["app"] == "kv")
+        .unwrap()
+        .clone();
+    assert_eq!(kv["more_identities"], 0, "{kv:#}");
+    eprintln!("kv in status: {kv}");
+    // One of uid 42101's processes leaves: its identity counts one process.
+    drop(a2.stdin.take());
+    let _ = a2.wait();
+    wait_for(
+        "uid 42101 down to one process",
+        Duration::from_secs(30),
+        || {
+            identities(&coord.status(), h, "kv")
+                .iter()
+                .any(|i| i.0 == 42101 && i.3 == 1)
+        },
+    );
+    drop(b.stdin.take());
+    drop(a1.stdin.take());
+    let _ = (b.wait(), a1.wait());
+    wait_for("uid-42102 gone", Duration::from_secs(30), || {
+        identities(&coord.status(), h, "uid-42102").is_empty()
+    });
+    assert!(
+        agent.log().contains("requested=kv granted=uid-42102"),
+        "{}",
+        agent.log()
+    );
+}

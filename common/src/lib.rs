@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admm;
+pub mod app_identity;
 pub mod dasr;
 pub mod demand;
 pub mod dual;

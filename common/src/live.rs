@@ -7,11 +7,13 @@
 //! ([`HostReport`]), from which the coordinator writes a snapshot instance ([`snapshot`]).
 //! Pure: no I/O, no clocks.
 
+use crate::app_identity::{AppIdentities, AppIdentity};
 use crate::instance::{AppSpec, FacilitySpec, HostSpec, Instance, UseSpec};
 use crate::model::{Facility, Host, Pair, Params, Problem};
 use crate::protocol::agent::{AgentAction, AgentCore};
 use crate::protocol::AgentMsg;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// A GID (IPv4-mapped on RoCE v2 and softrnic).
 pub type Gid = [u8; 16];
@@ -297,17 +299,29 @@ pub struct AppReport {
     pub active: bool,
     /// The granted rate `x` (0 when parked).
     pub rate: f64,
+    /// Who runs it on the host, as the agent learnt from the kernel (bounded:
+    /// [`crate::app_identity`]).
+    pub identities: Vec<AppIdentity>,
+    /// Identities the bounds left out.
+    pub more_identities: u32,
 }
 
 impl HostReport {
     /// The report of a host's one-host problem and its current rates.
+    /// `identities`: who runs each app ([`crate::app_identity::group`]), bounded here.
     pub fn of(
         problem: &Problem,
         line_rate_gbps: f64,
         gids: &[Gid],
         rate: &dyn Fn(usize) -> Option<f64>,
+        identities: &BTreeMap<String, Vec<AppIdentity>>,
     ) -> Self {
         let h = &problem.hosts[0];
+        let names: Vec<&str> = problem.pairs[h.pairs.clone()]
+            .iter()
+            .map(|p| problem.app_names[p.app as usize].as_str())
+            .collect();
+        let mut ids = crate::app_identity::bounded(&names, identities).into_iter();
         HostReport {
             line_rate_gbps,
             gids: gids.to_vec(),
@@ -319,6 +333,7 @@ impl HostReport {
                 .enumerate()
                 .map(|(i, p)| {
                     let x = rate(h.pairs.start + i);
+                    let AppIdentities { identities, more } = ids.next().unwrap_or_default();
                     AppReport {
                         app: problem.app_names[p.app as usize].clone(),
                         weight: p.weight,
@@ -327,6 +342,8 @@ impl HostReport {
                         uses: p.uses.clone(),
                         active: x.is_some(),
                         rate: x.unwrap_or(0.0),
+                        identities,
+                        more_identities: more,
                     }
                 })
                 .collect(),
@@ -356,6 +373,11 @@ impl HostReport {
                 self.apps.len()
             ));
         }
+        crate::app_identity::check(
+            self.apps
+                .iter()
+                .map(|a| (a.app.as_str(), &a.identities[..])),
+        )?;
         for a in &self.apps {
             if !crate::protocol::valid_name(&a.app) {
                 return Err(format!("app name {:?} is not a valid name", a.app));
@@ -464,6 +486,8 @@ pub struct LiveHost {
     pub policy: LivePolicy,
     pub facilities: Vec<LiveFacility>,
     pub apps: Vec<LiveApp>,
+    /// Who runs each app (reported, not part of the problem).
+    pub identities: BTreeMap<String, Vec<AppIdentity>>,
 }
 
 impl LiveHost {
@@ -475,6 +499,7 @@ impl LiveHost {
             policy: LivePolicy::default(),
             facilities: Vec::new(),
             apps: Vec::new(),
+            identities: BTreeMap::new(),
         }
     }
 
@@ -534,6 +559,7 @@ impl LiveHost {
             self.nic.line_rate_gbps,
             &self.gids,
             &rate,
+            &self.identities,
         ))
     }
 }
@@ -646,8 +672,22 @@ mod tests {
             own: 0.0,
         }];
         let (p, _) = host_problem("h1", &nic(), &policy, &links(), &apps);
-        let report = HostReport::of(&p, 10.0, &[[1; 16]], &|_| Some(0.5));
+        let report = HostReport::of(&p, 10.0, &[[1; 16]], &|_| Some(0.5), &BTreeMap::new());
         assert_eq!(report.check(2), Ok(()));
+        // Who runs the app is carried, bounded; a report beyond the bounds is refused.
+        let id = |uid| AppIdentity {
+            uid,
+            gid: uid,
+            cgroup: "/".into(),
+            processes: 1,
+        };
+        let ids = BTreeMap::from([("a".to_string(), (0..20).map(id).collect())]);
+        let mut with_ids = HostReport::of(&p, 10.0, &[[1; 16]], &|_| Some(0.5), &ids);
+        let a = &with_ids.apps[0];
+        assert_eq!((a.identities.len(), a.more_identities), (8, 12));
+        assert_eq!(with_ids.check(2), Ok(()));
+        with_ids.apps[0].identities = (0..20).map(id).collect();
+        assert!(with_ids.check(2).unwrap_err().contains("identities"));
         let facilities: Vec<Facility> = p.facilities.clone();
         let inst = snapshot(&policy, &facilities, &[("h1".into(), report)]);
         let q = inst.into_problem().expect("valid");

@@ -547,6 +547,33 @@ fn operator_call(socket: &std::path::Path, target: &str) -> Result<String> {
     Ok(body)
 }
 
+/// Who runs a live app, as its host's agent learnt from the kernel: one line, empty when the
+/// agent reported nobody (an instance file, or an agent without shims).
+fn identities_line(app: &serde_json::Value) -> String {
+    let ids = app["identities"].as_array().cloned().unwrap_or_default();
+    let more = app["more_identities"].as_u64().unwrap_or(0);
+    if ids.is_empty() && more == 0 {
+        return String::new();
+    }
+    let mut parts: Vec<String> = ids
+        .iter()
+        .map(|i| {
+            let n = i["processes"].as_u64().unwrap_or(0);
+            format!(
+                "uid {} gid {} cgroup {} ({n} process{})",
+                i["uid"],
+                i["gid"],
+                i["cgroup"].as_str().unwrap_or("?"),
+                if n == 1 { "" } else { "es" }
+            )
+        })
+        .collect();
+    if more > 0 {
+        parts.push(format!("{more} more"));
+    }
+    format!("      identities: {}\n", parts.join("; "))
+}
+
 fn status_table(json: &str) -> Result<String> {
     let v: serde_json::Value = serde_json::from_str(json).context("status reply is not JSON")?;
     let num = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
@@ -594,6 +621,7 @@ fn status_table(json: &str) -> Result<String> {
                 num(&a["demand"]),
                 num(&a["cqe_per_wqe"])
             );
+            out += &identities_line(a);
         }
     }
     let facilities = v["facilities"].as_array().cloned().unwrap_or_default();
@@ -731,4 +759,28 @@ fn peak_rss_mib() -> Option<f64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib / 1024.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_table_names_who_runs_each_live_app() {
+        let app = |ids: &str, more: u32| {
+            format!(
+                r#"{{"app":"kv","active":true,"rate":0.5,"weight":1.0,"demand":1.0,"cqe_per_wqe":1.0,"identities":{ids},"more_identities":{more}}}"#
+            )
+        };
+        let one = r#"[{"uid":1001,"gid":100,"cgroup":"/kv.slice","processes":2},{"uid":0,"gid":0,"cgroup":"/","processes":1}]"#;
+        let line = identities_line(&serde_json::from_str(&app(one, 3)).unwrap());
+        assert_eq!(
+            line,
+            "      identities: uid 1001 gid 100 cgroup /kv.slice (2 processes); uid 0 gid 0 cgroup / (1 process); 3 more\n"
+        );
+        assert_eq!(
+            identities_line(&serde_json::from_str(&app("[]", 0)).unwrap()),
+            ""
+        );
+    }
 }

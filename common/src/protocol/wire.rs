@@ -19,7 +19,10 @@ use serde::{Deserialize, Serialize};
 /// `Facilities`.
 /// Version 5 gives every facility its own penalty: a `Round` carries `(d_f, ρ_f)` per facility
 /// and a `Join` the terms the agent last stepped with.
-pub const PROTOCOL_VERSION: u16 = 6;
+/// Version 6 adds those terms to the live `Update`.
+/// Version 7 carries each app's kernel identities in the live `Host` report
+/// (`AppReport::identities`, bounded by [`crate::app_identity`]).
+pub const PROTOCOL_VERSION: u16 = 7;
 pub const MAGIC: [u8; 2] = *b"DR";
 pub const HEADER_LEN: usize = 8;
 /// Hard limit on a payload: a host reports at most k facilities, so real messages are a few

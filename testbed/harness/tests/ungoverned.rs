@@ -3,6 +3,10 @@
 //! one WARN), measures what it sends from softrnic's per-process counters, and takes that out
 //! of the host's budget, so the optimiser grants the governed app less.
 //!
+//! And a process that registers with the agent but sends without the shim, next to the same
+//! governed app: found at the NIC above its grant, reported once, its excess taken out of
+//! the host's budget.
+//!
 //! Needs root, perftest and the workspace built (`cargo build --workspace --release`).
 
 use drum_test_support::{privileged, spawn, wait_listening};
@@ -57,6 +61,41 @@ impl Cluster {
         // perftest's client does not retry a connection its server does not take yet.
         wait_listening(&mut server, port.parse().unwrap(), Duration::from_secs(30));
         let client = spawn(on("h2", "").args(args).arg(ip));
+        (server, client)
+    }
+
+    /// `ib_write_bw` of 64 KiB messages for `secs` from h2 to h1 whose client registers with
+    /// h2's agent as app `app` and then sends without the shim: a process that ignores its
+    /// grant. It speaks the shim's `HELLO` itself, keeps the registration socket open across
+    /// `exec` (same pid), and runs `ib_write_bw` bare.
+    fn grant_ignorer(&self, app: &str, port: &str, secs: &str) -> (Child, Child) {
+        const REGISTER_THEN_EXEC: &str = "import os, socket, sys\n\
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n\
+s.connect(os.environ['DRUM_AGENT_SOCKET'])\n\
+s.send(('DRUM1 HELLO pid=%d app=%s exe=/usr/bin/ib_write_bw' % (os.getpid(), os.environ['DRUM_APP'])).encode())\n\
+msg = s.recvmsg(512, socket.CMSG_SPACE(4))[0]\n\
+assert msg.startswith(b'DRUM1 WELCOME'), msg\n\
+os.set_inheritable(s.fileno(), True)\n\
+os.execvp(sys.argv[1], sys.argv[1:])\n";
+        let args = ["-x", "0", "-s", "65536", "-D", secs, "-p", port];
+        let ip = self.ok(&["addr", "h1"]).trim().to_string();
+        let bare = |host: &str| -> Command {
+            let mut c = Command::new(bin("softrnic"));
+            c.env("SOFTRNIC_RUN_DIR", self.dir.join("softrnic"))
+                .env_remove("LD_PRELOAD")
+                .args(["exec", "--host", host, "--"]);
+            c
+        };
+        let server = spawn(bare("h1").arg("ib_write_bw").args(args));
+        std::thread::sleep(Duration::from_millis(500));
+        let client = spawn(
+            bare("h2")
+                .env("DRUM_AGENT_SOCKET", self.dir.join("h2/shim.sock"))
+                .env("DRUM_APP", app)
+                .args(["/usr/bin/python3", "-c", REGISTER_THEN_EXEC, "ib_write_bw"])
+                .args(args)
+                .arg(ip),
+        );
         (server, client)
     }
 
@@ -177,5 +216,101 @@ fn a_bare_ib_write_bw_is_reported_and_its_traffic_comes_off_the_hosts_budget() {
     let _ = bc.kill();
     let _ = gc.kill();
     let _ = bc.wait();
+    let _ = gc.wait();
+}
+
+#[test]
+fn a_registered_process_that_ignores_its_grant_is_reported_and_its_excess_comes_off_the_budget() {
+    if let Err(why) = privileged(&["ib_write_bw", "python3"]) {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("drum-overgrant-test-{}", std::process::id()));
+    let c = Cluster { dir };
+    c.ok(&["up", "--hosts", "2", "--line-rate-gbps", "1"]);
+
+    let (_gs, mut gc) = c.writer(Some("bulk"), "18953", "60");
+    wait_until(Duration::from_secs(30), "a grant for bulk", || {
+        rate(&c.status(), "h2", "bulk").is_some()
+    });
+    std::thread::sleep(Duration::from_secs(4));
+    let alone = mean_rate(&c, "h2", "bulk", 8);
+
+    let (_is, mut ic) = c.grant_ignorer("greedy", "18954", "40");
+    let pid = ic.id();
+    let started = Instant::now();
+    let registered = format!("pid={pid} ");
+    wait_until(Duration::from_secs(10), "greedy registered", || {
+        c.agent_log("h2")
+            .lines()
+            .any(|l| l.contains(&registered) && l.contains("greedy"))
+    });
+    let warned = format!("pid={pid} uid=0 app=greedy");
+    wait_until(Duration::from_secs(20), "greedy reported", || {
+        c.agent_log("h2")
+            .lines()
+            .any(|l| l.contains(&warned) && l.contains("above its grant"))
+    });
+    let found = started.elapsed();
+    let log = c.agent_log("h2");
+    let line = log.lines().find(|l| l.contains(&warned)).unwrap();
+    eprintln!("{line}");
+    let field = |k: &str| -> f64 {
+        let at = line.find(&format!(" {k}=")).unwrap() + k.len() + 2;
+        line[at..].split(' ').next().unwrap().parse().unwrap()
+    };
+    let (granted, measured) = (field("grant_bytes_per_s"), field("measured_bytes_per_s"));
+    assert!(measured > 1.25 * granted, "{line}");
+    // A 3 s window, a 1 s scan, and the client's connection set-up.
+    assert!(found < Duration::from_secs(8), "reported after {found:?}");
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains("above its grant"))
+            .count(),
+        1,
+        "one WARN, and none for the governed bulk"
+    );
+    // It is registered: not reported as ungoverned.
+    assert!(!log
+        .lines()
+        .any(|l| l.contains(&format!("pid={pid} uid=0 gid")) && l.contains("without DRUM's shim")));
+
+    // Its excess comes off h2's budget: bulk's grant falls.
+    let fell = wait_until(Duration::from_secs(30), "bulk's grant falls", || {
+        rate(&c.status(), "h2", "bulk").is_some_and(|r| r < 0.8 * alone)
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let beside = mean_rate(&c, "h2", "bulk", 8);
+    let (i0, g0) = (c.sent("h2", pid), c.sent("h2", gc.id()));
+    std::thread::sleep(Duration::from_secs(2));
+    let (i1, g1) = (c.sent("h2", pid), c.sent("h2", gc.id()));
+    let line_rate = 125e6;
+    let greedy_share = (i1 - i0) / 2.0 / line_rate;
+    let bulk_share = (g1 - g0) / 2.0 / line_rate;
+    let budget_lines = c
+        .agent_log("h2")
+        .lines()
+        .filter(|l| l.contains("less what ungoverned processes send"))
+        .count();
+    eprintln!(
+        "greedy reported {:.2} s after its client started (grant {:.3}, measured {:.3} of the \
+         line over the window); bulk granted {alone:.3} of the line alone, {beside:.3} beside it \
+         ({:.1} s later below 80 %); measured at the NIC beside it: greedy {greedy_share:.3}, \
+         bulk {bulk_share:.3} ({:.2} of its grant); {budget_lines} budget changes logged",
+        found.as_secs_f64(),
+        granted / line_rate,
+        measured / line_rate,
+        fell.as_secs_f64(),
+        bulk_share / beside
+    );
+    assert!(beside < 0.8 * alone, "{beside} beside vs {alone} alone");
+    assert!(budget_lines >= 1);
+    assert!(
+        gc.try_wait().unwrap().is_none(),
+        "the governed client still runs"
+    );
+    let _ = ic.kill();
+    let _ = gc.kill();
+    let _ = ic.wait();
     let _ = gc.wait();
 }
