@@ -19,6 +19,7 @@ use crate::spin::SpinLock;
 use crate::{lookup, totals, warn_once, Trouble, COLD, SLOTS};
 use drum_table::layout::{monotonic_ms, Grant, Table};
 use drum_table::message::{app_identity, ShimMsg};
+use drum_table::profile::MIN_PROFILE_WQES;
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
@@ -183,8 +184,6 @@ struct Engine {
 
 /// Set once a NIC refused to pace a QP for a reason other than its state: no more tries.
 static NIC_PACING_REFUSED: AtomicBool = AtomicBool::new(false);
-/// WQEs posted before their mean size sets the NIC's pacing.
-const MIN_SIZED_WQES: u64 = 256;
 
 /// What of a grant the NIC's pacing follows: its byte rate and QP gate.
 fn pacing_terms(g: Option<&Grant>) -> (u64, u64) {
@@ -308,7 +307,7 @@ impl Engine {
         }
         let (rate, gate) = self.paced_grant;
         let t = totals();
-        let bytes_per_wqe = (t.counts.send_wqes >= MIN_SIZED_WQES)
+        let bytes_per_wqe = (t.counts.send_wqes >= MIN_PROFILE_WQES)
             .then(|| t.counts.send_bytes as f64 / t.counts.send_wqes as f64);
         let sending = nic_pace::sending_qps(self.qps.len(), gate);
         crate::with_qps(self.qps.keys().copied(), |q| {
