@@ -6,7 +6,9 @@
 //!   written by the shim, one writer per field;
 //! - [`mapping`]: creating, passing and mapping the table's memory (a memfd);
 //! - [`socket`]: the registration socket (Unix `SOCK_SEQPACKET`);
-//! - [`profile`]: what both sides read from an app's WQE counters.
+//! - [`profile`]: what both sides read from an app's WQE counters;
+//! - [`wire_cost`]: what a payload byte costs on the wire, for the agent's grants and the
+//!   shim's NIC pacing alike.
 //!
 //! Both sides link this crate, so they cannot disagree about a layout or an encoding.
 //! See docs/shim.md, "The agent link".
@@ -16,3 +18,4 @@ pub mod mapping;
 pub mod message;
 pub mod profile;
 pub mod socket;
+pub mod wire_cost;
