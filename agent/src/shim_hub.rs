@@ -12,13 +12,14 @@ use crate::tenants::{Identity, TenantSettings};
 use crate::ungoverned::{Scanner, Ungoverned, UngovernedSettings};
 use anyhow::{bail, Context, Result};
 use drum_common::dasr::Lookahead;
-use drum_common::demand::{poll_grant, MIN_PROFILE_WQES};
+use drum_common::demand::poll_grant;
 use drum_common::live::LiveApp;
 use drum_common::traffic_shares::{Dest, PeerBytes, TrafficShares};
 use drum_common::wire_cost::WireCost;
 use drum_table::layout::{monotonic_ms, Grant, MAX_RATE_WQE, TABLE_BYTES};
 use drum_table::mapping::{send_with_fd, Mapping};
 use drum_table::message::{AgentMsg, ShimMsg, MAX_LEN};
+use drum_table::profile::mean_wqe_bytes;
 use drum_table::socket;
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -385,7 +386,7 @@ impl HubState {
             wqes = wqes.saturating_add(s.send_wqes.load(Relaxed));
             bytes = bytes.saturating_add(s.send_bytes.load(Relaxed));
         }
-        (wqes >= MIN_PROFILE_WQES).then(|| bytes as f64 / wqes as f64)
+        mean_wqe_bytes(bytes, wqes)
     }
 
     /// The uids of the processes registered as `app`.

@@ -19,7 +19,7 @@ use crate::spin::SpinLock;
 use crate::{lookup, totals, warn_once, Trouble, COLD, SLOTS};
 use drum_table::layout::{monotonic_ms, Grant, Table};
 use drum_table::message::{app_identity, ShimMsg};
-use drum_table::profile::MIN_PROFILE_WQES;
+use drum_table::profile::mean_wqe_bytes;
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
@@ -307,8 +307,7 @@ impl Engine {
         }
         let (rate, gate) = self.paced_grant;
         let t = totals();
-        let bytes_per_wqe = (t.counts.send_wqes >= MIN_PROFILE_WQES)
-            .then(|| t.counts.send_bytes as f64 / t.counts.send_wqes as f64);
+        let bytes_per_wqe = mean_wqe_bytes(t.counts.send_bytes, t.counts.send_wqes);
         let sending = nic_pace::sending_qps(self.qps.len(), gate);
         crate::with_qps(self.qps.keys().copied(), |q| {
             let mut g = q.gov.lock().unwrap_or_else(|e| e.into_inner());
