@@ -8,12 +8,11 @@
 //! bytes with the app's mean WQE size (`drum_common::wire_cost`), as the rates are.
 
 use crate::shim_hub::ShimHub;
-use drum_common::demand::{
-    cqe_per_wqe, demand_cap, CqeMeter, HeldBack, UsageMeter, WqeCounts, MIN_PROFILE_WQES,
-};
+use drum_common::demand::{cqe_per_wqe, demand_cap, CqeMeter, HeldBack, UsageMeter, WqeCounts};
 use drum_common::live::{NEW_APP_CQE_PER_WQE, NEW_APP_DEMAND};
 use drum_common::model::Problem;
 use drum_common::protocol::agent::AgentCore;
+use drum_table::profile::mean_wqe_bytes;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -145,8 +144,7 @@ impl DemandFeed {
         let wire = self.hub.wire_cost();
         let mut wire_factor = BTreeMap::new();
         for (app, (bytes, counts, ..)) in &sent {
-            let bytes_per_wqe =
-                (counts.wqes >= MIN_PROFILE_WQES).then(|| *bytes as f64 / counts.wqes as f64);
+            let bytes_per_wqe = mean_wqe_bytes(*bytes, counts.wqes);
             wire_factor.insert(app.as_str(), wire.factor(bytes_per_wqe));
             self.meter.observe(app, *bytes, now);
             self.cqes.observe(app, *counts);

@@ -14,6 +14,7 @@ pub mod procfs;
 pub mod rate_table;
 pub mod shim_hub;
 pub mod shim_metrics;
+pub mod shim_settings;
 pub mod tenants;
 pub mod ungoverned;
 

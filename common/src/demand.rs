@@ -142,8 +142,7 @@ impl UsageMeter {
 /// The model's `a` is kept within this range: a ratio outside it (no completions polled in an
 /// interval, or thousands per WQE) says more about the interval than about the app.
 pub const CQE_PER_WQE_RANGE: (f64, f64) = (1e-3, 1e3);
-/// Fewer WQEs than this in an interval say nothing reliable about an app's pattern.
-pub const MIN_PROFILE_WQES: u64 = 256;
+pub use drum_table::profile::MIN_PROFILE_WQES;
 /// The polling grant's margin over the completions the granted WQE rate implies, so that an
 /// app using its grant fully is not throttled by jitter, and an app whose `a` grew is
 /// measured at up to this much more next time (the grant then follows).

@@ -15,7 +15,7 @@
 //! untouched, and only a lookup through a real handle jumps to Rust. x86-64 only; elsewhere
 //! such applications stay ungoverned.
 
-use crate::{extended, vcq, DlsymFn};
+use crate::{extended, qp_verbs, vcq, DlsymFn};
 use libc::{c_char, c_void};
 use std::ffi::CStr;
 use std::panic::catch_unwind;
@@ -154,23 +154,23 @@ fn interposed() -> [Interposed; 17] {
         ),
         (
             c"ibv_create_qp",
-            f(s::ibv_create_qp as *const ()),
-            &s::REAL_CREATE_QP,
+            f(qp_verbs::ibv_create_qp as *const ()),
+            &qp_verbs::REAL_CREATE_QP,
         ),
         (
             c"ibv_modify_qp",
-            f(s::ibv_modify_qp as *const ()),
-            &s::REAL_MODIFY_QP,
+            f(qp_verbs::ibv_modify_qp as *const ()),
+            &qp_verbs::REAL_MODIFY_QP,
         ),
         (
             c"ibv_destroy_qp",
-            f(s::ibv_destroy_qp as *const ()),
-            &s::REAL_DESTROY_QP,
+            f(qp_verbs::ibv_destroy_qp as *const ()),
+            &qp_verbs::REAL_DESTROY_QP,
         ),
         (
             c"ibv_query_qp",
-            f(s::ibv_query_qp as *const ()),
-            &s::REAL_QUERY_QP,
+            f(qp_verbs::ibv_query_qp as *const ()),
+            &qp_verbs::REAL_QUERY_QP,
         ),
         (
             c"ibv_qp_to_qp_ex",

@@ -19,6 +19,7 @@ use crate::spin::SpinLock;
 use crate::{lookup, totals, warn_once, Trouble, COLD, SLOTS};
 use drum_table::layout::{monotonic_ms, Grant, Table};
 use drum_table::message::{app_identity, ShimMsg};
+use drum_table::profile::mean_wqe_bytes;
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
@@ -179,12 +180,13 @@ struct Engine {
     paced_grant: (u64, u64),
     /// `DRUM_SHIM_NIC_PACING=0` turns packet pacing on the NIC off.
     nic_pacing: bool,
+    /// Whether some QP was left paced on the NIC by the last pass: without a grant, only
+    /// such a QP needs `pace_nic`, which otherwise takes the process's cold lock for nothing.
+    nic_paced_left: bool,
 }
 
 /// Set once a NIC refused to pace a QP for a reason other than its state: no more tries.
 static NIC_PACING_REFUSED: AtomicBool = AtomicBool::new(false);
-/// WQEs posted before their mean size sets the NIC's pacing.
-const MIN_SIZED_WQES: u64 = 256;
 
 /// What of a grant the NIC's pacing follows: its byte rate and QP gate.
 fn pacing_terms(g: Option<&Grant>) -> (u64, u64) {
@@ -261,6 +263,7 @@ impl Engine {
             bytes_sent: BTreeMap::new(),
             paced_grant: pacing_terms(static_grant.as_ref()),
             nic_pacing: std::env::var_os("DRUM_SHIM_NIC_PACING").is_none_or(|v| v != "0"),
+            nic_paced_left: false,
         }
     }
 
@@ -302,15 +305,22 @@ impl Engine {
 
     /// Paces each connected QP on the NIC at its share of the byte grant (`nic_pace`); a
     /// QP the application paces itself is left alone, and a NIC that refuses is said once.
-    fn pace_nic(&self) {
+    fn pace_nic(&mut self) {
         if NIC_PACING_REFUSED.load(Relaxed) || !self.nic_pacing {
             return;
         }
         let (rate, gate) = self.paced_grant;
-        let t = totals();
-        let bytes_per_wqe = (t.counts.send_wqes >= MIN_SIZED_WQES)
-            .then(|| t.counts.send_bytes as f64 / t.counts.send_wqes as f64);
+        if self.qps.is_empty() || (rate == 0 && !self.nic_paced_left) {
+            return;
+        }
+        let bytes_per_wqe = if rate == 0 {
+            None
+        } else {
+            let t = totals();
+            mean_wqe_bytes(t.counts.send_bytes, t.counts.send_wqes)
+        };
         let sending = nic_pace::sending_qps(self.qps.len(), gate);
+        let mut paced_left = false;
         crate::with_qps(self.qps.keys().copied(), |q| {
             let mut g = q.gov.lock().unwrap_or_else(|e| e.into_inner());
             let qp = g.qp as *mut IbvQp;
@@ -325,6 +335,8 @@ impl Engine {
             } else {
                 nic_pace::qp_kbps(rate, sending, bytes_per_wqe, g.path_mtu)
             };
+            // Errs towards one more pass: a QP cleared below is counted until the next one.
+            paced_left |= g.nic_kbps.is_some() || target.is_some();
             let current = if g.nic_paced { g.nic_kbps } else { None };
             if g.nic_kbps == target || !nic_pace::worth_changing(current, target) {
                 return;
@@ -357,6 +369,7 @@ impl Engine {
                 );
             }
         });
+        self.nic_paced_left = paced_left;
     }
 
     fn check_link(&mut self, now: Instant) {

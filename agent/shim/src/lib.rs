@@ -32,6 +32,7 @@ pub mod inflight;
 mod link;
 pub mod nic_pace;
 pub mod pacer;
+mod qp_verbs;
 pub mod sendq;
 mod spin;
 pub(crate) mod vcq;
@@ -126,12 +127,8 @@ static CLOSED_QPS: AtomicU64 = AtomicU64::new(0);
 static GOVERNED: AtomicU64 = AtomicU64::new(0);
 static PASS_THROUGH: AtomicU64 = AtomicU64::new(0);
 static COUNTING_STOPPED: AtomicBool = AtomicBool::new(false);
-static GOVERNING_STOPPED: AtomicBool = AtomicBool::new(false);
+pub(crate) static GOVERNING_STOPPED: AtomicBool = AtomicBool::new(false);
 
-pub(crate) static REAL_CREATE_QP: AtomicUsize = AtomicUsize::new(0);
-pub(crate) static REAL_MODIFY_QP: AtomicUsize = AtomicUsize::new(0);
-pub(crate) static REAL_DESTROY_QP: AtomicUsize = AtomicUsize::new(0);
-pub(crate) static REAL_QUERY_QP: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static REAL_OPEN: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static REAL_CLOSE: AtomicUsize = AtomicUsize::new(0);
 
@@ -407,39 +404,6 @@ pub(crate) fn real(name: &CStr, cache: &AtomicUsize) -> Option<usize> {
     Some(p)
 }
 
-/// Runs shim bookkeeping for a QP verb; a panic stops governing instead of unwinding.
-fn qp_bookkeeping<F: FnOnce()>(f: F) {
-    if !GOVERNING_STOPPED.load(Relaxed) && catch_unwind(AssertUnwindSafe(f)).is_err() {
-        stop_governing();
-    }
-}
-
-/// Interposes `ibv_create_qp` to learn whether every WR of the QP is signalled
-/// (`sq_sig_all`), which the tracking of work in flight needs.
-///
-/// # Safety
-/// Called by C code with the real function's arguments.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_create_qp(pd: *mut c_void, attr: *mut IbvQpInitAttr) -> *mut IbvQp {
-    let Some(f) = real(c"ibv_create_qp", &REAL_CREATE_QP) else {
-        set_errno(libc::ENOSYS);
-        return ptr::null_mut();
-    };
-    // SAFETY: libibverbs' ibv_create_qp@IBVERBS_1.1 has this signature.
-    let f: CreateQpFn = unsafe { std::mem::transmute::<usize, CreateQpFn>(f) };
-    // The QP is bound to the dedicated CQs of the application's (virtual) CQs; the
-    // application's attributes are given back as they were.
-    // SAFETY: the caller's attributes.
-    let app_cqs = unsafe { vcq::bind_dedicated(attr) };
-    // SAFETY: the caller's arguments, CQs possibly replaced by their dedicated ones.
-    let qp = unsafe { f(pd, attr) };
-    // SAFETY: as above.
-    unsafe { vcq::unbind(attr, app_cqs) };
-    // SAFETY: as above.
-    unsafe { new_qp(qp, attr) };
-    qp
-}
-
 /// Starts the shim's record of a QP just created from `attr` (by `ibv_create_qp` or
 /// `ibv_create_qp_ex`, whose attributes begin the same way).
 ///
@@ -449,7 +413,7 @@ pub(crate) unsafe fn new_qp(qp: *mut IbvQp, attr: *const IbvQpInitAttr) {
     if qp.is_null() || attr.is_null() {
         return;
     }
-    qp_bookkeeping(|| {
+    qp_verbs::qp_bookkeeping(|| {
         // SAFETY: per the contract.
         let (ctx, qpn, sig_all) = unsafe { ((*qp).context, (*qp).qp_num, (*attr).sq_sig_all) };
         if let Some(q) = lookup(ctx).and_then(|st| st.qps.get(qpn)) {
@@ -461,92 +425,9 @@ pub(crate) unsafe fn new_qp(qp: *mut IbvQp, attr: *const IbvQpInitAttr) {
     });
 }
 
-/// Interposes `ibv_modify_qp` to learn each connected QP's peer (for the agent and DASR).
-///
-/// # Safety
-/// Called by C code with the real function's arguments.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, mask: c_int) -> c_int {
-    let Some(f) = real(c"ibv_modify_qp", &REAL_MODIFY_QP) else {
-        return libc::ENOSYS;
-    };
-    // SAFETY: libibverbs' ibv_modify_qp@IBVERBS_1.1 has this signature.
-    let f: ModifyQpFn = unsafe { std::mem::transmute::<usize, ModifyQpFn>(f) };
-    // SAFETY: forwarding unchanged.
-    let rc = unsafe { f(qp, attr, mask) };
-    let connects = IBV_QP_STATE | IBV_QP_AV | IBV_QP_DEST_QPN;
-    let noted = connects | IBV_QP_PATH_MTU | IBV_QP_RATE_LIMIT | IBV_QP_ACCESS_FLAGS;
-    if rc == 0 && !qp.is_null() && !attr.is_null() && mask & noted != 0 {
-        qp_bookkeeping(|| {
-            // SAFETY: the caller's valid QP and attributes.
-            let (a, ctx, qpn) = unsafe { (&*attr, (*qp).context, (*qp).qp_num) };
-            let Some(q) = lookup(ctx).and_then(|st| st.qps.get(qpn)) else {
-                return;
-            };
-            {
-                let mut g = q.gov.lock().unwrap_or_else(|e| e.into_inner());
-                if mask & IBV_QP_PATH_MTU != 0 && (1..=5).contains(&a.path_mtu) {
-                    g.path_mtu = 128 << a.path_mtu;
-                }
-                if mask & IBV_QP_ACCESS_FLAGS != 0 {
-                    g.serves_reads = a.qp_access_flags & IBV_ACCESS_REMOTE_READ_ATOMIC != 0;
-                }
-                if mask & IBV_QP_RATE_LIMIT != 0 {
-                    // SAFETY: with this mask bit the caller passed a whole `ibv_qp_attr`.
-                    let limit = unsafe { (*attr.cast::<IbvQpAttrFull>()).rate_limit };
-                    g.app_paced = limit != 0;
-                }
-                if mask & IBV_QP_STATE != 0 && a.qp_state != IBV_QPS_RTS {
-                    // A QP leaving RTS loses its pacing; it is set again in RTS.
-                    (g.nic_kbps, g.nic_paced) = (None, false);
-                }
-                if mask & connects != connects
-                    || a.qp_state != IBV_QPS_RTR
-                    || a.ah_attr.is_global == 0
-                {
-                    return;
-                }
-                g.peer = Some(a.ah_attr.dgid);
-            }
-            govern::event(drum_table::message::ShimMsg::QpUp {
-                qpn,
-                peer: a.ah_attr.dgid,
-                peer_qpn: a.dest_qp_num,
-            });
-        });
-    }
-    rc
-}
-
-/// Interposes `ibv_destroy_qp`: what the shim still holds back for the QP is dropped (a
-/// device flushes it) and the QP leaves the gate before the provider frees it.
-///
-/// # Safety
-/// Called by C code with the real function's arguments.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
-    let Some(f) = real(c"ibv_destroy_qp", &REAL_DESTROY_QP) else {
-        return libc::ENOSYS;
-    };
-    if !qp.is_null() {
-        qp_bookkeeping(|| {
-            // SAFETY: the caller's valid QP.
-            let (ctx, qpn) = unsafe { ((*qp).context, (*qp).qp_num) };
-            if let Some(st) = lookup(ctx) {
-                if let Some(q) = st.qps.get(qpn) {
-                    govern::forget(st, q, qpn);
-                    govern::event(drum_table::message::ShimMsg::QpGone { qpn });
-                }
-            }
-        });
-    }
-    // SAFETY: libibverbs' ibv_destroy_qp@IBVERBS_1.1 has this signature; forwarding.
-    unsafe { std::mem::transmute::<usize, DestroyQpFn>(f)(qp) }
-}
-
 /// Runs the shim's part of a CQ or channel verb; `None` (forward to libibverbs) when it is
 /// not the shim's object or the shim failed internally (reported once).
-fn completions<T, F: FnOnce() -> Option<T>>(f: F) -> Option<T> {
+pub(crate) fn completions<T, F: FnOnce() -> Option<T>>(f: F) -> Option<T> {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
         warn_once(
             Trouble::Completions,
@@ -624,35 +505,6 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut IbvCq, cqe: c_int) -> c_int {
         Some(f) => unsafe { f(cq, cqe) },
         None => libc::ENOSYS,
     }
-}
-
-/// Interposes `ibv_query_qp`: a QP's CQs are reported as the application created them,
-/// not as the dedicated CQs the shim bound it to.
-///
-/// # Safety
-/// Called by C code with the real function's arguments.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_query_qp(
-    qp: *mut IbvQp,
-    attr: *mut IbvQpAttr,
-    mask: c_int,
-    init_attr: *mut IbvQpInitAttr,
-) -> c_int {
-    let Some(f) = real_as::<QueryQpFn>(c"ibv_query_qp", &REAL_QUERY_QP) else {
-        return libc::ENOSYS;
-    };
-    // SAFETY: forwarding unchanged.
-    let rc = unsafe { f(qp, attr, mask, init_attr) };
-    if rc == 0 && !init_attr.is_null() {
-        completions(|| {
-            // SAFETY: the caller's attributes, just filled in.
-            let a = unsafe { &mut *init_attr };
-            a.send_cq = vcq::app_cq_of(a.send_cq);
-            a.recv_cq = vcq::app_cq_of(a.recv_cq);
-            Some(())
-        });
-    }
-    rc
 }
 
 /// Interposes `ibv_create_comp_channel`: on a governed context the application gets the
@@ -981,7 +833,7 @@ pub(crate) unsafe extern "C" fn drum_post_send(
 
 /// Governance failed internally: lift every limit for good (the engine then posts what is
 /// queued) and say so once.
-fn stop_governing() {
+pub(crate) fn stop_governing() {
     GOVERNING_STOPPED.store(true, Relaxed);
     let _ = catch_unwind(|| govern::apply(None));
     warn_once(
@@ -1259,7 +1111,7 @@ pub fn with_qps(qpns: impl Iterator<Item = u32>, mut f: impl FnMut(&counters::Qp
 /// `qp` is a live QP, not destroyed meanwhile (the caller holds its `gov` lock, which
 /// `ibv_destroy_qp`'s interposition takes first).
 pub(crate) unsafe fn set_rate_limit(qp: *mut IbvQp, kbps: u32) -> c_int {
-    let Some(f) = real(c"ibv_modify_qp", &REAL_MODIFY_QP) else {
+    let Some(f) = real(c"ibv_modify_qp", &qp_verbs::REAL_MODIFY_QP) else {
         return libc::ENOSYS;
     };
     // SAFETY: libibverbs' ibv_modify_qp@IBVERBS_1.1; the attribute is a whole, zeroed

@@ -10,6 +10,8 @@
 //! ConnectX's packet pacing, softrnic), each of the app's QPs that may send at once gets its
 //! share of the grant there, and the bursts are spread at the source.
 
+use drum_table::wire_cost::WireCost;
+
 /// Above the QP's share of the grant, so that the NIC's pacing spreads bursts without
 /// becoming the app's limit (the shim's own limiter is): uneven load over the app's QPs
 /// takes some, and a QP that fell behind must catch up faster than its share. With 1.25, an
@@ -21,7 +23,7 @@ pub const HEADROOM: f64 = 2.0;
 /// Header bytes per packet assumed when turning payload into the NIC's wire rate: more than
 /// any RDMA transport adds (RoCE v2 with Ethernet framing 82, softrnic 90), so the NIC's
 /// limit errs towards the looser side.
-pub const OVERHEAD_BOUND: f64 = 128.0;
+pub const OVERHEAD_BOUND: u32 = 128;
 
 /// A QP's pacing is changed only when its rate moves by more than this fraction: every
 /// change is a `modify_qp` (a firmware command on a real NIC).
@@ -41,12 +43,16 @@ pub fn qp_kbps(
     if rate_bytes_per_s == 0 || sending == 0 || mtu == 0 {
         return None;
     }
-    let packets = (b / mtu as f64).ceil().max(1.0);
-    if packets < 2.0 {
+    let wire = WireCost {
+        mtu,
+        overhead_bytes: OVERHEAD_BOUND,
+        wqe_bytes: 0.0,
+    };
+    if wire.packets(b) < 2.0 {
         return None;
     }
-    let wire_per_byte = (b + packets * OVERHEAD_BOUND) / b;
-    let kbps = rate_bytes_per_s as f64 * wire_per_byte * HEADROOM / sending as f64 * 8.0 / 1000.0;
+    let kbps =
+        rate_bytes_per_s as f64 * wire.factor(Some(b)) * HEADROOM / sending as f64 * 8.0 / 1000.0;
     Some(kbps.clamp(1.0, u32::MAX as f64) as u32)
 }
 

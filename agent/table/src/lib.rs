@@ -5,7 +5,10 @@
 //! - [`layout`]: the per-app shared-memory table: grants written by the agent, counters
 //!   written by the shim, one writer per field;
 //! - [`mapping`]: creating, passing and mapping the table's memory (a memfd);
-//! - [`socket`]: the registration socket (Unix `SOCK_SEQPACKET`).
+//! - [`socket`]: the registration socket (Unix `SOCK_SEQPACKET`);
+//! - [`profile`]: what both sides read from an app's WQE counters;
+//! - [`wire_cost`]: what a payload byte costs on the wire, for the agent's grants and the
+//!   shim's NIC pacing alike.
 //!
 //! Both sides link this crate, so they cannot disagree about a layout or an encoding.
 //! See docs/shim.md, "The agent link".
@@ -13,4 +16,6 @@
 pub mod layout;
 pub mod mapping;
 pub mod message;
+pub mod profile;
 pub mod socket;
+pub mod wire_cost;

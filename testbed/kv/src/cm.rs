@@ -130,6 +130,23 @@ impl Drop for Id {
     }
 }
 
+/// A reliable-connection id whose events arrive on `channel`; it must be dropped before the
+/// channel is.
+fn create_id(channel: &EventChannel) -> anyhow::Result<Id> {
+    let mut id = Id(null_mut());
+    // SAFETY: the channel is alive; `id.0` receives the new id.
+    let rc = unsafe {
+        rdma_create_id(
+            channel.0,
+            &mut id.0,
+            null_mut(),
+            rdma_port_space::RDMA_PS_TCP,
+        )
+    };
+    check(rc, "rdma_create_id")?;
+    Ok(id)
+}
+
 /// Inline bytes asked for on every QP: room for a GET request (40 B) and the reply to a GET
 /// of up to 192 B (16 + 24 + 192), the small messages whose fetch from memory costs as
 /// much as their transfer.
@@ -236,17 +253,7 @@ pub fn connect(
     prepare: impl FnOnce(&Endpoint) -> anyhow::Result<()>,
 ) -> anyhow::Result<(Endpoint, Vec<u8>)> {
     let channel = EventChannel::new()?;
-    let mut id = Id(null_mut());
-    // SAFETY: the channel is alive.
-    let rc = unsafe {
-        rdma_create_id(
-            channel.0,
-            &mut id.0,
-            null_mut(),
-            rdma_port_space::RDMA_PS_TCP,
-        )
-    };
-    check(rc, "rdma_create_id")?;
+    let mut id = create_id(&channel)?;
     let mut dst = sockaddr(server);
     // SAFETY: dst is a valid sockaddr_in.
     let rc = unsafe {
@@ -324,17 +331,7 @@ pub struct Listener {
 impl Listener {
     pub fn bind(addr: SocketAddrV4) -> anyhow::Result<Listener> {
         let channel = EventChannel::new()?;
-        let mut id = Id(null_mut());
-        // SAFETY: the channel is alive.
-        let rc = unsafe {
-            rdma_create_id(
-                channel.0,
-                &mut id.0,
-                null_mut(),
-                rdma_port_space::RDMA_PS_TCP,
-            )
-        };
-        check(rc, "rdma_create_id")?;
+        let id = create_id(&channel)?;
         let mut sa = sockaddr(addr);
         // SAFETY: a valid sockaddr_in.
         let rc = unsafe { rdma_bind_addr(id.0, (&mut sa as *mut libc::sockaddr_in).cast()) };

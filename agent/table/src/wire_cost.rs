@@ -46,14 +46,18 @@ impl WireCost {
         }
     }
 
+    /// The packets a WQE of `bytes_per_wqe` bytes takes: at least one.
+    pub fn packets(&self, bytes_per_wqe: f64) -> f64 {
+        (bytes_per_wqe / self.mtu as f64).ceil().max(1.0)
+    }
+
     /// Wire bytes per payload byte for WQEs of `bytes_per_wqe` bytes on average; 1 while the
     /// size is unknown. A mean size counts its packets as one message of that size would:
     /// exact for an app of one size, short by less than a packet per WQE for a mix.
     pub fn factor(&self, bytes_per_wqe: Option<f64>) -> f64 {
         match bytes_per_wqe.filter(|b| b.is_finite() && *b >= 1.0) {
             Some(b) if self.mtu > 0 => {
-                let packets = (b / self.mtu as f64).ceil().max(1.0);
-                (b + packets * self.overhead_bytes as f64 + self.wqe_bytes) / b
+                (b + self.packets(b) * self.overhead_bytes as f64 + self.wqe_bytes) / b
             }
             _ => 1.0,
         }
