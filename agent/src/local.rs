@@ -8,6 +8,7 @@ use crate::dasr::{DasrConfig, DasrService};
 use crate::dasr_link;
 use crate::grant_audit::OverGrant;
 use crate::shim_hub::{PeerCapView, ShimHub, ShimSettings, ShimUsage};
+use crate::ungoverned::direct_verbs::DirectVerbs;
 use crate::ungoverned::Ungoverned;
 use anyhow::{Context, Result};
 use serde::Deserialize;
@@ -58,6 +59,8 @@ struct Status<'a> {
     ungoverned: &'a [Ungoverned],
     /// Registered processes sending above their grant (`grant_audit`).
     over_grant: &'a [OverGrant],
+    /// Registered processes that drive hardware queues directly (governed in part).
+    direct_verbs: &'a [DirectVerbs],
 }
 
 fn write_status(path: &Path, hub: &ShimHub, dasr: Option<&DasrService>) -> Result<()> {
@@ -69,6 +72,7 @@ fn write_status(path: &Path, hub: &ShimHub, dasr: Option<&DasrService>) -> Resul
         dasr_senders: dasr.map(|d| d.receiver().borrow().n),
         ungoverned: &hub.ungoverned(),
         over_grant: &hub.over_grant(),
+        direct_verbs: &hub.direct_verbs(),
     })?;
     std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, path)?;

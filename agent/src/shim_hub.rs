@@ -11,6 +11,7 @@ use crate::grant_audit::{GrantAudit, OverGrant, Registered};
 use crate::procfs;
 pub use crate::shim_settings::{AppPin, IncastPin, ShimSettings};
 use crate::tenants::Identity;
+use crate::ungoverned::direct_verbs::{self, DirectVerbs, DirectWatch};
 use crate::ungoverned::{Scanner, Ungoverned, UngovernedSettings};
 use anyhow::{bail, Context, Result};
 use drum_common::dasr::Lookahead;
@@ -165,6 +166,8 @@ struct HubState {
     ungoverned: Vec<Ungoverned>,
     /// Registered processes the last audit found sending above their grant.
     over_grant: Vec<OverGrant>,
+    /// Registered processes whose shims said they took hardware queues (direct verbs).
+    direct_verbs: Vec<DirectVerbs>,
 }
 
 impl HubState {
@@ -372,6 +375,11 @@ impl ShimHub {
     /// The registered processes the last audit found sending above their grant.
     pub fn over_grant(&self) -> Vec<OverGrant> {
         self.shared.lock().over_grant.clone()
+    }
+
+    /// The registered processes the last scan found driving hardware queues directly.
+    pub fn direct_verbs(&self) -> Vec<DirectVerbs> {
+        self.shared.lock().direct_verbs.clone()
     }
 
     /// What those processes send, and what registered ones send beyond their grant, as a
@@ -644,6 +652,7 @@ fn scan_loop(sh: Arc<Shared>, cfg: UngovernedSettings) {
         warn!("cannot read other processes' descriptors in /proc (the agent needs root or CAP_SYS_PTRACE): RDMA users outside the agent's own uid are not looked for");
     }
     let mut scanner = Scanner::default();
+    let mut direct_watch = DirectWatch::default();
     let mut audit = GrantAudit::new(
         Duration::from_millis(cfg.audit_window_ms),
         cfg.audit_tolerance,
@@ -651,17 +660,33 @@ fn scan_loop(sh: Arc<Shared>, cfg: UngovernedSettings) {
     let clock = std::time::Instant::now();
     let period = Duration::from_millis(cfg.scan_ms);
     while !sh.stop.load(Relaxed) {
-        let procs: Vec<Registered> = sh
+        let (procs, tables): (Vec<Registered>, Vec<direct_verbs::Seen>) = sh
             .lock()
             .conns
             .values()
-            .map(|c| Registered {
-                pid: c.pid,
-                uid: c.identity.uid,
-                app: c.app.clone(),
-                grant_bytes_per_s: c.map.table().grant.rate_bytes_per_s.load(Relaxed),
+            .map(|c| {
+                let t = c.map.table();
+                let (pid, uid, app) = (c.pid, c.identity.uid, c.app.clone());
+                let queues = t.shim.direct_verbs_queues.load(Relaxed);
+                let grant_bytes_per_s = t.grant.rate_bytes_per_s.load(Relaxed);
+                (
+                    Registered {
+                        pid,
+                        uid,
+                        app: app.clone(),
+                        grant_bytes_per_s,
+                    },
+                    direct_verbs::Seen {
+                        pid,
+                        uid,
+                        app,
+                        queues,
+                    },
+                )
             })
-            .collect();
+            .unzip();
+        let direct = direct_watch.observe(&tables);
+        direct_verbs::warn_first(&direct);
         let registered: BTreeSet<u32> = procs.iter().map(|p| p.pid).collect();
         // The scan reads /proc without the lock: registrations go on meanwhile.
         let counters = crate::ungoverned::read_counters(&cfg);
@@ -671,6 +696,7 @@ fn scan_loop(sh: Arc<Shared>, cfg: UngovernedSettings) {
         let mut st = sh.lock();
         st.ungoverned = found;
         st.over_grant = over;
+        st.direct_verbs = direct;
         drop(st);
         let until = std::time::Instant::now() + period;
         while !sh.stop.load(Relaxed) && std::time::Instant::now() < until {
@@ -1352,6 +1378,44 @@ mod tests {
         assert!(metrics_text(&hub).contains("app=\"victim\""));
         let live = hub.live_apps(Duration::from_secs(1));
         assert_eq!(live.len(), 2);
+    }
+
+    /// A process whose table says it took hardware queues (direct verbs) is listed with its
+    /// pid, uid, app, count and reason, and in the metrics; one that says nothing is not.
+    #[test]
+    fn a_process_whose_shim_reports_direct_verbs_is_listed_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = settings(dir.path());
+        cfg.ungoverned.scan_ms = 50;
+        let hub = Arc::new(ShimHub::start(cfg, None).unwrap());
+        let me = std::process::id();
+        let (direct, plain) = (connect(hub.socket()), connect(hub.socket()));
+        let (_, fd) = hello(&direct, me, "dv");
+        let t = Mapping::open(fd.unwrap().as_raw_fd()).unwrap();
+        let (_, _plain_table) = hello(&plain, me, "plain");
+        t.table().shim.direct_verbs_queues.store(2, Relaxed);
+        wait_for(|| !hub.direct_verbs().is_empty());
+        let listed = hub.direct_verbs();
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        let d = &listed[0];
+        assert_eq!((d.pid, d.app.as_str(), d.queues), (me, "dv", 2));
+        // SAFETY: getuid cannot fail.
+        assert_eq!(d.uid, unsafe { libc::getuid() });
+        assert!(d.reason.contains("mlx5dv_init_obj on 2 queues"), "{d:?}");
+        let text = metrics_text(&hub);
+        assert!(
+            text.contains("drum_agent_direct_verbs_processes 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "drum_agent_direct_verbs_queues{{pid=\"{me}\",uid=\"{}\",app=\"dv\"}} 2",
+                d.uid
+            )),
+            "{text}"
+        );
+        drop(direct);
+        wait_for(|| hub.direct_verbs().is_empty());
     }
 
     /// The polling grant follows the optimiser: `a·x` in completions per second, for the

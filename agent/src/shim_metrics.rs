@@ -1,6 +1,6 @@
 //! The shim hub's Prometheus metrics, read at each scrape: registered processes, what each
 //! app's shims report, the kernel identities behind each app and the NIC users no shim
-//! governs.
+//! governs, and the registered ones that drive hardware queues directly.
 
 use crate::grant_audit::OverGrant;
 use crate::shim_hub::ShimHub;
@@ -164,7 +164,7 @@ impl prometheus_client::collector::Collector for ShimMetrics {
         ] {
             let mut family = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
             for o in &over {
-                let label = OverGrantLabels {
+                let label = ProcessLabels {
                     pid: o.pid,
                     uid: o.uid,
                     app: o.app.clone(),
@@ -172,12 +172,35 @@ impl prometheus_client::collector::Collector for ShimMetrics {
                 ConstGauge::new(value(o)).encode(family.encode_family(&label)?)?;
             }
         }
+        let direct = self.0.direct_verbs();
+        let g = ConstGauge::new(direct.len() as i64);
+        g.encode(enc.encode_descriptor(
+            "drum_agent_direct_verbs_processes",
+            "Registered processes that took hardware queues with direct verbs (governed in part).",
+            None,
+            g.metric_type(),
+        )?)?;
+        let mut family = enc.encode_descriptor(
+            "drum_agent_direct_verbs_queues",
+            "Hardware queues one such process took (mlx5dv_init_obj).",
+            None,
+            MetricType::Gauge,
+        )?;
+        for d in &direct {
+            let label = ProcessLabels {
+                pid: d.pid,
+                uid: d.uid,
+                app: d.app.clone(),
+            };
+            ConstGauge::new(i64::try_from(d.queues).unwrap_or(i64::MAX))
+                .encode(family.encode_family(&label)?)?;
+        }
         Ok(())
     }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
-struct OverGrantLabels {
+struct ProcessLabels {
     pid: u32,
     uid: u32,
     app: String,

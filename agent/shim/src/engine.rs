@@ -581,6 +581,8 @@ fn report(t: &Table) {
     s.queued_wqes.store(tot.queued_wqes, Relaxed);
     s.nic_outstanding_wqes.store(tot.outstanding_wqes, Relaxed);
     s.held_polls.store(STATS.held_polls.load(Relaxed), Relaxed);
+    s.direct_verbs_queues
+        .store(crate::direct::QUEUES_TAKEN.load(Relaxed), Relaxed);
     s.deferred_post_errors
         .store(STATS.deferred_post_errors.load(Relaxed), Relaxed);
     s.qps.store(tot.qps, Relaxed);

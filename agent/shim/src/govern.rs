@@ -836,10 +836,11 @@ pub fn summary(queued: u64) -> String {
         limiter(c).map_or(0, |g| (1e12 / g.interval_ps() as f64).round() as u64)
     };
     format!(
-        "extended_verbs={} wr_api_qps={} governed={} grant_generation={} rate_bytes_per_s={} rate_wqe_per_s={} rate_cqe_per_s={} max_active_qps={} \
+        "extended_verbs={} direct_verbs_queues={} wr_api_qps={} governed={} grant_generation={} rate_bytes_per_s={} rate_wqe_per_s={} rate_cqe_per_s={} max_active_qps={} \
          direct_wqes={} deferred_wqes={} queue_delay_us={} queued_wqes={} deferred_post_errors={} \
          dropped_wqes={} held_polls={} nic_pacing_sets={} nic_pacing_refusals={}",
         crate::extended::USES.load(Relaxed),
+        crate::direct::QUEUES_TAKEN.load(Relaxed),
         crate::wr_api::WRAPPED_QPS.load(Relaxed),
         if LIMITS.active.load(Relaxed) {
             "yes"

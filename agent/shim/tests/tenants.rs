@@ -4,10 +4,11 @@
 //! The app each is governed as comes from the kernel's uid (and cgroup, where this machine
 //! lets the test make one), never from `DRUM_APP`; hostile names are mapped with a log line;
 //! another user's process can neither open nor write an app's table; a program without the
-//! shim is reported with its pid, uid and executable.
+//! shim is reported with its pid, uid and executable; a registered one that takes hardware
+//! queues with direct verbs is reported as governed in part.
 //!
 //! Needs root (setpriv switches to uids that need no account: nothing to create or remove),
-//! perftest and the workspace built; skips otherwise.
+//! perftest, a C compiler and the workspace built; skips otherwise.
 
 mod support;
 
@@ -420,4 +421,101 @@ fn another_users_process_cannot_reach_an_apps_table_and_bare_programs_are_report
     eprintln!("a bare ib_write_bw was reported {took:?} after it started");
     // The governed one is not reported.
     assert!(agent.status()["ungoverned"].as_array().unwrap().len() == 1);
+}
+
+/// A registered program that takes its QP's and CQ's hardware queues with direct verbs
+/// (`tests/c/direct_queues.c`: `mlx5dv_init_obj` found with `dlsym(RTLD_DEFAULT)`, which
+/// gives the shim's; no libmlx5 is loaded, so the shim answers "not supported" and the
+/// program goes on) is listed by the agent as governed in part, with its pid, the kernel's
+/// uid, its app, the 2 queues and the reason, within a few seconds, and warned about once.
+#[test]
+fn a_registered_program_that_takes_queues_with_direct_verbs_is_reported() {
+    if let Err(why) = privileged() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    for tool in ["cc", "setpriv"] {
+        if !have(tool) {
+            eprintln!("SKIPPED: {tool} not installed");
+            return;
+        }
+    }
+    let run = Run::new("tenants-direct");
+    run.up(&["--hosts", "1", "--line-rate-gbps", "1"]);
+    let agent = LocalAgent::start(
+        "direct",
+        Some(&run),
+        &format!(
+            "[[shim.tenants.rules]]\nuid = {UA}\napps = [\"dv\"]\n\
+             [shim.ungoverned]\nscan_ms = 200\nsame_netns = true\n"
+        ),
+    );
+    let bin = compile_probe(&run, "direct_queues");
+    let (out, err) = (run.dir.join("direct.out"), run.dir.join("direct.err"));
+    let t = Instant::now();
+    let mut c = run.exec(
+        "h1",
+        &[
+            "sh",
+            "-c",
+            &format!("exec setpriv --reuid={UA} --regid={UA} --clear-groups {bin}"),
+        ],
+        true,
+        &[
+            ("DRUM_AGENT_SOCKET", agent.socket.to_str().unwrap()),
+            ("DRUM_APP", "dv"),
+        ],
+    );
+    c.stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap());
+    let mut procs = Procs(vec![c.spawn().expect("spawn direct_queues")]);
+    let pid = procs.0[0].id();
+    let found = || -> Option<serde_json::Value> {
+        agent.status()["direct_verbs"]
+            .as_array()?
+            .iter()
+            .find(|d| d["pid"].as_u64() == Some(u64::from(pid)))
+            .cloned()
+    };
+    let said = || std::fs::read_to_string(&err).unwrap_or_default();
+    wait_until("the direct-verbs program reported", || {
+        found().is_some() || procs.0[0].try_wait().unwrap().is_some()
+    });
+    let took = t.elapsed();
+    assert!(procs.0[0].try_wait().unwrap().is_none(), "died: {}", said());
+    let d = found().unwrap();
+    assert_eq!(
+        (d["uid"].as_u64(), d["app"].as_str(), d["queues"].as_u64()),
+        (Some(u64::from(UA)), Some("dv"), Some(2)),
+        "{d}"
+    );
+    assert_eq!(
+        d["reason"],
+        "direct verbs (mlx5dv_init_obj on 2 queues): its posts and polls bypass the shim"
+    );
+    assert!(
+        agent.shim(pid).is_some(),
+        "still registered and governed otherwise"
+    );
+    // EOPNOTSUPP: without libmlx5 the shim refuses the call it cannot forward.
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "init_obj 95\n");
+    assert_eq!(
+        said().matches("mlx5dv_init_obj (direct verbs)").count(),
+        1,
+        "the shim says so once: {}",
+        said()
+    );
+    assert!(took < Duration::from_secs(5), "reported after {took:?}");
+    // Several scans later, still one WARN.
+    std::thread::sleep(Duration::from_millis(600));
+    let warned = format!("pid={pid} uid={UA} app=dv");
+    let log = agent.log();
+    let warns: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(&warned) && l.contains("drives hardware queues directly"))
+        .collect();
+    assert_eq!(warns.len(), 1, "one WARN for the process:\n{log}");
+    eprintln!("{}", warns[0]);
+    assert!(agent.status()["ungoverned"].as_array().unwrap().is_empty());
+    eprintln!("a program taking queues with direct verbs was reported {took:?} after it started");
 }

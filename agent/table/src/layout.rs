@@ -77,6 +77,10 @@ pub struct ShimFields {
     /// wants more than its grant even when it queues nothing. Added at the end of table
     /// version 2, like the field above.
     pub held_polls: AtomicU64,
+    /// Hardware queues (QPs, CQs, SRQs, RWQs) the application asked for with
+    /// `mlx5dv_init_obj` (cumulative): it can post and poll them past the shim (direct
+    /// verbs). Added at the end of table version 2, like the fields above.
+    pub direct_verbs_queues: AtomicU64,
 }
 
 #[repr(C)]
