@@ -102,11 +102,14 @@ fn apps(status: &Value) -> Vec<App> {
 fn wait_for(c: &Cluster, limit: Duration, what: &str, want: impl Fn(&Value) -> bool) -> Value {
     let t = Instant::now();
     loop {
-        let s = c.status();
-        if want(&s) {
-            return s;
+        // Right after `cluster start coordinator` its admin endpoint may not listen yet: a
+        // refused status is "not yet", not a failure.
+        let s = c.try_status();
+        match &s {
+            Ok(s) if want(s) => return s.clone(),
+            Ok(s) => assert!(t.elapsed() < limit, "{what} within {limit:?}: {s:#}"),
+            Err(e) => assert!(t.elapsed() < limit, "{what} within {limit:?}: {e}"),
         }
-        assert!(t.elapsed() < limit, "{what} within {limit:?}: {s:#}");
         std::thread::sleep(Duration::from_millis(250));
     }
 }

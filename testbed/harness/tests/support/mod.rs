@@ -32,8 +32,23 @@ impl Cluster {
         String::from_utf8_lossy(&out.stdout).to_string()
     }
 
+    // Each test binary compiles this module; not every one calls every helper.
+    #[allow(dead_code)]
     pub fn status(&self) -> Value {
-        serde_json::from_str(&self.ok(&["status", "--json"])).expect("status JSON")
+        self.try_status()
+            .unwrap_or_else(|e| panic!("cluster [\"status\", \"--json\"]: {e}"))
+    }
+
+    /// The status, or why there is none yet (a coordinator just started may not listen yet).
+    pub fn try_status(&self) -> Result<Value, String> {
+        let out = run_timeout(
+            self.cmd().args(["status", "--json"]),
+            Duration::from_secs(120),
+        );
+        if !out.status.success() {
+            return Err(text(&out));
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("status JSON: {e}"))
     }
 
     pub fn agent_log(&self, host: &str) -> String {
