@@ -15,7 +15,7 @@ use crate::verbs::{self, SendWr};
 use crate::wake::Wake;
 use crate::wrid::{self, WrId, WrKind};
 use std::net::SocketAddrV4;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,18 +38,16 @@ pub struct Config {
     pub share: u16,
 }
 
-/// How much work is left to hand out; shared by every connection.
-struct Budget {
+/// When the run ends; shared by every connection.
+struct Clock {
     deadline: Option<Instant>,
     warmup_end: Instant,
-    ops: Option<AtomicU64>,
-    bytes: Option<AtomicU64>,
     stopped: AtomicBool,
 }
 
-impl Budget {
-    /// Claims one operation of `size` bytes; false once the run is over.
-    fn claim(&self, size: u64, now: Instant) -> bool {
+impl Clock {
+    /// False once the run is over.
+    fn running(&self, now: Instant) -> bool {
         if self.stopped.load(Ordering::Relaxed) {
             return false;
         }
@@ -57,24 +55,44 @@ impl Budget {
             self.stopped.store(true, Ordering::Relaxed);
             return false;
         }
-        // Warm-up operations are not counted against --ops/--bytes.
-        if now < self.warmup_end {
-            return true;
+        true
+    }
+}
+
+/// One connection's part of `--ops` / `--bytes`. Each connection gets its own equal part
+/// (as perftest gives each QP its iterations): with one budget for all, a thread the
+/// scheduler kept off the CPU found the budget spent by the others and its connections did
+/// nothing, and the workload's sizes, keys and operations depended on the race.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Quota {
+    ops: Option<u64>,
+    bytes: Option<u64>,
+}
+
+impl Quota {
+    /// Connection `i`'s part of the totals over `n` connections: the first `total mod n`
+    /// connections take one more.
+    fn part(cfg_ops: Option<u64>, cfg_bytes: Option<u64>, n: u32, i: u32) -> Quota {
+        let part = |total: u64| total / n as u64 + u64::from((i as u64) < total % n as u64);
+        Quota {
+            ops: cfg_ops.map(part),
+            bytes: cfg_bytes.map(part),
         }
-        // The last operation may overshoot a byte budget: it is claimed while any is left.
-        let take = |c: &Option<AtomicU64>, n: u64| {
-            c.as_ref().is_none_or(|c| {
-                c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                    (v > 0).then(|| v.saturating_sub(n))
-                })
-                .is_ok()
-            })
-        };
-        let ok = take(&self.ops, 1) && take(&self.bytes, size);
-        if !ok {
-            self.stopped.store(true, Ordering::Relaxed);
+    }
+
+    fn spent(&self) -> bool {
+        self.ops == Some(0) || self.bytes == Some(0)
+    }
+
+    /// Takes one operation of `size` bytes; the last may overshoot the byte part (it is
+    /// taken while any is left).
+    fn take(&mut self, size: u64) -> bool {
+        if self.spent() {
+            return false;
         }
-        ok
+        self.ops = self.ops.map(|o| o - 1);
+        self.bytes = self.bytes.map(|b| b.saturating_sub(size));
+        true
     }
 }
 
@@ -112,6 +130,7 @@ struct Conn {
     batches: Vec<Option<Batch>>,
     next_batch: Option<usize>,
     rng: Rng,
+    quota: Quota,
     ops: u64,
     bytes: u64,
     finished: bool,
@@ -145,11 +164,9 @@ pub fn run(cfg: Config) -> anyhow::Result<Summary> {
     let keys = Arc::new(KeyDist::new(cfg.keys, welcome.keys));
     let start = Instant::now();
     let warmup_end = start + cfg.warmup;
-    let budget = Arc::new(Budget {
+    let clock = Arc::new(Clock {
         deadline: cfg.duration.map(|d| warmup_end + d),
         warmup_end,
-        ops: cfg.ops.map(AtomicU64::new),
-        bytes: cfg.bytes.map(AtomicU64::new),
         stopped: AtomicBool::new(false),
     });
     // Connection c runs on thread c % threads, so the connections of a shared QP (c / share)
@@ -165,10 +182,10 @@ pub fn run(cfg: Config) -> anyhow::Result<Summary> {
         .enumerate()
         .filter(|(_, conns)| !conns.is_empty())
         .map(|(t, conns)| {
-            let (cfg, keys, budget) = (cfg.clone(), keys.clone(), budget.clone());
+            let (cfg, keys, clock) = (cfg.clone(), keys.clone(), clock.clone());
             std::thread::Builder::new()
                 .name(format!("client{t}"))
-                .spawn(move || worker(&cfg, conns, &keys, &budget))
+                .spawn(move || worker(&cfg, conns, &keys, &clock))
         })
         .collect::<Result<_, _>>()?;
     let mut rec = Recorder::default();
@@ -210,7 +227,7 @@ fn worker(
     cfg: &Config,
     conns: Vec<(Arc<SharedQp>, usize, u32)>,
     keys: &KeyDist,
-    budget: &Budget,
+    clock: &Clock,
 ) -> ThreadResult {
     let window = cfg.window.max(1) as usize;
     let mut rec = Recorder::default();
@@ -228,6 +245,7 @@ fn worker(
             batches: Vec::new(),
             next_batch: None,
             rng: Rng::new(cfg.seed ^ (id as u64).wrapping_mul(0x9e37_79b9)),
+            quota: Quota::part(cfg.ops, cfg.bytes, cfg.conns, id),
             ops: 0,
             bytes: 0,
             finished: false,
@@ -250,7 +268,7 @@ fn worker(
     while conns.iter().any(|c| !c.finished) {
         let mut progress = 0;
         for c in conns.iter_mut().filter(|c| !c.finished) {
-            progress += c.step(cfg, keys, budget, &mut rec, &mut wcs)?;
+            progress += c.step(cfg, keys, clock, &mut rec, &mut wcs)?;
         }
         if progress > 0 {
             last_progress = Instant::now();
@@ -341,7 +359,7 @@ impl Conn {
         &mut self,
         cfg: &Config,
         keys: &KeyDist,
-        budget: &Budget,
+        clock: &Clock,
         rec: &mut Recorder,
         wcs: &mut [rdma_sys::ibv_wc],
     ) -> anyhow::Result<usize> {
@@ -349,7 +367,7 @@ impl Conn {
         let mut progress = done.len();
         let now = Instant::now();
         for d in done {
-            self.complete(d, budget, rec, now);
+            self.complete(d, clock, rec, now);
         }
         if self.qp.broken.load(Ordering::Relaxed) {
             // Whatever was in flight is lost with the QP.
@@ -358,10 +376,10 @@ impl Conn {
             self.finished = true;
             return Ok(progress + 1);
         }
-        let wrs = self.prepare(cfg, keys, budget, now);
+        let wrs = self.prepare(cfg, keys, clock, now);
         let outstanding = self.slots.iter().filter(|s| s.is_some()).count();
         if outstanding == 0 && wrs.is_empty() && self.reposts.is_empty() {
-            if budget.stopped.load(Ordering::Relaxed) {
+            if !clock.running(now) || self.quota.spent() {
                 self.finished = true;
             }
             return Ok(progress);
@@ -384,7 +402,7 @@ impl Conn {
         &mut self,
         cfg: &Config,
         keys: &KeyDist,
-        budget: &Budget,
+        clock: &Clock,
         now: Instant,
     ) -> Vec<SendWr> {
         let reissue = std::mem::take(&mut self.reissue);
@@ -394,7 +412,7 @@ impl Conn {
             .get_or_insert_with(|| cfg.wr_num.draw(&mut self.rng) as usize);
         let outstanding = self.slots.iter().filter(|s| s.is_some()).count();
         let n = batch::to_post(outstanding, self.slots.len(), wr_num);
-        if n == 0 || budget.stopped.load(Ordering::Relaxed) {
+        if n == 0 || !clock.running(now) || self.quota.spent() {
             return wrs;
         }
         self.next_batch = None;
@@ -409,7 +427,8 @@ impl Conn {
         let mut posted = 0;
         for _ in 0..n {
             let size = cfg.size.draw(&mut self.rng);
-            if !budget.claim(size, now) {
+            // Warm-up operations are not counted against --ops/--bytes.
+            if now >= clock.warmup_end && !self.quota.take(size) {
                 break;
             }
             let key = keys.draw(&mut self.rng);
@@ -499,14 +518,14 @@ impl Conn {
         }
     }
 
-    fn complete(&mut self, d: Done, budget: &Budget, rec: &mut Recorder, now: Instant) {
+    fn complete(&mut self, d: Done, clock: &Clock, rec: &mut Recorder, now: Instant) {
         match d {
             Done::Read { slot, ok } => {
                 let Some(op) = self.slots[slot as usize].as_ref() else {
                     return;
                 };
                 if !ok {
-                    return self.finish(slot, false, budget, rec, now);
+                    return self.finish(slot, false, clock, rec, now);
                 }
                 let off = self.qp.op_off(self.idx, slot as usize);
                 // SAFETY: the READ completed; the buffer is this slot's.
@@ -518,7 +537,7 @@ impl Conn {
                 match verdict {
                     Verdict::Done { tag, .. } => {
                         rec.updated_values += u64::from(tag != 0);
-                        self.finish(slot, true, budget, rec, now)
+                        self.finish(slot, true, clock, rec, now)
                     }
                     Verdict::ReadAgain => {
                         rec.torn_retries += 1;
@@ -530,7 +549,7 @@ impl Conn {
                             self.id
                         );
                         rec.wrong_values += 1;
-                        self.finish(slot, true, budget, rec, now);
+                        self.finish(slot, true, clock, rec, now);
                     }
                 }
             }
@@ -540,10 +559,10 @@ impl Conn {
                 };
                 op.send_done = true;
                 if !ok {
-                    return self.finish(slot, false, budget, rec, now);
+                    return self.finish(slot, false, clock, rec, now);
                 }
                 if op.reply_done {
-                    self.finish(slot, true, budget, rec, now);
+                    self.finish(slot, true, clock, rec, now);
                 }
             }
             Done::Reply { buf, len, ok } => {
@@ -567,7 +586,7 @@ impl Conn {
                         rec.error_replies += 1;
                         break;
                     };
-                    self.on_reply(r, payload, rec, budget, now);
+                    self.on_reply(r, payload, rec, clock, now);
                 }
             }
         }
@@ -578,7 +597,7 @@ impl Conn {
         r: Reply,
         payload: &[u8],
         rec: &mut Recorder,
-        budget: &Budget,
+        clock: &Clock,
         now: Instant,
     ) {
         let (slot, seq) = wrid::split_request_id(r.req);
@@ -619,12 +638,12 @@ impl Conn {
         let o = self.slots[slot as usize].as_mut().expect("in flight");
         o.reply_done = true;
         if o.send_done {
-            self.finish(slot, true, budget, rec, now);
+            self.finish(slot, true, clock, rec, now);
         }
     }
 
     /// Ends the operation in `slot`; `ok` false when its completion failed.
-    fn finish(&mut self, slot: u32, ok: bool, budget: &Budget, rec: &mut Recorder, now: Instant) {
+    fn finish(&mut self, slot: u32, ok: bool, clock: &Clock, rec: &mut Recorder, now: Instant) {
         let Some(op) = self.slots[slot as usize].take() else {
             return;
         };
@@ -632,7 +651,7 @@ impl Conn {
         if !ok {
             rec.failed_completions += 1;
         }
-        let counted = op.start >= budget.warmup_end;
+        let counted = op.start >= clock.warmup_end;
         if counted && ok {
             Recorder::record(&mut rec.ops, (now - op.start).as_nanos() as u64);
             self.ops += 1;
@@ -647,5 +666,32 @@ impl Conn {
                 self.batches[op.batch] = None;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Quota;
+
+    #[test]
+    fn totals_are_split_with_the_remainder_on_the_first_connections() {
+        let parts: Vec<Quota> = (0..4).map(|i| Quota::part(Some(10), None, 4, i)).collect();
+        let ops: Vec<u64> = parts.iter().map(|q| q.ops.unwrap()).collect();
+        assert_eq!(ops, [3, 3, 2, 2]);
+        assert!(parts.iter().all(|q| q.bytes.is_none()));
+        // fewer operations than connections: the rest have nothing to do
+        assert!(Quota::part(Some(1), None, 6, 5).spent());
+        assert!(!Quota::part(None, None, 6, 5).spent());
+    }
+
+    #[test]
+    fn a_byte_part_is_taken_while_any_is_left() {
+        let mut q = Quota::part(None, Some(100), 1, 0);
+        assert!(q.take(60));
+        assert!(q.take(60), "the last operation may overshoot");
+        assert!(q.spent());
+        assert!(!q.take(1));
+        let mut q = Quota::part(Some(2), Some(1 << 20), 1, 0);
+        assert!(q.take(32) && q.take(32) && !q.take(32));
     }
 }

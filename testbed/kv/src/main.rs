@@ -110,10 +110,11 @@ struct ClientArgs {
     /// Measure for this many seconds (default 5, unless --ops or --bytes is given).
     #[arg(long)]
     duration: Option<f64>,
-    /// Stop after this many operations (all connections together).
+    /// Stop after this many operations in all, split equally among the connections.
     #[arg(long)]
     ops: Option<u64>,
-    /// Stop after this many value bytes (all connections together; K/M/G suffixes).
+    /// Stop after this many value bytes in all, split equally among the connections (K/M/G
+    /// suffixes).
     #[arg(long, value_parser = parse_bytes)]
     bytes: Option<u64>,
     /// Seconds to run before measuring.
