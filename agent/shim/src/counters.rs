@@ -152,19 +152,15 @@ impl QpTable {
 
     /// Every QP seen so far: (QP number, send WQEs, send bytes, recv WQEs, completions).
     pub fn entries(&self) -> Vec<(u32, u64, u64, u64, u64)> {
-        self.slots
-            .iter()
-            .filter_map(|s| {
-                let k = s.key.load(Relaxed);
-                (k != 0).then(|| {
-                    (
-                        (k - 1) as u32,
-                        s.send_wqes.load(Relaxed),
-                        s.send_bytes.load(Relaxed),
-                        s.recv_wqes.load(Relaxed),
-                        s.completions.load(Relaxed),
-                    )
-                })
+        self.live()
+            .map(|(qpn, s)| {
+                (
+                    qpn,
+                    s.send_wqes.load(Relaxed),
+                    s.send_bytes.load(Relaxed),
+                    s.recv_wqes.load(Relaxed),
+                    s.completions.load(Relaxed),
+                )
             })
             .collect()
     }
