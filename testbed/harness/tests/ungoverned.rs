@@ -18,6 +18,9 @@ mod support;
 
 use support::{bin, Cluster};
 
+/// The hosts' line rate, 1 Gb/s (`--line-rate-gbps 1`), in bytes per second.
+const LINE_RATE: f64 = 125e6;
+
 impl Cluster {
     /// `ib_write_bw` of 64 KiB messages for `secs`: a server on h1 and a client on h2, as app
     /// `app` under the shim, or bare (`None`: `softrnic exec` alone, no shim).
@@ -143,23 +146,68 @@ fn wait_until(limit: Duration, what: &str, mut ok: impl FnMut() -> bool) -> Dura
     t.elapsed()
 }
 
-#[test]
-fn a_bare_ib_write_bw_is_reported_and_its_traffic_comes_off_the_hosts_budget() {
-    if let Err(why) = privileged(&["ib_write_bw"]) {
-        eprintln!("SKIPPED: {why}");
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("drum-ungoverned-test-{}", std::process::id()));
+/// A two-host cluster in its own directory (`name` and this process's id) running app `bulk`
+/// (`ib_write_bw` from h2 to h1 on `port` for 60 s under the shim), once its grant has
+/// settled; with bulk's server and client and its mean grant alone.
+fn cluster_with_bulk_settled(name: &str, port: &str) -> (Cluster, Child, Child, f64) {
+    let dir = std::env::temp_dir().join(format!("drum-{name}-test-{}", std::process::id()));
     let c = Cluster { dir };
     c.ok(&["up", "--hosts", "2", "--line-rate-gbps", "1"]);
-
-    let (_gs, mut gc) = c.writer(Some("bulk"), "18951", "60");
+    let (server, client) = c.writer(Some("bulk"), port, "60");
     wait_until(Duration::from_secs(30), "a grant for bulk", || {
         rate(&c.status(), "h2", "bulk").is_some()
     });
     // Settled: the grant follows the app's measured demand for a few rounds.
     std::thread::sleep(Duration::from_secs(4));
     let alone = mean_rate(&c, "h2", "bulk", 8);
+    (c, server, client, alone)
+}
+
+/// What became of bulk on h2 once process `other` sends beside it.
+struct Beside {
+    /// How long until bulk's grant fell below 80 % of `alone`.
+    fell: Duration,
+    /// Bulk's mean grant after that (fraction of the line).
+    beside: f64,
+    /// What `other` and bulk's client sent at the NIC over 2 s (fractions of the line).
+    other_share: f64,
+    bulk_share: f64,
+    /// How many times h2's agent logged a budget cut for ungoverned traffic.
+    budget_lines: usize,
+}
+
+/// Waits for bulk's grant to fall below 80 % of `alone` now that process `other` sends on h2
+/// beside bulk's client `bulk`, then measures both at the NIC.
+fn beside_bulk(c: &Cluster, other: u32, bulk: u32, alone: f64) -> Beside {
+    let fell = wait_until(Duration::from_secs(30), "bulk's grant falls", || {
+        rate(&c.status(), "h2", "bulk").is_some_and(|r| r < 0.8 * alone)
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let beside = mean_rate(c, "h2", "bulk", 8);
+    let (o0, b0) = (c.sent("h2", other), c.sent("h2", bulk));
+    std::thread::sleep(Duration::from_secs(2));
+    let (o1, b1) = (c.sent("h2", other), c.sent("h2", bulk));
+    let budget_lines = c
+        .agent_log("h2")
+        .lines()
+        .filter(|l| l.contains("less what ungoverned processes send"))
+        .count();
+    Beside {
+        fell,
+        beside,
+        other_share: (o1 - o0) / 2.0 / LINE_RATE,
+        bulk_share: (b1 - b0) / 2.0 / LINE_RATE,
+        budget_lines,
+    }
+}
+
+#[test]
+fn a_bare_ib_write_bw_is_reported_and_its_traffic_comes_off_the_hosts_budget() {
+    if let Err(why) = privileged(&["ib_write_bw"]) {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let (c, _gs, mut gc, alone) = cluster_with_bulk_settled("ungoverned", "18951");
 
     let (_bs, mut bc) = c.writer(None, "18952", "40");
     let bare = bc.id();
@@ -180,22 +228,13 @@ fn a_bare_ib_write_bw_is_reported_and_its_traffic_comes_off_the_hosts_budget() {
     assert!(found < Duration::from_secs(5), "reported after {found:?}");
 
     // Its traffic comes off h2's budget: bulk's grant falls.
-    let fell = wait_until(Duration::from_secs(30), "bulk's grant falls", || {
-        rate(&c.status(), "h2", "bulk").is_some_and(|r| r < 0.8 * alone)
-    });
-    std::thread::sleep(Duration::from_secs(3));
-    let beside = mean_rate(&c, "h2", "bulk", 8);
-    let (b0, g0) = (c.sent("h2", bare), c.sent("h2", gc.id()));
-    std::thread::sleep(Duration::from_secs(2));
-    let (b1, g1) = (c.sent("h2", bare), c.sent("h2", gc.id()));
-    let line_rate = 125e6;
-    let bare_share = (b1 - b0) / 2.0 / line_rate;
-    let bulk_share = (g1 - g0) / 2.0 / line_rate;
-    let budget_lines = c
-        .agent_log("h2")
-        .lines()
-        .filter(|l| l.contains("less what ungoverned processes send"))
-        .count();
+    let Beside {
+        fell,
+        beside,
+        other_share: bare_share,
+        bulk_share,
+        budget_lines,
+    } = beside_bulk(&c, bare, gc.id(), alone);
     eprintln!(
         "bare ib_write_bw reported {:.2} s after its client started; bulk granted {alone:.3} of \
          the line alone, {beside:.3} beside it ({:.1} s later below 80 %); measured at the NIC \
@@ -225,16 +264,7 @@ fn a_registered_process_that_ignores_its_grant_is_reported_and_its_excess_comes_
         eprintln!("SKIPPED: {why}");
         return;
     }
-    let dir = std::env::temp_dir().join(format!("drum-overgrant-test-{}", std::process::id()));
-    let c = Cluster { dir };
-    c.ok(&["up", "--hosts", "2", "--line-rate-gbps", "1"]);
-
-    let (_gs, mut gc) = c.writer(Some("bulk"), "18953", "60");
-    wait_until(Duration::from_secs(30), "a grant for bulk", || {
-        rate(&c.status(), "h2", "bulk").is_some()
-    });
-    std::thread::sleep(Duration::from_secs(4));
-    let alone = mean_rate(&c, "h2", "bulk", 8);
+    let (c, _gs, mut gc, alone) = cluster_with_bulk_settled("overgrant", "18953");
 
     let (_is, mut ic) = c.grant_ignorer("greedy", "18954", "40");
     let pid = ic.id();
@@ -276,30 +306,21 @@ fn a_registered_process_that_ignores_its_grant_is_reported_and_its_excess_comes_
         .any(|l| l.contains(&format!("pid={pid} uid=0 gid")) && l.contains("without DRUM's shim")));
 
     // Its excess comes off h2's budget: bulk's grant falls.
-    let fell = wait_until(Duration::from_secs(30), "bulk's grant falls", || {
-        rate(&c.status(), "h2", "bulk").is_some_and(|r| r < 0.8 * alone)
-    });
-    std::thread::sleep(Duration::from_secs(3));
-    let beside = mean_rate(&c, "h2", "bulk", 8);
-    let (i0, g0) = (c.sent("h2", pid), c.sent("h2", gc.id()));
-    std::thread::sleep(Duration::from_secs(2));
-    let (i1, g1) = (c.sent("h2", pid), c.sent("h2", gc.id()));
-    let line_rate = 125e6;
-    let greedy_share = (i1 - i0) / 2.0 / line_rate;
-    let bulk_share = (g1 - g0) / 2.0 / line_rate;
-    let budget_lines = c
-        .agent_log("h2")
-        .lines()
-        .filter(|l| l.contains("less what ungoverned processes send"))
-        .count();
+    let Beside {
+        fell,
+        beside,
+        other_share: greedy_share,
+        bulk_share,
+        budget_lines,
+    } = beside_bulk(&c, pid, gc.id(), alone);
     eprintln!(
         "greedy reported {:.2} s after its client started (grant {:.3}, measured {:.3} of the \
          line over the window); bulk granted {alone:.3} of the line alone, {beside:.3} beside it \
          ({:.1} s later below 80 %); measured at the NIC beside it: greedy {greedy_share:.3}, \
          bulk {bulk_share:.3} ({:.2} of its grant); {budget_lines} budget changes logged",
         found.as_secs_f64(),
-        granted / line_rate,
-        measured / line_rate,
+        granted / LINE_RATE,
+        measured / LINE_RATE,
         fell.as_secs_f64(),
         bulk_share / beside
     );
