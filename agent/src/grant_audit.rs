@@ -6,6 +6,7 @@
 //!
 //! Pure: the caller reads the counters and the grants and passes its clock.
 
+use crate::warned_once::WarnedOnce;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
@@ -63,7 +64,7 @@ pub struct GrantAudit {
     window: Duration,
     tolerance: f64,
     tracks: BTreeMap<u32, Track>,
-    warned: BTreeSet<(u32, String)>,
+    warned: WarnedOnce<(u32, String)>,
 }
 
 impl GrantAudit {
@@ -74,7 +75,7 @@ impl GrantAudit {
             window,
             tolerance,
             tracks: BTreeMap::new(),
-            warned: BTreeSet::new(),
+            warned: WarnedOnce::default(),
         }
     }
 
@@ -143,12 +144,12 @@ impl GrantAudit {
                 measured_bytes_per_s: sent / s,
                 excess_bytes_per_s: (sent - allowed) / s,
                 window_s: s,
-                first: self.warned.insert((p.pid, p.app.clone())),
+                first: self.warned.first((p.pid, p.app.clone())),
             });
         }
         let present: BTreeSet<u32> = procs.iter().map(|p| p.pid).collect();
         self.tracks.retain(|pid, _| present.contains(pid));
-        self.warned.retain(|(pid, _)| present.contains(pid));
+        self.warned.forget_absent(|(pid, _)| present.contains(pid));
         out
     }
 }

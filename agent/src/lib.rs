@@ -17,6 +17,7 @@ pub mod shim_metrics;
 pub mod shim_settings;
 pub mod tenants;
 pub mod ungoverned;
+pub mod warned_once;
 
 use anyhow::{bail, Context, Result};
 use drum_common::admm::HostState;

@@ -7,6 +7,7 @@
 
 pub mod direct_verbs;
 
+use crate::warned_once::WarnedOnce;
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -201,7 +202,7 @@ pub const GRACE: Duration = Duration::from_millis(800);
 #[derive(Default)]
 pub struct Scanner {
     first_seen: BTreeMap<u32, Instant>,
-    warned: BTreeSet<(u32, String)>,
+    warned: WarnedOnce<(u32, String)>,
     rates: Rates,
 }
 
@@ -251,7 +252,7 @@ impl Scanner {
                 reason: reason(maps[0], maps[1]),
                 tx_bytes_per_s: rates.get(&pid).copied().unwrap_or(0.0),
             };
-            if self.warned.insert((pid, u.exe.clone())) {
+            if self.warned.first((pid, u.exe.clone())) {
                 warn!(
                     pid,
                     uid,
@@ -265,7 +266,7 @@ impl Scanner {
             out.push(u);
         }
         let alive: BTreeSet<u32> = self.first_seen.keys().copied().collect();
-        self.warned.retain(|(p, _)| alive.contains(p));
+        self.warned.forget_absent(|(p, _)| alive.contains(p));
         out
     }
 }

@@ -7,6 +7,7 @@
 //!
 //! Pure: the caller reads the tables and logs.
 
+use crate::warned_once::WarnedOnce;
 use std::collections::BTreeSet;
 
 /// A registered process as its table describes it now.
@@ -42,7 +43,7 @@ pub fn reason(queues: u64) -> String {
 /// Which processes were reported already.
 #[derive(Default)]
 pub struct DirectWatch {
-    warned: BTreeSet<(u32, String)>,
+    warned: WarnedOnce<(u32, String)>,
 }
 
 impl DirectWatch {
@@ -58,12 +59,12 @@ impl DirectWatch {
                 app: p.app.clone(),
                 queues: p.queues,
                 reason: reason(p.queues),
-                first: self.warned.insert((p.pid, p.app.clone())),
+                first: self.warned.first((p.pid, p.app.clone())),
             })
             .collect();
         let present: BTreeSet<(u32, &str)> = procs.iter().map(|p| (p.pid, &*p.app)).collect();
         self.warned
-            .retain(|(pid, app)| present.contains(&(*pid, app.as_str())));
+            .forget_absent(|(pid, app)| present.contains(&(*pid, app.as_str())));
         out
     }
 }
