@@ -57,7 +57,9 @@ pub fn running_pid(dir: &Path, name: &str, marker: &str) -> Option<i32> {
 }
 
 /// Stops the daemon of `DIR/NAME.pid` (SIGTERM, then SIGKILL after `grace`) if it is still
-/// ours: its command line mentions `marker`. Returns whether one was running.
+/// ours: its command line mentions `marker`. Returns whether one was running. A daemon this
+/// process started is collected, killed or already exited, so that it does not stay a zombie
+/// until this process exits.
 pub fn stop(dir: &Path, name: &str, marker: &str, grace: Duration) -> bool {
     let file = dir.join(format!("{name}.pid"));
     let Some(pid) = pid(dir, name) else {
@@ -76,8 +78,10 @@ pub fn stop(dir: &Path, name: &str, marker: &str, grace: Duration) -> bool {
             // SAFETY: as above.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
-        reap(pid);
     }
+    // Also when it was not running: one that exited by itself is a zombie, which no longer
+    // looks like ours (a zombie's command line is empty).
+    reap_killed(pid);
     let _ = std::fs::remove_file(file);
     running
 }
@@ -99,15 +103,84 @@ pub fn kill_marked_env(var: &str) {
         {
             // SAFETY: signalling a process this cluster started (its environment says so).
             unsafe { libc::kill(pid, libc::SIGKILL) };
-            reap(pid);
+            reap_killed(pid);
         }
     }
 }
 
-/// Collects `pid` if it is a child of this process (started by this very invocation), so
-/// that it does not linger as a zombie that still looks alive.
-fn reap(pid: i32) {
+/// Collects `pid` if it is a child of this process (started by this very invocation) that
+/// has exited, so that it does not linger as a zombie that still looks alive. Whether it is
+/// settled: collected now, or not (or no longer) a child of this process.
+fn reap(pid: i32) -> bool {
     let mut status = 0;
-    // SAFETY: non-blocking wait for one pid; fails harmlessly for a non-child.
-    unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+    // SAFETY: non-blocking wait for one pid; fails harmlessly (ECHILD) for a non-child.
+    unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) != 0 }
+}
+
+/// How long a child sent SIGKILL may take to be collectable; the kernel delivers the signal
+/// asynchronously, so a wait right after `kill` usually finds it still running.
+const KILL_REAP_LIMIT: Duration = Duration::from_secs(2);
+
+/// [`reap`] for a process just sent SIGKILL (or already exited): waits, within
+/// [`KILL_REAP_LIMIT`], until a child of this process is collected.
+fn reap_killed(pid: i32) {
+    let t = Instant::now();
+    while !reap(pid) && t.elapsed() < KILL_REAP_LIMIT {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether `pid` is still a child of this process that nobody collected (running or a
+    /// zombie).
+    fn uncollected(pid: u32) -> bool {
+        let mut status = 0;
+        // SAFETY: non-blocking wait for one pid; a collected or foreign pid fails with ECHILD.
+        let r = unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) };
+        r == 0 || r == pid as i32
+    }
+
+    /// `sh -c SCRIPT MARKER`, started as a daemon named `name` in a fresh directory: the
+    /// marker is the shell's `$0`, so its command line mentions it.
+    fn daemon(name: &str, script: &str) -> (std::path::PathBuf, String, u32) {
+        let dir =
+            std::env::temp_dir().join(format!("drum-daemons-test-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let marker = dir.to_string_lossy().to_string();
+        let pid = start(&dir, name, Command::new("sh").args(["-c", script, &marker])).unwrap();
+        (dir, marker, pid)
+    }
+
+    #[test]
+    fn a_daemon_that_ignores_sigterm_is_killed_and_collected() {
+        let (dir, marker, pid) = daemon("stubborn", "trap '' TERM; while :; do sleep 0.05; done");
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(stop(&dir, "stubborn", &marker, Duration::from_millis(100)));
+        assert!(!uncollected(pid), "left a zombie");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_daemon_killed_without_grace_is_collected() {
+        let (dir, marker, pid) = daemon("crashed", "while :; do sleep 0.05; done");
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(stop(&dir, "crashed", &marker, Duration::ZERO));
+        assert!(!uncollected(pid), "left a zombie");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_daemon_that_exited_by_itself_is_collected_when_stopped() {
+        let (dir, marker, pid) = daemon("quitter", "exit 3");
+        let t = Instant::now();
+        while ours(pid as i32, &marker) && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!stop(&dir, "quitter", &marker, Duration::from_secs(1)));
+        assert!(!uncollected(pid), "left a zombie");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }
