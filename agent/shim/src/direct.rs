@@ -7,7 +7,7 @@
 //! that would take them is reported wherever it runs, also where the provider refuses (no
 //! libmlx5, another NIC). Other providers' direct verbs are not detected.
 
-use crate::{extended, real_as, warn_once, Trouble};
+use crate::{extended, optional_as, warn_once, Trouble};
 use libc::{c_int, c_void};
 use std::panic::catch_unwind;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -42,9 +42,16 @@ pub unsafe extern "C" fn mlx5dv_init_obj(obj: *mut c_void, obj_type: u64) -> c_i
             );
         });
     }
-    match real_as::<InitObjFn>(c"mlx5dv_init_obj", &REAL_INIT_OBJ) {
+    match optional_as::<InitObjFn>(c"mlx5dv_init_obj", &REAL_INIT_OBJ) {
         // SAFETY: forwarding unchanged.
         Some(f) => unsafe { f(obj, obj_type) },
-        None => libc::EOPNOTSUPP,
+        None => {
+            warn_once(
+                Trouble::NoMlx5,
+                "libmlx5 is not loaded, so direct verbs (mlx5dv_init_obj) are refused with \
+                 EOPNOTSUPP",
+            );
+            libc::EOPNOTSUPP
+        }
     }
 }

@@ -156,6 +156,7 @@ pub(crate) enum Trouble {
     WrApi = 32768,
     DirectVerbs = 65536,
     NicPacing = 131072,
+    NoMlx5 = 262144,
 }
 
 static WARNED: AtomicU32 = AtomicU32::new(0);
@@ -439,10 +440,20 @@ pub(crate) fn completions<T, F: FnOnce() -> Option<T>>(f: F) -> Option<T> {
 
 /// The real function `name` of type `F`, or `None` (reported once).
 pub(crate) fn real_as<F: Copy>(name: &CStr, cache: &AtomicUsize) -> Option<F> {
-    let p = real(name, cache)?;
-    // SAFETY: callers name the type of the libibverbs function they resolve; a function
-    // pointer has the size of usize.
-    Some(unsafe { std::mem::transmute_copy::<usize, F>(&p) })
+    real(name, cache).map(as_fn)
+}
+
+/// The real function `name` of type `F`, or `None` without a word: for a library the
+/// program may not load at all (libmlx5), whose absence its caller explains.
+pub(crate) fn optional_as<F: Copy>(name: &CStr, cache: &AtomicUsize) -> Option<F> {
+    let p = catch_unwind(|| resolve(name, cache)).unwrap_or(0);
+    (p != 0).then(|| as_fn(p))
+}
+
+fn as_fn<F: Copy>(p: usize) -> F {
+    // SAFETY: callers name the type of the real function they resolve; a function pointer
+    // has the size of usize.
+    unsafe { std::mem::transmute_copy::<usize, F>(&p) }
 }
 
 /// Interposes `ibv_create_cq`: on a governed context the CQ becomes virtual (`vcq`).

@@ -505,6 +505,14 @@ fn a_registered_program_that_takes_queues_with_direct_verbs_is_reported() {
         "the shim says so once: {}",
         said()
     );
+    assert_eq!(
+        said()
+            .matches("libmlx5 is not loaded, so direct verbs (mlx5dv_init_obj) are refused")
+            .count(),
+        1,
+        "and why it refuses, once: {}",
+        said()
+    );
     assert!(took < Duration::from_secs(5), "reported after {took:?}");
     // Several scans later, still one WARN.
     std::thread::sleep(Duration::from_millis(600));
