@@ -9,9 +9,10 @@
 //! requests from them and sleeps on the engine's doorbell. All state sits behind one mutex.
 //!
 //! This file holds the engine's state and what every part uses (completions, asynchronous
-//! events, memory of other processes); the parts are its modules: `verbs` (the provider's
-//! requests), `work_queues` and `rings` (posting), `qp_state`, `requester`, `responder`,
-//! `xrc`, and `host_io` (threads, sockets, GSO/GRO).
+//! events); the parts are its modules: `verbs` (the provider's requests), `work_queues` and
+//! `rings` (posting), `qp_state`, `requester`, `responder`, `xrc`, `host_io` (threads,
+//! sockets, GSO/GRO), `process_memory` (the applications' memory) and `diagnostics` (what
+//! the log says of slow locks and stalled QPs).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
@@ -39,10 +40,12 @@ use crate::ring::{self, Doorbell, Map, QpLayout, Ring};
 use crate::wire::{self, psn_add, psn_diff, Packet, Payload};
 
 mod congestion;
+mod diagnostics;
 mod host_io;
 mod ingress;
 mod multicast;
 mod placement;
+mod process_memory;
 mod qp_state;
 mod raw;
 mod requester;
@@ -52,7 +55,9 @@ mod verbs;
 mod work_queues;
 mod xrc;
 
+use diagnostics::*;
 use host_io::*;
+use process_memory::*;
 use requester::*;
 
 /// How long a destroyed QP still acknowledges duplicates of what it had received.
@@ -70,8 +75,6 @@ const TICK: Duration = Duration::from_millis(1);
 const TX_BURST: usize = 64;
 /// The stats file is rewritten at most this often (and only when a counter changed).
 const STATS_EVERY: Duration = Duration::from_millis(200);
-/// A QP with work that has made no progress for this long is listed in the stats file.
-const NO_PROGRESS: Duration = Duration::from_secs(1);
 /// How often the engine reads its port's sysfs state (`softrnic link`).
 pub const PORT_CHECK_EVERY: Duration = Duration::from_millis(100);
 /// Atomic results a responder QP remembers by PSN, so that a retransmitted atomic request is
@@ -546,68 +549,7 @@ struct Shared {
     /// The last [`Holder`] to take `st`, named when someone waited long for it.
     holder: AtomicU8,
 }
-
-/// Who takes the NIC's state: a wait for it of [`SLOW_LOCK`] or more is logged with the
-/// holder's name, since every thread of the engine stops while one holds it.
-#[derive(Clone, Copy)]
-#[repr(u8)]
-enum Holder {
-    Transmitter,
-    Receiver,
-    Verbs,
-    Connection,
-    Housekeeping,
-}
-
-impl Holder {
-    const NAMES: [&'static str; 5] = [
-        "the transmitter",
-        "the receiver",
-        "a verbs request",
-        "a connection's setup or teardown",
-        "the stats writer",
-    ];
-
-    fn name(i: u8) -> &'static str {
-        Self::NAMES.get(usize::from(i)).copied().unwrap_or("?")
-    }
-}
-
-/// Lines for the engine's log, written by the housekeeping thread: a write to the log file
-/// may wait for the disk (see [`host_io::housekeeping`]), never with the NIC's state held.
-static LOG_LATER: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-fn log_later(line: String) {
-    LOG_LATER
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(line);
-}
-
-fn take_log() -> Vec<String> {
-    std::mem::take(&mut *LOG_LATER.lock().unwrap_or_else(|p| p.into_inner()))
-}
-
-/// A wait for the NIC's state, or a hand-over of packets to the kernel, this long is logged.
-const SLOW_LOCK: Duration = Duration::from_millis(200);
-
 impl Shared {
-    fn lock(&self, who: Holder) -> MutexGuard<'_, State> {
-        let start = Instant::now();
-        let g = self.st.lock().unwrap_or_else(|p| p.into_inner());
-        let waited = start.elapsed();
-        if waited >= SLOW_LOCK {
-            log_later(format!(
-                "softrnic engine: {} waited {} ms for the NIC's state, last taken by {}",
-                Holder::name(who as u8),
-                waited.as_millis(),
-                Holder::name(self.holder.load(Ordering::Relaxed))
-            ));
-        }
-        self.holder.store(who as u8, Ordering::Relaxed);
-        g
-    }
-
     fn kick(&self) {
         self.db.ring();
     }
@@ -747,198 +689,6 @@ impl State {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Memory access of other processes
-// ---------------------------------------------------------------------------------------------
-
-type CrossMemoryFn = unsafe extern "C" fn(
-    libc::pid_t,
-    *const libc::iovec,
-    libc::c_ulong,
-    *const libc::iovec,
-    libc::c_ulong,
-    libc::c_ulong,
-) -> libc::ssize_t;
-
-/// Moves `len` bytes between `local` in this process and `addr` in `pid` with `op`
-/// (`process_vm_readv` or `process_vm_writev`), looping over partial transfers.
-///
-/// # Safety
-/// `local` must be valid for `len` bytes in the direction `op` uses it (written by readv, read by
-/// writev); the kernel checks the remote range against the target's address space.
-unsafe fn cross_memory(
-    op: CrossMemoryFn,
-    pid: i32,
-    addr: u64,
-    local: *mut u8,
-    len: usize,
-) -> io::Result<()> {
-    let mut done = 0usize;
-    while done < len {
-        let local = libc::iovec {
-            // SAFETY: done < len, so the offset stays inside the caller's buffer.
-            iov_base: unsafe { local.add(done) } as *mut libc::c_void,
-            iov_len: len - done,
-        };
-        let remote = libc::iovec {
-            iov_base: (addr as usize + done) as *mut libc::c_void,
-            iov_len: len - done,
-        };
-        // SAFETY: the local iovec lies inside the caller's buffer (see the function's contract).
-        let n = unsafe { op(pid, &local, 1, &remote, 1, 0) };
-        done += moved(n)?;
-    }
-    Ok(())
-}
-
-fn read_mem(pid: i32, addr: u64, buf: &mut [u8]) -> io::Result<()> {
-    // SAFETY: `buf` is valid and writable for its whole length.
-    unsafe {
-        cross_memory(
-            libc::process_vm_readv,
-            pid,
-            addr,
-            buf.as_mut_ptr(),
-            buf.len(),
-        )
-    }
-}
-
-fn write_mem(pid: i32, addr: u64, data: &[u8]) -> io::Result<()> {
-    // SAFETY: `data` is valid for reads for its whole length, and writev only reads it.
-    unsafe {
-        cross_memory(
-            libc::process_vm_writev,
-            pid,
-            addr,
-            data.as_ptr() as *mut u8,
-            data.len(),
-        )
-    }
-}
-
-/// `len` bytes of the segment list from byte `offset` on, in a new buffer. Read straight
-/// into its allocation: zeroing it first cost as much as a copy.
-fn gather(pid: i32, segs: &[(u64, u64)], offset: u64, len: usize) -> io::Result<Vec<u8>> {
-    let mut v = Vec::<u8>::with_capacity(len);
-    let mut done = 0;
-    for (addr, r) in pieces(segs, offset, len) {
-        done = r.end;
-        // SAFETY: the range lies inside the allocation's `len` bytes of capacity, which
-        // readv writes (through a raw pointer: no reference to uninitialised bytes is made).
-        unsafe {
-            cross_memory(
-                libc::process_vm_readv,
-                pid,
-                addr,
-                v.as_mut_ptr().add(r.start),
-                r.len(),
-            )?
-        };
-    }
-    if done != len {
-        return Err(io::Error::from_raw_os_error(libc::EFAULT));
-    }
-    // SAFETY: the pieces cover 0..len back to back and every read moved all of its bytes
-    // (`cross_memory` fails otherwise), so all `len` bytes are initialised.
-    unsafe { v.set_len(len) };
-    Ok(v)
-}
-
-/// Where `len` bytes at byte `offset` of a segment list lie: (address, their range in the
-/// bytes), in order. They cover fewer than `len` bytes when the list ends first.
-fn pieces(
-    segs: &[(u64, u64)],
-    mut offset: u64,
-    len: usize,
-) -> impl Iterator<Item = (u64, std::ops::Range<usize>)> + '_ {
-    let mut pos = 0usize;
-    segs.iter().filter_map(move |&(addr, seg_len)| {
-        if pos == len {
-            return None;
-        }
-        if offset >= seg_len {
-            offset -= seg_len;
-            return None;
-        }
-        let n = ((seg_len - offset) as usize).min(len - pos);
-        let piece = (addr + offset, pos..pos + n);
-        pos += n;
-        offset = 0;
-        Some(piece)
-    })
-}
-
-/// Bytes a `process_vm_readv`/`writev` call moved, or why it moved none (0: the remote
-/// range ended, as `EFAULT`).
-fn moved(n: isize) -> io::Result<usize> {
-    match n {
-        n if n < 0 => Err(io::Error::last_os_error()),
-        0 => Err(io::Error::from_raw_os_error(libc::EFAULT)),
-        n => Ok(n as usize),
-    }
-}
-
-/// Most iovecs one `process_vm_writev` takes (Linux's `IOV_MAX`).
-const IOV_MAX: usize = 1024;
-
-/// Write `parts` back to back at `addr` in `pid`: one `process_vm_writev` whose local iovecs
-/// point at the parts themselves (no gathering copy), more only beyond [`IOV_MAX`] parts or
-/// when the kernel stops short.
-fn write_mem_parts(pid: i32, addr: u64, parts: &[Payload]) -> io::Result<()> {
-    let total: usize = parts.iter().map(|p| p.len()).sum();
-    let mut done = 0usize;
-    while done < total {
-        let iov = iovecs_from(parts, done);
-        let len: usize = iov.iter().map(|v| v.iov_len).sum();
-        let remote = libc::iovec {
-            iov_base: (addr as usize + done) as *mut libc::c_void,
-            iov_len: len,
-        };
-        // SAFETY: the local iovecs point into the live buffers of `parts`, which writev only
-        // reads; the kernel checks the remote range against the target's address space.
-        let n = unsafe {
-            libc::process_vm_writev(pid, iov.as_ptr(), iov.len() as libc::c_ulong, &remote, 1, 0)
-        };
-        done += moved(n)?;
-    }
-    Ok(())
-}
-
-/// Iovecs for the bytes of `parts` from byte `skip` on, at most [`IOV_MAX`] of them.
-fn iovecs_from(parts: &[Payload], mut skip: usize) -> Vec<libc::iovec> {
-    parts
-        .iter()
-        .filter_map(|p| {
-            if skip >= p.len() {
-                skip -= p.len();
-                return None;
-            }
-            let rest = &p[skip..];
-            skip = 0;
-            Some(libc::iovec {
-                iov_base: rest.as_ptr() as *mut libc::c_void,
-                iov_len: rest.len(),
-            })
-        })
-        .take(IOV_MAX)
-        .collect()
-}
-
-/// Copy `data` into the segment list at byte `offset`.
-fn scatter(pid: i32, segs: &[(u64, u64)], offset: u64, data: &[u8]) -> io::Result<()> {
-    let mut done = 0;
-    for (addr, r) in pieces(segs, offset, data.len()) {
-        done = r.end;
-        write_mem(pid, addr, &data[r])?;
-    }
-    if done == data.len() {
-        Ok(())
-    } else {
-        Err(io::Error::from_raw_os_error(libc::EMSGSIZE))
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // The engine's state
 // ---------------------------------------------------------------------------------------------
 
@@ -961,61 +711,6 @@ impl State {
                 format!("proc_tx_wqes.{pid} {wqes}\nproc_tx_bytes.{pid} {bytes}\n")
             })
             .collect()
-    }
-
-    /// The RC QPs that have work and have made no progress for [`NO_PROGRESS`]: what a
-    /// stalled application waits for.
-    fn no_progress_qps(&self, now: Instant) -> BTreeSet<u32> {
-        self.qps
-            .iter()
-            .filter(|(_, q)| {
-                let has_work = q.sq_next < q.sq.len() || !q.inflight.is_empty();
-                let requester_stalled =
-                    has_work && now.saturating_duration_since(q.last_progress) >= NO_PROGRESS;
-                let responder_stalled = !q.read_jobs.is_empty()
-                    && now.saturating_duration_since(q.responded_at) >= NO_PROGRESS;
-                q.qpt == IBV_QPT_RC && (requester_stalled || responder_stalled)
-            })
-            .map(|(n, _)| *n)
-            .collect()
-    }
-
-    /// A QP's requester state, for the engine's log.
-    fn describe_qp(&self, qpn: u32, now: Instant) -> String {
-        let Some(q) = self.qps.get(&qpn) else {
-            return "gone".into();
-        };
-        let jobs = q.read_jobs.front().map_or(String::new(), |j| {
-            format!(
-                "; answering {} READs, the oldest at PSN {} (packet {} of {}), last response \
-                 {} ms ago",
-                q.read_jobs.len(),
-                j.psn,
-                j.next,
-                j.n,
-                now.saturating_duration_since(q.responded_at).as_millis()
-            )
-        });
-        let nic_busy = self.nic.wait(now).map_or(0, |d| d.as_millis());
-        let paced = q.pacer.map_or(String::new(), |p| {
-            let due = p
-                .ready_at(now)
-                .map_or(0, |t| t.saturating_duration_since(now).as_millis());
-            format!("; paced at {} kb/s, next packet due in {due} ms", p.kbps())
-        });
-        format!(
-            "NIC busy for {nic_busy} ms{paced}; state {} idle {} ms; send queue {} (next to send {}), {} packets in flight \
-             (retransmitting from {:?}, retry {}), READs/atomics waiting for responses {} of {}{jobs}",
-            q.state,
-            now.saturating_duration_since(q.last_progress).as_millis(),
-            q.sq.len(),
-            q.sq_next,
-            q.inflight.len(),
-            q.resend,
-            q.retries,
-            q.reads_atomics_outstanding(),
-            q.reads_atomics_limit(),
-        )
     }
 
     #[cfg(test)]
