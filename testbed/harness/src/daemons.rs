@@ -70,18 +70,22 @@ pub fn stop(dir: &Path, name: &str, marker: &str, grace: Duration) -> bool {
         // SAFETY: signalling a process we started (checked by its command line).
         unsafe { libc::kill(pid, libc::SIGTERM) };
         let t = Instant::now();
-        while ours(pid, marker) && t.elapsed() < grace {
-            reap(pid);
+        let mut collected = false;
+        while !collected && ours(pid, marker) && t.elapsed() < grace {
+            collected = reap(pid);
             std::thread::sleep(Duration::from_millis(20));
         }
-        if ours(pid, marker) {
-            // SAFETY: as above.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+        if !collected {
+            if ours(pid, marker) {
+                // SAFETY: as above.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            await_child(pid);
         }
+    } else if zombie_child(pid) {
+        // It exited by itself: a zombie's command line is empty, so it no longer looks ours.
+        reap(pid);
     }
-    // Also when it was not running: one that exited by itself is a zombie, which no longer
-    // looks like ours (a zombie's command line is empty).
-    reap_killed(pid);
     let _ = std::fs::remove_file(file);
     running
 }
@@ -103,29 +107,48 @@ pub fn kill_marked_env(var: &str) {
         {
             // SAFETY: signalling a process this cluster started (its environment says so).
             unsafe { libc::kill(pid, libc::SIGKILL) };
-            reap_killed(pid);
+            reap(pid);
         }
     }
 }
 
 /// Collects `pid` if it is a child of this process (started by this very invocation) that
-/// has exited, so that it does not linger as a zombie that still looks alive. Whether it is
-/// settled: collected now, or not (or no longer) a child of this process.
+/// has exited, so that it does not linger as a zombie that still looks alive. Whether it was
+/// collected now.
 fn reap(pid: i32) -> bool {
     let mut status = 0;
     // SAFETY: non-blocking wait for one pid; fails harmlessly (ECHILD) for a non-child.
-    unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) != 0 }
+    unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) == pid }
+}
+
+/// Whether `pid` is a child of this process that exited and was not collected yet.
+fn zombie_child(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // After the command name in parentheses (which may hold anything): state, parent.
+    let mut rest = stat
+        .rsplit_once(')')
+        .map_or("", |(_, r)| r)
+        .split_whitespace();
+    rest.next() == Some("Z") && rest.next() == Some(&std::process::id().to_string())
 }
 
 /// How long a child sent SIGKILL may take to be collectable; the kernel delivers the signal
-/// asynchronously, so a wait right after `kill` usually finds it still running.
+/// asynchronously, so a wait right after `kill` may find it still running.
 const KILL_REAP_LIMIT: Duration = Duration::from_secs(2);
 
-/// [`reap`] for a process just sent SIGKILL (or already exited): waits, within
-/// [`KILL_REAP_LIMIT`], until a child of this process is collected.
-fn reap_killed(pid: i32) {
+/// Collects `pid`, just sent SIGKILL, once it has exited (within [`KILL_REAP_LIMIT`]), if it
+/// is a child of this process that nobody collected yet (so its pid cannot have been reused).
+fn await_child(pid: i32) {
     let t = Instant::now();
-    while !reap(pid) && t.elapsed() < KILL_REAP_LIMIT {
+    loop {
+        let mut status = 0;
+        // SAFETY: non-blocking wait for one pid; fails harmlessly (ECHILD) for a non-child.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r != 0 || t.elapsed() >= KILL_REAP_LIMIT {
+            return;
+        }
         std::thread::sleep(Duration::from_millis(5));
     }
 }
