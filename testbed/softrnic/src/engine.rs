@@ -8,11 +8,11 @@
 //! rings shared with the applications ([`crate::ring`]); the transmitter takes new work
 //! requests from them and sleeps on the engine's doorbell. All state sits behind one mutex.
 //!
-//! This file holds the engine's state and what every part uses (completions, asynchronous
-//! events); the parts are its modules: `verbs` (the provider's requests), `work_queues` and
-//! `rings` (posting), `qp_state`, `requester`, `responder`, `xrc`, `host_io` (threads,
-//! sockets, GSO/GRO), `process_memory` (the applications' memory) and `diagnostics` (what
-//! the log says of slow locks and stalled QPs).
+//! This file holds the engine's state and what every part uses (completions); the parts are
+//! its modules: `verbs` (the provider's requests), `work_queues` and `rings` (posting),
+//! `qp_state`, `requester`, `responder`, `xrc`, `host_io` (the engine's start, threads,
+//! sockets, GSO/GRO), `async_events`, `process_memory` (the applications' memory) and
+//! `diagnostics` (what the log says of slow locks and stalled QPs).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
@@ -39,6 +39,7 @@ use crate::proto::{self, Caps, QpAttrs, RecvWr, Req, Resp, SendWr, Sge};
 use crate::ring::{self, Doorbell, Map, QpLayout, Ring};
 use crate::wire::{self, psn_add, psn_diff, Packet, Payload};
 
+mod async_events;
 mod congestion;
 mod diagnostics;
 mod host_io;
@@ -56,6 +57,7 @@ mod work_queues;
 mod xrc;
 
 use diagnostics::*;
+pub use host_io::run;
 use host_io::*;
 use process_memory::*;
 use requester::*;
@@ -946,111 +948,6 @@ impl State {
         }
     }
 
-    /// Raise an asynchronous event on connection `conn`'s event stream (dropped if the context
-    /// has none, e.g. a provider that did not open one).
-    fn raise(&mut self, conn: u64, obj: Obj, element: u64, event_type: u32) {
-        let Some((id, q)) = self.event_queue(conn) else {
-            return;
-        };
-        if !q.push(obj, element, event_type) {
-            eprintln!("softrnic engine: async event {event_type} dropped (queue full)");
-        }
-        self.pump_events(id);
-    }
-
-    /// The link went down or came up: every context of the host learns it from an
-    /// asynchronous event (`IBV_EVENT_PORT_ERR`, `IBV_EVENT_PORT_ACTIVE`; element: port 1).
-    /// QPs are left alone, as on hardware: their retransmissions fail while the link is down
-    /// and run out after their retry count, or succeed once it is back.
-    fn set_port(&mut self, up: bool) {
-        if up == self.port_up {
-            return;
-        }
-        self.port_up = up;
-        let event = if up {
-            IBV_EVENT_PORT_ACTIVE
-        } else {
-            IBV_EVENT_PORT_ERR
-        };
-        let conns: Vec<u64> = self
-            .channels
-            .values()
-            .filter(|c| c.events.is_some())
-            .map(|c| c.conn)
-            .collect();
-        for conn in conns {
-            self.raise(conn, Obj::Port, 1, event);
-        }
-    }
-
-    /// The channel id and event queue of connection `conn`'s asynchronous event stream.
-    fn event_queue(&mut self, conn: u64) -> Option<(u32, &mut EventQueue)> {
-        self.channels
-            .iter_mut()
-            .filter(|(_, c)| c.conn == conn)
-            .find_map(|(&id, c)| Some((id, c.events.as_mut()?)))
-    }
-
-    /// An asynchronous event of a QP, for the application's `ibv_qp *`.
-    fn raise_qp(&mut self, qpn: u32, event_type: u32) {
-        if let Some(q) = self.qps.get(&qpn) {
-            let (conn, user) = (q.conn, q.user);
-            self.raise(conn, Obj::Qp(qpn), user, event_type);
-        }
-    }
-
-    /// Write the next record of event stream `id` if the application has read the last one.
-    fn pump_events(&mut self, id: u32) {
-        let Some(ch) = self.channels.get_mut(&id) else {
-            return;
-        };
-        let (Some(sink), Some(q)) = (ch.sink.as_ref(), ch.events.as_mut()) else {
-            return;
-        };
-        if let Some(r) = q.next_record() {
-            if !send_nowait(sink, &r) {
-                // Only a closed or broken stream refuses 16 bytes into an empty socket.
-                eprintln!("softrnic engine: async event lost");
-                q.consumed(true);
-            }
-        }
-    }
-
-    /// The connection's event stream: the record on it is gone (read or taken back).
-    fn async_event_read(&mut self, conn: u64, taken_back: bool) -> Resp {
-        let Some((id, q)) = self.event_queue(conn) else {
-            return err(libc::EINVAL);
-        };
-        q.consumed(taken_back);
-        self.pump_events(id);
-        Resp::Unit
-    }
-
-    /// An object of connection `conn` is destroyed: its unread events go with it; the answer
-    /// tells the provider what to wait for (see [`crate::events`]).
-    fn forget_events(&mut self, conn: u64, obj: Obj) -> Resp {
-        let (events_reported, event_unread) = self
-            .event_queue(conn)
-            .map_or((0, false), |(_, q)| q.forget(obj));
-        Resp::Destroyed {
-            events_reported,
-            event_unread,
-        }
-    }
-
-    /// Make `s` the event stream of channel `id` (owned by process `pid`, proven by `token`).
-    fn attach_channel(&mut self, pid: i32, id: u32, token: u64, s: UnixStream) -> Resp {
-        match self.channels.get_mut(&id) {
-            Some(ch) if ch.pid == pid && ch.token == token && ch.sink.is_none() => {
-                ch.sink = Some(s);
-                // An event stream may have events waiting already.
-                self.pump_events(id);
-                Resp::Unit
-            }
-            _ => err(libc::EINVAL),
-        }
-    }
-
     fn drop_conn(&mut self, conn: u64) {
         let qpns: Vec<u32> = self
             .qps
@@ -1074,126 +971,6 @@ impl State {
         self.pds.retain(|_, c| *c != conn);
         self.context_keys.remove(&conn);
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Threads
-// ---------------------------------------------------------------------------------------------
-
-/// Packets, staged message data and gathered WRITE data are allocated and freed at the line
-/// rate. glibc's defaults gave the freed memory back to the kernel after nearly every message
-/// (`madvise`) and took it back page fault by page fault: a quarter of the engine's CPU in a
-/// same-host `ib_write_bw`. A working set of a few MiB stays mapped instead.
-fn keep_freed_memory() {
-    // SAFETY: mallopt takes integer parameters and only tunes the allocator.
-    unsafe {
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 4 << 20);
-    }
-}
-
-/// Run the engine until killed.
-pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
-    // The transmitter sleeps for the NIC model's clock (a packet's wire time, tens of µs):
-    // Linux's default 50 µs timer slack would add up to that to every such wait, and a
-    // waiting packet of another QP would pay it — no NIC pipeline has it. Inherited by the
-    // engine's threads.
-    // SAFETY: prctl with integer arguments only.
-    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0, 0, 0) };
-    keep_freed_memory();
-    let udp = UdpSocket::bind((cfg.ip, cfg.udp_port))
-        .with_context(|| format!("binding UDP {}:{}", cfg.ip, cfg.udp_port))?;
-    set_buffers(&udp, 16 << 20);
-    let mut state = State::with_nic(cfg.nic);
-    state.my_ip = cfg.ip;
-    state.peers = cfg.peers.clone();
-    if !cfg.faults.is_none() {
-        state.inject = Some(Injection {
-            cfg: cfg.faults.clone(),
-            host: cfg.host.clone(),
-            links: HashMap::new(),
-            held: BinaryHeap::new(),
-            seq: 0,
-        });
-    }
-    if let Some(p) = &cfg.stats {
-        let procs = state.proc_tx_lines();
-        write_stats(p, &state.counters, &procs);
-    }
-    let db_path = cfg.socket.with_file_name("doorbell");
-    let db = Doorbell::open(&db_path, true)
-        .with_context(|| format!("creating the doorbell {}", db_path.display()))?;
-    let gso = cfg.gso && enable_gro(&udp);
-    let me = udp.local_addr()?;
-    let sh = Arc::new(Shared {
-        st: Mutex::new(state),
-        db,
-        gso,
-        udp,
-        me,
-        holder: AtomicU8::new(0),
-    });
-    {
-        let sh = sh.clone();
-        std::thread::Builder::new()
-            .name("rx".into())
-            .spawn(move || rx_loop(sh))?;
-    }
-    {
-        let sh = sh.clone();
-        std::thread::Builder::new()
-            .name("tx".into())
-            .spawn(move || tx_loop(sh))?;
-    }
-    {
-        let sh = sh.clone();
-        let stats = cfg.stats.clone();
-        let port_state = cfg.port_state.clone();
-        std::thread::Builder::new()
-            .name("housekeeping".into())
-            .spawn(move || housekeeping(sh, stats, port_state))?;
-    }
-    eprintln!(
-        "softrnic engine for {} on {}:{} ({})",
-        cfg.host,
-        cfg.ip,
-        cfg.udp_port,
-        cfg.socket.display()
-    );
-    eprint!("NIC model: {}", cfg.nic.encode());
-    eprintln!(
-        "host transport: UDP GSO/GRO {}",
-        if gso { "on" } else { "off" }
-    );
-    if !cfg.faults.is_none() {
-        eprint!("fault injection (egress):\n{}", cfg.faults.encode());
-    }
-    // The socket appears last: `up` takes it as the sign that the engine is ready, so the
-    // doorbell and the log's settings lines must exist by then (a test read an empty log).
-    let _ = std::fs::remove_file(&cfg.socket);
-    let listener = UnixListener::bind(&cfg.socket)
-        .with_context(|| format!("binding {}", cfg.socket.display()))?;
-    // Programs of every user may use the NIC (the engine knows each connection's process by
-    // SO_PEERCRED and touches only that process's memory).
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&cfg.socket, std::fs::Permissions::from_mode(0o666))?;
-    }
-    let mut next_conn = 1u64;
-    for s in listener.incoming() {
-        match s {
-            Ok(s) => {
-                let sh = sh.clone();
-                let conn = next_conn;
-                next_conn += 1;
-                std::thread::Builder::new()
-                    .name(format!("conn{conn}"))
-                    .spawn(move || serve_conn(sh, s, conn))?;
-            }
-            Err(e) => eprintln!("softrnic engine: accept: {e}"),
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

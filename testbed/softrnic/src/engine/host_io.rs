@@ -1,4 +1,5 @@
-//! The engine's threads and host I/O: the provider connections, the UDP receive and transmit loops with GSO/GRO, and the counters file.
+//! The engine's start ([`run`]), its threads and host I/O: the provider connections, the UDP
+//! receive and transmit loops with GSO/GRO, and the counters file.
 
 use super::*;
 
@@ -531,3 +532,119 @@ pub(super) const UDP_GRO: libc::c_int = 104;
 pub(super) const GSO_MAX_BYTES: usize = 60_000;
 
 pub(super) const GSO_MAX_SEGS: usize = 64;
+
+/// Packets, staged message data and gathered WRITE data are allocated and freed at the line
+/// rate. glibc's defaults gave the freed memory back to the kernel after nearly every message
+/// (`madvise`) and took it back page fault by page fault: a quarter of the engine's CPU in a
+/// same-host `ib_write_bw`. A working set of a few MiB stays mapped instead.
+fn keep_freed_memory() {
+    // SAFETY: mallopt takes integer parameters and only tunes the allocator.
+    unsafe {
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 4 << 20);
+    }
+}
+
+/// Run the engine until killed.
+pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
+    // The transmitter sleeps for the NIC model's clock (a packet's wire time, tens of µs):
+    // Linux's default 50 µs timer slack would add up to that to every such wait, and a
+    // waiting packet of another QP would pay it — no NIC pipeline has it. Inherited by the
+    // engine's threads.
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0, 0, 0) };
+    keep_freed_memory();
+    let udp = UdpSocket::bind((cfg.ip, cfg.udp_port))
+        .with_context(|| format!("binding UDP {}:{}", cfg.ip, cfg.udp_port))?;
+    set_buffers(&udp, 16 << 20);
+    let mut state = State::with_nic(cfg.nic);
+    state.my_ip = cfg.ip;
+    state.peers = cfg.peers.clone();
+    if !cfg.faults.is_none() {
+        state.inject = Some(Injection {
+            cfg: cfg.faults.clone(),
+            host: cfg.host.clone(),
+            links: HashMap::new(),
+            held: BinaryHeap::new(),
+            seq: 0,
+        });
+    }
+    if let Some(p) = &cfg.stats {
+        let procs = state.proc_tx_lines();
+        write_stats(p, &state.counters, &procs);
+    }
+    let db_path = cfg.socket.with_file_name("doorbell");
+    let db = Doorbell::open(&db_path, true)
+        .with_context(|| format!("creating the doorbell {}", db_path.display()))?;
+    let gso = cfg.gso && enable_gro(&udp);
+    let me = udp.local_addr()?;
+    let sh = Arc::new(Shared {
+        st: Mutex::new(state),
+        db,
+        gso,
+        udp,
+        me,
+        holder: AtomicU8::new(0),
+    });
+    {
+        let sh = sh.clone();
+        std::thread::Builder::new()
+            .name("rx".into())
+            .spawn(move || rx_loop(sh))?;
+    }
+    {
+        let sh = sh.clone();
+        std::thread::Builder::new()
+            .name("tx".into())
+            .spawn(move || tx_loop(sh))?;
+    }
+    {
+        let sh = sh.clone();
+        let stats = cfg.stats.clone();
+        let port_state = cfg.port_state.clone();
+        std::thread::Builder::new()
+            .name("housekeeping".into())
+            .spawn(move || housekeeping(sh, stats, port_state))?;
+    }
+    eprintln!(
+        "softrnic engine for {} on {}:{} ({})",
+        cfg.host,
+        cfg.ip,
+        cfg.udp_port,
+        cfg.socket.display()
+    );
+    eprint!("NIC model: {}", cfg.nic.encode());
+    eprintln!(
+        "host transport: UDP GSO/GRO {}",
+        if gso { "on" } else { "off" }
+    );
+    if !cfg.faults.is_none() {
+        eprint!("fault injection (egress):\n{}", cfg.faults.encode());
+    }
+    // The socket appears last: `up` takes it as the sign that the engine is ready, so the
+    // doorbell and the log's settings lines must exist by then (a test read an empty log).
+    let _ = std::fs::remove_file(&cfg.socket);
+    let listener = UnixListener::bind(&cfg.socket)
+        .with_context(|| format!("binding {}", cfg.socket.display()))?;
+    // Programs of every user may use the NIC (the engine knows each connection's process by
+    // SO_PEERCRED and touches only that process's memory).
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&cfg.socket, std::fs::Permissions::from_mode(0o666))?;
+    }
+    let mut next_conn = 1u64;
+    for s in listener.incoming() {
+        match s {
+            Ok(s) => {
+                let sh = sh.clone();
+                let conn = next_conn;
+                next_conn += 1;
+                std::thread::Builder::new()
+                    .name(format!("conn{conn}"))
+                    .spawn(move || serve_conn(sh, s, conn))?;
+            }
+            Err(e) => eprintln!("softrnic engine: accept: {e}"),
+        }
+    }
+    Ok(())
+}
