@@ -5,7 +5,9 @@
 //! lets the test make one), never from `DRUM_APP`; hostile names are mapped with a log line;
 //! another user's process can neither open nor write an app's table; a program without the
 //! shim is reported with its pid, uid and executable; a registered one that takes hardware
-//! queues with direct verbs is reported as governed in part.
+//! queues with direct verbs is reported as governed in part; a process that changes its
+//! identity after registering is re-mapped, kept or refused; an app whose processes together
+//! send above its grant is reported.
 //!
 //! Needs root (setpriv switches to uids that need no account: nothing to create or remove),
 //! perftest, a C compiler and the workspace built; skips otherwise.
@@ -707,4 +709,151 @@ impl Drop for KillOnDrop {
     fn drop(&mut self) {
         let _ = Command::new("kill").arg("-9").arg(&self.0).status();
     }
+}
+
+/// The grant audit judges an app on the sum of its processes: with softrnic's per-process
+/// counters and both apps pinned to 10 % of the line, app `pair` runs two governed
+/// `ib_write_bw` clients — each held by its shim to the app's whole grant, together twice it
+/// — and is reported, both processes named with their parts, while app `solo`, one client at
+/// the same grant beside them in the same run, is not. Prints what was measured.
+#[test]
+fn an_app_whose_processes_together_exceed_its_grant_is_reported() {
+    if !require() {
+        return;
+    }
+    let run = Run::new("tenants-sum");
+    run.up(&["--hosts", "2", "--line-rate-gbps", "1"]);
+    let stats = run.dir.join("hosts").join("h1").join("stats");
+    let agent = LocalAgent::start(
+        "sum",
+        Some(&run),
+        &format!(
+            "[shim.apps.pair]\nrate = 0.1\n[shim.apps.solo]\nrate = 0.1\n\
+             [shim.ungoverned]\nscan_ms = 200\nsame_netns = true\nnic_counters = \"{}\"\n",
+            stats.display()
+        ),
+    );
+    let h2 = run.addr("h2");
+    let mut procs = Procs(Vec::new());
+    for port in [18900, 18901, 18902] {
+        let mut c = run.exec(
+            "h2",
+            &[
+                "ib_write_bw",
+                "-x",
+                "0",
+                "-s",
+                "65536",
+                "-D",
+                "12",
+                "-p",
+                &port.to_string(),
+            ],
+            false,
+            &[],
+        );
+        c.stdout(Stdio::null()).stderr(Stdio::null());
+        procs.0.push(c.spawn().expect("spawn a server"));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let started = Instant::now();
+    for (app, port) in [("pair", 18900), ("pair", 18901), ("solo", 18902)] {
+        let mut c = run.exec(
+            "h1",
+            &[
+                "ib_write_bw",
+                "-x",
+                "0",
+                "-s",
+                "65536",
+                "-D",
+                "12",
+                "-p",
+                &port.to_string(),
+                &h2,
+            ],
+            true,
+            &[
+                ("DRUM_AGENT_SOCKET", agent.socket.to_str().unwrap()),
+                ("DRUM_APP", app),
+            ],
+        );
+        c.stdout(Stdio::null()).stderr(Stdio::null());
+        procs.0.push(c.spawn().expect("spawn a client"));
+    }
+    let clients: Vec<u32> = procs.0[3..].iter().map(Child::id).collect();
+    let over = || -> Vec<serde_json::Value> {
+        agent.status()["over_grant"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    wait_until("pair reported", || {
+        over().iter().any(|o| o["app"] == "pair")
+    });
+    let found = started.elapsed();
+    // A few more windows: solo stays clear, pair stays reported; solo's bytes at the NIC.
+    let sent = |pid: u32| -> f64 {
+        let key = format!("proc_tx_bytes.{pid} ");
+        let text = std::fs::read_to_string(&stats).unwrap_or_default();
+        text.lines()
+            .find_map(|l| l.strip_prefix(&key)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    let (t0, s0) = (Instant::now(), sent(clients[2]));
+    std::thread::sleep(Duration::from_secs(3));
+    let solo = (sent(clients[2]) - s0) / t0.elapsed().as_secs_f64();
+    let now = over();
+    assert_eq!(now.len(), 1, "only pair: {now:?}");
+    let o = &now[0];
+    assert_eq!(o["app"], "pair");
+    let mut pids: Vec<u64> = o["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect();
+    pids.sort_unstable();
+    let mut want = vec![u64::from(clients[0]), u64::from(clients[1])];
+    want.sort_unstable();
+    assert_eq!(pids, want, "{o}");
+    let line = 125e6;
+    let (granted, measured) = (
+        o["grant_bytes_per_s"].as_f64().unwrap(),
+        o["measured_bytes_per_s"].as_f64().unwrap(),
+    );
+    assert!((granted / line - 0.1).abs() < 0.01, "{o}");
+    assert!(measured > 1.25 * granted, "{o}");
+    let parts: Vec<f64> = o["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["measured_bytes_per_s"].as_f64().unwrap() / line)
+        .collect();
+    // Each process within the app's whole grant (its shim's limit), with a little slack.
+    assert!(parts.iter().all(|&p| p < 0.125), "{parts:?}");
+    let log = agent.log();
+    for pid in &clients[..2] {
+        let warned = format!("pid={pid} uid=0 app=pair");
+        let n = log
+            .lines()
+            .filter(|l| l.contains(&warned) && l.contains("above its grant"))
+            .count();
+        assert_eq!(n, 1, "one WARN for {pid}:\n{log}");
+    }
+    assert!(!log
+        .lines()
+        .any(|l| l.contains("app=solo") && l.contains("above its grant")));
+    eprintln!(
+        "pair (2 processes) reported {:.2} s after the clients started: granted {:.3} of the \
+         line, sent {:.3} together ({:.3} and {:.3}); solo (1 process, same grant) sent {:.3}, \
+         not reported",
+        found.as_secs_f64(),
+        granted / line,
+        measured / line,
+        parts[0],
+        parts[1],
+        solo / line
+    );
+    assert!(solo > 0.05 * line, "solo sends: {solo}");
 }
