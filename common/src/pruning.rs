@@ -29,30 +29,14 @@ pub fn surplus_upper_bound(problem: &Problem, host: usize, pair: usize, charge: 
         hi
     };
     let beta = problem.params.beta;
-    // `r(x) − r(x_min)`; for α = 1 an upper bound of one logarithm instead of the two of
-    // `activation_value` (the logarithm was a quarter of a pruned round).
+    // `r(x) − r(x_min)`; for α = 1 one logarithm instead of the two of `activation_value`.
     let rise = if problem.params.alpha == 1.0 {
-        p.weight * ln_upper(x / lo)
+        p.weight * (x / lo).ln()
     } else {
         u.activation_value(x) + beta / (x * x)
     };
     let bound = rise - charge * x - beta / (hi * hi);
     bound + 1e-9 * (rise.abs() + charge * x + 1.0)
-}
-
-/// An upper bound of `ln y` for `y ≥ 1`, within 3·10⁻⁵ of it: `y = 2^e·m` with `m ∈ [1, 2)`,
-/// and `ln m = 2·atanh(t)`, `t = (m − 1)/(m + 1) ≤ 1/3`, whose series `2(t + t³/3 + t⁵/5 +
-/// t⁷/7 + …)` has positive terms; the tail after `t⁷` is below `2t⁹/(9(1 − t²))`, which is added.
-fn ln_upper(y: f64) -> f64 {
-    debug_assert!(y >= 1.0 && y.is_finite());
-    let bits = y.to_bits();
-    let e = ((bits >> 52) & 0x7ff) as i64 - 1023;
-    let m = f64::from_bits((bits & ((1u64 << 52) - 1)) | (1023u64 << 52));
-    let t = (m - 1.0) / (m + 1.0);
-    let t2 = t * t;
-    let series = 2.0 * t * (1.0 + t2 * (1.0 / 3.0 + t2 * (1.0 / 5.0 + t2 * (1.0 / 7.0))));
-    let tail = 2.0 * t * t2 * t2 * t2 * t2 / (9.0 * (1.0 - t2));
-    e as f64 * std::f64::consts::LN_2 + series + tail + 1e-15 * (e.unsigned_abs() as f64 + 1.0)
 }
 
 /// One pair's exact surplus `l` and the rate `x` that achieves it.
@@ -165,20 +149,6 @@ mod tests {
     use crate::generator::{generate, GeneratorConfig};
     use crate::rng::SplitMix64;
     use crate::selection::surplus;
-
-    #[test]
-    fn ln_upper_is_above_ln_and_close() {
-        let mut y = 1.0;
-        while y < 1e6 {
-            let (fast, exact) = (ln_upper(y), y.ln());
-            assert!(
-                fast >= exact && fast - exact < 3e-5,
-                "y {y}: {fast} vs {exact}"
-            );
-            y *= 1.000_37;
-        }
-        assert!(ln_upper(1.0) >= 0.0 && ln_upper(2.0) >= std::f64::consts::LN_2);
-    }
 
     /// The bound holds for every pair of a generated instance at charges from zero to far
     /// above any pair's marginal utility, and at other α.
