@@ -52,6 +52,80 @@ pub fn owner(pid: u32) -> Option<(u32, u32)> {
     Some((field("Uid:")?, field("Gid:")?))
 }
 
+/// From the text of `/proc/PID/stat`: whether the process has exited (a zombie, `Z`, waiting
+/// for its parent), and when it started (the 22nd field, clock ticks since boot) — a pid's
+/// number is reused, its start time with it is not, and `exec` keeps both.
+pub fn parse_stat(stat: &str) -> Option<(bool, u64)> {
+    // The command name (field 2) may hold spaces and parentheses: count after its last ')'.
+    let mut f = stat[stat.rfind(')')? + 1..].split_whitespace();
+    let zombie = f.next()? == "Z";
+    Some((zombie, f.nth(18)?.parse().ok()?))
+}
+
+pub fn start_time(pid: u32) -> Option<u64> {
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?).map(|s| s.1)
+}
+
+/// The effective uid and gid from the text of `/proc/PID/status` (the second value of
+/// `Uid:`/`Gid:`): what `SO_PEERCRED` reported at registration.
+pub fn parse_effective_ids(status: &str) -> Option<(u32, u32)> {
+    let field = |name: &str| -> Option<u32> {
+        let line = status.lines().find(|l| l.starts_with(name))?;
+        line[name.len()..].split_whitespace().nth(1)?.parse().ok()
+    };
+    Some((field("Uid:")?, field("Gid:")?))
+}
+
+/// What `/proc` says of a registered process now, for the identity re-check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// Its start time, effective uid and gid, and cgroup.
+    Alive {
+        started: u64,
+        uid: u32,
+        gid: u32,
+        cgroup: String,
+    },
+    /// No process has the pid, or only an exited one (a zombie).
+    Gone,
+    /// A process has it, but `/proc` does not show us enough (`hidepid`, a race with its
+    /// exit): nothing can be concluded.
+    Hidden,
+}
+
+pub fn seen(pid: u32) -> Seen {
+    let dir = format!("/proc/{pid}");
+    let read = |f: &str| std::fs::read_to_string(format!("{dir}/{f}")).ok();
+    let alive = (|| {
+        let (zombie, started) = parse_stat(&read("stat")?)?;
+        if zombie {
+            return Some(Seen::Gone);
+        }
+        let (uid, gid) = parse_effective_ids(&read("status")?)?;
+        let cgroup = parse_cgroup(&read("cgroup")?);
+        // Read again: a process that exited and gave its pid to another between the reads
+        // would mix two processes' fields.
+        (parse_stat(&read("stat")?)? == (false, started)).then_some(Seen::Alive {
+            started,
+            uid,
+            gid,
+            cgroup,
+        })
+    })();
+    alive.unwrap_or_else(|| {
+        // `/proc` hides other users' processes under `hidepid`; the kernel still says
+        // whether the pid exists (EPERM: it does, not ours).
+        // SAFETY: signal 0 only checks that the process exists and may be signalled.
+        let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+        let gone = r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone {
+            Seen::Gone
+        } else {
+            Seen::Hidden
+        }
+    })
+}
+
 pub fn exe(pid: u32) -> String {
     std::fs::read_link(format!("/proc/{pid}/exe"))
         .map(|p| p.to_string_lossy().into_owned())
@@ -114,6 +188,20 @@ mod tests {
     }
 
     #[test]
+    fn start_time_and_effective_ids_are_read_past_odd_names() {
+        let stat = "42 (a) b (c)) S 1 42 42 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 987654 1000 1\n";
+        assert_eq!(parse_stat(stat), Some((false, 987654)));
+        assert_eq!(
+            parse_stat(&stat.replace(") S", ") Z")),
+            Some((true, 987654))
+        );
+        assert_eq!(parse_stat("42 (x) S 1"), None);
+        let status = "Name:\tx\nUid:\t0\t42101\t0\t42101\nGid:\t5\t42102\t5\t5\n";
+        assert_eq!(parse_effective_ids(status), Some((42101, 42102)));
+        assert_eq!(parse_effective_ids("Uid:\t0\n"), None);
+    }
+
+    #[test]
     fn this_process_is_visible() {
         let me = std::process::id();
         assert!(pids().contains(&me));
@@ -122,5 +210,13 @@ mod tests {
         assert!(cgroup(me).starts_with('/'));
         assert!(!holds_device(me, &["/dev/infiniband/uverbs".into()]));
         assert!(netns("self").is_some());
+        let Seen::Alive { uid, cgroup, .. } = seen(me) else {
+            panic!("{:?}", seen(me));
+        };
+        // SAFETY: geteuid cannot fail.
+        assert_eq!(uid, unsafe { libc::geteuid() });
+        assert_eq!(cgroup, super::cgroup(me));
+        // Pid numbers stop below 2^22 on Linux.
+        assert_eq!(seen(u32::MAX >> 1), Seen::Gone);
     }
 }

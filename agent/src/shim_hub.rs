@@ -7,12 +7,15 @@
 //! the heartbeat must keep beating while the async runtime is busy. The state is small and
 //! behind one mutex that no thread holds across a system call that can block.
 
-use crate::grant_audit::{GrantAudit, OverGrant, Registered};
+mod identity;
+mod scan;
+
+use crate::grant_audit::OverGrant;
 use crate::procfs;
 pub use crate::shim_settings::{AppPin, IncastPin, ShimSettings};
 use crate::tenants::Identity;
-use crate::ungoverned::direct_verbs::{self, DirectVerbs, DirectWatch};
-use crate::ungoverned::{Scanner, Ungoverned, UngovernedSettings};
+use crate::ungoverned::direct_verbs::DirectVerbs;
+use crate::ungoverned::Ungoverned;
 use anyhow::{bail, Context, Result};
 use drum_common::dasr::Lookahead;
 use drum_common::demand::poll_grant;
@@ -126,6 +129,8 @@ struct Conn {
     pid: u32,
     app: String,
     identity: Identity,
+    /// Its start time (`/proc/PID/stat`) when it registered: whether the pid is still it.
+    started: Option<u64>,
     /// The name it asked for, when the policy gave it another.
     requested: Option<String>,
     /// The weight its tenant rule gives its app.
@@ -254,12 +259,18 @@ impl ShimHub {
                 .name("shim-heartbeat".into())
                 .spawn(move || heartbeat_loop(s2))?,
         ];
+        let s3 = shared.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("shim-identity".into())
+                .spawn(move || identity::recheck_loop(s3))?,
+        );
         if shared.settings.ungoverned.enabled {
-            let (s3, cfg) = (shared.clone(), shared.settings.ungoverned.clone());
+            let (s4, cfg) = (shared.clone(), shared.settings.ungoverned.clone());
             threads.push(
                 std::thread::Builder::new()
                     .name("shim-scan".into())
-                    .spawn(move || scan_loop(s3, cfg))?,
+                    .spawn(move || scan::scan_loop(s4, cfg))?,
             );
         }
         Ok(ShimHub { shared, threads })
@@ -646,65 +657,6 @@ fn heartbeat_loop(sh: Arc<Shared>) {
     }
 }
 
-/// Looks for ungoverned RDMA users every `scan_ms` until the hub stops.
-fn scan_loop(sh: Arc<Shared>, cfg: UngovernedSettings) {
-    if std::fs::read_dir("/proc/1/fd").is_err() {
-        warn!("cannot read other processes' descriptors in /proc (the agent needs root or CAP_SYS_PTRACE): RDMA users outside the agent's own uid are not looked for");
-    }
-    let mut scanner = Scanner::default();
-    let mut direct_watch = DirectWatch::default();
-    let mut audit = GrantAudit::new(
-        Duration::from_millis(cfg.audit_window_ms),
-        cfg.audit_tolerance,
-    );
-    let clock = std::time::Instant::now();
-    let period = Duration::from_millis(cfg.scan_ms);
-    while !sh.stop.load(Relaxed) {
-        let (procs, tables): (Vec<Registered>, Vec<direct_verbs::Seen>) = sh
-            .lock()
-            .conns
-            .values()
-            .map(|c| {
-                let t = c.map.table();
-                let (pid, uid, app) = (c.pid, c.identity.uid, c.app.clone());
-                let queues = t.shim.direct_verbs_queues.load(Relaxed);
-                let grant_bytes_per_s = t.grant.rate_bytes_per_s.load(Relaxed);
-                (
-                    Registered {
-                        pid,
-                        uid,
-                        app: app.clone(),
-                        grant_bytes_per_s,
-                    },
-                    direct_verbs::Seen {
-                        pid,
-                        uid,
-                        app,
-                        queues,
-                    },
-                )
-            })
-            .unzip();
-        let direct = direct_watch.observe(&tables);
-        direct_verbs::warn_first(&direct);
-        let registered: BTreeSet<u32> = procs.iter().map(|p| p.pid).collect();
-        // The scan reads /proc without the lock: registrations go on meanwhile.
-        let counters = crate::ungoverned::read_counters(&cfg);
-        let found = scanner.scan(&cfg, &registered, &counters);
-        let over = audit.observe(clock.elapsed(), &procs, &counters);
-        crate::grant_audit::warn_first(&over);
-        let mut st = sh.lock();
-        st.ungoverned = found;
-        st.over_grant = over;
-        st.direct_verbs = direct;
-        drop(st);
-        let until = std::time::Instant::now() + period;
-        while !sh.stop.load(Relaxed) && std::time::Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
 fn refuse(fd: RawFd, reason: &str) {
     let m = AgentMsg::Refused {
         reason: reason.into(),
@@ -746,18 +698,28 @@ fn serve_conn(sh: Arc<Shared>, sock: Arc<OwnedFd>) {
         }
     }
     let mut st = sh.lock();
-    if let Some(c) = st.conns.remove(&id) {
+    if let Some(c) = leave(&sh, &mut st, id) {
         info!(pid = c.pid, app = %c.app, "shim left");
-        if !st.conns.values().any(|o| o.app == c.app) {
-            st.app_bytes.remove(&c.app);
-        }
-        let busy: Vec<u32> = c.busy.iter().copied().collect();
-        for qpn in busy {
-            traffic(&sh, &mut st, c.qps.get(&qpn).copied(), &c.app, false);
-        }
-        if sh.settings.qp_budget > 0 {
-            sh.publish_all(&st);
-        }
+    }
+}
+
+/// Removes a registration: its traffic ends, its app's byte sums go with its last process,
+/// and the others' QP gates take its share back.
+fn leave(sh: &Shared, st: &mut HubState, id: u64) -> Option<Conn> {
+    let c = st.conns.remove(&id)?;
+    forget_app_if_unused(st, &c.app);
+    for qpn in &c.busy {
+        traffic(sh, st, c.qps.get(qpn).copied(), &c.app, false);
+    }
+    if sh.settings.qp_budget > 0 {
+        sh.publish_all(st);
+    }
+    Some(c)
+}
+
+fn forget_app_if_unused(st: &mut HubState, app: &str) {
+    if !st.conns.values().any(|o| o.app == app) {
+        st.app_bytes.remove(app);
     }
 }
 
@@ -782,6 +744,7 @@ fn register(sh: &Shared, sock: &Arc<OwnedFd>) -> Result<u64> {
         gid,
         cgroup: procfs::cgroup(pid),
     };
+    let started = procfs::start_time(pid);
     // After registration the reader blocks until the shim talks.
     socket::set_recv_timeout(fd, None)?;
     let (map, table_fd) =
@@ -821,6 +784,7 @@ fn register(sh: &Shared, sock: &Arc<OwnedFd>) -> Result<u64> {
             pid,
             app: app.clone(),
             identity: identity.clone(),
+            started,
             requested,
             weight: decision.weight,
             map,

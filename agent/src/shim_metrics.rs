@@ -143,17 +143,26 @@ impl prometheus_client::collector::Collector for ShimMetrics {
             ConstGauge::new(u.tx_bytes_per_s).encode(family.encode_family(&label)?)?;
         }
         let over = self.0.over_grant();
-        let g = ConstGauge::new(over.len() as i64);
-        g.encode(enc.encode_descriptor(
-            "drum_agent_over_grant_processes",
-            "Registered processes sending above their grant (beyond the audit's tolerance).",
-            None,
-            g.metric_type(),
-        )?)?;
+        let parts: usize = over.iter().map(|o| o.processes.len()).sum();
+        for (name, help, n) in [
+            (
+                "drum_agent_over_grant_apps",
+                "Apps whose processes on this host together send above the app's grant (beyond the audit's tolerance).",
+                over.len(),
+            ),
+            (
+                "drum_agent_over_grant_processes",
+                "The processes of those apps.",
+                parts,
+            ),
+        ] {
+            let g = ConstGauge::new(n as i64);
+            g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)?;
+        }
         for (name, help, value) in [
             (
-                "drum_agent_over_grant_tx_bytes_per_second",
-                "What one such process sent over the audit's window (at the NIC).",
+                "drum_agent_over_grant_app_tx_bytes_per_second",
+                "What such an app's processes sent together over the audit's window (at the NIC).",
                 (|o: &OverGrant| o.measured_bytes_per_s) as fn(&OverGrant) -> f64,
             ),
             (
@@ -164,12 +173,24 @@ impl prometheus_client::collector::Collector for ShimMetrics {
         ] {
             let mut family = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
             for o in &over {
+                let label = AppLabel { app: o.app.clone() };
+                ConstGauge::new(value(o)).encode(family.encode_family(&label)?)?;
+            }
+        }
+        let mut family = enc.encode_descriptor(
+            "drum_agent_over_grant_tx_bytes_per_second",
+            "What one process of such an app sent over the window (at the NIC).",
+            None,
+            MetricType::Gauge,
+        )?;
+        for o in &over {
+            for p in &o.processes {
                 let label = ProcessLabels {
-                    pid: o.pid,
-                    uid: o.uid,
+                    pid: p.pid,
+                    uid: p.uid,
                     app: o.app.clone(),
                 };
-                ConstGauge::new(value(o)).encode(family.encode_family(&label)?)?;
+                ConstGauge::new(p.measured_bytes_per_s).encode(family.encode_family(&label)?)?;
             }
         }
         let direct = self.0.direct_verbs();

@@ -16,6 +16,8 @@
 //!   `uid-<n>` to uid `n` alone; an app that runs now belongs to its uid unless the policy
 //!   names it for both: two users never share an app unless the policy says so.
 
+pub mod recheck;
+
 use serde::Deserialize;
 use std::collections::BTreeSet;
 
@@ -37,6 +39,10 @@ pub struct TenantSettings {
     pub trusted_uids: Vec<u32>,
     #[serde(default)]
     pub rules: Vec<TenantRule>,
+    /// How often registered processes' identities are read again (`recheck`): a process
+    /// can change its uid or cgroup after it registered.
+    #[serde(default = "d_recheck_ms")]
+    pub recheck_ms: u64,
 }
 
 impl Default for TenantSettings {
@@ -44,12 +50,18 @@ impl Default for TenantSettings {
         TenantSettings {
             trusted_uids: d_trusted(),
             rules: Vec::new(),
+            recheck_ms: d_recheck_ms(),
         }
     }
 }
 
 fn d_trusted() -> Vec<u32> {
     vec![0]
+}
+/// Three small `/proc` reads per registered process a second: nothing next to the shims'
+/// own work, and a changed identity governs at most about a second under its old app.
+fn d_recheck_ms() -> u64 {
+    1000
 }
 
 /// One `[[tenants.rules]]` entry: which identities (every selector given must match; at least
@@ -137,6 +149,12 @@ impl TenantRule {
 impl TenantSettings {
     /// Every value usable; errors name the rule and the value.
     pub fn validate(&self) -> Result<(), String> {
+        if !(50..=600_000).contains(&self.recheck_ms) {
+            return Err(format!(
+                "tenants.recheck_ms = {} must be in [50, 600000]",
+                self.recheck_ms
+            ));
+        }
         for (i, r) in self.rules.iter().enumerate() {
             let at = format!("tenants.rules[{i}]");
             if r.uid.is_none() && r.gid.is_none() && r.cgroup.is_none() {
@@ -257,6 +275,7 @@ mod tests {
     fn policy() -> TenantSettings {
         TenantSettings {
             trusted_uids: vec![0],
+            recheck_ms: 1000,
             rules: vec![
                 TenantRule {
                     uid: Some(1001),
@@ -393,11 +412,19 @@ mod tests {
             let p = TenantSettings {
                 trusted_uids: vec![],
                 rules: vec![rule],
+                ..TenantSettings::default()
             };
             let e = p.validate().unwrap_err();
             assert!(e.contains("tenants.rules[0]") && e.contains(want), "{e}");
         }
         policy().validate().unwrap();
+        let e = TenantSettings {
+            recheck_ms: 10,
+            ..policy()
+        }
+        .validate()
+        .unwrap_err();
+        assert!(e.contains("recheck_ms"), "{e}");
     }
 
     proptest! {

@@ -2,7 +2,8 @@
 //! device open without a registered shim. The hub's scanner thread finds them in `/proc`
 //! every `scan_ms`, says why each may be ungoverned, and measures what they send where the
 //! NIC counts per process (softrnic's stats file; `rdma statistic`-style counters on real
-//! NICs are future work), so that the agent can take it out of the host's budget.
+//! NICs are future work, docs/tenants.md "Real NICs"), so that the agent can
+//! take it out of the host's budget.
 //! Registered processes whose shim says they drive queues directly are in [`direct_verbs`].
 
 pub mod direct_verbs;

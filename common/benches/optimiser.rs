@@ -60,11 +60,19 @@ fn iteration_and_selection(c: &mut Criterion) {
             |b| b.iter(|| black_box(engine.step())),
         );
         let activity = vec![0.0f32; p.pairs.len()];
-        let opts = SelectionOptions::default();
-        group.bench_function(
-            BenchmarkId::new("selection_round", format!("n={n},m={m}")),
-            |b| b.iter(|| black_box(evaluate(&engine, &activity, &opts, 0))),
-        );
+        // Pruned (the default) and every pair's exact surplus, with the same result.
+        for (name, prune) in [
+            ("selection_round", true),
+            ("selection_round_exhaustive", false),
+        ] {
+            let opts = SelectionOptions {
+                prune,
+                ..SelectionOptions::default()
+            };
+            group.bench_function(BenchmarkId::new(name, format!("n={n},m={m}")), |b| {
+                b.iter(|| black_box(evaluate(&engine, &activity, &opts, 0)))
+            });
+        }
     }
     group.finish();
 }

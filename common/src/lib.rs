@@ -17,6 +17,7 @@ pub mod live;
 pub mod model;
 pub mod polish;
 pub mod protocol;
+pub mod pruning;
 pub mod qp_share;
 pub mod rng;
 pub mod roots;

@@ -9,6 +9,7 @@
 
 use crate::host_step::AppTerm;
 use crate::model::Problem;
+use crate::pruning::{surplus_upper_bound, Candidates, Exact};
 use crate::rng::SplitMix64;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -22,6 +23,9 @@ pub struct SelectionOptions {
     /// Discount per round of the activity memory.
     pub discount: f64,
     pub seed: u64,
+    /// Compute exact surpluses only for pairs whose closed-form bound can matter
+    /// (`pruning`); `false` computes every pair's, with the same result.
+    pub prune: bool,
 }
 
 impl Default for SelectionOptions {
@@ -32,6 +36,7 @@ impl Default for SelectionOptions {
             fairness: 0.02,
             discount: 0.9,
             seed: 1,
+            prune: true,
         }
     }
 }
@@ -43,24 +48,57 @@ impl Default for SelectionOptions {
 /// caps; keeping them in the relaxation tightens the bound and stops a host from valuing an idle
 /// facility at more than it could ever carry.
 pub fn surplus(problem: &Problem, host: usize, pair: usize, charge: f64) -> (f64, f64) {
-    let p = &problem.pairs[pair];
-    let h = &problem.hosts[host];
-    let cap = p.alone_cap(&problem.facilities);
-    let hi = p
-        .demand
-        .min(cap)
-        .min(h.wqe_budget)
-        .min(h.poll_budget / p.cqe_per_wqe)
-        .max(problem.params.x_min);
     let term = AppTerm {
-        u: problem.utility(p),
+        u: problem.utility(&problem.pairs[pair]),
         lin: charge,
         q: 0.0,
         t: 0.0,
-        hi,
+        hi: pair_cap(problem, host, pair),
     };
     let x = term.best_response(0.0, 0.0);
     (term.u.activation_value(x) - charge * x, x)
+}
+
+/// The largest rate pair `pair` could use alone on host `host`: its demand, its facilities'
+/// capacities and the host's budgets (at least `x_min`).
+pub(crate) fn pair_cap(problem: &Problem, host: usize, pair: usize) -> f64 {
+    let p = &problem.pairs[pair];
+    let h = &problem.hosts[host];
+    p.demand
+        .min(p.alone_cap(&problem.facilities))
+        .min(h.wqe_budget)
+        .min(h.poll_budget / p.cqe_per_wqe)
+        .max(problem.params.x_min)
+}
+
+/// A pair's ranking key: its surplus discounted by its recent activity (SDRF-style), so among
+/// near-equal pairs the long-parked one ranks first. Grows with `l` while
+/// `fairness·activity < 1` (always, with the defaults), which pruning relies on.
+fn ranking_key(opts: &SelectionOptions, activity: f32, l: f64) -> f64 {
+    l * (1.0 - opts.fairness * activity as f64 * l.signum())
+}
+
+/// The exact surplus of every pair of `host` that [`Candidates`] asks for, at a per-unit
+/// charge `charge(pair)`; with pruning each pair is entered with its closed-form bound.
+fn candidates<'a>(
+    problem: &'a Problem,
+    host: usize,
+    charge: impl Fn(usize) -> f64 + Copy + 'a,
+    prunable: impl Fn(usize) -> bool,
+    pairs: impl Iterator<Item = usize>,
+) -> Candidates<impl Fn(usize) -> (f64, f64) + 'a> {
+    let mut c = Candidates::new(problem.hosts[host].pairs.len(), move |p| {
+        surplus(problem, host, p, charge(p))
+    });
+    for p in pairs {
+        let bound = if prunable(p) {
+            surplus_upper_bound(problem, host, p, charge(p))
+        } else {
+            f64::INFINITY
+        };
+        c.push(bound, p);
+    }
+    c
 }
 
 /// What one host's evaluation at current prices yields.
@@ -128,36 +166,48 @@ pub fn evaluate_present(
 ) -> HostEvaluation {
     let h = &problem.hosts[host];
     let slots = problem.slots(host);
-    let mut values = Vec::with_capacity(h.pairs.len());
-    // (key, pair, x): the member with the lowest key and the outsider with the highest.
-    let mut worst_member: Option<(f64, usize)> = None;
-    let mut best_outsider: Option<(f64, usize, f64)> = None;
+    let charge = |p: usize| {
+        let pair = &problem.pairs[p];
+        pair.charge(&price) + mu + nu * pair.cqe_per_wqe
+    };
+    let key = |p: usize, l: f64| ranking_key(opts, activity[p], l);
+    // Members are few and all needed; outsiders are computed as the queries below need them.
+    let mut members: Vec<Exact> = Vec::with_capacity(active.len());
     let mut gone: Option<usize> = None;
-    let mut next_active = active.iter().peekable();
-    for p in h.pairs.clone() {
-        let member = next_active.peek() == Some(&&p);
-        if member {
-            next_active.next();
-        }
+    let mut next_member = active.iter().copied().peekable();
+    let outsiders = h.pairs.clone().filter(|&p| {
+        let member = next_member.next_if_eq(&p).is_some();
         if !present(p) {
             if member && gone.is_none() {
                 gone = Some(p);
             }
-            continue;
+            return false;
         }
-        let pair = &problem.pairs[p];
-        let charge = pair.charge(&price) + mu + nu * pair.cqe_per_wqe;
-        let (l, x) = surplus(problem, host, p, charge);
-        values.push(l);
-        let key = l * (1.0 - opts.fairness * activity[p] as f64 * l.signum());
         if member {
-            if worst_member.is_none_or(|(k, _)| key < k) {
-                worst_member = Some((key, p));
-            }
-        } else if best_outsider.is_none_or(|(k, _, _)| key > k) {
-            best_outsider = Some((key, p, x));
+            let (l, x) = surplus(problem, host, p, charge(p));
+            members.push(Exact { pair: p, l, x });
         }
-    }
+        !member
+    });
+    let prunable = |p: usize| opts.prune && opts.fairness * (activity[p] as f64) < 1.0;
+    let mut outsiders = candidates(problem, host, charge, prunable, outsiders);
+    let member_values: Vec<f64> = members.iter().map(|m| m.l).collect();
+    outsiders.settle_top(slots, |_, l| l, &member_values);
+    outsiders.settle_top(1, key, &[]);
+    let best_outsider = outsiders
+        .best(1, key)
+        .first()
+        .map(|e| (key(e.pair, e.l), e.pair, e.x));
+    // The first member with the lowest key, as members come in pair order.
+    let worst_member = members.iter().fold(None, |worst: Option<(f64, usize)>, m| {
+        let k = key(m.pair, m.l);
+        match worst {
+            Some((wk, _)) if wk <= k => worst,
+            _ => Some((k, m.pair)),
+        }
+    });
+    let mut values: Vec<f64> = member_values;
+    values.extend(outsiders.known.iter().map(|e| e.l));
     let bound = top_k_positive_sum(&mut values, slots) + mu * h.wqe_budget + nu * h.poll_budget;
     if let Some(out) = gone {
         let swap = Swap {
@@ -237,23 +287,33 @@ pub fn propose_moves(
     opts: &SelectionOptions,
     limit: usize,
 ) -> Vec<Move> {
-    let (mut members, mut outsiders) = (Vec::new(), Vec::new());
-    for p in problem.hosts[host].pairs.clone() {
+    let charge = |p: usize| {
         let pair = &problem.pairs[p];
-        let charge = pair.charge(&price) + mu + nu * pair.cqe_per_wqe;
-        let (l, x) = surplus(problem, host, p, charge);
-        let key = l * (1.0 - opts.fairness * activity[p] as f64 * l.signum());
-        if active.binary_search(&p).is_ok() {
-            members.push((key, p));
-        } else {
-            outsiders.push((key, p, x));
-        }
-    }
+        pair.charge(&price) + mu + nu * pair.cqe_per_wqe
+    };
+    let key = |p: usize, l: f64| ranking_key(opts, activity[p], l);
+    let mut members: Vec<(f64, usize)> = active
+        .iter()
+        .map(|&p| (key(p, surplus(problem, host, p, charge(p)).0), p))
+        .collect();
+    let prunable = |p: usize| opts.prune && opts.fairness * (activity[p] as f64) < 1.0;
+    let pairs = problem.hosts[host].pairs.clone();
+    let mut candidates = candidates(
+        problem,
+        host,
+        charge,
+        prunable,
+        pairs.filter(|p| active.binary_search(p).is_err()),
+    );
     // The best moves pair low members with high outsiders: only `limit` of each can matter.
     members.sort_by(|a, b| a.0.total_cmp(&b.0));
     members.truncate(limit);
-    outsiders.sort_by(|a, b| b.0.total_cmp(&a.0));
-    outsiders.truncate(limit);
+    candidates.settle_top(limit, key, &[]);
+    let outsiders: Vec<(f64, usize, f64)> = candidates
+        .best(limit, key)
+        .into_iter()
+        .map(|e| (key(e.pair, e.l), e.pair, e.x))
+        .collect();
     let mut moves = Vec::new();
     let mut push = |park: Option<usize>, activate: Option<(usize, f64)>, estimate: f64| {
         moves.push(Move {
@@ -289,53 +349,51 @@ pub struct Relaxed {
     pub usage: Vec<(u32, f64)>,
 }
 
+/// `prune`: as [`SelectionOptions::prune`].
 pub fn relax_host(
     problem: &Problem,
     host: usize,
     price: impl Fn(u32) -> f64,
     mu: f64,
     nu: f64,
+    prune: bool,
 ) -> Relaxed {
     let h = &problem.hosts[host];
-    let mut scored: Vec<(f64, usize, f64)> = h
-        .pairs
-        .clone()
-        .map(|p| {
-            let pair = &problem.pairs[p];
-            let charge = pair.charge(&price) + mu + nu * pair.cqe_per_wqe;
-            let (l, x) = surplus(problem, host, p, charge);
-            (l, p, x)
-        })
-        .collect();
-    let k = problem.slots(host).min(scored.len());
+    let charge = |p: usize| {
+        let pair = &problem.pairs[p];
+        pair.charge(&price) + mu + nu * pair.cqe_per_wqe
+    };
+    let k = problem.slots(host);
     let mut out = Relaxed {
         bound: mu * h.wqe_budget + nu * h.poll_budget,
         wqe: 0.0,
         poll: 0.0,
         usage: Vec::with_capacity(k),
     };
-    if k == 0 {
-        return out;
-    }
-    scored.select_nth_unstable_by(k - 1, |a, b| b.0.total_cmp(&a.0));
-    for &(l, p, x) in scored[..k].iter().filter(|s| s.0 > 0.0) {
-        let pair = &problem.pairs[p];
-        out.bound += l;
-        out.wqe += x;
-        out.poll += pair.cqe_per_wqe * x;
-        out.usage.extend(pair.uses.iter().map(|&(f, b)| (f, b * x)));
+    let mut candidates = candidates(problem, host, charge, |_| prune, h.pairs.clone());
+    candidates.settle_top(k, |_, l| l, &[]);
+    for e in candidates.best(k, |_, l| l).iter().filter(|e| e.l > 0.0) {
+        let pair = &problem.pairs[e.pair];
+        out.bound += e.l;
+        out.wqe += e.x;
+        out.poll += pair.cqe_per_wqe * e.x;
+        out.usage
+            .extend(pair.uses.iter().map(|&(f, b)| (f, b * e.x)));
     }
     out
 }
 
-/// Sum of the `k` largest positive values (reorders `values`).
+/// Sum of the `k` largest positive values (reorders `values`), added largest first so that
+/// the sum does not depend on the order the values came in (a pruned evaluation holds fewer).
 fn top_k_positive_sum(values: &mut [f64], k: usize) -> f64 {
     if k == 0 || values.is_empty() {
         return 0.0;
     }
     let k = k.min(values.len());
     values.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
-    values[..k].iter().filter(|v| **v > 0.0).sum()
+    let top = &mut values[..k];
+    top.sort_unstable_by(|a, b| b.total_cmp(a));
+    top.iter().filter(|v| **v > 0.0).sum()
 }
 
 /// Initial active sets, chosen greedily host by host so they do not herd: every host would

@@ -599,6 +599,7 @@ pub fn refine_bound(
     prices: &[f64],
     lower_bound: f64,
     iterations: usize,
+    prune: bool,
 ) -> f64 {
     let mut prices = prices.to_vec();
     let mut mult: Vec<(f64, f64)> = hosts
@@ -610,7 +611,9 @@ pub fn refine_bound(
         let relaxed: Vec<_> = hosts
             .par_iter()
             .zip(&mult)
-            .map(|(h, &(mu, nu))| relax_host(problem, h.host, |f| prices[f as usize], mu, nu))
+            .map(|(h, &(mu, nu))| {
+                relax_host(problem, h.host, |f| prices[f as usize], mu, nu, prune)
+            })
             .collect();
         let mut usage = vec![0.0; problem.facilities.len()];
         for r in &relaxed {
@@ -802,6 +805,7 @@ fn run_rounds(problem: &Problem, mut engine: Engine, opts: &SolveOptions) -> Sol
             &engine.prices(),
             lower,
             opts.certificate_iters,
+            opts.selection.prune,
         );
         let last = rounds.last_mut().expect("at least one round");
         last.upper_bound = last.upper_bound.min(refined);

@@ -61,6 +61,10 @@ struct SolverArgs {
     /// docs/model.md, "Selection").
     #[arg(long, default_value_t = SolveOptions::default().polish_trials)]
     polish_trials: usize,
+    /// Subgradient steps that tighten the final certificate's upper bound (0: none;
+    /// docs/model.md, "Feasible allocations and the certificate").
+    #[arg(long, default_value_t = SolveOptions::default().certificate_iters)]
+    certificate_iters: usize,
 }
 
 #[derive(Subcommand)]
@@ -225,6 +229,7 @@ fn options(args: &SolverArgs, algorithm: Algorithm) -> Result<SolveOptions> {
         eps_primal: args.eps,
         eps_dual: args.eps,
         polish_trials: args.polish_trials,
+        certificate_iters: args.certificate_iters,
         ..SolveOptions::default()
     };
     opts.selection.seed = args.selection_seed;

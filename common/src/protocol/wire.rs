@@ -185,6 +185,8 @@ impl From<SelectionParams> for crate::selection::SelectionOptions {
             fairness: o.fairness,
             discount: o.discount,
             seed: o.seed,
+            // How an agent computes its decision, not part of the decision: always pruned.
+            prune: true,
         }
     }
 }
