@@ -761,9 +761,11 @@ fn an_app_whose_processes_together_exceed_its_grant_is_reported() {
             &[],
         );
         c.stdout(Stdio::null()).stderr(Stdio::null());
-        procs.0.push(c.spawn().expect("spawn a server"));
+        let mut server = c.spawn().expect("spawn a server");
+        // A fixed wait was too short at load 9–13 (the test failed there and passed alone).
+        drum_test_support::wait_listening(&mut server, port, Duration::from_secs(30));
+        procs.0.push(server);
     }
-    std::thread::sleep(Duration::from_millis(500));
     let started = Instant::now();
     for (app, port) in [("pair", 18900), ("pair", 18901), ("solo", 18902)] {
         let mut c = run.exec(
