@@ -82,9 +82,11 @@ pub fn stop(dir: &Path, name: &str, marker: &str, grace: Duration) -> bool {
             }
             await_child(pid);
         }
-    } else if zombie_child(pid) {
-        // It exited by itself: a zombie's command line is empty, so it no longer looks ours.
-        reap(pid);
+    } else {
+        // It exited by itself (an exiting process's command line is empty, so it no longer
+        // looks ours): collect it if it is our child, also while it is still exiting, before
+        // it is a zombie (CI caught that window).
+        await_child(pid);
     }
     let _ = std::fs::remove_file(file);
     running
@@ -121,25 +123,13 @@ fn reap(pid: i32) -> bool {
     unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) == pid }
 }
 
-/// Whether `pid` is a child of this process that exited and was not collected yet.
-fn zombie_child(pid: i32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    // After the command name in parentheses (which may hold anything): state, parent.
-    let mut rest = stat
-        .rsplit_once(')')
-        .map_or("", |(_, r)| r)
-        .split_whitespace();
-    rest.next() == Some("Z") && rest.next() == Some(&std::process::id().to_string())
-}
-
 /// How long a child sent SIGKILL may take to be collectable; the kernel delivers the signal
 /// asynchronously, so a wait right after `kill` may find it still running.
 const KILL_REAP_LIMIT: Duration = Duration::from_secs(2);
 
-/// Collects `pid`, just sent SIGKILL, once it has exited (within [`KILL_REAP_LIMIT`]), if it
-/// is a child of this process that nobody collected yet (so its pid cannot have been reused).
+/// Collects `pid`, just sent SIGKILL or exiting, once it has exited (within
+/// [`KILL_REAP_LIMIT`]), if it is a child of this process that nobody collected yet (so its
+/// pid cannot have been reused); returns at once for any other pid.
 fn await_child(pid: i32) {
     let t = Instant::now();
     loop {
