@@ -8,7 +8,9 @@
 //! bytes with the app's mean WQE size (`drum_common::wire_cost`), as the rates are.
 
 use crate::shim_hub::ShimHub;
-use drum_common::demand::{cqe_per_wqe, demand_cap, CqeMeter, HeldBack, UsageMeter, WqeCounts};
+use drum_common::demand::{
+    cqe_per_wqe, demand_cap, CqeMeter, HeldBack, HeldMemory, UsageMeter, WqeCounts,
+};
 use drum_common::live::{NEW_APP_CQE_PER_WQE, NEW_APP_DEMAND};
 use drum_common::model::Problem;
 use drum_common::protocol::agent::AgentCore;
@@ -76,6 +78,8 @@ pub struct DemandFeed {
     polled: UsageMeter,
     /// The work each app's shims held back at the last reading.
     held: BTreeMap<String, Held>,
+    /// When each app was last held back by its work.
+    held_memory: HeldMemory,
     /// This host's pairs with their demand caps and completions per WQE in the instance.
     instance: Vec<(usize, f64, f64)>,
     /// The largest `a` the host's problem admits (the live problem's floor feasibility).
@@ -107,6 +111,7 @@ impl DemandFeed {
             cqes: CqeMeter::new(SMOOTHING),
             polled: UsageMeter::new(1.0, MIN_INTERVAL, SMOOTHING),
             held: BTreeMap::new(),
+            held_memory: HeldMemory::default(),
             instance,
             a_max: f64::INFINITY,
             parked_rate,
@@ -144,19 +149,22 @@ impl DemandFeed {
             held.on_nic = held.on_nic.saturating_add(u.nic_outstanding_wqes);
             held.polls = held.polls.saturating_add(u.held_polls);
         }
+        let now = self.origin.elapsed();
         let mut held_back = BTreeMap::new();
+        let mut bytes_per_wqe = BTreeMap::new();
         for (app, (bytes, counts, _, held)) in &sent {
             let before = self.held.insert(app.clone(), *held);
-            let bytes_per_wqe = mean_wqe_bytes(*bytes, counts.wqes);
-            held_back.insert(app.clone(), held.holds_back(before, bytes_per_wqe));
+            let per_wqe = mean_wqe_bytes(*bytes, counts.wqes);
+            let seen = held.holds_back(before, per_wqe);
+            held_back.insert(app.clone(), self.held_memory.verdict(app, seen, now));
+            bytes_per_wqe.insert(app.as_str(), per_wqe);
         }
         self.held.retain(|a, _| sent.contains_key(a));
-        let now = self.origin.elapsed();
+        self.held_memory.retain(|a| sent.contains_key(a));
         let wire = self.hub.wire_cost();
         let mut wire_factor = BTreeMap::new();
         for (app, (bytes, counts, ..)) in &sent {
-            let bytes_per_wqe = mean_wqe_bytes(*bytes, counts.wqes);
-            wire_factor.insert(app.as_str(), wire.factor(bytes_per_wqe));
+            wire_factor.insert(app.as_str(), wire.factor(bytes_per_wqe[app.as_str()]));
             self.meter.observe(app, *bytes, now);
             self.cqes.observe(app, *counts);
             self.polled.observe(app, counts.completions, now);

@@ -67,6 +67,41 @@ pub fn demand_cap(
     }
 }
 
+/// How long an app whose work was held back counts as held back after the last reading that
+/// showed it. Whether the NIC holds 8 of a closed-loop app's WRs is a coin toss from one
+/// reading to the next (drum-kv with 16 operations in flight: its cap flipped between its
+/// rate × 1.25 and the whole line every second or so, and the bulk writer sharing its
+/// receiver's link moved between 0.68 and 0.94 of the line with it). Remembered, an app held
+/// back now and then keeps the cap of one that wants more; one that stopped wanting more
+/// gives its share back this much later, on the optimiser's timescale, not a round trip's.
+pub const HELD_MEMORY: Duration = Duration::from_secs(2);
+
+/// When each app's work was last seen held back ([`HeldBack::Work`]).
+#[derive(Debug, Clone, Default)]
+pub struct HeldMemory {
+    last_work: BTreeMap<String, Duration>,
+}
+
+impl HeldMemory {
+    /// The verdict to act on for `app` at `now`, given what this reading saw: [`HeldBack::Work`]
+    /// while its work was held back within [`HELD_MEMORY`], else what was seen.
+    pub fn verdict(&mut self, app: &str, seen: HeldBack, now: Duration) -> HeldBack {
+        if seen == HeldBack::Work {
+            self.last_work.insert(app.to_string(), now);
+            return seen;
+        }
+        match self.last_work.get(app) {
+            Some(&t) if now.saturating_sub(t) < HELD_MEMORY => HeldBack::Work,
+            _ => seen,
+        }
+    }
+
+    /// Forgets apps not in `present` (their shims are gone).
+    pub fn retain(&mut self, present: impl Fn(&str) -> bool) {
+        self.last_work.retain(|a, _| present(a));
+    }
+}
+
 /// Send rates per app from cumulative byte counters, smoothed.
 #[derive(Debug, Clone)]
 pub struct UsageMeter {
@@ -242,6 +277,26 @@ pub fn poll_grant(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_app_held_back_now_and_then_stays_held_back_until_it_has_not_been_for_a_while() {
+        use HeldBack::{Completions, No, Work};
+        let ms = Duration::from_millis;
+        let mut m = HeldMemory::default();
+        assert_eq!(m.verdict("kv", No, ms(0)), No, "never held back");
+        assert_eq!(m.verdict("kv", Work, ms(100)), Work);
+        // a flickering backlog: every reading in between counts as held back
+        for t in (150..2100).step_by(50) {
+            assert_eq!(m.verdict("kv", No, ms(t)), Work, "at {t} ms");
+        }
+        assert_eq!(m.verdict("kv", No, ms(2100)), No, "not held back for HELD_MEMORY");
+        assert_eq!(m.verdict("kv", Completions, ms(2150)), Completions);
+        // per app, and forgotten with the app
+        assert_eq!(m.verdict("bulk", Work, ms(3000)), Work);
+        assert_eq!(m.verdict("kv", No, ms(3000)), No);
+        m.retain(|a| a != "bulk");
+        assert_eq!(m.verdict("bulk", No, ms(3001)), No);
+    }
 
     #[test]
     fn caps_follow_usage_below_the_grant_and_release_when_saturated() {

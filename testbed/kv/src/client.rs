@@ -7,6 +7,7 @@
 
 use crate::batch;
 use crate::dist::{KeyDist, KeySpec, OpKind, OpMix, Rng, SizeDist, WrNum};
+use crate::interrupt;
 use crate::proto::{self, Op, Reply, Request, Status};
 use crate::shared_qp::{Done, SharedQp};
 use crate::slot::{self, Retry, Verdict, HEADER};
@@ -51,7 +52,7 @@ impl Clock {
         if self.stopped.load(Ordering::Relaxed) {
             return false;
         }
-        if self.deadline.is_some_and(|d| now >= d) {
+        if self.deadline.is_some_and(|d| now >= d) || interrupt::requested() {
             self.stopped.store(true, Ordering::Relaxed);
             return false;
         }
@@ -162,6 +163,8 @@ pub fn run(cfg: Config) -> anyhow::Result<Summary> {
         welcome.max_value
     );
     let keys = Arc::new(KeyDist::new(cfg.keys, welcome.keys));
+    // Connected: from here on a signal ends the run with its summary instead of killing it.
+    interrupt::install();
     let start = Instant::now();
     let warmup_end = start + cfg.warmup;
     let clock = Arc::new(Clock {

@@ -7,6 +7,7 @@ mod batch;
 mod client;
 mod cm;
 mod dist;
+mod interrupt;
 mod metrics;
 mod proto;
 mod server;
@@ -107,7 +108,8 @@ struct ClientArgs {
     /// Operations in flight per connection at most.
     #[arg(long, default_value_t = 16)]
     window: u32,
-    /// Measure for this many seconds (default 5, unless --ops or --bytes is given).
+    /// Measure for this many seconds (default 5, unless --ops or --bytes is given). SIGINT or
+    /// SIGTERM ends the run sooner, with its summary.
     #[arg(long)]
     duration: Option<f64>,
     /// Stop after this many operations in all, split equally among the connections.

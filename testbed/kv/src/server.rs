@@ -3,6 +3,7 @@
 //! or its connection closed when its QP breaks; every other client is served on.
 
 use crate::cm::{self, Endpoint, Listener, QueueSizes};
+use crate::interrupt;
 use crate::metrics::Metrics;
 use crate::proto::{self, Hello, Limits, Op, ProtoError, Reply, Request, Status, Welcome};
 use crate::slot::HEADER;
@@ -65,12 +66,6 @@ impl Sizes {
     }
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: i32) {
-    STOP.store(true, Ordering::Relaxed);
-}
-
 /// The store registered in one device context's protection domain.
 struct Registration {
     pd: Arc<Pd>,
@@ -80,11 +75,7 @@ struct Registration {
 pub fn run(cfg: Config) -> anyhow::Result<()> {
     let store = Arc::new(Store::new(cfg.keys, cfg.max_value, cfg.seed)?);
     let listener = Listener::bind(cfg.listen)?;
-    // SAFETY: the handler only stores to an atomic.
-    unsafe {
-        libc::signal(libc::SIGINT, on_signal as *const () as usize);
-        libc::signal(libc::SIGTERM, on_signal as *const () as usize);
-    }
+    interrupt::install();
     println!(
         "drum-kv server listening on {}:{} keys={} max_value={} seed={} share={}",
         cfg.listen.ip(),
@@ -110,7 +101,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     let mut regs: HashMap<usize, Registration> = HashMap::new();
     let mut conns: HashMap<usize, Arc<Conn>> = HashMap::new();
     let mut next_poller = 0;
-    while !STOP.load(Ordering::Relaxed) {
+    while !interrupt::requested() {
         if let Some(at) = next_report.filter(|&at| Instant::now() >= at) {
             let line = serde_json::to_string(&metrics.snapshot(started.elapsed().as_secs_f64()))?;
             println!("{line}");

@@ -86,6 +86,12 @@ impl App {
         self.child.try_wait().ok().flatten()
     }
 
+    /// Asks it to stop (SIGINT).
+    fn interrupt(&self) {
+        // SAFETY: signalling our own child, which has not been waited for.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+    }
+
     /// Waits at most `limit` for it to exit by itself.
     pub fn wait(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
         let t = std::time::Instant::now();
@@ -256,9 +262,17 @@ impl Workload {
         vec![("h2", "bulk"), ("h3", "kv")]
     }
 
-    /// Checks the store's client summary: it exited 0 and counted no error.
-    pub fn check_kv(&mut self, limit: Duration) -> Result<Value> {
+    /// Stops the store's client (SIGINT: it finishes what is in flight and prints its
+    /// summary) and checks the summary: it exited 0 and counted no error.
+    pub fn stop_kv(&mut self, limit: Duration) -> Result<Value> {
         let c = &mut self.apps[self.kv_client];
+        if let Some(s) = c.exited() {
+            bail!(
+                "the drum-kv client ended before it was stopped, with {s}:\n{}",
+                c.tail(20)
+            );
+        }
+        c.interrupt();
         let Some(status) = c.wait(limit) else {
             bail!("the drum-kv client did not finish within {limit:?}");
         };
