@@ -5,11 +5,10 @@
 //! host sent together with what the app's grant allowed over a window, and reports and
 //! accounts for the apps well above it, naming each of their processes with its part.
 //!
-//! The app, not the process, is judged: the optimiser grants a rate to a (host, app) pair,
-//! and how an app spreads its work over its processes is its own business — a busy process
-//! beside an idle one is not over any share. The sum also catches an app that multiplies its
-//! rate by running several processes, each of which the shim holds to the whole grant
-//! (docs/tenants.md, "The grant audit judges apps").
+//! The app, not the process, is judged: the optimiser grants a rate to a (host, app) pair.
+//! Each process's part of it (`drum_common::process_share`) moves with its use, so a process
+//! whose part just shrank is not over anything its app was given (docs/tenants.md, "The app
+//! is judged, on the sum of its processes").
 //!
 //! Pure: the caller reads the counters and the grants and passes its clock.
 
@@ -226,7 +225,7 @@ pub fn warn_first(found: &[OverGrant]) {
                 processes = o.processes.len(),
                 process_bytes_per_s = p.measured_bytes_per_s.round(),
                 window_s = o.window_s,
-                "a registered app sends above its grant: a process of it bypasses the shim or ignores its grant, or several of its processes each send at the whole grant; the excess comes off the host's budget"
+                "a registered app sends above its grant: a process of it bypasses the shim or ignores its grant; the excess comes off the host's budget"
             );
         }
     }

@@ -20,6 +20,7 @@ use anyhow::{bail, Context, Result};
 use drum_common::dasr::Lookahead;
 use drum_common::demand::poll_grant;
 use drum_common::live::LiveApp;
+use drum_common::process_share::{self, ProcessMeter, ProcessUse, ShimCounters};
 use drum_common::traffic_shares::{Dest, PeerBytes, TrafficShares};
 use drum_common::wire_cost::WireCost;
 use drum_table::layout::{monotonic_ms, Grant, MAX_RATE_WQE, TABLE_BYTES};
@@ -145,6 +146,62 @@ struct Conn {
     busy: BTreeSet<u32>,
     /// Whether the QP limit was hit (logged once).
     qps_clamped: bool,
+    /// Its send rate and held-back work, for its part of the app's grant.
+    meter: ProcessMeter,
+    /// Its part of its app's grant, as last published.
+    part: f64,
+}
+
+impl Conn {
+    /// The QPs the process holds. The table's count is the shim's word: bounded by what the
+    /// agent would track, so a table of garbage claims no more than a process with that many.
+    fn qps_held(&self) -> u64 {
+        let said = self.map.table().shim.qps.load(Relaxed);
+        (self.qps.len() as u64).max(said.min(MAX_TRACKED_QPS as u64))
+    }
+}
+
+/// Each registered process's part of its app's grant (`drum_common::process_share`), from
+/// its QPs and its meter; `grants`: each app's whole payload byte grant (0: unlimited).
+fn process_parts(st: &HubState, grants: &BTreeMap<&str, u64>) -> BTreeMap<u64, f64> {
+    let mut apps: BTreeMap<&str, Vec<(u64, ProcessUse)>> = BTreeMap::new();
+    for (&id, c) in &st.conns {
+        let grant = grants.get(c.app.as_str()).copied().unwrap_or(0);
+        let used = c
+            .meter
+            .used_bytes_per_s()
+            .filter(|_| grant > 0)
+            .map(|u| u / grant as f64);
+        apps.entry(&c.app).or_default().push((
+            id,
+            ProcessUse {
+                qps: c.qps_held(),
+                part: c.part,
+                used,
+                held: c.meter.held(),
+            },
+        ));
+    }
+    let mut out = BTreeMap::new();
+    for procs in apps.values() {
+        let uses: Vec<ProcessUse> = procs.iter().map(|p| p.1).collect();
+        for (&(id, _), part) in procs.iter().zip(process_share::process_parts(&uses)) {
+            out.insert(id, part);
+        }
+    }
+    out
+}
+
+/// A process's grant: its `part` of its app's rates. The QP gate is its own already; the
+/// burst stays whole (a burst under one WQE's size would hold that WQE back).
+fn part_of_grant(app: &Grant, part: f64) -> Grant {
+    use process_share::part_of_rate;
+    Grant {
+        rate_bytes_per_s: part_of_rate(app.rate_bytes_per_s, part),
+        rate_wqe_per_s: part_of_rate(app.rate_wqe_per_s, part),
+        rate_cqe_per_s: part_of_rate(app.rate_cqe_per_s, part),
+        ..*app
+    }
 }
 
 /// Connected QPs the agent tracks per registered process.
@@ -306,7 +363,7 @@ impl ShimHub {
                 },
             );
         }
-        self.shared.publish_all(&st);
+        self.shared.publish_all(&mut st);
     }
 
     /// A DASR cap towards receiver `gid` for every process on this host (0: none).
@@ -493,12 +550,26 @@ impl Shared {
         }
     }
 
-    /// Publishes every process's grant (after a decision, or a change of who holds QPs).
-    fn publish_all(&self, st: &HubState) {
+    /// Publishes every process's grant (after a decision, a change of who holds QPs, or a
+    /// new reading of the processes' use): its part of its app's.
+    fn publish_all(&self, st: &mut HubState) {
         let gates = self.qp_gates(st);
-        for (id, c) in &st.conns {
-            let g = self.grant_for(st, &c.app, gates.get(id).copied());
-            c.map.table().publish(&g, monotonic_ms());
+        let wholes: BTreeMap<u64, Grant> = st
+            .conns
+            .iter()
+            .map(|(&id, c)| (id, self.grant_for(st, &c.app, gates.get(&id).copied())))
+            .collect();
+        let grants: BTreeMap<&str, u64> = st
+            .conns
+            .iter()
+            .map(|(id, c)| (c.app.as_str(), wholes[id].rate_bytes_per_s))
+            .collect();
+        let parts = process_parts(st, &grants);
+        for (id, c) in st.conns.iter_mut() {
+            c.part = parts.get(id).copied().unwrap_or(1.0);
+            c.map
+                .table()
+                .publish(&part_of_grant(&wholes[id], c.part), monotonic_ms());
         }
     }
 
@@ -510,15 +581,9 @@ impl Shared {
         if budget == 0 {
             return BTreeMap::new();
         }
-        // The table's count is the shim's word: bounded by what the agent would track, so a
-        // table of garbage claims no more of the budget than a process with that many QPs.
-        let held = |c: &Conn| {
-            let said = c.map.table().shim.qps.load(Relaxed);
-            (c.qps.len() as u64).max(said.min(MAX_TRACKED_QPS as u64))
-        };
         let mut apps: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
         for (&id, c) in &st.conns {
-            apps.entry(&c.app).or_default().push((id, held(c)));
+            apps.entry(&c.app).or_default().push((id, c.qps_held()));
         }
         let demands: Vec<QpDemand> = apps
             .iter()
@@ -629,8 +694,13 @@ fn accept_loop(sh: Arc<Shared>) {
     }
 }
 
+/// How often each process's use is read (its part of its app's grant follows it).
+const READING: Duration = Duration::from_millis(250);
+
 fn heartbeat_loop(sh: Arc<Shared>) {
     let mut last_beat = std::time::Instant::now() - HEARTBEAT;
+    let clock = std::time::Instant::now();
+    let mut last_reading = clock;
     while !sh.stop.load(Relaxed) {
         let mut st = sh.lock();
         if last_beat.elapsed() >= HEARTBEAT {
@@ -639,6 +709,26 @@ fn heartbeat_loop(sh: Arc<Shared>) {
                 c.map.table().beat(now);
             }
             last_beat = std::time::Instant::now();
+        }
+        if last_reading.elapsed() >= READING {
+            // Each process's use, for its part of its app's grant.
+            let now = clock.elapsed();
+            for c in st.conns.values_mut() {
+                let s = &c.map.table().shim;
+                let counters = ShimCounters {
+                    sent: s.send_bytes.load(Relaxed),
+                    deferred: s.deferred_wqes.load(Relaxed),
+                    held_polls: s.held_polls.load(Relaxed),
+                    queued: s.queued_wqes.load(Relaxed),
+                };
+                c.meter.observe(counters, now);
+            }
+            let mut apps = BTreeSet::new();
+            if st.conns.values().any(|c| !apps.insert(c.app.as_str())) {
+                // an app with several processes: their parts may move
+                sh.publish_all(&mut st);
+            }
+            last_reading = std::time::Instant::now();
         }
         let due: Vec<([u8; 16], String)> = st
             .ending
@@ -711,9 +801,8 @@ fn leave(sh: &Shared, st: &mut HubState, id: u64) -> Option<Conn> {
     for qpn in &c.busy {
         traffic(sh, st, c.qps.get(qpn).copied(), &c.app, false);
     }
-    if sh.settings.qp_budget > 0 {
-        sh.publish_all(st);
-    }
+    // The others take its part of the app's grant and its QP gate back.
+    sh.publish_all(st);
     Some(c)
 }
 
@@ -793,11 +882,13 @@ fn register(sh: &Shared, sock: &Arc<OwnedFd>) -> Result<u64> {
             qp_bytes: BTreeMap::new(),
             busy: BTreeSet::new(),
             qps_clamped: false,
+            meter: ProcessMeter::default(),
+            part: 1.0,
         },
     );
     // Its grant (and, with a QP budget, everyone's new shares) is in the table before the
     // shim maps it: a shim that finds no grant runs ungoverned.
-    sh.publish_all(&st);
+    sh.publish_all(&mut st);
     let sent = send_with_fd(
         fd,
         AgentMsg::Welcome { app: app.clone() }.encode().as_bytes(),
@@ -805,9 +896,7 @@ fn register(sh: &Shared, sock: &Arc<OwnedFd>) -> Result<u64> {
     );
     if let Err(e) = sent {
         st.conns.remove(&id);
-        if sh.settings.qp_budget > 0 {
-            sh.publish_all(&st);
-        }
+        sh.publish_all(&mut st);
         return Err(anyhow::Error::new(e).context("sending the table"));
     }
     info!(
@@ -835,8 +924,9 @@ fn on_message(sh: &Shared, id: u64, m: ShimMsg) {
             // one is not tracked (its traffic counts towards no receiver), and said once.
             if c.qps.len() < MAX_TRACKED_QPS || c.qps.contains_key(&qpn) {
                 c.qp_bytes.remove(&qpn);
-                if c.qps.insert(qpn, peer).is_none() && sh.settings.qp_budget > 0 {
-                    sh.publish_all(&st);
+                // Grants are split by the QPs held (and so are QP gates).
+                if c.qps.insert(qpn, peer).is_none() {
+                    sh.publish_all(&mut st);
                 }
             } else if !c.qps_clamped {
                 c.qps_clamped = true;
@@ -855,8 +945,8 @@ fn on_message(sh: &Shared, id: u64, m: ShimMsg) {
                 let app = c.app.clone();
                 traffic(sh, &mut st, peer, &app, false);
             }
-            if peer.is_some() && sh.settings.qp_budget > 0 {
-                sh.publish_all(&st);
+            if peer.is_some() {
+                sh.publish_all(&mut st);
             }
         }
         ShimMsg::Bytes { qpn, out, back } => {
@@ -1034,6 +1124,36 @@ mod tests {
         let path = hub.socket().to_path_buf();
         drop(hub);
         assert!(!path.exists(), "socket removed on stop");
+    }
+
+    /// An app's grant is split among its processes: equally while neither is measured, by
+    /// use once they are (an idle one keeps a floor, a busy one the rest), and whole again
+    /// when one leaves.
+    #[test]
+    fn an_apps_processes_share_its_grant_by_their_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = ShimHub::start(settings(dir.path()), None).unwrap();
+        let me = std::process::id();
+        let (a, b) = (connect(hub.socket()), connect(hub.socket()));
+        let ta = Mapping::open(hello(&a, me, "split").1.unwrap().as_raw_fd()).unwrap();
+        let tb = Mapping::open(hello(&b, me, "split").1.unwrap().as_raw_fd()).unwrap();
+        hub.set_rates(&[decided("split", true, 0.5)]);
+        let bytes = |t: &Mapping| t.table().read_grant().unwrap().rate_bytes_per_s;
+        assert_eq!((bytes(&ta), bytes(&tb)), (250_000_000, 250_000_000));
+        // a sends nothing; b sends and its shim defers work: b wants more
+        let sent = std::sync::atomic::AtomicU64::new(0);
+        wait_for(|| {
+            let n = sent.fetch_add(20_000_000, Relaxed);
+            tb.table().shim.send_bytes.store(n, Relaxed);
+            tb.table().shim.deferred_wqes.store(n / 1000, Relaxed);
+            std::thread::sleep(Duration::from_millis(50));
+            bytes(&tb) > 400_000_000
+        });
+        // a keeps a quarter of an equal share
+        assert_eq!((bytes(&ta), bytes(&tb)), (62_500_000, 437_500_000));
+        drop(b);
+        wait_for(|| hub.usage().len() == 1);
+        wait_for(|| bytes(&ta) == 500_000_000);
     }
 
     /// The polling grant turns the WQE rate into completions with the app's mean send size

@@ -289,7 +289,11 @@ mod tests {
         for t in (150..2100).step_by(50) {
             assert_eq!(m.verdict("kv", No, ms(t)), Work, "at {t} ms");
         }
-        assert_eq!(m.verdict("kv", No, ms(2100)), No, "not held back for HELD_MEMORY");
+        assert_eq!(
+            m.verdict("kv", No, ms(2100)),
+            No,
+            "not held back for HELD_MEMORY"
+        );
         assert_eq!(m.verdict("kv", Completions, ms(2150)), Completions);
         // per app, and forgotten with the app
         assert_eq!(m.verdict("bulk", Work, ms(3000)), Work);

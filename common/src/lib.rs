@@ -16,6 +16,7 @@ pub mod instance;
 pub mod live;
 pub mod model;
 pub mod polish;
+pub mod process_share;
 pub mod protocol;
 pub mod pruning;
 pub mod qp_share;

@@ -41,7 +41,7 @@ pub(super) fn recheck_loop(sh: Arc<Shared>) {
             for c in changes {
                 apply(&sh, &mut st, c);
             }
-            sh.publish_all(&st);
+            sh.publish_all(&mut st);
         }
         super::scan::sleep_unless_stopped(&sh, period);
     }

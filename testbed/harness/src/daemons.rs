@@ -93,11 +93,14 @@ pub fn stop(dir: &Path, name: &str, marker: &str, grace: Duration) -> bool {
 }
 
 /// Kills (SIGKILL) every process whose environment holds `var` (a `NAME=value` prefix):
-/// the programs a cluster ran, which no pid file names.
+/// the programs a cluster ran, which no pid file names. Those that are children of this
+/// process are collected once they have died: collected right after the kill, a drum-kv
+/// client was still running and stayed behind as a zombie.
 pub fn kill_marked_env(var: &str) {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return;
     };
+    let mut killed = Vec::new();
     for e in dir.flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
             continue;
@@ -109,8 +112,12 @@ pub fn kill_marked_env(var: &str) {
         {
             // SAFETY: signalling a process this cluster started (its environment says so).
             unsafe { libc::kill(pid, libc::SIGKILL) };
-            reap(pid);
+            killed.push(pid);
         }
+    }
+    // All killed first, so that they die together and the waits overlap.
+    for pid in killed {
+        await_child(pid);
     }
 }
 
@@ -195,5 +202,26 @@ mod tests {
         assert!(!stop(&dir, "quitter", &marker, Duration::from_secs(1)));
         assert!(!uncollected(pid), "left a zombie");
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn programs_marked_in_their_environment_are_killed_and_collected() {
+        let mark = format!("DRUM_DAEMONS_TEST={}", std::process::id());
+        let (name, value) = mark.split_once('=').unwrap();
+        let pids: Vec<u32> = (0..3)
+            .map(|_| {
+                let c = Command::new("sh")
+                    .args(["-c", "while :; do sleep 0.05; done"])
+                    .env(name, value)
+                    .spawn()
+                    .unwrap();
+                c.id() // dropped, not waited for: as the cluster's programs are
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        kill_marked_env(&mark);
+        for pid in pids {
+            assert!(!uncollected(pid), "left {pid} running or a zombie");
+        }
     }
 }
