@@ -86,16 +86,16 @@ fn apply(sh: &Shared, st: &mut HubState, ch: Change) {
             // Its long messages in flight move to the new app's flows.
             for qpn in busy {
                 let peer = qps.get(&qpn).copied();
-                super::traffic(sh, st, peer, &ch.app, false);
-                super::traffic(sh, st, peer, &decision.app, true);
+                super::registration::traffic(sh, st, peer, &ch.app, false);
+                super::registration::traffic(sh, st, peer, &decision.app, true);
             }
-            super::forget_app_if_unused(st, &ch.app);
+            super::registration::forget_app_if_unused(st, &ch.app);
         }
         Verdict::Refuse { why, now } => {
             let now = now.as_ref().map_or("no process".into(), show);
             warn!(pid, was = %was, now = %now, app = %ch.app, why,
                 "tenant policy: a registration's process is not who registered; registration refused");
-            if let Some(c) = super::leave(sh, st, ch.key) {
+            if let Some(c) = super::registration::leave(sh, st, ch.key) {
                 // The reader thread sees the end of its connection and finds it gone.
                 // SAFETY: shutting down a socket `c` still owns.
                 unsafe { libc::shutdown(c.sock.as_raw_fd(), libc::SHUT_RDWR) };
