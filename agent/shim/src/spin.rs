@@ -3,12 +3,21 @@
 //! handlers need: the forking thread holds every such lock across `fork`, so a child never
 //! inherits one locked by a thread that does not exist in the child.
 
-use std::cell::UnsafeCell;
+//!
+//! Model-checked with `loom` (crate `drum-shim-loom`, which builds this file with `cfg(loom)`:
+//! loom's atomics, cell and yield instead of std's).
+
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{
-    AtomicBool,
-    Ordering::{Acquire, Relaxed, Release},
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+
+#[cfg(loom)]
+use loom::{
+    cell::{MutPtr, UnsafeCell},
+    sync::atomic::AtomicBool,
+    thread::yield_now,
 };
+#[cfg(not(loom))]
+use std::{cell::UnsafeCell, sync::atomic::AtomicBool, thread::yield_now};
 
 pub struct SpinLock<T> {
     held: AtomicBool,
@@ -18,10 +27,36 @@ pub struct SpinLock<T> {
 // SAFETY: access to `data` is serialised by `held`.
 unsafe impl<T: Send> Sync for SpinLock<T> {}
 
-pub struct SpinGuard<'a, T>(&'a SpinLock<T>);
+pub struct SpinGuard<'a, T> {
+    lock: &'a SpinLock<T>,
+    /// Under loom, the cell's access, tracked for as long as the guard lives (ended before
+    /// the lock is released).
+    #[cfg(loom)]
+    access: Option<MutPtr<T>>,
+}
+
+impl<'a, T> SpinGuard<'a, T> {
+    /// The guard of a lock just taken.
+    fn taken(lock: &'a SpinLock<T>) -> Self {
+        SpinGuard {
+            lock,
+            #[cfg(loom)]
+            access: Some(lock.data.get_mut()),
+        }
+    }
+}
 
 impl<T> SpinLock<T> {
+    #[cfg(not(loom))]
     pub const fn new(v: T) -> Self {
+        SpinLock {
+            held: AtomicBool::new(false),
+            data: UnsafeCell::new(v),
+        }
+    }
+
+    #[cfg(loom)]
+    pub fn new(v: T) -> Self {
         SpinLock {
             held: AtomicBool::new(false),
             data: UnsafeCell::new(v),
@@ -30,7 +65,7 @@ impl<T> SpinLock<T> {
 
     pub fn lock(&self) -> SpinGuard<'_, T> {
         self.acquire();
-        SpinGuard(self)
+        SpinGuard::taken(self)
     }
 
     /// The lock if it is free now; `None` instead of waiting. (The guard is made only when
@@ -39,7 +74,7 @@ impl<T> SpinLock<T> {
         self.held
             .compare_exchange(false, true, Acquire, Relaxed)
             .ok()
-            .map(|_| SpinGuard(self))
+            .map(|_| SpinGuard::taken(self))
     }
 
     /// For fork handlers: acquire without a guard; pair with [`SpinLock::release`].
@@ -49,7 +84,7 @@ impl<T> SpinLock<T> {
             .compare_exchange_weak(false, true, Acquire, Relaxed)
             .is_err()
         {
-            std::thread::yield_now();
+            yield_now();
         }
     }
 
@@ -60,26 +95,42 @@ impl<T> SpinLock<T> {
 
 impl<T> Deref for SpinGuard<'_, T> {
     type Target = T;
+    #[cfg(not(loom))]
     fn deref(&self) -> &T {
         // SAFETY: the guard proves the lock is held.
-        unsafe { &*self.0.data.get() }
+        unsafe { &*self.lock.data.get() }
+    }
+    #[cfg(loom)]
+    fn deref(&self) -> &T {
+        let access = self.access.as_ref().expect("a live guard has its access");
+        // SAFETY: the guard proves the lock is held; loom checks that it is.
+        unsafe { access.deref() }
     }
 }
 
 impl<T> DerefMut for SpinGuard<'_, T> {
+    #[cfg(not(loom))]
     fn deref_mut(&mut self) -> &mut T {
         // SAFETY: the guard proves the lock is held, exclusively.
-        unsafe { &mut *self.0.data.get() }
+        unsafe { &mut *self.lock.data.get() }
+    }
+    #[cfg(loom)]
+    fn deref_mut(&mut self) -> &mut T {
+        let access = self.access.as_ref().expect("a live guard has its access");
+        // SAFETY: the guard proves the lock is held, exclusively; loom checks that it is.
+        unsafe { access.deref() }
     }
 }
 
 impl<T> Drop for SpinGuard<'_, T> {
     fn drop(&mut self) {
-        self.0.release();
+        #[cfg(loom)]
+        drop(self.access.take());
+        self.lock.release();
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

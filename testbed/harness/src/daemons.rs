@@ -205,6 +205,8 @@ mod tests {
     }
 
     #[test]
+    // The children are deliberately not waited for here: `kill_marked_env` must collect them.
+    #[allow(clippy::zombie_processes)]
     fn programs_marked_in_their_environment_are_killed_and_collected() {
         let mark = format!("DRUM_DAEMONS_TEST={}", std::process::id());
         let (name, value) = mark.split_once('=').unwrap();
