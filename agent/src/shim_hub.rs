@@ -365,7 +365,7 @@ impl ShimHub {
                     queued_wqes: s.queued_wqes.load(Relaxed),
                     qps: s.qps.load(Relaxed),
                     active_qps: s.active_qps.load(Relaxed),
-                    grant_generation: t.grant.generation.load(Relaxed),
+                    grant_generation: t.generation(),
                     applied_generation: s.applied_generation.load(Relaxed),
                     rate_cqe_per_s: t.grant.rate_cqe_per_s.load(Relaxed),
                     nic_outstanding_wqes: s.nic_outstanding_wqes.load(Relaxed),

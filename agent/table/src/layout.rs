@@ -8,6 +8,7 @@
 //! it reads ([`Grant::validate`]): a table that is not ours, of another version, or with
 //! values out of range is treated as "no agent" (fail-open), never trusted.
 
+use crate::seqlock;
 use std::sync::atomic::{AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"DRUMTBL1");
@@ -32,7 +33,8 @@ pub struct PeerCap {
 /// What the agent grants; all rates 0 = unlimited.
 #[repr(C)]
 pub struct GrantFields {
-    /// Bumped by the agent after every update.
+    /// The grant's sequence (`seqlock`): odd while the agent writes, +2 per write; the
+    /// generation is half of it.
     pub generation: AtomicU64,
     /// Agent's CLOCK_MONOTONIC in ms at its last write: the shim detaches from a table
     /// whose heartbeat stops (an agent that hangs without closing its socket).
@@ -182,10 +184,10 @@ impl Table {
         Ok(())
     }
 
-    /// Agent side: publishes a grant (the generation is bumped last, so a reader that sees
-    /// the new generation twice around its reads has the new values).
+    /// Agent side: publishes a grant, all its fields as one (`seqlock`).
     pub fn publish(&self, g: &Grant, heartbeat_ms: u64) {
         let f = &self.grant;
+        let w = seqlock::write_begin(&f.generation);
         f.rate_bytes_per_s.store(g.rate_bytes_per_s, Relaxed);
         f.burst_bytes.store(g.burst_bytes, Relaxed);
         f.rate_wqe_per_s.store(g.rate_wqe_per_s, Relaxed);
@@ -194,7 +196,12 @@ impl Table {
         f.long_msg_bytes.store(g.long_msg_bytes, Relaxed);
         f.rate_cqe_per_s.store(g.rate_cqe_per_s, Relaxed);
         f.heartbeat_ms.store(heartbeat_ms, Relaxed);
-        f.generation.fetch_add(1, Release);
+        seqlock::write_end(&f.generation, w);
+    }
+
+    /// The generation of the grant: how many writes completed.
+    pub fn generation(&self) -> u64 {
+        seqlock::generation(&self.grant.generation)
     }
 
     /// Agent side: proves it is alive without changing the grant.
@@ -206,25 +213,20 @@ impl Table {
     pub fn read_grant(&self) -> Result<Grant, TableError> {
         self.check_header()?;
         let f = &self.grant;
-        for _ in 0..16 {
-            let gen = f.generation.load(Acquire);
-            let g = Grant {
-                generation: gen,
-                rate_bytes_per_s: f.rate_bytes_per_s.load(Relaxed),
-                burst_bytes: f.burst_bytes.load(Relaxed),
-                rate_wqe_per_s: f.rate_wqe_per_s.load(Relaxed),
-                max_active_qps: f.max_active_qps.load(Relaxed),
-                quantum_us: f.quantum_us.load(Relaxed),
-                long_msg_bytes: f.long_msg_bytes.load(Relaxed),
-                rate_cqe_per_s: f.rate_cqe_per_s.load(Relaxed),
-            };
-            std::sync::atomic::fence(Acquire);
-            if f.generation.load(Relaxed) == gen {
-                g.validate()?;
-                return Ok(g);
-            }
-        }
-        Err(TableError::Torn)
+        let (generation, g) = seqlock::read(&f.generation, 16, || Grant {
+            generation: 0,
+            rate_bytes_per_s: f.rate_bytes_per_s.load(Relaxed),
+            burst_bytes: f.burst_bytes.load(Relaxed),
+            rate_wqe_per_s: f.rate_wqe_per_s.load(Relaxed),
+            max_active_qps: f.max_active_qps.load(Relaxed),
+            quantum_us: f.quantum_us.load(Relaxed),
+            long_msg_bytes: f.long_msg_bytes.load(Relaxed),
+            rate_cqe_per_s: f.rate_cqe_per_s.load(Relaxed),
+        })
+        .ok_or(TableError::Torn)?;
+        let g = Grant { generation, ..g };
+        g.validate()?;
+        Ok(g)
     }
 
     pub fn heartbeat_ms(&self) -> u64 {
@@ -239,13 +241,14 @@ impl Table {
         for p in &self.grant.peers {
             let (h, l) = (p.gid_hi.load(Relaxed), p.gid_lo.load(Relaxed));
             if (h, l) == (hi, lo) {
+                let w = seqlock::write_begin(&self.grant.generation);
                 p.cap_bytes_per_s.store(cap_bytes_per_s, Relaxed);
                 p.senders.store(senders, Relaxed);
                 if cap_bytes_per_s == 0 {
                     p.gid_hi.store(0, Relaxed);
                     p.gid_lo.store(0, Relaxed);
                 }
-                self.grant.generation.fetch_add(1, Release);
+                seqlock::write_end(&self.grant.generation, w);
                 return true;
             }
             if (h, l) == (0, 0) && free.is_none() {
@@ -258,23 +261,33 @@ impl Table {
         let Some(p) = free else {
             return false;
         };
+        let w = seqlock::write_begin(&self.grant.generation);
         p.cap_bytes_per_s.store(cap_bytes_per_s, Relaxed);
         p.senders.store(senders, Relaxed);
         p.gid_lo.store(lo, Relaxed);
         p.gid_hi.store(hi, Relaxed);
-        self.grant.generation.fetch_add(1, Release);
+        seqlock::write_end(&self.grant.generation, w);
         true
     }
 
     /// Shim side: every current cap, (gid, bytes/s), bounded and validated.
     pub fn peer_caps(&self) -> Result<Vec<([u8; 16], u64)>, TableError> {
+        let (_, entries) = seqlock::read(&self.grant.generation, 16, || {
+            self.grant
+                .peers
+                .iter()
+                .map(|p| {
+                    let (hi, lo) = (p.gid_hi.load(Relaxed), p.gid_lo.load(Relaxed));
+                    (hi, lo, p.cap_bytes_per_s.load(Relaxed))
+                })
+                .collect::<Vec<_>>()
+        })
+        .ok_or(TableError::Torn)?;
         let mut out = Vec::new();
-        for p in &self.grant.peers {
-            let (hi, lo) = (p.gid_hi.load(Acquire), p.gid_lo.load(Relaxed));
+        for (hi, lo, cap) in entries {
             if (hi, lo) == (0, 0) {
                 continue;
             }
-            let cap = p.cap_bytes_per_s.load(Relaxed);
             if cap > MAX_RATE_BYTES {
                 return Err(TableError::Field("peer cap_bytes_per_s", cap));
             }

@@ -7,6 +7,7 @@
 //! - [`mapping`]: creating, passing and mapping the table's memory (a memfd);
 //! - [`socket`]: the registration socket (Unix `SOCK_SEQPACKET`);
 //! - [`profile`]: what both sides read from an app's WQE counters;
+//! - [`seqlock`]: how a grant's fields are written and read as one;
 //! - [`wire_cost`]: what a payload byte costs on the wire, for the agent's grants and the
 //!   shim's NIC pacing alike.
 //!
@@ -17,5 +18,6 @@ pub mod layout;
 pub mod mapping;
 pub mod message;
 pub mod profile;
+pub mod seqlock;
 pub mod socket;
 pub mod wire_cost;
