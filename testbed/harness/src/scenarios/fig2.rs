@@ -6,7 +6,7 @@
 use super::perftest::{bw_average_mib, latencies_us};
 use super::{Measured, RunCtx, Scenario, Unit, Verdict};
 use crate::profile::Profile;
-use crate::programs::{finish, pair, spawn};
+use crate::programs::{await_listening, finish, pair, spawn, LISTEN_LIMIT};
 use crate::stats::quantile;
 use crate::summary::Summary;
 use anyhow::Result;
@@ -88,8 +88,11 @@ fn run_fig2a(ctx: &RunCtx, _series: &str, batch: f64) -> Result<Measured> {
         let depth = (2 * batch as u32).max(128).to_string();
         let mut a = args(&["ib_write_bw", "-x", "0", "-s", "64", "-p", "18611"]);
         a.extend(args(&["-l", &b, "-t", &depth, "-D", "30"]));
-        let server = spawn(&mut c.raw("h1", &a)?)?;
-        std::thread::sleep(Duration::from_millis(400));
+        let mut server = spawn(&mut c.raw("h1", &a)?)?;
+        if let Err(e) = await_listening(&mut server, 18611, LISTEN_LIMIT) {
+            let _ = finish(server, Duration::ZERO);
+            return Err(e);
+        }
         a.push(ip.clone());
         let client = spawn(&mut c.raw("h2", &a)?)?;
         // Past the co-runner's connection setup, so the foreground meets it running.
@@ -104,6 +107,7 @@ fn run_fig2a(ctx: &RunCtx, _series: &str, batch: f64) -> Result<Measured> {
     a.push(ip);
     let fg = pair(
         &mut server?,
+        18612,
         &mut c.raw("h2", &a)?,
         Duration::from_secs(120),
     );
@@ -189,6 +193,7 @@ fn run_fig2c(ctx: &RunCtx, transport: &str, conns: f64) -> Result<Measured> {
     a.push(ip);
     let out = pair(
         &mut server?,
+        18621,
         &mut c.raw("h2", &a)?,
         Duration::from_secs(180),
     )?;

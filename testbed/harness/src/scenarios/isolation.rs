@@ -7,7 +7,7 @@
 use super::perftest::bw_average_mib;
 use super::{Measured, Mode, RunCtx, Scenario, Unit, Verdict};
 use crate::profile::{Profile, DILATED};
-use crate::programs::{check, finish, spawn};
+use crate::programs::{await_listening, check, finish, spawn, LISTEN_LIMIT};
 use crate::summary::Summary;
 use anyhow::{bail, Result};
 use std::process::Command;
@@ -93,7 +93,7 @@ fn run_isolation(ctx: &RunCtx, series: &str, attacker: f64) -> Result<Measured> 
     let before = ctx.cluster.stats("h2")?;
     let mut children = Vec::new();
     if let Some(a) = attack {
-        children.push(spawn(&mut perftest(
+        let mut server = spawn(&mut perftest(
             ctx,
             drum,
             "h1",
@@ -101,8 +101,12 @@ fn run_isolation(ctx: &RunCtx, series: &str, attacker: f64) -> Result<Measured> 
             "18702",
             a,
             secs + 4,
-        )?)?);
-        std::thread::sleep(Duration::from_millis(400));
+        )?)?;
+        if let Err(e) = await_listening(&mut server, 18702, LISTEN_LIMIT) {
+            let _ = finish(server, Duration::ZERO);
+            return Err(e);
+        }
+        children.push(server);
         children.push(spawn(&mut perftest(
             ctx,
             drum,
@@ -115,8 +119,14 @@ fn run_isolation(ctx: &RunCtx, series: &str, attacker: f64) -> Result<Measured> 
         std::thread::sleep(Duration::from_millis(1500));
     }
     let v = victim_args(victim)?;
-    let server = spawn(&mut perftest(ctx, drum, "h1", "victim", "18701", v, secs)?)?;
-    std::thread::sleep(Duration::from_millis(400));
+    let mut server = spawn(&mut perftest(ctx, drum, "h1", "victim", "18701", v, secs)?)?;
+    if let Err(e) = await_listening(&mut server, 18701, LISTEN_LIMIT) {
+        let _ = finish(server, Duration::ZERO);
+        for c in children {
+            let _ = finish(c, Duration::ZERO);
+        }
+        return Err(e);
+    }
     let client = spawn(&mut perftest(ctx, drum, "h2", "victim", "18701", v, secs)?)?;
     let limit = Duration::from_secs(secs as u64 + 60);
     let out = finish(client, limit)?;
