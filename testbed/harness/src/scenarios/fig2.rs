@@ -86,7 +86,7 @@ fn run_fig2a(ctx: &RunCtx, _series: &str, batch: f64) -> Result<Measured> {
     let corunner = if batch > 0.0 {
         let b = (batch as u32).to_string();
         let depth = (2 * batch as u32).max(128).to_string();
-        let mut a = args(&["ib_write_bw", "-x", "0", "-s", "64", "-p", "18611"]);
+        let mut a = args(&["ib_write_bw", "-x", "0", "-F", "-s", "64", "-p", "18611"]);
         a.extend(args(&["-l", &b, "-t", &depth, "-D", "30"]));
         let mut server = spawn(&mut c.raw("h1", &a)?)?;
         if let Err(e) = await_listening(&mut server, 18611, LISTEN_LIMIT) {
@@ -101,7 +101,17 @@ fn run_fig2a(ctx: &RunCtx, _series: &str, batch: f64) -> Result<Measured> {
     } else {
         None
     };
-    let mut a = args(&["ib_write_lat", "-x", "0", "-s", "1024", "-H", "-p", "18612"]);
+    let mut a = args(&[
+        "ib_write_lat",
+        "-x",
+        "0",
+        "-F",
+        "-s",
+        "1024",
+        "-H",
+        "-p",
+        "18612",
+    ]);
     a.extend(args(&["-n", &iters]));
     let server = c.raw("h1", &a);
     a.push(ip);
@@ -185,7 +195,7 @@ fn run_fig2c(ctx: &RunCtx, transport: &str, conns: f64) -> Result<Measured> {
     };
     let qs = q.to_string();
     let mut a = args(&[
-        prog, "-x", "0", "-s", "1024", "-p", "18621", "-c", transport,
+        prog, "-x", "0", "-F", "-s", "1024", "-p", "18621", "-c", transport,
     ]);
     a.extend(args(&["-q", &qs, "-n", &per_qp]));
     let before = counters(ctx, "h2")?;
