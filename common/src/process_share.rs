@@ -8,11 +8,18 @@
 //! rest of the grant goes to the others, weighted by the connected QPs each holds (where it
 //! can spend the rate). So a busy process beside idle ones keeps (nearly) the whole grant,
 //! and processes that all want more share it by their QPs. Every process keeps a floor, a
-//! quarter of an equal share: one that wakes up is not starved until the next reading shows
-//! it held back. A process with no QPs yet counts as holding one.
+//! tenth of an equal share ([`FLOOR`]): one that wakes up is not starved until the next
+//! reading shows it held back. A process with no QPs yet counts as holding one.
 
 use crate::demand::{HEADROOM, SATURATED};
 use std::time::Duration;
+
+/// Every process's least part, as a share of an equal split: a busy process beside an idle
+/// one keeps 95 % of the app's grant. (A quarter, first, left it 87.5 %: two governed
+/// `ib_write_bw`s of one app, one of them a server that sends nothing, ran 12.5 % under the
+/// app's grant.) What it costs: a process that wakes from idle sends at that floor for up to
+/// two readings (about 0.5 s) before its part grows.
+pub const FLOOR: f64 = 0.1;
 
 /// What one process of an app did since the last reading.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -35,7 +42,7 @@ pub fn process_parts(procs: &[ProcessUse]) -> Vec<f64> {
     if n == 0 {
         return Vec::new();
     }
-    let floor = 0.25 / n as f64;
+    let floor = FLOOR / n as f64;
     let weight: Vec<f64> = procs.iter().map(|p| p.qps.max(1) as f64).collect();
     // A satisfied process wants its use with headroom; the others want without bound.
     let wants: Vec<f64> = procs
@@ -208,8 +215,8 @@ mod tests {
             ..wanting(1)
         };
         let p = process_parts(&[busy, idle, idle]);
-        // the idle ones keep their floor, a quarter of an equal share
-        let floor = 0.25 / 3.0;
+        // the idle ones keep their floor, a tenth of an equal share
+        let floor = FLOOR / 3.0;
         assert!(close(&p, &[1.0 - 2.0 * floor, floor, floor]), "{p:?}");
         // one sending a little gets its use with headroom
         let light = ProcessUse {

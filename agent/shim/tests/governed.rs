@@ -110,7 +110,7 @@ fn polling_grant_meters_completions_for_polling_and_event_driven_programs() {
         &run.dir,
         "agent",
         1.0,
-        "[shim.apps.poller]\nrate_cqe_per_s = 1000\n",
+        "[shim.apps.poller]\nrate_cqe_per_s = 1000\n[shim.apps.poller-server]\nrate_cqe_per_s = 1000\n",
     );
     let env = agent.env("poller");
     let bin = compile_probe(&run, "vcq_probe");

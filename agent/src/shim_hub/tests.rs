@@ -137,8 +137,8 @@ fn an_apps_processes_share_its_grant_by_their_use() {
         std::thread::sleep(Duration::from_millis(50));
         bytes(&tb) > 400_000_000
     });
-    // a keeps a quarter of an equal share
-    assert_eq!((bytes(&ta), bytes(&tb)), (62_500_000, 437_500_000));
+    // a keeps a tenth of an equal share
+    assert_eq!((bytes(&ta), bytes(&tb)), (25_000_000, 475_000_000));
     drop(b);
     wait_for(|| hub.usage().len() == 1);
     wait_for(|| bytes(&ta) == 500_000_000);

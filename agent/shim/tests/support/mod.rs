@@ -157,18 +157,38 @@ pub fn pair(run: &Run, sargs: &[&str], with_shim: bool) -> (Output, Output) {
     pair_env(run, sargs, with_shim, &[])
 }
 
+/// [`pair`] with `shim_env` for both sides, except that a server given `DRUM_APP=APP`
+/// registers as `APP-server`: one test agent stands for both hosts' agents, and two processes
+/// of one app under one agent share the app's grant (docs/tenants.md), where on two hosts
+/// each would hold its host's whole grant. A test that wants the server governed too pins
+/// `APP-server` as well.
 pub fn pair_env(
     run: &Run,
     sargs: &[&str],
     with_shim: bool,
     shim_env: &[(&str, &str)],
 ) -> (Output, Output) {
+    let server_app: Vec<(String, String)> = shim_env
+        .iter()
+        .map(|&(k, v)| {
+            let v = if k == "DRUM_APP" {
+                format!("{v}-server")
+            } else {
+                v.to_string()
+            };
+            (k.to_string(), v)
+        })
+        .collect();
+    let server_env: Vec<(&str, &str)> = server_app
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
     let server_ip = run.addr("h1");
     let mut cargs = sargs.to_vec();
     cargs.push(&server_ip);
     let mut attempt = 1;
     loop {
-        let mut server = spawn(&mut run.exec("h1", sargs, with_shim, shim_env));
+        let mut server = spawn(&mut run.exec("h1", sargs, with_shim, &server_env));
         let mut client;
         let t = Instant::now();
         loop {
