@@ -102,21 +102,61 @@ impl HeldMemory {
     }
 }
 
+/// How a cumulative counter becomes a rate: per second, divided by `unit`, measured over at
+/// least `min_interval` and smoothed (`smoothing`: the newest interval's weight).
+#[derive(Debug, Clone, Copy)]
+pub struct RateSpec {
+    pub unit: f64,
+    pub min_interval: Duration,
+    pub smoothing: f64,
+}
+
+/// One cumulative counter's smoothed rate (per app in [`UsageMeter`], per process in
+/// `process_share::ProcessMeter`).
+#[derive(Debug, Clone, Default)]
+pub struct RateTrack {
+    /// The counter at the last interval's end, and when.
+    last: Option<(u64, Duration)>,
+    rate: Option<f64>,
+}
+
+impl RateTrack {
+    /// One reading of the counter at `now`; whether it ended an interval (the rate moved). A
+    /// counter that went down (a process exited, or a table the shim rewrote) starts a new
+    /// baseline.
+    pub fn observe(&mut self, spec: &RateSpec, count: u64, now: Duration) -> bool {
+        let Some((c0, t0)) = self.last else {
+            self.last = Some((count, now));
+            return false;
+        };
+        if count < c0 {
+            self.last = Some((count, now));
+            return false;
+        }
+        let dt = now.saturating_sub(t0);
+        if dt < spec.min_interval {
+            return false;
+        }
+        let r = (count - c0) as f64 / dt.as_secs_f64() / spec.unit;
+        self.rate = Some(match self.rate {
+            Some(old) => old + spec.smoothing * (r - old),
+            None => r,
+        });
+        self.last = Some((count, now));
+        true
+    }
+
+    /// The smoothed rate, once an interval was measured.
+    pub fn rate(&self) -> Option<f64> {
+        self.rate
+    }
+}
+
 /// Send rates per app from cumulative byte counters, smoothed.
 #[derive(Debug, Clone)]
 pub struct UsageMeter {
-    line_bytes_per_s: f64,
-    min_interval: Duration,
-    /// Weight of a new interval's rate in the moving average.
-    smoothing: f64,
-    apps: BTreeMap<String, Track>,
-}
-
-#[derive(Debug, Clone)]
-struct Track {
-    bytes: u64,
-    at: Duration,
-    rate: Option<f64>,
+    spec: RateSpec,
+    apps: BTreeMap<String, RateTrack>,
 }
 
 impl UsageMeter {
@@ -124,9 +164,11 @@ impl UsageMeter {
     /// over at least `min_interval`.
     pub fn new(line_bytes_per_s: f64, min_interval: Duration, smoothing: f64) -> UsageMeter {
         UsageMeter {
-            line_bytes_per_s,
-            min_interval,
-            smoothing: smoothing.clamp(0.0, 1.0),
+            spec: RateSpec {
+                unit: line_bytes_per_s,
+                min_interval,
+                smoothing: smoothing.clamp(0.0, 1.0),
+            },
             apps: BTreeMap::new(),
         }
     }
@@ -134,33 +176,17 @@ impl UsageMeter {
     /// One reading of `app`'s cumulative sent bytes (summed over its processes) at `now`.
     /// A counter that went down (a process of the app exited) starts a new baseline.
     pub fn observe(&mut self, app: &str, bytes: u64, now: Duration) {
-        let Some(t) = self.apps.get_mut(app) else {
-            self.apps.insert(
-                app.to_string(),
-                Track {
-                    bytes,
-                    at: now,
-                    rate: None,
-                },
-            );
-            return;
-        };
-        if bytes < t.bytes {
-            t.bytes = bytes;
-            t.at = now;
-            return;
+        let spec = self.spec;
+        match self.apps.get_mut(app) {
+            Some(t) => {
+                t.observe(&spec, bytes, now);
+            }
+            None => {
+                let mut t = RateTrack::default();
+                t.observe(&spec, bytes, now);
+                self.apps.insert(app.to_string(), t);
+            }
         }
-        let dt = now.saturating_sub(t.at);
-        if dt < self.min_interval {
-            return;
-        }
-        let r = (bytes - t.bytes) as f64 / dt.as_secs_f64() / self.line_bytes_per_s;
-        t.rate = Some(match t.rate {
-            Some(old) => old + self.smoothing * (r - old),
-            None => r,
-        });
-        t.bytes = bytes;
-        t.at = now;
     }
 
     /// Forgets apps not in `present` (their shims are gone).
@@ -170,7 +196,7 @@ impl UsageMeter {
 
     /// The smoothed send rate of `app` as a fraction of line rate, once measured.
     pub fn rate(&self, app: &str) -> Option<f64> {
-        self.apps.get(app).and_then(|t| t.rate)
+        self.apps.get(app).and_then(RateTrack::rate)
     }
 }
 

@@ -11,7 +11,7 @@
 //! tenth of an equal share ([`FLOOR`]): one that wakes up is not starved until the next
 //! reading shows it held back. A process with no QPs yet counts as holding one.
 
-use crate::demand::{HEADROOM, SATURATED};
+use crate::demand::{RateSpec, RateTrack, HEADROOM, SATURATED};
 use std::time::Duration;
 
 /// Every process's least part, as a share of an equal split: a busy process beside an idle
@@ -104,52 +104,41 @@ pub struct ShimCounters {
 /// counters read now and then.
 #[derive(Clone, Debug, Default)]
 pub struct ProcessMeter {
-    /// Bytes sent, WQEs deferred and polls held back at the last reading, and when.
-    last: Option<(u64, u64, u64, Duration)>,
-    used: Option<f64>,
+    sent: RateTrack,
+    /// WQEs deferred and polls held back at the last interval's end.
+    held_base: Option<(u64, u64)>,
     held: bool,
 }
 
 /// Readings closer together than this are skipped: too few bytes to be a rate.
 pub const METER_INTERVAL: Duration = Duration::from_millis(200);
-/// Weight of the newest interval's rate in the smoothed one.
-const SMOOTHING: f64 = 0.5;
+/// Bytes per second, the newest interval weighing half.
+const SPEC: RateSpec = RateSpec {
+    unit: 1.0,
+    min_interval: METER_INTERVAL,
+    smoothing: 0.5,
+};
 
 impl ProcessMeter {
     /// A reading at `now` of the shim's counters: cumulative bytes sent, WQEs deferred and
     /// polls that found completions held back; WQEs queued now. A counter that went back (the
     /// table is the shim's word) starts a new baseline.
     pub fn observe(&mut self, c: ShimCounters, now: Duration) {
-        let ShimCounters {
-            sent,
-            deferred,
-            held_polls,
-            queued,
-        } = c;
-        let Some((b0, d0, p0, t0)) = self.last else {
-            self.last = Some((sent, deferred, held_polls, now));
-            return;
-        };
-        if sent < b0 || deferred < d0 || held_polls < p0 {
-            self.last = Some((sent, deferred, held_polls, now));
-            return;
+        let ended = self.sent.observe(&SPEC, c.sent, now);
+        match self.held_base {
+            Some((d0, p0)) if c.deferred >= d0 && c.held_polls >= p0 => {
+                if ended {
+                    self.held = c.queued > 0 || c.deferred > d0 || c.held_polls > p0;
+                    self.held_base = Some((c.deferred, c.held_polls));
+                }
+            }
+            _ => self.held_base = Some((c.deferred, c.held_polls)),
         }
-        let dt = now.saturating_sub(t0);
-        if dt < METER_INTERVAL {
-            return;
-        }
-        let rate = (sent - b0) as f64 / dt.as_secs_f64();
-        self.used = Some(match self.used {
-            Some(old) => old + SMOOTHING * (rate - old),
-            None => rate,
-        });
-        self.held = queued > 0 || deferred > d0 || held_polls > p0;
-        self.last = Some((sent, deferred, held_polls, now));
     }
 
     /// The smoothed send rate, bytes per second, once measured.
     pub fn used_bytes_per_s(&self) -> Option<f64> {
-        self.used
+        self.sent.rate()
     }
 
     /// Whether work was held back over the last interval.

@@ -800,23 +800,26 @@ fn an_apps_processes_share_its_grant_and_one_that_exceeds_it_is_reported() {
     let h2 = run.addr("h2");
     let mut procs = Procs(Vec::new());
     let ports = [18900, 18901, 18902, 18903];
+    // A server's arguments; a client adds the server's address.
+    let bw = |port: &str| -> Vec<String> {
+        [
+            "ib_write_bw",
+            "-x",
+            "0",
+            "-s",
+            "65536",
+            "-D",
+            "12",
+            "-p",
+            port,
+        ]
+        .map(String::from)
+        .to_vec()
+    };
     for port in ports {
-        let mut c = run.exec(
-            "h2",
-            &[
-                "ib_write_bw",
-                "-x",
-                "0",
-                "-s",
-                "65536",
-                "-D",
-                "12",
-                "-p",
-                &port.to_string(),
-            ],
-            false,
-            &[],
-        );
+        let args = bw(&port.to_string());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut c = run.exec("h2", &args, false, &[]);
         c.stdout(Stdio::null()).stderr(Stdio::null());
         let mut server = c.spawn().expect("spawn a server");
         // A fixed wait was too short at load 9–13 (the test failed there and passed alone).
@@ -832,19 +835,9 @@ fn an_apps_processes_share_its_grant_and_one_that_exceeds_it_is_reported() {
         ("rogue", false),
     ];
     for ((app, shim), port) in clients.iter().zip(ports) {
-        let port = port.to_string();
-        let args = [
-            "ib_write_bw",
-            "-x",
-            "0",
-            "-s",
-            "65536",
-            "-D",
-            "12",
-            "-p",
-            &port,
-            &h2,
-        ];
+        let mut args = bw(&port.to_string());
+        args.push(h2.clone());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let socket = agent.socket.to_str().unwrap();
         let mut c = if *shim {
             run.exec(
