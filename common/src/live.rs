@@ -695,6 +695,94 @@ mod tests {
         assert_eq!(q.hosts[0].id, "h1");
     }
 
+    /// An app that arrives while the coordinator has not yet heard the host's `Update` (the
+    /// exchange carries no price for the app's link) keeps asking for exchanges until one
+    /// decides. Settled on that empty answer, it stayed parked until some unrelated change:
+    /// 35 s in CI after an agent restart.
+    #[test]
+    fn an_arrival_answered_before_its_prices_asks_again() {
+        use crate::admm::HostState;
+        use crate::protocol::agent::AgentConfig;
+        use crate::protocol::wire::SelectionParams;
+        use crate::protocol::{CoordMsg, Shard};
+        use std::time::Duration;
+        let ms = Duration::from_millis(1);
+        let mut host = LiveHost::new("h1", nic(), vec![[1; 16]]);
+        host.facilities = links();
+        let mut problem = host.problem().0;
+        let cfg = AgentConfig {
+            heartbeat_interval: 100 * ms,
+            coordinator_timeout: 1000 * ms,
+            backoff_min: 10 * ms,
+            backoff_max: 100 * ms,
+        };
+        let mut core = AgentCore::new(&problem, HostState::new(&problem, 0, Vec::new()), cfg);
+        core.set_live("h1");
+        core.on_connected(Duration::ZERO, &problem);
+        let welcome = CoordMsg::Welcome {
+            epoch: 1,
+            iteration: 0,
+            heartbeat_ms: 100,
+            shard: Shard::WHOLE,
+        };
+        core.on_message(ms, &problem, welcome);
+        let asks = |out: &[AgentAction]| {
+            out.iter()
+                .any(|a| matches!(a, AgentAction::Send(AgentMsg::Reselect { .. })))
+        };
+        // A writer into h2 (facility 1) arrives.
+        host.apps = vec![LiveApp {
+            name: "w".into(),
+            peers: vec![([2; 16], 1.0)],
+            own: 0.0,
+        }];
+        assert!(asks(&host.rebuild(&mut core, &mut problem).actions));
+        let select = |exchange: u32, prices: Vec<(u32, f64)>| CoordMsg::Select {
+            exchange,
+            round: exchange - 1,
+            prices,
+            options: SelectionParams {
+                swap_prob: 1.0,
+                hysteresis: 0.0,
+                fairness: 0.0,
+                discount: 0.5,
+                seed: 1,
+            },
+        };
+        let proposal = |out: &[AgentAction]| {
+            out.iter().find_map(|a| match a {
+                AgentAction::Send(AgentMsg::Proposal(p)) => Some(p.clone()),
+                _ => None,
+            })
+        };
+        // Exchange 1 comes before the coordinator priced the link: an empty answer, and the
+        // host asks again.
+        let out = core.on_message(2 * ms, &problem, select(1, Vec::new()));
+        assert_eq!(proposal(&out).expect("an answer").activate, None);
+        let out = core.on_message(
+            3 * ms,
+            &problem,
+            CoordMsg::Verdict {
+                exchange: 1,
+                activate: false,
+            },
+        );
+        assert!(asks(&out), "settled with the arrival parked: {out:?}");
+        // Exchange 2 has the price: the writer takes the free slot, and the host is settled.
+        let out = core.on_message(4 * ms, &problem, select(2, vec![(1, 0.0)]));
+        assert!(proposal(&out).expect("an answer").activate.is_some());
+        let out = core.on_message(
+            5 * ms,
+            &problem,
+            CoordMsg::Verdict {
+                exchange: 2,
+                activate: true,
+            },
+        );
+        assert_eq!(core.state().active, [0]);
+        assert!(!asks(&out), "{out:?}");
+    }
+
     /// Three live agents and a live coordinator, back to back in memory: the hosts join with
     /// nothing but their NICs and apps, learn the facility table, report their rows, and the
     /// cluster converges; `solve` on the snapshot reaches the same allocation.

@@ -114,7 +114,8 @@ struct Pending {
     exchange: u32,
     swap: Option<Swap>,
     discount: f64,
-    /// The coin kept a wanted app out of a free slot: ask again (see [`AgentCore::settle`]).
+    /// A wanted app may still wait for a free slot: the coin kept it out, or the prices to
+    /// decide with were missing. Ask again (see [`AgentCore::settle`]).
     declined_fill: bool,
 }
 
@@ -357,8 +358,9 @@ impl AgentCore {
     }
 
     /// After an exchange: settled unless a departed app is still active (one park per
-    /// exchange), or the apps changed and the coin kept a wanted one out of a free slot
-    /// (`declined_fill`); then another exchange is asked for. Without such requests an
+    /// exchange), or the apps changed and a wanted one may still wait for a free slot (the
+    /// coin kept it out, or the exchange came before the prices: `declined_fill`); then
+    /// another exchange is asked for. Without such requests an
     /// arrival would wait for a change elsewhere, since a settled cluster re-selects no more.
     fn settle(&mut self, problem: &Problem, declined_fill: bool) -> Option<AgentAction> {
         let departed = self
@@ -677,12 +679,15 @@ impl AgentCore {
         {
             if self.live {
                 // The coordinator has not yet heard this host's `Update` naming `f`: no swap
-                // this time, but an answer, so the exchange goes on.
+                // this time, but an answer, so the exchange goes on. Nothing was decided, so
+                // an arrival still waiting stays unsettled and asks for the next exchange:
+                // settled here, it would wait for some unrelated change (a restarted agent's
+                // app stayed parked for 35 s in CI).
                 self.pending = Some(Pending {
                     exchange,
                     swap: None,
                     discount: options.discount,
-                    declined_fill: false,
+                    declined_fill: true,
                 });
                 return vec![AgentAction::Send(AgentMsg::Proposal(ProposalMsg {
                     exchange,
