@@ -9,7 +9,7 @@
 
 use crate::shim_hub::ShimHub;
 use drum_common::demand::{
-    cqe_per_wqe, demand_cap, CqeMeter, HeldBack, HeldMemory, UsageMeter, WqeCounts,
+    cqe_per_wqe, demand_cap, CqeMeter, HeldBack, HeldMemory, NewApps, UsageMeter, WqeCounts,
 };
 use drum_common::live::{NEW_APP_CQE_PER_WQE, NEW_APP_DEMAND};
 use drum_common::model::Problem;
@@ -80,6 +80,8 @@ pub struct DemandFeed {
     held: BTreeMap<String, Held>,
     /// When each app was last held back by its work.
     held_memory: HeldMemory,
+    /// Apps that have not sent yet, connecting: their caps stay the new app's.
+    new_apps: NewApps,
     /// This host's pairs with their demand caps and completions per WQE in the instance.
     instance: Vec<(usize, f64, f64)>,
     /// The largest `a` the host's problem admits (the live problem's floor feasibility).
@@ -112,6 +114,7 @@ impl DemandFeed {
             polled: UsageMeter::new(1.0, MIN_INTERVAL, SMOOTHING),
             held: BTreeMap::new(),
             held_memory: HeldMemory::default(),
+            new_apps: NewApps::default(),
             instance,
             a_max: f64::INFINITY,
             parked_rate,
@@ -172,6 +175,7 @@ impl DemandFeed {
         self.meter.retain(|a| sent.contains_key(a));
         self.cqes.retain(|a| sent.contains_key(a));
         self.polled.retain(|a| sent.contains_key(a));
+        self.new_apps.retain(|a| sent.contains_key(a));
         let hs = core.state();
         let x_min = problem.params.x_min;
         for &(p, cap, a) in &self.instance {
@@ -184,6 +188,11 @@ impl DemandFeed {
             // The meter counts payload; the rates it is compared with are wire bytes.
             let factor = wire_factor.get(app.as_str()).copied().unwrap_or(1.0);
             let used = self.meter.rate(app).map(|r| r * factor);
+            // Only apps with shims are measured, and can be new.
+            let used = match sent.contains_key(app) {
+                true => self.new_apps.measured(app, used, now),
+                false => used,
+            };
             let demand = demand_cap(cap, granted, used, x_min, held);
             let grant = sent.get(app).map(|s| s.2 as f64);
             let a = cqe_per_wqe(self.cqes.cqe_per_wqe(app), self.polled.rate(app), grant, a)

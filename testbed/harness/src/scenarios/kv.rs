@@ -611,13 +611,25 @@ fn criteria_tc2_flow(s: &Summary) -> Vec<Verdict> {
                 / s.median("tc2-flow", "drum", 0.0, "fg_flow_ms")?,
         )
     });
-    vec![verdict(
-        "tc2-flow",
-        "the 1 MB foreground's completion time under DRUM within 20 % of unloaded",
-        r.map(|r| format!("{r:.2}× unloaded")),
-        "unaffected (Fig. 7)",
-        r.map(|r| r <= 1.2),
-    )]
+    // The first criterion compares DRUM with itself, so a slow unloaded DRUM transfer would
+    // pass it: it did, at 0.68×, while DRUM alone took 518 ms against RAW's 177.
+    let alone = ratio(s, "tc2-flow", "drum", "raw", 0.0, "fg_flow_ms");
+    vec![
+        verdict(
+            "tc2-flow",
+            "the 1 MB foreground's completion time under DRUM within 20 % of unloaded",
+            r.map(|r| format!("{r:.2}× unloaded")),
+            "unaffected (Fig. 7)",
+            r.map(|r| r <= 1.2),
+        ),
+        verdict(
+            "tc2-flow",
+            "unloaded, DRUM's transfer within 30 % of RAW's (governing an app alone costs little)",
+            alone.map(|r| format!("{r:.2}× RAW's")),
+            "not reported",
+            alone.map(|r| r <= 1.3),
+        ),
+    ]
 }
 
 /// Test case 3's clients: `conns` connections in all, over two client processes, reading
