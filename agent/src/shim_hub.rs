@@ -66,8 +66,8 @@ const END_LINGER: Duration = Duration::from_millis(50);
 /// A shim must say who it is this quickly after connecting.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// What one registered process reports (its table's counters).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+/// What one registered process reports (its table's counters), and what it is granted.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct ShimUsage {
     pub pid: u32,
     pub app: String,
@@ -92,6 +92,11 @@ pub struct ShimUsage {
     pub nic_outstanding_wqes: u64,
     /// Polls that found completions the polling grant held back (cumulative).
     pub held_polls: u64,
+    /// The payload bytes per second its table grants it (0: unlimited): its part of its
+    /// app's grant.
+    pub grant_bytes_per_s: u64,
+    /// That part: 1 for an app's only process (docs/tenants.md, "one app, many processes").
+    pub grant_part: f64,
 }
 
 /// A DASR cap in force for this host's shims.
@@ -370,6 +375,8 @@ impl ShimHub {
                     rate_cqe_per_s: t.grant.rate_cqe_per_s.load(Relaxed),
                     nic_outstanding_wqes: s.nic_outstanding_wqes.load(Relaxed),
                     held_polls: s.held_polls.load(Relaxed),
+                    grant_bytes_per_s: t.grant.rate_bytes_per_s.load(Relaxed),
+                    grant_part: c.part,
                 }
             })
             .collect()

@@ -1,5 +1,5 @@
 //! The shim hub's Prometheus metrics, read at each scrape: registered processes, what each
-//! app's shims report, the kernel identities behind each app and the NIC users no shim
+//! app's shims report, each process's part of its app's grant, the kernel identities behind each app and the NIC users no shim
 //! governs, and the registered ones that drive hardware queues directly.
 
 use crate::grant_audit::OverGrant;
@@ -111,6 +111,31 @@ impl prometheus_client::collector::Collector for ShimMetrics {
                 cgroup: cgroup.to_string(),
             };
             ConstGauge::new(n as i64).encode(family.encode_family(&label)?)?;
+        }
+        // Each process's part of its app's grant (docs/tenants.md): the sum over an app's
+        // processes is its grant.
+        for (name, help, value) in [
+            (
+                "drum_agent_process_grant_part",
+                "The process's part of its app's grant (1 for an app's only process).",
+                (|u: &crate::shim_hub::ShimUsage| u.grant_part)
+                    as fn(&crate::shim_hub::ShimUsage) -> f64,
+            ),
+            (
+                "drum_agent_process_grant_bytes_per_second",
+                "The payload bytes per second the process's table grants it (0: unlimited).",
+                |u| u.grant_bytes_per_s as f64,
+            ),
+        ] {
+            let mut family = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for u in &usage {
+                let label = ProcessLabels {
+                    pid: u.pid,
+                    uid: u.uid,
+                    app: u.app.clone(),
+                };
+                ConstGauge::new(value(u)).encode(family.encode_family(&label)?)?;
+            }
         }
         let ungoverned = self.0.ungoverned();
         let g = ConstGauge::new(ungoverned.len() as i64);

@@ -1005,8 +1005,16 @@ fn optimiser_rates_reach_the_shims_registered_with_an_agent() {
         parked > 0 && parked < table.apps.len(),
         "k = 2 of 4 apps: some parked, some not"
     );
-    // The agent's metrics show the registered process and its app, and DASR's counters.
+    // The agent's metrics show the registered process and its app (with the process's part
+    // of the app's grant: all of it, as its only process), and DASR's counters.
     let app = &table.apps[0].app;
+    let whole_part = |m: &str| {
+        m.lines().any(|l| {
+            l.starts_with("drum_agent_process_grant_part{")
+                && l.contains(&format!("app=\"{app}\"}}"))
+                && l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) == Some(1.0)
+        })
+    };
     let (_sock, map) = register_as_shim(&socket, app);
     map.table()
         .shim
@@ -1023,6 +1031,7 @@ fn optimiser_rates_reach_the_shims_registered_with_an_agent() {
                 c.problem.hosts[0].id
             ))
             && m.contains("drum_dasr_")
+            && whole_part(&m)
     });
 }
 

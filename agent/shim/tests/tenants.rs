@@ -920,6 +920,23 @@ fn an_apps_processes_share_its_grant_and_one_that_exceeds_it_is_reported() {
         pair.iter().all(|&p| p > 0.025),
         "both of pair's processes send: {pair:?}"
     );
+    // The status shows each process's part and what its table grants: the parts of pair's
+    // two busy processes make its whole grant (payload bytes, as the pin says).
+    let shown: Vec<(f64, f64)> = pids[..2]
+        .iter()
+        .map(|&pid| {
+            let s = agent.shim(pid).expect("pair's process in the status");
+            (
+                s["grant_part"].as_f64().unwrap(),
+                s["grant_bytes_per_s"].as_f64().unwrap() / line,
+            )
+        })
+        .collect();
+    let parts: f64 = shown.iter().map(|s| s.0).sum();
+    let granted: f64 = shown.iter().map(|s| s.1).sum();
+    assert!((parts - 1.0).abs() < 1e-9, "{shown:?}");
+    assert!((granted - 0.1).abs() < 0.001, "{shown:?}");
+    assert!(shown.iter().all(|s| s.0 > 0.25), "{shown:?}");
     let log = agent.log();
     for pid in &pids[2..] {
         let warned = format!("pid={pid} uid=0 app=rogue");
