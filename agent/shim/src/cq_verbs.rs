@@ -3,10 +3,9 @@
 //! not the shim's is forwarded to libibverbs unchanged.
 
 use crate::ffi::*;
-use crate::{completions, real_as, set_errno, vcq};
+use crate::{completions, set_errno, vcq};
 use libc::{c_int, c_void};
 use std::ptr;
-use std::sync::atomic::AtomicUsize;
 
 /// Interposes `ibv_create_cq`: on a governed context the CQ becomes virtual (`vcq`).
 ///
@@ -26,7 +25,7 @@ pub unsafe extern "C" fn ibv_create_cq(
     }) {
         return cq;
     }
-    match real_as::<CreateCqFn>(c"ibv_create_cq", &vcq::REAL_CREATE_CQ) {
+    match crate::real::CREATE_CQ.get() {
         // SAFETY: forwarding unchanged.
         Some(f) => unsafe { f(ctx, cqe, cq_context, channel, comp_vector) },
         None => {
@@ -46,7 +45,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut IbvCq) -> c_int {
     if let Some(rc) = completions(|| unsafe { vcq::destroy_cq(cq) }) {
         return rc;
     }
-    match real_as::<DestroyCqFn>(c"ibv_destroy_cq", &vcq::REAL_DESTROY_CQ) {
+    match crate::real::DESTROY_CQ.get() {
         // SAFETY: forwarding unchanged.
         Some(f) => unsafe { f(cq) },
         None => libc::ENOSYS,
@@ -63,7 +62,7 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut IbvCq, cqe: c_int) -> c_int {
     if let Some(rc) = completions(|| unsafe { vcq::resize_cq(cq, cqe) }) {
         return rc;
     }
-    match real_as::<ResizeCqFn>(c"ibv_resize_cq", &vcq::REAL_RESIZE_CQ) {
+    match crate::real::RESIZE_CQ.get() {
         // SAFETY: forwarding unchanged.
         Some(f) => unsafe { f(cq, cqe) },
         None => libc::ENOSYS,
@@ -94,7 +93,7 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut IbvCompChannel) -> c_
     if let Some(rc) = completions(|| unsafe { vcq::destroy_channel(ch) }) {
         return rc;
     }
-    match real_as::<DestroyChannelFn>(c"ibv_destroy_comp_channel", &vcq::REAL_DESTROY_CHANNEL) {
+    match crate::real::DESTROY_CHANNEL.get() {
         // SAFETY: forwarding unchanged.
         Some(f) => unsafe { f(ch) },
         None => libc::ENOSYS,
@@ -115,7 +114,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     if let Some(rc) = completions(|| unsafe { vcq::get_event(ch, cq, cq_context) }) {
         return rc;
     }
-    match real_as::<GetCqEventFn>(c"ibv_get_cq_event", &vcq::REAL_GET_EVENT) {
+    match crate::real::GET_CQ_EVENT.get() {
         // SAFETY: forwarding unchanged.
         Some(f) => unsafe { f(ch, cq, cq_context) },
         None => -1,
@@ -132,14 +131,11 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut IbvCq, nevents: libc::c_uint
     if completions(|| vcq::ack(cq).then_some(())).is_some() {
         return;
     }
-    if let Some(f) = real_as::<AckCqEventsFn>(c"ibv_ack_cq_events", &vcq::REAL_ACK) {
+    if let Some(f) = crate::real::ACK_CQ_EVENTS.get() {
         // SAFETY: forwarding unchanged.
         unsafe { f(cq, nevents) }
     }
 }
-
-pub(crate) static REAL_GET_ASYNC: AtomicUsize = AtomicUsize::new(0);
-pub(crate) static REAL_ACK_ASYNC: AtomicUsize = AtomicUsize::new(0);
 
 /// Interposes `ibv_get_async_event`: an event about a dedicated CQ (`IBV_EVENT_CQ_ERR`, an
 /// overrun) names the application's CQ.
@@ -151,7 +147,7 @@ pub unsafe extern "C" fn ibv_get_async_event(
     ctx: *mut IbvContext,
     event: *mut IbvAsyncEvent,
 ) -> c_int {
-    let Some(f) = real_as::<GetAsyncEventFn>(c"ibv_get_async_event", &REAL_GET_ASYNC) else {
+    let Some(f) = crate::real::GET_ASYNC_EVENT.get() else {
         return -1;
     };
     // SAFETY: forwarding unchanged.
@@ -176,7 +172,7 @@ pub unsafe extern "C" fn ibv_get_async_event(
 /// Called by C code with the real function's argument.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_ack_async_event(event: *mut IbvAsyncEvent) {
-    let Some(f) = real_as::<AckAsyncEventFn>(c"ibv_ack_async_event", &REAL_ACK_ASYNC) else {
+    let Some(f) = crate::real::ACK_ASYNC_EVENT.get() else {
         return;
     };
     if !event.is_null() {

@@ -7,13 +7,10 @@
 //! that would take them is reported wherever it runs, also where the provider refuses (no
 //! libmlx5, another NIC). Other providers' direct verbs are not detected.
 
-use crate::{extended, optional_as, warn_once, Trouble};
+use crate::{extended, warn_once, Trouble};
 use libc::{c_int, c_void};
 use std::panic::catch_unwind;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-
-/// libmlx5's `mlx5dv_init_obj`.
-pub(crate) static REAL_INIT_OBJ: AtomicUsize = AtomicUsize::new(0);
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Queues asked for so far: one per queue object type of each call.
 pub(crate) static QUEUES_TAKEN: AtomicU64 = AtomicU64::new(0);
@@ -21,8 +18,6 @@ pub(crate) static QUEUES_TAKEN: AtomicU64 = AtomicU64::new(0);
 /// `MLX5DV_OBJ_QP | MLX5DV_OBJ_CQ | MLX5DV_OBJ_SRQ | MLX5DV_OBJ_RWQ`: the objects whose
 /// queues a program can then work directly.
 const QUEUES: u64 = 0b1111;
-
-type InitObjFn = unsafe extern "C" fn(*mut c_void, u64) -> c_int;
 
 /// Interposes `mlx5dv_init_obj`: reported when it hands out queues, then forwarded.
 ///
@@ -42,7 +37,7 @@ pub unsafe extern "C" fn mlx5dv_init_obj(obj: *mut c_void, obj_type: u64) -> c_i
             );
         });
     }
-    match optional_as::<InitObjFn>(c"mlx5dv_init_obj", &REAL_INIT_OBJ) {
+    match crate::real::MLX5DV_INIT_OBJ.optional() {
         // SAFETY: forwarding unchanged.
         Some(f) => unsafe { f(obj, obj_type) },
         None => {

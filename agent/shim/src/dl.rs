@@ -15,7 +15,8 @@
 //! untouched, and only a lookup through a real handle jumps to Rust. x86-64 only; elsewhere
 //! such applications stay ungoverned.
 
-use crate::{extended, qp_verbs, vcq, DlsymFn};
+use crate::real::{self, RealFn};
+use crate::{extended, qp_verbs, DlsymFn};
 use libc::{c_char, c_void};
 use std::ffi::CStr;
 use std::panic::catch_unwind;
@@ -140,92 +141,35 @@ type Interposed = (&'static CStr, usize, &'static AtomicUsize);
 
 fn interposed() -> [Interposed; 17] {
     use crate as s;
-    let f = |p: *const ()| p as usize;
+    fn entry<F: Copy>(real: &'static RealFn<F>, ours: *const ()) -> Interposed {
+        (real.name(), ours as usize, real.cache())
+    }
     [
-        (
-            c"ibv_open_device",
-            f(s::ibv_open_device as *const ()),
-            &s::REAL_OPEN,
+        entry(&real::OPEN_DEVICE, s::ibv_open_device as *const ()),
+        entry(&real::CLOSE_DEVICE, s::ibv_close_device as *const ()),
+        entry(&real::CREATE_QP, qp_verbs::ibv_create_qp as *const ()),
+        entry(&real::MODIFY_QP, qp_verbs::ibv_modify_qp as *const ()),
+        entry(&real::DESTROY_QP, qp_verbs::ibv_destroy_qp as *const ()),
+        entry(&real::QUERY_QP, qp_verbs::ibv_query_qp as *const ()),
+        entry(&real::QP_TO_QP_EX, extended::ibv_qp_to_qp_ex as *const ()),
+        entry(&real::CREATE_CQ, s::ibv_create_cq as *const ()),
+        entry(&real::DESTROY_CQ, s::ibv_destroy_cq as *const ()),
+        entry(&real::RESIZE_CQ, s::ibv_resize_cq as *const ()),
+        entry(
+            &real::CREATE_CHANNEL,
+            s::ibv_create_comp_channel as *const (),
         ),
-        (
-            c"ibv_close_device",
-            f(s::ibv_close_device as *const ()),
-            &s::REAL_CLOSE,
+        entry(
+            &real::DESTROY_CHANNEL,
+            s::ibv_destroy_comp_channel as *const (),
         ),
-        (
-            c"ibv_create_qp",
-            f(qp_verbs::ibv_create_qp as *const ()),
-            &qp_verbs::REAL_CREATE_QP,
-        ),
-        (
-            c"ibv_modify_qp",
-            f(qp_verbs::ibv_modify_qp as *const ()),
-            &qp_verbs::REAL_MODIFY_QP,
-        ),
-        (
-            c"ibv_destroy_qp",
-            f(qp_verbs::ibv_destroy_qp as *const ()),
-            &qp_verbs::REAL_DESTROY_QP,
-        ),
-        (
-            c"ibv_query_qp",
-            f(qp_verbs::ibv_query_qp as *const ()),
-            &qp_verbs::REAL_QUERY_QP,
-        ),
-        (
-            c"ibv_qp_to_qp_ex",
-            f(extended::ibv_qp_to_qp_ex as *const ()),
-            &extended::REAL_QP_TO_QP_EX,
-        ),
-        (
-            c"ibv_create_cq",
-            f(s::ibv_create_cq as *const ()),
-            &vcq::REAL_CREATE_CQ,
-        ),
-        (
-            c"ibv_destroy_cq",
-            f(s::ibv_destroy_cq as *const ()),
-            &vcq::REAL_DESTROY_CQ,
-        ),
-        (
-            c"ibv_resize_cq",
-            f(s::ibv_resize_cq as *const ()),
-            &vcq::REAL_RESIZE_CQ,
-        ),
-        (
-            c"ibv_create_comp_channel",
-            f(s::ibv_create_comp_channel as *const ()),
-            &vcq::REAL_CREATE_CHANNEL,
-        ),
-        (
-            c"ibv_destroy_comp_channel",
-            f(s::ibv_destroy_comp_channel as *const ()),
-            &vcq::REAL_DESTROY_CHANNEL,
-        ),
-        (
-            c"ibv_get_cq_event",
-            f(s::ibv_get_cq_event as *const ()),
-            &vcq::REAL_GET_EVENT,
-        ),
-        (
-            c"ibv_ack_cq_events",
-            f(s::ibv_ack_cq_events as *const ()),
-            &vcq::REAL_ACK,
-        ),
-        (
-            c"ibv_get_async_event",
-            f(s::ibv_get_async_event as *const ()),
-            &s::REAL_GET_ASYNC,
-        ),
-        (
-            c"ibv_ack_async_event",
-            f(s::ibv_ack_async_event as *const ()),
-            &s::REAL_ACK_ASYNC,
-        ),
-        (
-            c"mlx5dv_init_obj",
-            f(crate::direct::mlx5dv_init_obj as *const ()),
-            &crate::direct::REAL_INIT_OBJ,
+        entry(&real::GET_CQ_EVENT, s::ibv_get_cq_event as *const ()),
+        entry(&real::ACK_CQ_EVENTS, s::ibv_ack_cq_events as *const ()),
+        entry(&real::GET_ASYNC_EVENT, s::ibv_get_async_event as *const ()),
+        entry(&real::ACK_ASYNC_EVENT, s::ibv_ack_async_event as *const ()),
+        entry(
+            &real::MLX5DV_INIT_OBJ,
+            crate::direct::mlx5dv_init_obj as *const (),
         ),
     ]
 }

@@ -12,13 +12,12 @@
 //! own `verbs_get_ctx_op` rule). The shim wraps the two creation ops there.
 
 use crate::ffi::{IbvCompChannel, IbvContext, IbvCq, IbvCqInitAttrEx, IbvQp, IbvQpInitAttr};
-use crate::{lookup, real, warn_once, Trouble};
+use crate::{lookup, warn_once, Trouble};
 use libc::c_void;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 pub type CreateCqExFn = unsafe extern "C" fn(*mut IbvContext, *mut c_void) -> *mut c_void;
 pub type CreateQpExFn = unsafe extern "C" fn(*mut IbvContext, *mut c_void) -> *mut IbvQp;
-type QpToQpExFn = unsafe extern "C" fn(*mut IbvQp) -> *mut c_void;
 
 /// Bytes before `struct ibv_context` of `verbs_context.{create_cq_ex, create_qp_ex, sz}`
 /// (rdma-core 44; checked against the headers by `ffi::tests`).
@@ -30,7 +29,6 @@ const CQ_INIT_ATTR_MASK_PD: u32 = 1 << 1;
 
 /// Extended objects the application created (each bypasses the shim).
 pub static USES: AtomicU64 = AtomicU64::new(0);
-pub(crate) static REAL_QP_TO_QP_EX: AtomicUsize = AtomicUsize::new(0);
 
 #[derive(Clone, Copy, Default)]
 pub struct ExtOrig {
@@ -202,11 +200,11 @@ unsafe extern "C" fn drum_create_qp_ex(ctx: *mut IbvContext, attr: *mut c_void) 
 /// Called by C code with the real function's argument.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut IbvQp) -> *mut c_void {
-    let Some(f) = real(c"ibv_qp_to_qp_ex", &REAL_QP_TO_QP_EX) else {
+    let Some(f) = crate::real::QP_TO_QP_EX.get() else {
         return std::ptr::null_mut();
     };
     // SAFETY: the real function has this signature; forwarding unchanged.
-    let r = unsafe { std::mem::transmute::<usize, QpToQpExFn>(f)(qp) };
+    let r = unsafe { f(qp) };
     if !r.is_null() {
         let _ = std::panic::catch_unwind(|| {
             // SAFETY: the `ibv_qp_ex` of the application's live QP.

@@ -168,6 +168,11 @@ pub const IBV_EVENT_CQ_ERR: c_int = 0;
 
 pub type GetAsyncEventFn = unsafe extern "C" fn(*mut IbvContext, *mut IbvAsyncEvent) -> c_int;
 pub type AckAsyncEventFn = unsafe extern "C" fn(*mut IbvAsyncEvent);
+pub type OpenFn = unsafe extern "C" fn(*mut c_void) -> *mut IbvContext;
+pub type CloseFn = unsafe extern "C" fn(*mut IbvContext) -> c_int;
+pub type QpToQpExFn = unsafe extern "C" fn(*mut IbvQp) -> *mut c_void;
+/// libmlx5's `mlx5dv_init_obj`.
+pub type InitObjFn = unsafe extern "C" fn(*mut c_void, u64) -> c_int;
 
 /// `struct ibv_comp_channel`.
 #[repr(C)]

@@ -34,6 +34,7 @@ mod link;
 pub mod nic_pace;
 pub mod pacer;
 mod qp_verbs;
+mod real;
 pub mod sendq;
 mod spin;
 mod summary;
@@ -133,12 +134,6 @@ static PASS_THROUGH: AtomicU64 = AtomicU64::new(0);
 static COUNTING_STOPPED: AtomicBool = AtomicBool::new(false);
 pub(crate) static GOVERNING_STOPPED: AtomicBool = AtomicBool::new(false);
 
-pub(crate) static REAL_OPEN: AtomicUsize = AtomicUsize::new(0);
-pub(crate) static REAL_CLOSE: AtomicUsize = AtomicUsize::new(0);
-
-type OpenFn = unsafe extern "C" fn(*mut c_void) -> *mut IbvContext;
-type CloseFn = unsafe extern "C" fn(*mut IbvContext) -> c_int;
-
 /// Kinds of trouble, each reported once per process.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Trouble {
@@ -185,8 +180,9 @@ pub(crate) fn write_stderr(s: &str) {
     }
 }
 
-/// Resolves the real libibverbs function `name` once and caches its address.
-fn resolve(name: &CStr, cache: &AtomicUsize) -> usize {
+/// Resolves the real libibverbs function `name` once and caches its address (`real.rs`
+/// holds the typed table of them).
+pub(crate) fn resolve(name: &CStr, cache: &AtomicUsize) -> usize {
     let c = cache.load(Acquire);
     if c != 0 {
         return c;
@@ -312,17 +308,14 @@ pub(crate) fn set_errno(e: c_int) {
 /// Called by C code with a device from `ibv_get_device_list`, as the real function is.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_open_device(device: *mut c_void) -> *mut IbvContext {
-    let real = catch_unwind(|| resolve(c"ibv_open_device", &REAL_OPEN)).unwrap_or(0);
-    if real == 0 {
+    let Some(real) = real::OPEN_DEVICE.optional() else {
         warn_once(
             Trouble::NoRealSymbol,
             "libibverbs' ibv_open_device not found (libibverbs.so.1 cannot be loaded); no device opened",
         );
         set_errno(libc::ENOSYS);
         return ptr::null_mut();
-    }
-    // SAFETY: `real` is libibverbs' ibv_open_device@IBVERBS_1.1, which has this signature.
-    let real: OpenFn = unsafe { std::mem::transmute::<usize, OpenFn>(real) };
+    };
     // SAFETY: forwarding the caller's argument unchanged.
     let ctx = unsafe { real(device) };
     if ctx.is_null() {
@@ -362,14 +355,13 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut c_void) -> *mut IbvContext
 /// Called by C code with a context from `ibv_open_device`, as the real function is.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_close_device(ctx: *mut IbvContext) -> c_int {
-    let real = catch_unwind(|| resolve(c"ibv_close_device", &REAL_CLOSE)).unwrap_or(0);
-    if real == 0 {
+    let Some(real) = real::CLOSE_DEVICE.optional() else {
         warn_once(
             Trouble::NoRealSymbol,
             "libibverbs' ibv_close_device not found; context not closed",
         );
         return libc::ENOSYS;
-    }
+    };
     if !ctx.is_null()
         && catch_unwind(AssertUnwindSafe(|| {
             // SAFETY: `ctx` is an open context the application is closing; no other thread
@@ -383,8 +375,6 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut IbvContext) -> c_int {
             "internal error while releasing a context",
         );
     }
-    // SAFETY: `real` is libibverbs' ibv_close_device@IBVERBS_1.1.
-    let real: CloseFn = unsafe { std::mem::transmute::<usize, CloseFn>(real) };
     // SAFETY: forwarding the caller's argument unchanged.
     let rc = unsafe { real(ctx) };
     if rc != 0 {
@@ -394,19 +384,6 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut IbvContext) -> c_int {
         );
     }
     rc
-}
-
-/// The real libibverbs function `name`, or `None` (reported once).
-pub(crate) fn real(name: &CStr, cache: &AtomicUsize) -> Option<usize> {
-    let p = catch_unwind(|| resolve(name, cache)).unwrap_or(0);
-    if p == 0 {
-        warn_once(
-            Trouble::NoRealSymbol,
-            &format!("libibverbs' {} not found", name.to_string_lossy()),
-        );
-        return None;
-    }
-    Some(p)
 }
 
 /// Starts the shim's record of a QP just created from `attr` (by `ibv_create_qp` or
@@ -440,24 +417,6 @@ pub(crate) fn completions<T, F: FnOnce() -> Option<T>>(f: F) -> Option<T> {
         );
         None
     })
-}
-
-/// The real function `name` of type `F`, or `None` (reported once).
-pub(crate) fn real_as<F: Copy>(name: &CStr, cache: &AtomicUsize) -> Option<F> {
-    real(name, cache).map(as_fn)
-}
-
-/// The real function `name` of type `F`, or `None` without a word: for a library the
-/// program may not load at all (libmlx5), whose absence its caller explains.
-pub(crate) fn optional_as<F: Copy>(name: &CStr, cache: &AtomicUsize) -> Option<F> {
-    let p = catch_unwind(|| resolve(name, cache)).unwrap_or(0);
-    (p != 0).then(|| as_fn(p))
-}
-
-fn as_fn<F: Copy>(p: usize) -> F {
-    // SAFETY: callers name the type of the real function they resolve; a function pointer
-    // has the size of usize.
-    unsafe { std::mem::transmute_copy::<usize, F>(&p) }
 }
 
 /// Publishes the context's state, then swaps its ops.
@@ -936,14 +895,12 @@ pub fn with_qps(qpns: impl Iterator<Item = u32>, mut f: impl FnMut(&counters::Qp
 /// `qp` is a live QP, not destroyed meanwhile (the caller holds its `gov` lock, which
 /// `ibv_destroy_qp`'s interposition takes first).
 pub(crate) unsafe fn set_rate_limit(qp: *mut IbvQp, kbps: u32) -> c_int {
-    let Some(f) = real(c"ibv_modify_qp", &qp_verbs::REAL_MODIFY_QP) else {
+    let Some(f) = real::MODIFY_QP.get() else {
         return libc::ENOSYS;
     };
-    // SAFETY: libibverbs' ibv_modify_qp@IBVERBS_1.1; the attribute is a whole, zeroed
-    // `ibv_qp_attr` (layout checked against the headers) of which only the masked fields
-    // are read.
+    // SAFETY: the attribute is a whole, zeroed `ibv_qp_attr` (layout checked against the
+    // headers) of which only the masked fields are read.
     unsafe {
-        let f = std::mem::transmute::<usize, ModifyQpFn>(f);
         let mut a: IbvQpAttrFull = std::mem::zeroed();
         a.qp_state = IBV_QPS_RTS;
         a.rate_limit = kbps;

@@ -6,17 +6,12 @@
 //! into the shim's import cycle (issue 20).
 
 use crate::ffi::*;
-use crate::{completions, govern, lookup, new_qp, real, real_as, set_errno, vcq};
+use crate::{completions, govern, lookup, new_qp, real, set_errno, vcq};
 use crate::{stop_governing, GOVERNING_STOPPED};
 use libc::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-
-pub(crate) static REAL_CREATE_QP: AtomicUsize = AtomicUsize::new(0);
-pub(crate) static REAL_MODIFY_QP: AtomicUsize = AtomicUsize::new(0);
-pub(crate) static REAL_DESTROY_QP: AtomicUsize = AtomicUsize::new(0);
-pub(crate) static REAL_QUERY_QP: AtomicUsize = AtomicUsize::new(0);
+use std::sync::atomic::Ordering::Relaxed;
 
 /// Runs shim bookkeeping for a QP verb; a panic stops governing instead of unwinding.
 pub(crate) fn qp_bookkeeping<F: FnOnce()>(f: F) {
@@ -32,12 +27,10 @@ pub(crate) fn qp_bookkeeping<F: FnOnce()>(f: F) {
 /// Called by C code with the real function's arguments.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_qp(pd: *mut c_void, attr: *mut IbvQpInitAttr) -> *mut IbvQp {
-    let Some(f) = real(c"ibv_create_qp", &REAL_CREATE_QP) else {
+    let Some(f) = real::CREATE_QP.get() else {
         set_errno(libc::ENOSYS);
         return ptr::null_mut();
     };
-    // SAFETY: libibverbs' ibv_create_qp@IBVERBS_1.1 has this signature.
-    let f: CreateQpFn = unsafe { std::mem::transmute::<usize, CreateQpFn>(f) };
     // The QP is bound to the dedicated CQs of the application's (virtual) CQs; the
     // application's attributes are given back as they were.
     // SAFETY: the caller's attributes.
@@ -57,11 +50,9 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut c_void, attr: *mut IbvQpInitAttr
 /// Called by C code with the real function's arguments.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, mask: c_int) -> c_int {
-    let Some(f) = real(c"ibv_modify_qp", &REAL_MODIFY_QP) else {
+    let Some(f) = real::MODIFY_QP.get() else {
         return libc::ENOSYS;
     };
-    // SAFETY: libibverbs' ibv_modify_qp@IBVERBS_1.1 has this signature.
-    let f: ModifyQpFn = unsafe { std::mem::transmute::<usize, ModifyQpFn>(f) };
     // SAFETY: forwarding unchanged.
     let rc = unsafe { f(qp, attr, mask) };
     let connects = IBV_QP_STATE | IBV_QP_AV | IBV_QP_DEST_QPN;
@@ -115,7 +106,7 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, mas
 /// Called by C code with the real function's arguments.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
-    let Some(f) = real(c"ibv_destroy_qp", &REAL_DESTROY_QP) else {
+    let Some(f) = real::DESTROY_QP.get() else {
         return libc::ENOSYS;
     };
     if !qp.is_null() {
@@ -130,8 +121,8 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
             }
         });
     }
-    // SAFETY: libibverbs' ibv_destroy_qp@IBVERBS_1.1 has this signature; forwarding.
-    unsafe { std::mem::transmute::<usize, DestroyQpFn>(f)(qp) }
+    // SAFETY: forwarding unchanged.
+    unsafe { f(qp) }
 }
 
 /// Interposes `ibv_query_qp`: a QP's CQs are reported as the application created them,
@@ -146,7 +137,7 @@ pub unsafe extern "C" fn ibv_query_qp(
     mask: c_int,
     init_attr: *mut IbvQpInitAttr,
 ) -> c_int {
-    let Some(f) = real_as::<QueryQpFn>(c"ibv_query_qp", &REAL_QUERY_QP) else {
+    let Some(f) = real::QUERY_QP.get() else {
         return libc::ENOSYS;
     };
     // SAFETY: forwarding unchanged.

@@ -35,7 +35,7 @@ pub use verbs::*;
 use crate::ffi::*;
 use crate::govern;
 use crate::spin::SpinLock;
-use crate::{real_as, warn_once, ContextState, Trouble};
+use crate::{warn_once, ContextState, Trouble};
 use libc::{c_int, c_void};
 use std::collections::{HashMap, VecDeque};
 use std::panic::catch_unwind;
@@ -46,15 +46,6 @@ use std::sync::atomic::{
 };
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-
-/// Addresses of the real libibverbs functions (resolved once; shared with `lib.rs`).
-pub static REAL_CREATE_CQ: AtomicUsize = AtomicUsize::new(0);
-pub static REAL_DESTROY_CQ: AtomicUsize = AtomicUsize::new(0);
-pub static REAL_RESIZE_CQ: AtomicUsize = AtomicUsize::new(0);
-pub static REAL_CREATE_CHANNEL: AtomicUsize = AtomicUsize::new(0);
-pub static REAL_DESTROY_CHANNEL: AtomicUsize = AtomicUsize::new(0);
-pub static REAL_GET_EVENT: AtomicUsize = AtomicUsize::new(0);
-pub static REAL_ACK: AtomicUsize = AtomicUsize::new(0);
 
 /// Virtual CQs created, events handed to the application, and how many of those the
 /// polling grant delayed (for the exit summary).
@@ -211,7 +202,7 @@ impl Channel {
         if unsafe { libc::poll(&mut pfd, 1, 0) } != 1 {
             return None;
         }
-        let get = real_as::<GetCqEventFn>(c"ibv_get_cq_event", &REAL_GET_EVENT)?;
+        let get = crate::real::GET_CQ_EVENT.get()?;
         let mut cq: *mut IbvCq = ptr::null_mut();
         let mut ctx: *mut c_void = ptr::null_mut();
         // SAFETY: libibverbs' ibv_get_cq_event on the real channel, which has an event.

@@ -11,8 +11,7 @@ use super::*;
 /// # Safety
 /// `ctx` is an open context.
 pub unsafe fn create_channel(ctx: *mut IbvContext) -> *mut IbvCompChannel {
-    let Some(f) = real_as::<CreateChannelFn>(c"ibv_create_comp_channel", &REAL_CREATE_CHANNEL)
-    else {
+    let Some(f) = crate::real::CREATE_CHANNEL.get() else {
         crate::set_errno(libc::ENOSYS);
         return ptr::null_mut();
     };
@@ -110,7 +109,7 @@ pub unsafe fn destroy_channel(ch: *mut IbvCompChannel) -> Option<c_int> {
     }
     CHANNELS.lock().as_mut().map(|m| m.remove(&(ch as usize)));
     exclusive(&c);
-    let rc = match real_as::<DestroyChannelFn>(c"ibv_destroy_comp_channel", &REAL_DESTROY_CHANNEL) {
+    let rc = match crate::real::DESTROY_CHANNEL.get() {
         // SAFETY: the real channel, without CQs.
         Some(f) => unsafe { f(c.real as *mut IbvCompChannel) },
         None => libc::ENOSYS,
@@ -146,7 +145,7 @@ pub unsafe fn get_event(
         if let Some(got) = c.real_event() {
             match owner(got as usize) {
                 Some(v) => {
-                    if let Some(ack) = real_as::<AckCqEventsFn>(c"ibv_ack_cq_events", &REAL_ACK) {
+                    if let Some(ack) = crate::real::ACK_CQ_EVENTS.get() {
                         // SAFETY: the one event just taken, on the CQ it named.
                         unsafe { ack(got, 1) };
                     }
@@ -242,7 +241,7 @@ pub unsafe fn create_cq(
     ch: *mut IbvCompChannel,
     vector: c_int,
 ) -> *mut IbvCq {
-    let Some(f) = real_as::<CreateCqFn>(c"ibv_create_cq", &REAL_CREATE_CQ) else {
+    let Some(f) = crate::real::CREATE_CQ.get() else {
         crate::set_errno(libc::ENOSYS);
         return ptr::null_mut();
     };
@@ -314,7 +313,7 @@ unsafe fn adopt(
             Trouble::Completions,
             "more than 4096 CQs; further ones get their completions directly",
         );
-        if let Some(d) = real_as::<DestroyCqFn>(c"ibv_destroy_cq", &REAL_DESTROY_CQ) {
+        if let Some(d) = crate::real::DESTROY_CQ.get() {
             // SAFETY: our own, unused dedicated CQ.
             unsafe { d(dedicated) };
         }
@@ -337,7 +336,7 @@ unsafe fn adopt(
 /// The application's CQ, which it no longer uses.
 pub unsafe fn destroy_cq(cq: *mut IbvCq) -> Option<c_int> {
     let v = owner(cq as usize).filter(|v| v.app == cq as usize)?;
-    let Some(f) = real_as::<DestroyCqFn>(c"ibv_destroy_cq", &REAL_DESTROY_CQ) else {
+    let Some(f) = crate::real::DESTROY_CQ.get() else {
         return Some(libc::ENOSYS);
     };
     let unregister = || {
@@ -376,7 +375,7 @@ pub unsafe fn destroy_cq(cq: *mut IbvCq) -> Option<c_int> {
 /// The application's arguments.
 pub unsafe fn resize_cq(cq: *mut IbvCq, cqe: c_int) -> Option<c_int> {
     let v = find(cq)?;
-    let Some(f) = real_as::<ResizeCqFn>(c"ibv_resize_cq", &REAL_RESIZE_CQ) else {
+    let Some(f) = crate::real::RESIZE_CQ.get() else {
         return Some(libc::ENOSYS);
     };
     // SAFETY: our dedicated CQ, then the application's.
