@@ -22,6 +22,9 @@ pub struct Nic {
     pub qp_miss_ns: u64,
     pub wqe_fetch_ns: u64,
     pub wqe_fetch_batch: u32,
+    /// How many times slower than real time the NIC's time runs: its timers (a QP's
+    /// retransmission timeout, DCQCN's) are stretched by it as its rates are divided.
+    pub time_scale: f64,
 }
 
 /// The frozen profile: a 40 Gb/s NIC with a 20-context QP cache (the knee the DRUM paper
@@ -35,6 +38,7 @@ pub const DILATED: Nic = Nic {
     qp_miss_ns: 100_000,
     wqe_fetch_ns: 10_000,
     wqe_fetch_batch: 128,
+    time_scale: DILATION,
 };
 
 impl Nic {
@@ -56,6 +60,7 @@ impl Nic {
             ("--qp-miss-ns", self.qp_miss_ns.to_string()),
             ("--wqe-fetch-ns", self.wqe_fetch_ns.to_string()),
             ("--wqe-fetch-batch", self.wqe_fetch_batch.to_string()),
+            ("--time-scale", self.time_scale.to_string()),
         ]
         .into_iter()
         .flat_map(|(k, v)| [k.to_string(), v])
@@ -115,6 +120,7 @@ mod tests {
         assert_eq!(DILATED.line_rate_gbps * DILATION, 40.0);
         let a = DILATED.softrnic_args();
         assert_eq!(a[0..2], ["--line-rate-gbps", "0.2"]);
-        assert_eq!(a.len(), 12);
+        assert_eq!(a[12..14], ["--time-scale", "200"]);
+        assert_eq!(a.len(), 14);
     }
 }

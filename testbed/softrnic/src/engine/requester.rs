@@ -533,6 +533,7 @@ impl State {
             self.tombstones.retain(|_, t| t.until > now);
         }
         let qpns: Vec<u32> = self.qps.keys().copied().collect();
+        let time_scale = self.nic.cfg.time_scale;
         for qpn in qpns {
             let Some(q) = self.qps.get_mut(&qpn) else {
                 continue;
@@ -540,7 +541,7 @@ impl State {
             if q.state != IBV_QPS_RTS || q.inflight.is_empty() || q.rnr_until.is_some() {
                 continue;
             }
-            if now.duration_since(q.last_progress) < q.timeout() {
+            if now.duration_since(q.last_progress) < q.timeout(time_scale) {
                 continue;
             }
             q.retries += 1;

@@ -2114,6 +2114,34 @@ mod fuzz {
         );
     }
 
+    /// Requester: the retransmission timeout is the QP's (4.096 µs·2^timeout, at least
+    /// 5 ms), stretched by the NIC's time scale and at most 2 s. Undilated on a NIC dilated
+    /// 200×, perftest's 67 ms fired while ACKs were still queued behind a shared line.
+    #[test]
+    fn the_retransmission_timeout_is_dilated_with_the_nic() {
+        let resent_after = |time_scale: f64, wait_ms: u64| {
+            let mut r = rig_with(false);
+            r.st.nic.cfg.time_scale = time_scale;
+            r.st.qps.get_mut(&r.qpn).unwrap().attr.timeout = 14;
+            let write = rig_wr((r.mr_addr, r.lkey), 1, IBV_WR_RDMA_WRITE, 0, 8);
+            assert_eq!(r.st.post_send(1, r.qpn, vec![write]), Resp::Unit);
+            let now = Instant::now();
+            assert!(r.st.next_packet(r.qpn, now).is_some());
+            r.st.qps.get_mut(&r.qpn).unwrap().last_progress = now;
+            let later = now + Duration::from_millis(wait_ms);
+            r.st.timers(later);
+            r.st.next_packet(r.qpn, later).is_some()
+        };
+        assert!(!resent_after(1.0, 60), "within 67 ms");
+        assert!(resent_after(1.0, 70), "past 67 ms");
+        // Dilated 200×: 13.4 s, held to 2 s.
+        assert!(!resent_after(200.0, 1_900));
+        assert!(resent_after(200.0, 2_100));
+        // Dilated 2×: 134 ms.
+        assert!(!resent_after(2.0, 120));
+        assert!(resent_after(2.0, 140));
+    }
+
     /// Requester: when the response to an atomic is lost and later ones are answered, no
     /// further atomics are issued past `max_rd_atomic` (the early-answered ones count until
     /// they complete in order), so the retransmission of the lost one still finds its
