@@ -189,9 +189,10 @@ impl DemandFeed {
             let factor = wire_factor.get(app.as_str()).copied().unwrap_or(1.0);
             let used = self.meter.rate(app).map(|r| r * factor);
             // Only apps with shims are measured, and can be new.
-            let used = match sent.contains_key(app) {
-                true => self.new_apps.measured(app, used, now),
-                false => used,
+            let used = if sent.contains_key(app) {
+                self.new_apps.measured(app, used, now)
+            } else {
+                used
             };
             let demand = demand_cap(cap, granted, used, x_min, held);
             let grant = sent.get(app).map(|s| s.2 as f64);

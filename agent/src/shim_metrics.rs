@@ -1,9 +1,10 @@
 //! The shim hub's Prometheus metrics, read at each scrape: registered processes, what each
-//! app's shims report, each process's part of its app's grant, the kernel identities behind each app and the NIC users no shim
-//! governs, and the registered ones that drive hardware queues directly.
+//! app's shims report, each process's part of its app's grant, the kernel identities behind
+//! each app and the NIC users no shim governs, and the registered ones that drive hardware
+//! queues directly.
 
 use crate::grant_audit::OverGrant;
-use crate::shim_hub::ShimHub;
+use crate::shim_hub::{ShimHub, ShimUsage};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -118,8 +119,7 @@ impl prometheus_client::collector::Collector for ShimMetrics {
             (
                 "drum_agent_process_grant_part",
                 "The process's part of its app's grant (1 for an app's only process).",
-                (|u: &crate::shim_hub::ShimUsage| u.grant_part)
-                    as fn(&crate::shim_hub::ShimUsage) -> f64,
+                (|u: &ShimUsage| u.grant_part) as fn(&ShimUsage) -> f64,
             ),
             (
                 "drum_agent_process_grant_bytes_per_second",

@@ -15,8 +15,8 @@
 //! untouched, and only a lookup through a real handle jumps to Rust. x86-64 only; elsewhere
 //! such applications stay ungoverned.
 
-use crate::real::{self, RealFn};
-use crate::{extended, qp_verbs, DlsymFn};
+use crate::real::{self, DlsymFn, RealFn};
+use crate::{extended, qp_verbs};
 use libc::{c_char, c_void};
 use std::ffi::CStr;
 use std::panic::catch_unwind;
@@ -130,7 +130,7 @@ fn learn(real: DlsymFn, handle: *mut c_void, table: &[Interposed]) {
     for (name, _, cache) in table {
         // SAFETY: a handle the application just used, and libc's dlsym (ours would come
         // back here).
-        let p = unsafe { crate::versioned(handle, name, real) };
+        let p = unsafe { crate::real::versioned(handle, name, real) };
         let _ = cache.compare_exchange(0, p, Release, Acquire);
     }
 }

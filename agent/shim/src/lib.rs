@@ -46,7 +46,6 @@ pub use cq_verbs::*;
 use ffi::*;
 use libc::{c_int, c_void};
 use spin::SpinLock;
-use std::ffi::CStr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 use std::sync::atomic::{
@@ -177,84 +176,6 @@ pub(crate) fn write_stderr(s: &str) {
             return;
         }
         b = &b[n as usize..];
-    }
-}
-
-/// Resolves the real libibverbs function `name` once and caches its address (`real.rs`
-/// holds the typed table of them).
-pub(crate) fn resolve(name: &CStr, cache: &AtomicUsize) -> usize {
-    let c = cache.load(Acquire);
-    if c != 0 {
-        return c;
-    }
-    // SAFETY: RTLD_NEXT searches the objects loaded after this one (libibverbs), so it
-    // never returns our own export.
-    let mut p = unsafe { versioned(libc::RTLD_NEXT, name, libc::dlsym) };
-    if p == 0 {
-        p = libibverbs_handle().map_or(0, |h| {
-            // SAFETY: a live handle of libibverbs (never closed), and libc's dlsym: the
-            // shim's own would hand back the shim's function for this very name.
-            unsafe { versioned(h as *mut c_void, name, libc_dlsym()) }
-        });
-    }
-    if p != 0 {
-        cache.store(p, Release);
-    }
-    p
-}
-
-/// libibverbs, wherever it was loaded. `RTLD_NEXT` sees only the global scope, and a library
-/// loaded with `RTLD_LOCAL` (a Python extension such as pyverbs, a UCX transport, an MPI
-/// component) brings libibverbs outside it, while its calls still reach the shim's exports.
-/// Such a program runs as any other, governed: the library already loaded is found by name;
-/// failing that (the program calls a verb of a libibverbs the shim cannot see), the shim
-/// loads it itself, privately, rather than fail the verb. The handle is kept for the
-/// process's life, so the functions resolved from it stay valid.
-fn libibverbs_handle() -> Option<usize> {
-    static HANDLE: AtomicUsize = AtomicUsize::new(0);
-    let h = HANDLE.load(Acquire);
-    if h != 0 {
-        return Some(h);
-    }
-    let soname = c"libibverbs.so.1";
-    // SAFETY: dlopen with a NUL-terminated name; RTLD_NOLOAD only looks.
-    let mut h = unsafe { libc::dlopen(soname.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
-    if h.is_null() {
-        // SAFETY: as above; loads it privately (its scope is its own).
-        h = unsafe { libc::dlopen(soname.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-    }
-    if h.is_null() {
-        return None;
-    }
-    // A second thread's handle is the same object; its extra reference is harmless.
-    HANDLE.store(h as usize, Release);
-    Some(h as usize)
-}
-
-/// libc's `dlsym`, never the shim's export (which substitutes the shim's functions).
-fn libc_dlsym() -> DlsymFn {
-    #[cfg(target_arch = "x86_64")]
-    return dl::libc_dlsym();
-    #[cfg(not(target_arch = "x86_64"))]
-    return libc::dlsym;
-}
-
-pub(crate) type DlsymFn = unsafe extern "C" fn(*mut c_void, *const libc::c_char) -> *mut c_void;
-
-/// `name` in `handle`: the version applications link (`IBVERBS_1.1`), else the default one
-/// (the completion-channel functions exist only as `IBVERBS_1.0`) found with `dlsym`.
-///
-/// # Safety
-/// `handle` is `RTLD_NEXT`, `RTLD_DEFAULT` or a live handle; `dlsym` is libc's or ours.
-pub(crate) unsafe fn versioned(handle: *mut c_void, name: &CStr, dlsym: DlsymFn) -> usize {
-    // SAFETY: per the contract; NUL-terminated names, thread-safe calls.
-    unsafe {
-        let p = libc::dlvsym(handle, name.as_ptr(), c"IBVERBS_1.1".as_ptr());
-        if p.is_null() {
-            dlsym(handle, name.as_ptr()) as usize
-        } else {
-            p as usize
-        }
     }
 }
 

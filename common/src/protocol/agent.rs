@@ -116,7 +116,7 @@ struct Pending {
     discount: f64,
     /// A wanted app may still wait for a free slot: the coin kept it out, or the prices to
     /// decide with were missing. Ask again (see [`AgentCore::settle`]).
-    declined_fill: bool,
+    fill_undecided: bool,
 }
 
 pub struct AgentCore {
@@ -359,16 +359,16 @@ impl AgentCore {
 
     /// After an exchange: settled unless a departed app is still active (one park per
     /// exchange), or the apps changed and a wanted one may still wait for a free slot (the
-    /// coin kept it out, or the exchange came before the prices: `declined_fill`); then
+    /// coin kept it out, or the exchange came before the prices: `fill_undecided`); then
     /// another exchange is asked for. Without such requests an
     /// arrival would wait for a change elsewhere, since a settled cluster re-selects no more.
-    fn settle(&mut self, problem: &Problem, declined_fill: bool) -> Option<AgentAction> {
+    fn settle(&mut self, problem: &Problem, fill_undecided: bool) -> Option<AgentAction> {
         let departed = self
             .state
             .active
             .iter()
             .any(|&p| !self.is_present(problem, p));
-        self.unsettled = departed || (self.unsettled && declined_fill);
+        self.unsettled = departed || (self.unsettled && fill_undecided);
         self.reselect_request()
     }
 
@@ -687,7 +687,7 @@ impl AgentCore {
                     exchange,
                     swap: None,
                     discount: options.discount,
-                    declined_fill: true,
+                    fill_undecided: true,
                 });
                 return vec![AgentAction::Send(AgentMsg::Proposal(ProposalMsg {
                     exchange,
@@ -730,7 +730,7 @@ impl AgentCore {
             exchange,
             swap,
             discount: opts.discount,
-            declined_fill: eval.declined_fill,
+            fill_undecided: eval.declined_fill,
         });
         vec![AgentAction::Send(AgentMsg::Proposal(ProposalMsg {
             exchange,
@@ -780,7 +780,7 @@ impl AgentCore {
             AgentAction::Publish,
         ];
         self.settle_inputs(problem);
-        out.extend(self.settle(problem, pending.declined_fill));
+        out.extend(self.settle(problem, pending.fill_undecided));
         out
     }
 
