@@ -437,6 +437,18 @@ impl Qp {
 
     /// Drop the in-flight copy of a request whose response arrived, keeping a retransmission
     /// pass that is under way on the entries after it.
+    /// Keep a sent packet until it is acknowledged. The retransmission timer runs only
+    /// while something is unacknowledged, so the first packet after an idle spell starts
+    /// it: timed from the last acknowledgement instead, a QP idle for longer than its
+    /// timeout resent its first packets at once (a gated QP of the shim, idle for seconds
+    /// between its turns, resent every turn).
+    fn track(&mut self, sent: Inflight, now: Instant) {
+        if self.inflight.is_empty() {
+            self.last_progress = now;
+        }
+        self.inflight.push_back(sent);
+    }
+
     fn remove_inflight(&mut self, psn: u32) {
         if let Some(i) = self.inflight.iter().position(|f| f.psn == psn) {
             self.inflight.remove(i);

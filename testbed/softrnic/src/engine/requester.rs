@@ -172,12 +172,15 @@ impl State {
             q.next_psn = psn_add(psn, n);
             q.sq_next += 1;
             let last = w.last_psn;
-            q.inflight.push_back(Inflight {
-                psn,
-                last_psn: last,
-                needs_resp: true,
-                packet: p.clone(),
-            });
+            q.track(
+                Inflight {
+                    psn,
+                    last_psn: last,
+                    needs_resp: true,
+                    packet: p.clone(),
+                },
+                now,
+            );
             return Some((dst, p));
         }
         let off = q.sq_off;
@@ -251,12 +254,15 @@ impl State {
             }
             return Some((dst, p));
         }
-        q.inflight.push_back(Inflight {
-            psn,
-            last_psn: psn,
-            needs_resp: false,
-            packet: p.clone(),
-        });
+        q.track(
+            Inflight {
+                psn,
+                last_psn: psn,
+                needs_resp: false,
+                packet: p.clone(),
+            },
+            now,
+        );
         Some((dst, p))
     }
 

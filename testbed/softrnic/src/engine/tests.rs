@@ -2127,7 +2127,6 @@ mod fuzz {
             assert_eq!(r.st.post_send(1, r.qpn, vec![write]), Resp::Unit);
             let now = Instant::now();
             assert!(r.st.next_packet(r.qpn, now).is_some());
-            r.st.qps.get_mut(&r.qpn).unwrap().last_progress = now;
             let later = now + Duration::from_millis(wait_ms);
             r.st.timers(later);
             r.st.next_packet(r.qpn, later).is_some()
@@ -2140,6 +2139,34 @@ mod fuzz {
         // Dilated 2×: 134 ms.
         assert!(!resent_after(2.0, 120));
         assert!(resent_after(2.0, 140));
+    }
+
+    /// The retransmission timer starts with the first packet sent after an idle spell, not
+    /// at the last acknowledgement before it: a QP idle for longer than its timeout does not
+    /// resend what it has just sent.
+    #[test]
+    fn a_qp_idle_past_its_timeout_does_not_resend_its_next_packet() {
+        let mut r = rig_with(false);
+        r.st.qps.get_mut(&r.qpn).unwrap().attr.timeout = 14; // 67 ms
+        let idle_since = Instant::now();
+        r.st.qps.get_mut(&r.qpn).unwrap().last_progress = idle_since;
+        let write = rig_wr((r.mr_addr, r.lkey), 1, IBV_WR_RDMA_WRITE, 0, 8);
+        assert_eq!(r.st.post_send(1, r.qpn, vec![write]), Resp::Unit);
+        let sent = idle_since + Duration::from_secs(5);
+        assert!(r.st.next_packet(r.qpn, sent).is_some());
+        let soon = sent + Duration::from_millis(1);
+        r.st.timers(soon);
+        assert!(
+            r.st.next_packet(r.qpn, soon).is_none(),
+            "resent 1 ms after it was sent"
+        );
+        assert_eq!(r.st.counters.retransmits, 0);
+        let late = sent + Duration::from_millis(70);
+        r.st.timers(late);
+        assert!(
+            r.st.next_packet(r.qpn, late).is_some(),
+            "unacknowledged past 67 ms"
+        );
     }
 
     /// Requester: when the response to an atomic is lost and later ones are answered, no
