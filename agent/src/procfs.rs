@@ -76,15 +76,43 @@ pub fn parse_effective_ids(status: &str) -> Option<(u32, u32)> {
     Some((field("Uid:")?, field("Gid:")?))
 }
 
+/// The effective ids of `pid`'s threads that differ from its leader's `leader`, each once, in
+/// thread id order. Credentials are per thread in Linux: glibc's `setresuid` changes every
+/// thread, but a raw system call changes only its caller's, which then uses the NIC as the
+/// new identity.
+fn other_thread_ids(pid: u32, leader: (u32, u32)) -> Vec<(u32, u32)> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut tids: Vec<u32> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    tids.sort_unstable();
+    tids.into_iter()
+        .filter_map(|t| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/task/{t}/status")).ok()?;
+            parse_effective_ids(&status)
+        })
+        .filter(|ids| *ids != leader)
+        .fold(Vec::new(), |mut v, ids| {
+            if !v.contains(&ids) {
+                v.push(ids);
+            }
+            v
+        })
+}
+
 /// What `/proc` says of a registered process now, for the identity re-check.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Seen {
-    /// Its start time, effective uid and gid, and cgroup.
+    /// Its start time, effective uid and gid (its leader's), cgroup, and the effective uid
+    /// and gid of any thread that differs from its leader.
     Alive {
         started: u64,
         uid: u32,
         gid: u32,
         cgroup: String,
+        threads: Vec<(u32, u32)>,
     },
     /// No process has the pid, or only an exited one (a zombie).
     Gone,
@@ -102,6 +130,7 @@ pub fn seen(pid: u32) -> Seen {
             return Some(Seen::Gone);
         }
         let (uid, gid) = parse_effective_ids(&read("status")?)?;
+        let threads = other_thread_ids(pid, (uid, gid));
         let cgroup = parse_cgroup(&read("cgroup")?);
         // Read again: a process that exited and gave its pid to another between the reads
         // would mix two processes' fields.
@@ -110,6 +139,7 @@ pub fn seen(pid: u32) -> Seen {
             uid,
             gid,
             cgroup,
+            threads,
         })
     })();
     alive.unwrap_or_else(|| {

@@ -534,8 +534,9 @@ fn a_registered_program_that_takes_queues_with_direct_verbs_is_reported() {
 /// becomes someone else, with a policy where uid A may run `kv` and uid C any name: dropping
 /// to B re-maps `svc` to B's default; root's `kv` (mapped to `uid-0`: the name is A's)
 /// becomes `kv` when it drops to A; root's `bulk` keeps its app as C, with C's identity
-/// recorded; a registration whose process exited while a child holds its socket is refused.
-/// Run with the default re-check period (1 s) and with 200 ms, beside each other; each
+/// recorded; a registration whose process exited while a child holds its socket is refused;
+/// root's `tsvc`, one of whose threads drops to B with a raw `setresuid` (its leader stays
+/// root), is re-mapped to B's default as the first is. Run with the default re-check period (1 s) and with 200 ms, beside each other; each
 /// verdict shows within the period (plus the 1 s grace of a lost process); the times are
 /// printed.
 #[test]
@@ -555,25 +556,27 @@ fn a_registered_process_that_changes_identity_is_re_mapped_kept_or_refused() {
         let took = identity_changes(&run, &bin, period_ms);
         let ms = |i: usize| took[i].as_millis();
         eprintln!(
-            "re-check every {period_ms} ms: re-mapped {} ms and {} ms after the change, kept \
-             {} ms; the orphaned registration refused after {} ms (1000 ms grace)",
+            "re-check every {period_ms} ms: re-mapped {} ms and {} ms after the change ({} ms \
+             after one thread's), kept {} ms; the orphaned registration refused after {} ms \
+             (1000 ms grace)",
             ms(0),
             ms(1),
+            ms(4),
             ms(2),
             ms(3)
         );
         // The period, the status file's 100 ms, and a loaded machine's slack.
         let bound = Duration::from_millis(period_ms + 2000);
-        for t in &took[..3] {
-            assert!(*t < bound, "{period_ms} ms: {took:?}");
+        for i in [0, 1, 2, 4] {
+            assert!(took[i] < bound, "{period_ms} ms: {took:?}");
         }
         assert!(took[3] < bound + Duration::from_secs(1), "{took:?}");
     }
 }
 
-/// One agent re-checking every `period_ms` and the four programs of the test above; how long
+/// One agent re-checking every `period_ms` and the five programs of the test above; how long
 /// after the programs were told to change each verdict showed in the agent's status.
-fn identity_changes(run: &Run, bin: &str, period_ms: u64) -> [Duration; 4] {
+fn identity_changes(run: &Run, bin: &str, period_ms: u64) -> [Duration; 5] {
     use std::io::{BufRead, BufReader, Write};
     let agent = LocalAgent::start(
         &format!("recheck-{period_ms}"),
@@ -593,11 +596,14 @@ fn identity_changes(run: &Run, bin: &str, period_ms: u64) -> [Duration; 4] {
         Option<(String, u32)>,
     );
     let setuid = |uid: u32| vec!["setuid".to_string(), uid.to_string()];
-    let cases: [Case; 4] = [
+    let in_thread = vec!["thread-setuid".to_string(), UB.to_string()];
+    let cases: [Case; 5] = [
         ("svc", setuid(UB), "svc", Some((format!("uid-{UB}"), UB))),
         ("kv", setuid(UA), "uid-0", Some(("kv".into(), UA))),
         ("bulk", setuid(UC), "bulk", Some(("bulk".into(), UC))),
         ("orph", vec!["orphan".into()], "orph", None),
+        // One thread drops with a raw system call; the leader stays root.
+        ("tsvc", in_thread, "tsvc", Some((format!("uid-{UB}"), UB))),
     ];
     let mut procs = Procs(Vec::new());
     let mut ios = Vec::new();
@@ -654,7 +660,7 @@ fn identity_changes(run: &Run, bin: &str, period_ms: u64) -> [Duration; 4] {
     let _orphan = KillOnDrop(orphan.expect("the orphan's child"));
     // Reap the exited parent; its child holds the registration's socket.
     let _ = procs.0[3].wait();
-    let mut took = [None; 4];
+    let mut took = [None; 5];
     wait_until("every verdict shown", || {
         for (i, (_, _, _, after)) in cases.iter().enumerate() {
             let done = match (after, agent.shim(pids[i])) {
@@ -677,7 +683,11 @@ fn identity_changes(run: &Run, bin: &str, period_ms: u64) -> [Duration; 4] {
             .map(String::from)
             .collect()
     };
-    for (i, granted) in [(0, format!("uid-{UB}")), (1, "kv".to_string())] {
+    for (i, granted) in [
+        (0, format!("uid-{UB}")),
+        (1, "kv".to_string()),
+        (4, format!("uid-{UB}")),
+    ] {
         let w = lines(pids[i], "governed as the app the policy gives the new one");
         assert_eq!(w.len(), 1, "one WARN for case {i}:\n{log}");
         assert!(
@@ -689,6 +699,7 @@ fn identity_changes(run: &Run, bin: &str, period_ms: u64) -> [Duration; 4] {
         eprintln!("{}", w[0]);
     }
     assert_eq!(agent.shim(pids[0]).unwrap()["requested_app"], "svc");
+    assert_eq!(agent.shim(pids[4]).unwrap()["requested_app"], "tsvc");
     let s = agent.shim(pids[1]).unwrap();
     assert_eq!(
         s["requested_app"],
@@ -704,8 +715,9 @@ fn identity_changes(run: &Run, bin: &str, period_ms: u64) -> [Duration; 4] {
         w[0]
     );
     eprintln!("{}", w[0]);
-    for (i, p) in procs.0[..3].iter_mut().enumerate() {
-        assert!(p.try_wait().unwrap().is_none(), "case {i} still runs");
+    for i in [0, 1, 2, 4] {
+        let still = procs.0[i].try_wait().unwrap().is_none();
+        assert!(still, "case {i} still runs");
     }
     took.map(|t| t.expect("shown"))
 }

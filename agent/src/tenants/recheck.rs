@@ -101,14 +101,18 @@ impl Recheck {
                     uid,
                     gid,
                     cgroup,
-                } => Some((
-                    *started,
-                    Identity {
-                        uid: *uid,
-                        gid: *gid,
-                        cgroup: cgroup.clone(),
-                    },
-                )),
+                    threads,
+                } => {
+                    let (uid, gid) = acting_ids((*uid, *gid), threads);
+                    Some((
+                        *started,
+                        Identity {
+                            uid,
+                            gid,
+                            cgroup: cgroup.clone(),
+                        },
+                    ))
+                }
                 Seen::Gone => None,
                 // Nothing to conclude, nor to hold against it.
                 Seen::Hidden => {
@@ -168,6 +172,24 @@ impl Recheck {
     }
 }
 
+/// The effective ids a process acts as when its threads' differ (`threads`: those that
+/// differ from its leader's, in thread id order): trusted as root only while every thread is
+/// root. So its leader's unless the leader is root and a thread is not (a raw `setresuid` in
+/// one thread), then that thread's; a thread that changed only its group counts when no
+/// thread changed its user. The choice depends on what `/proc` shows alone, not on the
+/// registration, so a process whose threads stay mixed is re-mapped once, not back and forth.
+fn acting_ids(leader: (u32, u32), threads: &[(u32, u32)]) -> (u32, u32) {
+    if leader.0 != 0 {
+        return leader;
+    }
+    threads
+        .iter()
+        .find(|t| t.0 != 0)
+        .or(threads.first())
+        .copied()
+        .unwrap_or(leader)
+}
+
 fn change(r: &Registration, verdict: Verdict) -> Change {
     Change {
         key: r.key,
@@ -197,6 +219,7 @@ mod tests {
             uid,
             gid: uid,
             cgroup: cgroup.into(),
+            threads: Vec::new(),
         }
     }
 
@@ -263,6 +286,48 @@ mod tests {
             panic!("{v:?}");
         };
         assert_eq!((decision.app.as_str(), &decision.mapped), ("kv", &None));
+    }
+
+    #[test]
+    fn a_thread_that_changed_only_its_own_ids_changes_the_process() {
+        let mut r = Recheck::default();
+        let regs = [reg(1, 0, "svc", "svc")];
+        let threads = |t: &[(u32, u32)]| Seen::Alive {
+            started: 7,
+            uid: 0,
+            gid: 0,
+            cgroup: "/".into(),
+            threads: t.to_vec(),
+        };
+        // Its leader is still root; one thread dropped to 1002 with a raw setresuid.
+        let v = r.check(T0, &policy(), &regs, &[threads(&[(1002, 1002)])]);
+        let Verdict::Remap { identity, decision } = &v[0].verdict else {
+            panic!("{v:?}");
+        };
+        assert_eq!((identity, decision.app.as_str()), (&id(1002), "uid-1002"));
+        // Re-mapped: registered as 1002 now; the threads stay mixed, nothing changes again.
+        let regs = [Registration {
+            identity: id(1002),
+            ..reg(1, 1002, "svc", "uid-1002")
+        }];
+        assert!(r
+            .check(T0, &policy(), &regs, &[threads(&[(1002, 1002)])])
+            .is_empty());
+        // Every thread kept the registered ids: nothing changed.
+        let regs = [reg(1, 0, "svc", "svc")];
+        assert!(r.check(T0, &policy(), &regs, &[threads(&[])]).is_empty());
+    }
+
+    #[test]
+    fn a_process_is_trusted_as_root_only_while_every_thread_is_root() {
+        assert_eq!(acting_ids((0, 0), &[]), (0, 0));
+        assert_eq!(acting_ids((0, 0), &[(0, 5), (1002, 1002)]), (1002, 1002));
+        assert_eq!(acting_ids((0, 0), &[(0, 5)]), (0, 5));
+        // A non-root leader decides, whatever its threads are.
+        assert_eq!(
+            acting_ids((1001, 1001), &[(0, 0), (1002, 1002)]),
+            (1001, 1001)
+        );
     }
 
     #[test]
