@@ -5,7 +5,7 @@
 //! It runs the project's own binaries as they are (`softrnic`, `drum-coordinator`,
 //! `drum-agent`, `libdrum_shim.so`), found beside `drum-testbed` or in `$DRUM_BIN_DIR`.
 
-use crate::configs::{Layout, ADMIN};
+use crate::configs::{Layout, ADMIN, COORDINATOR_PORT};
 use crate::daemons;
 use anyhow::{anyhow, bail, Context, Result};
 use std::net::Ipv4Addr;
@@ -306,6 +306,33 @@ impl Cluster {
             .softrnic()?
             .args(["link", host, if up { "up" } else { "down" }]))
         .context("softrnic link")
+    }
+
+    /// Cuts `host`'s agent off from the coordinator (`cut`), or heals the cut: its datagrams
+    /// to the coordinator's port are dropped in its namespace, and the coordinator's to it in
+    /// the coordinator's host's, by policy-routing rules (`ip rule … blackhole`), which need
+    /// neither netfilter nor a traffic-control classifier, the kernels here having neither.
+    /// The NIC's traffic between the hosts flows on. The coordinator's own host cannot be cut
+    /// off: its agent reaches it without a network.
+    pub fn partition(&self, host: &str, cut: bool) -> Result<()> {
+        self.check_host(host)?;
+        let hosts = self.hosts()?;
+        if hosts[0] == host {
+            bail!("{host} runs the coordinator: it cannot be cut off from it");
+        }
+        let port = COORDINATOR_PORT.to_string();
+        let to = format!("{}/32", self.addr(host)?);
+        let verb = if cut { "add" } else { "del" };
+        let rules: [(&str, Vec<&str>); 2] = [
+            (host, vec!["ipproto", "udp", "dport", &port]),
+            (&hosts[0], vec!["to", &to, "ipproto", "udp", "sport", &port]),
+        ];
+        for (on, selector) in rules {
+            let mut c = self.on_host(on, Path::new("ip"))?;
+            c.args(["rule", verb]).args(&selector).arg("blackhole");
+            run(&mut c).with_context(|| format!("ip rule {verb} on {on}"))?;
+        }
+        Ok(())
     }
 
     /// The state directory.

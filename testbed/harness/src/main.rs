@@ -120,6 +120,13 @@ enum ClusterCmd {
     Kill { daemon: String },
     /// Start a daemon that is not running: `coordinator` or a host's agent (`h2`).
     Start { daemon: String },
+    /// Cut a host's agent off from the coordinator (`cut`; its NIC's traffic flows on), or
+    /// heal it (`heal`).
+    Partition {
+        host: String,
+        #[arg(value_parser = ["cut", "heal"])]
+        action: String,
+    },
 }
 
 fn daemon(name: &str) -> cluster::Daemon {
@@ -160,6 +167,7 @@ fn run(cli: Cli) -> Result<()> {
             ClusterCmd::Snapshot { out } => cluster.snapshot(&out),
             ClusterCmd::Kill { daemon: d } => cluster.kill(&daemon(&d)),
             ClusterCmd::Start { daemon: d } => cluster.start(&daemon(&d)),
+            ClusterCmd::Partition { host, action } => cluster.partition(&host, action == "cut"),
         },
         Top::List => {
             for s in scenarios::all() {

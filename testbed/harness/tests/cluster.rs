@@ -2,9 +2,10 @@
 //! unmodified `ib_write_bw` programs as apps no configuration names. The live problem is
 //! learned as they run: both writers into h1 get grants whose sum the receive link h1 binds
 //! (softrnic's counters confirm the bytes), a third app on h2 shares h2's budget, a stopped
-//! app leaves, a reader's bytes load its own receive link, the snapshot is an instance `solve` reads, and killing the coordinator and an
-//! agent neither stops the apps nor keeps the loop from converging again. Nothing is left
-//! behind.
+//! app leaves, a reader's bytes load its own receive link, the snapshot is an instance `solve`
+//! reads, a host cut off from the coordinator keeps its grants and joins again when healed,
+//! and killing the coordinator and an agent neither stops the apps nor keeps the loop from
+//! converging again. Nothing is left behind.
 //!
 //! Needs root, perftest and the workspace built (`cargo build --workspace --release`).
 
@@ -138,8 +139,8 @@ fn a_cluster_learns_its_apps_binds_receive_links_and_survives_its_daemons() {
     let c = Cluster { dir: dir.clone() };
     c.ok(&["up", "--hosts", "3", "--line-rate-gbps", "1"]);
 
-    let (sa, mut ca) = c.writer("writer-a", "h2", "18901", "45");
-    let (sb, mut cb) = c.writer("writer-b", "h3", "18902", "45");
+    let (sa, mut ca) = c.writer("writer-a", "h2", "18901", "60");
+    let (sb, mut cb) = c.writer("writer-b", "h3", "18902", "60");
     // Both get grants, and both are known to write into h1: the link into h1 is shared,
     // and binds.
     let into_h1 = |s: &Value| {
@@ -231,6 +232,44 @@ fn a_cluster_learns_its_apps_binds_receive_links_and_survives_its_daemons() {
         Duration::from_secs(60),
     );
     assert!(solved.status.success(), "solve: {}", text(&solved));
+
+    // h3 is cut off from the coordinator, its NIC's traffic flowing on: its agent keeps
+    // writer-b's grant (fail-static), the coordinator drops it; healed, it joins again.
+    let h3_table = || -> Value {
+        let path = dir.join("h3/rates.json");
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_default())
+            .unwrap_or(Value::Null)
+    };
+    let writer_b = |t: &Value| -> Option<f64> {
+        t["apps"]
+            .as_array()?
+            .iter()
+            .find(|a| a["app"] == "writer-b")?["rate"]
+            .as_f64()
+    };
+    let before = writer_b(&h3_table()).expect("writer-b in h3's table");
+    c.ok(&["partition", "h3", "cut"]);
+    wait_for(
+        &c,
+        Duration::from_secs(20),
+        "h3 dropped while cut off",
+        |s| s["members"].as_array().unwrap().len() == 2,
+    );
+    let t = Instant::now();
+    while h3_table()["state"] != "fail-static" {
+        assert!(t.elapsed() < Duration::from_secs(10), "h3: {}", h3_table());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Kept (the iterates before the cut still moved in their last digits), then held.
+    let held = writer_b(&h3_table()).expect("writer-b in h3's table");
+    assert!((held - before).abs() < 1e-3, "{before} -> {held}");
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(writer_b(&h3_table()), Some(held), "{}", h3_table());
+    assert!(alive(&mut cb), "writer-b died while its host was cut off");
+    c.ok(&["partition", "h3", "heal"]);
+    wait_for(&c, Duration::from_secs(40), "h3 back after the heal", |s| {
+        s["members"].as_array().unwrap().len() == 3 && granted(s, "writer-b")
+    });
 
     // The coordinator crashes and comes back; then h2's agent does: the writers keep
     // running (fail-static, fail-open) and the loop grants them again.

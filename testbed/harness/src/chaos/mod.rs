@@ -288,12 +288,21 @@ fn settle(cluster: &Cluster, work: &mut Workload, limit: Duration) -> Result<Dur
     bail!("not settled within {limit:?}: {why}")
 }
 
-/// A fail-static window: the coordinator is unreachable, and each agent's grants are held
-/// against a baseline.
+/// A fail-static window: the coordinator is unreachable (down, or cut off by a partition),
+/// and each agent it covers has its grants held against a baseline.
 struct Window {
     since: Instant,
     /// Per host: the agent's pid, when its set of tables last changed, and its grants.
     baselines: BTreeMap<usize, (i32, Instant, Grants)>,
+}
+
+impl Window {
+    fn new() -> Window {
+        Window {
+            since: Instant::now(),
+            baselines: BTreeMap::new(),
+        }
+    }
 }
 
 /// The soak's state while faults run.
@@ -303,7 +312,10 @@ struct Soak<'a> {
     killed: Vec<Daemon>,
     /// Daemons the schedule has stopped (SIGSTOP) and not yet continued.
     stopped: Vec<Daemon>,
+    /// While the coordinator is down: every agent's grants are held.
     window: Option<Window>,
+    /// Per host cut off from the coordinator by a partition: its agent's grants are held.
+    cut_off: BTreeMap<usize, Window>,
     /// Daemons found not running, since when.
     missing: BTreeMap<String, Instant>,
     windows: u64,
@@ -316,7 +328,9 @@ struct Soak<'a> {
 fn daemon(t: Target) -> Daemon {
     match t {
         Target::Coordinator => Daemon::Coordinator,
-        Target::Agent(h) | Target::Link(h) | Target::Table(h) => Daemon::Agent(host(h)),
+        Target::Agent(h) | Target::Link(h) | Target::Table(h) | Target::Control(h) => {
+            Daemon::Agent(host(h))
+        }
     }
 }
 
@@ -331,6 +345,7 @@ impl<'a> Soak<'a> {
             killed: Vec::new(),
             stopped: Vec::new(),
             window: None,
+            cut_off: BTreeMap::new(),
             missing: BTreeMap::new(),
             windows: 0,
             checked: Duration::ZERO,
@@ -401,6 +416,18 @@ impl<'a> Soak<'a> {
             (Kind::TableBlock, false) => block_table(&self.table_tmp(f.target))?,
             (Kind::TableBlock, true) => std::fs::remove_dir(self.table_tmp(f.target))
                 .context("removing the rate table's blocker")?,
+            (Kind::Partition, undo) => {
+                let h = host_of(f.target);
+                self.cluster.partition(&host(h), !undo)?;
+                if undo {
+                    if let Some(w) = self.cut_off.remove(&h) {
+                        self.windows += 1;
+                        self.checked += w.since.elapsed().saturating_sub(GRACE);
+                    }
+                } else {
+                    self.cut_off.insert(h, Window::new());
+                }
+            }
         }
         let down = self
             .killed
@@ -408,12 +435,7 @@ impl<'a> Soak<'a> {
             .chain(&self.stopped)
             .any(|d| *d == Daemon::Coordinator);
         match (&self.window, down) {
-            (None, true) => {
-                self.window = Some(Window {
-                    since: Instant::now(),
-                    baselines: BTreeMap::new(),
-                })
-            }
+            (None, true) => self.window = Some(Window::new()),
             (Some(w), false) => {
                 self.windows += 1;
                 self.checked += w.since.elapsed().saturating_sub(GRACE);
@@ -480,46 +502,13 @@ impl<'a> Soak<'a> {
 
     /// While the coordinator is down, every agent's grants stay as they were.
     fn check_fail_static(&mut self) -> Result<()> {
-        let Some(w) = &mut self.window else {
-            return Ok(());
-        };
-        if w.since.elapsed() < GRACE {
-            return Ok(());
+        if let Some(w) = &mut self.window {
+            let why = "after the coordinator went away";
+            hold(self.cluster, &mut self.reads, w, 0..HOSTS, why)?;
         }
-        for h in 0..HOSTS {
-            let Some(pid) = self.cluster.pid(&Daemon::Agent(host(h))) else {
-                w.baselines.remove(&h);
-                continue;
-            };
-            let now = tables::grants(pid);
-            self.reads += 1;
-            let rebase = match w.baselines.get(&h) {
-                None => true,
-                Some((p, changed, before)) => {
-                    *p != pid || !before.keys().eq(now.keys()) || changed.elapsed() < SETTLE
-                }
-            };
-            if rebase {
-                let changed = match w.baselines.get(&h) {
-                    Some((p, c, before)) if *p == pid && before.keys().eq(now.keys()) => *c,
-                    _ => Instant::now(),
-                };
-                w.baselines.insert(h, (pid, changed, now));
-                continue;
-            }
-            let before = &w.baselines[&h].2;
-            if let Some(t) = changed_grant(before, &now) {
-                return Err(broken(
-                    "fail-static",
-                    format!(
-                        "{}'s agent changed the grant of {t} {:.1} s after the coordinator went away: {} -> {}",
-                        host(h),
-                        w.since.elapsed().as_secs_f64(),
-                        describe(&before[t]),
-                        describe(&now[t])
-                    ),
-                ));
-            }
+        for (h, w) in &mut self.cut_off {
+            let why = "after it was cut off from the coordinator";
+            hold(self.cluster, &mut self.reads, w, [*h], why)?;
         }
         Ok(())
     }
@@ -603,10 +592,60 @@ fn grants_now(cluster: &Cluster) -> String {
     out
 }
 
+/// Checks that the agents of `hosts` kept their grants since `w` began (after [`GRACE`], and
+/// [`SETTLE`] after their set of tables changed): fail-static, byte for byte.
+fn hold(
+    cluster: &Cluster,
+    reads: &mut u64,
+    w: &mut Window,
+    hosts: impl IntoIterator<Item = usize>,
+    why: &str,
+) -> Result<()> {
+    if w.since.elapsed() < GRACE {
+        return Ok(());
+    }
+    for h in hosts {
+        let Some(pid) = cluster.pid(&Daemon::Agent(host(h))) else {
+            w.baselines.remove(&h);
+            continue;
+        };
+        let now = tables::grants(pid);
+        *reads += 1;
+        let rebase = match w.baselines.get(&h) {
+            None => true,
+            Some((p, changed, before)) => {
+                *p != pid || !before.keys().eq(now.keys()) || changed.elapsed() < SETTLE
+            }
+        };
+        if rebase {
+            let changed = match w.baselines.get(&h) {
+                Some((p, c, before)) if *p == pid && before.keys().eq(now.keys()) => *c,
+                _ => Instant::now(),
+            };
+            w.baselines.insert(h, (pid, changed, now));
+            continue;
+        }
+        let before = &w.baselines[&h].2;
+        if let Some(t) = changed_grant(before, &now) {
+            return Err(broken(
+                "fail-static",
+                format!(
+                    "{}'s agent changed the grant of {t} {:.1} s {why}: {} -> {}",
+                    host(h),
+                    w.since.elapsed().as_secs_f64(),
+                    describe(&before[t]),
+                    describe(&now[t])
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn host_of(t: Target) -> usize {
     match t {
         Target::Coordinator => 0,
-        Target::Agent(h) | Target::Link(h) | Target::Table(h) => h,
+        Target::Agent(h) | Target::Link(h) | Target::Table(h) | Target::Control(h) => h,
     }
 }
 

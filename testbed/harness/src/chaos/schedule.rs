@@ -12,7 +12,10 @@
 //!   up and every rate table is writable: reconvergence is measured from there;
 //! - link flaps last 50–300 ms: the emulated NIC's reliable connections give up after 7
 //!   retransmissions of 67 ms (perftest's and librdmacm's `timeout` 14), as a real NIC does,
-//!   so a longer outage kills the applications' QPs by design rather than testing DRUM.
+//!   so a longer outage kills the applications' QPs by design rather than testing DRUM;
+//! - a partition cuts one host's agent off from the coordinator (its control traffic only;
+//!   its NIC's traffic flows) for 1–8 s, on either side of the agents' 3 s coordinator
+//!   timeout; the coordinator's own host is never partitioned from it.
 
 use std::time::Duration;
 
@@ -26,6 +29,8 @@ pub enum Target {
     Link(usize),
     /// Host `i`'s rate-table file.
     Table(usize),
+    /// The control path between host `i`'s agent and the coordinator (`i` ≥ 1).
+    Control(usize),
 }
 
 /// A fault and how it is undone.
@@ -42,6 +47,9 @@ pub enum Kind {
     /// A directory where the agent writes its rate table's temporary file: every write fails
     /// until it is removed after `lasts`.
     TableBlock,
+    /// The agent's datagrams to the coordinator and the coordinator's to it are dropped;
+    /// healed after `lasts`.
+    Partition,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,13 +84,15 @@ const KILL_MS: (u64, u64) = (200, 6000);
 const STOP_MS: (u64, u64) = (500, 6000);
 const FLAP_MS: (u64, u64) = (50, 300);
 const BLOCK_MS: (u64, u64) = (1000, 5000);
+const PARTITION_MS: (u64, u64) = (1000, 8000);
 /// Relative frequency of each kind (kills are the commonest failure in practice).
-const KIND_WEIGHTS: [(Kind, u64); 5] = [
+const KIND_WEIGHTS: [(Kind, u64); 6] = [
     (Kind::Kill, 3),
     (Kind::Stop, 2),
     (Kind::Restart, 2),
     (Kind::LinkFlap, 2),
     (Kind::TableBlock, 1),
+    (Kind::Partition, 2),
 ];
 /// Tries to place a fault on a free target before skipping that moment.
 const PLACEMENT_TRIES: usize = 8;
@@ -121,6 +131,9 @@ pub fn plan(seed: u64, period: Duration, hosts: usize) -> Vec<Fault> {
             let target = match kind {
                 Kind::LinkFlap => Target::Link(host),
                 Kind::TableBlock => Target::Table(host),
+                // Not the coordinator's host: its agent reaches it without a network.
+                Kind::Partition if hosts < 2 => continue,
+                Kind::Partition => Target::Control(1 + host % (hosts - 1)),
                 // A third of the daemon faults hit the coordinator: there is one of it.
                 _ if rng.next() % 3 == 0 => Target::Coordinator,
                 _ => Target::Agent(host),
@@ -131,6 +144,7 @@ pub fn plan(seed: u64, period: Duration, hosts: usize) -> Vec<Fault> {
                 Kind::Restart => 0,
                 Kind::LinkFlap => rng.between(FLAP_MS),
                 Kind::TableBlock => rng.between(BLOCK_MS),
+                Kind::Partition => rng.between(PARTITION_MS),
             });
             let free = faults
                 .iter()
@@ -214,6 +228,7 @@ mod tests {
                 Kind::Restart,
                 Kind::LinkFlap,
                 Kind::TableBlock,
+                Kind::Partition,
             ] {
                 assert!(p.iter().any(|f| f.kind == kind), "seed {seed}: no {kind:?}");
             }
@@ -235,6 +250,10 @@ mod tests {
                 }
                 let hosts = match f.target {
                     Target::Agent(h) | Target::Link(h) | Target::Table(h) => h,
+                    Target::Control(h) => {
+                        assert!(h >= 1, "the coordinator's host partitioned: {f:?}");
+                        h
+                    }
                     Target::Coordinator => 0,
                 };
                 assert!(hosts < 3);
@@ -244,6 +263,7 @@ mod tests {
                     Kind::Restart => (0, 0),
                     Kind::LinkFlap => FLAP_MS,
                     Kind::TableBlock => BLOCK_MS,
+                    Kind::Partition => PARTITION_MS,
                 };
                 let ms = f.lasts.as_millis() as u64;
                 assert!((lo..=hi).contains(&ms), "{f:?}");
@@ -271,5 +291,14 @@ mod tests {
     fn a_soak_too_short_for_a_fault_or_without_hosts_has_none() {
         assert!(plan(1, Duration::from_millis(100), 3).is_empty());
         assert!(plan(1, PERIOD, 0).is_empty());
+    }
+
+    #[test]
+    fn one_host_is_never_partitioned_from_the_coordinator_on_it() {
+        for seed in 0..20 {
+            let p = plan(seed, PERIOD, 1);
+            assert!(!p.is_empty());
+            assert!(p.iter().all(|f| f.kind != Kind::Partition), "seed {seed}");
+        }
     }
 }
