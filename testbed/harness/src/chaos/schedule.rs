@@ -293,6 +293,17 @@ mod tests {
         assert!(plan(1, PERIOD, 0).is_empty());
     }
 
+    /// The CI test's soak (`tests/chaos.rs`: 90 s, seed 19) brings every kind of fault.
+    #[test]
+    fn the_ci_soak_brings_every_kind_of_fault() {
+        let p = plan(19, Duration::from_secs(90), 3);
+        for (kind, _) in KIND_WEIGHTS {
+            let n = p.iter().filter(|f| f.kind == kind).count();
+            eprintln!("{kind:?}: {n}");
+            assert!(n > 0, "no {kind:?}");
+        }
+    }
+
     #[test]
     fn one_host_is_never_partitioned_from_the_coordinator_on_it() {
         for seed in 0..20 {
