@@ -22,7 +22,7 @@ root=$PWD
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 
 targets_all=(control_agent_frames control_coord_frames softrnic_packet softrnic_cm_msg softrnic_flow_attr softrnic_request
-    softrnic_response instance_json)
+    softrnic_response instance_json dasr_datagram)
 features=()
 if [ "${FUZZ_CONFIGS:-0}" = 1 ]; then
     targets_all+=(daemon_config)

@@ -43,6 +43,9 @@ pub struct Args {
     /// ω of this host as a sender.
     #[arg(long, default_value_t = 1.0)]
     weight: f64,
+    /// The cluster's DASR key (`[dasr] key_file`): authenticated datagrams (docs/dasr.md).
+    #[arg(long)]
+    key_file: Option<std::path::PathBuf>,
     /// Announce a long message to the DASR service at this address.
     #[arg(long)]
     send_to: Option<SocketAddr>,
@@ -107,6 +110,7 @@ async fn peer(args: Args, mut out: Out) -> Result<()> {
         refresh_ms: args.refresh_ms,
         host_id: args.host_id,
         weight: args.weight,
+        key_file: args.key_file,
         ..DasrConfig::new(args.listen)
     };
     let svc = DasrService::bind(cfg).await?;

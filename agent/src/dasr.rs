@@ -9,14 +9,17 @@
 //! [`DasrHandle::observe_receive`] feeds the congestion state machine (non-receiver congestion
 //! turns the cap off); [`DasrMetrics`] is a metrics collector.
 
+use crate::dasr_auth::RefusalLog;
 use drum_common::dasr::{
     Auss, AussAction, AussConfig, AussStats, CapView, CongestionConfig, CongestionDetector,
-    CongestionState, Datagram, Lookahead, SenderAction, SenderConfig, SenderCore, SenderStats,
+    CongestionState, Datagram, Guard, Lookahead, Refusal, SenderAction, SenderConfig, SenderCore,
+    SenderStats,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::net::UdpSocket;
@@ -63,6 +66,19 @@ pub struct DasrConfig {
     /// (default 1000).
     #[serde(default = "d_quiet")]
     pub congestion_quiet_ms: u64,
+    /// The cluster's DASR key, 32 random bytes, mode 0600 (`drum-coordinator dev-certs`
+    /// writes `dasr.key`). With it, datagrams are authenticated (wire version 2) and
+    /// unauthenticated ones refused; without it, version 1 as before. Every agent of a
+    /// cluster needs the same key.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+    /// During a key rotation, the key being replaced: accepted, never sent with.
+    #[serde(default)]
+    pub previous_key_file: Option<PathBuf>,
+    /// With a key: a datagram stamped further than this from the local clock is refused, and
+    /// a replay is recognised within it (default 2000; must exceed the clocks' skew).
+    #[serde(default = "d_replay_window")]
+    pub replay_window_ms: u64,
 }
 
 fn d_rate() -> f64 {
@@ -83,6 +99,9 @@ fn d_weight() -> f64 {
 fn d_quiet() -> u64 {
     1000
 }
+fn d_replay_window() -> u64 {
+    2000
+}
 
 impl DasrConfig {
     /// Defaults everywhere but the address.
@@ -99,6 +118,16 @@ impl DasrConfig {
             weight: d_weight(),
             lookahead: false,
             congestion_quiet_ms: d_quiet(),
+            key_file: None,
+            previous_key_file: None,
+            replay_window_ms: d_replay_window(),
+        }
+    }
+
+    /// Resolves the key files' paths against `base` (the config file's directory).
+    pub fn rebase(&mut self, base: &std::path::Path) {
+        for p in [&mut self.key_file, &mut self.previous_key_file] {
+            *p = p.take().map(|p| base.join(p));
         }
     }
 
@@ -124,9 +153,14 @@ impl DasrConfig {
                 self.weight
             ));
         }
-        if self.expiry_ms == 0 || self.ack_timeout_ms == 0 || self.congestion_quiet_ms == 0 {
+        if self.expiry_ms == 0
+            || self.ack_timeout_ms == 0
+            || self.congestion_quiet_ms == 0
+            || self.replay_window_ms == 0
+        {
             return bad(
-                "expiry_ms, ack_timeout_ms and congestion_quiet_ms must be positive".into(),
+                "expiry_ms, ack_timeout_ms, congestion_quiet_ms and replay_window_ms must be positive"
+                    .into(),
             );
         }
         let refresh = self.refresh().as_millis() as u64;
@@ -151,6 +185,8 @@ impl DasrConfig {
 pub enum DasrError {
     #[error("invalid DASR configuration: {0}")]
     Config(String),
+    #[error("DASR key: {0}")]
+    Key(String),
     #[error("binding the DASR socket on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -179,6 +215,16 @@ pub struct DasrCounters {
     pub garbage: u64,
     /// Well-formed DASR datagrams of another wire version.
     pub wrong_version: u64,
+    /// With a key: version-1 datagrams (no MAC).
+    pub unauthenticated: u64,
+    /// With a key: MACed under a key this agent does not hold.
+    pub unknown_key: u64,
+    /// With a key: the MAC does not match (forged or altered).
+    pub bad_mac: u64,
+    /// With a key: stamped outside the replay window of this clock.
+    pub stale: u64,
+    /// With a key: not newer than a datagram already accepted from the same origin.
+    pub replayed: u64,
     pub recv_errors: u64,
     pub send_errors: u64,
     // Receiver role.
@@ -367,6 +413,12 @@ impl DasrService {
     /// Validates `cfg`, binds the socket and starts the service task on the current runtime.
     pub async fn bind(cfg: DasrConfig) -> Result<Self, DasrError> {
         cfg.validate()?;
+        let guard = crate::dasr_auth::guard(
+            cfg.key_file.as_deref(),
+            cfg.previous_key_file.as_deref(),
+            Duration::from_millis(cfg.replay_window_ms),
+        )
+        .map_err(DasrError::Key)?;
         let socket = UdpSocket::bind(cfg.listen)
             .await
             .map_err(|source| DasrError::Bind {
@@ -429,6 +481,8 @@ impl DasrService {
             receiver: recv_tx,
             metrics: metrics.clone(),
             out: Vec::new(),
+            guard,
+            refusals: RefusalLog::new(Duration::from_secs(10)),
         };
         let task = tokio::spawn(run(socket, state, cmd_rx));
         Ok(Self {
@@ -466,6 +520,9 @@ struct State {
     receiver: watch::Sender<ReceiverView>,
     metrics: Arc<DasrMetrics>,
     out: Vec<(SocketAddr, Datagram)>,
+    /// With a key: seals what is sent, opens (or refuses) what is received.
+    guard: Option<Guard>,
+    refusals: RefusalLog,
 }
 
 impl State {
@@ -484,9 +541,27 @@ impl State {
         .min()
     }
 
+    /// The wall clock: stamps are compared across hosts, so not the monotonic `now`.
+    fn wall() -> Duration {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+    }
+
+    fn encode(&mut self, d: &Datagram) -> Vec<u8> {
+        match &mut self.guard {
+            Some(g) => g.seal(Self::wall(), d),
+            None => d.encode(),
+        }
+    }
+
     fn on_datagram(&mut self, bytes: &[u8], from: SocketAddr) {
         self.metrics.update(|c| c.datagrams_received += 1);
-        match Datagram::decode(bytes) {
+        let opened = match &mut self.guard {
+            Some(g) => g.open(Self::wall(), bytes),
+            None => Datagram::decode(bytes).map_err(Refusal::Wire),
+        };
+        match opened {
             Ok(Datagram::Announce(a)) => {
                 let acts = self.auss.on_announce(self.now(), from, &a);
                 self.receiver_actions(acts);
@@ -495,15 +570,24 @@ impl State {
                 let acts = self.sender.on_ack(self.now(), &from, &k);
                 self.sender_actions(acts);
             }
-            Err(e) => {
-                debug!(%from, len = bytes.len(), "refused a DASR datagram: {e}");
-                let version = e.is_version();
+            Err(why) => {
+                if self.guard.is_some() {
+                    self.refusals.warn(self.now(), from, &why);
+                } else {
+                    // Without a key, stray bytes on the port are as before: counted, not logged.
+                    debug!(%from, len = bytes.len(), "refused a DASR datagram: {why}");
+                }
                 self.metrics.update(|c| {
-                    if version {
-                        c.wrong_version += 1
-                    } else {
-                        c.garbage += 1
-                    }
+                    let n = match &why {
+                        Refusal::Wire(e) if e.is_version() => &mut c.wrong_version,
+                        Refusal::Wire(_) => &mut c.garbage,
+                        Refusal::Unauthenticated => &mut c.unauthenticated,
+                        Refusal::UnknownKey(_) => &mut c.unknown_key,
+                        Refusal::BadMac => &mut c.bad_mac,
+                        Refusal::Stale { .. } => &mut c.stale,
+                        Refusal::Replay => &mut c.replayed,
+                    };
+                    *n += 1;
                 });
             }
         }
@@ -629,7 +713,8 @@ async fn run(socket: UdpSocket, mut st: State, mut cmds: mpsc::UnboundedReceiver
             _ = sleep => st.tick(),
         }
         for (to, d) in std::mem::take(&mut st.out) {
-            if let Err(e) = socket.send_to(&d.encode(), to).await {
+            let bytes = st.encode(&d);
+            if let Err(e) = socket.send_to(&bytes, to).await {
                 debug!(%to, "DASR send error: {e}");
                 st.metrics.update(|c| c.send_errors += 1);
             }
@@ -641,6 +726,7 @@ async fn run(socket: UdpSocket, mut st: State, mut cmds: mpsc::UnboundedReceiver
 #[cfg(test)]
 mod tests {
     use super::*;
+    use drum_common::dasr::{Ack, Announce, DasrKey, Phase, KEY_LEN};
 
     const WAIT: Duration = Duration::from_secs(5);
 
@@ -672,6 +758,14 @@ mod tests {
         .validate()
         .is_err());
         assert!(toml::from_str::<DasrConfig>("listen = \"127.0.0.1:0\"\nbogus = 1").is_err());
+        // Key paths are relative to the config file, as the TLS files are.
+        let mut k: DasrConfig = toml::from_str(
+            "listen = \"127.0.0.1:0\"\nkey_file = \"dasr.key\"\nprevious_key_file = \"/k/old.key\"",
+        )
+        .unwrap();
+        k.rebase(std::path::Path::new("/etc/drum"));
+        assert_eq!(k.key_file, Some("/etc/drum/dasr.key".into()));
+        assert_eq!(k.previous_key_file, Some("/k/old.key".into()));
     }
 
     #[tokio::test]
@@ -735,6 +829,144 @@ mod tests {
             .await
             .unwrap()
             .unwrap();
+        a.shutdown().await;
+        rx.shutdown().await;
+    }
+
+    fn wall() -> Duration {
+        SystemTime::now().duration_since(UNIX_EPOCH).unwrap()
+    }
+
+    async fn until(what: &str, mut ok: impl FnMut() -> bool) {
+        let deadline = Instant::now() + WAIT;
+        while !ok() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    fn announce(sender: u64, seq: u64, phase: Phase) -> Datagram {
+        Datagram::Announce(Announce {
+            sender,
+            incarnation: 1,
+            seq,
+            phase,
+            msg_id: 5,
+            weight: 1.0,
+            lookahead: None,
+        })
+    }
+
+    /// With a key: forgeries (v1, a wrong MAC, another key) and a replayed captured datagram
+    /// change no cap at the receiver nor at the sender, while the same traffic MACed under the
+    /// key does, over real sockets.
+    #[tokio::test]
+    async fn with_a_key_forged_and_replayed_datagrams_change_no_cap() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let key_path = dir.path().join("dasr.key");
+        std::fs::write(&key_path, [1u8; KEY_LEN]).unwrap();
+        std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let key = DasrKey::new(&[1u8; KEY_LEN]);
+        let window = Duration::from_secs(2);
+        let lo: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let keyed = |rate| DasrConfig {
+            receiver_rate: rate,
+            // Caps lapse 400 ms after the last ACK (refreshes every 100 ms).
+            expiry_ms: 400,
+            key_file: Some(key_path.clone()),
+            ..DasrConfig::new(lo)
+        };
+        let rx = DasrService::bind(keyed(10.0)).await.unwrap();
+        let a = DasrService::bind(keyed(1.0)).await.unwrap();
+        let dest = rx.local_addr();
+        let (rxm, am) = (rx.metrics(), a.metrics());
+        a.message_started(dest, 1);
+        until("A's cap", || a.cap_for(dest) == Some(10.0)).await;
+
+        // Receiver: a v1 START (what anyone could send before), one under our key id with a
+        // wrong MAC, one under another key: nobody joins.
+        let evil = UdpSocket::bind(lo).await.unwrap();
+        let send = |b: Vec<u8>, to| {
+            let evil = &evil;
+            async move { evil.send_to(&b, to).await.unwrap() }
+        };
+        send(announce(99, 1, Phase::Start).encode(), dest).await;
+        let mut forged =
+            announce(99, 2, Phase::Start).encode_unsigned(key.id(), wall().as_nanos() as u64);
+        forged.extend_from_slice(&[0; 16]);
+        send(forged, dest).await;
+        let mut other = Guard::new(DasrKey::new(&[2u8; KEY_LEN]), None, window);
+        send(other.seal(wall(), &announce(99, 3, Phase::Start)), dest).await;
+        until("the receiver's refusals", || {
+            let c = rxm.snapshot();
+            (c.unauthenticated, c.bad_mac, c.unknown_key) == (1, 1, 1)
+        })
+        .await;
+        assert_eq!(rx.receiver().borrow().n, 1);
+        assert_eq!(a.cap_for(dest), Some(10.0));
+
+        // A host holding the key joins and leaves: A's cap halves and comes back.
+        let mut peer = Guard::new(DasrKey::new(&[1u8; KEY_LEN]), None, window);
+        let captured = peer.seal(wall(), &announce(99, 1, Phase::Start));
+        send(captured.clone(), dest).await;
+        until("the legitimate START", || a.cap_for(dest) == Some(5.0)).await;
+        send(peer.seal(wall(), &announce(99, 2, Phase::End)), dest).await;
+        until("the legitimate END", || a.cap_for(dest) == Some(10.0)).await;
+        // The captured START replayed: refused, the set stays as it is.
+        let before = rxm.snapshot().replayed;
+        send(captured, dest).await;
+        until("the replay refused", || rxm.snapshot().replayed > before).await;
+        assert_eq!(rx.receiver().borrow().n, 1);
+        assert_eq!(a.cap_for(dest), Some(10.0));
+
+        // Sender: a receiver holding the key (played by this test) answers A with cap 3.
+        let fake = UdpSocket::bind(lo).await.unwrap();
+        let fdest = fake.local_addr().unwrap();
+        let mut fguard = Guard::new(DasrKey::new(&[1u8; KEY_LEN]), None, window);
+        a.message_started(fdest, 2);
+        let mut buf = [0u8; 128];
+        let (len, from) = fake.recv_from(&mut buf).await.unwrap();
+        let Ok(Datagram::Announce(ann)) = fguard.open(wall(), &buf[..len]) else {
+            panic!("A's announcement does not open");
+        };
+        let ack = |cap| {
+            Datagram::Ack(Ack {
+                receiver_incarnation: 1,
+                sender_incarnation: ann.incarnation,
+                epoch: 1,
+                n: 3,
+                omega: 3.0,
+                cap,
+                acked_seq: ann.seq,
+                push: false,
+                cap_off: false,
+            })
+        };
+        let captured_ack = fguard.seal(wall(), &ack(3.0));
+        fake.send_to(&captured_ack, from).await.unwrap();
+        until("the legitimate ACK", || a.cap_for(fdest) == Some(3.0)).await;
+        // Forged ACKs with a lower cap, from the receiver's own address.
+        fake.send_to(&ack(1.0).encode(), from).await.unwrap();
+        let mut forged = ack(1.0).encode_unsigned(key.id(), wall().as_nanos() as u64);
+        forged.extend_from_slice(&[0; 16]);
+        fake.send_to(&forged, from).await.unwrap();
+        until("the sender's refusals", || {
+            let c = am.snapshot();
+            (c.unauthenticated, c.bad_mac) == (1, 1)
+        })
+        .await;
+        assert_eq!(a.cap_for(fdest), Some(3.0));
+        // The receiver falls silent, the cap lapses; the captured ACK replayed would revive
+        // it (a first ACK after a lapse is accepted) but is refused.
+        until("the cap to lapse", || a.cap_for(fdest).is_none()).await;
+        let before = am.snapshot().replayed;
+        fake.send_to(&captured_ack, from).await.unwrap();
+        until("the replayed ACK refused", || {
+            am.snapshot().replayed > before
+        })
+        .await;
+        assert_eq!(a.cap_for(fdest), None);
         a.shutdown().await;
         rx.shutdown().await;
     }

@@ -4,6 +4,7 @@
 //! active set to the local rate table ([`rate_table`]). docs/control-plane.md has the details.
 
 pub mod dasr;
+pub mod dasr_auth;
 pub mod dasr_link;
 pub mod demand_feed;
 pub mod gids;

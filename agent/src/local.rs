@@ -39,6 +39,7 @@ impl LocalSettings {
         s.status_file = s.status_file.map(|p| base.join(p));
         s.shim.validate()?;
         if let Some(d) = &mut s.dasr {
+            d.rebase(base);
             if d.receiver_rate == 1.0 {
                 d.receiver_rate = s.shim.line_rate_gbps * 1e9 / 8.0;
             }

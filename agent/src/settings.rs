@@ -234,6 +234,7 @@ impl AgentSettings {
             );
         }
         if let Some(d) = &mut options.dasr {
+            d.rebase(&base);
             let Some(shim) = &options.shim else {
                 bail!(
                     "[dasr] in {} needs [shim] (its caps go to the shims)",

@@ -26,6 +26,8 @@ pub enum CaError {
     Net(#[from] NetError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    #[error("the system's random source failed")]
+    Random,
 }
 
 /// The dev CA's parameters. They are fixed, so the CA can be rebuilt from its key alone: a
@@ -241,11 +243,14 @@ pub struct DevCerts {
     pub ca: PathBuf,
     pub coordinator: TlsFiles,
     pub agents: Vec<(String, TlsFiles)>,
+    /// The agents' DASR key, `dasr.key` (docs/dasr.md).
+    pub dasr_key: PathBuf,
 }
 
 /// A throw-away CA (`ca.pem`, its key `ca.key` and an empty CRL `crl.pem`; see
 /// [`DevCa`]), a coordinator certificate for `sans` (DNS names or IP addresses) and one
-/// client certificate per agent name. Keys are written with mode 0600.
+/// client certificate per agent name, and the agents' DASR key `dasr.key` (see
+/// [`dasr_key`]). Keys are written with mode 0600.
 pub fn dev_certs(dir: &Path, sans: &[String], agents: &[String]) -> Result<DevCerts, CaError> {
     let ca = DevCa::create(dir)?;
     let coordinator = ca.issue(
@@ -261,7 +266,21 @@ pub fn dev_certs(dir: &Path, sans: &[String], agents: &[String]) -> Result<DevCe
         ca: ca.ca_path(),
         coordinator,
         agents: out,
+        dasr_key: dasr_key(dir)?,
     })
+}
+
+/// Writes `DIR/dasr.key`: 32 random bytes, mode 0600, the key every agent's `[dasr] key_file`
+/// names. Random rather than derived from the CA, whose certificate is public.
+pub fn dasr_key(dir: &Path) -> Result<PathBuf, CaError> {
+    use ring::rand::SecureRandom;
+    let mut key = [0u8; 32];
+    ring::rand::SystemRandom::new()
+        .fill(&mut key)
+        .map_err(|_| CaError::Random)?;
+    let path = dir.join("dasr.key");
+    write_private(&path, &key)?;
+    Ok(path)
 }
 
 fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {

@@ -422,6 +422,7 @@ fn run(cli: Cli) -> Result<()> {
             for (name, f) in &certs.agents {
                 println!("agent {name}: {} {}", f.cert.display(), f.key.display());
             }
+            println!("DASR key: {}", certs.dasr_key.display());
         }
         Command::Status { admin, json } => {
             let body = admin_call(admin, "GET", "/status")?;

@@ -82,6 +82,14 @@ fn dev_certs_revokes_and_reissues_with_its_kept_ca_key() {
         .permissions()
         .mode();
     assert_eq!(mode & 0o077, 0, "the CA key is private");
+    // The agents' DASR key: 32 random bytes, private too.
+    assert!(out.contains("dasr.key"), "{out}");
+    let key = certs.join("dasr.key");
+    assert_eq!(std::fs::read(&key).unwrap().len(), 32);
+    assert_eq!(
+        std::fs::metadata(&key).unwrap().permissions().mode() & 0o077,
+        0
+    );
     assert_eq!(revoked(&certs.join("crl.pem")), 0);
     for host in ["h1", "h0", "h1"] {
         ok(&run(&["dev-certs", "--out", c, "--revoke", host]));

@@ -9,6 +9,8 @@
 use std::io::Cursor;
 
 use drum_common::admm::FacilityTerm;
+use drum_common::dasr::wire::Sealed;
+use drum_common::dasr::{DasrKey, Datagram, Guard, Refusal};
 use drum_common::instance::Instance;
 use drum_common::protocol::wire::{self, FrameDecoder, WireError};
 use serde::de::DeserializeOwned;
@@ -100,7 +102,11 @@ pub fn softrnic_packet(data: &[u8]) {
         assert!(p.psn <= PSN_MASK);
         // Byte 7 is the ECN field (two bits), re-encoded like every other.
         assert!(p.ecn <= softrnic::wire::ECN_CE);
-        assert_eq!(p.encode(), data, "an accepted datagram does not re-encode to itself");
+        assert_eq!(
+            p.encode(),
+            data,
+            "an accepted datagram does not re-encode to itself"
+        );
         // Distances of up to half the PSN space survive the wrap.
         let n = p.offset & (PSN_MASK >> 1);
         assert_eq!(psn_diff(psn_add(p.psn, n), p.psn), n as i32);
@@ -280,6 +286,49 @@ fn close(a: &serde_json::Value, b: &serde_json::Value) -> bool {
             x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| close(v, w)))
         }
         _ => a == b,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// DASR datagrams between agents (drum_common::dasr::wire, drum_common::dasr::auth)
+// ---------------------------------------------------------------------------------------------
+
+/// The key of the version-2 DASR seeds and of the target's guards.
+const DASR_KEY: [u8; 32] = [7; 32];
+/// The wall clock the DASR target opens at; the v2 seeds are stamped with it.
+const DASR_NOW: std::time::Duration = std::time::Duration::from_secs(1_790_000_000);
+
+fn dasr_guard() -> Guard {
+    Guard::new(
+        DasrKey::new(&DASR_KEY),
+        None,
+        std::time::Duration::from_secs(2),
+    )
+}
+
+/// One datagram on an agent's DASR socket: [`Datagram::decode`] as a keyless agent decodes it
+/// (version 1), [`Sealed::split`] and [`Guard::open`] (MAC, window, replay rule) as a keyed one
+/// does (version 2). Whatever a keyless agent accepts, sealed with the key, opens to the same
+/// datagram exactly once, and is itself refused by a keyed agent as unauthenticated.
+pub fn dasr_datagram(data: &[u8]) {
+    if let Ok(s) = Sealed::split(data) {
+        let _ = s.datagram();
+    }
+    let _ = dasr_guard().open(DASR_NOW, data);
+    if let Ok(d) = Datagram::decode(data) {
+        assert_eq!(
+            d.encode(),
+            data,
+            "an accepted datagram does not re-encode to itself"
+        );
+        let sealed = dasr_guard().seal(DASR_NOW, &d);
+        let mut rx = dasr_guard();
+        assert_eq!(rx.open(DASR_NOW, &sealed), Ok(d));
+        assert_eq!(rx.open(DASR_NOW, &sealed), Err(Refusal::Replay));
+        assert_eq!(
+            dasr_guard().open(DASR_NOW, data),
+            Err(Refusal::Unauthenticated)
+        );
     }
 }
 
@@ -745,6 +794,57 @@ max_iterations = 1000\nbind_host_to_certificate = true\n\n[tls]\nca = \"ca.pem\"
 cert = \"coordinator.pem\"\nkey = \"coordinator.key\"\n"
             .to_vec(),
     ));
+    // DASR: version 1 as encoded, version 2 sealed under the target's key at its clock.
+    {
+        use drum_common::dasr::{Ack, Announce, Lookahead, Phase};
+        let announce = Announce {
+            sender: 7,
+            incarnation: 3,
+            seq: 1,
+            phase: Phase::Start,
+            msg_id: 42,
+            weight: 1.0,
+            lookahead: None,
+        };
+        let lookahead = Announce {
+            phase: Phase::End,
+            lookahead: Some(Lookahead {
+                tenant: 1,
+                group: 2,
+                members: 3,
+            }),
+            ..announce
+        };
+        let ack = Ack {
+            receiver_incarnation: 9,
+            sender_incarnation: 3,
+            epoch: 5,
+            n: 2,
+            omega: 2.0,
+            cap: 0.5,
+            acked_seq: 1,
+            push: true,
+            cap_off: false,
+        };
+        let mut guard = dasr_guard();
+        for (name, d) in [
+            ("announce", Datagram::Announce(announce)),
+            ("announce_lookahead", Datagram::Announce(lookahead)),
+            ("ack", Datagram::Ack(ack)),
+        ] {
+            out.push(("dasr_datagram", name, d.encode()));
+        }
+        out.push((
+            "dasr_datagram",
+            "announce_v2",
+            guard.seal(DASR_NOW, &Datagram::Announce(announce)),
+        ));
+        out.push((
+            "dasr_datagram",
+            "ack_v2",
+            guard.seal(DASR_NOW, &Datagram::Ack(ack)),
+        ));
+    }
     out
 }
 
@@ -775,6 +875,7 @@ mod tests {
                     "softrnic_request" => softrnic_request(&bytes),
                     "softrnic_response" => softrnic_response(&bytes),
                     "instance_json" => instance_json(&bytes),
+                    "dasr_datagram" => dasr_datagram(&bytes),
                     _ => {}
                 }
             }
@@ -813,6 +914,12 @@ mod tests {
                     let i = Instance::from_json(std::str::from_utf8(&bytes).unwrap()).unwrap();
                     i.into_problem().unwrap();
                     instance_json(&bytes);
+                }
+                "dasr_datagram" => {
+                    let v1 = Datagram::decode(&bytes).is_ok();
+                    let v2 = dasr_guard().open(DASR_NOW, &bytes).is_ok();
+                    assert!(v1 || v2, "a DASR seed opens as v1 or as v2");
+                    dasr_datagram(&bytes);
                 }
                 "daemon_config" => {}
                 other => panic!("seed for unknown target {other}"),

@@ -4,11 +4,13 @@
 //! docs/dasr.md describes the protocol.
 //!
 //! - [`wire`]: the ANNOUNCE and ACK datagrams (versioned fixed layout, hard size limit);
+//! - [`auth`]: version 2's MAC under the cluster key and the replay rule;
 //! - [`auss`]: the receiver's set, epochs, ACKs and pushes, soft-state expiry;
 //! - [`sender`]: announcements with retransmission and refresh, newest cap per destination;
 //! - [`congestion`]: the per-receiver congestion state machine (when the cap applies).
 
 pub mod auss;
+pub mod auth;
 pub mod congestion;
 pub mod sender;
 pub mod wire;
@@ -17,6 +19,7 @@ pub mod wire;
 pub type SenderId = u64;
 
 pub use auss::{Auss, AussAction, AussConfig, AussStats};
+pub use auth::{DasrKey, Guard, Refusal, KEY_LEN};
 pub use congestion::{CongestionConfig, CongestionDetector, CongestionState};
 pub use sender::{CapView, SenderAction, SenderConfig, SenderCore, SenderStats};
 pub use wire::{Ack, Announce, Datagram, Lookahead, Phase, WireError};

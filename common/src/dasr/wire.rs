@@ -1,14 +1,19 @@
 //! DASR datagrams: a versioned, fixed binary layout (all integers big endian).
 //!
 //! Every datagram starts with a 4-byte header — magic `b"DS"`, wire version (u8), message
-//! type (u8) — followed by one message:
+//! type (u8). Version 1 follows it with the message; version 2 (authenticated, see
+//! [`super::auth`]) puts a key id and a stamp before the message and a MAC after it:
 //!
 //! ```text
-//! ANNOUNCE (type 1), 46 bytes, 60 with look-ahead
+//! v1: "DS" | 1 | type | message
+//! v2: "DS" | 2 | type | key_id u32 | stamp u64 (ns since the Unix epoch) | message | mac [16]
+//!     (the MAC covers every byte before it)
+//!
+//! ANNOUNCE (type 1): 46 bytes in v1, 60 with look-ahead; v2: 74 / 88
 //!   flags u8 (bit 0: look-ahead present) | phase u8 (1 START, 2 END)
 //!   sender u64 | incarnation u64 | seq u64 (≥ 1) | msg_id u64 | weight f64 (finite, > 0)
 //!   [look-ahead: tenant u32 | group u64 | members u16 (≥ 1)]
-//! ACK (type 2), 57 bytes
+//! ACK (type 2): 57 bytes in v1; v2: 85
 //!   flags u8 (bit 0: push, bit 1: cap off) | n u32
 //!   receiver_incarnation u64 | sender_incarnation u64 | epoch u64
 //!   omega f64 (finite, ≥ 0) | cap f64 (finite, ≥ 0) | acked_seq u64 (0 on a push)
@@ -16,20 +21,29 @@
 //!
 //! Why a hand-written layout rather than bincode: the sizes are fixed and known (so the hard
 //! limit [`MAX_DATAGRAM`] is obvious and every truncation is detected at a named field), the
-//! byte layout cannot shift under a serde-derive or bincode change, the decoder is a bounds-checked
-//! reader that allocates nothing on the receive path, and a peer written in another language
-//! (or the C side of a shim) can build the 46-byte announcement from this comment alone.
+//! byte layout cannot shift under a serde-derive or bincode change (which would also change
+//! what the MAC covers), the decoder is a bounds-checked reader that allocates nothing on the
+//! receive path, and a peer written in another language (or the C side of a shim) can build
+//! the 46-byte announcement from this comment alone.
 //! Unknown versions, types, phases and flag bits, NaN/negative weights and trailing bytes are
 //! all refused with an error naming what was wrong; decoding never panics.
 
 use super::SenderId;
 
 pub const MAGIC: [u8; 2] = *b"DS";
-/// The version this build speaks. Another version is refused, never guessed at.
+/// The unauthenticated version, spoken by agents without a DASR key.
 pub const VERSION: u8 = 1;
+/// The authenticated version, spoken (and alone accepted) by agents with a DASR key. Any
+/// other version is refused, never guessed at.
+pub const VERSION_AUTH: u8 = 2;
 pub const HEADER_LEN: usize = 4;
-/// Hard limit on a DASR datagram. The largest v1 message is 60 bytes.
-pub const MAX_DATAGRAM: usize = 64;
+/// Key id and stamp of a v2 datagram, between the header and the message.
+pub const SEAL_LEN: usize = 4 + 8;
+/// The MAC ending a v2 datagram: HMAC-SHA256 truncated to 128 bits.
+pub const MAC_LEN: usize = 16;
+/// Hard limit on a DASR datagram. The largest message is 88 bytes (a v2 look-ahead
+/// announcement).
+pub const MAX_DATAGRAM: usize = 96;
 
 const T_ANNOUNCE: u8 = 1;
 const T_ACK: u8 = 2;
@@ -40,6 +54,8 @@ const K_CAP_OFF: u8 = 0x02;
 pub const ANNOUNCE_LEN: usize = HEADER_LEN + 2 + 5 * 8;
 pub const ANNOUNCE_LOOKAHEAD_LEN: usize = ANNOUNCE_LEN + 4 + 8 + 2;
 pub const ACK_LEN: usize = HEADER_LEN + 1 + 4 + 6 * 8;
+/// What v2 adds to a v1 message.
+pub const AUTH_OVERHEAD: usize = SEAL_LEN + MAC_LEN;
 
 #[derive(Clone, Debug, thiserror::Error, PartialEq)]
 pub enum WireError {
@@ -53,8 +69,8 @@ pub enum WireError {
     },
     #[error("bad magic {0:02x?}: not a DASR datagram")]
     BadMagic([u8; 2]),
-    #[error("unsupported DASR wire version {got} (this build speaks {VERSION})")]
-    UnknownVersion { got: u8 },
+    #[error("unsupported DASR wire version {got} (this agent speaks {speaks})")]
+    UnknownVersion { got: u8, speaks: u8 },
     #[error("unknown DASR message type {0}")]
     UnknownType(u8),
     #[error("unknown announcement phase {0} (1 START, 2 END)")]
@@ -137,13 +153,39 @@ pub enum Datagram {
 }
 
 impl Datagram {
+    /// The version-1 (unauthenticated) encoding.
     pub fn encode(&self) -> Vec<u8> {
+        let mut b = self.header(VERSION);
+        self.encode_message(&mut b);
+        b
+    }
+
+    /// The version-2 encoding up to its MAC, which the caller computes over these bytes and
+    /// appends ([`super::auth::Guard::seal`]).
+    pub fn encode_unsigned(&self, key_id: u32, stamp: u64) -> Vec<u8> {
+        let mut b = self.header(VERSION_AUTH);
+        b.extend_from_slice(&key_id.to_be_bytes());
+        b.extend_from_slice(&stamp.to_be_bytes());
+        self.encode_message(&mut b);
+        // v1 is shorter by the seal and the MAC, so this bounds both.
+        debug_assert!(b.len() + MAC_LEN <= MAX_DATAGRAM);
+        b
+    }
+
+    fn header(&self, version: u8) -> Vec<u8> {
         let mut b = Vec::with_capacity(MAX_DATAGRAM);
         b.extend_from_slice(&MAGIC);
-        b.push(VERSION);
+        b.push(version);
+        b.push(match self {
+            Datagram::Announce(_) => T_ANNOUNCE,
+            Datagram::Ack(_) => T_ACK,
+        });
+        b
+    }
+
+    fn encode_message(&self, b: &mut Vec<u8>) {
         match self {
             Datagram::Announce(a) => {
-                b.push(T_ANNOUNCE);
                 b.push(if a.lookahead.is_some() {
                     A_LOOKAHEAD
                 } else {
@@ -164,7 +206,6 @@ impl Datagram {
                 }
             }
             Datagram::Ack(k) => {
-                b.push(T_ACK);
                 b.push(if k.push { K_PUSH } else { 0 } | if k.cap_off { K_CAP_OFF } else { 0 });
                 b.extend_from_slice(&k.n.to_be_bytes());
                 for v in [k.receiver_incarnation, k.sender_incarnation, k.epoch] {
@@ -175,34 +216,90 @@ impl Datagram {
                 b.extend_from_slice(&k.acked_seq.to_be_bytes());
             }
         }
-        debug_assert!(b.len() <= MAX_DATAGRAM);
-        b
     }
 
+    /// Decodes a version-1 datagram; any other version (v2 included) is `UnknownVersion`.
     pub fn decode(buf: &[u8]) -> Result<Self, WireError> {
-        if buf.len() > MAX_DATAGRAM {
-            return Err(WireError::TooLong { len: buf.len() });
-        }
-        let mut r = Reader(buf);
-        let magic = r.take::<2>("magic")?;
-        if magic != MAGIC {
-            return Err(WireError::BadMagic(magic));
-        }
-        let [version] = r.take::<1>("version")?;
-        if version != VERSION {
-            return Err(WireError::UnknownVersion { got: version });
-        }
-        let [ty] = r.take::<1>("message type")?;
-        let msg = match ty {
-            T_ANNOUNCE => Datagram::Announce(decode_announce(&mut r)?),
-            T_ACK => Datagram::Ack(decode_ack(&mut r)?),
-            t => return Err(WireError::UnknownType(t)),
-        };
-        if !r.0.is_empty() {
-            return Err(WireError::Trailing(r.0.len()));
-        }
-        Ok(msg)
+        let (ty, mut r) = read_header(buf, VERSION)?;
+        decode_message(ty, &mut r)
     }
+}
+
+/// A version-2 datagram cut into its parts; only the header has been read. The message is
+/// decoded by [`Sealed::datagram`], after the MAC has been checked.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sealed<'a> {
+    pub key_id: u32,
+    pub stamp: u64,
+    /// Every byte the MAC covers: the datagram without its MAC.
+    pub signed: &'a [u8],
+    pub mac: &'a [u8],
+}
+
+impl<'a> Sealed<'a> {
+    /// Splits a version-2 datagram; any other version is `UnknownVersion`.
+    pub fn split(buf: &'a [u8]) -> Result<Self, WireError> {
+        let (_, mut r) = read_header(buf, VERSION_AUTH)?;
+        let key_id = u32::from_be_bytes(r.take::<4>("key id")?);
+        let stamp = r.u64("stamp")?;
+        if r.0.len() < MAC_LEN {
+            return Err(WireError::Truncated {
+                field: "mac",
+                need: MAC_LEN,
+                have: r.0.len(),
+            });
+        }
+        let (signed, mac) = buf.split_at(buf.len() - MAC_LEN);
+        Ok(Sealed {
+            key_id,
+            stamp,
+            signed,
+            mac,
+        })
+    }
+
+    /// The message between the stamp and the MAC.
+    pub fn datagram(&self) -> Result<Datagram, WireError> {
+        let mut r = Reader(&self.signed[HEADER_LEN + SEAL_LEN..]);
+        decode_message(self.signed[3], &mut r)
+    }
+}
+
+/// Magic, version (must be `version`) and type; the reader is left at what follows.
+fn read_header(buf: &[u8], version: u8) -> Result<(u8, Reader<'_>), WireError> {
+    if buf.len() > MAX_DATAGRAM {
+        return Err(WireError::TooLong { len: buf.len() });
+    }
+    let mut r = Reader(buf);
+    let magic = r.take::<2>("magic")?;
+    if magic != MAGIC {
+        return Err(WireError::BadMagic(magic));
+    }
+    let [got] = r.take::<1>("version")?;
+    if got != version {
+        return Err(WireError::UnknownVersion {
+            got,
+            speaks: version,
+        });
+    }
+    let [ty] = r.take::<1>("message type")?;
+    if ty != T_ANNOUNCE && ty != T_ACK {
+        return Err(WireError::UnknownType(ty));
+    }
+    Ok((ty, r))
+}
+
+/// One message of type `ty`, which must fill the rest of `r`.
+fn decode_message(ty: u8, r: &mut Reader) -> Result<Datagram, WireError> {
+    let msg = match ty {
+        T_ANNOUNCE => Datagram::Announce(decode_announce(r)?),
+        T_ACK => Datagram::Ack(decode_ack(r)?),
+        t => return Err(WireError::UnknownType(t)),
+    };
+    if !r.0.is_empty() {
+        return Err(WireError::Trailing(r.0.len()));
+    }
+    Ok(msg)
 }
 
 fn decode_announce(r: &mut Reader) -> Result<Announce, WireError> {
@@ -368,7 +465,12 @@ mod tests {
             ANNOUNCE_LOOKAHEAD_LEN
         );
         assert_eq!(Datagram::Ack(ack()).encode().len(), ACK_LEN);
-        const { assert!(ANNOUNCE_LOOKAHEAD_LEN <= MAX_DATAGRAM && ACK_LEN <= MAX_DATAGRAM) };
+        const {
+            assert!(
+                ANNOUNCE_LOOKAHEAD_LEN + AUTH_OVERHEAD <= MAX_DATAGRAM
+                    && ACK_LEN + AUTH_OVERHEAD <= MAX_DATAGRAM
+            )
+        };
     }
 
     #[test]
@@ -385,7 +487,10 @@ mod tests {
         v[2] = 2;
         assert_eq!(
             Datagram::decode(&v),
-            Err(WireError::UnknownVersion { got: 2 })
+            Err(WireError::UnknownVersion {
+                got: 2,
+                speaks: VERSION
+            })
         );
         assert!(Datagram::decode(&v).unwrap_err().is_version());
         let mut m = good.clone();
@@ -506,6 +611,41 @@ mod tests {
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = Datagram::decode(&bytes);
+            if let Ok(s) = Sealed::split(&bytes) {
+                let _ = s.datagram();
+            }
+        }
+
+        #[test]
+        fn v2_header_like_bytes_never_panic(tail in proptest::collection::vec(any::<u8>(), 0..90), ty in 0u8..4) {
+            let mut b = vec![b'D', b'S', VERSION_AUTH, ty];
+            b.extend(tail);
+            if let Ok(s) = Sealed::split(&b) {
+                prop_assert_eq!(s.signed.len() + MAC_LEN, b.len());
+                if let Ok(d) = s.datagram() {
+                    let mut again = d.encode_unsigned(s.key_id, s.stamp);
+                    again.extend_from_slice(s.mac);
+                    prop_assert_eq!(again, b);
+                }
+            }
+        }
+
+        #[test]
+        fn v2_round_trip_and_every_truncation_is_refused(d in arb_datagram(), key_id in any::<u32>(), stamp in any::<u64>()) {
+            let mut b = d.encode_unsigned(key_id, stamp);
+            b.extend_from_slice(&[0xa5; MAC_LEN]);
+            prop_assert_eq!(b.len(), d.encode().len() + AUTH_OVERHEAD);
+            prop_assert!(b.len() <= MAX_DATAGRAM);
+            let s = Sealed::split(&b).unwrap();
+            prop_assert_eq!((s.key_id, s.stamp, s.mac), (key_id, stamp, &[0xa5; MAC_LEN][..]));
+            prop_assert_eq!(s.datagram(), Ok(d));
+            prop_assert!(Datagram::decode(&b).unwrap_err().is_version(), "v1 decoding refuses v2");
+            for cut in 0..b.len() {
+                // Cut short, the MAC is taken from the message's bytes: what is left of the
+                // message is short (the unchecked MAC itself is the business of auth).
+                let e = Sealed::split(&b[..cut]).and_then(|s| s.datagram()).unwrap_err();
+                prop_assert!(matches!(e, WireError::Truncated { .. }), "cut {}: {}", cut, e);
+            }
         }
 
         #[test]
