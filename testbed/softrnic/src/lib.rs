@@ -17,9 +17,6 @@
 //!
 //! See docs/softrnic.md.
 
-// Not yet held to the workspace's unsafe lints (issue 20): 42 operations in unsafe fns and 15 blocks without a SAFETY comment (clippy, 27 Nov).
-#![allow(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 pub mod dcqcn;
 pub mod devdir;
 pub mod device;

@@ -1,9 +1,6 @@
 //! The `softrnic` command: bring emulated hosts with software RDMA NICs up and down, and run
 //! unmodified verbs programs on them.
 
-// Not yet held to the workspace's unsafe lints (issue 20): see lib.rs.
-#![allow(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
-
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 

@@ -683,10 +683,15 @@ struct SrContext {
 }
 
 /// # Safety
-/// `ctx` must be a context created by [`alloc_context`].
+/// `ctx` must be a context created by [`alloc_context`], not freed yet (the reference must
+/// not outlive it).
 unsafe fn state<'a>(ctx: *mut IbvContext) -> &'a CtxState {
-    let vctx = (ctx as *mut u8).sub(offset_of!(VerbsContext, context)) as *mut SrContext;
-    &*(*vctx).state
+    // SAFETY: per the contract, ctx is the `context` field of the VerbsContext that begins an
+    // SrContext made by alloc_context, whose `state` points to its live CtxState.
+    unsafe {
+        let vctx = (ctx as *mut u8).sub(offset_of!(VerbsContext, context)) as *mut SrContext;
+        &*(*vctx).state
+    }
 }
 
 unsafe extern "C" fn alloc_context(

@@ -2452,8 +2452,8 @@ mod fuzz {
         ) else {
             panic!("registering the mapping")
         };
-        // SAFETY: the second page of the mapping made above; nothing refers to it.
         assert_eq!(
+            // SAFETY: the second page of the mapping made above; nothing refers to it.
             unsafe { libc::munmap(m.cast::<u8>().add(page).cast(), page) },
             0
         );

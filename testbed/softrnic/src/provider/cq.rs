@@ -45,10 +45,10 @@ pub(super) unsafe extern "C" fn create_cq(
         }
         // SAFETY: ctx is ours.
         let st = unsafe { state(ctx) };
-        // SAFETY: ibv_cq is plain C data; all-zero is a valid initial state for its pointers,
-        // counters, and glibc's pthread mutex/cond (static initialisers are all-zero).
-        // libibverbs' verbs_init_cq fills the rest.
         let cq = Box::into_raw(Box::new(SrCq {
+            // SAFETY: ibv_cq is plain C data; all-zero is a valid initial state for its
+            // pointers, counters, and glibc's pthread mutex/cond (static initialisers are
+            // all-zero). libibverbs' verbs_init_cq fills the rest.
             cq: unsafe { std::mem::zeroed::<IbvCq>() },
             // SAFETY: all-zero is valid: no ops, no current completion.
             ex: unsafe { std::mem::zeroed::<CqExTail>() },

@@ -107,6 +107,9 @@ pub(super) unsafe extern "C" fn free_dm(dm: *mut IbvDm) -> c_int {
 }
 
 /// The mapping's `[offset, offset + len)`, if the DM holds it all.
+///
+/// # Safety
+/// `dm` was made by alloc_dm and is not freed yet.
 unsafe fn range(dm: *mut IbvDm, offset: u64, len: usize) -> Option<*mut u8> {
     let d = dm as *const SrDm;
     let end = offset.checked_add(len as u64)?;
@@ -116,6 +119,9 @@ unsafe fn range(dm: *mut IbvDm, offset: u64, len: usize) -> Option<*mut u8> {
 
 /// Where a copy to or from the DM goes: `EFAULT` past its end, then `EINVAL` unless offset
 /// and length are multiples of 4 — mlx5's order; its device memory is reached in 4-byte words.
+///
+/// # Safety
+/// As [`range`].
 unsafe fn copy_range(dm: *mut IbvDm, offset: u64, len: usize) -> Result<*mut u8, c_int> {
     // SAFETY: dm is ours.
     let p = unsafe { range(dm, offset, len) }.ok_or(libc::EFAULT)?;
@@ -135,6 +141,8 @@ unsafe extern "C" fn memcpy_to_dm(
         // SAFETY: dm is ours; the caller provides len readable bytes at host.
         match unsafe { copy_range(dm, offset, len) } {
             Ok(p) => {
+                // SAFETY: p starts len bytes inside the DM's mapping (checked by copy_range);
+                // host has len readable bytes (ibv_memcpy_to_dm's contract).
                 unsafe { std::ptr::copy(host as *const u8, p, len) };
                 0
             }
@@ -153,6 +161,8 @@ unsafe extern "C" fn memcpy_from_dm(
         // SAFETY: dm is ours; the caller provides len writable bytes at host.
         match unsafe { copy_range(dm, offset, len) } {
             Ok(p) => {
+                // SAFETY: p starts len bytes inside the DM's mapping (checked by copy_range);
+                // host has len writable bytes (ibv_memcpy_from_dm's contract).
                 unsafe { std::ptr::copy(p, host as *mut u8, len) };
                 0
             }
@@ -203,6 +213,9 @@ pub(super) unsafe extern "C" fn reg_dm_mr(
 }
 
 /// An MR on a DM is deregistered: the DM may go once its last MR has.
+///
+/// # Safety
+/// `dm` is null or the DM (made by alloc_dm) of the MR being deregistered.
 pub(super) unsafe fn mr_gone(dm: *mut SrDm) {
     if !dm.is_null() {
         // SAFETY: the DM outlives its MRs (free_dm refuses while any is registered).

@@ -6,6 +6,10 @@ use libc::c_int;
 
 use super::*;
 
+/// Attach `qp` to, or detach it from, the group `gid` names.
+///
+/// # Safety
+/// `qp` is a live QP made by this provider; `gid` points at a `union ibv_gid` (16 bytes).
 unsafe fn membership(qp: *mut IbvQp, gid: *const [u8; 16], attach: bool) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: qp is ours; gid points at a union ibv_gid (16 bytes).

@@ -10,6 +10,8 @@ pub(super) unsafe extern "C" fn post_send(
     guard(libc::EIO, || {
         // SAFETY: qp was made by create_qp (an SrQp); wr is the caller's list of valid WRs.
         if let Some(rings) = unsafe { &(*(qp as *const SrQp)).rings } {
+            // SAFETY: qp is an SrQp with these rings; wr is the caller's NULL-terminated list of
+            // valid WRs and bad is writable (ibv_post_send's contract).
             return unsafe { post_send_ring(qp, rings, wr, bad, false) };
         }
         // SAFETY: qp is ours; wr is the caller's NULL-terminated list of valid WRs.
@@ -83,13 +85,17 @@ pub(super) unsafe extern "C" fn post_recv(
     guard(libc::EIO, || {
         // SAFETY: qp was made by create_qp; bad is writable.
         let xrc = unsafe { matches!((*qp).qp_type, IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV) };
+        // SAFETY: qp was made by create_qp and is live (ibv_post_recv's contract).
         if xrc || unsafe { !(*qp).srq.is_null() } {
             // Its receives come from an SRQ (ibv_post_srq_recv).
+            // SAFETY: bad is writable (ibv_post_recv's contract).
             unsafe { *bad = wr };
             return libc::EINVAL;
         }
         // SAFETY: qp was made by create_qp (an SrQp); wr is the caller's list of valid WRs.
         if let Some(rings) = unsafe { &(*(qp as *const SrQp)).rings } {
+            // SAFETY: qp is an SrQp with these rings; wr is the caller's NULL-terminated list of
+            // valid WRs and bad is writable (ibv_post_recv's contract).
             return unsafe { post_recv_ring(qp, rings, wr, bad) };
         }
         // SAFETY: qp is ours; wr is the caller's NULL-terminated list of valid WRs.
@@ -116,8 +122,9 @@ pub(super) unsafe extern "C" fn post_recv(
 /// (`ibv_post_send`).
 ///
 /// # Safety
-/// `qp` is an SrQp made by create_qp with `rings`; `wr` is the caller's NULL-terminated list of
-/// valid work requests; `bad` is writable.
+/// `qp` is a live SrQp made by create_qp with `rings`; `wr` is the caller's NULL-terminated
+/// list of valid work requests (as [`remote_of`] requires, and with an inline request's buffers
+/// readable); `bad` is writable.
 pub(super) unsafe fn post_send_ring(
     qp: *mut IbvQp,
     rings: &ProvQpRings,
@@ -125,9 +132,11 @@ pub(super) unsafe fn post_send_ring(
     bad: *mut *mut IbvSendWr,
     whole: bool,
 ) -> c_int {
-    let qstate = (*qp).state;
+    // SAFETY: per the contract, qp is a live QP of this provider.
+    let (qstate, qp_type) = unsafe { ((*qp).state, (*qp).qp_type) };
     if qstate != IBV_QPS_RTS && qstate != IBV_QPS_ERR {
-        *bad = wr;
+        // SAFETY: per the contract, bad is writable.
+        unsafe { *bad = wr };
         return libc::EINVAL;
     }
     let (m, r, cap) = (&rings.map, &rings.sq, &rings.cap);
@@ -138,12 +147,10 @@ pub(super) unsafe fn post_send_ring(
     let mut ret = 0;
     let mut w = wr;
     while !w.is_null() {
-        let x = &*w;
+        // SAFETY: w is non-null and, per the contract, one of the caller's valid WRs.
+        let x = unsafe { &*w };
         let inline = x.send_flags & IBV_SEND_INLINE != 0;
-        if x.num_sge < 0
-            || x.num_sge as u32 > cap.max_send_sge
-            || !has_destination(x, (*qp).qp_type)
-        {
+        if x.num_sge < 0 || x.num_sge as u32 > cap.max_send_sge || !has_destination(x, qp_type) {
             ret = libc::EINVAL;
             break;
         }
@@ -151,9 +158,10 @@ pub(super) unsafe fn post_send_ring(
             ret = libc::ENOMEM;
             break;
         }
-        let g = sges(x.sg_list, x.num_sge);
+        // SAFETY: x is a valid WR, so its sg_list holds num_sge valid SGEs.
+        let g = unsafe { sges(x.sg_list, x.num_sge) };
         let total: u64 = g.iter().map(|s| s.length as u64).sum();
-        if let Err(e) = proto::check_send_wr((*qp).qp_type, x.opcode, inline, total) {
+        if let Err(e) = proto::check_send_wr(qp_type, x.opcode, inline, total) {
             ret = e;
             break;
         }
@@ -167,7 +175,8 @@ pub(super) unsafe fn post_send_ring(
         ring::put_u32(&mut slot, 12, x.send_flags);
         ring::put_u32(&mut slot, 16, x.imm_data);
         ring::put_u32(&mut slot, 20, g.len() as u32);
-        let (remote_addr, rkey, compare_add, swap) = remote_of(x, (*qp).qp_type);
+        // SAFETY: x is a valid WR of this QP, as remote_of requires (the contract).
+        let (remote_addr, rkey, compare_add, swap) = unsafe { remote_of(x, qp_type) };
         ring::put_u64(&mut slot, 24, remote_addr);
         ring::put_u32(&mut slot, 32, rkey);
         ring::put_u64(&mut slot, ring::SQ_COMPARE_ADD_OFF, compare_add);
@@ -180,7 +189,9 @@ pub(super) unsafe fn post_send_ring(
             ring::put_u32(&mut slot, 36, total as u32);
             let mut o = ring::SQ_SGE_OFF + 16 * cap.max_send_sge as usize;
             for s in &g {
-                let src = std::slice::from_raw_parts(s.addr as *const u8, s.length as usize);
+                // SAFETY: per the contract, an inline request's buffers are readable.
+                let src =
+                    unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) };
                 slot[o..o + src.len()].copy_from_slice(src);
                 o += src.len();
             }
@@ -200,12 +211,15 @@ pub(super) unsafe fn post_send_ring(
     // Slots written beyond `prod` are invisible to the engine until it is published.
     if prod != start && !(whole && ret != 0) {
         r.prod(m).store(prod, Ordering::Release);
-        if let Some(db) = &state((*qp).context).db {
+        // SAFETY: qp is a live QP of this provider, so its context was made by alloc_context.
+        let st = unsafe { state((*qp).context) };
+        if let Some(db) = &st.db {
             db.ring();
         }
     }
     if ret != 0 {
-        *bad = w;
+        // SAFETY: per the contract, bad is writable.
+        unsafe { *bad = w };
     }
     ret
 }
@@ -214,16 +228,19 @@ pub(super) unsafe fn post_send_ring(
 /// arrives, so no doorbell unless the QP is in the error state and they must be flushed).
 ///
 /// # Safety
-/// As [`post_send_ring`].
+/// `qp` is a live SrQp made by create_qp with `rings`; `wr` is the caller's NULL-terminated
+/// list of valid receive work requests; `bad` is writable.
 pub(super) unsafe fn post_recv_ring(
     qp: *mut IbvQp,
     rings: &ProvQpRings,
     wr: *mut IbvRecvWr,
     bad: *mut *mut IbvRecvWr,
 ) -> c_int {
-    let qstate = (*qp).state;
+    // SAFETY: per the contract, qp is a live QP of this provider.
+    let qstate = unsafe { (*qp).state };
     if qstate == IBV_QPS_RESET {
-        *bad = wr;
+        // SAFETY: per the contract, bad is writable.
+        unsafe { *bad = wr };
         return libc::EINVAL;
     }
     let (m, r, cap) = (&rings.map, &rings.rq, &rings.cap);
@@ -234,7 +251,8 @@ pub(super) unsafe fn post_recv_ring(
     let mut ret = 0;
     let mut w = wr;
     while !w.is_null() {
-        let x = &*w;
+        // SAFETY: w is non-null and, per the contract, one of the caller's valid WRs.
+        let x = unsafe { &*w };
         if x.num_sge < 0 || x.num_sge as u32 > cap.max_recv_sge {
             ret = libc::EINVAL;
             break;
@@ -243,7 +261,8 @@ pub(super) unsafe fn post_recv_ring(
             ret = libc::ENOMEM;
             break;
         }
-        let g = sges(x.sg_list, x.num_sge);
+        // SAFETY: x is a valid WR, so its sg_list holds num_sge valid SGEs.
+        let g = unsafe { sges(x.sg_list, x.num_sge) };
         slot.fill(0);
         ring::put_u64(&mut slot, 0, x.wr_id);
         ring::put_u32(&mut slot, 8, g.len() as u32);
@@ -260,13 +279,17 @@ pub(super) unsafe fn post_recv_ring(
     if prod != start {
         r.prod(m).store(prod, Ordering::Release);
         if qstate == IBV_QPS_ERR {
-            if let Some(db) = &state((*qp).context).db {
+            // SAFETY: qp is a live QP of this provider, so its context was made by
+            // alloc_context.
+            let st = unsafe { state((*qp).context) };
+            if let Some(db) = &st.db {
                 db.ring();
             }
         }
     }
     if ret != 0 {
-        *bad = w;
+        // SAFETY: per the contract, bad is writable.
+        unsafe { *bad = w };
     }
     ret
 }
@@ -280,10 +303,12 @@ pub(super) unsafe fn recv_list(wr: *mut IbvRecvWr) -> (Vec<RecvWr>, Vec<*mut Ibv
     let mut ptrs = Vec::new();
     let mut w = wr;
     while !w.is_null() {
-        let r = &*w;
+        // SAFETY: w is non-null and, per the contract, one of the list's valid WRs.
+        let r = unsafe { &*w };
         list.push(RecvWr {
             wr_id: r.wr_id,
-            sges: sges(r.sg_list, r.num_sge),
+            // SAFETY: r is a valid WR, so its sg_list holds num_sge valid SGEs.
+            sges: unsafe { sges(r.sg_list, r.num_sge) },
         });
         ptrs.push(w);
         w = r.next;
@@ -297,7 +322,8 @@ pub(super) unsafe fn sges(sg: *const IbvSge, n: c_int) -> Vec<Sge> {
     if n <= 0 || sg.is_null() {
         return Vec::new();
     }
-    std::slice::from_raw_parts(sg, n as usize)
+    // SAFETY: per the contract, sg (non-null here) points to n (positive here) valid SGEs.
+    unsafe { std::slice::from_raw_parts(sg, n as usize) }
         .iter()
         .map(|s| Sge {
             addr: s.addr,
@@ -314,12 +340,18 @@ pub(super) unsafe fn sges(sg: *const IbvSge, n: c_int) -> Vec<Sge> {
 /// (see [`SendWr`]).
 ///
 /// # Safety
-/// On a UD QP, `wr.ud.ah` must be an address handle made by [`create_ah`] (as the verbs API
+/// On a UD QP, `wr.ud.ah` must be null or an address handle made by [`create_ah`]; in a
+/// memory-window bind, `bind_info.mr` must be null or a live `ibv_mr` (as the verbs API
 /// requires of the application).
 pub(super) unsafe fn remote_of(w: &IbvSendWr, qp_type: c_int) -> (u64, u32, u64, u64) {
     if qp_type == IBV_QPT_UD {
         let ah = w.wr[0] as *const SrAh;
-        let dest = if ah.is_null() { 0 } else { (*ah).dest };
+        let dest = if ah.is_null() {
+            0
+        } else {
+            // SAFETY: per the contract, a non-null ah was made by create_ah (an SrAh).
+            unsafe { (*ah).dest }
+        };
         let (qpn, qkey) = (w.wr[1] as u32, (w.wr[1] >> 32) as u32);
         (dest, qpn, u64::from(qkey), 0)
     } else if proto::is_atomic_wr(w.opcode) {
@@ -327,7 +359,12 @@ pub(super) unsafe fn remote_of(w: &IbvSendWr, qp_type: c_int) -> (u64, u32, u64,
     } else if w.opcode == IBV_WR_BIND_MW {
         let b = w.bind_mw();
         let i = b.bind_info;
-        let lkey = if i.mr.is_null() { 0 } else { (*i.mr).lkey };
+        let lkey = if i.mr.is_null() {
+            0
+        } else {
+            // SAFETY: per the contract, a non-null mr is a live ibv_mr.
+            unsafe { (*i.mr).lkey }
+        };
         let fields = proto::bind_fields(lkey, i.mw_access_flags);
         (i.addr, b.rkey, i.length, fields)
     } else {

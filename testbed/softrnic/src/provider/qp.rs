@@ -15,8 +15,8 @@ pub(super) unsafe extern "C" fn create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAt
 /// (without PD, CQs or queues) in XRC domain `xrcd`.
 ///
 /// # Safety
-/// `pd` is null or a PD of `ctx`; `xrcd` is null or an open XRC domain of `ctx`; the CQs and
-/// SRQ `a` names are null or objects of `ctx`.
+/// `ctx` is a live context made by alloc_context; `pd` is null or a PD of `ctx`; `xrcd` is null
+/// or an open XRC domain of `ctx`; the CQs and SRQ `a` names are null or objects of `ctx`.
 pub(super) unsafe fn new_qp(
     ctx: *mut IbvContext,
     pd: *mut IbvPd,
@@ -56,23 +56,32 @@ pub(super) unsafe fn new_qp(
         if cq.is_null() || target {
             0
         } else {
-            (*cq).handle
+            // SAFETY: per the contract, a non-null CQ is a live CQ of ctx (made by create_cq).
+            unsafe { (*cq).handle }
         }
     };
-    // SAFETY: ctx is ours; CQs were made by create_cq.
-    let (st, scq, rcq) = (state(ctx), handle_of(a.send_cq), handle_of(a.recv_cq));
-    // SAFETY: a non-null srq was made by create_srq.
+    // SAFETY: per the contract, ctx was made by alloc_context and is live.
+    let st = unsafe { state(ctx) };
+    let (scq, rcq) = (handle_of(a.send_cq), handle_of(a.recv_cq));
     let srq = if a.srq.is_null() || target {
         0
     } else {
-        (*(a.srq as *const IbvSrq)).handle
+        // SAFETY: per the contract, a non-null srq is a live SRQ of ctx (made by create_srq).
+        unsafe { (*(a.srq as *const IbvSrq)).handle }
     };
     let req = Req::CreateQp {
-        pd: if pd.is_null() { 0 } else { (*pd).handle },
+        pd: if pd.is_null() {
+            0
+        } else {
+            // SAFETY: per the contract, a non-null pd is a live PD of ctx.
+            unsafe { (*pd).handle }
+        },
         send_cq: scq,
         recv_cq: rcq,
         srq,
-        xrcd: if target { (*xrcd).handle } else { 0 },
+        // SAFETY: a target has a non-null xrcd (checked above), an open domain per the
+        // contract.
+        xrcd: if target { unsafe { (*xrcd).handle } } else { 0 },
         qp_type: a.qp_type,
         sq_sig_all: a.sq_sig_all != 0,
         cap: Caps {
@@ -96,9 +105,9 @@ pub(super) unsafe fn new_qp(
         max_recv_sge: cap.max_recv_sge,
         max_inline_data: cap.max_inline_data,
     };
-    // SAFETY: verbs_qp is plain C data; all-zero is valid (see create_cq).
     let mut q: Box<SrQp> = Box::new(SrQp {
-        vqp: std::mem::zeroed(),
+        // SAFETY: verbs_qp is plain C data; all-zero is valid (see create_cq).
+        vqp: unsafe { std::mem::zeroed() },
         rings: None,
         batch: Mutex::default(),
     });
@@ -135,7 +144,7 @@ pub(super) unsafe fn new_qp(
     qp.qp_type = a.qp_type;
     let undo = Req::DestroyQp { qpn };
     // SAFETY: allocated just above and not handed out.
-    let qp = hand_out(st, 1, qpn, Box::into_raw(q), &undo);
+    let qp = unsafe { hand_out(st, 1, qpn, Box::into_raw(q), &undo) };
     qp as *mut IbvQp
 }
 

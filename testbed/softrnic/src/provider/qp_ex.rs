@@ -113,9 +113,10 @@ pub(super) unsafe extern "C" fn create_qp_ex(
             }
             (null_mut(), x)
         } else {
-            // SAFETY: a non-null PD was made by alloc_pd.
             if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0
                 || a.pd.is_null()
+                // SAFETY: a non-null PD was made by alloc_pd and is live (the caller's
+                // attributes).
                 || unsafe { (*a.pd).context } != ctx
             {
                 set_errno(libc::EINVAL);

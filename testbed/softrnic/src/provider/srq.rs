@@ -19,7 +19,8 @@ pub(super) unsafe extern "C" fn create_srq(
 /// whose receives complete on `cq`. `attr` gets the granted sizes.
 ///
 /// # Safety
-/// `pd` is ours; `xrcd` and `cq` are null or objects of the PD's context.
+/// `pd` is a live PD made by alloc_pd; `xrcd` is null or an open XRC domain of the PD's
+/// context, and then `cq` is a live CQ of that context.
 pub(super) unsafe fn new_srq(
     pd: *mut IbvPd,
     srq_context: *mut c_void,
@@ -27,15 +28,19 @@ pub(super) unsafe fn new_srq(
     xrcd: *mut VerbsXrcd,
     cq: *mut IbvCq,
 ) -> *mut IbvSrq {
-    let (ctx, pdh) = ((*pd).context, (*pd).handle);
-    let st = state(ctx);
+    // SAFETY: per the contract, pd is a live PD of this provider.
+    let (ctx, pdh) = unsafe { ((*pd).context, (*pd).handle) };
+    // SAFETY: a PD's context was made by alloc_context and outlives the PD.
+    let st = unsafe { state(ctx) };
     let xrc = !xrcd.is_null();
     let req = Req::CreateSrq {
         pd: pdh,
         max_wr: attr.max_wr,
         max_sge: attr.max_sge,
-        xrcd: if xrc { (*xrcd).handle } else { 0 },
-        cq: if xrc { (*cq).handle } else { 0 },
+        // SAFETY: per the contract, a non-null xrcd is an open XRC domain.
+        xrcd: if xrc { unsafe { (*xrcd).handle } } else { 0 },
+        // SAFETY: per the contract, with a domain cq is a live CQ.
+        cq: if xrc { unsafe { (*cq).handle } } else { 0 },
     };
     let Some((handle, max_wr, max_sge)) = call_expect(st, &req, |r| match r {
         Resp::Srq {
@@ -52,7 +57,7 @@ pub(super) unsafe fn new_srq(
     attr.max_sge = max_sge;
     // SAFETY: verbs_srq is plain C data; all-zero is valid (an initialised pthread
     // mutex and condition variable in glibc).
-    let mut b: Box<VerbsSrq> = Box::new(std::mem::zeroed());
+    let mut b: Box<VerbsSrq> = Box::new(unsafe { std::mem::zeroed() });
     b.srq.context = ctx;
     b.srq.srq_context = srq_context;
     b.srq.pd = pd;
@@ -63,7 +68,7 @@ pub(super) unsafe fn new_srq(
     }
     let undo = Req::DestroySrq { srq: handle };
     // SAFETY: allocated just above and not handed out.
-    hand_out(st, 2, handle, Box::into_raw(b), &undo).cast()
+    unsafe { hand_out(st, 2, handle, Box::into_raw(b), &undo) }.cast()
 }
 
 pub(super) unsafe extern "C" fn modify_srq(

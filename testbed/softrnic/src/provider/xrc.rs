@@ -153,10 +153,11 @@ pub(super) unsafe extern "C" fn open_qp(
             set_errno(libc::EOPNOTSUPP);
             return null_mut();
         }
-        // SAFETY: a non-null domain was made by open_xrcd.
         if a.comp_mask & needed != needed
             || a.qp_type != IBV_QPT_XRC_RECV
             || a.xrcd.is_null()
+            // SAFETY: a non-null domain was made by open_xrcd and is open (the caller's
+            // attributes).
             || unsafe { (*a.xrcd).context } != ctx
         {
             set_errno(libc::EINVAL);
@@ -178,8 +179,8 @@ pub(super) unsafe extern "C" fn open_qp(
             Ok(Resp::QpAttr { attr, .. }) => attr.qp_state,
             _ => IBV_QPS_RESET,
         };
-        // SAFETY: verbs_qp is plain C data; all-zero is valid (see create_cq).
         let mut q: Box<SrQp> = Box::new(SrQp {
+            // SAFETY: verbs_qp is plain C data; all-zero is valid (see create_cq).
             vqp: unsafe { std::mem::zeroed() },
             rings: None,
             batch: Mutex::default(),

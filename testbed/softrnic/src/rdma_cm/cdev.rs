@@ -211,6 +211,7 @@ fn adopt(fd: c_int, flags: c_int) -> c_int {
     static REFUSED: AtomicBool = AtomicBool::new(false);
     // SAFETY: fd is open; st is a plain C struct.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: libc's fstat, given a valid, writable stat buffer.
     let ok = real!(c"fstat", FstatFn).is_some_and(|f| unsafe { f(fd, &mut st) } == 0);
     if !ok || st.st_mode & libc::S_IFMT != libc::S_IFCHR || fd as usize >= MAX_FDS {
         warn_once(
