@@ -500,7 +500,8 @@ impl<'a> Soak<'a> {
         Ok(())
     }
 
-    /// While the coordinator is down, every agent's grants stay as they were.
+    /// While the coordinator is down, every agent's grants stay as they were; while a host is
+    /// cut off from it, that host's do.
     fn check_fail_static(&mut self) -> Result<()> {
         if let Some(w) = &mut self.window {
             let why = "after the coordinator went away";
