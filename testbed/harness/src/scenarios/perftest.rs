@@ -31,6 +31,11 @@ pub fn latencies_us(out: &str) -> Result<Vec<f64>> {
     if v.is_empty() {
         bail!("no latencies in perftest's output (-H):\n{out}");
     }
+    // With -F, a perftest that could not fit its CPU clock on a loaded machine prints
+    // latencies divided by a frequency of 0 ("inf", "-nan") instead of exiting.
+    if v.iter().any(|us| !us.is_finite()) {
+        bail!("perftest could not time its iterations (latencies not finite: its CPU-clock fit failed)");
+    }
     Ok(v)
 }
 
@@ -48,5 +53,6 @@ mod tests {
         let lat = "#, usec\n1, 45.5476\n2, 47.1649\n 1024    50   45.55\n";
         assert_eq!(latencies_us(lat).unwrap(), [45.5476, 47.1649]);
         assert!(latencies_us("#, usec\n").is_err());
+        assert!(latencies_us("#, usec\n1, inf\n2, -nan\n").is_err());
     }
 }
