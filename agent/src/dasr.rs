@@ -833,10 +833,6 @@ mod tests {
         rx.shutdown().await;
     }
 
-    fn wall() -> Duration {
-        SystemTime::now().duration_since(UNIX_EPOCH).unwrap()
-    }
-
     async fn until(what: &str, mut ok: impl FnMut() -> bool) {
         let deadline = Instant::now() + WAIT;
         while !ok() {
@@ -892,12 +888,16 @@ mod tests {
             async move { evil.send_to(&b, to).await.unwrap() }
         };
         send(announce(99, 1, Phase::Start).encode(), dest).await;
-        let mut forged =
-            announce(99, 2, Phase::Start).encode_unsigned(key.id(), wall().as_nanos() as u64);
+        let mut forged = announce(99, 2, Phase::Start)
+            .encode_unsigned(key.id(), State::wall().as_nanos() as u64);
         forged.extend_from_slice(&[0; 16]);
         send(forged, dest).await;
         let mut other = Guard::new(DasrKey::new(&[2u8; KEY_LEN]), None, window);
-        send(other.seal(wall(), &announce(99, 3, Phase::Start)), dest).await;
+        send(
+            other.seal(State::wall(), &announce(99, 3, Phase::Start)),
+            dest,
+        )
+        .await;
         until("the receiver's refusals", || {
             let c = rxm.snapshot();
             (c.unauthenticated, c.bad_mac, c.unknown_key) == (1, 1, 1)
@@ -908,10 +908,10 @@ mod tests {
 
         // A host holding the key joins and leaves: A's cap halves and comes back.
         let mut peer = Guard::new(DasrKey::new(&[1u8; KEY_LEN]), None, window);
-        let captured = peer.seal(wall(), &announce(99, 1, Phase::Start));
+        let captured = peer.seal(State::wall(), &announce(99, 1, Phase::Start));
         send(captured.clone(), dest).await;
         until("the legitimate START", || a.cap_for(dest) == Some(5.0)).await;
-        send(peer.seal(wall(), &announce(99, 2, Phase::End)), dest).await;
+        send(peer.seal(State::wall(), &announce(99, 2, Phase::End)), dest).await;
         until("the legitimate END", || a.cap_for(dest) == Some(10.0)).await;
         // The captured START replayed: refused, the set stays as it is.
         let before = rxm.snapshot().replayed;
@@ -927,7 +927,7 @@ mod tests {
         a.message_started(fdest, 2);
         let mut buf = [0u8; 128];
         let (len, from) = fake.recv_from(&mut buf).await.unwrap();
-        let Ok(Datagram::Announce(ann)) = fguard.open(wall(), &buf[..len]) else {
+        let Ok(Datagram::Announce(ann)) = fguard.open(State::wall(), &buf[..len]) else {
             panic!("A's announcement does not open");
         };
         let ack = |cap| {
@@ -943,12 +943,12 @@ mod tests {
                 cap_off: false,
             })
         };
-        let captured_ack = fguard.seal(wall(), &ack(3.0));
+        let captured_ack = fguard.seal(State::wall(), &ack(3.0));
         fake.send_to(&captured_ack, from).await.unwrap();
         until("the legitimate ACK", || a.cap_for(fdest) == Some(3.0)).await;
         // Forged ACKs with a lower cap, from the receiver's own address.
         fake.send_to(&ack(1.0).encode(), from).await.unwrap();
-        let mut forged = ack(1.0).encode_unsigned(key.id(), wall().as_nanos() as u64);
+        let mut forged = ack(1.0).encode_unsigned(key.id(), State::wall().as_nanos() as u64);
         forged.extend_from_slice(&[0; 16]);
         fake.send_to(&forged, from).await.unwrap();
         until("the sender's refusals", || {
