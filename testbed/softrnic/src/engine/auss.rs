@@ -113,9 +113,13 @@ impl State {
     }
 
     /// Responder: `p` from `from` was accepted in order; it may open, refresh or close its
-    /// sender's QP in the set. Same-host traffic does not cross the port and is not counted.
+    /// sender's QP in the set. Same-host traffic does not cross the port and is not counted;
+    /// nor are READ and atomic requests, whose data flows to the requester.
     pub(super) fn auss_request(&mut self, from: SocketAddr, p: &Packet) {
         let SocketAddr::V4(v4) = from else { return };
+        if !matches!(p.op, wire::OP_SEND | wire::OP_WRITE) {
+            return;
+        }
         let (Some(on), false) = (self.auss.on.as_mut(), *v4.ip() == self.my_ip) else {
             return;
         };

@@ -16,7 +16,7 @@ fn engine_addr(ip: [u8; 4]) -> SocketAddr {
 }
 
 /// An engine of host `me` in a run of hosts R, S1, S2, AUSS on (its table in `dir`), with
-/// one PD, CQ and a 64 KiB MR in `buf` peers may write, and an RC QP to each of `peers`
+/// one PD, CQ and a 64 KiB MR in `buf` peers may write and read, and an RC QP to each of `peers`
 /// (host, peer QPN). Returns the state, the QPs and the MR's rkey.
 fn engine(
     me: [u8; 4],
@@ -40,7 +40,7 @@ fn engine(
         pd,
         addr: buf.as_mut_ptr() as u64,
         len: buf.len() as u64,
-        access: IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+        access: IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
     };
     let Resp::Mr { rkey, .. } = st.request(1, pid, mr) else {
         panic!()
@@ -75,7 +75,8 @@ fn engine(
             panic!()
         };
         let a = QpAttrs {
-            access_flags: IBV_ACCESS_REMOTE_WRITE,
+            access_flags: IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+            max_dest_rd_atomic: 4,
             path_mtu: 1,
             dest_qp_num: *peer_qpn,
             ..Default::default()
@@ -188,6 +189,17 @@ fn the_receiver_counts_unique_senders_stamps_its_acks_and_notifies_on_change() {
     let c = r.auss.snapshot().unwrap();
     assert_eq!((c.n, c.epoch), (1, 3));
     assert!(c.notifications_sent >= 4 && c.stamped_acks >= 6, "{c:?}");
+
+    // A READ request of S2's: the data flows to S2, which does not become a sender here.
+    let read = Packet {
+        op: wire::OP_READ_REQ,
+        flags: wire::F_FIRST | wire::F_LAST,
+        payload: Payload::default(),
+        ..write(q[1], 0x100, 1, rkey, base, 0)
+    };
+    r.receive(s2, read, Instant::now());
+    assert_eq!(r.qps[&q[1]].read_jobs.len(), 1, "the READ was taken");
+    assert_eq!(r.auss.snapshot().unwrap().n, 1);
 
     // Same-host traffic: unstamped, uncounted.
     let local = SocketAddr::from((R, device::ENGINE_UDP_PORT));
