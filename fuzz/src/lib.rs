@@ -15,6 +15,7 @@ use drum_common::instance::Instance;
 use drum_common::protocol::wire::{self, FrameDecoder, WireError};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use softrnic::auss::Stamp;
 use softrnic::flow::FlowRule;
 use softrnic::proto::{self, Req, Resp};
 use softrnic::rdma_cm::msg::Msg as CmMsg;
@@ -96,9 +97,23 @@ fn round_trip<M: DeserializeOwned + Serialize>(frame: &[u8]) {
 
 /// One UDP datagram as the engine's receive loop gets it: [`Packet::decode`], and what it
 /// accepts re-encodes to the same bytes (the pad byte aside). Also the 24-bit PSN arithmetic the
-/// receive path applies to the accepted PSNs.
+/// receive path applies to the accepted PSNs, and the AUSS stamp an ACK or notification
+/// carries ([`Stamp::decode`]: refused or re-encoded to itself, within the bound on `N`).
 pub fn softrnic_packet(data: &[u8]) {
     if let Some(p) = Packet::decode(data) {
+        if p.op == softrnic::wire::OP_AUSS
+            || (p.op == softrnic::wire::OP_ACK && !p.payload.is_empty())
+        {
+            let max_n = p.imm;
+            if let Ok(s) = Stamp::decode(&p.payload, max_n) {
+                assert!(s.n <= max_n && s.incarnation != 0);
+                assert_eq!(
+                    s.encode(),
+                    &p.payload[..],
+                    "an accepted stamp does not re-encode"
+                );
+            }
+        }
         assert!(p.psn <= PSN_MASK);
         // Byte 7 is the ECN field (two bits), re-encoded like every other.
         assert!(p.ecn <= softrnic::wire::ECN_CE);
@@ -493,6 +508,13 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         payload: payload.to_vec().into(),
     };
     let first_last = sw::F_FIRST | sw::F_LAST;
+    // AUSS (softrnic::auss): N 2 of epoch 5 of a receiver's life 77.
+    let auss_stamp = Stamp {
+        n: 2,
+        epoch: 5,
+        incarnation: 77,
+    }
+    .encode();
     for (name, p) in [
         ("send", pkt(sw::OP_SEND, first_last | sw::F_IMM, b"abc")),
         (
@@ -517,6 +539,20 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             },
         ),
         ("cnp", pkt(sw::OP_CNP, 0, b"")),
+        (
+            "write_idle",
+            pkt(sw::OP_WRITE, first_last | sw::F_ACKREQ | sw::F_IDLE, b"xyz"),
+        ),
+        ("ack_auss", pkt(sw::OP_ACK, 0, &auss_stamp)),
+        (
+            "auss",
+            Packet {
+                dst_qpn: 0,
+                src_qpn: 0,
+                imm: 2,
+                ..pkt(sw::OP_AUSS, 0, &auss_stamp)
+            },
+        ),
         (
             "nak",
             Packet {

@@ -40,6 +40,7 @@ use crate::ring::{self, Doorbell, Map, QpLayout, Ring};
 use crate::wire::{self, psn_add, psn_diff, Packet, Payload};
 
 mod async_events;
+mod auss;
 mod congestion;
 mod diagnostics;
 mod host_io;
@@ -521,6 +522,8 @@ struct State {
     /// The NIC's receive port (see [`crate::rx_port`]).
     rx_port: crate::rx_port::RxPort,
     dcqcn: congestion::Dcqcn,
+    /// AUSS in ACKs (off unless the run asks for it).
+    auss: auss::NicAuss,
     /// Destroyed QPs that still re-acknowledge their peer's duplicates for a while.
     tombstones: IdMap<Tombstone>,
     /// Message data gathered and not yet placed (see `placement`).
@@ -765,6 +768,7 @@ impl State {
             nic: Pipeline::new(nic),
             rx_port: crate::rx_port::RxPort::new(nic.rx_port()),
             dcqcn: congestion::Dcqcn::new(nic.dcqcn()),
+            auss: auss::NicAuss::default(),
             tombstones: IdMap::default(),
             gathered: placement::Combiner::default(),
             context_keys: HashMap::new(),

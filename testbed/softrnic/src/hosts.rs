@@ -208,7 +208,8 @@ const LOOPBACK_NETDEV: &str = "lo";
 
 /// Write the sysfs tree libibverbs reads for one host: `devices` devices, functions of its
 /// one NIC (one engine, one port, one GID), told apart by their names, uverbs nodes and GUIDs;
-/// `netdev` is the network device its address is on (the RoCE port's netdev).
+/// `netdev` is the network device its address is on (the RoCE port's netdev);
+/// `auss_table`, the engine's AUSS table when the run has AUSS on.
 pub fn write_sysfs(
     root: &Path,
     ip: Ipv4Addr,
@@ -216,6 +217,7 @@ pub fn write_sysfs(
     mtu: u32,
     devices: usize,
     netdev: &str,
+    auss_table: Option<&Path>,
 ) -> Result<()> {
     let verbs = root.join("class/infiniband_verbs");
     let port = device::port_dir(root);
@@ -267,6 +269,12 @@ pub fn write_sysfs(
         )?;
         // The port MTU of the NIC model (bytes), reported by query_port as the active MTU.
         w(ib.join("softrnic_mtu"), &format!("{mtu}\n"))?;
+        // Where a program finds each destination's N (crate::auss_table): a preloaded
+        // shim looks for this file next to softrnic_engine_socket, in the device's
+        // ibdev_path; without it the NIC has no AUSS.
+        if let Some(t) = auss_table {
+            w(ib.join("softrnic_auss"), &format!("{}\n", t.display()))?;
+        }
         if i > 0 {
             // The NIC's one port: its state (which `link` writes) is every device's.
             symlink(format!("../{}/ports", device::IBDEV_NAME), ib.join("ports"))?;
@@ -473,6 +481,39 @@ pub fn stats(run: &Path, name: &str) -> Result<String> {
     fs::read_to_string(&p).with_context(|| format!("{}", p.display()))
 }
 
+/// Host `name`'s AUSS table, found as a program finds it (the device's `softrnic_auss`
+/// file): `destination n epoch incarnation age_ms` lines.
+pub fn auss(run: &Path, name: &str) -> Result<String> {
+    let st = load_state(run)?;
+    if !st.hosts.iter().any(|h| h.name == name) {
+        bail!("no host {name} (hosts: {})", host_names(&st));
+    }
+    let f = run
+        .join("hosts")
+        .join(name)
+        .join("sys/class/infiniband")
+        .join(device::IBDEV_NAME)
+        .join("softrnic_auss");
+    let table = fs::read_to_string(&f)
+        .with_context(|| format!("{} (is the run up with --auss-expiry-ms?)", f.display()))?;
+    let r = crate::auss_table::Reader::open(Path::new(table.trim()))
+        .with_context(|| table.trim().to_string())?;
+    let now = crate::auss_table::monotonic_ns();
+    Ok(r.entries()
+        .iter()
+        .map(|e| {
+            format!(
+                "{} {} {} {} {}\n",
+                e.ip,
+                e.stamp.n,
+                e.stamp.epoch,
+                e.stamp.incarnation,
+                now.saturating_sub(e.updated_ns) / 1_000_000
+            )
+        })
+        .collect())
+}
+
 /// As root: the switch namespace `srn<tag>-sw` with a bridge, and one namespace per host
 /// (`srn<tag>-h<i>`, address `netns_ip(i)`) linked to it by a veth pair; returns their names.
 fn root_namespaces(tag: &str, n: usize) -> Result<Vec<String>> {
@@ -589,7 +630,16 @@ pub fn up(
             fs::create_dir_all(&dir)?;
             let sock = dir.join("engine.sock");
             let netdev = if use_netns { NETDEV } else { LOOPBACK_NETDEV };
-            write_sysfs(&dir.join("sys"), h.ip, &sock, nic.mtu, devices, netdev)?;
+            let auss = nic.auss_expiry().map(|_| dir.join("auss"));
+            write_sysfs(
+                &dir.join("sys"),
+                h.ip,
+                &sock,
+                nic.mtu,
+                devices,
+                netdev,
+                auss.as_deref(),
+            )?;
             let log = fs::File::create(dir.join("engine.log"))?;
             let mut cmd = Command::new(&exe);
             cmd.arg("--run-dir")
@@ -788,9 +838,11 @@ mod tests {
             2048,
             2,
             NETDEV,
+            Some(Path::new("/x/auss")),
         )
         .unwrap();
         let r = |p: &str| fs::read_to_string(d.join(p)).unwrap();
+        assert_eq!(r("class/infiniband/softrnic1/softrnic_auss"), "/x/auss\n");
         assert_eq!(r("class/infiniband_verbs/abi_version"), "6\n");
         assert_eq!(r("class/infiniband_verbs/uverbs0/ibdev"), "softrnic0\n");
         assert_eq!(r("class/infiniband/softrnic0/softrnic_mtu"), "2048\n");

@@ -93,6 +93,12 @@ enum Cmd {
         /// NIC, as the testbed harness emulates); DCQCN's timers are stretched by it.
         #[arg(long, default_value_t = nic::NicConfig::default().time_scale)]
         time_scale: f64,
+        /// AUSS in ACKs: receivers count their active unique senders, stamp N into ACKs and
+        /// notify senders when it changes; senders publish each destination's N in
+        /// <run>/hosts/NAME/auss. The value is how long a silent sender stays counted, in ms
+        /// (0: off).
+        #[arg(long, default_value_t = nic::NicConfig::default().auss_expiry_ms)]
+        auss_expiry_ms: u64,
         /// Send every packet with its own sendto (no UDP GSO batching between engines).
         #[arg(long)]
         no_gso: bool,
@@ -106,6 +112,10 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         cmd: Vec<String>,
     },
+    /// Print host NAME's AUSS table: per destination its active unique senders N, epoch,
+    /// incarnation and the age of the stamp in ms (read as a program would, through the
+    /// device's softrnic_auss file).
+    Auss { name: String },
     /// Print the IP address of host NAME.
     Addr { name: String },
     /// Take host NAME's link down or bring it up (port events, packets dropped while down).
@@ -187,6 +197,7 @@ fn main() -> Result<()> {
             rx_lossy,
             dcqcn,
             time_scale,
+            auss_expiry_ms,
             no_gso,
         } => {
             let nic = nic::NicConfig {
@@ -201,6 +212,7 @@ fn main() -> Result<()> {
                 rx_lossy,
                 dcqcn: dcqcn == "on",
                 time_scale,
+                auss_expiry_ms,
             };
             let f = hosts::UpFaults {
                 seed,
@@ -238,6 +250,7 @@ fn main() -> Result<()> {
             }
         }
         Cmd::Stats { name } => print!("{}", hosts::stats(&run, &name)?),
+        Cmd::Auss { name } => print!("{}", hosts::auss(&run, &name)?),
         Cmd::Down => hosts::down(&run)?,
         Cmd::Holder { hosts: n, netns } => userns::holder_main(n, netns)?,
         Cmd::Engine {

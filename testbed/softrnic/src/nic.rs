@@ -86,6 +86,9 @@ pub struct NicConfig {
     /// How many times slower than real time the modelled NIC's time runs (1: not dilated);
     /// DCQCN's timers are stretched by it.
     pub time_scale: f64,
+    /// AUSS in ACKs ([`crate::auss`]): how long a silent sender stays in a receiver's active
+    /// unique senders, in ms; 0 = off (ACKs unstamped, no notifications, no table).
+    pub auss_expiry_ms: u64,
 }
 
 impl Default for NicConfig {
@@ -104,6 +107,8 @@ impl Default for NicConfig {
             rx_lossy: false,
             dcqcn: true,
             time_scale: 1.0,
+            // Off: packets and the model stay what they were unless a run asks for it.
+            auss_expiry_ms: 0,
         }
     }
 }
@@ -152,7 +157,7 @@ impl NicConfig {
     pub fn encode(&self) -> String {
         format!(
             "line_rate_gbps {} mtu {} qp_cache {} qp_miss_ns {} wqe_fetch_ns {} wqe_fetch_batch {} \
-             rx_buffer_kib {} ecn_threshold_kib {} rx_lossy {} dcqcn {} time_scale {}\n",
+             rx_buffer_kib {} ecn_threshold_kib {} rx_lossy {} dcqcn {} time_scale {}{}\n",
             self.line_rate_gbps,
             self.mtu,
             self.qp_cache,
@@ -163,7 +168,13 @@ impl NicConfig {
             self.ecn_threshold_kib,
             u8::from(self.rx_lossy),
             u8::from(self.dcqcn),
-            self.time_scale
+            self.time_scale,
+            // Only when on, so that the settings of runs without it read as before.
+            if self.auss_expiry_ms > 0 {
+                format!(" auss_expiry_ms {}", self.auss_expiry_ms)
+            } else {
+                String::new()
+            }
         )
     }
 
@@ -190,6 +201,7 @@ impl NicConfig {
                 "ecn_threshold_kib" => c.ecn_threshold_kib = kv[1].parse().map_err(|_| bad())?,
                 "rx_lossy" => c.rx_lossy = flag(kv[1]).ok_or_else(bad)?,
                 "dcqcn" => c.dcqcn = flag(kv[1]).ok_or_else(bad)?,
+                "auss_expiry_ms" => c.auss_expiry_ms = kv[1].parse().map_err(|_| bad())?,
                 "time_scale" => {
                     c.time_scale = kv[1]
                         .parse()
@@ -207,6 +219,11 @@ impl NicConfig {
     pub fn dcqcn(&self) -> Option<crate::dcqcn::DcqcnConfig> {
         (self.dcqcn && self.line_rate_gbps > 0.0)
             .then(|| crate::dcqcn::DcqcnConfig::scaled(self.line_rate_gbps, self.time_scale))
+    }
+
+    /// AUSS's expiry, None when it is off.
+    pub fn auss_expiry(&self) -> Option<std::time::Duration> {
+        (self.auss_expiry_ms > 0).then(|| std::time::Duration::from_millis(self.auss_expiry_ms))
     }
 
     /// The receive port's parameters.
@@ -472,8 +489,19 @@ mod tests {
             rx_lossy: true,
             dcqcn: false,
             time_scale: 200.0,
+            auss_expiry_ms: 0,
         };
         assert_eq!(NicConfig::decode(&c.encode()).unwrap(), c);
+        assert!(
+            !c.encode().contains("auss"),
+            "a run without AUSS writes what it wrote"
+        );
+        let a = NicConfig {
+            auss_expiry_ms: 500,
+            ..c
+        };
+        assert_eq!(NicConfig::decode(&a.encode()).unwrap(), a);
+        assert_eq!(a.auss_expiry(), Some(Duration::from_millis(500)));
         assert!(NicConfig::decode("dcqcn 2").is_err());
         assert!(NicConfig::decode("time_scale 0").is_err());
         assert!(NicConfig::decode("time_scale nan").is_err());

@@ -8,6 +8,13 @@
 //! sent, [`ECN_CE`] once a congested port marked it); it was a pad byte sent as 0, so
 //! packets of engines that predate it read as not marked.
 //!
+//! AUSS ([`crate::auss`], when the run has it on): an ACK may carry a stamp as its payload
+//! (`payload_len` 24: `tag u32 "AUS1" | n u32 | epoch u64 | incarnation u64`), an
+//! [`OP_AUSS`] notification always does; an ACK without payload has none (engines that
+//! predate AUSS sent ACKs without payload and ignore one). A request's last packet has
+//! [`F_IDLE`] when the requester's send queue holds nothing after it (the flag bit was
+//! unused, sent as 0).
+//!
 //! An XRC request ([`F_XRC`]) carries a 4-byte extension after the header, before the
 //! payload: the responder's SRQ number (`srqn u32`; InfiniBand's XRCETH).
 
@@ -42,8 +49,11 @@ pub const OP_PAUSE: u8 = 12;
 /// A congestion notification (RoCE v2's CNP, BTH opcode 0x81): the receiver of an ECN-marked
 /// packet tells the QP `dst_qpn` that sent it to slow down (DCQCN, [`crate::dcqcn`]).
 pub const OP_CNP: u8 = 13;
+/// An AUSS notification: the receiving host's `N` changed; the payload is its new stamp
+/// ([`crate::auss::Stamp`]). Engine to engine, to every active sender; no QP.
+pub const OP_AUSS: u8 = 14;
 /// The highest op the decoder accepts.
-pub const OP_MAX: u8 = OP_CNP;
+pub const OP_MAX: u8 = OP_AUSS;
 
 /// The ECN codepoint "congestion experienced" (RFC 3168), in [`Packet::ecn`].
 pub const ECN_CE: u8 = 3;
@@ -63,6 +73,10 @@ pub const F_INV: u8 = 32;
 /// the header.
 pub const F_XRC: u8 = 64;
 pub const XRC_EXT_LEN: usize = 4;
+/// On a request's last packet: the requester's send queue holds nothing after this message
+/// (Dart's END: the sender leaves the receiver's active senders unless it has other QPs
+/// busy there).
+pub const F_IDLE: u8 = 128;
 
 pub const NAK_SEQ: u8 = 1;
 pub const NAK_RNR: u8 = 2;

@@ -5,9 +5,15 @@
 mod common;
 
 use common::*;
-use drum_test_support::{spawn, text, wait_timeout};
+use drum_test_support::{run_timeout, spawn, text, wait_timeout};
 use std::collections::HashMap;
+use std::sync::{PoisonError, RwLock};
 use std::time::Duration;
+
+/// The incast and DCQCN tests run side by side (shared), as they did before the AUSS test;
+/// that one runs alone (exclusive), so that its engines and senders do not load the shared
+/// 2-core machine under the others' queue and rate measurements.
+static MACHINE: RwLock<()> = RwLock::new(());
 
 /// Payload rate of a 1 Gb/s line with 4,096-byte packets and 90 bytes of headers, MiB/s.
 const LINE_MIB_S: f64 = 1e9 / 8.0 * 4096.0 / 4186.0 / 1_048_576.0;
@@ -89,6 +95,7 @@ fn incast_once(
 #[test]
 fn incast_queues_at_the_receivers_line_rate_and_one_sender_does_not() {
     require_privileges!();
+    let _shared = MACHINE.read().unwrap_or_else(PoisonError::into_inner);
     if !have_perftest() {
         eprintln!("SKIPPED: perftest not installed (apt-get install perftest)");
         return;
@@ -154,6 +161,7 @@ fn incast_queues_at_the_receivers_line_rate_and_one_sender_does_not() {
 #[test]
 fn dcqcn_keeps_the_incast_queue_near_the_ecn_threshold_and_pauses_rare() {
     require_privileges!();
+    let _shared = MACHINE.read().unwrap_or_else(PoisonError::into_inner);
     if !have_perftest() {
         eprintln!("SKIPPED: perftest not installed (apt-get install perftest)");
         return;
@@ -225,4 +233,131 @@ fn dcqcn_keeps_the_incast_queue_near_the_ecn_threshold_and_pauses_rare() {
         on["rx_queue_mean_bytes"],
         off["rx_queue_mean_bytes"]
     );
+}
+
+/// h1's N as host `host`'s table shows it (`softrnic auss`, which finds the table as a
+/// program does, through the device's `softrnic_auss` file); None before h1 stamped any.
+fn n_seen_by(run: &Run, host: &str, h1: &str) -> Option<u64> {
+    let out = run_timeout(run.cmd().args(["auss", host]), Duration::from_secs(10));
+    assert!(out.status.success(), "auss failed: {}", text(&out));
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    table.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.first() == Some(&h1)).then(|| f[1].parse().unwrap())
+    })
+}
+
+/// Polls [`n_seen_by`] until it is `want`, for at most `limit`; returns how long it took.
+fn until_n(run: &Run, host: &str, h1: &str, want: u64, limit: Duration) -> Duration {
+    let t = std::time::Instant::now();
+    loop {
+        let n = n_seen_by(run, host, h1);
+        if n == Some(want) {
+            return t.elapsed();
+        }
+        assert!(
+            t.elapsed() < limit,
+            "{host} sees N = {n:?} for h1 after {limit:?}, not {want}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// AUSS in the NIC's ACKs (docs/softrnic-congestion.md) with real processes: `ib_write_bw`
+/// from h2 into h1, then from h3 too: both senders' devices show h1's N go 1 → 2; the h2
+/// sender is SIGKILLed, and after the expiry h3's device shows 1.
+#[test]
+fn auss_n_follows_senders_joining_and_a_sigkilled_one_leaving() {
+    require_privileges!();
+    let _alone = MACHINE.write().unwrap_or_else(PoisonError::into_inner);
+    if !have_perftest() {
+        eprintln!("SKIPPED: perftest not installed (apt-get install perftest)");
+        return;
+    }
+    let run = Run::new("auss");
+    let expiry = Duration::from_millis(500);
+    let ms = expiry.as_millis().to_string();
+    run.up(&[
+        "--hosts",
+        "3",
+        "--line-rate-gbps",
+        "1",
+        "--auss-expiry-ms",
+        &ms,
+    ]);
+    let h1 = run.addr("h1");
+    let bw = |port: &str| {
+        [
+            "ib_write_bw",
+            "-x",
+            "0",
+            "-F",
+            "-s",
+            "65536",
+            "-D",
+            "20",
+            "-p",
+            port,
+        ]
+        .map(String::from)
+    };
+    let start = |host: &str, port: &str, server: bool| {
+        let mut a = bw(port).to_vec();
+        if !server {
+            a.push(h1.clone());
+        }
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        spawn(&mut run.exec(host, &a))
+    };
+    let mut servers = vec![start("h1", "18621", true), start("h1", "18622", true)];
+    drum_test_support::wait_listening(&mut servers[0], 18621, Duration::from_secs(30));
+    drum_test_support::wait_listening(&mut servers[1], 18622, Duration::from_secs(30));
+    let limit = Duration::from_secs(20);
+
+    let mut first = start("h2", "18621", false);
+    let t = until_n(&run, "h2", &h1, 1, limit);
+    eprintln!(
+        "h2 sends: N = 1 on h2's device {} ms after its start",
+        t.as_millis()
+    );
+    let second = start("h3", "18622", false);
+    let t3 = until_n(&run, "h3", &h1, 2, limit);
+    let t2 = until_n(&run, "h2", &h1, 2, limit);
+    eprintln!(
+        "h3 sends too: N = 2 on h3's device after {} ms, then on h2's",
+        t3.as_millis()
+    );
+    assert!(t2 < Duration::from_secs(1), "h2 was told within {t2:?}");
+
+    first.kill().unwrap(); // SIGKILL: the sender announces nothing more
+    let killed = std::time::Instant::now();
+    until_n(&run, "h3", &h1, 1, limit);
+    let left = killed.elapsed();
+    eprintln!(
+        "h2's sender SIGKILLed: N = 1 on h3's device {} ms later",
+        left.as_millis()
+    );
+    // Its last refresh was at most expiry/4 before the kill.
+    assert!(left >= expiry / 2, "left after {left:?}, before the expiry");
+    // The stats files are rewritten about every 200 ms.
+    std::thread::sleep(Duration::from_millis(600));
+    let h1s = run.stats("h1");
+    eprintln!("h1: {h1s:?}");
+    assert!(
+        h1s["auss_stamped_acks"] > 0 && h1s["auss_notifications_sent"] >= 4,
+        "{h1s:?}"
+    );
+    assert_eq!(h1s["auss_n"], 1, "{h1s:?}");
+    let h3s = run.stats("h3");
+    assert!(h3s["auss_stamps_newer"] >= 2, "{h3s:?}");
+    assert_eq!(
+        h3s["auss_refused_malformed"] + h3s["auss_refused_forged"],
+        0,
+        "{h3s:?}"
+    );
+    for mut c in [second].into_iter().chain(servers) {
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+    first.wait().unwrap();
 }

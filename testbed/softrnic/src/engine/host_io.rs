@@ -249,7 +249,8 @@ pub(super) fn housekeeping(sh: Arc<Shared>, stats: Option<PathBuf>, port_state: 
         }
         let snapshot = stats.as_ref().map(|_| {
             let cc = st.dcqcn_counters();
-            let procs = st.rx_port.counters.lines() + &cc.lines() + &st.proc_tx_lines();
+            let auss = st.auss.snapshot().map(|a| a.lines()).unwrap_or_default();
+            let procs = st.rx_port.counters.lines() + &cc.lines() + &auss + &st.proc_tx_lines();
             (st.counters, procs)
         });
         let now_stalled = st.no_progress_qps(now);
@@ -560,6 +561,11 @@ pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
     let mut state = State::with_nic(cfg.nic);
     state.my_ip = cfg.ip;
     state.peers = cfg.peers.clone();
+    if let Some(expiry) = cfg.nic.auss_expiry() {
+        let table = cfg.socket.with_file_name("auss");
+        state.auss = super::auss::NicAuss::on(expiry, &table)
+            .with_context(|| format!("creating the AUSS table {}", table.display()))?;
+    }
     if !cfg.faults.is_none() {
         state.inject = Some(Injection {
             cfg: cfg.faults.clone(),

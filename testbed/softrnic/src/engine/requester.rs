@@ -73,6 +73,7 @@ impl State {
             return self.next_raw_packet(qpn, now);
         }
         let dst = q.remote?;
+        let auss = self.auss.is_on();
         if let Some(t) = q.rnr_until {
             if now < t {
                 return None;
@@ -243,6 +244,9 @@ impl State {
             w.staged = Payload::default();
             q.sq_next += 1;
             q.sq_off = 0;
+            if auss && q.sq_next >= q.sq.len() {
+                p.flags |= wire::F_IDLE;
+            }
         } else {
             q.sq_off = off + chunk;
         }
@@ -535,6 +539,7 @@ impl State {
 
     /// Timers: retransmission on timeout, retry exhaustion.
     pub(super) fn timers(&mut self, now: Instant) {
+        self.auss_tick(now);
         if !self.tombstones.is_empty() {
             self.tombstones.retain(|_, t| t.until > now);
         }

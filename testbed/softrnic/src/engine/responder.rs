@@ -77,6 +77,9 @@ impl State {
         if p.op == wire::OP_CNP {
             return self.on_cnp(from, &p, now);
         }
+        if p.op == wire::OP_AUSS {
+            return self.auss_notified(from, &p);
+        }
         let Some(q) = self.qps.get(&p.dst_qpn) else {
             if !self.tombstone_rx(from, &p, now) {
                 self.counters.rx_dropped_unknown_qp += 1;
@@ -119,6 +122,9 @@ impl State {
             return;
         }
         self.touch_qp(p.dst_qpn, now);
+        if p.op == wire::OP_ACK && !p.payload.is_empty() {
+            self.auss_stamp_in(from, &p.payload);
+        }
         let qpn = p.dst_qpn;
         if let Some(q) = self
             .qps
@@ -157,12 +163,18 @@ impl State {
     ) {
         // An ACK or NAK tells the peer how far the QP got: its data is in place first.
         self.place_responder_run(qpn);
+        let stamp = if op == wire::OP_ACK {
+            self.auss_stamp_for(to)
+        } else {
+            None
+        };
         let p = Packet {
             op,
             syndrome,
             dst_qpn: dst,
             src_qpn: qpn,
             psn,
+            payload: stamp.unwrap_or_default(),
             ..Default::default()
         };
         self.emit(to, p);
@@ -227,6 +239,11 @@ impl State {
             Ok(n) => {
                 q.epsn = psn_add(q.epsn, n);
                 q.nak_sent = false;
+                // Before its ACK, so that the ACK carries the `N` this packet made.
+                self.auss_request(from, &p);
+                let Some(q) = self.qps.get_mut(&qpn) else {
+                    return;
+                };
                 // READ and atomic requests are acknowledged by their responses.
                 let answered = p.op == wire::OP_READ_REQ || is_atomic_op(p.op);
                 if !answered && p.flags & wire::F_ACKREQ != 0 {

@@ -1,5 +1,7 @@
 use super::*;
 
+mod auss;
+
 /// A link change raises one port event on every context with an event stream (element:
 /// port 1), none for a repeated state, none for a context without a stream.
 #[test]
