@@ -6,7 +6,10 @@
 # libdrum_shim.so (cargo build --release --workspace). Sections: overhead (shim + agent
 # granting line rate vs no shim; polling and event-driven latency), isolation (foreground latency next to a greedy
 # background, with and without DRUM), topk (64 QPs on a 20-entry QP cache), pacing (grants
-# of 10/30/60 % of line rate). Every run has its own run directory, torn down on exit, and
+# of 10/30/60 % of line rate), compare (this build's shim against another build's,
+# OLD_SHIM=path/to/libdrum_shim.so, both under the agent granting line rate, alternating; for a
+# change that must cost nothing, copy the old build's libdrum_shim.so aside before building the
+# new one). Every run has its own run directory, torn down on exit, and
 # every program a timeout. Ratios are from one run: these machines are shared and noisy.
 # Environment: BG_RATE (isolation: the background's grant, default 0.5), FG_EXTRA (extra
 # foreground flags, e.g. -e), ISO_UP (extra `softrnic up` flags for isolation), ISO_GBPS
@@ -36,7 +39,7 @@ ex() {
 	if [ "$app" = - ]; then
 		env -u LD_PRELOAD $T "$B/softrnic" --run-dir "$RUN" exec --host "$h" -- "$@"
 	else
-		LD_PRELOAD="$B/libdrum_shim.so" DRUM_APP=$app DRUM_AGENT_SOCKET="$RUN/agent.sock" \
+		LD_PRELOAD="${SHIM:-$B/libdrum_shim.so}" DRUM_APP=$app DRUM_AGENT_SOCKET="$RUN/agent.sock" \
 			$T "$B/softrnic" --run-dir "$RUN" exec --host "$h" -- "$@"
 	fi
 }
@@ -92,6 +95,31 @@ for sec in $SECTIONS; do
 			lt0="$lt0 $(pair - ib_send_lat -x 0 -n 2000 | typ)"
 			lt1="$lt1 $(pair full ib_send_lat -x 0 -n 2000 | typ)"
 			le0="$le0 $(pair - ib_send_lat -x 0 -n 2000 -e | typ)"
+			le1="$le1 $(pair full ib_send_lat -x 0 -n 2000 -e | typ)"
+		done
+		a=$(echo "$wb0" | median) b=$(echo "$wb1" | median)
+		echo "| ib_write_bw 64 KiB, MiB/s (runs: $wb0 / $wb1) | $a | $b | $(ratio "$b" "$a") |"
+		a=$(echo "$lt0" | median) b=$(echo "$lt1" | median)
+		echo "| ib_send_lat 2 B typical, us (runs: $lt0 / $lt1) | $a | $b | $(ratio "$b" "$a") |"
+		a=$(echo "$le0" | median) b=$(echo "$le1" | median)
+		echo "| ib_send_lat -e 2 B typical, us (runs: $le0 / $le1) | $a | $b | $(ratio "$b" "$a") |"
+		;;
+	compare)
+		# The same governed path with two builds of the shim (OLD_SHIM, then this one),
+		# alternating, seven runs each; medians.
+		[ -n "${OLD_SHIM:-}" ] || { echo "compare: set OLD_SHIM to the other build's libdrum_shim.so" >&2; exit 1; }
+		up --hosts 2
+		agent 25 '[shim.apps.full]' 'rate = 1.0'
+		echo "## compare: OLD_SHIM ($OLD_SHIM) vs this build ($B), agent granting line rate (7 alternating runs each, medians)"
+		echo "| measure | old | new | ratio |"
+		echo "| --- | --- | --- | --- |"
+		wb0= wb1= lt0= lt1= le0= le1=
+		for _ in 1 2 3 4 5 6 7; do
+			wb0="$wb0 $(SHIM=$OLD_SHIM pair full ib_write_bw -x 0 -s 65536 -n 2000 | bw)"
+			wb1="$wb1 $(pair full ib_write_bw -x 0 -s 65536 -n 2000 | bw)"
+			lt0="$lt0 $(SHIM=$OLD_SHIM pair full ib_send_lat -x 0 -n 2000 | typ)"
+			lt1="$lt1 $(pair full ib_send_lat -x 0 -n 2000 | typ)"
+			le0="$le0 $(SHIM=$OLD_SHIM pair full ib_send_lat -x 0 -n 2000 -e | typ)"
 			le1="$le1 $(pair full ib_send_lat -x 0 -n 2000 -e | typ)"
 		done
 		a=$(echo "$wb0" | median) b=$(echo "$wb1" | median)

@@ -3,7 +3,8 @@
 //! not the shim's is forwarded to libibverbs unchanged.
 
 use crate::ffi::*;
-use crate::{completions, set_errno, vcq};
+use crate::trouble::{completions, set_errno};
+use crate::vcq;
 use libc::{c_int, c_void};
 use std::ptr;
 

@@ -7,7 +7,8 @@
 //! that would take them is reported wherever it runs, also where the provider refuses (no
 //! libmlx5, another NIC). Other providers' direct verbs are not detected.
 
-use crate::{extended, warn_once, Trouble};
+use crate::extended;
+use crate::trouble::{warn_once, Trouble};
 use libc::{c_int, c_void};
 use std::panic::catch_unwind;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

@@ -22,37 +22,9 @@ use std::ffi::CStr;
 use std::panic::catch_unwind;
 use std::sync::atomic::{AtomicUsize, Ordering::Acquire, Ordering::Release};
 
-/// The real `dlsym` (libc's), found on first use.
-static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
-
-/// Finds libc's `dlsym` (the versions of glibc ≥ 2.34, then older ones).
-extern "C" fn resolve_dlsym() -> usize {
-    let p = REAL_DLSYM.load(Acquire);
-    if p != 0 {
-        return p;
-    }
-    let p = [c"GLIBC_2.34", c"GLIBC_2.2.5"]
-        .iter()
-        // SAFETY: dlvsym with NUL-terminated strings; RTLD_NEXT from the shim is libc.
-        .map(|v| unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), v.as_ptr()) })
-        .find(|p| !p.is_null())
-        .map_or(0, |p| p as usize);
-    if p == 0 {
-        crate::write_stderr("drum-shim: libc's dlsym not found; cannot continue\n");
-        std::process::abort();
-    }
-    REAL_DLSYM.store(p, Release);
-    p
-}
-
-/// libc's `dlsym`.
-pub(crate) fn libc_dlsym() -> DlsymFn {
-    // SAFETY: the address of libc's dlsym, which has this signature.
-    unsafe { std::mem::transmute::<usize, DlsymFn>(resolve_dlsym()) }
-}
-
 /// `dlsym`: special handles straight to libc (a jump, so the caller's return address is
-/// the one libc sees); real handles through [`lookup`].
+/// the one libc sees); real handles through [`lookup`]. libc's own `dlsym` is found in
+/// `real` (`real::resolve_dlsym`), which the rest of the shim uses too.
 ///
 /// # Safety
 /// As libc's `dlsym`.
@@ -83,8 +55,8 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut
         "pop rdi",
         "jmp rax",
         lookup = sym lookup,
-        real = sym REAL_DLSYM,
-        resolve = sym resolve_dlsym,
+        real = sym real::REAL_DLSYM,
+        resolve = sym real::resolve_dlsym,
     )
 }
 
@@ -94,7 +66,7 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut
 /// # Safety
 /// As libc's `dlsym`.
 unsafe extern "C" fn lookup(handle: *mut c_void, name: *const c_char) -> *mut c_void {
-    let real = libc_dlsym();
+    let real = real::libc_dlsym();
     // SAFETY: the caller's arguments.
     let found = unsafe { real(handle, name) };
     if found.is_null() || name.is_null() {

@@ -9,14 +9,17 @@
 //! runs unthrottled; the first such loss is reported once on stderr. If the thread itself
 //! fails, every limit is lifted and what is queued is posted, so nothing stalls.
 
+use crate::context::{lookup, totals, COLD, SLOTS};
+use crate::drain::drain;
 use crate::ffi::{IbvQp, IBV_QPS_RTS};
-use crate::gate::QpId;
-use crate::govern::{self, LIMITS, PENDING, STATS};
+use crate::govern;
+use crate::limits::{self, LIMITS};
 use crate::link::{Link, DEFAULT_SOCKET};
 use crate::nic_pace;
 use crate::pacer::{parse_count, parse_rate};
-use crate::spin::SpinLock;
-use crate::{lookup, totals, warn_once, Trouble, COLD, SLOTS};
+use crate::stats::STATS;
+use crate::trouble::{warn_once, Trouble};
+use crate::wake;
 use drum_table::layout::{monotonic_ms, Grant, Table};
 use drum_table::message::{app_identity, ShimMsg};
 use drum_table::profile::mean_wqe_bytes;
@@ -24,12 +27,8 @@ use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
-use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-/// The engine of this process: (pid, thread). A forked child has no engine thread; the
-/// pid tells it to start its own.
-static ENGINE: SpinLock<Option<(u32, Thread)>> = SpinLock::new(None);
 /// The first attach attempt is over (so the first posts are already governed).
 static FIRST_ATTEMPT: AtomicBool = AtomicBool::new(false);
 
@@ -49,20 +48,12 @@ const MAX_WAIT: Duration = Duration::from_millis(1);
 /// has seen its work complete, which must not wait for the application to poll.
 const GATED_COLLECT: Duration = Duration::from_micros(200);
 
-pub fn lock_for_fork() {
-    ENGINE.acquire();
-}
-
-pub fn unlock_after_fork() {
-    ENGINE.release();
-}
-
 /// Starts this process's engine if it has none; waits (briefly) for its first attempt to
 /// reach the agent.
 pub fn ensure_started() {
     let pid = std::process::id();
     {
-        let mut e = ENGINE.lock();
+        let mut e = wake::ENGINE.lock();
         if matches!(&*e, Some((p, _)) if *p == pid) {
             return;
         }
@@ -84,28 +75,6 @@ pub fn ensure_started() {
     let deadline = Instant::now() + Duration::from_millis(1500);
     while !FIRST_ATTEMPT.load(Acquire) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_micros(200));
-    }
-}
-
-pub fn wake() {
-    if let Some((_, t)) = &*ENGINE.lock() {
-        t.unpark();
-    }
-}
-
-/// QPs that got a gate slot: list them for the engine.
-pub fn grant(ids: &[QpId]) {
-    for &id in ids {
-        let (idx, qpn) = ((id >> 32) as usize, id as u32);
-        let Some(slot) = SLOTS.get(idx) else {
-            continue;
-        };
-        let key = slot.key.load(Acquire);
-        if let Some(st) = lookup(key as *mut _) {
-            if let Some(q) = st.qps.get(qpn) {
-                govern::make_pending(key, qpn, q);
-            }
-        }
     }
 }
 
@@ -216,7 +185,7 @@ fn run() {
         );
         let _ = catch_unwind(|| {
             govern::apply(None);
-            govern::set_caps(&[]);
+            limits::set_caps(&[]);
             LIMITS.active.store(false, Release);
             // Post what is still held back, so no work request is lost or stalls.
             while drain().is_some() {}
@@ -321,7 +290,7 @@ impl Engine {
         };
         let sending = nic_pace::sending_qps(self.qps.len(), gate);
         let mut paced_left = false;
-        crate::with_qps(self.qps.keys().copied(), |q| {
+        crate::context::with_qps(self.qps.keys().copied(), |q| {
             let mut g = q.gov.lock().unwrap_or_else(|e| e.into_inner());
             let qp = g.qp as *mut IbvQp;
             if qp.is_null() || g.app_paced {
@@ -347,7 +316,7 @@ impl Engine {
                 return;
             }
             // SAFETY: as above.
-            let rc = unsafe { crate::set_rate_limit(qp, target.unwrap_or(0)) };
+            let rc = unsafe { crate::qp_verbs::set_rate_limit(qp, target.unwrap_or(0)) };
             g.nic_kbps = target;
             g.nic_paced = rc == 0 && target.is_some();
             let counter = if rc == 0 {
@@ -401,7 +370,7 @@ impl Engine {
         match Link::attach(&self.socket, &self.hello) {
             Ok(l) => {
                 if log_enabled() {
-                    crate::write_stderr(&format!(
+                    crate::trouble::write_stderr(&format!(
                         "drum-shim: attached to the agent at {} as app {}\n",
                         self.socket.display(),
                         l.app
@@ -431,7 +400,7 @@ impl Engine {
         let Some(l) = &self.link else {
             return;
         };
-        for (qpn, out, back) in crate::qp_bytes(self.qps.keys().copied()) {
+        for (qpn, out, back) in crate::context::qp_bytes(self.qps.keys().copied()) {
             if self.bytes_sent.insert(qpn, (out, back)) != Some((out, back)) {
                 l.send(&ShimMsg::Bytes { qpn, out, back });
             }
@@ -445,7 +414,7 @@ impl Engine {
         let caps = t.peer_caps().map_err(|e| format!("invalid table: {e}"))?;
         let key = (g.generation, caps.clone());
         if self.applied.as_ref() != Some(&key) {
-            govern::set_caps(&caps);
+            limits::set_caps(&caps);
             govern::apply(Some(&g));
             self.paced_grant = pacing_terms(Some(&g));
             t.shim.applied_generation.store(g.generation, Relaxed);
@@ -457,7 +426,7 @@ impl Engine {
     fn detach(&mut self, why: &str) {
         self.link = None;
         self.applied = None;
-        govern::set_caps(&[]);
+        limits::set_caps(&[]);
         govern::apply(self.static_grant.as_ref());
         self.paced_grant = pacing_terms(self.static_grant.as_ref());
         warn_once(
@@ -497,7 +466,7 @@ impl Engine {
         self.next_rotate = now + Duration::from_nanos(quantum / 4);
         let told = govern::GATE
             .lock()
-            .rotate(govern::now_ps() / 1000, quantum, k);
+            .rotate(limits::now_ps() / 1000, quantum, k);
         let _g = COLD.lock();
         for id in told {
             let (idx, qpn) = ((id >> 32) as usize, id as u32);
@@ -523,48 +492,6 @@ fn collect() {
 
 fn gate_has_waiters() -> bool {
     LIMITS.k.load(Relaxed) > 0 && govern::GATE.lock().waiting() > 0
-}
-
-/// Serves every QP listed as pending once; returns the shortest limiter wait of those that
-/// still have work, `None` when none waits on a limiter.
-fn drain() -> Option<u64> {
-    let _g = COLD.lock();
-    drain_locked()
-}
-
-/// Called by an application thread that has just paused in an empty poll because work is
-/// held back: it posts what is due itself rather than wait for the engine thread, which on
-/// a loaded machine wakes late, and late posts are a rate the app was granted but lost.
-/// Never waits: a cold verb or another drainer busy means the engine thread will do it.
-pub fn help_drain() {
-    if let Some(_g) = COLD.try_lock() {
-        drain_locked();
-    }
-}
-
-/// [`drain`] with `COLD` held.
-fn drain_locked() -> Option<u64> {
-    let batch: Vec<(usize, u32)> = PENDING.lock().drain(..).collect();
-    if batch.is_empty() {
-        return None;
-    }
-    let mut wait: Option<u64> = None;
-    for (key, qpn) in batch {
-        let Some(st) = lookup(key as *mut _) else {
-            continue;
-        };
-        let Some(q) = st.qps.get(qpn) else {
-            continue;
-        };
-        q.pending.store(false, Relaxed);
-        if let Some(w) = govern::serve(st, q, qpn) {
-            wait = Some(wait.map_or(w, |x| x.min(w)));
-            if !q.pending.swap(true, Relaxed) {
-                PENDING.lock().push_back((key, qpn));
-            }
-        }
-    }
-    wait
 }
 
 /// Writes the app's counters into the agent's table.

@@ -11,13 +11,14 @@
 //! an op exists only within the size the provider recorded in `vctx->sz` (libibverbs'
 //! own `verbs_get_ctx_op` rule). The shim wraps the two creation ops there.
 
-use crate::ffi::{IbvCompChannel, IbvContext, IbvCq, IbvCqInitAttrEx, IbvQp, IbvQpInitAttr};
-use crate::{lookup, warn_once, Trouble};
+use crate::context::{lookup, ExtOrig};
+use crate::ffi::{
+    CreateCqExFn, CreateQpExFn, IbvCompChannel, IbvContext, IbvCq, IbvCqInitAttrEx, IbvQp,
+    IbvQpInitAttr,
+};
+use crate::trouble::{warn_once, Trouble};
 use libc::c_void;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-
-pub type CreateCqExFn = unsafe extern "C" fn(*mut IbvContext, *mut c_void) -> *mut c_void;
-pub type CreateQpExFn = unsafe extern "C" fn(*mut IbvContext, *mut c_void) -> *mut IbvQp;
 
 /// Bytes before `struct ibv_context` of `verbs_context.{create_cq_ex, create_qp_ex, sz}`
 /// (rdma-core 44; checked against the headers by `ffi::tests`).
@@ -29,12 +30,6 @@ const CQ_INIT_ATTR_MASK_PD: u32 = 1 << 1;
 
 /// Extended objects the application created (each bypasses the shim).
 pub static USES: AtomicU64 = AtomicU64::new(0);
-
-#[derive(Clone, Copy, Default)]
-pub struct ExtOrig {
-    create_cq_ex: Option<CreateCqExFn>,
-    create_qp_ex: Option<CreateQpExFn>,
-}
 
 /// Where the `verbs_context` op `back` bytes before `ctx` lives, if this context has it.
 ///
@@ -162,7 +157,12 @@ unsafe extern "C" fn drum_create_cq_ex(ctx: *mut IbvContext, attr: *mut c_void) 
     };
     let cq = if plain {
         // SAFETY: `make` creates CQs on `ctx` on the real channel behind `app_ch`.
-        unsafe { crate::vcq::create_cq_ex(ctx, app_ch, make) }
+        let (cq, adopted) = unsafe { crate::vcq::create_cq_ex(ctx, app_ch, make) };
+        if adopted {
+            // SAFETY: the application's new virtual `ibv_cq_ex`, not handed out yet.
+            unsafe { crate::cq_ex_poll::wrap(cq) };
+        }
+        cq
     } else {
         make(true)
     };
@@ -189,7 +189,7 @@ unsafe extern "C" fn drum_create_qp_ex(ctx: *mut IbvContext, attr: *mut c_void) 
     // Its `ibv_post_send` goes through `ctx->ops` and its `ibv_wr_*` through `wr_api`: it is
     // governed as a QP from `ibv_create_qp` is.
     // SAFETY: the QP just created from the caller's attributes.
-    unsafe { crate::new_qp(qp, attr_cqs) };
+    unsafe { crate::qp_verbs::new_qp(qp, attr_cqs) };
     qp
 }
 

@@ -241,6 +241,10 @@ pub struct IbvWc {
 
 pub use drum_verbs_abi::IbvCqInitAttrEx;
 
+/// `verbs_context.create_cq_ex` and `create_qp_ex` (the extended creation ops, `extended`).
+pub type CreateCqExFn = unsafe extern "C" fn(*mut IbvContext, *mut c_void) -> *mut c_void;
+pub type CreateQpExFn = unsafe extern "C" fn(*mut IbvContext, *mut c_void) -> *mut IbvQp;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,13 +1,14 @@
 //! The interposed QP verbs (`ibv_create_qp`, `ibv_modify_qp`, `ibv_destroy_qp`,
 //! `ibv_query_qp`): the shim binds each QP to its dedicated CQs and learns its peer, MTU,
-//! READ service and pacing here. The cold-path helpers the engine uses on QPs (`with_qps`,
-//! `set_rate_limit`) and `new_qp` stay in the crate root: the engine and `extended` call
-//! them, and this module calls into `govern` and `vcq`, so having them here would pull it
-//! into the shim's import cycle (issue 20).
+//! READ service and pacing here. Also the QP helpers that `extended` (`new_qp`, for
+//! `ibv_create_qp_ex`) and the engine (`set_rate_limit`, NIC pacing) call.
 
+use crate::context::lookup;
 use crate::ffi::*;
-use crate::{completions, govern, lookup, new_qp, real, set_errno, vcq};
-use crate::{stop_governing, GOVERNING_STOPPED};
+use crate::govern::{self, stop_governing, GOVERNING_STOPPED};
+use crate::qp::QpGov;
+use crate::trouble::{completions, set_errno};
+use crate::{real, vcq};
 use libc::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
@@ -17,6 +18,51 @@ use std::sync::atomic::Ordering::Relaxed;
 pub(crate) fn qp_bookkeeping<F: FnOnce()>(f: F) {
     if !GOVERNING_STOPPED.load(Relaxed) && catch_unwind(AssertUnwindSafe(f)).is_err() {
         stop_governing();
+    }
+}
+
+/// Starts the shim's record of a QP just created from `attr` (by `ibv_create_qp` or
+/// `ibv_create_qp_ex`, whose attributes begin the same way).
+///
+/// # Safety
+/// `qp` is null or the QP just created from `attr`, which is null or valid.
+pub(crate) unsafe fn new_qp(qp: *mut IbvQp, attr: *const IbvQpInitAttr) {
+    if qp.is_null() || attr.is_null() {
+        return;
+    }
+    qp_bookkeeping(|| {
+        // SAFETY: per the contract.
+        let (ctx, qpn, sig_all) = unsafe { ((*qp).context, (*qp).qp_num, (*attr).sq_sig_all) };
+        if let Some(q) = lookup(ctx).and_then(|st| st.qps.get(qpn)) {
+            let mut g = q.gov.lock().unwrap_or_else(|e| e.into_inner());
+            *g = QpGov::default();
+            g.qp = qp as usize;
+            g.sig_all = sig_all != 0;
+        }
+    });
+}
+
+/// Paces `qp` on the NIC at `kbps` (0: no pacing) with the real `ibv_modify_qp`, RTS to
+/// RTS; 0 or the provider's errno.
+///
+/// # Safety
+/// `qp` is a live QP, not destroyed meanwhile (the caller holds its `gov` lock, which
+/// `ibv_destroy_qp`'s interposition takes first).
+pub(crate) unsafe fn set_rate_limit(qp: *mut IbvQp, kbps: u32) -> c_int {
+    let Some(f) = real::MODIFY_QP.get() else {
+        return libc::ENOSYS;
+    };
+    // SAFETY: the attribute is a whole, zeroed `ibv_qp_attr` (layout checked against the
+    // headers) of which only the masked fields are read.
+    unsafe {
+        let mut a: IbvQpAttrFull = std::mem::zeroed();
+        a.qp_state = IBV_QPS_RTS;
+        a.rate_limit = kbps;
+        f(
+            qp,
+            (&mut a as *mut IbvQpAttrFull).cast(),
+            IBV_QP_STATE | IBV_QP_RATE_LIMIT,
+        )
     }
 }
 
@@ -115,7 +161,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
             let (ctx, qpn) = unsafe { ((*qp).context, (*qp).qp_num) };
             if let Some(st) = lookup(ctx) {
                 if let Some(q) = st.qps.get(qpn) {
-                    govern::forget(st, q, qpn);
+                    govern::forget(st, q, qpn, vcq::held_report);
                     govern::event(drum_table::message::ShimMsg::QpGone { qpn });
                 }
             }

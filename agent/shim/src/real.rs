@@ -5,7 +5,7 @@
 //! Also here: how a symbol is found ([`resolve`]).
 
 use crate::ffi::*;
-use crate::{warn_once, Trouble};
+use crate::trouble::{warn_once, Trouble};
 use libc::c_void;
 use std::ffi::CStr;
 use std::marker::PhantomData;
@@ -116,10 +116,36 @@ fn libibverbs_handle() -> Option<usize> {
     Some(h as usize)
 }
 
+/// The real `dlsym` (libc's), found on first use (the exported `dlsym`, `dl.rs`, jumps to it).
+#[cfg(target_arch = "x86_64")]
+pub(crate) static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
+
+/// Finds libc's `dlsym` (the versions of glibc ≥ 2.34, then older ones).
+#[cfg(target_arch = "x86_64")]
+pub(crate) extern "C" fn resolve_dlsym() -> usize {
+    let p = REAL_DLSYM.load(Acquire);
+    if p != 0 {
+        return p;
+    }
+    let p = [c"GLIBC_2.34", c"GLIBC_2.2.5"]
+        .iter()
+        // SAFETY: dlvsym with NUL-terminated strings; RTLD_NEXT from the shim is libc.
+        .map(|v| unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), v.as_ptr()) })
+        .find(|p| !p.is_null())
+        .map_or(0, |p| p as usize);
+    if p == 0 {
+        crate::trouble::write_stderr("drum-shim: libc's dlsym not found; cannot continue\n");
+        std::process::abort();
+    }
+    REAL_DLSYM.store(p, Release);
+    p
+}
+
 /// libc's `dlsym`, never the shim's export (which substitutes the shim's functions).
-fn libc_dlsym() -> DlsymFn {
+pub(crate) fn libc_dlsym() -> DlsymFn {
     #[cfg(target_arch = "x86_64")]
-    return crate::dl::libc_dlsym();
+    // SAFETY: the address of libc's dlsym, which has this signature.
+    return unsafe { std::mem::transmute::<usize, DlsymFn>(resolve_dlsym()) };
     #[cfg(not(target_arch = "x86_64"))]
     return libc::dlsym;
 }

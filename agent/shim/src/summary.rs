@@ -1,7 +1,11 @@
 //! The one line the shim prints at exit with `DRUM_SHIM_LOG=1`: the process's totals
 //! (docs/shim.md shows one).
 
-use crate::{govern, totals, vcq, write_stderr, Totals};
+use crate::context::{totals, Totals};
+use crate::limits::{self, LIMITS};
+use crate::stats::STATS;
+use crate::trouble::write_stderr;
+use crate::vcq;
 use std::panic::catch_unwind;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -30,7 +34,39 @@ pub fn summary_line(pid: u32, t: &Totals) -> String {
         vcq::CREATED.load(Relaxed),
         vcq::EVENTS.load(Relaxed),
         vcq::DELAYED_EVENTS.load(Relaxed),
-        govern::summary(t.queued_wqes),
+        governance(t.queued_wqes),
+    )
+}
+
+/// The governance part of the exit summary.
+fn governance(queued: u64) -> String {
+    let [rate_bytes, rate_wqe, rate_cqe] = limits::rates();
+    format!(
+        "extended_verbs={} direct_verbs_queues={} wr_api_qps={} governed={} grant_generation={} rate_bytes_per_s={} rate_wqe_per_s={} rate_cqe_per_s={} max_active_qps={} \
+         direct_wqes={} deferred_wqes={} queue_delay_us={} queued_wqes={} deferred_post_errors={} \
+         dropped_wqes={} held_polls={} nic_pacing_sets={} nic_pacing_refusals={}",
+        crate::extended::USES.load(Relaxed),
+        crate::direct::QUEUES_TAKEN.load(Relaxed),
+        crate::wr_api::WRAPPED_QPS.load(Relaxed),
+        if LIMITS.active.load(Relaxed) {
+            "yes"
+        } else {
+            "no"
+        },
+        LIMITS.generation.load(Relaxed),
+        rate_bytes,
+        rate_wqe,
+        rate_cqe,
+        LIMITS.k.load(Relaxed),
+        STATS.direct_wqes.load(Relaxed),
+        STATS.deferred_wqes.load(Relaxed),
+        STATS.queue_delay_ns.load(Relaxed) / 1000,
+        queued,
+        STATS.deferred_post_errors.load(Relaxed),
+        STATS.dropped_wqes.load(Relaxed),
+        STATS.held_polls.load(Relaxed),
+        STATS.nic_pacing_sets.load(Relaxed),
+        STATS.nic_pacing_refusals.load(Relaxed),
     )
 }
 

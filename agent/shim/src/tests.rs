@@ -2,6 +2,7 @@
 //! its posts and polls, and uninstalling restores its ops.
 
 use super::*;
+use crate::context::lookup;
 
 unsafe extern "C" fn fake_post_send(
     qp: *mut IbvQp,

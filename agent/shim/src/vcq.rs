@@ -32,10 +32,12 @@ mod verbs;
 
 pub use verbs::*;
 
+use crate::context::ContextState;
+use crate::cq_ex::Moved;
 use crate::ffi::*;
-use crate::govern;
 use crate::spin::SpinLock;
-use crate::{warn_once, ContextState, Trouble};
+use crate::trouble::{warn_once, Trouble};
+use crate::{govern, limits, stats};
 use libc::{c_int, c_void};
 use std::collections::{HashMap, VecDeque};
 use std::panic::catch_unwind;
@@ -79,27 +81,6 @@ pub struct Vcq {
     quiet_since_ps: AtomicU64,
     channel: Option<Arc<Channel>>,
     inner: SpinLock<Inner>,
-}
-
-/// A completion moved out of a real CQ into a ring.
-#[derive(Clone, Copy, Default)]
-pub struct Moved {
-    pub wc: IbvWc,
-    /// The shim has followed it (counted, told the gate): its engine thread moved it (see
-    /// [`harvest`]).
-    pub followed: bool,
-    /// What an `ibv_cq_ex`'s readers gave (0 for other CQs and completions of the shim's).
-    pub ts: u64,
-    pub wallclock_ns: u64,
-}
-
-impl Moved {
-    fn unfollowed(wc: IbvWc) -> Moved {
-        Moved {
-            wc,
-            ..Moved::default()
-        }
-    }
 }
 
 #[derive(Default)]
@@ -162,7 +143,7 @@ impl Channel {
         if !self.timer_set.swap(first.is_some(), Relaxed) && first.is_none() {
             return;
         }
-        let ns = first.map_or(0, |t| (t.saturating_sub(govern::now_ps()) / 1000).max(1));
+        let ns = first.map_or(0, |t| (t.saturating_sub(limits::now_ps()) / 1000).max(1));
         let spec = libc::itimerspec {
             it_interval: libc::timespec {
                 tv_sec: 0,
@@ -423,9 +404,9 @@ impl Vcq {
         let mut rc = None;
         if got < n {
             let want = (n - got) as u64;
-            let metered = govern::completions_metered();
+            let metered = limits::completions_metered();
             let allow = if metered {
-                govern::completion_allowance(govern::now_ps(), want).unwrap_or(0)
+                limits::completion_allowance(limits::now_ps(), want).unwrap_or(0)
             } else {
                 want
             };
@@ -439,7 +420,7 @@ impl Vcq {
                     rc = Some(if got > 0 { got as c_int } else { r });
                 } else {
                     if metered {
-                        govern::consume_completions(govern::now_ps(), r as u64);
+                        limits::consume_completions(limits::now_ps(), r as u64);
                     }
                     inner.backlog = metered && r as u64 == allow && allow < want;
                     got += r as usize;
@@ -453,9 +434,9 @@ impl Vcq {
             // Completions of QPs bound to the application's CQ by a path the shim does not
             // wrap (an XRC SRQ's receives, `ibv_create_wq`): metered like the others. Under
             // the lock, so that none overtakes one the engine thread moves into the ring.
-            let metered = govern::completions_metered();
+            let metered = limits::completions_metered();
             let allow = if metered {
-                govern::completion_allowance(govern::now_ps(), n as u64).unwrap_or(0) as usize
+                limits::completion_allowance(limits::now_ps(), n as u64).unwrap_or(0) as usize
             } else {
                 n
             };
@@ -463,7 +444,7 @@ impl Vcq {
                 // SAFETY: the application's own CQ and array (`allow` ≤ `n` entries).
                 let r = unsafe { (self.poll)(self.app as *mut IbvCq, allow as c_int, wc) };
                 if metered && r > 0 {
-                    govern::consume_completions(govern::now_ps(), r as u64);
+                    limits::consume_completions(limits::now_ps(), r as u64);
                 }
                 held |= metered && r as usize == allow && allow < n;
                 if r < 0 {
@@ -478,17 +459,17 @@ impl Vcq {
         drop(inner);
         if look_again {
             if let Some(me) = owner(self.app) {
-                defer(govern::now_ps(), me);
+                defer(limits::now_ps(), me);
             }
         }
         if let Some(st) = st {
             // SAFETY: entries from_ring..got were just written by the provider.
             let direct = unsafe { std::slice::from_raw_parts(wc.add(from_ring), got - from_ring) };
-            crate::follow(st, &unfollowed);
-            crate::follow(st, direct);
+            govern::follow(st, &unfollowed);
+            govern::follow(st, direct);
         }
         if held {
-            govern::STATS.held_polls.fetch_add(1, Relaxed);
+            stats::STATS.held_polls.fetch_add(1, Relaxed);
         }
         Polled {
             rc: rc.unwrap_or(got as c_int),
@@ -518,10 +499,10 @@ impl Vcq {
             return (0, Some(m), false);
         }
         inner.current = None;
-        let now = govern::now_ps();
-        let metered = govern::completions_metered();
-        if metered && govern::completion_allowance(now, 1).unwrap_or(0) == 0 {
-            govern::STATS.held_polls.fetch_add(1, Relaxed);
+        let now = limits::now_ps();
+        let metered = limits::completions_metered();
+        if metered && limits::completion_allowance(now, 1).unwrap_or(0) == 0 {
+            stats::STATS.held_polls.fetch_add(1, Relaxed);
             inner.backlog = true;
             let look_again = inner.armed && self.channel.is_some();
             drop(inner);
@@ -545,7 +526,7 @@ impl Vcq {
         if rc == 0 {
             inner.dedicated_polling = true;
             if metered {
-                govern::consume_completions(now, 1);
+                limits::consume_completions(now, 1);
             }
             // SAFETY: as above, and the application's `ibv_cq_ex`.
             unsafe { crate::cq_ex::copy_current(ded, self.app as *mut IbvCq) };
@@ -558,7 +539,7 @@ impl Vcq {
             // SAFETY: the application's CQ, alive while `self` is registered; room for one.
             if unsafe { (self.poll)(self.app as *mut IbvCq, 1, &mut w) } == 1 {
                 if metered {
-                    govern::consume_completions(now, 1);
+                    limits::consume_completions(now, 1);
                 }
                 let m = Moved::unfollowed(w);
                 inner.current = Some(m);
@@ -663,7 +644,7 @@ impl Vcq {
         }
         if backlog && self.channel.is_some() {
             if let Some(me) = owner(self.app) {
-                defer(govern::now_ps(), me);
+                defer(limits::now_ps(), me);
             }
         }
         0
@@ -673,8 +654,8 @@ impl Vcq {
     /// or not; `Err(wait_ps)` when it admits nothing yet.
     fn refill(&self, inner: &mut Inner, followed: bool) -> Result<usize, u64> {
         let room = self.capacity.load(Relaxed).saturating_sub(inner.ring.len()) as u64;
-        let now = govern::now_ps();
-        let allow = govern::completion_allowance(now, room.min(MOVE_BATCH as u64))?;
+        let now = limits::now_ps();
+        let allow = limits::completion_allowance(now, room.min(MOVE_BATCH as u64))?;
         if allow == 0 {
             return Ok(0);
         }
@@ -701,7 +682,7 @@ impl Vcq {
             };
             r += more.max(0) as usize;
         }
-        govern::consume_completions(now, r as u64);
+        limits::consume_completions(now, r as u64);
         inner.ring.extend(buf[..r].iter().map(|w| Moved {
             followed,
             ..Moved::unfollowed(*w)
@@ -717,7 +698,7 @@ impl Vcq {
     fn take_event(&self) {
         let mut inner = self.inner.lock();
         inner.armed = false;
-        if govern::completions_metered() && self.refill(&mut inner, false).is_err() {
+        if limits::completions_metered() && self.refill(&mut inner, false).is_err() {
             inner.backlog = true;
         }
     }
@@ -735,7 +716,7 @@ impl Vcq {
         if inner.ring.is_empty() {
             drop(inner);
             if let Err(wait) = moved {
-                defer(govern::now_ps() + wait, self.clone());
+                defer(limits::now_ps() + wait, self.clone());
             }
             return;
         }
@@ -771,8 +752,8 @@ impl Vcq {
             return;
         }
         let room = self.capacity.load(Relaxed).saturating_sub(inner.ring.len()) as u64;
-        let now = govern::now_ps();
-        let allow = match govern::completion_allowance(now, room.min(MOVE_BATCH as u64)) {
+        let now = limits::now_ps();
+        let allow = match limits::completion_allowance(now, room.min(MOVE_BATCH as u64)) {
             Ok(a) if a > 0 => a,
             _ => return,
         };
@@ -802,7 +783,7 @@ impl Vcq {
         }
         // SAFETY: the poll started above.
         unsafe { crate::cq_ex::end_poll(ded) };
-        govern::consume_completions(now, moved);
+        limits::consume_completions(now, moved);
         inner.backlog = moved == allow;
     }
 }
@@ -838,14 +819,14 @@ pub fn harvest() {
                 .collect(),
             None => return,
         };
-        let now = govern::now_ps();
+        let now = limits::now_ps();
         for v in all {
             if !v.left_alone(now) {
                 continue;
             }
             // A context closed with its CQs still alive: they are not to be touched.
-            if let Some(st) = crate::lookup(v.ctx as *mut IbvContext) {
-                crate::follow(st, &v.collect());
+            if let Some(st) = crate::context::lookup(v.ctx as *mut IbvContext) {
+                govern::follow(st, &v.collect());
             }
         }
     }));
@@ -900,7 +881,7 @@ fn defer(when: u64, v: Arc<Vcq>) {
 
 /// Looks at every deferred virtual CQ that is due.
 fn run_due() {
-    let now = govern::now_ps();
+    let now = limits::now_ps();
     let due: Vec<Arc<Vcq>> = {
         let mut d = DEFERRED.lock();
         let (due, keep): (Vec<_>, Vec<_>) = d.drain(..).partition(|(t, _)| *t <= now);

@@ -17,10 +17,12 @@
 //! `ibv_wr_atomic_write` and `ibv_wr_send_tso` have no `ibv_send_wr` form: under a grant a
 //! batch using them is refused (`EOPNOTSUPP`, said once) rather than posted ungoverned.
 
-use crate::counters::QpCounters;
+use crate::context::lookup;
 use crate::ffi::{IbvQp, IbvSendWr, IbvSge, IBV_SEND_INLINE};
-use crate::govern::{admit, now_ps, LIMITS};
-use crate::{lookup, warn_once, Trouble};
+use crate::limits::{admit, now_ps, LIMITS};
+use crate::qp::QpRecord;
+use crate::trouble::{warn_once, Trouble};
+use crate::wr_batch::{Batch, Passed, Recorded, EX_OPS};
 use libc::{c_int, c_void};
 use std::mem::offset_of;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -41,7 +43,7 @@ pub use drum_verbs_abi::{IbvDataBuf, QpExTail};
 /// QPs whose `ibv_wr_*` the shim wraps.
 pub static WRAPPED_QPS: AtomicU64 = AtomicU64::new(0);
 
-/// Wrapped pointers, in the order of `QpCounters::ex`: (offset in `ibv_qp_ex`, wrapper).
+/// Wrapped pointers, in the order of `QpRecord::ex`: (offset in `ibv_qp_ex`, wrapper).
 fn wrappers() -> [(usize, usize); EX_OPS] {
     [
         (
@@ -128,7 +130,6 @@ fn wrappers() -> [(usize, usize); EX_OPS] {
     ]
 }
 
-pub const EX_OPS: usize = 21;
 /// The index of `ibv_wr_rdma_read` among the request ops (its `request_op!`).
 const RDMA_READ_OP: usize = 4;
 const SET_INLINE_DATA: usize = 12;
@@ -188,7 +189,7 @@ pub unsafe fn wrap(qpx: *mut IbvQpEx) -> bool {
 ///
 /// # Safety
 /// `qpx` is a wrapped, live QP.
-unsafe fn original(qpx: *mut IbvQpEx, i: usize) -> Option<(&'static QpCounters, usize)> {
+unsafe fn original(qpx: *mut IbvQpEx, i: usize) -> Option<(&'static QpRecord, usize)> {
     // SAFETY: per the contract.
     let (ctx, qpn) = unsafe { ((*qpx).qp_base.context, (*qpx).qp_base.qp_num) };
     let q = lookup(ctx)?.qps.get(qpn)?;
@@ -207,49 +208,14 @@ fn lost() {
     );
 }
 
-/// The `ibv_wr_*` batch a QP is building.
-#[derive(Default)]
-pub enum Batch {
-    #[default]
-    Idle,
-    /// Nothing was in force at `wr_start`: the calls go to the provider as they come; the
-    /// bytes of each request are kept for the counters.
-    Passing(Vec<Passed>),
-    /// A grant was in force at `wr_start`: the calls are recorded as `ibv_send_wr`s and
-    /// `wr_complete` posts them the governed way, as `ibv_post_send` would.
-    Recording(Vec<Recorded>),
-    /// A recorded batch used an op that no `ibv_send_wr` can express (named).
-    Refused(&'static str),
-}
-
-/// A request passed on to the provider: its bytes, and whether it is an RDMA READ (whose
-/// data comes back).
-#[derive(Clone, Copy)]
-pub struct Passed {
-    bytes: u64,
-    read: bool,
-}
-
-/// One recorded request: the WR and the buffers its lists point into once posted.
-pub struct Recorded {
-    wr: IbvSendWr,
-    sges: Vec<IbvSge>,
-    /// Inline data, copied when the application set it (it may reuse its buffer at once).
-    inline: Option<Vec<u8>>,
-}
-
-// SAFETY: the pointers inside are the application's (an AH, an MW), valid until the request
-// completes whichever thread posts it, or point into this value's own buffers.
-unsafe impl Send for Recorded {}
-
-fn with_batch(q: &QpCounters, f: impl FnOnce(&mut Batch)) {
+fn with_batch(q: &QpRecord, f: impl FnOnce(&mut Batch)) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         f(&mut q.gov.lock().unwrap_or_else(|e| e.into_inner()).ex_batch)
     }));
 }
 
 /// The request being recorded, if the batch is recording one.
-fn with_recorded(q: &QpCounters, f: impl FnOnce(&mut Recorded)) -> bool {
+fn with_recorded(q: &QpRecord, f: impl FnOnce(&mut Recorded)) -> bool {
     let mut recording = false;
     with_batch(q, |b| {
         if let Batch::Recording(v) = b {
@@ -374,7 +340,7 @@ request_op!(send_tso, 10, 0, (hdr: *mut c_void, hdr_sz: u16, mss: u16), |w| None
 request_op!(atomic_write, 11, 8, (rkey: u32, addr: u64, data: *const c_void), |w| None);
 
 /// Adds `bytes` to the request being passed on.
-fn add_bytes(q: &QpCounters, bytes: u64) {
+fn add_bytes(q: &QpRecord, bytes: u64) {
     with_batch(q, |b| {
         if let Batch::Passing(v) = b {
             if let Some(last) = v.last_mut() {
@@ -508,7 +474,7 @@ unsafe extern "C" fn start(qpx: *mut IbvQpEx) {
     };
     // The same choice `ibv_post_send` makes per call: governed while anything is in force
     // (or this QP still has work held back, which the batch must queue behind).
-    if crate::governing(q) {
+    if crate::govern::governing(q) {
         with_batch(q, |b| *b = Batch::Recording(Vec::new()));
         return;
     }
@@ -618,7 +584,7 @@ unsafe fn post_recorded(qpx: *mut IbvQpEx, mut v: Vec<Recorded>) -> c_int {
     let mut bad = std::ptr::null_mut();
     // SAFETY: the application's QP (`ibv_qp_ex` begins with its `ibv_qp`) and a list of
     // our own WRs, alive for the call; queued ones are copied.
-    unsafe { crate::drum_post_send(&mut (*qpx).qp_base, &mut v[0].wr, &mut bad) }
+    unsafe { crate::ops::drum_post_send(&mut (*qpx).qp_base, &mut v[0].wr, &mut bad) }
 }
 
 /// The longest single sleep while waiting for the limiters: a grant that changes meanwhile
@@ -626,7 +592,7 @@ unsafe fn post_recorded(qpx: *mut IbvQpEx, mut v: Vec<Recorded>) -> c_int {
 const MAX_SLEEP: Duration = Duration::from_millis(10);
 
 /// Waits until the limiters admit each request of the batch, charging them as it goes.
-fn pace(q: &QpCounters, batch: impl Iterator<Item = u64>) {
+fn pace(q: &QpRecord, batch: impl Iterator<Item = u64>) {
     if !LIMITS.active.load(Acquire) {
         return;
     }

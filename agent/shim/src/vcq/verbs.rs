@@ -1,5 +1,5 @@
-//! The verbs of CQs and completion channels on a governed context, which the crate root's
-//! interposed entry points (`cq_verbs`) hand over: the application's CQ made virtual over
+//! The verbs of CQs and completion channels on a governed context, which the interposed
+//! entry points (`cq_verbs`, `extended`) hand over: the application's CQ made virtual over
 //! its dedicated CQ, its channel made the shim's over the real one, their events, resizing
 //! and destruction.
 
@@ -12,12 +12,12 @@ use super::*;
 /// `ctx` is an open context.
 pub unsafe fn create_channel(ctx: *mut IbvContext) -> *mut IbvCompChannel {
     let Some(f) = crate::real::CREATE_CHANNEL.get() else {
-        crate::set_errno(libc::ENOSYS);
+        crate::trouble::set_errno(libc::ENOSYS);
         return ptr::null_mut();
     };
     // SAFETY: the real function with the caller's argument.
     let realch = unsafe { f(ctx) };
-    if realch.is_null() || !enabled() || crate::lookup(ctx).is_none() {
+    if realch.is_null() || !enabled() || crate::context::lookup(ctx).is_none() {
         return realch;
     }
     // SAFETY: the real channel just made.
@@ -159,7 +159,7 @@ pub unsafe fn get_event(
         // SAFETY: the channel's epoll fd.
         let flags = unsafe { libc::fcntl(c.epfd, libc::F_GETFL) };
         if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
-            crate::set_errno(libc::EAGAIN);
+            crate::trouble::set_errno(libc::EAGAIN);
             return Some(-1);
         }
         let mut ev = libc::epoll_event { events: 0, u64: 0 };
@@ -186,7 +186,8 @@ pub fn ack(cq: *mut IbvCq) -> bool {
 
 /// `ibv_create_cq_ex` on a governed context: as [`create_cq`], with `create(app)` making
 /// the application's `ibv_cq_ex` (`true`) or the dedicated one (`false`) through the
-/// provider. Returns the application's CQ (virtual when it could be made so).
+/// provider. Returns the application's CQ and whether it is virtual, in which case the caller
+/// swaps its polling pointers (`cq_ex_poll::wrap`) before handing it out.
 ///
 /// # Safety
 /// `create` makes CQs on `ctx` on the real channel behind `app_ch`.
@@ -194,24 +195,24 @@ pub unsafe fn create_cq_ex(
     ctx: *mut IbvContext,
     app_ch: *mut IbvCompChannel,
     mut create: impl FnMut(bool) -> *mut IbvCq,
-) -> *mut IbvCq {
+) -> (*mut IbvCq, bool) {
     let chan = if app_ch.is_null() {
         None
     } else {
         channel(app_ch)
     };
-    let st = crate::lookup(ctx);
+    let st = crate::context::lookup(ctx);
     let app = create(true);
     let usable = enabled() && (app_ch.is_null() || chan.is_some());
     // SAFETY: a non-null CQ the provider just made as an `ibv_cq_ex`.
     if st.is_none() || app.is_null() || !usable || !unsafe { crate::cq_ex::wrappable(app) } {
-        return app;
+        return (app, false);
     }
     let Some(st) = st else {
-        return app;
+        return (app, false);
     };
     let Some(poll) = st.orig.poll_cq else {
-        return app;
+        return (app, false);
     };
     let dedicated = create(false);
     if dedicated.is_null() {
@@ -220,14 +221,11 @@ pub unsafe fn create_cq_ex(
             "could not create a dedicated CQ; the application's CQs get their completions \
              directly",
         );
-        return app;
+        return (app, false);
     }
     // SAFETY: both just created on the real channel behind the application's.
-    if unsafe { adopt(poll, st.orig.req_notify_cq, (app, dedicated), true, chan) } {
-        // SAFETY: the application's new `ibv_cq_ex`, not handed out yet.
-        unsafe { crate::cq_ex::wrap(app) };
-    }
-    app
+    let adopted = unsafe { adopt(poll, st.orig.req_notify_cq, (app, dedicated), true, chan) };
+    (app, adopted)
 }
 
 /// `ibv_create_cq` on a governed context: the application's CQ and its dedicated CQ.
@@ -242,11 +240,11 @@ pub unsafe fn create_cq(
     vector: c_int,
 ) -> *mut IbvCq {
     let Some(f) = crate::real::CREATE_CQ.get() else {
-        crate::set_errno(libc::ENOSYS);
+        crate::trouble::set_errno(libc::ENOSYS);
         return ptr::null_mut();
     };
     let chan = if ch.is_null() { None } else { channel(ch) };
-    let st = crate::lookup(ctx);
+    let st = crate::context::lookup(ctx);
     let virtualise = enabled() && (ch.is_null() || chan.is_some());
     let (Some(st), true) = (st, virtualise) else {
         // SAFETY: forwarding unchanged.
