@@ -31,7 +31,7 @@ fn engine(
     let mut st = State::with_nic(cfg);
     st.my_ip = me.into();
     st.peers = vec![R.into(), S1.into(), S2.into()];
-    st.auss = NicAuss::on(EXPIRY, &dir.join("auss")).unwrap();
+    st.auss = NicAuss::on(EXPIRY, cfg.auss_hold(), &dir.join("auss")).unwrap();
     let pid = std::process::id() as i32;
     let Resp::Handle(pd) = st.request(1, pid, Req::AllocPd) else {
         panic!()
@@ -320,7 +320,7 @@ fn the_last_packet_before_an_empty_send_queue_is_marked_idle() {
     for (cfg, marked) in [(on, true), (NicConfig::default(), false)] {
         let (mut st, qpns, _buf) = nic_rig(cfg, 1, 2);
         if marked {
-            st.auss = NicAuss::on(EXPIRY, &tmpdir("idle").join("auss")).unwrap();
+            st.auss = NicAuss::on(EXPIRY, Duration::ZERO, &tmpdir("idle").join("auss")).unwrap();
         }
         let t0 = Instant::now();
         let flags: Vec<u8> = std::iter::from_fn(|| st.next_packet(qpns[0], t0))
