@@ -8,6 +8,8 @@
 //!   (`msg_id` = the sender's QPN), refreshed by its later packets and ended by the packet
 //!   that leaves the sender's send queue empty ([`crate::wire::F_IDLE`]). A sender is counted
 //!   once whatever number of QPs it has open; one silent for the expiry leaves (soft state).
+//!   An END is held for `hold` and dropped if the QP carries another long message by then:
+//!   a queue that runs empty for a moment between messages does not move `N` (twice).
 //! - [`Stamp`]: `N`, epoch and incarnation as they travel in ACKs and notifications.
 //! - [`Latest`]: the requester's newest stamp per destination, refusing stale epochs.
 
@@ -108,6 +110,11 @@ pub struct ActiveSenders<A> {
     /// map lookup.
     open: BTreeMap<(SenderId, u32), Duration>,
     refresh: Duration,
+    /// Open QPs whose message ended with an empty send queue: the END is applied at the
+    /// deadline (by [`ActiveSenders::tick`]) unless a long message comes first, `A` being
+    /// where the END came from. They stay in `open` meanwhile.
+    ending: BTreeMap<(SenderId, u32), (Duration, A)>,
+    hold: Duration,
     /// One sequence for every announcement, so any new START is newer than any END the
     /// set still remembers for the same QPN (a QP number reused after its QP was destroyed).
     seq: u64,
@@ -115,8 +122,10 @@ pub struct ActiveSenders<A> {
 
 impl<A: Clone + Ord> ActiveSenders<A> {
     /// `incarnation` (≠ 0) must grow across restarts of the engine, so that senders accept
-    /// the new life's epochs, which start again at 1.
-    pub fn new(expiry: Duration, incarnation: u64) -> Self {
+    /// the new life's epochs, which start again at 1. An END takes effect `hold` after it
+    /// arrives, unless its QP starts another long message by then (0: at once); a START is
+    /// counted at once.
+    pub fn new(expiry: Duration, hold: Duration, incarnation: u64) -> Self {
         Self {
             auss: Auss::new(
                 AussConfig {
@@ -129,6 +138,8 @@ impl<A: Clone + Ord> ActiveSenders<A> {
             // Three refreshes may be lost to scheduling before a live sender expires, as the
             // agents' default (docs/dasr.md, refresh_ms).
             refresh: expiry / 4,
+            ending: BTreeMap::new(),
+            hold,
             seq: 0,
         }
     }
@@ -145,7 +156,19 @@ impl<A: Clone + Ord> ActiveSenders<A> {
     /// every member when `N` changed (the announcer too, whose own ACK may be a window away).
     pub fn on_request(&mut self, now: Duration, from: A, r: Request) -> Vec<A> {
         let key = (r.sender, r.qpn);
+        if self.ending.contains_key(&key) {
+            // Short messages, an END already held: the END stands, with its deadline.
+            if r.msg_len < MIN_ACTIVE_MESSAGE || r.idle {
+                return Vec::new();
+            }
+            // Another long message within the hold: the QP never stopped being busy.
+            self.ending.remove(&key);
+        }
         let phase = match (self.open.get(&key), r.idle) {
+            (Some(_), true) if !self.hold.is_zero() => {
+                self.ending.insert(key, (now + self.hold, from));
+                return Vec::new();
+            }
             (Some(_), true) => {
                 self.open.remove(&key);
                 Phase::End
@@ -160,36 +183,63 @@ impl<A: Clone + Ord> ActiveSenders<A> {
         if phase == Phase::Start {
             self.open.insert(key, now);
         }
+        self.announce(now, from, key, phase)
+    }
+
+    /// Tells the set of `phase` of QP `key`; returns where notifications go.
+    fn announce(&mut self, now: Duration, from: A, key: (SenderId, u32), phase: Phase) -> Vec<A> {
         self.seq += 1;
         let epoch = self.auss.epoch();
         let a = Announce {
-            sender: r.sender,
+            sender: key.0,
             incarnation: 1,
             seq: self.seq,
             phase,
-            msg_id: u64::from(r.qpn),
+            msg_id: u64::from(key.1),
             weight: 1.0,
             lookahead: None,
         };
         let out = self.auss.on_announce(now, from, &a);
         // The announcer is told too while it is a member (its own ACK may be a window away);
         // one that has just left is not.
-        let member = self.auss.is_member(r.sender);
+        let member = self.auss.is_member(key.0);
         self.targets(out, epoch, member)
     }
 
-    /// Expires senders silent for the expiry; returns where notifications go.
+    /// Applies the ENDs held past their deadline and expires senders silent for the
+    /// expiry; returns where notifications go.
     pub fn tick(&mut self, now: Duration) -> Vec<A> {
+        let due: Vec<_> = self
+            .ending
+            .iter()
+            .filter(|(_, (deadline, _))| *deadline <= now)
+            .map(|(key, (_, from))| (*key, from.clone()))
+            .collect();
+        let mut to = Vec::new();
+        for (key, from) in due {
+            self.ending.remove(&key);
+            self.open.remove(&key);
+            to.extend(self.announce(now, from, key, Phase::End));
+        }
         let epoch = self.auss.epoch();
         let expiry = self.auss.config().expiry;
         self.open.retain(|_, at| now.saturating_sub(*at) < expiry);
+        let open = &self.open;
+        self.ending.retain(|key, _| open.contains_key(key));
         let out = self.auss.tick(now);
-        self.targets(out, epoch, false)
+        to.extend(self.targets(out, epoch, false));
+        to.sort();
+        to.dedup();
+        to
     }
 
-    /// When [`ActiveSenders::tick`] has something to expire.
+    /// When [`ActiveSenders::tick`] has an END to apply or a sender to expire.
     pub fn next_deadline(&self) -> Option<Duration> {
-        self.auss.next_deadline()
+        let ends = self.ending.values().map(|(deadline, _)| *deadline).min();
+        match (self.auss.next_deadline(), ends) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Members in the set now.

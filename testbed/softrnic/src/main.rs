@@ -99,6 +99,12 @@ enum Cmd {
         /// (0: off).
         #[arg(long, default_value_t = nic::NicConfig::default().auss_expiry_ms)]
         auss_expiry_ms: u64,
+        /// AUSS: how long a receiver holds a sender's END (its send queue ran empty) before
+        /// it stops counting it, in µs of the NIC's time (stretched by --time-scale); another
+        /// message on the same QP within it cancels the END, so N does not flap when a
+        /// sender's queue runs empty for a moment. 0: ENDs apply at once.
+        #[arg(long, default_value_t = nic::NicConfig::default().auss_hold_us)]
+        auss_hold_us: u64,
         /// Send every packet with its own sendto (no UDP GSO batching between engines).
         #[arg(long)]
         no_gso: bool,
@@ -198,6 +204,7 @@ fn main() -> Result<()> {
             dcqcn,
             time_scale,
             auss_expiry_ms,
+            auss_hold_us,
             no_gso,
         } => {
             let nic = nic::NicConfig {
@@ -213,6 +220,7 @@ fn main() -> Result<()> {
                 dcqcn: dcqcn == "on",
                 time_scale,
                 auss_expiry_ms,
+                auss_hold_us,
             };
             let f = hosts::UpFaults {
                 seed,

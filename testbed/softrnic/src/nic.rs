@@ -89,6 +89,11 @@ pub struct NicConfig {
     /// AUSS in ACKs ([`crate::auss`]): how long a silent sender stays in a receiver's active
     /// unique senders, in ms; 0 = off (ACKs unstamped, no notifications, no table).
     pub auss_expiry_ms: u64,
+    /// AUSS: how long a receiver holds a sender's END (its send queue ran empty) before it
+    /// stops counting it, in µs of the NIC's time (stretched by `time_scale`); a START on
+    /// the same QP within it cancels the END, so a queue empty for a moment does not move
+    /// `N`. 0: ENDs apply at once.
+    pub auss_hold_us: u64,
 }
 
 impl Default for NicConfig {
@@ -109,6 +114,7 @@ impl Default for NicConfig {
             time_scale: 1.0,
             // Off: packets and the model stay what they were unless a run asks for it.
             auss_expiry_ms: 0,
+            auss_hold_us: 1000,
         }
     }
 }
@@ -171,7 +177,10 @@ impl NicConfig {
             self.time_scale,
             // Only when on, so that the settings of runs without it read as before.
             if self.auss_expiry_ms > 0 {
-                format!(" auss_expiry_ms {}", self.auss_expiry_ms)
+                format!(
+                    " auss_expiry_ms {} auss_hold_us {}",
+                    self.auss_expiry_ms, self.auss_hold_us
+                )
             } else {
                 String::new()
             }
@@ -202,6 +211,7 @@ impl NicConfig {
                 "rx_lossy" => c.rx_lossy = flag(kv[1]).ok_or_else(bad)?,
                 "dcqcn" => c.dcqcn = flag(kv[1]).ok_or_else(bad)?,
                 "auss_expiry_ms" => c.auss_expiry_ms = kv[1].parse().map_err(|_| bad())?,
+                "auss_hold_us" => c.auss_hold_us = kv[1].parse().map_err(|_| bad())?,
                 "time_scale" => {
                     c.time_scale = kv[1]
                         .parse()
@@ -224,6 +234,11 @@ impl NicConfig {
     /// AUSS's expiry, None when it is off.
     pub fn auss_expiry(&self) -> Option<std::time::Duration> {
         (self.auss_expiry_ms > 0).then(|| std::time::Duration::from_millis(self.auss_expiry_ms))
+    }
+
+    /// How long AUSS holds an END, in real time: `auss_hold_us` stretched by the time scale.
+    pub fn auss_hold(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.auss_hold_us as f64 * 1e-6 * self.time_scale)
     }
 
     /// The receive port's parameters.
@@ -490,6 +505,7 @@ mod tests {
             dcqcn: false,
             time_scale: 200.0,
             auss_expiry_ms: 0,
+            auss_hold_us: 1000,
         };
         assert_eq!(NicConfig::decode(&c.encode()).unwrap(), c);
         assert!(
@@ -498,10 +514,13 @@ mod tests {
         );
         let a = NicConfig {
             auss_expiry_ms: 500,
+            auss_hold_us: 250,
             ..c
         };
         assert_eq!(NicConfig::decode(&a.encode()).unwrap(), a);
         assert_eq!(a.auss_expiry(), Some(Duration::from_millis(500)));
+        // The hold is in the NIC's time: 250 µs at 200× dilation is 50 ms.
+        assert_eq!(a.auss_hold(), Duration::from_millis(50));
         assert!(NicConfig::decode("dcqcn 2").is_err());
         assert!(NicConfig::decode("time_scale 0").is_err());
         assert!(NicConfig::decode("time_scale nan").is_err());

@@ -9,8 +9,15 @@ const EXPIRY: Duration = Duration::from_millis(2000);
 const A: u64 = 0x0a4d_0002;
 const B: u64 = 0x0a4d_0003;
 
+/// ENDs at once (no hold): the set's logic apart from the damping.
 fn set() -> ActiveSenders<u64> {
-    ActiveSenders::new(EXPIRY, 7)
+    ActiveSenders::new(EXPIRY, Duration::ZERO, 7)
+}
+
+const HOLD: Duration = Duration::from_millis(1);
+
+fn held() -> ActiveSenders<u64> {
+    ActiveSenders::new(EXPIRY, HOLD, 7)
 }
 
 fn long(sender: SenderId, qpn: u32) -> Request {
@@ -165,6 +172,78 @@ fn a_qp_number_reused_after_an_end_opens_again() {
     assert_eq!(s.n(), 1);
 }
 
+/// `ib_write_bw`'s send queue runs empty for a moment while it waits for completions: its
+/// END and the next message's START within the hold move neither `N` nor the epoch.
+#[test]
+fn an_end_followed_by_a_start_within_the_hold_changes_nothing() {
+    let mut s = held();
+    assert_eq!(s.on_request(ms(0), A, long(A, 0x11)), vec![A]);
+    assert_eq!(s.on_request(ms(0), B, long(B, 0x12)), vec![A, B]);
+    let before = s.stamp();
+    assert_eq!((before.n, before.epoch), (2, 2));
+    let t = ms(10);
+    for gap in 0..5u32 {
+        let end = t + HOLD * gap * 2;
+        assert!(s.on_request(end, A, idle(A, 0x11)).is_empty());
+        assert_eq!(s.next_deadline(), Some(end + HOLD));
+        assert!(s.tick(end + HOLD / 2).is_empty());
+        assert!(s.on_request(end + HOLD / 2, A, long(A, 0x11)).is_empty());
+        assert!(s.tick(end + HOLD * 2).is_empty());
+        assert_eq!(s.stamp(), before, "gap {gap}");
+    }
+    // Short messages (and their ENDs) within the hold do not cancel it.
+    let end = ms(20);
+    assert!(s.on_request(end, A, idle(A, 0x11)).is_empty());
+    let short = Request {
+        msg_len: 4096,
+        ..idle(A, 0x11)
+    };
+    assert!(s.on_request(end + HOLD / 2, A, short).is_empty());
+    assert_eq!(s.next_deadline(), Some(end + HOLD));
+    assert_eq!(s.tick(end + HOLD), vec![B]);
+    assert_eq!((s.n(), s.stamp().epoch), (1, 3));
+}
+
+/// An END followed by silence: the sender leaves at the end of the hold, once (one epoch),
+/// and the others are told; a new sender's START is counted at once, hold or not.
+#[test]
+fn an_end_followed_by_silence_leaves_after_the_hold_and_a_start_counts_at_once() {
+    let mut s = held();
+    assert_eq!(s.on_request(ms(0), A, long(A, 0x11)), vec![A]);
+    assert_eq!((s.n(), s.stamp().epoch), (1, 1));
+    // B starts: counted with its first packet, both told.
+    assert_eq!(s.on_request(ms(1), B, long(B, 0x12)), vec![A, B]);
+    assert_eq!((s.n(), s.stamp().epoch), (2, 2));
+    // A's queue runs empty and stays so.
+    let end = ms(5);
+    assert!(s.on_request(end, A, idle(A, 0x11)).is_empty());
+    assert!(s.tick(end + HOLD - Duration::from_nanos(1)).is_empty());
+    assert_eq!((s.n(), s.stamp().epoch), (2, 2), "within the hold");
+    assert_eq!(s.tick(end + HOLD), vec![B]);
+    assert_eq!((s.n(), s.stamp().epoch), (1, 3));
+    assert!(s.tick(end + HOLD * 10).is_empty());
+    assert_eq!((s.n(), s.stamp().epoch), (1, 3), "the epoch moved once");
+    assert_eq!(s.next_deadline(), Some(ms(1) + EXPIRY), "B's expiry only");
+    // A starts again after the hold: a START, counted at once.
+    assert_eq!(s.on_request(ms(50), A, long(A, 0x11)), vec![A, B]);
+    assert_eq!((s.n(), s.stamp().epoch), (2, 4));
+}
+
+/// A held END does not keep a sender that dies: its expiry still applies.
+#[test]
+fn a_sender_that_dies_expires_as_without_the_hold() {
+    let mut s = held();
+    s.on_request(ms(0), A, long(A, 0x11));
+    s.on_request(ms(0), B, long(B, 0x12));
+    for t in (400..=EXPIRY.as_millis() as u64).step_by(400) {
+        s.on_request(ms(t), B, long(B, 0x12));
+        s.tick(ms(t));
+    }
+    assert_eq!(s.n(), 1, "A, silent since 0, expired");
+    assert_eq!(s.tick(ms(5000)), Vec::<u64>::new());
+    assert_eq!(s.n(), 0);
+}
+
 #[test]
 fn stamps_travel_and_forged_or_truncated_ones_are_refused() {
     let st = Stamp {
@@ -245,8 +324,8 @@ proptest! {
     /// Whatever the requests and ticks, `N` counts the senders with an open QP heard from
     /// within the expiry, and every change of it moves the epoch on.
     #[test]
-    fn n_counts_open_unique_senders(ops in proptest::collection::vec((0u64..3, 0u32..3, any::<bool>(), 0u64..700), 1..60)) {
-        let mut s = set();
+    fn n_counts_open_unique_senders(ops in proptest::collection::vec((0u64..3, 0u32..3, any::<bool>(), 0u64..700), 1..60), hold_ms in 0u64..3) {
+        let mut s = ActiveSenders::new(EXPIRY, ms(hold_ms), 7);
         let mut now = 0;
         let mut last = s.stamp();
         for (sender, qpn, is_idle, dt) in ops {

@@ -72,8 +72,13 @@ fn sender_id(ip: Ipv4Addr) -> u64 {
 }
 
 impl NicAuss {
-    /// AUSS on, with `expiry`, publishing into a new table at `table`.
-    pub(super) fn on(expiry: Duration, table: &std::path::Path) -> io::Result<NicAuss> {
+    /// AUSS on, with `expiry` and ENDs held for `hold`, publishing into a new table at
+    /// `table`.
+    pub(super) fn on(
+        expiry: Duration,
+        hold: Duration,
+        table: &std::path::Path,
+    ) -> io::Result<NicAuss> {
         // Grows across restarts of the engine (as the agents' incarnations do), and never 0.
         let incarnation = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -81,7 +86,7 @@ impl NicAuss {
             .max(1);
         Ok(NicAuss {
             on: Some(On {
-                set: ActiveSenders::new(expiry, incarnation),
+                set: ActiveSenders::new(expiry, hold, incarnation),
                 latest: Latest::default(),
                 table: Writer::create(table)?,
                 origin: Instant::now(),
@@ -134,7 +139,7 @@ impl State {
         self.auss_notify(to);
     }
 
-    /// Expires silent senders (from the transmitter's timers).
+    /// Applies held ENDs and expires silent senders (from the transmitter's timers).
     pub(super) fn auss_tick(&mut self, now: Instant) {
         let Some(on) = self.auss.on.as_mut() else {
             return;

@@ -563,7 +563,7 @@ pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
     state.peers = cfg.peers.clone();
     if let Some(expiry) = cfg.nic.auss_expiry() {
         let table = cfg.socket.with_file_name("auss");
-        state.auss = super::auss::NicAuss::on(expiry, &table)
+        state.auss = super::auss::NicAuss::on(expiry, cfg.nic.auss_hold(), &table)
             .with_context(|| format!("creating the AUSS table {}", table.display()))?;
     }
     if !cfg.faults.is_none() {

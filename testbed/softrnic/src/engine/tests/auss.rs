@@ -31,7 +31,7 @@ fn engine(
     let mut st = State::with_nic(cfg);
     st.my_ip = me.into();
     st.peers = vec![R.into(), S1.into(), S2.into()];
-    st.auss = NicAuss::on(EXPIRY, &dir.join("auss")).unwrap();
+    st.auss = NicAuss::on(EXPIRY, cfg.auss_hold(), &dir.join("auss")).unwrap();
     let pid = std::process::id() as i32;
     let Resp::Handle(pd) = st.request(1, pid, Req::AllocPd) else {
         panic!()
@@ -320,7 +320,7 @@ fn the_last_packet_before_an_empty_send_queue_is_marked_idle() {
     for (cfg, marked) in [(on, true), (NicConfig::default(), false)] {
         let (mut st, qpns, _buf) = nic_rig(cfg, 1, 2);
         if marked {
-            st.auss = NicAuss::on(EXPIRY, &tmpdir("idle").join("auss")).unwrap();
+            st.auss = NicAuss::on(EXPIRY, Duration::ZERO, &tmpdir("idle").join("auss")).unwrap();
         }
         let t0 = Instant::now();
         let flags: Vec<u8> = std::iter::from_fn(|| st.next_packet(qpns[0], t0))
@@ -339,4 +339,54 @@ fn the_last_packet_before_an_empty_send_queue_is_marked_idle() {
         );
     }
     std::fs::remove_dir_all(tmpdir("idle")).unwrap();
+}
+
+/// A sender's queue runs empty between two messages (`ib_write_bw` waiting for completions):
+/// its END is held, the next message's first packet cancels it and nobody is told anything;
+/// an END followed by silence takes effect on the timers after the hold, and the other sender
+/// is told `N` = 1.
+#[test]
+fn an_end_is_held_and_a_next_message_cancels_it() {
+    let dir = tmpdir("hold");
+    let mut buf = vec![0u8; 64 << 10];
+    let base = buf.as_ptr() as u64;
+    let (mut r, q, rkey) = engine(R, &[(S1, 0x100), (S2, 0x100)], &mut buf, &dir);
+    let (s1, s2) = (engine_addr(S1), engine_addr(S2));
+    let hold = NicConfig::default().auss_hold();
+    let t0 = Instant::now();
+    r.receive(s1, write(q[0], 0x100, 0, rkey, base, 0), t0);
+    r.receive(s2, write(q[1], 0x100, 0, rkey, base, 0), t0);
+    sent(&mut r);
+    let at_two = r.auss.snapshot().unwrap();
+    assert_eq!((at_two.n, at_two.epoch), (2, 2));
+    let idle = wire::F_IDLE | wire::F_LAST;
+    r.receive(s2, write(q[1], 0x100, 1, rkey, base, idle), t0);
+    assert_eq!(
+        ns(&sent(&mut r)),
+        [(s2, wire::OP_ACK, 2)],
+        "the END is held"
+    );
+    // The next message, its first packet.
+    let next = Packet {
+        psn: 2,
+        ..write(q[1], 0x100, 0, rkey, base, 0)
+    };
+    r.receive(s2, next, t0);
+    assert_eq!(ns(&sent(&mut r)), [(s2, wire::OP_ACK, 2)]);
+    r.timers(Instant::now() + hold * 5);
+    assert!(sent(&mut r).is_empty(), "the END was cancelled");
+    let c = r.auss.snapshot().unwrap();
+    assert_eq!((c.n, c.epoch), (2, 2));
+    // That message ends with an empty queue too, and S2 stays silent.
+    let last = Packet {
+        psn: 3,
+        ..write(q[1], 0x100, 1, rkey, base, idle)
+    };
+    r.receive(s2, last, Instant::now());
+    assert_eq!(ns(&sent(&mut r)), [(s2, wire::OP_ACK, 2)]);
+    r.timers(Instant::now() + hold * 5);
+    assert_eq!(ns(&sent(&mut r)), [(s1, wire::OP_AUSS, 1)]);
+    let c = r.auss.snapshot().unwrap();
+    assert_eq!((c.n, c.epoch), (1, 3));
+    std::fs::remove_dir_all(dir).unwrap();
 }
