@@ -14,6 +14,8 @@ pub mod generator;
 pub mod host_step;
 pub mod instance;
 pub mod live;
+pub mod lossy;
+pub mod max_min;
 pub mod model;
 pub mod polish;
 pub mod process_share;
@@ -24,7 +26,9 @@ pub mod rng;
 pub mod roots;
 pub mod selection;
 pub mod solver;
+pub mod trace;
 pub mod traffic_shares;
 pub mod utility;
+pub mod xwi;
 /// Lives in `drum-table` because the shim, which does not link this crate, needs it too.
 pub use drum_table::wire_cost;

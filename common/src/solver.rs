@@ -1,20 +1,26 @@
-//! The in-process solver: top-k selection rounds around an inner algorithm (sharing ADMM or the
-//! dual-decomposition baseline), hosts in parallel with rayon. The same host and coordinator
+//! The in-process solver: top-k selection rounds around an inner algorithm (sharing ADMM, or the
+//! baselines: dual decomposition and NUMFabric's xWI), hosts in parallel with rayon. The same host and coordinator
 //! steps run over the network in drum-agent / drum-coordinator.
 
 use crate::admm::{accumulate, Contribution, CoordinatorState, HostState, Residuals};
 use crate::dual::{DualState, DualStep};
+use crate::lossy::{Loss, LossyChannel};
+use crate::max_min::weighted_max_min;
 use crate::model::Problem;
 use crate::polish::polish;
 pub use crate::polish::PolishReport;
 use crate::rng::SplitMix64;
 use crate::selection::{evaluate_host, initial_active, relax_host, SelectionOptions};
+pub use crate::trace::{fixed_set_trace, iterations_to_accuracy, lossy_fixed_set_trace};
+use crate::xwi::{least_residuals, HostReport, XwiState};
 use rayon::prelude::*;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Algorithm {
     Admm,
     Dual(DualStep),
+    /// NUMFabric's price iteration over weighted max-min rates ([`crate::xwi`]).
+    Xwi,
 }
 
 impl Algorithm {
@@ -23,6 +29,7 @@ impl Algorithm {
             Algorithm::Admm => "admm",
             Algorithm::Dual(DualStep::Paper) => "dual-paper-step",
             Algorithm::Dual(DualStep::Normalised { .. }) => "dual",
+            Algorithm::Xwi => "xwi",
         }
     }
 }
@@ -173,14 +180,39 @@ pub fn price_reference(problem: &Problem) -> f64 {
 enum Inner {
     Admm(CoordinatorState),
     Dual(DualState),
+    Xwi(XwiState),
 }
 
 impl Inner {
+    fn new(algorithm: Algorithm, rho: f64, facilities: usize) -> Self {
+        match algorithm {
+            Algorithm::Admm => Inner::Admm(CoordinatorState::new(rho, facilities)),
+            Algorithm::Dual(step) => Inner::Dual(DualState::new(step, facilities)),
+            Algorithm::Xwi => Inner::Xwi(XwiState::new(facilities)),
+        }
+    }
+
     fn price(&self, f: u32) -> f64 {
         match self {
             Inner::Admm(c) => c.price(f),
             Inner::Dual(d) => d.prices[f as usize],
+            Inner::Xwi(x) => x.prices[f as usize],
         }
+    }
+}
+
+/// What the coordinator holds of each host when updates can be lost ([`crate::lossy`]).
+#[derive(Clone)]
+enum Held {
+    Contributions(LossyChannel<Contribution>),
+    /// xWI's hosts report weights and multipliers; the rates follow from all weights.
+    Reports(LossyChannel<HostReport>),
+}
+
+fn report(h: &HostState) -> HostReport {
+    HostReport {
+        weights: h.x.clone(),
+        multipliers: h.multipliers,
     }
 }
 
@@ -191,6 +223,7 @@ pub struct Engine<'p> {
     inner: Inner,
     pub hosts: Vec<HostState>,
     sums: Vec<f64>,
+    held: Option<Held>,
 }
 
 impl<'p> Engine<'p> {
@@ -212,20 +245,45 @@ impl<'p> Engine<'p> {
             .collect();
         let mut sums = vec![0.0; problem.facilities.len()];
         accumulate(&mut sums, &contributions);
-        let inner = match algorithm {
-            Algorithm::Admm => {
-                let mut c = CoordinatorState::new(rho, problem.facilities.len());
-                c.set_counts(&active_counts(problem, &hosts));
-                c.update(&problem.facilities, &sums, None);
-                Inner::Admm(c)
-            }
-            Algorithm::Dual(step) => Inner::Dual(DualState::new(step, problem.facilities.len())),
-        };
+        let mut inner = Inner::new(algorithm, rho, problem.facilities.len());
+        if let Inner::Admm(c) = &mut inner {
+            c.set_counts(&active_counts(problem, &hosts));
+            c.update(&problem.facilities, &sums, None);
+        }
         Self {
             problem,
             inner,
             hosts,
             sums,
+            held: None,
+        }
+    }
+
+    /// The same engine with each host's update lost with `loss.probability` per iteration, the
+    /// coordinator using that host's last delivered one ([`crate::lossy`]).
+    pub fn with_loss(mut self, loss: Loss) -> Self {
+        self.held = Some(match self.inner {
+            Inner::Xwi(_) => Held::Reports(LossyChannel::new(
+                loss,
+                self.hosts.iter().map(report).collect(),
+            )),
+            _ => Held::Contributions(LossyChannel::new(
+                loss,
+                self.hosts
+                    .iter()
+                    .map(|h| h.contribution(self.problem))
+                    .collect(),
+            )),
+        });
+        self
+    }
+
+    /// Host updates lost so far (0 without loss).
+    pub fn lost(&self) -> u64 {
+        match &self.held {
+            None => 0,
+            Some(Held::Contributions(c)) => c.lost(),
+            Some(Held::Reports(c)) => c.lost(),
         }
     }
 
@@ -243,9 +301,8 @@ impl<'p> Engine<'p> {
             hosts.iter().map(|h| h.contribution(problem)).collect();
         let mut sums = vec![0.0; problem.facilities.len()];
         accumulate(&mut sums, &contributions);
-        let inner = match algorithm {
-            Algorithm::Admm => {
-                let mut c = CoordinatorState::new(rho, problem.facilities.len());
+        let inner = match Inner::new(algorithm, rho, problem.facilities.len()) {
+            Inner::Admm(mut c) => {
                 c.set_counts(&active_counts(problem, &hosts));
                 for ((st, spec), (&s, &price)) in c
                     .facilities
@@ -261,10 +318,13 @@ impl<'p> Engine<'p> {
                 }
                 Inner::Admm(c)
             }
-            Algorithm::Dual(step) => {
-                let mut d = DualState::new(step, problem.facilities.len());
+            Inner::Dual(mut d) => {
                 d.prices.copy_from_slice(prices);
                 Inner::Dual(d)
+            }
+            Inner::Xwi(mut x) => {
+                x.prices.copy_from_slice(prices);
+                Inner::Xwi(x)
             }
         };
         Self {
@@ -272,6 +332,7 @@ impl<'p> Engine<'p> {
             inner,
             hosts,
             sums,
+            held: None,
         }
     }
 
@@ -288,7 +349,7 @@ impl<'p> Engine<'p> {
     /// One inner iteration: all host steps in parallel, the Allreduce, the coordinator step.
     pub fn step(&mut self) -> Residuals {
         let problem = self.problem;
-        let contributions: Vec<Contribution> = match &self.inner {
+        let fresh: Vec<Contribution> = match &self.inner {
             Inner::Admm(c) => self
                 .hosts
                 .par_iter_mut()
@@ -299,11 +360,17 @@ impl<'p> Engine<'p> {
                 .par_iter_mut()
                 .map(|h| h.priced_step(problem, |f| d.prices[f as usize]))
                 .collect(),
+            Inner::Xwi(_) => return self.xwi_step(),
+        };
+        let delivered = match &mut self.held {
+            Some(Held::Contributions(channel)) => channel.deliver(fresh),
+            _ => &fresh,
         };
         self.sums.iter_mut().for_each(|s| *s = 0.0);
-        accumulate(&mut self.sums, &contributions);
+        accumulate(&mut self.sums, delivered);
         match &mut self.inner {
             Inner::Admm(c) => c.update(&problem.facilities, &self.sums, None),
+            Inner::Xwi(_) => unreachable!("xWI steps in xwi_step"),
             Inner::Dual(d) => {
                 let dual = d.update(&problem.facilities, &self.sums);
                 Residuals {
@@ -311,6 +378,51 @@ impl<'p> Engine<'p> {
                     dual,
                 }
             }
+        }
+    }
+
+    /// One xWI iteration: best responses are the weights, the rates their weighted max-min
+    /// allocation (always feasible), then the price update from the least residuals.
+    fn xwi_step(&mut self) -> Residuals {
+        let problem = self.problem;
+        let Inner::Xwi(state) = &mut self.inner else {
+            unreachable!("an xWI engine")
+        };
+        let prices = &state.prices;
+        self.hosts.par_iter_mut().for_each(|h| {
+            h.priced_step(problem, |f| prices[f as usize]);
+        });
+        let fresh: Vec<HostReport> = self.hosts.iter().map(report).collect();
+        let reports = match &mut self.held {
+            Some(Held::Reports(channel)) => channel.deliver(fresh),
+            _ => &fresh,
+        };
+        let active: Vec<&[usize]> = self.hosts.iter().map(|h| h.active.as_slice()).collect();
+        let weights: Vec<&[f64]> = reports.iter().map(|r| r.weights.as_slice()).collect();
+        let rates = weighted_max_min(problem, &active, &weights);
+        let least = least_residuals(
+            problem,
+            &active,
+            &rates.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+            reports,
+            prices,
+        );
+        for (h, x) in self.hosts.iter_mut().zip(rates) {
+            h.x = x;
+        }
+        self.sums.iter_mut().for_each(|s| *s = 0.0);
+        accumulate(
+            &mut self.sums,
+            &self
+                .hosts
+                .iter()
+                .map(|h| h.contribution(problem))
+                .collect::<Vec<_>>(),
+        );
+        let dual = state.update(&problem.facilities, &self.sums, &least);
+        Residuals {
+            primal: excess_norm(problem, &self.sums),
+            dual,
         }
     }
 
@@ -387,6 +499,12 @@ impl<'p> Engine<'p> {
         if let Inner::Admm(c) = &mut self.inner {
             c.set_counts(&active_counts(problem, &self.hosts));
             c.set_sums(&self.sums);
+        }
+        // Every host contributes for its new sets (the sums above are fresh).
+        match &mut self.held {
+            Some(Held::Contributions(c)) => c.reset(contributions),
+            Some(Held::Reports(c)) => c.reset(self.hosts.iter().map(report).collect()),
+            None => {}
         }
         applied
     }
@@ -497,7 +615,7 @@ pub fn feasible(problem: &Problem, hosts: &[HostState]) -> Vec<HostState> {
 }
 
 /// Runs the inner algorithm until both residuals are small or `budget` iterations pass.
-fn run_inner(
+pub(crate) fn run_inner(
     engine: &mut Engine,
     budget: usize,
     opts: &SolveOptions,
@@ -836,41 +954,5 @@ fn decay_activity(activity: &mut [f32], hosts: &[HostState], discount: f64) {
         for &p in &h.active {
             activity[p] += 1.0 - d;
         }
-    }
-}
-
-/// Runs the inner algorithm on fixed active sets from a cold start for `iterations`
-/// iterations, or until both residuals are below `eps`.
-pub fn fixed_set_trace(
-    problem: &Problem,
-    active: Vec<Vec<usize>>,
-    algorithm: Algorithm,
-    rho: f64,
-    iterations: usize,
-    eps: f64,
-) -> (Vec<TraceRow>, Vec<HostState>) {
-    let mut engine = Engine::new(problem, algorithm, rho, active);
-    let opts = SolveOptions {
-        eps_primal: eps,
-        eps_dual: eps,
-        ..SolveOptions::default()
-    };
-    let mut trace = Vec::with_capacity(iterations);
-    run_inner(&mut engine, iterations, &opts, 0, &mut trace);
-    (trace, engine.hosts)
-}
-
-/// The first iteration from which on every iterate is within `tol` of `reference` (relative
-/// objective error) with a primal residual at most `tol`; `None` if the trace never settles.
-pub fn iterations_to_accuracy(trace: &[TraceRow], reference: f64, tol: f64) -> Option<usize> {
-    let ok = |t: &TraceRow| {
-        (t.objective - reference).abs() <= tol * reference.abs() && t.primal_residual <= tol
-    };
-    let last_bad = trace.iter().rposition(|t| !ok(t));
-    match last_bad {
-        None if !trace.is_empty() => Some(1),
-        None => None,
-        Some(i) if i + 1 < trace.len() => Some(trace[i + 1].iteration),
-        Some(_) => None,
     }
 }

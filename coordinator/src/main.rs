@@ -12,7 +12,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use drum_common::dual::DualStep;
 use drum_common::generator::GeneratorConfig;
 use drum_common::instance::Instance;
-use drum_common::solver::{default_rho, price_reference, solve, Algorithm, SolveOptions};
+use drum_common::lossy::Loss;
+use drum_common::solver::{default_rho, price_reference, solve, Algorithm, SolveOptions, TraceRow};
 use report::SolutionReport;
 use serde::Serialize;
 use std::io::Write;
@@ -81,8 +82,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Generate an instance like the DRUM paper's simulation and solve it with ADMM and the
-    /// dual-decomposition baseline.
+    /// Generate an instance like the DRUM paper's simulation and solve it with ADMM; compare
+    /// ADMM with the baselines (dual decomposition, NUMFabric's xWI) on the final active sets.
     Simulate {
         #[arg(long)]
         hosts: usize,
@@ -111,6 +112,13 @@ enum Command {
         /// Leave the per-host allocation out of the JSON (large instances).
         #[arg(long)]
         no_hosts: bool,
+        /// Also run the comparison with each host's update lost with probability P per
+        /// iteration, the coordinator reusing the host's last one; reports the final error.
+        #[arg(long, value_name = "P")]
+        drop: Option<f64>,
+        /// Seed of the pattern of lost updates.
+        #[arg(long, default_value_t = 1)]
+        drop_seed: u64,
     },
     /// Run the control-plane service: Allreduce and price update for the agents over QUIC.
     Serve {
@@ -293,9 +301,14 @@ fn run(cli: Cli) -> Result<()> {
             plot,
             write_instance,
             no_hosts,
+            drop,
+            drop_seed,
         } => {
             if hosts == 0 || apps == 0 || k == 0 {
                 bail!("--hosts, --apps and --k must be at least 1");
+            }
+            if drop.is_some_and(|p| !(0.0..=1.0).contains(&p)) {
+                bail!("--drop is a probability, from 0 to 1");
             }
             let pairs = hosts.checked_mul(apps).filter(|p| *p <= 200_000_000);
             if pairs.is_none() {
@@ -307,7 +320,11 @@ fn run(cli: Cli) -> Result<()> {
                 ..GeneratorConfig::new(hosts, apps)
             };
             let opts = options(&solver, Algorithm::Admm)?;
-            let sim = simulate::run(&cfg, &opts, compare_iters.max(1));
+            let loss = drop.map(|probability| Loss {
+                probability,
+                seed: drop_seed,
+            });
+            let sim = simulate::run(&cfg, &opts, compare_iters.max(1), loss);
             if let Some(path) = &write_instance {
                 std::fs::write(path, Instance::from_problem(&sim.problem).to_json())
                     .with_context(|| format!("writing {}", path.display()))?;
@@ -316,15 +333,30 @@ fn run(cli: Cli) -> Result<()> {
                 write_trace(path, &sim)?;
             }
             if let Some(path) = &plot {
+                let mut series: Vec<(String, &[TraceRow])> = vec![
+                    ("ADMM".into(), &sim.admm_trace),
+                    (
+                        "dual decomposition (normalised step)".into(),
+                        &sim.dual_trace,
+                    ),
+                    (
+                        "dual decomposition (paper's 1e-3/sqrt(k))".into(),
+                        &sim.paper_trace,
+                    ),
+                    ("NUMFabric xWI".into(), &sim.xwi_trace),
+                ];
+                if let (Some(p), Some(traces)) = (drop, &sim.drop_traces) {
+                    for (name, trace) in ["ADMM", "dual (normalised)", "xWI"].iter().zip(traces) {
+                        series.push((format!("{name}, {:.0}% of updates lost", 100.0 * p), trace));
+                    }
+                }
+                let series: Vec<(&str, &[TraceRow])> =
+                    series.iter().map(|(n, t)| (n.as_str(), *t)).collect();
                 plot::convergence_png(
                     path,
                     &format!("n = {hosts} hosts, m = {apps} apps, k = {k}: fixed final active sets, cold start"),
                     sim.comparison.reference_objective,
-                    &[
-                        ("ADMM", &sim.admm_trace),
-                        ("dual decomposition (normalised step)", &sim.dual_trace),
-                        ("dual decomposition (paper's 1e-3/sqrt(k))", &sim.paper_trace),
-                    ],
+                    &series,
                 )?;
             }
             let report = SimulateReport {
@@ -726,15 +758,34 @@ impl SimulateReport {
         );
         out += &self.admm.summary();
         out += &format!(
-            "cold start on the final active sets, iterations to {}% of the optimum ({:.6}):\n  ADMM {}   dual (normalised step) {}   dual (paper step) {}\n  ms per iteration: ADMM {:.2}, dual {:.2}\n",
+            "cold start on the final active sets, iterations to {}% of the optimum ({:.6}):\n  ADMM {}   dual (normalised step) {}   dual (paper step) {}   xWI {}\n  ms per iteration: ADMM {:.2}, dual {:.2}, xWI {:.2}\n",
             100.0 * c.accuracy,
             c.reference_objective,
             it(c.admm_iterations),
             it(c.dual_iterations),
             it(c.dual_paper_step_iterations),
+            it(c.xwi_iterations),
             c.admm_ms_per_iteration,
-            c.dual_ms_per_iteration
+            c.dual_ms_per_iteration,
+            c.xwi_ms_per_iteration
         );
+        if let Some(d) = &c.drop {
+            out += &format!(
+                "with {}% of host updates lost (seed {}), after {} iterations:\n",
+                100.0 * d.probability,
+                d.seed,
+                d.iterations
+            );
+            for (name, r) in [("ADMM", &d.admm), ("dual", &d.dual), ("xWI", &d.xwi)] {
+                out += &format!(
+                    "  {name}: final error {:.4}%, iterations to {}%: {}, {} updates lost\n",
+                    100.0 * r.final_error,
+                    100.0 * c.accuracy,
+                    it(r.iterations_to_accuracy),
+                    r.lost
+                );
+            }
+        }
         if let Some(m) = self.peak_rss_mib {
             out += &format!("peak memory: {m:.0} MiB\n");
         }
@@ -744,11 +795,16 @@ impl SimulateReport {
 
 fn write_trace(path: &std::path::Path, sim: &simulate::Simulation) -> Result<()> {
     let mut out = String::from("algorithm,iteration,objective,primal_residual,dual_residual\n");
-    for (name, trace) in [
+    let mut traces = vec![
         ("admm", &sim.admm_trace),
         ("dual", &sim.dual_trace),
         ("dual-paper-step", &sim.paper_trace),
-    ] {
+        ("xwi", &sim.xwi_trace),
+    ];
+    if let Some([admm, dual, xwi]) = &sim.drop_traces {
+        traces.extend([("admm-drop", admm), ("dual-drop", dual), ("xwi-drop", xwi)]);
+    }
+    for (name, trace) in traces {
         for t in trace {
             out += &format!(
                 "{name},{},{},{},{}\n",

@@ -59,6 +59,10 @@ pub fn convergence_png(
         RGBColor(0, 90, 181),
         RGBColor(220, 50, 32),
         RGBColor(0, 140, 70),
+        RGBColor(150, 60, 170),
+        RGBColor(100, 170, 230),
+        RGBColor(240, 150, 130),
+        RGBColor(200, 150, 220),
     ];
 
     // Objective as relative error to the reference optimum, on a log scale: the raw objective
