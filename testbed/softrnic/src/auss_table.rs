@@ -22,7 +22,10 @@
 //! A slot, once given to a destination, keeps it for the engine's life, so a reader may
 //! remember where its destinations are. To read a slot: load `seq` (acquire); if odd, retry;
 //! read the fields; load `seq` again after an acquire fence; if it changed, retry. A read is
-//! a few loads of shared memory — no system call, no round trip to the engine.
+//! a few loads of shared memory — no system call, no round trip to the engine. A reader gives
+//! up after [`READ_TRIES`] tries and takes the slot as absent: an engine that died in the
+//! middle of an update leaves its `seq` odd for ever, and a reader inside an application
+//! must not spin for ever on it.
 
 use std::fs::OpenOptions;
 use std::net::Ipv4Addr;
@@ -128,6 +131,10 @@ fn slot_off(i: usize) -> usize {
     HEADER_LEN + i * SLOT_LEN
 }
 
+/// How often a reader tries a slot before it takes it as absent. An update is six stores, so
+/// a live writer holds a slot odd for nanoseconds; this many tries take about a millisecond.
+pub const READ_TRIES: u32 = 100_000;
+
 /// The engine's side: one writer (under the engine's lock).
 pub struct Writer {
     map: Mapping,
@@ -210,11 +217,12 @@ impl Reader {
         Ok(Reader { map })
     }
 
-    /// Slot `i` as one consistent snapshot; None while never used.
+    /// Slot `i` as one consistent snapshot; None while never used, or while it stays in
+    /// the middle of an update for [`READ_TRIES`] tries.
     pub fn slot(&self, i: usize) -> Option<Entry> {
         let o = slot_off(i);
         let m = &self.map;
-        loop {
+        for _ in 0..READ_TRIES {
             let s1 = m.u32_at(o).load(Ordering::Acquire);
             if s1 == 0 {
                 return None;
@@ -238,6 +246,7 @@ impl Reader {
                 return Some(e);
             }
         }
+        None
     }
 
     /// Every destination in the table, in slot order.
@@ -295,6 +304,10 @@ mod tests {
         }
         assert!(!w.publish(Ipv4Addr::new(12, 0, 0, 1), st(1, 1)), "full");
         assert_eq!(r.entries().len(), SLOTS);
+        // An engine that dies in the middle of an update: its slot reads as absent after the reader's tries.
+        w.map.u32_at(slot_off(0)).store(3, Ordering::Relaxed);
+        assert_eq!(r.slot(0), None);
+        assert_eq!(r.slot(1).unwrap().ip, h2);
         std::fs::write(dir.join("short"), b"SRNAUSS1").unwrap();
         assert!(Reader::open(&dir.join("short")).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
