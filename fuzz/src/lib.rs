@@ -680,7 +680,7 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
     out.push(("softrnic_request", "stream", stream));
 
     // Engine-to-provider responses: the selector of `request_for`, then the body.
-    let wc = softrnic::ffi::IbvWc {
+    let wc = drum_verbs_abi::IbvWc {
         wr_id: 9,
         byte_len: 64,
         qp_num: 17,

@@ -14,17 +14,12 @@
 use crate::context::{lookup, ExtOrig};
 use crate::ffi::{
     CreateCqExFn, CreateQpExFn, IbvCompChannel, IbvContext, IbvCq, IbvCqInitAttrEx, IbvQp,
-    IbvQpInitAttr,
+    IbvQpInitAttr, CREATE_CQ_EX_BACK, CREATE_QP_EX_BACK, SZ_BACK,
 };
 use crate::trouble::{warn_once, Trouble};
 use libc::c_void;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-/// Bytes before `struct ibv_context` of `verbs_context.{create_cq_ex, create_qp_ex, sz}`
-/// (rdma-core 44; checked against the headers by `ffi::tests`).
-pub const CREATE_CQ_EX_BACK: usize = 120;
-pub const CREATE_QP_EX_BACK: usize = 56;
-pub const SZ_BACK: usize = 8;
 /// `IBV_CQ_INIT_ATTR_MASK_PD`: the CQ belongs to a parent domain.
 const CQ_INIT_ATTR_MASK_PD: u32 = 1 << 1;
 

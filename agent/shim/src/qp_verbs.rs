@@ -55,12 +55,12 @@ pub(crate) unsafe fn set_rate_limit(qp: *mut IbvQp, kbps: u32) -> c_int {
     // SAFETY: the attribute is a whole, zeroed `ibv_qp_attr` (layout checked against the
     // headers) of which only the masked fields are read.
     unsafe {
-        let mut a: IbvQpAttrFull = std::mem::zeroed();
+        let mut a: IbvQpAttr = std::mem::zeroed();
         a.qp_state = IBV_QPS_RTS;
         a.rate_limit = kbps;
         f(
             qp,
-            (&mut a as *mut IbvQpAttrFull).cast(),
+            (&mut a as *mut IbvQpAttr).cast(),
             IBV_QP_STATE | IBV_QP_RATE_LIMIT,
         )
     }
@@ -119,9 +119,7 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, mas
                     g.serves_reads = a.qp_access_flags & IBV_ACCESS_REMOTE_READ_ATOMIC != 0;
                 }
                 if mask & IBV_QP_RATE_LIMIT != 0 {
-                    // SAFETY: with this mask bit the caller passed a whole `ibv_qp_attr`.
-                    let limit = unsafe { (*attr.cast::<IbvQpAttrFull>()).rate_limit };
-                    g.app_paced = limit != 0;
+                    g.app_paced = a.rate_limit != 0;
                 }
                 if mask & IBV_QP_STATE != 0 && a.qp_state != IBV_QPS_RTS {
                     // A QP leaving RTS loses its pacing; it is set again in RTS.
@@ -133,11 +131,11 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, mas
                 {
                     return;
                 }
-                g.peer = Some(a.ah_attr.dgid);
+                g.peer = Some(a.ah_attr.grh.dgid);
             }
             govern::event(drum_table::message::ShimMsg::QpUp {
                 qpn,
-                peer: a.ah_attr.dgid,
+                peer: a.ah_attr.grh.dgid,
                 peer_qpn: a.dest_qp_num,
             });
         });

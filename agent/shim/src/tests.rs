@@ -61,18 +61,9 @@ fn install_forwards_counts_and_uninstall_restores() {
         "a second install would recurse"
     );
 
-    let mut qp = IbvQp {
-        context: cp,
-        qp_context: ptr::null_mut(),
-        pd: ptr::null_mut(),
-        send_cq: ptr::null_mut(),
-        recv_cq: ptr::null_mut(),
-        srq: ptr::null_mut(),
-        handle: 0,
-        qp_num: 0x11,
-        state: IBV_QPS_RTS,
-        qp_type: 2,
-    };
+    // SAFETY: an all-zero ibv_qp is a valid value for these plain C fields.
+    let mut qp: IbvQp = unsafe { std::mem::zeroed() };
+    (qp.context, qp.qp_num, qp.state, qp.qp_type) = (cp, 0x11, IBV_QPS_RTS, 2);
     let mut sge = [
         IbvSge {
             addr: 0,
@@ -103,13 +94,9 @@ fn install_forwards_counts_and_uninstall_restores() {
     // SAFETY: valid fixtures; the fake refuses w2, so only w1 counts.
     assert_eq!(unsafe { post(&mut qp, &mut w1, &mut bad) }, libc::ENOMEM);
 
-    let mut cq = IbvCq {
-        context: cp,
-        channel: ptr::null_mut(),
-        cq_context: ptr::null_mut(),
-        handle: 0,
-        cqe: 1,
-    };
+    // SAFETY: an all-zero ibv_cq is a valid value for these plain C fields.
+    let mut cq: IbvCq = unsafe { std::mem::zeroed() };
+    (cq.context, cq.cqe) = (cp, 1);
     let mut wc = [IbvWc::default(); 8];
     let poll = ctx.ops.poll_cq.unwrap();
     // SAFETY: valid fixtures.

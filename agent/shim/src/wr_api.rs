@@ -18,7 +18,7 @@
 //! batch using them is refused (`EOPNOTSUPP`, said once) rather than posted ungoverned.
 
 use crate::context::lookup;
-use crate::ffi::{IbvQp, IbvSendWr, IbvSge, IBV_SEND_INLINE};
+use crate::ffi::{IbvDataBuf, IbvQpEx, IbvSendWr, IbvSge, IBV_SEND_INLINE};
 use crate::limits::{admit, now_ps, LIMITS};
 use crate::qp::QpRecord;
 use crate::trouble::{warn_once, Trouble};
@@ -28,17 +28,6 @@ use std::mem::offset_of;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering::Acquire, Ordering::Relaxed};
 use std::time::Duration;
-
-/// `struct ibv_qp_ex` of rdma-core 44 (checked against the headers by `ffi::tests`).
-#[repr(C)]
-pub struct IbvQpEx {
-    pub qp_base: IbvQp,
-    /// The rest of `struct ibv_qp`: mutex, cond, events_completed.
-    pub qp_rest: [u64; 12],
-    pub ex: QpExTail,
-}
-
-pub use drum_verbs_abi::{IbvDataBuf, QpExTail};
 
 /// QPs whose `ibv_wr_*` the shim wraps.
 pub static WRAPPED_QPS: AtomicU64 = AtomicU64::new(0);

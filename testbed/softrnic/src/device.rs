@@ -5,7 +5,7 @@
 
 use std::net::Ipv4Addr;
 
-use crate::ffi::{consts::*, IbvDeviceAttr, IbvPortAttr};
+use drum_verbs_abi::{consts::*, IbvDeviceAttr, IbvPortAttr};
 
 /// Kernel-side name of a host's first device (as in /sys/class/infiniband).
 pub const IBDEV_NAME: &str = "softrnic0";

@@ -30,14 +30,14 @@ use anyhow::Context as _;
 use crate::device;
 use crate::events::{EventQueue, Obj};
 use crate::faults::{FaultConfig, LinkInjector};
-use crate::ffi::consts::*;
-use crate::ffi::{mtu_bytes, IbvWc};
 use crate::idmap::IdMap;
 use crate::mw::{BindReq, MrView, Mw};
 use crate::nic::{self, NicConfig, Pipeline};
 use crate::proto::{self, Caps, QpAttrs, RecvWr, Req, Resp, SendWr, Sge};
 use crate::ring::{self, Doorbell, Map, QpLayout, Ring};
 use crate::wire::{self, psn_add, psn_diff, Packet, Payload};
+use drum_verbs_abi::consts::*;
+use drum_verbs_abi::{consts::mtu_bytes, IbvWc};
 
 mod async_events;
 mod auss;

@@ -96,7 +96,7 @@ impl EventQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::consts::*;
+    use drum_verbs_abi::consts::*;
 
     #[test]
     fn record_layout_is_the_kernels() {

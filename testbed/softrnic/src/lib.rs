@@ -15,7 +15,7 @@
 //!   the private `/dev/infiniband` that `exec` mounts;
 //! - [`rdma_cm`]: the RDMA connection manager behind `/dev/infiniband/rdma_cm`, for librdmacm;
 //! - [`ring`]: shared-memory work-request and completion rings, and the engine's doorbell;
-//! - [`ffi`], [`proto`], [`wire`], [`device`]: C layouts, the provider-engine protocol, the
+//! - [`proto`], [`wire`], [`device`]: the provider-engine protocol, the
 //!   engine-engine packet format, and what the device reports.
 //!
 //! See docs/softrnic.md.
@@ -27,7 +27,6 @@ pub mod device;
 pub mod engine;
 pub mod events;
 pub mod faults;
-pub mod ffi;
 pub mod flow;
 pub mod hosts;
 pub mod idmap;

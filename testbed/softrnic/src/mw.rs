@@ -13,7 +13,7 @@
 //! `IBV_ACCESS_ZERO_BASED` is addressed by offsets from its start instead of by virtual
 //! addresses.
 
-use crate::ffi::consts::*;
+use drum_verbs_abi::consts::*;
 
 /// The remote rights a window may grant.
 const REMOTE_RIGHTS: u32 =

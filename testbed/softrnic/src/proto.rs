@@ -8,8 +8,8 @@ use std::io::{self, Read, Write};
 
 use thiserror::Error;
 
-use crate::ffi::consts::*;
-use crate::ffi::IbvWc;
+use drum_verbs_abi::consts::*;
+use drum_verbs_abi::IbvWc;
 
 mod resp;
 
@@ -222,6 +222,9 @@ impl QpAttrs {
     }
 }
 
+/// A scatter/gather entry, as the socket protocol carries it and as a ring slot holds it
+/// (`repr(C)`: its offsets are the slot's, see `ring::put_sge`).
+#[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sge {
     pub addr: u64,

@@ -22,10 +22,10 @@ use std::sync::{Mutex, OnceLock};
 use libc::{c_char, c_int, c_void};
 
 use crate::device;
-use crate::ffi::consts::*;
-use crate::ffi::*;
 use crate::proto::{self, Caps, QpAttrs, RecvWr, Req, Resp, SendWr, Sge};
 use crate::ring::{self, Doorbell, Map, QpLayout, Ring};
+use drum_verbs_abi::consts::*;
+use drum_verbs_abi::*;
 use std::sync::atomic::Ordering;
 
 mod ah;

@@ -10,7 +10,7 @@
 //!   slots. Slot `i` of a ring of `n` slots holds entry `i mod n`.
 //! * `post_send`/`post_recv` write the slots of all the work requests of the call and publish
 //!   `prod` (release) once; `post_send` then rings the doorbell once. The first send slot of
-//!   each call is marked ([`SQ_DOORBELL_OFF`]), so the engine knows which work requests one
+//!   each call is marked ([`SqHeader::doorbell`]), so the engine knows which work requests one
 //!   doorbell announced even when several posts are waiting by the time it looks. The
 //!   provider refuses a post when `prod - done` reached the queue's size, so a slot is reused
 //!   only after its work request left the engine. The engine copies entries out at `cons` and validates them as it
@@ -34,7 +34,9 @@
 use std::io;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::ffi::IbvWc;
+use crate::proto::Sge;
+use drum_verbs_abi::IbvWc;
+use std::mem::{offset_of, size_of};
 
 pub const HDR: usize = 256;
 const PROD: usize = 0;
@@ -46,33 +48,129 @@ const ARM: usize = 192;
 pub const ARM_ANY: u32 = 1;
 pub const ARM_SOLICITED: u32 = 2;
 
-/// Send slot: a 64-byte header (`wr_id` 0, opcode 8, flags 12, imm 16, SGE count 20,
-/// remote address 24, rkey 32, inline length 36, atomic compare/add 40 and swap 48, doorbell
-/// mark 56, XRC remote SRQ number 60), then `max_sge` SGEs of 16 bytes, then room for inline
-/// data.
-pub const SQ_SGE_OFF: usize = 64;
-/// Doorbell mark in the send slot's header: 1 on the first work request of an
-/// `ibv_post_send` call, 0 on the others of its list (the NIC model fetches one call's list
-/// as one batch).
-pub const SQ_DOORBELL_OFF: usize = 56;
-/// Atomic operands in the send slot's header.
-pub const SQ_COMPARE_ADD_OFF: usize = 40;
-pub const SQ_SWAP_OFF: usize = 48;
-/// An XRC initiator's work request: the responder's SRQ number.
-pub const SQ_XRC_SRQN_OFF: usize = 60;
+/// The header of a send slot, which the provider's `post_send` writes and the engine reads
+/// back: then `max_sge` SGEs ([`put_sge`]), then room for inline data.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SqHeader {
+    pub wr_id: u64,
+    /// `enum ibv_wr_opcode`.
+    pub opcode: u32,
+    pub send_flags: u32,
+    pub imm_data: u32,
+    pub num_sge: u32,
+    pub remote_addr: u64,
+    pub rkey: u32,
+    /// Bytes of inline data after the SGEs, or [`NOT_INLINE`].
+    pub inline_len: u32,
+    /// Atomic operands.
+    pub compare_add: u64,
+    pub swap: u64,
+    /// 1 on the first work request of an `ibv_post_send` call, 0 on the others of its list
+    /// (the NIC model fetches one call's list as one batch).
+    pub doorbell: u32,
+    /// An XRC initiator's work request: the responder's SRQ number.
+    pub xrc_srqn: u32,
+}
+
+/// The header of a receive slot (then `max_sge` SGEs).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RqHeader {
+    pub wr_id: u64,
+    pub num_sge: u32,
+    pub _pad: u32,
+}
+
+/// Where a send slot's SGEs start.
+pub const SQ_SGE_OFF: usize = size_of::<SqHeader>();
+/// Where a receive slot's SGEs start.
+pub const RQ_SGE_OFF: usize = size_of::<RqHeader>();
+/// Bytes of one SGE in a slot.
+pub const SGE_LEN: usize = size_of::<Sge>();
 /// `inline_len` value of a work request that is not inline.
 pub const NOT_INLINE: u32 = u32::MAX;
+
+// The slots are copied byte by byte through the mapping (never referenced in place: the
+// application may scribble on them), so each type encodes itself at its `repr(C)` offsets.
+
+impl SqHeader {
+    pub fn encode(&self, b: &mut [u8]) {
+        put_u64(b, offset_of!(Self, wr_id), self.wr_id);
+        put_u32(b, offset_of!(Self, opcode), self.opcode);
+        put_u32(b, offset_of!(Self, send_flags), self.send_flags);
+        put_u32(b, offset_of!(Self, imm_data), self.imm_data);
+        put_u32(b, offset_of!(Self, num_sge), self.num_sge);
+        put_u64(b, offset_of!(Self, remote_addr), self.remote_addr);
+        put_u32(b, offset_of!(Self, rkey), self.rkey);
+        put_u32(b, offset_of!(Self, inline_len), self.inline_len);
+        put_u64(b, offset_of!(Self, compare_add), self.compare_add);
+        put_u64(b, offset_of!(Self, swap), self.swap);
+        put_u32(b, offset_of!(Self, doorbell), self.doorbell);
+        put_u32(b, offset_of!(Self, xrc_srqn), self.xrc_srqn);
+    }
+
+    pub fn decode(b: &[u8]) -> Self {
+        Self {
+            wr_id: get_u64(b, offset_of!(Self, wr_id)),
+            opcode: get_u32(b, offset_of!(Self, opcode)),
+            send_flags: get_u32(b, offset_of!(Self, send_flags)),
+            imm_data: get_u32(b, offset_of!(Self, imm_data)),
+            num_sge: get_u32(b, offset_of!(Self, num_sge)),
+            remote_addr: get_u64(b, offset_of!(Self, remote_addr)),
+            rkey: get_u32(b, offset_of!(Self, rkey)),
+            inline_len: get_u32(b, offset_of!(Self, inline_len)),
+            compare_add: get_u64(b, offset_of!(Self, compare_add)),
+            swap: get_u64(b, offset_of!(Self, swap)),
+            doorbell: get_u32(b, offset_of!(Self, doorbell)),
+            xrc_srqn: get_u32(b, offset_of!(Self, xrc_srqn)),
+        }
+    }
+}
+
+impl RqHeader {
+    pub fn encode(&self, b: &mut [u8]) {
+        put_u64(b, offset_of!(Self, wr_id), self.wr_id);
+        put_u32(b, offset_of!(Self, num_sge), self.num_sge);
+    }
+
+    pub fn decode(b: &[u8]) -> Self {
+        Self {
+            wr_id: get_u64(b, offset_of!(Self, wr_id)),
+            num_sge: get_u32(b, offset_of!(Self, num_sge)),
+            _pad: 0,
+        }
+    }
+}
+
+/// Writes SGE `i` of a slot whose SGEs start at `first` (`SQ_SGE_OFF` or `RQ_SGE_OFF`).
+pub fn put_sge(b: &mut [u8], first: usize, i: usize, s: &Sge) {
+    let o = first + SGE_LEN * i;
+    put_u64(b, o + offset_of!(Sge, addr), s.addr);
+    put_u32(b, o + offset_of!(Sge, length), s.length);
+    put_u32(b, o + offset_of!(Sge, lkey), s.lkey);
+}
+
+/// Reads SGE `i` of a slot whose SGEs start at `first`.
+pub fn get_sge(b: &[u8], first: usize, i: usize) -> Sge {
+    let o = first + SGE_LEN * i;
+    Sge {
+        addr: get_u64(b, o + offset_of!(Sge, addr)),
+        length: get_u32(b, o + offset_of!(Sge, length)),
+        lkey: get_u32(b, o + offset_of!(Sge, lkey)),
+    }
+}
 
 fn round64(n: usize) -> usize {
     n.div_ceil(64) * 64
 }
 
 pub fn sq_slot(max_sge: u32, max_inline: u32) -> usize {
-    round64(SQ_SGE_OFF + 16 * max_sge as usize + max_inline as usize)
+    round64(SQ_SGE_OFF + SGE_LEN * max_sge as usize + max_inline as usize)
 }
 
 pub fn rq_slot(max_sge: u32) -> usize {
-    round64(16 + 16 * max_sge as usize)
+    round64(RQ_SGE_OFF + SGE_LEN * max_sge as usize)
 }
 
 pub const WC_SIZE: usize = std::mem::size_of::<IbvWc>();
@@ -256,58 +354,64 @@ impl Ring {
 }
 
 /// Little-endian field helpers for slots.
-pub fn put_u32(b: &mut [u8], off: usize, v: u32) {
+fn put_u16(b: &mut [u8], off: usize, v: u16) {
+    b[off..off + 2].copy_from_slice(&v.to_le_bytes());
+}
+fn get_u16(b: &[u8], off: usize) -> u16 {
+    u16::from_le_bytes([b[off], b[off + 1]])
+}
+fn put_u32(b: &mut [u8], off: usize, v: u32) {
     b[off..off + 4].copy_from_slice(&v.to_le_bytes());
 }
-pub fn put_u64(b: &mut [u8], off: usize, v: u64) {
+fn put_u64(b: &mut [u8], off: usize, v: u64) {
     b[off..off + 8].copy_from_slice(&v.to_le_bytes());
 }
-pub fn get_u32(b: &[u8], off: usize) -> u32 {
+fn get_u32(b: &[u8], off: usize) -> u32 {
     u32::from_le_bytes(b[off..off + 4].try_into().unwrap())
 }
-pub fn get_u64(b: &[u8], off: usize) -> u64 {
+fn get_u64(b: &[u8], off: usize) -> u64 {
     u64::from_le_bytes(b[off..off + 8].try_into().unwrap())
 }
 
 /// Encode a completion into its slot image (the C layout of `struct ibv_wc`, padding zero).
 pub fn wc_bytes(wc: &IbvWc) -> [u8; WC_SIZE] {
     let mut b = [0u8; WC_SIZE];
-    put_u64(&mut b, 0, wc.wr_id);
+    put_u64(&mut b, offset_of!(IbvWc, wr_id), wc.wr_id);
     for (off, v) in [
-        (8, wc.status as u32),
-        (12, wc.opcode as u32),
-        (16, wc.vendor_err),
-        (20, wc.byte_len),
-        (24, wc.imm_data),
-        (28, wc.qp_num),
-        (32, wc.src_qp),
-        (36, wc.wc_flags),
+        (offset_of!(IbvWc, status), wc.status as u32),
+        (offset_of!(IbvWc, opcode), wc.opcode as u32),
+        (offset_of!(IbvWc, vendor_err), wc.vendor_err),
+        (offset_of!(IbvWc, byte_len), wc.byte_len),
+        (offset_of!(IbvWc, imm_data), wc.imm_data),
+        (offset_of!(IbvWc, qp_num), wc.qp_num),
+        (offset_of!(IbvWc, src_qp), wc.src_qp),
+        (offset_of!(IbvWc, wc_flags), wc.wc_flags),
     ] {
         put_u32(&mut b, off, v);
     }
-    b[40..42].copy_from_slice(&wc.pkey_index.to_le_bytes());
-    b[42..44].copy_from_slice(&wc.slid.to_le_bytes());
-    b[44] = wc.sl;
-    b[45] = wc.dlid_path_bits;
+    put_u16(&mut b, offset_of!(IbvWc, pkey_index), wc.pkey_index);
+    put_u16(&mut b, offset_of!(IbvWc, slid), wc.slid);
+    b[offset_of!(IbvWc, sl)] = wc.sl;
+    b[offset_of!(IbvWc, dlid_path_bits)] = wc.dlid_path_bits;
     b
 }
 
 /// Decode a completion slot image.
 pub fn wc_from(b: &[u8; WC_SIZE]) -> IbvWc {
     IbvWc {
-        wr_id: get_u64(b, 0),
-        status: get_u32(b, 8) as i32,
-        opcode: get_u32(b, 12) as i32,
-        vendor_err: get_u32(b, 16),
-        byte_len: get_u32(b, 20),
-        imm_data: get_u32(b, 24),
-        qp_num: get_u32(b, 28),
-        src_qp: get_u32(b, 32),
-        wc_flags: get_u32(b, 36),
-        pkey_index: u16::from_le_bytes([b[40], b[41]]),
-        slid: u16::from_le_bytes([b[42], b[43]]),
-        sl: b[44],
-        dlid_path_bits: b[45],
+        wr_id: get_u64(b, offset_of!(IbvWc, wr_id)),
+        status: get_u32(b, offset_of!(IbvWc, status)) as i32,
+        opcode: get_u32(b, offset_of!(IbvWc, opcode)) as i32,
+        vendor_err: get_u32(b, offset_of!(IbvWc, vendor_err)),
+        byte_len: get_u32(b, offset_of!(IbvWc, byte_len)),
+        imm_data: get_u32(b, offset_of!(IbvWc, imm_data)),
+        qp_num: get_u32(b, offset_of!(IbvWc, qp_num)),
+        src_qp: get_u32(b, offset_of!(IbvWc, src_qp)),
+        wc_flags: get_u32(b, offset_of!(IbvWc, wc_flags)),
+        pkey_index: get_u16(b, offset_of!(IbvWc, pkey_index)),
+        slid: get_u16(b, offset_of!(IbvWc, slid)),
+        sl: b[offset_of!(IbvWc, sl)],
+        dlid_path_bits: b[offset_of!(IbvWc, dlid_path_bits)],
     }
 }
 
@@ -415,6 +519,52 @@ mod tests {
         };
         let b = wc_bytes(&wc);
         assert_eq!(wc_from(&b), wc);
+    }
+
+    /// The slot headers keep the layout the rings were sized for: a 64-byte send header and
+    /// a 16-byte receive header, each field at its `repr(C)` offset.
+    #[test]
+    fn slot_headers_have_their_sizes() {
+        assert_eq!((SQ_SGE_OFF, RQ_SGE_OFF, SGE_LEN), (64, 16, 16));
+        assert_eq!(offset_of!(SqHeader, doorbell), 56);
+        assert_eq!(offset_of!(SqHeader, xrc_srqn), 60);
+    }
+
+    proptest::proptest! {
+        /// What the provider encodes into a slot, the engine decodes unchanged.
+        #[test]
+        fn slots_decode_what_was_encoded(
+            w in proptest::array::uniform8(proptest::prelude::any::<u64>()),
+            v in proptest::array::uniform8(proptest::prelude::any::<u32>()),
+            i in 0usize..4,
+        ) {
+            let h = SqHeader {
+                wr_id: w[0],
+                opcode: v[0],
+                send_flags: v[1],
+                imm_data: v[2],
+                num_sge: v[3],
+                remote_addr: w[1],
+                rkey: v[4],
+                inline_len: v[5],
+                compare_add: w[2],
+                swap: w[3],
+                doorbell: v[6],
+                xrc_srqn: v[7],
+            };
+            let sge = Sge { addr: w[4], length: v[0], lkey: v[1] };
+            let mut b = vec![0u8; sq_slot(4, 0)];
+            h.encode(&mut b);
+            put_sge(&mut b, SQ_SGE_OFF, i, &sge);
+            proptest::prop_assert_eq!(SqHeader::decode(&b), h);
+            proptest::prop_assert_eq!(get_sge(&b, SQ_SGE_OFF, i), sge);
+            let r = RqHeader { wr_id: w[5], num_sge: v[2], _pad: 0 };
+            let mut b = vec![0u8; rq_slot(4)];
+            r.encode(&mut b);
+            put_sge(&mut b, RQ_SGE_OFF, i, &sge);
+            proptest::prop_assert_eq!(RqHeader::decode(&b), r);
+            proptest::prop_assert_eq!(get_sge(&b, RQ_SGE_OFF, i), sge);
+        }
     }
 
     #[test]

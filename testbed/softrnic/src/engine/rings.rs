@@ -98,29 +98,20 @@ impl State {
         for _ in 0..avail.min(r.sq.n) {
             r.map.read(r.sq.slot_off(r.sq_cons), &mut slot);
             r.sq_cons = r.sq_cons.wrapping_add(1);
-            let wr_id = ring::get_u64(&slot, 0);
-            let opcode = ring::get_u32(&slot, 8) as i32;
-            let nsge = ring::get_u32(&slot, 20) as usize;
-            let inline_len = ring::get_u32(&slot, 36);
-            let inline_cap = r.sq.slot - ring::SQ_SGE_OFF - 16 * max_sge;
-            let inline_ok = inline_len == ring::NOT_INLINE || inline_len as usize <= inline_cap;
+            let h = ring::SqHeader::decode(&slot);
+            let (wr_id, opcode, nsge) = (h.wr_id, h.opcode as i32, h.num_sge as usize);
+            let inline_cap = r.sq.slot - ring::SQ_SGE_OFF - ring::SGE_LEN * max_sge;
+            let inline_ok = h.inline_len == ring::NOT_INLINE || h.inline_len as usize <= inline_cap;
             if nsge > max_sge || !inline_ok {
                 bad = Some(wr_id);
                 break;
             }
             let sges: Vec<Sge> = (0..nsge)
-                .map(|i| {
-                    let o = ring::SQ_SGE_OFF + 16 * i;
-                    Sge {
-                        addr: ring::get_u64(&slot, o),
-                        length: ring::get_u32(&slot, o + 8),
-                        lkey: ring::get_u32(&slot, o + 12),
-                    }
-                })
+                .map(|i| ring::get_sge(&slot, ring::SQ_SGE_OFF, i))
                 .collect();
-            let inline = (inline_len != ring::NOT_INLINE).then(|| {
-                let o = ring::SQ_SGE_OFF + 16 * max_sge;
-                slot[o..o + inline_len as usize].to_vec()
+            let inline = (h.inline_len != ring::NOT_INLINE).then(|| {
+                let o = ring::SQ_SGE_OFF + ring::SGE_LEN * max_sge;
+                slot[o..o + h.inline_len as usize].to_vec()
             });
             let len: u64 = match &inline {
                 Some(b) => b.len() as u64,
@@ -130,26 +121,26 @@ impl State {
                 bad = Some(wr_id);
                 break;
             }
-            let flags = ring::get_u32(&slot, 12);
+            let flags = h.send_flags;
             let wr = SendWr {
                 wr_id,
                 opcode,
                 flags,
-                imm: ring::get_u32(&slot, 16),
-                remote_addr: ring::get_u64(&slot, 24),
-                rkey: ring::get_u32(&slot, 32),
-                compare_add: ring::get_u64(&slot, ring::SQ_COMPARE_ADD_OFF),
-                swap: ring::get_u64(&slot, ring::SQ_SWAP_OFF),
+                imm: h.imm_data,
+                remote_addr: h.remote_addr,
+                rkey: h.rkey,
+                compare_add: h.compare_add,
+                swap: h.swap,
                 sges: if inline.is_some() { Vec::new() } else { sges },
                 inline,
-                xrc_srqn: ring::get_u32(&slot, ring::SQ_XRC_SRQN_OFF),
+                xrc_srqn: h.xrc_srqn,
             };
             accepted.push(SqWqe {
                 signaled: q.sq_sig_all || flags & IBV_SEND_SIGNALED != 0,
                 wr,
                 len: len as u32,
                 packetized: false,
-                doorbell: ring::get_u32(&slot, ring::SQ_DOORBELL_OFF) != 0,
+                doorbell: h.doorbell != 0,
                 fetched: false,
                 first_psn: 0,
                 last_psn: 0,
@@ -199,21 +190,14 @@ impl State {
         for _ in 0..avail.min(r.rq.n) {
             r.map.read(r.rq.slot_off(r.rq_cons), &mut slot);
             r.rq_cons = r.rq_cons.wrapping_add(1);
-            let wr_id = ring::get_u64(&slot, 0);
-            let nsge = ring::get_u32(&slot, 8) as usize;
+            let h = ring::RqHeader::decode(&slot);
+            let (wr_id, nsge) = (h.wr_id, h.num_sge as usize);
             if nsge > max_sge {
                 bad = Some(wr_id);
                 break;
             }
             let sges = (0..nsge)
-                .map(|i| {
-                    let o = 16 + 16 * i;
-                    Sge {
-                        addr: ring::get_u64(&slot, o),
-                        length: ring::get_u32(&slot, o + 8),
-                        lkey: ring::get_u32(&slot, o + 12),
-                    }
-                })
+                .map(|i| ring::get_sge(&slot, ring::RQ_SGE_OFF, i))
                 .collect();
             q.rq.push_back(RecvWr { wr_id, sges });
             self.counters.ring_recv_wqes += 1;

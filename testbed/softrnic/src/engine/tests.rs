@@ -762,14 +762,21 @@ fn shared_rings_carry_work_requests_and_completions() {
     let buf_addr = buf.as_mut_ptr() as u64;
     let write_slot = |i: u32, wr_id: u64, opcode: i32, nsge: u32| {
         let mut b = vec![0u8; sq.slot];
-        ring::put_u64(&mut b, 0, wr_id);
-        ring::put_u32(&mut b, 8, opcode as u32);
-        ring::put_u32(&mut b, 12, IBV_SEND_SIGNALED);
-        ring::put_u32(&mut b, 20, nsge);
-        ring::put_u32(&mut b, 36, ring::NOT_INLINE);
-        ring::put_u64(&mut b, 64, buf_addr);
-        ring::put_u32(&mut b, 72, 300);
-        ring::put_u32(&mut b, 76, lkey);
+        ring::SqHeader {
+            wr_id,
+            opcode: opcode as u32,
+            send_flags: IBV_SEND_SIGNALED,
+            num_sge: nsge,
+            inline_len: ring::NOT_INLINE,
+            ..Default::default()
+        }
+        .encode(&mut b);
+        let sge = Sge {
+            addr: buf_addr,
+            length: 300,
+            lkey,
+        };
+        ring::put_sge(&mut b, ring::SQ_SGE_OFF, 0, &sge);
         qmap.write(sq.slot_off(i), &b);
     };
     write_slot(0, 41, IBV_WR_RDMA_WRITE, 1);
@@ -875,14 +882,21 @@ fn ring_doorbell_marks_delimit_fetch_batches() {
     // Two calls, a list of 4 and a single work request, as post_send_ring writes them.
     for (i, first) in [true, false, false, false, true].into_iter().enumerate() {
         let mut b = vec![0u8; sq.slot];
-        ring::put_u64(&mut b, 0, i as u64);
-        ring::put_u32(&mut b, 8, IBV_WR_RDMA_WRITE as u32);
-        ring::put_u32(&mut b, 20, 1);
-        ring::put_u32(&mut b, 36, ring::NOT_INLINE);
-        ring::put_u32(&mut b, ring::SQ_DOORBELL_OFF, u32::from(first));
-        ring::put_u64(&mut b, 64, buf.as_ptr() as u64);
-        ring::put_u32(&mut b, 72, 700);
-        ring::put_u32(&mut b, 76, lkey);
+        ring::SqHeader {
+            wr_id: i as u64,
+            opcode: IBV_WR_RDMA_WRITE as u32,
+            num_sge: 1,
+            inline_len: ring::NOT_INLINE,
+            doorbell: u32::from(first),
+            ..Default::default()
+        }
+        .encode(&mut b);
+        let sge = Sge {
+            addr: buf.as_ptr() as u64,
+            length: 700,
+            lkey,
+        };
+        ring::put_sge(&mut b, ring::SQ_SGE_OFF, 0, &sge);
         qmap.write(sq.slot_off(i as u32), &b);
     }
     sq.prod(&qmap).store(5, Ordering::Release);

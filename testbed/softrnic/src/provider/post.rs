@@ -170,24 +170,31 @@ pub(super) unsafe fn post_send_ring(
             break;
         }
         slot.fill(0);
-        ring::put_u64(&mut slot, 0, x.wr_id);
-        ring::put_u32(&mut slot, 8, x.opcode as u32);
-        ring::put_u32(&mut slot, 12, x.send_flags);
-        ring::put_u32(&mut slot, 16, x.imm_data);
-        ring::put_u32(&mut slot, 20, g.len() as u32);
         // SAFETY: x is a valid WR of this QP, as remote_of requires (the contract).
         let (remote_addr, rkey, compare_add, swap) = unsafe { remote_of(x, qp_type) };
-        ring::put_u64(&mut slot, 24, remote_addr);
-        ring::put_u32(&mut slot, 32, rkey);
-        ring::put_u64(&mut slot, ring::SQ_COMPARE_ADD_OFF, compare_add);
-        ring::put_u64(&mut slot, ring::SQ_SWAP_OFF, swap);
-        ring::put_u32(&mut slot, ring::SQ_DOORBELL_OFF, u32::from(prod == start));
-        ring::put_u32(&mut slot, ring::SQ_XRC_SRQN_OFF, x.qp_type_xrc_remote_srqn);
+        ring::SqHeader {
+            wr_id: x.wr_id,
+            opcode: x.opcode as u32,
+            send_flags: x.send_flags,
+            imm_data: x.imm_data,
+            num_sge: g.len() as u32,
+            remote_addr,
+            rkey,
+            inline_len: if inline {
+                total as u32
+            } else {
+                ring::NOT_INLINE
+            },
+            compare_add,
+            swap,
+            doorbell: u32::from(prod == start),
+            xrc_srqn: x.qp_type_xrc_remote_srqn,
+        }
+        .encode(&mut slot);
         if inline {
             // Inline data is read from the caller's buffers at post time, as the verbs API
             // specifies; the caller guarantees they are valid.
-            ring::put_u32(&mut slot, 36, total as u32);
-            let mut o = ring::SQ_SGE_OFF + 16 * cap.max_send_sge as usize;
+            let mut o = ring::SQ_SGE_OFF + ring::SGE_LEN * cap.max_send_sge as usize;
             for s in &g {
                 // SAFETY: per the contract, an inline request's buffers are readable.
                 let src =
@@ -196,12 +203,8 @@ pub(super) unsafe fn post_send_ring(
                 o += src.len();
             }
         } else {
-            ring::put_u32(&mut slot, 36, ring::NOT_INLINE);
             for (i, s) in g.iter().enumerate() {
-                let o = ring::SQ_SGE_OFF + 16 * i;
-                ring::put_u64(&mut slot, o, s.addr);
-                ring::put_u32(&mut slot, o + 8, s.length);
-                ring::put_u32(&mut slot, o + 12, s.lkey);
+                ring::put_sge(&mut slot, ring::SQ_SGE_OFF, i, s);
             }
         }
         m.write(r.slot_off(prod), &slot);
@@ -264,13 +267,14 @@ pub(super) unsafe fn post_recv_ring(
         // SAFETY: x is a valid WR, so its sg_list holds num_sge valid SGEs.
         let g = unsafe { sges(x.sg_list, x.num_sge) };
         slot.fill(0);
-        ring::put_u64(&mut slot, 0, x.wr_id);
-        ring::put_u32(&mut slot, 8, g.len() as u32);
+        ring::RqHeader {
+            wr_id: x.wr_id,
+            num_sge: g.len() as u32,
+            _pad: 0,
+        }
+        .encode(&mut slot);
         for (i, s) in g.iter().enumerate() {
-            let o = 16 + 16 * i;
-            ring::put_u64(&mut slot, o, s.addr);
-            ring::put_u32(&mut slot, o + 8, s.length);
-            ring::put_u32(&mut slot, o + 12, s.lkey);
+            ring::put_sge(&mut slot, ring::RQ_SGE_OFF, i, s);
         }
         m.write(r.slot_off(prod), &slot);
         prod = prod.wrapping_add(1);

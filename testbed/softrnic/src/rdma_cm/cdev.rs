@@ -721,7 +721,7 @@ fn device_from_sysfs() -> Option<Device> {
     let mtu = std::fs::read_to_string(format!("{ib}/softrnic_mtu"))
         .ok()
         .and_then(|m| crate::nic::mtu_enum(m.trim().parse().ok()?))
-        .unwrap_or(crate::ffi::consts::IBV_MTU_4096);
+        .unwrap_or(drum_verbs_abi::consts::IBV_MTU_4096);
     Some(Device {
         node_guid_be: guid.to_be(),
         gid: dev::parse_gid_sysfs(gid.trim())?,

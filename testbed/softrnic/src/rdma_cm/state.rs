@@ -12,7 +12,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use super::abi::{self, event, UverbsAhAttr, UverbsQpAttr};
 use super::msg::{self, Msg, Rep, Req};
 use crate::device;
-use crate::ffi::consts::*;
+use drum_verbs_abi::consts::*;
 
 mod mcast;
 mod peer;

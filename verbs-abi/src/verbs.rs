@@ -1,22 +1,13 @@
-//! C structures shared with libibverbs (rdma-core 44, provider ABI `IBVERBS_PRIVATE_34`).
-//!
-//! The public structures mirror `<infiniband/verbs.h>`; their layout is checked by the test
-//! `layout_matches_public_headers`, which compiles a C probe against the installed headers.
-//! The private structures (`driver.h`, not shipped by Debian) are declared here from the
-//! rdma-core 44 sources; their layout is checked against numbers obtained by compiling
-//! rdma-core 44's own definitions (see docs/softrnic.md, "Private ABI").
-//!
-//! Only the fields the provider reads or writes are named; the rest are opaque padding of the
-//! exact size.
+//! Public structures of `<infiniband/verbs.h>` (rdma-core 44), whole: both the shim and
+//! softrnic's provider use these declarations, so a structure one side only reads is still
+//! declared to its end (the other may allocate it).
 
+use crate::driver::VerbsXrcd;
+use crate::extended::QpExTail;
 use libc::{c_char, c_int, c_void, pthread_cond_t, pthread_mutex_t};
 
 pub const IBV_SYSFS_NAME_MAX: usize = 64;
 pub const IBV_SYSFS_PATH_MAX: usize = 256;
-
-// ---------------------------------------------------------------------------------------------
-// Public structures (verbs.h)
-// ---------------------------------------------------------------------------------------------
 
 #[repr(C)]
 pub struct IbvDevice {
@@ -29,11 +20,36 @@ pub struct IbvDevice {
     pub ibdev_path: [c_char; IBV_SYSFS_PATH_MAX],
 }
 
-/// `struct ibv_context`; its 32 legacy op pointers are filled by libibverbs' `verbs_set_ops`.
+pub type PostSendFn =
+    unsafe extern "C" fn(qp: *mut IbvQp, wr: *mut IbvSendWr, bad: *mut *mut IbvSendWr) -> c_int;
+pub type PostRecvFn =
+    unsafe extern "C" fn(qp: *mut IbvQp, wr: *mut IbvRecvWr, bad: *mut *mut IbvRecvWr) -> c_int;
+pub type PostSrqRecvFn =
+    unsafe extern "C" fn(srq: *mut IbvSrq, wr: *mut IbvRecvWr, bad: *mut *mut IbvRecvWr) -> c_int;
+pub type PollCqFn = unsafe extern "C" fn(cq: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c_int;
+pub type ReqNotifyCqFn = unsafe extern "C" fn(cq: *mut IbvCq, solicited_only: c_int) -> c_int;
+
+/// `struct ibv_context_ops`: 32 pointers, filled by libibverbs' `verbs_set_ops`. The inline
+/// data-path verbs (`ibv_post_send`, `ibv_post_recv`, `ibv_post_srq_recv`, `ibv_poll_cq`,
+/// `ibv_req_notify_cq`) call through the five named ones, which the shim replaces.
+#[repr(C)]
+pub struct IbvContextOps {
+    pub _head: [*mut c_void; 11],
+    pub poll_cq: Option<PollCqFn>,
+    pub req_notify_cq: Option<ReqNotifyCqFn>,
+    pub _mid1: [*mut c_void; 7],
+    pub post_srq_recv: Option<PostSrqRecvFn>,
+    pub _mid2: [*mut c_void; 4],
+    pub post_send: Option<PostSendFn>,
+    pub post_recv: Option<PostRecvFn>,
+    pub _tail: [*mut c_void; 5],
+}
+
+/// `struct ibv_context`.
 #[repr(C)]
 pub struct IbvContext {
     pub device: *mut IbvDevice,
-    pub ops: [*mut c_void; 32],
+    pub ops: IbvContextOps,
     pub cmd_fd: c_int,
     pub async_fd: c_int,
     pub num_comp_vectors: c_int,
@@ -52,6 +68,13 @@ pub struct VerbsContext {
     pub sz: usize,
     pub context: IbvContext,
 }
+
+/// How far before a `struct ibv_context` (the last member of its `verbs_context`) the
+/// `create_cq_ex` and `create_qp_ex` ops and `sz` are: the shim reaches them from the
+/// context an application holds, and only when `sz` says the provider's context has them.
+pub const CREATE_CQ_EX_BACK: usize = 120;
+pub const CREATE_QP_EX_BACK: usize = 56;
+pub const SZ_BACK: usize = 8;
 
 #[repr(C)]
 pub struct IbvPd {
@@ -111,7 +134,7 @@ pub struct IbvSendWrBindMw {
 #[repr(C)]
 pub struct IbvCq {
     pub context: *mut IbvContext,
-    pub channel: *mut c_void,
+    pub channel: *mut IbvCompChannel,
     pub cq_context: *mut c_void,
     pub handle: u32,
     pub cqe: c_int,
@@ -136,7 +159,7 @@ pub struct IbvQp {
     pub pd: *mut IbvPd,
     pub send_cq: *mut IbvCq,
     pub recv_cq: *mut IbvCq,
-    pub srq: *mut c_void,
+    pub srq: *mut IbvSrq,
     pub handle: u32,
     pub qp_num: u32,
     pub state: c_int,
@@ -210,29 +233,24 @@ pub struct IbvQpOpenAttr {
     pub qp_type: c_int,
 }
 
-/// `struct verbs_xrcd` (driver.h): `struct ibv_xrcd` (its context) and the handle.
+/// `struct ibv_qp_ex`: a whole `struct ibv_qp`, then the request being built and the
+/// `ibv_wr_*` ops.
 #[repr(C)]
-pub struct VerbsXrcd {
-    pub context: *mut IbvContext,
-    pub comp_mask: u32,
-    pub handle: u32,
+pub struct IbvQpEx {
+    pub qp_base: IbvQp,
+    pub ex: QpExTail,
 }
 
-/// `struct verbs_srq` (driver.h): every SRQ this provider makes is one, so that
-/// `ibv_get_srq_num` and the XRC fields have a place.
+/// `struct ibv_async_event`: `element` is the union of the object pointers (and the port).
 #[repr(C)]
-pub struct VerbsSrq {
-    pub srq: IbvSrq,
-    pub srq_type: c_int,
-    pub xrcd: *mut VerbsXrcd,
-    pub cq: *mut IbvCq,
-    pub srq_num: u32,
+pub struct IbvAsyncEvent {
+    pub element: *mut c_void,
+    /// `enum ibv_event_type`.
+    pub event_type: u32,
 }
 
-/// Size of `struct ibv_qp_ex` (it starts with `struct ibv_qp qp_base`).
-pub const IBV_QP_EX_SIZE: usize = 352;
-
 #[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct IbvSge {
     pub addr: u64,
     pub length: u32,
@@ -312,7 +330,7 @@ pub struct IbvQpInitAttr {
     pub qp_context: *mut c_void,
     pub send_cq: *mut IbvCq,
     pub recv_cq: *mut IbvCq,
-    pub srq: *mut c_void,
+    pub srq: *mut IbvSrq,
     pub cap: IbvQpCap,
     pub qp_type: c_int,
     pub sq_sig_all: c_int,
@@ -443,101 +461,6 @@ pub struct IbvDeviceAttr {
     pub phys_port_cnt: u8,
 }
 
-// ---------------------------------------------------------------------------------------------
-// Private structures (driver.h of rdma-core 44, PABI 34)
-// ---------------------------------------------------------------------------------------------
-
-#[repr(C)]
-pub struct ListNode {
-    pub next: *mut ListNode,
-    pub prev: *mut ListNode,
-}
-
-#[repr(C)]
-pub struct VerbsMatchEnt {
-    pub driver_data: *mut c_void,
-    /// union { const char *modalias; uint64_t driver_id; }
-    pub u: u64,
-    pub vendor: u16,
-    pub device: u16,
-    pub kind: u8,
-}
-
-#[repr(C)]
-pub struct VerbsSysfsDev {
-    pub entry: ListNode,
-    pub provider_data: *mut c_void,
-    pub match_: *const VerbsMatchEnt,
-    pub flags: u32,
-    pub sysfs_name: [c_char; IBV_SYSFS_NAME_MAX],
-    pub sysfs_cdev: libc::dev_t,
-    pub ibdev_name: [c_char; IBV_SYSFS_NAME_MAX],
-    pub ibdev_path: [c_char; IBV_SYSFS_PATH_MAX],
-    pub modalias: [c_char; 512],
-    pub node_guid: u64,
-    pub driver_id: u32,
-    pub node_type: c_int,
-    pub ibdev_idx: c_int,
-    pub num_ports: u32,
-    pub abi_ver: u32,
-    pub time_created: libc::timespec,
-}
-
-pub type AllocContextFn =
-    unsafe extern "C" fn(*mut IbvDevice, c_int, *mut c_void) -> *mut VerbsContext;
-pub type AllocDeviceFn = unsafe extern "C" fn(*mut VerbsSysfsDev) -> *mut VerbsDevice;
-pub type UninitDeviceFn = unsafe extern "C" fn(*mut VerbsDevice);
-pub type MatchDeviceFn = unsafe extern "C" fn(*mut VerbsSysfsDev) -> bool;
-
-#[repr(C)]
-pub struct VerbsDeviceOps {
-    pub name: *const c_char,
-    pub match_min_abi_version: u32,
-    pub match_max_abi_version: u32,
-    pub match_table: *const VerbsMatchEnt,
-    pub static_providers: *const *const VerbsDeviceOps,
-    pub match_device: Option<MatchDeviceFn>,
-    pub alloc_context: Option<AllocContextFn>,
-    pub import_context: *const c_void,
-    pub alloc_device: Option<AllocDeviceFn>,
-    pub uninit_device: Option<UninitDeviceFn>,
-}
-
-#[repr(C)]
-pub struct VerbsDevice {
-    pub device: IbvDevice,
-    pub ops: *const VerbsDeviceOps,
-    pub refcount: c_int,
-    pub entry: ListNode,
-    pub sysfs: *mut VerbsSysfsDev,
-    pub core_support: u64,
-}
-
-/// `struct verbs_mr`: what `reg_mr` must return (libibverbs' `ibv_dereg_mr` reads past the
-/// `ibv_mr`).
-#[repr(C)]
-pub struct VerbsMr {
-    pub ibv_mr: IbvMr,
-    pub mr_type: c_int,
-    pub access: c_int,
-}
-
-/// `struct verbs_qp`: `ibv_qp_to_qp_ex` reads `comp_mask` behind the `ibv_qp_ex` union.
-#[repr(C)]
-pub struct VerbsQp {
-    pub qp: IbvQp,
-    pub ex: QpExTail,
-    pub comp_mask: u32,
-    pub xrcd: *mut c_void,
-}
-
-/// `verbs_qp.comp_mask` bits: the QP belongs to an XRC domain (`xrcd` is set); it has an
-/// `ibv_qp_ex` (found by `ibv_qp_to_qp_ex`).
-pub const VERBS_QP_XRCD: u32 = 1 << 0;
-pub const VERBS_QP_EX: u32 = 1 << 1;
-
-pub use drum_verbs_abi::{CqExTail, IbvCqInitAttrEx, IbvDataBuf, QpExTail};
-
 /// Offsets in `struct ibv_device_attr_ex` of what the completion timestamps need.
 pub const DEVICE_ATTR_EX_TS_MASK: usize = 264;
 pub const DEVICE_ATTR_EX_CORE_CLOCK: usize = 272;
@@ -592,7 +515,7 @@ pub struct IbvQpInitAttrEx {
     pub qp_context: *mut c_void,
     pub send_cq: *mut IbvCq,
     pub recv_cq: *mut IbvCq,
-    pub srq: *mut c_void,
+    pub srq: *mut IbvSrq,
     pub cap: IbvQpCap,
     pub qp_type: c_int,
     pub sq_sig_all: c_int,
@@ -607,225 +530,3 @@ pub struct IbvQpInitAttrEx {
     pub source_qpn: u32,
     pub send_ops_flags: u64,
 }
-
-/// Names of the 76 entries of `struct verbs_context_ops`, in declaration order.
-pub const VERBS_CONTEXT_OPS: [&str; 76] = [
-    "advise_mr",
-    "alloc_dm",
-    "alloc_mw",
-    "alloc_null_mr",
-    "alloc_parent_domain",
-    "alloc_pd",
-    "alloc_td",
-    "async_event",
-    "attach_counters_point_flow",
-    "attach_mcast",
-    "bind_mw",
-    "close_xrcd",
-    "cq_event",
-    "create_ah",
-    "create_counters",
-    "create_cq",
-    "create_cq_ex",
-    "create_flow",
-    "create_flow_action_esp",
-    "create_qp",
-    "create_qp_ex",
-    "create_rwq_ind_table",
-    "create_srq",
-    "create_srq_ex",
-    "create_wq",
-    "dealloc_mw",
-    "dealloc_pd",
-    "dealloc_td",
-    "dereg_mr",
-    "destroy_ah",
-    "destroy_counters",
-    "destroy_cq",
-    "destroy_flow",
-    "destroy_flow_action",
-    "destroy_qp",
-    "destroy_rwq_ind_table",
-    "destroy_srq",
-    "destroy_wq",
-    "detach_mcast",
-    "free_context",
-    "free_dm",
-    "get_srq_num",
-    "import_dm",
-    "import_mr",
-    "import_pd",
-    "modify_cq",
-    "modify_flow_action_esp",
-    "modify_qp",
-    "modify_qp_rate_limit",
-    "modify_srq",
-    "modify_wq",
-    "open_qp",
-    "open_xrcd",
-    "poll_cq",
-    "post_recv",
-    "post_send",
-    "post_srq_ops",
-    "post_srq_recv",
-    "query_device_ex",
-    "query_ece",
-    "query_port",
-    "query_qp",
-    "query_qp_data_in_order",
-    "query_rt_values",
-    "query_srq",
-    "read_counters",
-    "reg_dm_mr",
-    "reg_dmabuf_mr",
-    "reg_mr",
-    "req_notify_cq",
-    "rereg_mr",
-    "resize_cq",
-    "set_ece",
-    "unimport_dm",
-    "unimport_mr",
-    "unimport_pd",
-];
-
-/// `struct verbs_context_ops`: 76 function pointers in the order of [`VERBS_CONTEXT_OPS`].
-#[repr(C)]
-pub struct VerbsContextOps {
-    pub ops: [*const c_void; 76],
-}
-
-impl VerbsContextOps {
-    /// Index of an op by its rdma-core name.
-    pub fn index(name: &str) -> usize {
-        VERBS_CONTEXT_OPS
-            .iter()
-            .position(|n| *n == name)
-            .unwrap_or_else(|| panic!("unknown verbs_context_ops entry {name}"))
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Constants of the verbs API used by provider and engine
-// ---------------------------------------------------------------------------------------------
-
-pub mod consts {
-    pub const IBV_QPS_RESET: i32 = 0;
-    pub const IBV_QPS_INIT: i32 = 1;
-    pub const IBV_QPS_RTR: i32 = 2;
-    pub const IBV_QPS_RTS: i32 = 3;
-    pub const IBV_QPS_SQD: i32 = 4;
-    pub const IBV_QPS_SQE: i32 = 5;
-    pub const IBV_QPS_ERR: i32 = 6;
-
-    pub const IBV_QPT_RC: i32 = 2;
-    pub const IBV_QPT_UC: i32 = 3;
-    pub const IBV_QPT_UD: i32 = 4;
-    /// Whole Ethernet frames, steered to it by flow rules (`ibv_create_flow`).
-    pub const IBV_QPT_RAW_PACKET: i32 = 8;
-    /// XRC initiator (sends into another host's XRC SRQs) and target (receives into this
-    /// host's XRC SRQs; no CQ, no queues of its own).
-    pub const IBV_QPT_XRC_SEND: i32 = 9;
-    pub const IBV_QPT_XRC_RECV: i32 = 10;
-    pub const IBV_SRQT_BASIC: i32 = 0;
-    pub const IBV_SRQT_XRC: i32 = 1;
-
-    pub const IBV_QP_STATE: i32 = 1;
-    pub const IBV_QP_CUR_STATE: i32 = 1 << 1;
-    pub const IBV_QP_ACCESS_FLAGS: i32 = 1 << 3;
-    pub const IBV_QP_PKEY_INDEX: i32 = 1 << 4;
-    pub const IBV_QP_PORT: i32 = 1 << 5;
-    pub const IBV_QP_QKEY: i32 = 1 << 6;
-    pub const IBV_QP_AV: i32 = 1 << 7;
-    pub const IBV_QP_PATH_MTU: i32 = 1 << 8;
-    pub const IBV_QP_TIMEOUT: i32 = 1 << 9;
-    pub const IBV_QP_RETRY_CNT: i32 = 1 << 10;
-    pub const IBV_QP_RNR_RETRY: i32 = 1 << 11;
-    pub const IBV_QP_RQ_PSN: i32 = 1 << 12;
-    pub const IBV_QP_MAX_QP_RD_ATOMIC: i32 = 1 << 13;
-    pub const IBV_QP_MIN_RNR_TIMER: i32 = 1 << 15;
-    pub const IBV_QP_SQ_PSN: i32 = 1 << 16;
-    pub const IBV_QP_MAX_DEST_RD_ATOMIC: i32 = 1 << 17;
-    pub const IBV_QP_CAP: i32 = 1 << 19;
-    pub const IBV_QP_DEST_QPN: i32 = 1 << 20;
-    pub const IBV_QP_RATE_LIMIT: i32 = 1 << 25;
-
-    pub const IBV_ACCESS_LOCAL_WRITE: u32 = 1;
-    pub const IBV_ACCESS_REMOTE_WRITE: u32 = 2;
-    pub const IBV_ACCESS_REMOTE_READ: u32 = 4;
-    pub const IBV_ACCESS_REMOTE_ATOMIC: u32 = 8;
-    pub const IBV_ACCESS_MW_BIND: u32 = 16;
-    pub const IBV_ACCESS_ZERO_BASED: u32 = 32;
-    /// On-demand paging: the pages need not exist (be pinned) at registration.
-    pub const IBV_ACCESS_ON_DEMAND: u32 = 64;
-
-    pub const IBV_MW_TYPE_1: i32 = 1;
-    pub const IBV_MW_TYPE_2: i32 = 2;
-
-    pub const IBV_WR_RDMA_WRITE: i32 = 0;
-    pub const IBV_WR_RDMA_WRITE_WITH_IMM: i32 = 1;
-    pub const IBV_WR_SEND: i32 = 2;
-    pub const IBV_WR_SEND_WITH_IMM: i32 = 3;
-    pub const IBV_WR_RDMA_READ: i32 = 4;
-    pub const IBV_WR_ATOMIC_CMP_AND_SWP: i32 = 5;
-    pub const IBV_WR_ATOMIC_FETCH_AND_ADD: i32 = 6;
-    pub const IBV_WR_LOCAL_INV: i32 = 7;
-    pub const IBV_WR_BIND_MW: i32 = 8;
-    pub const IBV_WR_SEND_WITH_INV: i32 = 9;
-
-    pub const IBV_SEND_SIGNALED: u32 = 2;
-    pub const IBV_SEND_SOLICITED: u32 = 4;
-    pub const IBV_SEND_INLINE: u32 = 8;
-
-    pub const IBV_WC_SUCCESS: i32 = 0;
-    pub const IBV_WC_LOC_LEN_ERR: i32 = 1;
-    pub const IBV_WC_LOC_QP_OP_ERR: i32 = 2;
-    pub const IBV_WC_LOC_PROT_ERR: i32 = 4;
-    pub const IBV_WC_WR_FLUSH_ERR: i32 = 5;
-    pub const IBV_WC_MW_BIND_ERR: i32 = 6;
-    pub const IBV_WC_REM_INV_REQ_ERR: i32 = 9;
-    pub const IBV_WC_REM_ACCESS_ERR: i32 = 10;
-    pub const IBV_WC_REM_OP_ERR: i32 = 11;
-    pub const IBV_WC_RETRY_EXC_ERR: i32 = 12;
-    pub const IBV_WC_RNR_RETRY_EXC_ERR: i32 = 13;
-
-    pub const IBV_WC_SEND: i32 = 0;
-    pub const IBV_WC_RDMA_WRITE: i32 = 1;
-    pub const IBV_WC_RDMA_READ: i32 = 2;
-    pub const IBV_WC_COMP_SWAP: i32 = 3;
-    pub const IBV_WC_FETCH_ADD: i32 = 4;
-    pub const IBV_WC_BIND_MW: i32 = 5;
-    pub const IBV_WC_LOCAL_INV: i32 = 6;
-    pub const IBV_WC_RECV: i32 = 128;
-    pub const IBV_WC_RECV_RDMA_WITH_IMM: i32 = 129;
-
-    pub const IBV_WC_GRH: u32 = 1;
-    pub const IBV_WC_WITH_IMM: u32 = 2;
-    pub const IBV_WC_WITH_INV: u32 = 8;
-
-    // enum ibv_event_type (the asynchronous events softrnic raises).
-    pub const IBV_EVENT_CQ_ERR: u32 = 0;
-    pub const IBV_EVENT_QP_FATAL: u32 = 1;
-    pub const IBV_EVENT_QP_REQ_ERR: u32 = 2;
-    pub const IBV_EVENT_QP_ACCESS_ERR: u32 = 3;
-    pub const IBV_EVENT_COMM_EST: u32 = 4;
-    pub const IBV_EVENT_PORT_ACTIVE: u32 = 9;
-    pub const IBV_EVENT_PORT_ERR: u32 = 10;
-    pub const IBV_EVENT_SRQ_LIMIT_REACHED: u32 = 15;
-    pub const IBV_EVENT_QP_LAST_WQE_REACHED: u32 = 16;
-
-    pub const IBV_PORT_DOWN: i32 = 1;
-    pub const IBV_PORT_ACTIVE: i32 = 4;
-    pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;
-    pub const IBV_MTU_4096: i32 = 5;
-}
-
-/// Bytes of an `ibv_mtu` enum value (1 = 256 … 5 = 4096).
-pub fn mtu_bytes(mtu: i32) -> Option<u32> {
-    match mtu {
-        1..=5 => Some(128u32 << mtu),
-        _ => None,
-    }
-}
-
-#[cfg(test)]
-mod tests;

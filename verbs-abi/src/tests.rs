@@ -1,3 +1,4 @@
+use super::consts::*;
 use super::*;
 use std::mem::{offset_of, size_of};
 
@@ -5,11 +6,12 @@ use std::mem::{offset_of, size_of};
 /// and offset it prints with the Rust declaration.
 #[test]
 fn layout_matches_public_headers() {
+    let q = |off: usize| QP_EX_TAIL + off;
+    let c = |off: usize| CQ_EX_TAIL + off;
     let checks: Vec<(&str, usize)> = vec![
         ("sizeof ibv_device", size_of::<IbvDevice>()),
         ("ibv_device.name", offset_of!(IbvDevice, name)),
         ("ibv_device.ibdev_path", offset_of!(IbvDevice, ibdev_path)),
-        ("sizeof ibv_context_ops", size_of::<[*mut c_void; 32]>()),
         ("sizeof ibv_context", size_of::<IbvContext>()),
         ("ibv_context.cmd_fd", offset_of!(IbvContext, cmd_fd)),
         ("ibv_context.async_fd", offset_of!(IbvContext, async_fd)),
@@ -80,7 +82,6 @@ fn layout_matches_public_headers() {
             "ibv_qp.events_completed",
             offset_of!(IbvQp, events_completed),
         ),
-        ("sizeof ibv_qp_ex", IBV_QP_EX_SIZE),
         (
             "ibv_qp_ex.comp_mask",
             offset_of!(VerbsQp, ex) + offset_of!(QpExTail, comp_mask),
@@ -286,10 +287,137 @@ fn layout_matches_public_headers() {
             "ibv_device_attr.phys_port_cnt",
             offset_of!(IbvDeviceAttr, phys_port_cnt),
         ),
+        // What the shim reads and replaces.
+        ("sizeof ibv_context_ops", size_of::<IbvContextOps>()),
+        (
+            "ibv_context_ops.poll_cq",
+            offset_of!(IbvContextOps, poll_cq),
+        ),
+        (
+            "ibv_context_ops.req_notify_cq",
+            offset_of!(IbvContextOps, req_notify_cq),
+        ),
+        (
+            "ibv_context_ops.post_srq_recv",
+            offset_of!(IbvContextOps, post_srq_recv),
+        ),
+        (
+            "ibv_context_ops.post_send",
+            offset_of!(IbvContextOps, post_send),
+        ),
+        (
+            "ibv_context_ops.post_recv",
+            offset_of!(IbvContextOps, post_recv),
+        ),
+        ("ibv_context.ops", offset_of!(IbvContext, ops)),
+        ("back verbs_context.create_cq_ex", CREATE_CQ_EX_BACK),
+        ("back verbs_context.create_qp_ex", CREATE_QP_EX_BACK),
+        ("back verbs_context.sz", SZ_BACK),
+        ("ibv_qp.context", offset_of!(IbvQp, context)),
+        ("ibv_qp.srq", offset_of!(IbvQp, srq)),
+        ("ibv_qp.state", offset_of!(IbvQp, state)),
+        (
+            "ibv_qp_init_attr.send_cq",
+            offset_of!(IbvQpInitAttr, send_cq),
+        ),
+        (
+            "ibv_qp_init_attr.recv_cq",
+            offset_of!(IbvQpInitAttr, recv_cq),
+        ),
+        (
+            "ibv_qp_init_attr.qp_type",
+            offset_of!(IbvQpInitAttr, qp_type),
+        ),
+        ("ibv_qp_attr.path_mtu", offset_of!(IbvQpAttr, path_mtu)),
+        (
+            "ibv_qp_attr.dest_qp_num",
+            offset_of!(IbvQpAttr, dest_qp_num),
+        ),
+        (
+            "ibv_qp_attr.qp_access_flags",
+            offset_of!(IbvQpAttr, qp_access_flags),
+        ),
+        (
+            "ibv_qp_attr.ah_attr.grh.dgid",
+            offset_of!(IbvQpAttr, ah_attr) + offset_of!(IbvAhAttr, grh),
+        ),
+        ("ibv_cq.context", offset_of!(IbvCq, context)),
+        ("ibv_cq.channel", offset_of!(IbvCq, channel)),
+        ("ibv_cq.cq_context", offset_of!(IbvCq, cq_context)),
+        ("ibv_srq.context", offset_of!(IbvSrq, context)),
+        ("sizeof ibv_async_event", size_of::<IbvAsyncEvent>()),
+        (
+            "ibv_async_event.event_type",
+            offset_of!(IbvAsyncEvent, event_type),
+        ),
+        ("ibv_sge.length", offset_of!(IbvSge, length)),
+        ("ibv_send_wr.next", offset_of!(IbvSendWr, next)),
+        ("ibv_send_wr.sg_list", offset_of!(IbvSendWr, sg_list)),
+        ("ibv_send_wr.num_sge", offset_of!(IbvSendWr, num_sge)),
+        ("ibv_recv_wr.next", offset_of!(IbvRecvWr, next)),
+        ("ibv_recv_wr.sg_list", offset_of!(IbvRecvWr, sg_list)),
+        ("ibv_recv_wr.num_sge", offset_of!(IbvRecvWr, num_sge)),
+        ("ibv_wc.status", offset_of!(IbvWc, status)),
+        ("ibv_wc.opcode", offset_of!(IbvWc, opcode)),
+        ("ibv_wc.qp_num", offset_of!(IbvWc, qp_num)),
+        // The extended structures: `ibv_qp_ex` and `ibv_cq_ex` continue their basic ones.
+        ("sizeof ibv_qp", QP_EX_TAIL),
+        ("sizeof ibv_cq", CQ_EX_TAIL),
+        ("sizeof ibv_qp_ex", size_of::<IbvQpEx>()),
+        ("ibv_qp_ex.comp_mask", offset_of!(IbvQpEx, ex)),
+        ("ibv_qp_ex.wr_id", q(offset_of!(QpExTail, wr_id))),
+        ("ibv_qp_ex.wr_flags", q(offset_of!(QpExTail, wr_flags))),
+        (
+            "ibv_qp_ex.wr_atomic_cmp_swp",
+            q(offset_of!(QpExTail, wr_atomic_cmp_swp)),
+        ),
+        ("ibv_qp_ex.wr_send", q(offset_of!(QpExTail, wr_send))),
+        ("ibv_qp_ex.wr_set_sge", q(offset_of!(QpExTail, wr_set_sge))),
+        ("ibv_qp_ex.wr_start", q(offset_of!(QpExTail, wr_start))),
+        (
+            "ibv_qp_ex.wr_complete",
+            q(offset_of!(QpExTail, wr_complete)),
+        ),
+        ("ibv_qp_ex.wr_abort", q(offset_of!(QpExTail, wr_abort))),
+        (
+            "ibv_qp_ex.wr_atomic_write",
+            q(offset_of!(QpExTail, wr_atomic_write)),
+        ),
+        ("sizeof ibv_cq_ex", c(size_of::<CqExTail>())),
+        ("ibv_cq_ex.comp_mask", c(offset_of!(CqExTail, comp_mask))),
+        ("ibv_cq_ex.wr_id", c(offset_of!(CqExTail, wr_id))),
+        ("ibv_cq_ex.start_poll", c(offset_of!(CqExTail, start_poll))),
+        (
+            "ibv_cq_ex.read_completion_ts",
+            c(offset_of!(CqExTail, read_completion_ts)),
+        ),
+        (
+            "ibv_cq_ex.read_completion_wallclock_ns",
+            c(offset_of!(CqExTail, read_completion_wallclock_ns)),
+        ),
+        ("sizeof ibv_data_buf", size_of::<IbvDataBuf>()),
+        ("sizeof ibv_cq_init_attr_ex", size_of::<IbvCqInitAttrEx>()),
+        (
+            "ibv_cq_init_attr_ex.channel",
+            offset_of!(IbvCqInitAttrEx, channel),
+        ),
+        (
+            "ibv_cq_init_attr_ex.wc_flags",
+            offset_of!(IbvCqInitAttrEx, wc_flags),
+        ),
+        (
+            "ibv_cq_init_attr_ex.comp_mask",
+            offset_of!(IbvCqInitAttrEx, comp_mask),
+        ),
+        (
+            "ibv_cq_init_attr_ex.parent_domain",
+            offset_of!(IbvCqInitAttrEx, parent_domain),
+        ),
     ];
     drum_test_support::assert_c_layout(&checks);
-    // The provider's CQ is an `ibv_cq` followed by the `ibv_cq_ex` tail.
-    assert_eq!(size_of::<IbvCq>(), drum_verbs_abi::CQ_EX_TAIL);
+    // Both sides embed whole `ibv_qp` and `ibv_cq`s in front of the extended tails.
+    assert_eq!(size_of::<IbvQp>(), QP_EX_TAIL);
+    assert_eq!(size_of::<IbvCq>(), CQ_EX_TAIL);
 }
 
 /// Private ABI (driver.h is not installed): numbers obtained by compiling rdma-core 44's
