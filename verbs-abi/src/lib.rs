@@ -9,6 +9,8 @@
 //!
 //! Fields nobody reads or writes may be opaque padding of the exact size.
 
+#![forbid(unsafe_code)]
+
 mod driver;
 mod extended;
 mod verbs;

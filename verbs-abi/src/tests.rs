@@ -36,27 +36,24 @@ fn layout_matches_public_headers() {
             "ibv_mw_bind.bind_info.mw_access_flags",
             offset_of!(IbvMwBind, bind_info) + offset_of!(IbvMwBindInfo, mw_access_flags),
         ),
-        (
-            "ibv_send_wr.bind_mw.mw",
-            offset_of!(IbvSendWr, _bind_mw_tso),
-        ),
+        ("ibv_send_wr.bind_mw.mw", offset_of!(IbvSendWr, bind_mw)),
         (
             "ibv_send_wr.bind_mw.rkey",
-            offset_of!(IbvSendWr, _bind_mw_tso) + offset_of!(IbvSendWrBindMw, rkey),
+            offset_of!(IbvSendWr, bind_mw) + offset_of!(IbvSendWrBindMw, rkey),
         ),
         (
             "ibv_send_wr.bind_mw.bind_info.mr",
-            offset_of!(IbvSendWr, _bind_mw_tso) + offset_of!(IbvSendWrBindMw, bind_info),
+            offset_of!(IbvSendWr, bind_mw) + offset_of!(IbvSendWrBindMw, bind_info),
         ),
         (
             "ibv_send_wr.bind_mw.bind_info.length",
-            offset_of!(IbvSendWr, _bind_mw_tso)
+            offset_of!(IbvSendWr, bind_mw)
                 + offset_of!(IbvSendWrBindMw, bind_info)
                 + offset_of!(IbvMwBindInfo, length),
         ),
         (
             "ibv_send_wr.bind_mw.bind_info.mw_access_flags",
-            offset_of!(IbvSendWr, _bind_mw_tso)
+            offset_of!(IbvSendWr, bind_mw)
                 + offset_of!(IbvSendWrBindMw, bind_info)
                 + offset_of!(IbvMwBindInfo, mw_access_flags),
         ),
@@ -237,7 +234,7 @@ fn layout_matches_public_headers() {
             "ibv_send_wr.qp_type",
             offset_of!(IbvSendWr, qp_type_xrc_remote_srqn),
         ),
-        ("ibv_send_wr.bind_mw", offset_of!(IbvSendWr, _bind_mw_tso)),
+        ("ibv_send_wr.bind_mw", offset_of!(IbvSendWr, bind_mw)),
         ("sizeof ibv_recv_wr", size_of::<IbvRecvWr>()),
         ("sizeof ibv_wc", size_of::<IbvWc>()),
         ("ibv_wc.byte_len", offset_of!(IbvWc, byte_len)),

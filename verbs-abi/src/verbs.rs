@@ -272,21 +272,9 @@ pub struct IbvSendWr {
     pub wr: [u64; 4],
     pub qp_type_xrc_remote_srqn: u32,
     pub _pad: u32,
-    /// union {bind_mw, tso}: see [`IbvSendWr::bind_mw`].
-    pub _bind_mw_tso: [u64; 6],
-}
-
-impl IbvSendWr {
-    /// The `bind_mw` member of the WR's last union (`IBV_WR_BIND_MW`).
-    pub fn bind_mw(&self) -> IbvSendWrBindMw {
-        // SAFETY: both are 48 bytes of plain old data (pointers read back as written).
-        unsafe { std::mem::transmute::<[u64; 6], IbvSendWrBindMw>(self._bind_mw_tso) }
-    }
-
-    pub fn set_bind_mw(&mut self, b: IbvSendWrBindMw) {
-        // SAFETY: both are 48 bytes of plain old data.
-        self._bind_mw_tso = unsafe { std::mem::transmute::<IbvSendWrBindMw, [u64; 6]>(b) };
-    }
+    /// union {bind_mw, tso}: `tso` (a header pointer and two u16) is never used, and
+    /// `bind_mw` fills the union's size and alignment.
+    pub bind_mw: IbvSendWrBindMw,
 }
 
 #[repr(C)]

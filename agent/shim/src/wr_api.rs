@@ -18,7 +18,7 @@
 //! batch using them is refused (`EOPNOTSUPP`, said once) rather than posted ungoverned.
 
 use crate::context::lookup;
-use crate::ffi::{IbvDataBuf, IbvQpEx, IbvSendWr, IbvSge, IBV_SEND_INLINE};
+use crate::ffi::{IbvDataBuf, IbvMwBindInfo, IbvQpEx, IbvSendWr, IbvSge, IBV_SEND_INLINE};
 use crate::limits::{admit, now_ps, LIMITS};
 use crate::qp::QpRecord;
 use crate::trouble::{warn_once, Trouble};
@@ -289,13 +289,10 @@ request_op!(fetch_add, 1, 0, (rkey: u32, addr: u64, add: u64), |w| {
     Some(WR_ATOMIC_FETCH_AND_ADD)
 });
 request_op!(bind_mw, 2, 0, (mw: *mut c_void, rkey: u32, info: *const c_void), |w| {
-    w._bind_mw_tso[0] = mw as u64;
-    w._bind_mw_tso[1] = u64::from(rkey);
+    (w.bind_mw.mw, w.bind_mw.rkey) = (mw.cast(), rkey);
     if !info.is_null() {
-        // SAFETY: the application's `struct ibv_mw_bind_info` (mr, addr, length, flags).
-        unsafe {
-            std::ptr::copy_nonoverlapping(info as *const u64, w._bind_mw_tso[2..].as_mut_ptr(), 4)
-        };
+        // SAFETY: the application's `struct ibv_mw_bind_info`.
+        w.bind_mw.bind_info = unsafe { *info.cast::<IbvMwBindInfo>() };
     }
     Some(WR_BIND_MW)
 });

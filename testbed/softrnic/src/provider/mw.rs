@@ -46,11 +46,11 @@ pub(super) unsafe extern "C" fn bind_mw(
         wr.wr_id = b.wr_id;
         wr.opcode = IBV_WR_BIND_MW;
         wr.send_flags = b.send_flags;
-        wr.set_bind_mw(IbvSendWrBindMw {
+        wr.bind_mw = IbvSendWrBindMw {
             mw,
             rkey,
             bind_info: b.bind_info,
-        });
+        };
         let mut bad = null_mut();
         // SAFETY: qp is ours; wr is a one-element list.
         let r = unsafe { post_send(qp, &mut wr, &mut bad) };

@@ -361,7 +361,7 @@ pub(super) unsafe fn remote_of(w: &IbvSendWr, qp_type: c_int) -> (u64, u32, u64,
     } else if proto::is_atomic_wr(w.opcode) {
         (w.wr[0], w.wr[3] as u32, w.wr[1], w.wr[2])
     } else if w.opcode == IBV_WR_BIND_MW {
-        let b = w.bind_mw();
+        let b = w.bind_mw;
         let i = b.bind_info;
         let lkey = if i.mr.is_null() {
             0
