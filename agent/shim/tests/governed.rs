@@ -777,7 +777,7 @@ fn nic_auss_caps_each_sender_at_half_with_no_agent() {
     ]);
     let h1 = run.addr("h1");
     // R: what h1 receives at line rate, in payload bytes/s (the table's header).
-    let r = 125_000_000f64 * 4096.0 / (4096.0 + 42.0);
+    let r = 125_000_000f64 * 4096.0 / (4096.0 + 48.0 + 42.0);
     let start = |host: &str, port: &str, secs: &str, env: &[(&str, &str)]| {
         let args = [
             "ib_write_bw",
@@ -813,6 +813,7 @@ fn nic_auss_caps_each_sender_at_half_with_no_agent() {
     });
     let shared = rate_of("h2");
     let table = run_timeout(run.cmd().args(["auss", "h2"]), Duration::from_secs(10));
+    let h1_epochs = run.settled_stats("h1").get("auss_epoch").copied();
     for (o, who) in [
         (wait_timeout(cb, Duration::from_secs(30)), "h3 client"),
         (wait_timeout(sb, Duration::from_secs(30)), "h3 server"),
@@ -825,7 +826,7 @@ fn nic_auss_caps_each_sender_at_half_with_no_agent() {
     let s = summary(&ca, "h2 client");
     eprintln!(
         "NIC AUSS through the shim: h2 sent {:.1} MB/s alone, {:.1} MB/s beside h3 (cap R/2 = \
-         {:.1} MB/s); h2's table: {}; h2's shim: {s:?}",
+         {:.1} MB/s); h1's epoch {h1_epochs:?}; h2's table: {}; h2's shim: {s:?}",
         alone / 1e6,
         shared / 1e6,
         r / 2e6,
