@@ -9,11 +9,13 @@ use crate::max_min::weighted_max_min;
 use crate::model::Problem;
 use crate::polish::polish;
 pub use crate::polish::PolishReport;
+use crate::pruning::PairTable;
 use crate::rng::SplitMix64;
 use crate::selection::{evaluate_host, initial_active, relax_host, SelectionOptions};
 pub use crate::trace::{fixed_set_trace, iterations_to_accuracy, lossy_fixed_set_trace};
 use crate::xwi::{least_residuals, HostReport, XwiState};
 use rayon::prelude::*;
+use std::sync::{Arc, OnceLock};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Algorithm {
@@ -224,6 +226,9 @@ pub struct Engine<'p> {
     pub hosts: Vec<HostState>,
     sums: Vec<f64>,
     held: Option<Held>,
+    /// The compact pair data of selection, built at the first selection round (comparison
+    /// runs never select) and shared by the clones the verified search makes.
+    table: Arc<OnceLock<Option<PairTable>>>,
 }
 
 impl<'p> Engine<'p> {
@@ -256,6 +261,7 @@ impl<'p> Engine<'p> {
             hosts,
             sums,
             held: None,
+            table: Arc::default(),
         }
     }
 
@@ -333,11 +339,19 @@ impl<'p> Engine<'p> {
             hosts,
             sums,
             held: None,
+            table: Arc::default(),
         }
     }
 
     pub fn price(&self, f: u32) -> f64 {
         self.inner.price(f)
+    }
+
+    /// The instance's [`PairTable`] (none for α ≠ 1).
+    pub fn table(&self) -> Option<&PairTable> {
+        self.table
+            .get_or_init(|| PairTable::new(self.problem))
+            .as_ref()
     }
 
     pub fn prices(&self) -> Vec<f64> {
@@ -658,6 +672,7 @@ pub fn evaluate(
 ) -> (f64, Vec<(usize, crate::selection::Swap)>) {
     let problem = engine.problem;
     let prices = engine.prices();
+    let table = engine.table();
     let evals: Vec<_> = engine
         .hosts
         .par_iter()
@@ -665,6 +680,7 @@ pub fn evaluate(
             let mut rng = SplitMix64::fork(opts.seed ^ (round as u64) << 32, h.host as u64);
             let e = evaluate_host(
                 problem,
+                table,
                 h.host,
                 &h.active,
                 |f| prices[f as usize],
@@ -711,8 +727,10 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Solution {
 /// Polyak's, `θ·(UB − LB)/‖g‖²` with the feasible value `lower_bound` as the target, so it needs
 /// no scale; `θ` halves after 5 steps without improvement. Any prices and multipliers give a
 /// valid bound, so this only ever improves the certificate. Returns the least bound seen.
+#[allow(clippy::too_many_arguments)]
 pub fn refine_bound(
     problem: &Problem,
+    table: Option<&PairTable>,
     hosts: &[HostState],
     prices: &[f64],
     lower_bound: f64,
@@ -730,7 +748,15 @@ pub fn refine_bound(
             .par_iter()
             .zip(&mult)
             .map(|(h, &(mu, nu))| {
-                relax_host(problem, h.host, |f| prices[f as usize], mu, nu, prune)
+                relax_host(
+                    problem,
+                    table,
+                    h.host,
+                    |f| prices[f as usize],
+                    mu,
+                    nu,
+                    prune,
+                )
             })
             .collect();
         let mut usage = vec![0.0; problem.facilities.len()];
@@ -919,6 +945,7 @@ fn run_rounds(problem: &Problem, mut engine: Engine, opts: &SolveOptions) -> Sol
         let lower = rounds.last().expect("at least one round").lower_bound;
         let refined = refine_bound(
             problem,
+            engine.table(),
             &engine.hosts,
             &engine.prices(),
             lower,
