@@ -50,10 +50,6 @@ fn main() {
         start.elapsed().as_secs_f64()
     );
     let activity = vec![0.0f32; p.pairs.len()];
-    // The compact pair table is built once, at the first round; not a round's cost.
-    let table = Instant::now();
-    engine.table();
-    eprintln!("pair table in {:.1} s", table.elapsed().as_secs_f64());
     let mut results = Vec::new();
     for round in 0..rounds {
         for prune in [false, true] {

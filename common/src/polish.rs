@@ -89,14 +89,12 @@ fn fits(problem: &Problem, floor: &[f64], m: &Move) -> bool {
 fn proposals(engine: &Engine, activity: &[f32], opts: &SolveOptions) -> Vec<Move> {
     let problem = engine.problem();
     let prices = engine.prices();
-    let table = engine.table();
     let mut moves: Vec<Move> = engine
         .hosts
         .par_iter()
         .flat_map_iter(|h| {
             propose_moves(
                 problem,
-                table,
                 h.host,
                 &h.active,
                 |f| prices[f as usize],

@@ -43,7 +43,7 @@ const LN_TANGENTS: [(f64, f64); LN_SEGMENTS] = {
 /// An upper bound of `ln y` for normal `y > 0`, within `1.3·10⁻⁴` of it, without calling
 /// `ln`: with `y = 2^e·m`, `m ∈ [1, 2)`, `ln m` lies below its tangent at the midpoint of the
 /// mantissa's 32nd (ln is concave), so `e·ln 2 + ln m₀ + (m − m₀)/m₀ ≥ ln y`. The bound's
-/// logarithm was a quarter of a round's time (a libm call per pair); this is a few
+/// logarithm was about 40 % of a round's time (a libm call per pair); this is a few
 /// instructions and a table read.
 pub(crate) fn ln_upper(y: f64) -> f64 {
     const MANTISSA: u64 = (1 << 52) - 1;
@@ -142,115 +142,6 @@ impl<'a> Bounds<'a> {
     }
 }
 
-/// `x` as an `f32` no smaller than `x`.
-fn f32_up(x: f64) -> f32 {
-    let r = x as f32;
-    if (r as f64) < x {
-        r.next_up()
-    } else {
-        r
-    }
-}
-
-/// `x` as an `f32` no larger than `x`.
-fn f32_down(x: f64) -> f32 {
-    let r = x as f32;
-    if (r as f64) > x {
-        r.next_down()
-    } else {
-        r
-    }
-}
-
-/// One pair's price-independent data for the bound, in 24 bytes: the weight and the cap
-/// rounded up and `β/cap²` down (the bound grows with the first two and falls with the third,
-/// so it stays a bound), `a` and the facility coefficient to nearest (the bound pads for them).
-#[derive(Clone, Copy, Debug)]
-struct Row {
-    weight: f32,
-    cap: f32,
-    beta_over_cap2: f32,
-    cqe_per_wqe: f32,
-    coeff: f32,
-    /// The pair's one facility; [`Row::OTHER`]: none or several, bounded from the instance.
-    facility: u32,
-}
-
-impl Row {
-    const OTHER: u32 = u32::MAX;
-}
-
-/// Every pair's [`Row`], for the bound of a selection round: with α = 1, one facility per pair
-/// and the cap precomputed, a pair's bound reads 24 bytes instead of the instance's pair (56
-/// bytes and its facility list on the heap) and the facility's capacity. At 50 million pairs a
-/// round streams the whole table, so its size is the round's time (docs/model.md, "Selection
-/// at scale"). `None` for α ≠ 1, whose bound needs a power, not a logarithm.
-pub struct PairTable {
-    rows: Vec<Row>,
-    x_min: f64,
-    inv_x_min: f64,
-}
-
-impl PairTable {
-    pub fn new(problem: &Problem) -> Option<Self> {
-        if problem.params.alpha != 1.0 {
-            return None;
-        }
-        let mut rows = Vec::with_capacity(problem.pairs.len());
-        for (host, h) in problem.hosts.iter().enumerate() {
-            for pair in h.pairs.clone() {
-                let p = &problem.pairs[pair];
-                let (facility, coeff) = match p.uses.as_slice() {
-                    &[(f, b)] => (f, b as f32),
-                    _ => (Row::OTHER, 0.0),
-                };
-                let cap = crate::selection::pair_cap(problem, host, pair);
-                rows.push(Row {
-                    weight: f32_up(p.weight),
-                    cap: f32_up(cap),
-                    beta_over_cap2: f32_down(problem.params.beta / (cap * cap)),
-                    cqe_per_wqe: p.cqe_per_wqe as f32,
-                    coeff,
-                    facility,
-                });
-            }
-        }
-        Some(Self {
-            rows,
-            x_min: problem.params.x_min,
-            inv_x_min: 1.0 / problem.params.x_min,
-        })
-    }
-
-    /// An upper bound of pair `pair`'s surplus at facility prices `price` and host multipliers
-    /// `mu`, `nu`, as [`Bounds::bound`] computes it from rounded data; `None` where the pair
-    /// has no row (then [`Bounds::bound`]). Rounding `a` and `b` to nearest moves the charge by
-    /// at most `2⁻²⁴` of its terms, and the surplus falls by at most `x ≤ cap` per unit of
-    /// charge, so that much is added.
-    #[inline]
-    pub fn bound(&self, pair: usize, price: impl Fn(u32) -> f64, mu: f64, nu: f64) -> Option<f64> {
-        let row = self.rows[pair];
-        if row.facility == Row::OTHER {
-            return None;
-        }
-        let (w, hi, lo) = (row.weight as f64, row.cap as f64, self.x_min);
-        let facility_charge = price(row.facility) * row.coeff as f64;
-        let poll_charge = nu * row.cqe_per_wqe as f64;
-        let charge = facility_charge + mu + poll_charge;
-        let x = if w >= charge * hi {
-            hi
-        } else if w <= charge * lo {
-            lo
-        } else {
-            w / charge
-        };
-        let rise = w * ln_upper(x * self.inv_x_min);
-        let bound = rise - charge * x - row.beta_over_cap2 as f64;
-        let rounding = (facility_charge.abs() + poll_charge.abs()) * hi * 2f64.powi(-23);
-        Some(bound + rounding + 1e-9 * (rise.abs() + charge.abs() * x + 1.0))
-    }
-}
-
 /// One pair's exact surplus `l` and the rate `x` that achieves it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Exact {
@@ -306,7 +197,7 @@ impl Best {
 /// thresholds as it goes. A pair left out has a bound below `n` computed values whatever its
 /// exact one, so the result does not depend on which pairs were computed. Keeping the best
 /// bounds while offering costs a comparison per pair; an earlier version selected them from
-/// all bounds afterwards, a fifth of a round.
+/// all bounds afterwards, an eighth of a round.
 pub(crate) struct Scan<E, K> {
     pub known: Vec<Exact>,
     exact: E,
@@ -435,28 +326,6 @@ mod tests {
         }
     }
 
-    /// The table's bound is above the exact surplus like the instance's, including where the
-    /// rounding of its data matters most: a cap at `x_min`, charges far above the marginal.
-    #[test]
-    fn the_table_bound_is_above_the_exact_surplus() {
-        let p = generate(&GeneratorConfig {
-            seed: 5,
-            ..GeneratorConfig::new(4, 300)
-        });
-        let table = PairTable::new(&p).expect("α = 1");
-        let mut rng = SplitMix64::new(2);
-        for host in 0..p.hosts.len() {
-            for pair in p.hosts[host].pairs.clone() {
-                let price = [0.0, rng.range(0.0, 5.0), rng.range(0.0, 500.0)][pair % 3];
-                let (mu, nu) = (rng.range(0.0, 2.0), rng.range(0.0, 0.5));
-                let charge = p.pairs[pair].charge(|_| price) + mu + nu * p.pairs[pair].cqe_per_wqe;
-                let (l, _) = surplus(&p, host, pair, charge);
-                let ub = table.bound(pair, |_| price, mu, nu).expect("one facility");
-                assert!(ub >= l, "pair {pair}: {ub} < {l}");
-            }
-        }
-    }
-
     /// The bound holds for every pair of a generated instance at charges from zero to far
     /// above any pair's marginal utility, and at other α.
     #[test]
@@ -496,8 +365,7 @@ mod tests {
     #[test]
     fn pruning_changes_nothing() {
         use crate::selection::{
-            evaluate_host, evaluate_present, initial_active, propose_moves, relax_host,
-            SelectionOptions,
+            evaluate_present, initial_active, propose_moves, relax_host, SelectionOptions,
         };
         use crate::solver::{default_rho, solve, Algorithm, Engine, SolveOptions};
         for (hosts, apps, k, seed) in [(6, 400, 5, 1), (4, 60, 20, 2), (5, 8, 3, 3)] {
@@ -512,12 +380,11 @@ mod tests {
                 engine.step();
             }
             let prices = engine.prices();
-            let table = PairTable::new(&p);
             let mut rng = SplitMix64::new(seed);
             let activity: Vec<f32> = (0..p.pairs.len()).map(|_| rng.unit() as f32).collect();
             for h in &engine.hosts {
                 for (mu, nu) in [(0.0, 0.0), (h.multipliers.mu, h.multipliers.nu), (3.0, 0.5)] {
-                    let with = |prune: bool, table: Option<&PairTable>| {
+                    let with = |prune: bool| {
                         let opts = SelectionOptions {
                             prune,
                             swap_prob: 1.0,
@@ -538,37 +405,13 @@ mod tests {
                                 &opts,
                                 &mut SplitMix64::new(7),
                             ),
-                            evaluate_host(
-                                &p,
-                                table,
-                                h.host,
-                                &h.active,
-                                price,
-                                mu,
-                                nu,
-                                &activity,
-                                &opts,
-                                &mut SplitMix64::new(7),
-                            ),
                             propose_moves(
-                                &p, table, h.host, &h.active, price, mu, nu, &activity, &opts, 8,
+                                &p, h.host, &h.active, price, mu, nu, &activity, &opts, 8,
                             ),
-                            relax_host(&p, table, h.host, price, mu, nu, prune),
+                            relax_host(&p, h.host, price, mu, nu, prune),
                         )
                     };
-                    let exhaustive = with(false, None);
-                    assert_eq!(
-                        with(true, None),
-                        exhaustive,
-                        "{hosts}×{apps}, host {}",
-                        h.host
-                    );
-                    assert_eq!(
-                        with(true, table.as_ref()),
-                        exhaustive,
-                        "{hosts}×{apps}, host {}, table",
-                        h.host
-                    );
+                    assert_eq!(with(true), with(false), "{hosts}×{apps}, host {}", h.host);
                 }
             }
             let solved = |prune: bool| {

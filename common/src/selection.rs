@@ -9,7 +9,7 @@
 
 use crate::host_step::AppTerm;
 use crate::model::Problem;
-use crate::pruning::{Bounds, Exact, PairTable, Scan};
+use crate::pruning::{Bounds, Exact, Scan};
 use crate::rng::SplitMix64;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -86,13 +86,12 @@ fn key_below_surplus(opts: &SelectionOptions, activity: f32) -> bool {
 
 /// Scans `pairs` of `host` for the `by_value` best surpluses (with `others` as competitors) and
 /// the `by_key` best keys ([`Scan`]), at a per-unit charge `charge(pair)`; with pruning each
-/// pair is offered with its closed-form bound, from `table` where it has the pair's row.
+/// pair is offered with its closed-form bound.
 #[allow(clippy::too_many_arguments)]
 fn scan<'a, K: Fn(usize, f64) -> f64>(
     problem: &'a Problem,
     host: usize,
     charge: impl Fn(usize) -> f64 + Copy + 'a,
-    (table, price, mu, nu): (Option<&PairTable>, impl Fn(u32) -> f64, f64, f64),
     prunable: impl Fn(usize) -> bool,
     pairs: impl Iterator<Item = usize>,
     key: K,
@@ -109,12 +108,10 @@ fn scan<'a, K: Fn(usize, f64) -> f64>(
     );
     let bounds = Bounds::new(problem, host);
     for p in pairs {
-        let bound = if !prunable(p) {
-            f64::INFINITY
-        } else if let Some(b) = table.and_then(|t| t.bound(p, &price, mu, nu)) {
-            b
-        } else {
+        let bound = if prunable(p) {
             bounds.bound(p, charge(p))
+        } else {
+            f64::INFINITY
         };
         s.offer(p, bound);
     }
@@ -141,11 +138,9 @@ pub struct Swap {
 
 /// Evaluates host `host` whose active pairs are `active` (ascending global indices), at
 /// facility prices `price`, multipliers `mu`, `nu`, with `activity` the per-pair memory.
-/// `table`: the instance's [`PairTable`], if it has one, which makes the bounds cheaper.
 #[allow(clippy::too_many_arguments)]
 pub fn evaluate_host(
     problem: &Problem,
-    table: Option<&PairTable>,
     host: usize,
     active: &[usize],
     price: impl Fn(u32) -> f64,
@@ -155,12 +150,13 @@ pub fn evaluate_host(
     opts: &SelectionOptions,
     rng: &mut SplitMix64,
 ) -> HostEvaluation {
-    evaluate_with(
+    evaluate_present(
         problem,
-        table,
         host,
         active,
-        (price, mu, nu),
+        price,
+        mu,
+        nu,
         activity,
         |_| true,
         opts,
@@ -181,31 +177,6 @@ pub fn evaluate_present(
     price: impl Fn(u32) -> f64,
     mu: f64,
     nu: f64,
-    activity: &[f32],
-    present: impl Fn(usize) -> bool,
-    opts: &SelectionOptions,
-    rng: &mut SplitMix64,
-) -> HostEvaluation {
-    evaluate_with(
-        problem,
-        None,
-        host,
-        active,
-        (price, mu, nu),
-        activity,
-        present,
-        opts,
-        rng,
-    )
-}
-
-#[allow(clippy::too_many_arguments)]
-fn evaluate_with(
-    problem: &Problem,
-    table: Option<&PairTable>,
-    host: usize,
-    active: &[usize],
-    (price, mu, nu): (impl Fn(u32) -> f64, f64, f64),
     activity: &[f32],
     present: impl Fn(usize) -> bool,
     opts: &SelectionOptions,
@@ -240,7 +211,6 @@ fn evaluate_with(
         problem,
         host,
         charge,
-        (table, &price, mu, nu),
         prunable,
         outsiders,
         key,
@@ -331,7 +301,6 @@ pub struct Move {
 #[allow(clippy::too_many_arguments)]
 pub fn propose_moves(
     problem: &Problem,
-    table: Option<&PairTable>,
     host: usize,
     active: &[usize],
     price: impl Fn(u32) -> f64,
@@ -356,7 +325,6 @@ pub fn propose_moves(
         problem,
         host,
         charge,
-        (table, &price, mu, nu),
         prunable,
         pairs.filter(|p| active.binary_search(p).is_err()),
         key,
@@ -406,10 +374,9 @@ pub struct Relaxed {
     pub usage: Vec<(u32, f64)>,
 }
 
-/// `prune`: as [`SelectionOptions::prune`]; `table`: as in [`evaluate_host`].
+/// `prune`: as [`SelectionOptions::prune`].
 pub fn relax_host(
     problem: &Problem,
-    table: Option<&PairTable>,
     host: usize,
     price: impl Fn(u32) -> f64,
     mu: f64,
@@ -432,7 +399,6 @@ pub fn relax_host(
         problem,
         host,
         charge,
-        (table, &price, mu, nu),
         |_| prune,
         h.pairs.clone(),
         |_, l| l,

@@ -9,13 +9,11 @@ use crate::max_min::weighted_max_min;
 use crate::model::Problem;
 use crate::polish::polish;
 pub use crate::polish::PolishReport;
-use crate::pruning::PairTable;
 use crate::rng::SplitMix64;
 use crate::selection::{evaluate_host, initial_active, relax_host, SelectionOptions};
 pub use crate::trace::{fixed_set_trace, iterations_to_accuracy, lossy_fixed_set_trace};
 use crate::xwi::{least_residuals, HostReport, XwiState};
 use rayon::prelude::*;
-use std::sync::{Arc, OnceLock};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Algorithm {
@@ -226,9 +224,6 @@ pub struct Engine<'p> {
     pub hosts: Vec<HostState>,
     sums: Vec<f64>,
     held: Option<Held>,
-    /// The compact pair data of selection, built at the first selection round (comparison
-    /// runs never select) and shared by the clones the verified search makes.
-    table: Arc<OnceLock<Option<PairTable>>>,
 }
 
 impl<'p> Engine<'p> {
@@ -261,7 +256,6 @@ impl<'p> Engine<'p> {
             hosts,
             sums,
             held: None,
-            table: Arc::default(),
         }
     }
 
@@ -339,19 +333,11 @@ impl<'p> Engine<'p> {
             hosts,
             sums,
             held: None,
-            table: Arc::default(),
         }
     }
 
     pub fn price(&self, f: u32) -> f64 {
         self.inner.price(f)
-    }
-
-    /// The instance's [`PairTable`] (none for α ≠ 1).
-    pub fn table(&self) -> Option<&PairTable> {
-        self.table
-            .get_or_init(|| PairTable::new(self.problem))
-            .as_ref()
     }
 
     pub fn prices(&self) -> Vec<f64> {
@@ -672,7 +658,6 @@ pub fn evaluate(
 ) -> (f64, Vec<(usize, crate::selection::Swap)>) {
     let problem = engine.problem;
     let prices = engine.prices();
-    let table = engine.table();
     let evals: Vec<_> = engine
         .hosts
         .par_iter()
@@ -680,7 +665,6 @@ pub fn evaluate(
             let mut rng = SplitMix64::fork(opts.seed ^ (round as u64) << 32, h.host as u64);
             let e = evaluate_host(
                 problem,
-                table,
                 h.host,
                 &h.active,
                 |f| prices[f as usize],
@@ -727,10 +711,8 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Solution {
 /// Polyak's, `θ·(UB − LB)/‖g‖²` with the feasible value `lower_bound` as the target, so it needs
 /// no scale; `θ` halves after 5 steps without improvement. Any prices and multipliers give a
 /// valid bound, so this only ever improves the certificate. Returns the least bound seen.
-#[allow(clippy::too_many_arguments)]
 pub fn refine_bound(
     problem: &Problem,
-    table: Option<&PairTable>,
     hosts: &[HostState],
     prices: &[f64],
     lower_bound: f64,
@@ -743,20 +725,13 @@ pub fn refine_bound(
         .map(|h| (h.multipliers.mu, h.multipliers.nu))
         .collect();
     let (mut best, mut theta, mut stale) = (f64::INFINITY, 2.0, 0);
+    let mut best_point = (prices.clone(), mult.clone());
     for _ in 0..iterations {
         let relaxed: Vec<_> = hosts
             .par_iter()
             .zip(&mult)
             .map(|(h, &(mu, nu))| {
-                relax_host(
-                    problem,
-                    table,
-                    h.host,
-                    |f| prices[f as usize],
-                    mu,
-                    nu,
-                    prune,
-                )
+                relax_host(problem, h.host, |f| prices[f as usize], mu, nu, prune)
             })
             .collect();
         let mut usage = vec![0.0; problem.facilities.len()];
@@ -769,6 +744,7 @@ pub fn refine_bound(
         let bound = facility_part + relaxed.iter().map(|r| r.bound).sum::<f64>();
         if bound < best {
             best = bound;
+            best_point = (prices.clone(), mult.clone());
             stale = 0;
         } else {
             stale += 1;
@@ -813,7 +789,87 @@ pub fn refine_bound(
             m.1 = (m.1 + t * g.1).max(0.0);
         }
     }
-    best
+    if iterations == 0 {
+        return best;
+    }
+    // At the best prices, each host's multipliers separately to their least bound.
+    let (prices, mult) = best_point;
+    let hosts_part: f64 = hosts
+        .par_iter()
+        .zip(&mult)
+        .map(|(h, &m)| least_host_bound(problem, h.host, &prices, m, prune))
+        .sum();
+    best.min(facility_bound(problem, &prices) + hosts_part)
+}
+
+/// Bisection steps per multiplier in [`least_host_bound`].
+const MULTIPLIER_BISECTIONS: usize = 16;
+
+/// The least share of the bound of host `host` over its multipliers `(μ, ν) ≥ 0` at fixed
+/// prices, starting from `start`. At fixed prices the host's share `TopK⁺ L(μ, ν) + μQ + νC` is
+/// convex in `(μ, ν)` and separate from every other host's, with slopes `Q − Σx` and
+/// `C − Σa·x` of its relaxed choice, so each multiplier is bisected on its slope's sign, one
+/// after the other, twice. The subgradient steps move every price and multiplier by one
+/// step length, which suits neither the hosts' few multipliers nor the many prices at once.
+/// Every point evaluated gives a valid bound, so the least of them is returned.
+fn least_host_bound(
+    problem: &Problem,
+    host: usize,
+    prices: &[f64],
+    start: (f64, f64),
+    prune: bool,
+) -> f64 {
+    let h = &problem.hosts[host];
+    let relax = |mu: f64, nu: f64| relax_host(problem, host, |f| prices[f as usize], mu, nu, prune);
+    let (mut mu, mut nu) = start;
+    let mut least = relax(mu, nu).bound;
+    for _ in 0..2 {
+        for which in [0, 1] {
+            // Slope of the host's share along this multiplier at `v`, and the bound there.
+            let mut at = |v: f64| {
+                let r = if which == 0 {
+                    relax(v, nu)
+                } else {
+                    relax(mu, v)
+                };
+                least = least.min(r.bound);
+                if which == 0 {
+                    h.wqe_budget - r.wqe
+                } else {
+                    h.poll_budget - r.poll
+                }
+            };
+            let current = if which == 0 { mu } else { nu };
+            let v = if at(0.0) >= 0.0 {
+                0.0
+            } else {
+                // The relaxed choice uses less as the multiplier grows (pairs' rates fall, then
+                // they leave the top k), so the slope turns non-negative somewhere above.
+                let (mut lo, mut hi) = (0.0, current.max(1e-3));
+                let mut doublings = 0;
+                while at(hi) < 0.0 && doublings < 40 {
+                    lo = hi;
+                    hi *= 2.0;
+                    doublings += 1;
+                }
+                for _ in 0..MULTIPLIER_BISECTIONS {
+                    let mid = 0.5 * (lo + hi);
+                    if at(mid) < 0.0 {
+                        lo = mid;
+                    } else {
+                        hi = mid;
+                    }
+                }
+                hi
+            };
+            if which == 0 {
+                mu = v;
+            } else {
+                nu = v;
+            }
+        }
+    }
+    least
 }
 
 /// Solves starting from the given active sets.
@@ -945,7 +1001,6 @@ fn run_rounds(problem: &Problem, mut engine: Engine, opts: &SolveOptions) -> Sol
         let lower = rounds.last().expect("at least one round").lower_bound;
         let refined = refine_bound(
             problem,
-            engine.table(),
             &engine.hosts,
             &engine.prices(),
             lower,
