@@ -186,6 +186,7 @@ fn run() {
         let _ = catch_unwind(|| {
             govern::apply(None);
             limits::set_caps(&[]);
+            limits::set_nic_table(None);
             LIMITS.active.store(false, Release);
             // Post what is still held back, so no work request is lost or stalls.
             while drain().is_some() {}
@@ -270,6 +271,7 @@ impl Engine {
     fn link_tick(&mut self, now: Instant) {
         self.check_link(now);
         self.pace_nic();
+        crate::nic_table::recheck();
     }
 
     /// Paces each connected QP on the NIC at its share of the byte grant (`nic_pace`); a

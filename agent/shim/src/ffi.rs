@@ -32,6 +32,18 @@ pub struct IbvContextOps {
     pub _tail: [*mut c_void; 5],
 }
 
+/// `struct ibv_device` (libibverbs' public ABI): the shim reads its sysfs directory.
+#[repr(C)]
+pub struct IbvDevice {
+    pub _ops: [*mut c_void; 2],
+    pub node_type: c_int,
+    pub transport_type: c_int,
+    pub name: [std::ffi::c_char; 64],
+    pub dev_name: [std::ffi::c_char; 64],
+    pub dev_path: [std::ffi::c_char; 256],
+    pub ibdev_path: [std::ffi::c_char; 256],
+}
+
 #[repr(C)]
 pub struct IbvContext {
     pub device: *mut c_void,

@@ -54,8 +54,10 @@ pub mod inflight;
 mod limits;
 mod link;
 pub mod nic_pace;
+mod nic_table;
 mod ops;
 pub mod pacer;
+mod peer_caps;
 mod qp;
 mod qp_verbs;
 mod real;
@@ -142,6 +144,13 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut c_void) -> *mut IbvContext
     })) {
         Ok(Ok(())) => {
             GOVERNED.fetch_add(1, Relaxed);
+            // SAFETY: the device the application opened, from its device list.
+            if catch_unwind(|| unsafe { nic_table::watch(device.cast()) }).is_err() {
+                warn_once(
+                    Trouble::NicTable,
+                    "internal error looking for the NIC's AUSS table",
+                );
+            }
             // Outside the cold lock: the engine's first pass reads the contexts.
             if catch_unwind(engine::ensure_started).is_err() {
                 warn_once(Trouble::Engine, "internal error starting the engine thread");

@@ -1,9 +1,11 @@
 //! The limits of the app's grant as the data path reads them (lock-free atomics), and the
 //! admission decisions made against them: the byte, WQE and completion limiters (GCRA, their
-//! theoretical arrival times), the per-receiver caps (DASR) and the shim's clock. No queues,
+//! theoretical arrival times), the per-receiver caps (DASR, from the agent or the NIC:
+//! [`crate::peer_caps`]) and the shim's clock. No queues,
 //! no QPs, no threads: `govern` decides with these what goes to the NIC now.
 
 use crate::pacer::Gcra;
+use crate::peer_caps::{NicCapCounts, PeerCaps};
 use crate::spin::SpinLock;
 use drum_table::layout::Grant;
 use std::sync::atomic::{
@@ -68,15 +70,12 @@ pub fn empty_poll_pause(now: u64) -> Duration {
     Duration::from_nanos(ps / 1000).clamp(MIN_PAUSE, MAX_PAUSE)
 }
 
-/// Per-receiver caps (DASR): (peer GID, limiter, its TAT).
-pub static CAPS: SpinLock<Vec<PeerCap>> = SpinLock::new(Vec::new());
-pub static CAPS_PRESENT: AtomicBool = AtomicBool::new(false);
-
-pub struct PeerCap {
-    pub gid: [u8; 16],
-    pub gcra: Gcra,
-    pub tat: u64,
-}
+/// Per-receiver caps (DASR), from the agent's table or the NIC's ([`PeerCaps`]).
+pub static CAPS: SpinLock<PeerCaps> = SpinLock::new(PeerCaps::new());
+/// Admissions must consult [`CAPS`]: the agent gave caps, or the NIC's table is read.
+pub static CAPS_CONSULTED: AtomicBool = AtomicBool::new(false);
+/// Some destination is capped now (then posts go one by one, as under any rate limit).
+pub static CAP_IN_FORCE: AtomicBool = AtomicBool::new(false);
 
 static ORIGIN: OnceLock<Instant> = OnceLock::new();
 
@@ -149,28 +148,41 @@ pub fn apply(g: &Grant) -> u64 {
     }
     LIMITS.tracking.store(tracking, Relaxed);
     LIMITS.active.store(
-        byte.is_some() || wqe.is_some() || tracking || CAPS_PRESENT.load(Relaxed),
+        byte.is_some() || wqe.is_some() || tracking || CAPS_CONSULTED.load(Relaxed),
         Release,
     );
     LIMITS.generation.store(g.generation, Relaxed);
     now
 }
 
-/// Replaces the per-receiver caps (from the agent's table).
+/// Replaces the per-receiver caps from the agent's table.
 pub fn set_caps(caps: &[([u8; 16], u64)]) {
     let mut c = CAPS.lock();
-    c.retain(|p| caps.iter().any(|(g, _)| *g == p.gid));
-    for &(gid, rate) in caps {
-        let Some(gcra) = Gcra::new(rate as f64, Gcra::default_burst(rate as f64)) else {
-            continue;
-        };
-        match c.iter_mut().find(|p| p.gid == gid) {
-            Some(p) => p.gcra = gcra,
-            None => c.push(PeerCap { gid, gcra, tat: 0 }),
-        }
-    }
-    CAPS_PRESENT.store(!c.is_empty(), Relaxed);
-    if !c.is_empty() {
+    c.set_agent(caps);
+    publish_caps(&c);
+}
+
+/// Reads the NIC's AUSS table from now on (None: no more).
+pub fn set_nic_table(table: Option<drum_table::nic_auss::Reader>) {
+    let mut c = CAPS.lock();
+    c.set_nic(table);
+    publish_caps(&c);
+}
+
+/// The inode of the NIC's AUSS table read now.
+pub fn nic_table_inode() -> Option<u64> {
+    CAPS.lock().nic_inode()
+}
+
+/// The NIC caps' counters (for the summary).
+pub fn nic_cap_counts() -> NicCapCounts {
+    CAPS.lock().counts
+}
+
+fn publish_caps(c: &PeerCaps) {
+    CAP_IN_FORCE.store(c.any_in_force(), Relaxed);
+    CAPS_CONSULTED.store(c.consulted(), Relaxed);
+    if c.consulted() {
         LIMITS.active.store(true, Release);
     }
 }
@@ -188,20 +200,27 @@ pub fn admit(now: u64, bytes: u64, peer: Option<[u8; 16]>) -> Result<(), u64> {
         wait = wait.max(w.wait(WQE_TAT.load(Relaxed), now));
     }
     let mut caps = peer
-        .filter(|_| CAPS_PRESENT.load(Relaxed))
+        .filter(|_| CAPS_CONSULTED.load(Relaxed))
         .map(|_| CAPS.lock());
     let cap = match (&mut caps, peer) {
-        (Some(c), Some(g)) => c.iter_mut().find(|p| p.gid == g),
+        (Some(c), Some(g)) => {
+            let changes = c.counts.changes;
+            let d = c.read(g, now);
+            if c.counts.changes != changes {
+                CAP_IN_FORCE.store(c.any_in_force(), Relaxed);
+            }
+            d.and_then(|d| c.limiter(d))
+        }
         _ => None,
     };
-    if let Some(c) = &cap {
-        wait = wait.max(c.gcra.wait(c.tat, now));
+    if let Some((g, tat)) = &cap {
+        wait = wait.max(g.wait(**tat, now));
     }
     if wait > 0 {
         return Err(wait);
     }
-    if let Some(c) = cap {
-        c.tat = c.gcra.advance(c.tat, now, bytes);
+    if let Some((g, tat)) = cap {
+        *tat = g.advance(*tat, now, bytes);
     }
     if let Some(b) = byte {
         let _ = BYTE_TAT.fetch_update(Relaxed, Relaxed, |t| Some(b.advance(t, now, bytes)));
@@ -247,7 +266,7 @@ pub static TRACKING_EPOCH: AtomicU64 = AtomicU64::new(0);
 
 /// A rate limit is in force: the app's own, or a receiver's cap.
 pub fn paced() -> bool {
-    limiter(&LIMITS.byte).is_some() || limiter(&LIMITS.wqe).is_some() || CAPS_PRESENT.load(Relaxed)
+    limiter(&LIMITS.byte).is_some() || limiter(&LIMITS.wqe).is_some() || CAP_IN_FORCE.load(Relaxed)
 }
 
 /// How far ahead of `now` the polling grant is spent, in ps (a diagnostic).

@@ -41,10 +41,12 @@ pub fn summary_line(pid: u32, t: &Totals) -> String {
 /// The governance part of the exit summary.
 fn governance(queued: u64) -> String {
     let [rate_bytes, rate_wqe, rate_cqe] = limits::rates();
+    let nic = limits::nic_cap_counts();
     format!(
         "extended_verbs={} direct_verbs_queues={} wr_api_qps={} governed={} grant_generation={} rate_bytes_per_s={} rate_wqe_per_s={} rate_cqe_per_s={} max_active_qps={} \
          direct_wqes={} deferred_wqes={} queue_delay_us={} queued_wqes={} deferred_post_errors={} \
-         dropped_wqes={} held_polls={} nic_pacing_sets={} nic_pacing_refusals={}",
+         dropped_wqes={} held_polls={} nic_pacing_sets={} nic_pacing_refusals={} \
+         nic_auss_table={} nic_cap_destinations={} nic_cap_stamps={} nic_cap_changes={}",
         crate::extended::USES.load(Relaxed),
         crate::direct::QUEUES_TAKEN.load(Relaxed),
         crate::wr_api::WRAPPED_QPS.load(Relaxed),
@@ -67,6 +69,14 @@ fn governance(queued: u64) -> String {
         STATS.held_polls.load(Relaxed),
         STATS.nic_pacing_sets.load(Relaxed),
         STATS.nic_pacing_refusals.load(Relaxed),
+        if limits::nic_table_inode().is_some() {
+            "yes"
+        } else {
+            "no"
+        },
+        nic.listed,
+        nic.stamps,
+        nic.changes,
     )
 }
 

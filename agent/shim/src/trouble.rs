@@ -28,6 +28,7 @@ pub(crate) enum Trouble {
     DirectVerbs = 65536,
     NicPacing = 131072,
     NoMlx5 = 262144,
+    NicTable = 524288,
 }
 
 static WARNED: AtomicU32 = AtomicU32::new(0);

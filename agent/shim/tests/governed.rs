@@ -744,3 +744,117 @@ fn dasr_caps_halve_with_a_second_sender_and_return_when_it_leaves() {
         "expired too early: {t_expire:?}"
     );
 }
+
+/// Bytes the NIC of `host` fetched for its processes so far (`proc_tx_bytes.PID`, summed).
+fn host_tx_bytes(run: &Run, host: &str) -> u64 {
+    drum_test_support::softrnic_stats(run.cmd().args(["stats", host]))
+        .iter()
+        .filter(|(k, _)| k.starts_with("proc_tx_bytes."))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// Dart's AUSS in the NIC's ACKs, with no agent anywhere: two unmodified `ib_write_bw` into
+/// h1 under the shim. h1's NIC counts both senders and stamps `N` = 2 into its ACKs; each
+/// sender's shim reads it from its NIC's table (`softrnic_auss`) and caps its QP at R/2, so
+/// the first sender's rate halves; and a control run with `DRUM_SHIM_NIC_AUSS=0` shows the
+/// shim leaves the table alone when told to.
+#[test]
+fn nic_auss_caps_each_sender_at_half_with_no_agent() {
+    require_privileges!();
+    let _turn = take_turn();
+    if !require_perftest() {
+        return;
+    }
+    let run = Run::new("nic-auss");
+    run.up(&[
+        "--hosts",
+        "3",
+        "--line-rate-gbps",
+        "1",
+        "--auss-expiry-ms",
+        "500",
+    ]);
+    let h1 = run.addr("h1");
+    // R: what h1 receives at line rate, in payload bytes/s (the table's header).
+    let r = 125_000_000f64 * 4096.0 / (4096.0 + 42.0);
+    let start = |host: &str, port: &str, secs: &str, env: &[(&str, &str)]| {
+        let args = [
+            "ib_write_bw",
+            "-x",
+            "0",
+            "-s",
+            "65536",
+            "-D",
+            secs,
+            "-p",
+            port,
+        ];
+        let mut server = spawn(&mut run.exec("h1", &args, false, &[]));
+        drum_test_support::wait_listening(&mut server, port.parse().unwrap(), LISTEN_LIMIT);
+        let mut cargs = args.to_vec();
+        cargs.push(&h1);
+        let client = spawn(&mut run.exec(host, &cargs, true, env));
+        (server, client)
+    };
+    let rate_of = |host: &str| {
+        let b0 = host_tx_bytes(&run, host);
+        std::thread::sleep(Duration::from_secs(1));
+        (host_tx_bytes(&run, host) - b0) as f64
+    };
+    let (sa, ca) = start("h2", "18611", "8", &[]);
+    wait_until("h2 sending", STARTUP_LIMIT, || {
+        host_tx_bytes(&run, "h2") > 0
+    });
+    let alone = rate_of("h2");
+    let (sb, cb) = start("h3", "18612", "4", &[]);
+    wait_until("h3 sending", STARTUP_LIMIT, || {
+        host_tx_bytes(&run, "h3") > 0
+    });
+    let shared = rate_of("h2");
+    let table = run_timeout(run.cmd().args(["auss", "h2"]), Duration::from_secs(10));
+    for (o, who) in [
+        (wait_timeout(cb, Duration::from_secs(30)), "h3 client"),
+        (wait_timeout(sb, Duration::from_secs(30)), "h3 server"),
+    ] {
+        assert_ok(&o, who);
+    }
+    let ca = wait_timeout(ca, Duration::from_secs(30));
+    let sa = wait_timeout(sa, Duration::from_secs(30));
+    assert_pair_ok(&sa, &ca, "h2 -> h1");
+    let s = summary(&ca, "h2 client");
+    eprintln!(
+        "NIC AUSS through the shim: h2 sent {:.1} MB/s alone, {:.1} MB/s beside h3 (cap R/2 = \
+         {:.1} MB/s); h2's table: {}; h2's shim: {s:?}",
+        alone / 1e6,
+        shared / 1e6,
+        r / 2e6,
+        String::from_utf8_lossy(&table.stdout).trim()
+    );
+    assert!(
+        String::from_utf8_lossy(&ca.stderr).contains("nic_auss_table=yes"),
+        "h2's shim found no table: {}",
+        text(&ca)
+    );
+    assert!(s["nic_cap_changes"] >= 1, "{s:?}");
+    assert!(s["deferred_wqes"] > 0, "the cap held nothing back: {s:?}");
+    assert!(
+        shared <= 1.1 * r / 2.0,
+        "{shared} B/s beside h3, cap {}",
+        r / 2.0
+    );
+    assert!(
+        alone > 1.3 * shared,
+        "alone {alone} B/s, beside h3 {shared} B/s"
+    );
+    // Told not to: the shim leaves the table unread.
+    let (so, co) = start("h2", "18613", "1", &[("DRUM_SHIM_NIC_AUSS", "0")]);
+    let co = wait_timeout(co, Duration::from_secs(30));
+    let so = wait_timeout(so, Duration::from_secs(30));
+    assert_pair_ok(&so, &co, "h2 -> h1 without the NIC's caps");
+    assert!(
+        String::from_utf8_lossy(&co.stderr).contains("nic_auss_table=no"),
+        "{}",
+        text(&co)
+    );
+}

@@ -8,6 +8,8 @@
 //! - [`socket`]: the registration socket (Unix `SOCK_SEQPACKET`);
 //! - [`profile`]: what both sides read from an app's WQE counters;
 //! - [`seqlock`]: how a grant's fields are written and read as one;
+//! - [`nic_auss`]: the table a NIC running AUSS in its ACKs (softrnic) publishes each
+//!   destination's active unique senders in, which the shim reads to cap QPs at R/N;
 //! - [`wire_cost`]: what a payload byte costs on the wire, for the agent's grants and the
 //!   shim's NIC pacing alike.
 //!
@@ -17,6 +19,7 @@
 pub mod layout;
 pub mod mapping;
 pub mod message;
+pub mod nic_auss;
 pub mod profile;
 pub mod seqlock;
 pub mod socket;

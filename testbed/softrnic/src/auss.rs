@@ -1,6 +1,6 @@
 //! AUSS in the NIC's ACKs (issue 18): the pure part — no I/O, threads or clocks; time is an
 //! explicit `now: Duration`. The engine's side is `engine/auss.rs`, the table a shim reads is
-//! [`crate::auss_table`]; docs/softrnic-congestion.md, "AUSS in the NIC's ACKs".
+//! `drum_table::nic_auss`; docs/softrnic-congestion.md, "AUSS in the NIC's ACKs".
 //!
 //! - [`ActiveSenders`]: the responder's set per receiving host. It is the agents' AUSS
 //!   ([`drum_common::dasr::Auss`], docs/dasr.md) fed from the data path instead of UDP

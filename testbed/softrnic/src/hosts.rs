@@ -269,7 +269,7 @@ pub fn write_sysfs(
         )?;
         // The port MTU of the NIC model (bytes), reported by query_port as the active MTU.
         w(ib.join("softrnic_mtu"), &format!("{mtu}\n"))?;
-        // Where a program finds each destination's N (crate::auss_table): a preloaded
+        // Where a program finds each destination's N (drum_table::nic_auss): a preloaded
         // shim looks for this file next to softrnic_engine_socket, in the device's
         // ibdev_path; without it the NIC has no AUSS.
         if let Some(t) = auss_table {
@@ -496,18 +496,18 @@ pub fn auss(run: &Path, name: &str) -> Result<String> {
         .join("softrnic_auss");
     let table = fs::read_to_string(&f)
         .with_context(|| format!("{} (is the run up with --auss-expiry-ms?)", f.display()))?;
-    let r = crate::auss_table::Reader::open(Path::new(table.trim()))
+    let r = drum_table::nic_auss::Reader::open(Path::new(table.trim()))
         .with_context(|| table.trim().to_string())?;
-    let now = crate::auss_table::monotonic_ns();
+    let now = drum_table::nic_auss::monotonic_ns();
     Ok(r.entries()
         .iter()
         .map(|e| {
             format!(
                 "{} {} {} {} {}\n",
                 e.ip,
-                e.stamp.n,
-                e.stamp.epoch,
-                e.stamp.incarnation,
+                e.n,
+                e.epoch,
+                e.incarnation,
                 now.saturating_sub(e.updated_ns) / 1_000_000
             )
         })

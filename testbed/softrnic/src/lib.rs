@@ -5,8 +5,9 @@
 //! - [`events`]: asynchronous events (`ibv_get_async_event`) and what a destroy waits for;
 //! - [`faults`]: seeded per-link fault injection (loss, duplication, reordering, delay);
 //! - [`mw`]: memory windows (type 1 and 2 binding, invalidation, remote access);
-//! - [`auss`], [`auss_table`]: the active unique senders in the NIC's ACKs, and the table
-//!   through which a host's programs read each destination's `N`;
+//! - [`auss`]: the active unique senders in the NIC's ACKs (the table through which a
+//!   host's programs read each destination's `N` is `drum_table::nic_auss`, shared with the
+//!   shim);
 //! - [`nic`]: the NIC model (line rate, MTU, QP-context cache, WQE fetch cost);
 //! - [`idmap`]: hash maps keyed by the engine's own numbers;
 //! - [`hosts`]: emulated hosts (namespaces or loopback), `up`/`down`/`exec`/`addr`;
@@ -20,7 +21,6 @@
 //! See docs/softrnic.md.
 
 pub mod auss;
-pub mod auss_table;
 pub mod dcqcn;
 pub mod devdir;
 pub mod device;

@@ -241,6 +241,13 @@ impl NicConfig {
         std::time::Duration::from_secs_f64(self.auss_hold_us as f64 * 1e-6 * self.time_scale)
     }
 
+    /// What a host receives at line rate, in payload bytes per second of MTU-sized packets
+    /// (0: the line is unlimited): the `R` of the AUSS table's `R/N`.
+    pub fn payload_bytes_per_s(&self) -> u64 {
+        let mtu = f64::from(self.mtu);
+        (self.line_rate_gbps * 1e9 / 8.0 * mtu / (mtu + L2_L4_OVERHEAD as f64)) as u64
+    }
+
     /// The receive port's parameters.
     pub fn rx_port(&self) -> crate::rx_port::RxPortConfig {
         crate::rx_port::RxPortConfig {

@@ -3,11 +3,11 @@
 //! hosts, stamps `N`, epoch and incarnation into its ACKs to them and notifies every active
 //! sender when `N` changes; as requester it keeps the newest stamp per destination host,
 //! refusing stale, forged and malformed ones, and publishes it in the table programs read
-//! ([`crate::auss_table`]).
+//! (`drum_table::nic_auss`).
 
 use super::*;
 use crate::auss::{ActiveSenders, Applied, Latest, Request, Stamp};
-use crate::auss_table::Writer;
+use drum_table::nic_auss::Writer;
 
 /// The NIC's AUSS (None in `on`: off, the default).
 #[derive(Default)]
@@ -72,13 +72,9 @@ fn sender_id(ip: Ipv4Addr) -> u64 {
 }
 
 impl NicAuss {
-    /// AUSS on, with `expiry` and ENDs held for `hold`, publishing into a new table at
-    /// `table`.
-    pub(super) fn on(
-        expiry: Duration,
-        hold: Duration,
-        table: &std::path::Path,
-    ) -> io::Result<NicAuss> {
+    /// AUSS on as `nic` says, publishing into a new table at `table`.
+    pub(super) fn on(nic: &NicConfig, table: &std::path::Path) -> io::Result<NicAuss> {
+        let expiry = nic.auss_expiry().unwrap_or(Duration::ZERO);
         // Grows across restarts of the engine (as the agents' incarnations do), and never 0.
         let incarnation = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -86,9 +82,9 @@ impl NicAuss {
             .max(1);
         Ok(NicAuss {
             on: Some(On {
-                set: ActiveSenders::new(expiry, hold, incarnation),
+                set: ActiveSenders::new(expiry, nic.auss_hold(), incarnation),
                 latest: Latest::default(),
-                table: Writer::create(table)?,
+                table: Writer::create(table, nic.payload_bytes_per_s())?,
                 origin: Instant::now(),
             }),
             counters: AussCounters::default(),
@@ -209,7 +205,10 @@ impl State {
         match on.latest.apply(*v4.ip(), stamp) {
             Applied::Newer => {
                 c.stamps_newer += 1;
-                if !on.table.publish(*v4.ip(), stamp) {
+                if !on
+                    .table
+                    .publish(*v4.ip(), stamp.n, stamp.epoch, stamp.incarnation)
+                {
                     c.table_full += 1;
                 }
             }

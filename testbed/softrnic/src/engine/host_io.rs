@@ -561,9 +561,9 @@ pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
     let mut state = State::with_nic(cfg.nic);
     state.my_ip = cfg.ip;
     state.peers = cfg.peers.clone();
-    if let Some(expiry) = cfg.nic.auss_expiry() {
+    if cfg.nic.auss_expiry().is_some() {
         let table = cfg.socket.with_file_name("auss");
-        state.auss = super::auss::NicAuss::on(expiry, cfg.nic.auss_hold(), &table)
+        state.auss = super::auss::NicAuss::on(&cfg.nic, &table)
             .with_context(|| format!("creating the AUSS table {}", table.display()))?;
     }
     if !cfg.faults.is_none() {

@@ -239,16 +239,13 @@ impl State {
             Ok(n) => {
                 q.epsn = psn_add(q.epsn, n);
                 q.nak_sent = false;
+                let acked = psn_add(q.epsn, wire::PSN_MASK);
                 // Before its ACK, so that the ACK carries the `N` this packet made.
                 self.auss_request(from, &p);
-                let Some(q) = self.qps.get_mut(&qpn) else {
-                    return;
-                };
                 // READ and atomic requests are acknowledged by their responses.
                 let answered = p.op == wire::OP_READ_REQ || is_atomic_op(p.op);
                 if !answered && p.flags & wire::F_ACKREQ != 0 {
-                    let e = psn_add(q.epsn, wire::PSN_MASK);
-                    self.reply(from, qpn, peer, wire::OP_ACK, 0, e);
+                    self.reply(from, qpn, peer, wire::OP_ACK, 0, acked);
                 }
             }
             Err(syn) => self.responder_nak(from, qpn, p.psn, syn),

@@ -1,0 +1,389 @@
+//! The per-receiver caps (DASR, docs/dasr.md) and where each comes from. A destination whose
+//! NIC stamps its active unique senders into ACKs (softrnic with `--auss-expiry-ms`) is capped
+//! at `R/N` from the NIC's table (`drum_table::nic_auss`), read again on every admission, so a
+//! new `N` is in force at the next post after its ACK arrived — no agent round trip. Any other
+//! destination keeps the cap the agents' UDP channel put in the agent's table. The NIC's word
+//! wins where it has one: it is newer by the agents' round trip, and it is the same count.
+//! docs/shim.md, "Caps from the NIC".
+//!
+//! No threads, clocks or system calls: time is passed in, and the NIC's table is shared
+//! memory read with a bounded seqlock read.
+
+use crate::pacer::Gcra;
+use drum_table::nic_auss::Reader;
+use std::net::Ipv4Addr;
+
+/// How long a destination the NIC's table does not list is not looked for again: it gets its
+/// slot with its first stamped ACK, so this bounds the time its cap comes late, and the cost
+/// of looking (a scan of the table's used slots) per post.
+pub const LOOK_AGAIN_PS: u64 = 50_000_000;
+
+/// The burst a NIC cap allows: one 64 KiB message (Dart's long message). The agents' caps keep
+/// the limiter's default of 5 ms at the rate; a cap meant to act within round trips must not
+/// let a sender run at line rate for milliseconds after it is told to share.
+pub const NIC_CAP_BURST: u64 = 64 * 1024;
+
+/// What the NIC's table says of one destination.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FromNic {
+    /// Not listed (no stamped ACK from it yet): look again from this instant (ps).
+    Unlisted { look_at: u64 },
+    /// Listed in `slot`; the stamp (incarnation, epoch) last applied and its `N`.
+    Listed {
+        slot: usize,
+        stamp: (u64, u64),
+        n: u32,
+    },
+}
+
+/// A destination found by [`PeerCaps::read`], valid until the caps are next replaced.
+#[derive(Clone, Copy, Debug)]
+pub struct Dest(usize);
+
+struct Peer {
+    gid: [u8; 16],
+    /// The agent's cap (bytes/s), if it gave one.
+    agent: Option<u64>,
+    nic: FromNic,
+    /// The limiter in force and its theoretical arrival time (ps).
+    gcra: Option<Gcra>,
+    tat: u64,
+}
+
+impl Peer {
+    fn new(gid: [u8; 16]) -> Peer {
+        Peer {
+            gid,
+            agent: None,
+            nic: FromNic::Unlisted { look_at: 0 },
+            gcra: None,
+            tat: 0,
+        }
+    }
+}
+
+/// Counters of the NIC's caps, for the summary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NicCapCounts {
+    /// Destinations found in the NIC's table.
+    pub listed: u64,
+    /// Stamps applied (a new `N` or a new epoch).
+    pub stamps: u64,
+    /// Of those, the ones that changed the cap in force.
+    pub changes: u64,
+}
+
+/// Every destination's cap, and the NIC's table when the device has one.
+pub struct PeerCaps {
+    peers: Vec<Peer>,
+    nic: Option<Reader>,
+    pub counts: NicCapCounts,
+}
+
+impl PeerCaps {
+    pub const fn new() -> PeerCaps {
+        PeerCaps {
+            peers: Vec::new(),
+            nic: None,
+            counts: NicCapCounts {
+                listed: 0,
+                stamps: 0,
+                changes: 0,
+            },
+        }
+    }
+
+    /// Replaces the agent's caps (`(gid, bytes/s)`; empty: none).
+    pub fn set_agent(&mut self, caps: &[([u8; 16], u64)]) {
+        for p in &mut self.peers {
+            p.agent = None;
+        }
+        for &(gid, rate) in caps {
+            self.peer(gid).agent = Some(rate);
+        }
+        for i in 0..self.peers.len() {
+            self.settle(i);
+        }
+        self.forget_idle();
+    }
+
+    /// The NIC's table found, replaced by a new engine's, or gone (None): what it said is
+    /// forgotten, and destinations are looked up again at the next post.
+    pub fn set_nic(&mut self, table: Option<Reader>) {
+        self.nic = table;
+        for p in &mut self.peers {
+            p.nic = FromNic::Unlisted { look_at: 0 };
+        }
+        for i in 0..self.peers.len() {
+            self.settle(i);
+        }
+        self.forget_idle();
+    }
+
+    /// The inode of the NIC's table mapped (to notice a new engine).
+    pub fn nic_inode(&self) -> Option<u64> {
+        self.nic.as_ref().map(Reader::inode)
+    }
+
+    /// Some destination is capped now.
+    pub fn any_in_force(&self) -> bool {
+        self.peers.iter().any(|p| p.gcra.is_some())
+    }
+
+    /// The agent's caps, or the NIC's table, are there to consult.
+    pub fn consulted(&self) -> bool {
+        self.nic.is_some() || self.peers.iter().any(|p| p.agent.is_some())
+    }
+
+    /// Destination `gid` at `now` (ps), after reading the NIC's word on it; None when
+    /// nothing may cap it.
+    pub fn read(&mut self, gid: [u8; 16], now: u64) -> Option<Dest> {
+        let i = match self.peers.iter().position(|p| p.gid == gid) {
+            Some(i) => i,
+            None if self.nic.is_some() && ipv4_of(&gid).is_some() => {
+                self.peers.push(Peer::new(gid));
+                self.peers.len() - 1
+            }
+            None => return None,
+        };
+        self.read_nic(i, now);
+        Some(Dest(i))
+    }
+
+    /// The limiter in force towards `d` and its TAT; None when it is not capped.
+    pub fn limiter(&mut self, d: Dest) -> Option<(Gcra, &mut u64)> {
+        let p = self.peers.get_mut(d.0)?;
+        p.gcra.map(|g| (g, &mut p.tat))
+    }
+
+    /// Refreshes destination `i` from the NIC's table.
+    fn read_nic(&mut self, i: usize, now: u64) {
+        let Some(t) = &self.nic else { return };
+        let p = &self.peers[i];
+        let Some(ip) = ipv4_of(&p.gid) else { return };
+        let entry = match p.nic {
+            FromNic::Listed { slot, .. } => t.slot(slot).map(|e| (slot, e)),
+            FromNic::Unlisted { look_at } if now >= look_at => {
+                let found = t.find(ip);
+                if found.is_some() {
+                    self.counts.listed += 1;
+                }
+                found
+            }
+            FromNic::Unlisted { .. } => return,
+        };
+        let p = &mut self.peers[i];
+        let Some((slot, e)) = entry else {
+            // Not listed yet; a listed slot mid-update keeps what it said.
+            if let FromNic::Unlisted { .. } = p.nic {
+                p.nic = FromNic::Unlisted {
+                    look_at: now + LOOK_AGAIN_PS,
+                };
+            }
+            return;
+        };
+        let stamp = (e.incarnation, e.epoch);
+        if matches!(p.nic, FromNic::Listed { stamp: s, .. } if s == stamp) {
+            return;
+        }
+        p.nic = FromNic::Listed {
+            slot,
+            stamp,
+            n: e.n,
+        };
+        self.counts.stamps += 1;
+        let before = self.peers[i].gcra;
+        self.settle_at(i, now);
+        if self.peers[i].gcra != before {
+            self.counts.changes += 1;
+        }
+    }
+
+    fn peer(&mut self, gid: [u8; 16]) -> &mut Peer {
+        let i = match self.peers.iter().position(|p| p.gid == gid) {
+            Some(i) => i,
+            None => {
+                self.peers.push(Peer::new(gid));
+                self.peers.len() - 1
+            }
+        };
+        &mut self.peers[i]
+    }
+
+    fn settle(&mut self, i: usize) {
+        let tat = self.peers[i].tat;
+        self.settle_at(i, tat);
+    }
+
+    /// Puts destination `i`'s cap in force as of `now`: a change of rate carries the debt
+    /// over, so a cut takes effect at once and a raise does not forgive what was sent.
+    fn settle_at(&mut self, i: usize, now: u64) {
+        let rate = self.nic_rate(i);
+        let p = &mut self.peers[i];
+        let (rate, burst) = match (p.nic, rate) {
+            (FromNic::Listed { .. }, r) => (r, NIC_CAP_BURST),
+            (FromNic::Unlisted { .. }, _) => {
+                let r = p.agent;
+                (r, r.map_or(0, |r| Gcra::default_burst(r as f64)))
+            }
+        };
+        let new = rate.and_then(|r| Gcra::new(r as f64, burst));
+        if new != p.gcra {
+            if let Some(n) = new {
+                p.tat = n.carry_over(p.gcra, p.tat, now);
+            }
+            p.gcra = new;
+        }
+    }
+
+    /// `R/N` for a listed destination with at least two senders; None otherwise (a sender
+    /// alone at a receiver is not capped by it).
+    fn nic_rate(&self, i: usize) -> Option<u64> {
+        let r = self.nic.as_ref().map_or(0, Reader::rate);
+        match self.peers[i].nic {
+            FromNic::Listed { n, .. } => share(r, n),
+            FromNic::Unlisted { .. } => None,
+        }
+    }
+
+    /// Drops destinations nothing caps or watches any more.
+    fn forget_idle(&mut self) {
+        let watching = self.nic.is_some();
+        self.peers.retain(|p| watching || p.agent.is_some());
+    }
+}
+
+/// A sender's share of a receiver of rate `r` with `n` active senders: `r/n` for `n ≥ 2`;
+/// None (no cap) for one sender or none, or a rate the NIC did not give.
+pub fn share(r: u64, n: u32) -> Option<u64> {
+    (n >= 2 && r > 0).then(|| r / u64::from(n))
+}
+
+/// The IPv4 address of an IPv4-mapped GID (RoCE v2, softrnic), None for any other.
+pub fn ipv4_of(gid: &[u8; 16]) -> Option<Ipv4Addr> {
+    (gid[..10].iter().all(|b| *b == 0) && gid[10..12] == [0xff, 0xff])
+        .then(|| Ipv4Addr::new(gid[12], gid[13], gid[14], gid[15]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drum_table::nic_auss::Writer;
+
+    const R: u64 = 125_000_000;
+
+    fn gid(ip: [u8; 4]) -> [u8; 16] {
+        let mut g = [0u8; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(&ip);
+        g
+    }
+
+    fn table(name: &str) -> (std::path::PathBuf, Writer) {
+        let dir =
+            std::env::temp_dir().join(format!("drum-peer-caps-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let w = Writer::create(&dir.join("auss"), R).unwrap();
+        (dir, w)
+    }
+
+    fn interval(c: &mut PeerCaps, g: [u8; 16], now: u64) -> Option<u64> {
+        let d = c.read(g, now)?;
+        c.limiter(d).map(|(g, _)| g.interval_ps())
+    }
+
+    #[test]
+    fn shares_and_mapped_gids() {
+        assert_eq!(share(R, 0), None);
+        assert_eq!(share(R, 1), None);
+        assert_eq!(share(R, 2), Some(R / 2));
+        assert_eq!(share(0, 4), None);
+        assert_eq!(
+            ipv4_of(&gid([10, 0, 0, 7])),
+            Some(Ipv4Addr::new(10, 0, 0, 7))
+        );
+        let mut ib = gid([10, 0, 0, 7]);
+        ib[0] = 0xfe;
+        assert_eq!(ipv4_of(&ib), None);
+    }
+
+    /// The NIC's `N` is in force at the first admission after it was published, halves and
+    /// restores the cap, and wins over the agent's cap for the destinations it lists.
+    #[test]
+    fn a_new_n_in_the_nic_table_is_in_force_at_the_next_admission() {
+        let (dir, mut w) = table("n");
+        let (d1, d2) = ([10, 0, 0, 1], [10, 0, 0, 2]);
+        let mut c = PeerCaps::new();
+        c.set_agent(&[(gid(d2), R / 10)]);
+        assert_eq!(
+            interval(&mut c, gid(d1), 0),
+            None,
+            "no NIC: only the agent's"
+        );
+        assert_eq!(interval(&mut c, gid(d2), 0), Some(80_000));
+        c.set_nic(Some(
+            drum_table::nic_auss::Reader::open(&dir.join("auss")).unwrap(),
+        ));
+        assert!(c.nic_inode().is_some());
+        // Unlisted: the agent's cap stays; d1 is looked for once per LOOK_AGAIN_PS.
+        assert_eq!(interval(&mut c, gid(d1), 1), None);
+        assert_eq!(interval(&mut c, gid(d2), 1), Some(80_000));
+        w.publish(d1.into(), 2, 1, 9);
+        assert_eq!(interval(&mut c, gid(d1), 2), None, "not looked for yet");
+        let t = 1 + LOOK_AGAIN_PS;
+        assert_eq!(interval(&mut c, gid(d1), t), Some(16_000), "R/2");
+        assert_eq!(c.counts.listed, 1);
+        // Listed: every admission reads the slot.
+        w.publish(d1.into(), 4, 2, 9);
+        assert_eq!(interval(&mut c, gid(d1), t + 1), Some(32_000), "R/4");
+        w.publish(d1.into(), 1, 3, 9);
+        assert_eq!(interval(&mut c, gid(d1), t + 2), None, "alone: no cap");
+        assert_eq!((c.counts.stamps, c.counts.changes), (3, 3));
+        // The NIC lists d2 with one sender: its word (no cap) wins over the agent's.
+        w.publish(d2.into(), 1, 1, 9);
+        assert_eq!(interval(&mut c, gid(d2), t + LOOK_AGAIN_PS * 2), None);
+        // The table gone (engine stopped): back to the agent's caps.
+        c.set_nic(None);
+        assert_eq!(interval(&mut c, gid(d2), 0), Some(80_000));
+        assert_eq!(interval(&mut c, gid(d1), 0), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A cut carries the debt over: what was sent at the old rate is owed at the new one.
+    #[test]
+    fn a_cut_carries_the_debt_over() {
+        let (dir, mut w) = table("cut");
+        let d = [10, 0, 0, 3];
+        let mut c = PeerCaps::new();
+        c.set_nic(Some(
+            drum_table::nic_auss::Reader::open(&dir.join("auss")).unwrap(),
+        ));
+        w.publish(d.into(), 2, 1, 9);
+        let at = c.read(gid(d), 0).unwrap();
+        let (g, tat) = c.limiter(at).unwrap();
+        *tat = g.advance(*tat, 0, 1 << 20);
+        let owed_at_half = *tat;
+        w.publish(d.into(), 4, 2, 9);
+        let at = c.read(gid(d), 0).unwrap();
+        let (g4, tat4) = c.limiter(at).unwrap();
+        assert_eq!(g4.interval_ps(), 2 * g.interval_ps());
+        assert_eq!(
+            *tat4,
+            2 * owed_at_half,
+            "the debt at a quarter takes twice as long"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn without_the_nic_only_agent_caps_are_kept() {
+        let mut c = PeerCaps::new();
+        assert!(!c.consulted());
+        c.set_agent(&[(gid([10, 0, 0, 1]), R)]);
+        assert!(c.consulted() && c.any_in_force());
+        c.set_agent(&[]);
+        assert!(!c.consulted() && !c.any_in_force());
+        assert_eq!(interval(&mut c, gid([10, 0, 0, 1]), 0), None);
+    }
+}
