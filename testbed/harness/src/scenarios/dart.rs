@@ -327,8 +327,9 @@ fn bw_server_cmd(ctx: &RunCtx, port: u16, n: &str) -> Result<Command> {
     ctx.cluster.raw("h1", &a)
 }
 
-/// The receiving NIC's side: its port's queue, marks, pauses and DCQCN's CNPs; and the
-/// AUSS epochs the NIC counted (whatever the mode: the NIC counts for everyone).
+/// The receiving NIC's side during the run: its port's marks, pauses and drops, DCQCN's
+/// CNPs, and the AUSS epochs the NIC counted (whatever the mode: the NIC counts for
+/// everyone). Not the queue's maximum: softrnic keeps it since the engine started.
 fn mechanism(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>, m: &mut Measured) {
     let d = |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
     for k in [
@@ -340,10 +341,6 @@ fn mechanism(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>, m: &
     ] {
         m.mechanism.insert(k.into(), d(k));
     }
-    m.mechanism.insert(
-        "rx_queue_max_bytes".into(),
-        after.get("rx_queue_max_bytes").copied().unwrap_or(0.0),
-    );
 }
 
 /// The long flow's rate over time, the first repeat of each mode (Dart's Fig. 9(a)).
