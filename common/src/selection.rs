@@ -9,7 +9,7 @@
 
 use crate::host_step::AppTerm;
 use crate::model::Problem;
-use crate::pruning::{surplus_upper_bound, Candidates, Exact};
+use crate::pruning::{Bounds, Exact, Scan};
 use crate::rng::SplitMix64;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -72,33 +72,51 @@ pub(crate) fn pair_cap(problem: &Problem, host: usize, pair: usize) -> f64 {
 }
 
 /// A pair's ranking key: its surplus discounted by its recent activity (SDRF-style), so among
-/// near-equal pairs the long-parked one ranks first. Grows with `l` while
-/// `fairness·activity < 1` (always, with the defaults), which pruning relies on.
+/// near-equal pairs the long-parked one ranks first.
 fn ranking_key(opts: &SelectionOptions, activity: f32, l: f64) -> f64 {
     l * (1.0 - opts.fairness * activity as f64 * l.signum())
 }
 
-/// The exact surplus of every pair of `host` that [`Candidates`] asks for, at a per-unit
-/// charge `charge(pair)`; with pruning each pair is entered with its closed-form bound.
-fn candidates<'a>(
+/// Whether a pair's ranking key grows with its surplus and is at most the surplus, which
+/// pruning relies on: `0 ≤ fairness·activity < 1` (always, with the defaults, since activity
+/// is a discounted share in `[0, 1]`). A pair for which it fails is always computed.
+fn key_below_surplus(opts: &SelectionOptions, activity: f32) -> bool {
+    (0.0..1.0).contains(&(opts.fairness * activity as f64))
+}
+
+/// Scans `pairs` of `host` for the `by_value` best surpluses (with `others` as competitors) and
+/// the `by_key` best keys ([`Scan`]), at a per-unit charge `charge(pair)`; with pruning each
+/// pair is offered with its closed-form bound.
+#[allow(clippy::too_many_arguments)]
+fn scan<'a, K: Fn(usize, f64) -> f64>(
     problem: &'a Problem,
     host: usize,
     charge: impl Fn(usize) -> f64 + Copy + 'a,
     prunable: impl Fn(usize) -> bool,
     pairs: impl Iterator<Item = usize>,
-) -> Candidates<impl Fn(usize) -> (f64, f64) + 'a> {
-    let mut c = Candidates::new(problem.hosts[host].pairs.len(), move |p| {
-        surplus(problem, host, p, charge(p))
-    });
+    key: K,
+    (by_value, others): (usize, &[f64]),
+    by_key: usize,
+) -> Scan<impl Fn(usize) -> (f64, f64) + 'a, K> {
+    let mut s = Scan::new(
+        move |p| surplus(problem, host, p, charge(p)),
+        key,
+        by_value,
+        others,
+        by_key,
+        problem.hosts[host].pairs.len(),
+    );
+    let bounds = Bounds::new(problem, host);
     for p in pairs {
         let bound = if prunable(p) {
-            surplus_upper_bound(problem, host, p, charge(p))
+            bounds.bound(p, charge(p))
         } else {
             f64::INFINITY
         };
-        c.push(bound, p);
+        s.offer(p, bound);
     }
-    c
+    s.finish();
+    s
 }
 
 /// What one host's evaluation at current prices yields.
@@ -174,26 +192,31 @@ pub fn evaluate_present(
     // Members are few and all needed; outsiders are computed as the queries below need them.
     let mut members: Vec<Exact> = Vec::with_capacity(active.len());
     let mut gone: Option<usize> = None;
-    let mut next_member = active.iter().copied().peekable();
-    let outsiders = h.pairs.clone().filter(|&p| {
-        let member = next_member.next_if_eq(&p).is_some();
-        if !present(p) {
-            if member && gone.is_none() {
-                gone = Some(p);
-            }
-            return false;
-        }
-        if member {
+    for &p in active {
+        if present(p) {
             let (l, x) = surplus(problem, host, p, charge(p));
             members.push(Exact { pair: p, l, x });
+        } else if gone.is_none() {
+            gone = Some(p);
         }
-        !member
-    });
-    let prunable = |p: usize| opts.prune && opts.fairness * (activity[p] as f64) < 1.0;
-    let mut outsiders = candidates(problem, host, charge, prunable, outsiders);
+    }
+    let mut next_member = active.iter().copied().peekable();
+    let outsiders = h
+        .pairs
+        .clone()
+        .filter(|&p| next_member.next_if_eq(&p).is_none() && present(p));
+    let prunable = |p: usize| opts.prune && key_below_surplus(opts, activity[p]);
     let member_values: Vec<f64> = members.iter().map(|m| m.l).collect();
-    outsiders.settle_top(slots, |_, l| l, &member_values);
-    outsiders.settle_top(1, key, &[]);
+    let outsiders = scan(
+        problem,
+        host,
+        charge,
+        prunable,
+        outsiders,
+        key,
+        (slots, &member_values),
+        1,
+    );
     let best_outsider = outsiders
         .best(1, key)
         .first()
@@ -296,19 +319,21 @@ pub fn propose_moves(
         .iter()
         .map(|&p| (key(p, surplus(problem, host, p, charge(p)).0), p))
         .collect();
-    let prunable = |p: usize| opts.prune && opts.fairness * (activity[p] as f64) < 1.0;
+    let prunable = |p: usize| opts.prune && key_below_surplus(opts, activity[p]);
     let pairs = problem.hosts[host].pairs.clone();
-    let mut candidates = candidates(
+    let candidates = scan(
         problem,
         host,
         charge,
         prunable,
         pairs.filter(|p| active.binary_search(p).is_err()),
+        key,
+        (0, &[]),
+        limit,
     );
     // The best moves pair low members with high outsiders: only `limit` of each can matter.
     members.sort_by(|a, b| a.0.total_cmp(&b.0));
     members.truncate(limit);
-    candidates.settle_top(limit, key, &[]);
     let outsiders: Vec<(f64, usize, f64)> = candidates
         .best(limit, key)
         .into_iter()
@@ -370,8 +395,16 @@ pub fn relax_host(
         poll: 0.0,
         usage: Vec::with_capacity(k),
     };
-    let mut candidates = candidates(problem, host, charge, |_| prune, h.pairs.clone());
-    candidates.settle_top(k, |_, l| l, &[]);
+    let candidates = scan(
+        problem,
+        host,
+        charge,
+        |_| prune,
+        h.pairs.clone(),
+        |_, l| l,
+        (k, &[]),
+        0,
+    );
     for e in candidates.best(k, |_, l| l).iter().filter(|e| e.l > 0.0) {
         let pair = &problem.pairs[e.pair];
         out.bound += e.l;

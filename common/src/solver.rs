@@ -725,6 +725,7 @@ pub fn refine_bound(
         .map(|h| (h.multipliers.mu, h.multipliers.nu))
         .collect();
     let (mut best, mut theta, mut stale) = (f64::INFINITY, 2.0, 0);
+    let mut best_point = (prices.clone(), mult.clone());
     for _ in 0..iterations {
         let relaxed: Vec<_> = hosts
             .par_iter()
@@ -743,6 +744,7 @@ pub fn refine_bound(
         let bound = facility_part + relaxed.iter().map(|r| r.bound).sum::<f64>();
         if bound < best {
             best = bound;
+            best_point = (prices.clone(), mult.clone());
             stale = 0;
         } else {
             stale += 1;
@@ -787,7 +789,87 @@ pub fn refine_bound(
             m.1 = (m.1 + t * g.1).max(0.0);
         }
     }
-    best
+    if iterations == 0 {
+        return best;
+    }
+    // At the best prices, each host's multipliers separately to their least bound.
+    let (prices, mult) = best_point;
+    let hosts_part: f64 = hosts
+        .par_iter()
+        .zip(&mult)
+        .map(|(h, &m)| least_host_bound(problem, h.host, &prices, m, prune))
+        .sum();
+    best.min(facility_bound(problem, &prices) + hosts_part)
+}
+
+/// Bisection steps per multiplier in [`least_host_bound`].
+const MULTIPLIER_BISECTIONS: usize = 16;
+
+/// The least share of the bound of host `host` over its multipliers `(μ, ν) ≥ 0` at fixed
+/// prices, starting from `start`. At fixed prices the host's share `TopK⁺ L(μ, ν) + μQ + νC` is
+/// convex in `(μ, ν)` and separate from every other host's, with slopes `Q − Σx` and
+/// `C − Σa·x` of its relaxed choice, so each multiplier is bisected on its slope's sign, one
+/// after the other, twice. The subgradient steps move every price and multiplier by one
+/// step length, which suits neither the hosts' few multipliers nor the many prices at once.
+/// Every point evaluated gives a valid bound, so the least of them is returned.
+fn least_host_bound(
+    problem: &Problem,
+    host: usize,
+    prices: &[f64],
+    start: (f64, f64),
+    prune: bool,
+) -> f64 {
+    let h = &problem.hosts[host];
+    let relax = |mu: f64, nu: f64| relax_host(problem, host, |f| prices[f as usize], mu, nu, prune);
+    let (mut mu, mut nu) = start;
+    let mut least = relax(mu, nu).bound;
+    for _ in 0..2 {
+        for which in [0, 1] {
+            // Slope of the host's share along this multiplier at `v`, and the bound there.
+            let mut at = |v: f64| {
+                let r = if which == 0 {
+                    relax(v, nu)
+                } else {
+                    relax(mu, v)
+                };
+                least = least.min(r.bound);
+                if which == 0 {
+                    h.wqe_budget - r.wqe
+                } else {
+                    h.poll_budget - r.poll
+                }
+            };
+            let current = if which == 0 { mu } else { nu };
+            let v = if at(0.0) >= 0.0 {
+                0.0
+            } else {
+                // The relaxed choice uses less as the multiplier grows (pairs' rates fall, then
+                // they leave the top k), so the slope turns non-negative somewhere above.
+                let (mut lo, mut hi) = (0.0, current.max(1e-3));
+                let mut doublings = 0;
+                while at(hi) < 0.0 && doublings < 40 {
+                    lo = hi;
+                    hi *= 2.0;
+                    doublings += 1;
+                }
+                for _ in 0..MULTIPLIER_BISECTIONS {
+                    let mid = 0.5 * (lo + hi);
+                    if at(mid) < 0.0 {
+                        lo = mid;
+                    } else {
+                        hi = mid;
+                    }
+                }
+                hi
+            };
+            if which == 0 {
+                mu = v;
+            } else {
+                nu = v;
+            }
+        }
+    }
+    least
 }
 
 /// Solves starting from the given active sets.

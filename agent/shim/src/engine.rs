@@ -243,6 +243,8 @@ impl Engine {
             if now >= self.next_tick {
                 self.link_tick(now);
                 self.next_tick = now + LINK_TICK;
+            } else if limits::CAPS_CHANGED.swap(false, Relaxed) {
+                self.pace_nic();
             }
             self.send_events();
             self.rotate(now);
@@ -274,17 +276,19 @@ impl Engine {
         crate::nic_table::recheck();
     }
 
-    /// Paces each connected QP on the NIC at its share of the byte grant (`nic_pace`); a
-    /// QP the application paces itself is left alone, and a NIC that refuses is said once.
+    /// Paces each connected QP on the NIC at its share of the byte grant (`nic_pace`), or at
+    /// its receiver's cap if lower (run again at once when a cap changes); a QP the
+    /// application paces itself is left alone, and a NIC that refuses is said once.
     fn pace_nic(&mut self) {
         if NIC_PACING_REFUSED.load(Relaxed) || !self.nic_pacing {
             return;
         }
         let (rate, gate) = self.paced_grant;
-        if self.qps.is_empty() || (rate == 0 && !self.nic_paced_left) {
+        let capped = limits::CAP_IN_FORCE.load(Relaxed);
+        if self.qps.is_empty() || (rate == 0 && !capped && !self.nic_paced_left) {
             return;
         }
-        let bytes_per_wqe = if rate == 0 {
+        let bytes_per_wqe = if rate == 0 && !capped {
             None
         } else {
             let t = totals();
@@ -304,7 +308,15 @@ impl Engine {
             let target = if reads || g.serves_reads {
                 None
             } else {
-                nic_pace::qp_kbps(rate, sending, bytes_per_wqe, g.path_mtu)
+                let grant = nic_pace::qp_kbps(rate, sending, bytes_per_wqe, g.path_mtu);
+                let cap = g
+                    .peer
+                    .and_then(limits::cap_rate_of)
+                    .and_then(|c| nic_pace::cap_kbps(c, bytes_per_wqe, g.path_mtu));
+                match (grant, cap) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }
             };
             // Errs towards one more pass: a QP cleared below is counted until the next one.
             paced_left |= g.nic_kbps.is_some() || target.is_some();

@@ -76,6 +76,8 @@ pub static CAPS: SpinLock<PeerCaps> = SpinLock::new(PeerCaps::new());
 pub static CAPS_CONSULTED: AtomicBool = AtomicBool::new(false);
 /// Some destination is capped now (then posts go one by one, as under any rate limit).
 pub static CAP_IN_FORCE: AtomicBool = AtomicBool::new(false);
+/// A cap changed at an admission: the engine puts it on the QPs' NIC pacing at once.
+pub static CAPS_CHANGED: AtomicBool = AtomicBool::new(false);
 
 static ORIGIN: OnceLock<Instant> = OnceLock::new();
 
@@ -169,6 +171,14 @@ pub fn set_nic_table(table: Option<drum_table::nic_auss::Reader>) {
     publish_caps(&c);
 }
 
+/// The rate (bytes/s) of the cap in force towards `peer`, if any.
+pub fn cap_rate_of(peer: [u8; 16]) -> Option<u64> {
+    CAP_IN_FORCE
+        .load(Relaxed)
+        .then(|| CAPS.lock().rate_of(peer))
+        .flatten()
+}
+
 /// The inode of the NIC's AUSS table read now.
 pub fn nic_table_inode() -> Option<u64> {
     CAPS.lock().nic_inode()
@@ -208,6 +218,7 @@ pub fn admit(now: u64, bytes: u64, peer: Option<[u8; 16]>) -> Result<(), u64> {
             let d = c.read(g, now);
             if c.counts.changes != changes {
                 CAP_IN_FORCE.store(c.any_in_force(), Relaxed);
+                CAPS_CHANGED.store(true, Relaxed);
             }
             d.and_then(|d| c.limiter(d))
         }
@@ -216,11 +227,19 @@ pub fn admit(now: u64, bytes: u64, peer: Option<[u8; 16]>) -> Result<(), u64> {
     if let Some((g, tat)) = &cap {
         wait = wait.max(g.wait(**tat, now));
     }
+    if wait == 0 {
+        if let Some((g, tat)) = cap {
+            *tat = g.advance(*tat, now, bytes);
+        }
+    }
+    drop(caps);
+    // The engine's lock is taken after the caps' is released (the fork handlers take them
+    // in the other order).
+    if CAPS_CHANGED.load(Relaxed) {
+        crate::wake::wake();
+    }
     if wait > 0 {
         return Err(wait);
-    }
-    if let Some((g, tat)) = cap {
-        *tat = g.advance(*tat, now, bytes);
     }
     if let Some(b) = byte {
         let _ = BYTE_TAT.fetch_update(Relaxed, Relaxed, |t| Some(b.advance(t, now, bytes)));

@@ -56,6 +56,28 @@ pub fn qp_kbps(
     Some(kbps.clamp(1.0, u32::MAX as f64) as u32)
 }
 
+/// The rate, in kb/s, a QP capped at `cap_bytes_per_s` of payload towards its receiver (a
+/// DASR cap) is paced at on the NIC: the cap itself on the wire, with no headroom, so that
+/// the NIC — not the shim — spaces the messages and its send queue holds the next one. A
+/// receiving NIC that counts active senders from their send queues (softrnic's AUSS) would
+/// otherwise see a sender the shim paces leave between two messages. `bytes_per_wqe` unknown
+/// counts as 64 KiB.
+pub fn cap_kbps(cap_bytes_per_s: u64, bytes_per_wqe: Option<f64>, mtu: u32) -> Option<u32> {
+    if cap_bytes_per_s == 0 || mtu == 0 {
+        return None;
+    }
+    let b = bytes_per_wqe
+        .filter(|b| b.is_finite() && *b >= 1.0)
+        .unwrap_or(65536.0);
+    let wire = WireCost {
+        mtu,
+        overhead_bytes: OVERHEAD_BOUND,
+        wqe_bytes: 0.0,
+    };
+    let kbps = cap_bytes_per_s as f64 * wire.factor(Some(b)) * 8.0 / 1000.0;
+    Some(kbps.clamp(1.0, u32::MAX as f64) as u32)
+}
+
 /// Whether a QP paced at `current` (what the shim last asked for) should be moved to
 /// `target`.
 pub fn worth_changing(current: Option<u32>, target: Option<u32>) -> bool {
@@ -95,6 +117,18 @@ mod tests {
         // One packet per WQE: the limiter already spaces them.
         assert_eq!(qp_kbps(5_000_000, 1, Some(64.0), 1024), None);
         assert_eq!(qp_kbps(5_000_000, 1, Some(1024.0), 1024), None);
+    }
+
+    /// A cap is paced at itself on the wire (no headroom: the NIC, not the shim, must space
+    /// the messages), even before the WQE size is known.
+    #[test]
+    fn a_cap_is_paced_at_its_rate_on_the_wire() {
+        let k = cap_kbps(62_500_000, Some(65536.0), 4096).unwrap();
+        let on_wire = 62_500_000.0 * 8.0 / 1000.0 * (4096.0 + 128.0) / 4096.0;
+        assert!((k as f64 / on_wire - 1.0).abs() < 1e-3, "{k}");
+        assert_eq!(cap_kbps(62_500_000, None, 4096), Some(k));
+        assert_eq!(cap_kbps(0, Some(65536.0), 4096), None);
+        assert_eq!(cap_kbps(62_500_000, Some(65536.0), 0), None);
     }
 
     #[test]

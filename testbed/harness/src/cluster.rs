@@ -17,6 +17,20 @@ use std::time::{Duration, Instant};
 
 /// How long `up` waits for the coordinator and every agent to be serving.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// What Dart's experiments add to `softrnic up`: ECN marking at DCQCN's K_max for 40 Gb/s
+/// (200 KB; docs/softrnic-congestion.md), so DCQCN, on by default, acts; AUSS in the NIC's
+/// ACKs with a 500 ms expiry; the END hold at 5 µs of NIC time, i.e. 1 ms of wall-clock time
+/// at the dilated NIC's time scale of 200. The hold covers an engine's wake-up, which is not
+/// dilated: the default 1,000 µs would hold a finished sender for 200 ms, longer than a
+/// whole incast of the scenarios.
+pub const DART_NIC: [&str; 6] = [
+    "--ecn-threshold-kib",
+    "200",
+    "--auss-expiry-ms",
+    "500",
+    "--auss-hold-us",
+    "5",
+];
 /// How long a daemon has to exit after SIGTERM.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
@@ -172,6 +186,75 @@ impl Cluster {
             self.down()?;
         }
         r
+    }
+
+    /// The hosts of Dart's experiments: the NIC with ECN marking (DCQCN's default
+    /// threshold) and AUSS in its ACKs, and a local agent with a DASR channel on every
+    /// host (no coordinator). On failure or interruption, tears down what it started.
+    pub fn bring_up_dart(
+        &self,
+        hosts: usize,
+        line_rate_gbps: f64,
+        softrnic_args: &[String],
+    ) -> Result<()> {
+        if self.is_up() || self.softrnic_dir().exists() {
+            bail!(
+                "a cluster is already up in {} (drum-testbed cluster down)",
+                self.dir.display()
+            );
+        }
+        catch_interrupts();
+        let r = self.launch_dart(hosts, line_rate_gbps, softrnic_args);
+        if r.is_err() {
+            self.down()?;
+        }
+        r
+    }
+
+    fn launch_dart(&self, n: usize, line_rate_gbps: f64, softrnic_args: &[String]) -> Result<()> {
+        let mut args = softrnic_args.to_vec();
+        args.extend(DART_NIC.iter().map(|a| a.to_string()));
+        self.launch(n, line_rate_gbps, &args, false)?;
+        let names = self.hosts()?;
+        let hosts = names
+            .iter()
+            .map(|h| Ok((h.clone(), self.addr(h)?)))
+            .collect::<Result<Vec<(String, Ipv4Addr)>>>()?;
+        let layout = Layout {
+            hosts: &hosts,
+            line_rate_gbps,
+            qp_budget: 0,
+            gate_quantum_us: 0,
+            mtu: Layout::mtu(softrnic_args).map_err(anyhow::Error::msg)?,
+            wqe_fetch_ns: 0,
+            dir: &self.dir,
+        };
+        for (h, ip) in &hosts {
+            std::fs::create_dir_all(self.dir.join(h))?;
+            let config = self.dir.join(format!("agent-{h}.toml"));
+            std::fs::write(&config, layout.dasr_agent_toml(h, *ip))?;
+            let mut c = self.on_host(h, &self.tool("drum-agent")?)?;
+            c.arg("--local").arg(&config);
+            daemons::start(&self.dir, &format!("agent-{h}"), &mut c)?;
+        }
+        let t = Instant::now();
+        while !hosts.iter().all(|(h, _)| layout.shim_socket(h).exists()) {
+            check_interrupted()?;
+            if t.elapsed() > READY_TIMEOUT {
+                bail!(
+                    "the agents did not serve their shims within {READY_TIMEOUT:?}; logs in {}",
+                    self.dir.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
+    /// softrnic's run state (`<run>/state`: hosts, addresses, namespaces, engine pids).
+    pub fn softrnic_state(&self) -> Result<String> {
+        let p = self.softrnic_dir().join("state");
+        std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))
     }
 
     fn launch(

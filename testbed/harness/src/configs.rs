@@ -9,6 +9,8 @@ use std::path::Path;
 /// admin endpoint is that namespace's loopback (unauthenticated, as in production).
 pub const COORDINATOR_PORT: u16 = 7400;
 pub const ADMIN: &str = "127.0.0.1:9464";
+/// The agents' DASR port in Dart's experiments (every agent listens on its host's address).
+pub const DASR_PORT: u16 = 7410;
 /// `softrnic up`'s default QP-context cache.
 const SOFTRNIC_QP_CACHE: u64 = 20;
 /// `softrnic up`'s default cost of a QP-context cache miss, in ns.
@@ -99,6 +101,28 @@ impl Layout<'_> {
             mtu = self.mtu,
             fetch = self.wqe_fetch_ns,
             counters = self.dir.join("softrnic/hosts").join(host).join("stats"),
+        )
+    }
+
+    /// The agent of `host` at `ip` for Dart's experiments: no coordinator (`drum-agent
+    /// --local`), its shims' link and a DASR channel on the host's address at [`DASR_PORT`]
+    /// (the port the agents announce to, docs/dasr.md), receivers' rate the line rate.
+    /// Sends of 64 KiB and more count as long messages: Dart's are 64 and 256 KiB.
+    pub fn dasr_agent_toml(&self, host: &str, ip: Ipv4Addr) -> String {
+        format!(
+            "# drum-testbed, Dart's experiments: the agent of {host}, local, with DASR.\n\
+             status_file = \"{host}/status.json\"\n\
+             [shim]\n\
+             socket = \"{host}/shim.sock\"\n\
+             line_rate_gbps = {rate}\n\
+             long_msg_bytes = 65536\n\
+             mtu = {mtu}\n\
+             packet_overhead_bytes = {SOFTRNIC_PACKET_OVERHEAD}\n\
+             [dasr]\n\
+             listen = \"{ip}:{DASR_PORT}\"\n\
+             expiry_ms = 500\n",
+            rate = self.line_rate_gbps,
+            mtu = self.mtu,
         )
     }
 
@@ -248,5 +272,21 @@ mod tests {
             assert!(a.contains(want), "{want} in {a}");
         }
         assert_eq!(l.shim_socket("h2"), Path::new("/run/x/h2/shim.sock"));
+    }
+
+    #[test]
+    fn dart_agents_listen_for_dasr_on_their_hosts_address() {
+        let l = layout(Path::new("/run/x"));
+        let a = l.dasr_agent_toml("h2", Ipv4Addr::new(10, 77, 0, 2));
+        for want in [
+            "socket = \"h2/shim.sock\"\n",
+            "line_rate_gbps = 25\n",
+            "long_msg_bytes = 65536\n",
+            "mtu = 1024\n",
+            "[dasr]\nlisten = \"10.77.0.2:7410\"\n",
+        ] {
+            assert!(a.contains(want), "{want} in {a}");
+        }
+        assert!(!a.contains("coordinator"));
     }
 }

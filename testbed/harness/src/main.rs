@@ -6,6 +6,7 @@
 mod chaos;
 mod cluster;
 mod configs;
+mod convergence;
 mod daemons;
 mod fonts;
 mod meta;
@@ -15,6 +16,7 @@ mod programs;
 mod record;
 mod report;
 mod runner;
+mod sampler;
 mod scenarios;
 mod stats;
 mod summary;

@@ -60,7 +60,16 @@ pub fn build(out: &Path) -> Result<()> {
         std::fs::write(out.join(format!("{}.svg", s.name)), &svg)?;
         fig.png(&out.join(format!("{}.png", s.name)))
             .with_context(|| format!("{}.png", s.name))?;
-        sections.push_str(&section(&s, &summary, &runs, &svg));
+        let mut extra = Vec::new();
+        for (i, f) in (s.figures)(&runs).into_iter().enumerate() {
+            let name = format!("{}-{}", s.name, i + 2);
+            let svg = f.svg()?;
+            std::fs::write(out.join(format!("{name}.svg")), &svg)?;
+            f.png(&out.join(format!("{name}.png")))
+                .with_context(|| format!("{name}.png"))?;
+            extra.push(svg);
+        }
+        sections.push_str(&section(&s, &summary, &runs, &svg, &extra));
     }
     let html = page(&meta, &runs, &verdicts(&summary), &sections);
     std::fs::write(out.join("report.html"), html)?;
@@ -191,14 +200,20 @@ fn verdict_rows(vs: &[Verdict]) -> String {
     s
 }
 
-fn section(s: &Scenario, summary: &Summary, runs: &[RunRecord], svg: &str) -> String {
+fn section(
+    s: &Scenario,
+    summary: &Summary,
+    runs: &[RunRecord],
+    svg: &str,
+    extra: &[String],
+) -> String {
     let unit = unit_name(s.unit);
     let mut t = String::new();
     let _ = write!(
         t,
         "<section id={name}><h2>{fig}: {title}</h2><p class=claim>Paper: {claim}.</p>\
          <figure>{svg}<figcaption>{name}: {y}. Lines: medians over repeats, bars: interquartile \
-         range; crosses: the paper's points.</figcaption></figure>\
+         range; crosses: the paper's points.</figcaption></figure>{extras}\
          <table><tr><th>series</th><th>x</th><th>n</th><th>median (dilated, {unit})</th>\
          <th>real-time equivalent ({unit})</th><th>IQR (dilated)</th><th>min – max (dilated)</th>\
          <th>mechanism (medians)</th></tr>",
@@ -207,6 +222,10 @@ fn section(s: &Scenario, summary: &Summary, runs: &[RunRecord], svg: &str) -> St
         title = esc(s.title),
         claim = esc(s.claim),
         y = esc(s.y_label),
+        extras = extra
+            .iter()
+            .map(|f| format!("<figure>{f}</figure>"))
+            .collect::<String>(),
     );
     for series in summary.series(s.name) {
         for x in summary.xs(s.name, &series) {

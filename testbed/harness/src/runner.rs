@@ -6,7 +6,7 @@ use crate::cluster::{catch_interrupts, interrupted, Cluster};
 use crate::profile::{Profile, DILATED};
 use crate::programs::load_average;
 use crate::record::RunRecord;
-use crate::scenarios::{self, Mode, RunCtx, Scenario};
+use crate::scenarios::{self, Mode, RunCtx, Scenario, Setup};
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -117,7 +117,7 @@ pub fn run(opts: &RunOptions) -> Result<()> {
     let left = pending.len();
     for (i, runs) in by_scenario {
         let s = &scenarios[i];
-        let cluster = Hosts::up(&opts.out, s, &opts.modes)?;
+        let cluster = Hosts::up(&opts.out, s, &opts.modes, opts.profile)?;
         for p in runs {
             if interrupted() {
                 bail!("interrupted; `run` again with the same --out resumes");
@@ -269,13 +269,21 @@ fn cores() -> f64 {
 struct Hosts(Cluster);
 
 impl Hosts {
-    fn up(out: &Path, s: &Scenario, modes: &[Mode]) -> Result<Hosts> {
+    fn up(out: &Path, s: &Scenario, modes: &[Mode], profile: Profile) -> Result<Hosts> {
         let cluster = Cluster::new(&out.join("cluster"))?;
         // A cluster an earlier, killed run left behind.
         cluster.down()?;
         let nic = DILATED;
         let args: Vec<String> = nic.softrnic_args().into_iter().skip(2).collect();
-        cluster.bring_up(s.hosts, nic.line_rate_gbps, &args, s.needs_drum(modes))?;
+        match s.setup {
+            Setup::Drum => cluster.bring_up(
+                (s.hosts)(profile),
+                nic.line_rate_gbps,
+                &args,
+                s.needs_drum(modes),
+            )?,
+            Setup::Dart => cluster.bring_up_dart((s.hosts)(profile), nic.line_rate_gbps, &args)?,
+        }
         Ok(Hosts(cluster))
     }
 }

@@ -9,6 +9,7 @@ use crate::batch;
 use crate::dist::{KeyDist, KeySpec, OpKind, OpMix, Rng, SizeDist, WrNum};
 use crate::interrupt;
 use crate::proto::{self, Op, Reply, Request, Status};
+use crate::schedule::Schedule;
 use crate::shared_qp::{Done, SharedQp};
 use crate::slot::{self, Retry, Verdict, HEADER};
 use crate::stats::{self, ConnThroughput, Recorder, RunInfo, Summary};
@@ -37,6 +38,8 @@ pub struct Config {
     pub seed: u64,
     pub events: bool,
     pub share: u16,
+    /// Batches at set times instead of whenever the window has room.
+    pub schedule: Option<Schedule>,
 }
 
 /// When the run ends; shared by every connection.
@@ -132,6 +135,9 @@ struct Conn {
     next_batch: Option<usize>,
     rng: Rng,
     quota: Quota,
+    /// With a schedule: batches posted so far, and when the next one is due.
+    scheduled: u64,
+    next_due: Option<Instant>,
     ops: u64,
     bytes: u64,
     finished: bool,
@@ -163,6 +169,12 @@ pub fn run(cfg: Config) -> anyhow::Result<Summary> {
         welcome.max_value
     );
     let keys = Arc::new(KeyDist::new(cfg.keys, welcome.keys));
+    if let Some(s) = cfg.schedule {
+        anyhow::ensure!(
+            unix_ns() < s.start_unix_ns,
+            "connected after --start-unix-ms: the first scheduled batch is missed"
+        );
+    }
     // Connected: from here on a signal ends the run with its summary instead of killing it.
     interrupt::install();
     let start = Instant::now();
@@ -221,6 +233,13 @@ pub fn run(cfg: Config) -> anyhow::Result<Summary> {
     Ok(stats::summarize(info, &rec, per_conn, measured))
 }
 
+/// The wall clock, in ns since the Unix epoch (schedules are on it).
+fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
 /// How long a thread waits for any completion before it calls the run stalled.
 const STALL: Duration = Duration::from_secs(10);
 
@@ -249,6 +268,8 @@ fn worker(
             next_batch: None,
             rng: Rng::new(cfg.seed ^ (id as u64).wrapping_mul(0x9e37_79b9)),
             quota: Quota::part(cfg.ops, cfg.bytes, cfg.conns, id),
+            scheduled: 0,
+            next_due: None,
             ops: 0,
             bytes: 0,
             finished: false,
@@ -273,7 +294,10 @@ fn worker(
         for c in conns.iter_mut().filter(|c| !c.finished) {
             progress += c.step(cfg, keys, clock, &mut rec, &mut wcs)?;
         }
-        if progress > 0 {
+        // A connection waiting for its next scheduled batch with nothing in flight is idle,
+        // not stalled.
+        let waiting = conns.iter().all(|c| c.slots.iter().all(Option::is_none));
+        if progress > 0 || waiting {
             last_progress = Instant::now();
         } else if last_progress.elapsed() > STALL {
             // A lost completion would otherwise hang the run: say which operations wait.
@@ -417,6 +441,17 @@ impl Conn {
         let n = batch::to_post(outstanding, self.slots.len(), wr_num);
         if n == 0 || !clock.running(now) || self.quota.spent() {
             return wrs;
+        }
+        if let Some(s) = cfg.schedule {
+            let due = *self.next_due.get_or_insert_with(|| {
+                let at = s.due_unix_ns(self.scheduled, &mut self.rng);
+                now + Duration::from_nanos(Schedule::wait_ns(at, unix_ns()))
+            });
+            if now < due {
+                return wrs;
+            }
+            self.next_due = None;
+            self.scheduled += 1;
         }
         self.next_batch = None;
         let b = self

@@ -10,6 +10,7 @@ mod dist;
 mod interrupt;
 mod metrics;
 mod proto;
+mod schedule;
 mod server;
 mod shared_qp;
 mod slot;
@@ -134,6 +135,17 @@ struct ClientArgs {
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
+    /// Post one batch per connection every this many ms, on the wall clock, instead of
+    /// whenever the window has room (Dart's periodic incasts; needs --start-unix-ms).
+    #[arg(long, requires = "start_unix_ms")]
+    period_ms: Option<f64>,
+    /// With --period-ms: each batch a uniform 0..=this many µs late.
+    #[arg(long, default_value_t = 0.0, requires = "period_ms")]
+    jitter_us: f64,
+    /// With --period-ms: when the first batch is due (ms since the Unix epoch); the client
+    /// fails if it connects after that, having missed it.
+    #[arg(long, requires = "period_ms")]
+    start_unix_ms: Option<u64>,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -203,6 +215,23 @@ fn main() -> anyhow::Result<()> {
                 seed: a.seed,
                 events: matches!(a.poll, Poll::Event),
                 share: a.share,
+                schedule: match (a.period_ms, a.start_unix_ms) {
+                    (Some(p), Some(t)) => {
+                        anyhow::ensure!(
+                            p > 0.0
+                                && p.is_finite()
+                                && a.jitter_us >= 0.0
+                                && a.jitter_us.is_finite(),
+                            "--period-ms must be > 0 and --jitter-us ≥ 0"
+                        );
+                        Some(schedule::Schedule {
+                            start_unix_ns: t.saturating_mul(1_000_000),
+                            period_ns: (p * 1e6) as u64,
+                            jitter_ns: (a.jitter_us * 1e3) as u64,
+                        })
+                    }
+                    _ => None,
+                },
             })?;
             print_summary(&s, json)?;
             anyhow::ensure!(s.errors == 0, "{} errors", s.errors);

@@ -242,10 +242,12 @@ impl NicConfig {
     }
 
     /// What a host receives at line rate, in payload bytes per second of MTU-sized packets
-    /// (0: the line is unlimited): the `R` of the AUSS table's `R/N`.
+    /// (each with softrnic's header and the L2–L4 overhead; 0: the line is unlimited): the
+    /// `R` of the AUSS table's `R/N`.
     pub fn payload_bytes_per_s(&self) -> u64 {
         let mtu = f64::from(self.mtu);
-        (self.line_rate_gbps * 1e9 / 8.0 * mtu / (mtu + L2_L4_OVERHEAD as f64)) as u64
+        let per_packet = (crate::wire::HDR_LEN as u64 + L2_L4_OVERHEAD) as f64;
+        (self.line_rate_gbps * 1e9 / 8.0 * mtu / (mtu + per_packet)) as u64
     }
 
     /// The receive port's parameters.

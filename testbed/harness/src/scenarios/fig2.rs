@@ -62,7 +62,7 @@ pub fn fig2a() -> Scenario {
         metric: "p80_us",
         unit: Unit::Micros,
         y_label: "foreground p80 latency (µs, dilated)",
-        hosts: 2,
+        hosts: |_| 2,
         series: |_| vec!["raw"],
         xs: |p| match p {
             Profile::Full => vec![0.0, 20.0, 40.0, 60.0, 80.0, 100.0],
@@ -72,6 +72,8 @@ pub fn fig2a() -> Scenario {
         paper: &[("raw", 20.0, 20.0), ("raw", 100.0, 78.0)],
         run: run_fig2a,
         criteria: criteria_fig2a,
+        setup: super::Setup::Drum,
+        figures: |_| Vec::new(),
     }
 }
 
@@ -164,7 +166,7 @@ pub fn fig2c() -> Scenario {
         metric: "mib_per_s",
         unit: Unit::MibPerS,
         y_label: "aggregate throughput (MiB/s, dilated)",
-        hosts: 2,
+        hosts: |_| 2,
         series: |_| vec!["RC", "UC", "UD"],
         xs: |p| match p {
             Profile::Full => vec![1.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0, 60.0, 80.0],
@@ -174,6 +176,8 @@ pub fn fig2c() -> Scenario {
         paper: &[],
         run: run_fig2c,
         criteria: criteria_fig2c,
+        setup: super::Setup::Drum,
+        figures: |_| Vec::new(),
     }
 }
 

@@ -158,7 +158,7 @@ pub fn isolation() -> Scenario {
         metric: "victim_mib_per_s",
         unit: Unit::MibPerS,
         y_label: "victim throughput (MiB/s, dilated)",
-        hosts: 2,
+        hosts: |_| 2,
         series,
         xs: |p| match p {
             Profile::Smoke => vec![1.0],
@@ -167,6 +167,8 @@ pub fn isolation() -> Scenario {
         paper: &[],
         run: run_isolation,
         criteria: criteria_isolation,
+        setup: super::Setup::Drum,
+        figures: |_| Vec::new(),
     }
 }
 

@@ -343,7 +343,7 @@ pub fn tc1() -> Scenario {
         metric: "fg_p80_us",
         unit: Unit::Micros,
         y_label: "foreground p80 completion time (µs, dilated)",
-        hosts: 2,
+        hosts: |_| 2,
         series: modes,
         xs: cc_sweep,
         paper: &[
@@ -360,6 +360,8 @@ pub fn tc1() -> Scenario {
             measure(ctx, series, TC1_SERVER, Some(&tc1_foreground()), &bg)
         },
         criteria: criteria_tc1,
+        setup: super::Setup::Drum,
+        figures: |_| Vec::new(),
     }
 }
 
@@ -374,7 +376,7 @@ pub fn tc1_batch() -> Scenario {
         metric: "fg_p80_us",
         unit: Unit::Micros,
         y_label: "foreground p80 completion time (µs, dilated)",
-        hosts: 2,
+        hosts: |_| 2,
         series: modes,
         xs: |p| match p {
             Profile::Full => vec![20.0, 40.0, 60.0, 80.0, 100.0],
@@ -391,6 +393,8 @@ pub fn tc1_batch() -> Scenario {
             measure(ctx, series, TC1_SERVER, Some(&tc1_foreground()), &bg)
         },
         criteria: criteria_tc1_batch,
+        setup: super::Setup::Drum,
+        figures: |_| Vec::new(),
     }
 }
 
@@ -503,7 +507,7 @@ pub fn tc2() -> Scenario {
         metric: "fg_flow_ms",
         unit: Unit::Millis,
         y_label: "foreground flow completion time (ms, dilated)",
-        hosts: 2,
+        hosts: |_| 2,
         series: modes,
         xs: cc_sweep,
         paper: &[
@@ -529,6 +533,8 @@ pub fn tc2() -> Scenario {
             )
         },
         criteria: criteria_tc2,
+        setup: super::Setup::Drum,
+        figures: |_| Vec::new(),
     }
 }
 
@@ -543,7 +549,7 @@ pub fn tc2_flow() -> Scenario {
         metric: "fg_flow_ms",
         unit: Unit::Millis,
         y_label: "foreground transfer time (ms, dilated)",
-        hosts: 2,
+        hosts: |_| 2,
         series: modes,
         xs: |p| match p {
             Profile::Smoke => vec![20.0],
@@ -572,6 +578,8 @@ pub fn tc2_flow() -> Scenario {
             measure(ctx, series, TC2_SERVER, Some(&fg), &bg)
         },
         criteria: criteria_tc2_flow,
+        setup: super::Setup::Drum,
+        figures: |_| Vec::new(),
     }
 }
 
@@ -654,7 +662,7 @@ pub fn tc3() -> Scenario {
         metric: "bg_mib_per_s",
         unit: Unit::MibPerS,
         y_label: "aggregate throughput (MiB/s, dilated)",
-        hosts: 2,
+        hosts: |_| 2,
         series: modes,
         xs: |p| match p {
             Profile::Smoke => vec![20.0],
@@ -666,6 +674,8 @@ pub fn tc3() -> Scenario {
             measure(ctx, series, TC2_SERVER, None, &tc3_clients(conns as u32))
         },
         criteria: criteria_tc3,
+        setup: super::Setup::Drum,
+        figures: |_| Vec::new(),
     }
 }
 

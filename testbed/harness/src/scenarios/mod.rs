@@ -1,13 +1,16 @@
 //! The scenarios: what each reproduces (the paper's figure and numbers), the points it
 //! runs, how one run is done, and the criteria its results are judged by.
 
+mod dart;
 mod fig2;
 mod isolation;
 mod kv;
 pub mod perftest;
 
 use crate::cluster::Cluster;
+use crate::plot::Figure;
 use crate::profile::Profile;
+use crate::record::RunRecord;
 use crate::summary::Summary;
 use anyhow::Result;
 use clap::ValueEnum;
@@ -15,12 +18,19 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// How the applications run: as they are, sharing QPs behind a lock (the paper's baseline),
-/// or under DRUM (the shim, governed by the live cluster).
+/// or under DRUM (the shim, governed by the live cluster); for Dart's experiments, with
+/// DCQCN alone, or capped by DASR through the agents or through the NIC's ACKs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize, Deserialize)]
 pub enum Mode {
     Raw,
     Share,
     Drum,
+    /// softrnic's receive port marking ECN and DCQCN reacting; no DASR (Dart's baseline).
+    Dcqcn,
+    /// DCQCN, and the shim capping senders at R/N from the agents' DASR channel.
+    DasrAgent,
+    /// DCQCN, and the shim capping senders at R/N from the N the NIC stamps into its ACKs.
+    DasrNic,
 }
 
 impl Mode {
@@ -29,8 +39,32 @@ impl Mode {
             Mode::Raw => "raw",
             Mode::Share => "share",
             Mode::Drum => "drum",
+            Mode::Dcqcn => "dcqcn",
+            Mode::DasrAgent => "dasr-agent",
+            Mode::DasrNic => "dasr-nic",
         }
     }
+
+    /// The modes of Dart's experiments.
+    pub const DART: [Mode; 3] = [Mode::Dcqcn, Mode::DasrAgent, Mode::DasrNic];
+
+    pub fn from_name(name: &str) -> Option<Mode> {
+        [Mode::Raw, Mode::Share, Mode::Drum]
+            .into_iter()
+            .chain(Mode::DART)
+            .find(|m| m.name() == name)
+    }
+}
+
+/// What a scenario's hosts run besides their NICs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Setup {
+    /// The dilated NIC; a coordinator and cluster agents when a DRUM series runs.
+    Drum,
+    /// The dilated NIC with ECN marking (DCQCN then acts) and AUSS in its ACKs, and an
+    /// agent with a DASR channel on every host, without a coordinator (`drum-agent --local`):
+    /// what Dart's three modes need, so they interleave on one set of hosts.
+    Dart,
 }
 
 /// A point of the paper's figure: (series, x, y), in real (undilated) units.
@@ -85,7 +119,7 @@ pub struct Scenario {
     pub unit: Unit,
     pub y_label: &'static str,
     /// Emulated hosts it needs.
-    pub hosts: usize,
+    pub hosts: fn(Profile) -> usize,
     /// The series it runs for the modes asked for.
     pub series: fn(&[Mode]) -> Vec<&'static str>,
     /// The x values it runs in a profile.
@@ -93,6 +127,9 @@ pub struct Scenario {
     pub paper: &'static [PaperPoint],
     pub run: fn(&RunCtx, &str, f64) -> Result<Measured>,
     pub criteria: fn(&Summary) -> Vec<Verdict>,
+    pub setup: Setup,
+    /// Figures beyond the measure against x (e.g. a time series from the runs' samples).
+    pub figures: fn(&[RunRecord]) -> Vec<Figure<'static>>,
 }
 
 impl Scenario {
@@ -116,6 +153,8 @@ pub fn all() -> Vec<Scenario> {
         kv::tc2_flow(),
         kv::tc3(),
         isolation::isolation(),
+        dart::conv(),
+        dart::incast(),
     ]
 }
 
@@ -131,8 +170,8 @@ mod tests {
     fn every_scenario_with_a_drum_series_brings_the_daemons_up() {
         for s in all() {
             let drum = s.needs_drum(&[Mode::Raw, Mode::Drum]);
-            let fig2 = s.name.starts_with("fig2");
-            assert_eq!(drum, !fig2, "{}", s.name);
+            let native = s.name.starts_with("fig2") || s.setup == Setup::Dart;
+            assert_eq!(drum, !native, "{}", s.name);
             assert!(!s.needs_drum(&[Mode::Raw]), "{}", s.name);
         }
     }
