@@ -266,7 +266,7 @@ impl Relay {
             agents: self.agents.len(),
         }));
         let why = format!("the relay lost the coordinator: {reason}");
-        for (&id, _) in std::mem::take(&mut self.agents).iter() {
+        for id in std::mem::take(&mut self.agents).into_keys() {
             out.push(RelayAction::CloseDown(id, why.clone()));
         }
         self.hosts.clear();
