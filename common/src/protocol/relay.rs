@@ -165,6 +165,8 @@ pub struct Relay {
     weights: BTreeMap<String, f64>,
     /// The rack changed since the coordinator last heard its sums.
     changed: bool,
+    /// Refusals by the coordinator since its last `Welcome`; sets the backoff.
+    refusals: u32,
     last_scan: Duration,
 }
 
@@ -206,6 +208,7 @@ impl Relay {
             sent: (0, 0),
             weights: BTreeMap::new(),
             changed: false,
+            refusals: 0,
             last_scan: Duration::ZERO,
         }
     }
@@ -299,6 +302,7 @@ impl Relay {
                     shard,
                 };
                 self.next_heartbeat = now + heartbeat;
+                self.refusals = 0;
                 out.push(RelayAction::Event(RelayEvent::Welcomed {
                     epoch,
                     iteration,
@@ -325,6 +329,12 @@ impl Relay {
             CoordMsg::Refused { reason } => {
                 out.extend(self.on_upstream_lost(now, &format!("refused: {reason}")));
                 out.push(RelayAction::CloseUp(format!("refused: {reason}")));
+                // A drained relay asks ever less often, as a refused agent does.
+                self.refusals += 1;
+                self.up = Upstream::Down {
+                    retry_at: now + self.backoff(self.refusals),
+                    failures: self.refusals,
+                };
             }
             CoordMsg::HeartbeatAck { .. } => {}
             CoordMsg::Round {
@@ -758,7 +768,9 @@ impl Relay {
     /// Timeouts, the round deadline and heartbeats; call at [`Self::next_wakeup`] or sooner.
     pub fn tick(&mut self, now: Duration) -> Vec<RelayAction> {
         let mut out = Vec::new();
-        if !matches!(self.up, Upstream::Down { .. })
+        // Before its `Join` the relay has asked nothing, so the coordinator's silence means
+        // nothing: a relay waiting for its rack stays connected (QUIC keep-alives hold it).
+        if matches!(self.up, Upstream::Joining | Upstream::Member { .. })
             && now.saturating_sub(self.up_heard) > self.cfg.upstream_timeout
         {
             out.extend(self.on_upstream_lost(now, "coordinator silent"));
@@ -813,7 +825,8 @@ impl Relay {
                 self.next_heartbeat
                     .min(self.up_heard + self.cfg.upstream_timeout),
             ),
-            _ => Some(self.up_heard + self.cfg.upstream_timeout),
+            Upstream::Joining => Some(self.up_heard + self.cfg.upstream_timeout),
+            Upstream::Connected => None,
         };
         let scan = (!self.agents.is_empty()).then(|| self.last_scan + self.cfg.member_timeout / 4);
         let deadline = self

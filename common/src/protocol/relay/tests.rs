@@ -276,6 +276,35 @@ fn losing_the_coordinator_fails_the_rack_static_until_it_returns() {
     assert!(out.iter().any(|a| matches!(a, RelayAction::CloseUp(_))));
 }
 
+/// A relay up before its rack waits for it without taking the coordinator's silence (it has
+/// asked nothing yet) for a loss; refusals back off.
+#[test]
+fn a_relay_waits_for_its_rack_and_backs_off_when_refused() {
+    let mut r = Relay::new(cfg(2));
+    r.on_upstream_connected(Duration::ZERO);
+    assert_eq!(r.next_wakeup(), None);
+    assert!(r.tick(10_000 * MS).is_empty());
+    r.on_agent(10_001 * MS, 1, join("h1", vec![(0, 1)], vec![(0, 0.5)]));
+    let out = r.on_agent(10_002 * MS, 2, join("h2", vec![(1, 1)], vec![(1, 0.5)]));
+    assert!(matches!(ups(&out)[0], AgentMsg::Join(_)));
+    let refused = CoordMsg::Refused {
+        reason: "host relay-a is drained".into(),
+    };
+    let out = r.on_upstream(10_003 * MS, refused.clone());
+    assert_eq!(closed(&out).len(), 2, "the rack fails static");
+    assert!(!r.connect_due(10_020 * MS));
+    assert!(r.connect_due(10_023 * MS));
+    r.on_upstream_connected(10_023 * MS);
+    r.on_agent(10_024 * MS, 3, join("h1", vec![(0, 1)], vec![(0, 0.5)]));
+    r.on_agent(10_024 * MS, 4, join("h2", vec![(1, 1)], vec![(1, 0.5)]));
+    r.on_upstream(10_025 * MS, refused);
+    assert!(
+        !r.connect_due(10_060 * MS),
+        "the second refusal waits longer"
+    );
+    assert!(r.connect_due(10_065 * MS));
+}
+
 #[test]
 fn joins_are_checked_and_a_live_duplicate_is_refused() {
     let mut r = two_agent_relay();
