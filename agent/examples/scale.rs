@@ -10,6 +10,8 @@
 //! exchanges): the run then also prints the coordinator's own CPU time (utime + stime from
 //! `/proc`) per agent per round, measured between the first `--warmup` rounds and the last
 //! — the cost that decides how many hosts one coordinator serves (docs/control-plane.md).
+//! `--relays R` puts the agents behind R relays (`drum-coordinator relay`), each in a process
+//! of its own, and reports their CPU per agent-round too.
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -44,6 +46,11 @@ struct Args {
     /// With `--coordinator-process`: rounds before the CPU measurement starts.
     #[arg(long, default_value_t = 50)]
     warmup: u64,
+    /// With `--coordinator-process`: put the agents behind this many relays
+    /// (`drum-coordinator relay`, each in a process of its own, agent h behind relay h mod R)
+    /// and report the relays' CPU per agent-round too.
+    #[arg(long, default_value_t = 0)]
+    relays: usize,
 }
 
 /// The coordinator process's CPU time (user + system) in seconds, from `/proc/PID/stat`.
@@ -58,7 +65,7 @@ fn cpu_seconds(pid: u32) -> Result<f64> {
     Ok(ticks / hz)
 }
 
-/// Kills the coordinator process when the run ends, however it ends.
+/// Kills the coordinator (or a relay) process when the run ends, however it ends.
 struct Child(std::process::Child);
 
 impl Drop for Child {
@@ -101,6 +108,10 @@ fn metric(text: &str, prefix: &str) -> Option<f64> {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    anyhow::ensure!(
+        args.relays == 0 || args.coordinator_process,
+        "--relays needs --coordinator-process"
+    );
     let dir = tempfile::tempdir()?;
     let t = Instant::now();
     let problem = generate(&GeneratorConfig {
@@ -129,6 +140,12 @@ fn main() -> Result<()> {
     }
     let rt = rt.enable_all().build()?;
     let problem = Arc::new(problem);
+    let exe = std::env::current_exe()?;
+    let bin = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .context("the example's directory")?
+        .join("drum-coordinator");
     rt.block_on(async {
         let mut coordinator: Option<Child> = None;
         let (addr, admin) = if args.coordinator_process {
@@ -146,19 +163,13 @@ fn main() -> Result<()> {
                      heartbeat_ms = 2000\nmember_timeout_ms = 30000\nmax_iterations = {}\n\
                      bind_host_to_certificate = false\npriced_start = false\nselection_rounds = 0\n\
                      selection_period_ms = 0\n[tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
-                    args.agents,
+                    if args.relays > 0 { args.relays } else { args.agents },
                     args.rounds,
                     certs.coordinator.ca,
                     certs.coordinator.cert,
                     certs.coordinator.key,
                 ),
             )?;
-            let exe = std::env::current_exe()?;
-            let bin = exe
-                .parent()
-                .and_then(|d| d.parent())
-                .context("the example's directory")?
-                .join("drum-coordinator");
             coordinator = Some(Child(
                 std::process::Command::new(&bin)
                     .args(["serve", "--config"])
@@ -182,6 +193,38 @@ fn main() -> Result<()> {
             (addr, admin)
         };
         let pid = coordinator.as_ref().map(|c| c.0.id());
+        // Relay r serves agents r, r + R, r + 2R, ...
+        let mut relays: Vec<(std::net::SocketAddr, Child)> = Vec::new();
+        for r in 0..args.relays {
+            let listen = std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?;
+            let config = dir.path().join(format!("relay-{r}.toml"));
+            let agents = (args.agents + args.relays - 1 - r) / args.relays;
+            let (up, down) = (&certs.agents[0].1, &certs.coordinator);
+            std::fs::write(
+                &config,
+                format!(
+                    "host = \"relay-{r}\"\nlisten = \"{listen}\"\nupstream = \"{addr}\"\n\
+                     server_name = \"localhost\"\ninstance = {instance:?}\nmin_agents = {agents}\n\
+                     round_deadline_ms = 500\nmax_staleness = 0\nheartbeat_ms = 2000\n\
+                     member_timeout_ms = 30000\ncoordinator_timeout_ms = 30000\n\
+                     bind_host_to_certificate = false\n\
+                     [tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n\
+                     [upstream_tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
+                    down.ca, down.cert, down.key, up.ca, up.cert, up.key,
+                ),
+            )?;
+            let child = std::process::Command::new(&bin)
+                .args(["relay", "--config"])
+                .arg(&config)
+                .env("DRUM_LOG", "warn")
+                .spawn()
+                .with_context(|| format!("starting relay {r}"))?;
+            relays.push((listen, Child(child)));
+        }
+        let relay_cpu = || -> Result<f64> {
+            relays.iter().map(|(_, c)| cpu_seconds(c.0.id())).sum()
+        };
+        let mut relay_mark = 0.0;
         let mut cpu_mark: Option<(f64, u64)> = None;
         let tls = certs.agents[0].1.clone();
         let joined = Instant::now();
@@ -189,7 +232,7 @@ fn main() -> Result<()> {
             let settings = AgentSettings {
                 host: problem.hosts[h].id.clone(),
                 instance: Some(instance.clone()),
-                coordinator: addr,
+                coordinator: if relays.is_empty() { addr } else { relays[h % relays.len()].0 },
                 server_name: "localhost".into(),
                 tls: tls.clone(),
                 rate_table: None,
@@ -220,6 +263,7 @@ fn main() -> Result<()> {
             let it = s["iteration"].as_u64().unwrap_or(0);
             if let (Some(pid), None) = (pid, cpu_mark) {
                 if it >= args.warmup {
+                    relay_mark = relay_cpu()?;
                     cpu_mark = Some((cpu_seconds(pid)?, it));
                 }
             }
@@ -272,6 +316,15 @@ fn main() -> Result<()> {
                         cpu / rounds as f64 * 1e3,
                         cpu / (rounds * args.agents as u64) as f64 * 1e6
                     );
+                    if !relays.is_empty() {
+                        let cpu = relay_cpu()? - relay_mark;
+                        println!(
+                            "{} relay processes: {cpu:.2} s CPU over rounds {it0}..{it}: {:.2} ms per round in all, {:.2} µs per agent-round",
+                            relays.len(),
+                            cpu / rounds as f64 * 1e3,
+                            cpu / (rounds * args.agents as u64) as f64 * 1e6
+                        );
+                    }
                 }
                 break;
             }

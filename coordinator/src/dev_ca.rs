@@ -270,6 +270,25 @@ pub fn dev_certs(dir: &Path, sans: &[String], agents: &[String]) -> Result<DevCe
     })
 }
 
+/// A relay's two certificates: upstream `agent-NAME` (a client certificate naming `name`, as
+/// an agent's: the coordinator binds the relay's host id to it), downstream `relay-NAME` (a
+/// server certificate for `sans` and `name`, as the coordinator's, for the agents it serves).
+pub fn issue_relay(
+    ca: &DevCa,
+    name: &str,
+    sans: &[String],
+) -> Result<(TlsFiles, TlsFiles), CaError> {
+    let up = ca.issue_agent(name)?;
+    let mut names = sans.to_vec();
+    names.push(name.to_string());
+    let down = ca.issue(
+        &format!("relay-{name}"),
+        names,
+        ExtendedKeyUsagePurpose::ServerAuth,
+    )?;
+    Ok((up, down))
+}
+
 /// Writes `DIR/dasr.key`: 32 random bytes, mode 0600, the key every agent's `[dasr] key_file`
 /// names. Random rather than derived from the CA, whose certificate is public.
 pub fn dasr_key(dir: &Path) -> Result<PathBuf, CaError> {

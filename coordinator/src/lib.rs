@@ -8,4 +8,5 @@
 pub mod admin;
 pub mod dev_ca;
 pub mod metrics;
+pub mod relay;
 pub mod server;

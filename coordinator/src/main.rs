@@ -130,6 +130,13 @@ enum Command {
         #[arg(long, value_name = "I/N")]
         shard: Option<drum_common::protocol::Shard>,
     },
+    /// Run a relay for one rack: its agents connect to it as to a coordinator, and it is one
+    /// member of the coordinator with the rack's sums (docs/control-plane.md, "Relays").
+    Relay {
+        /// TOML configuration (docs/control-plane.md, "Relays").
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// Create a throw-away CA and certificates for a test cluster; or, with `--revoke` or
     /// `--reissue`, revoke or replace a host's certificate of the CA already in `--out`.
     DevCerts {
@@ -141,9 +148,13 @@ enum Command {
         /// Agent names; one client certificate `agent-NAME.pem` each.
         #[arg(long, value_delimiter = ',', default_value = "agent")]
         agents: Vec<String>,
+        /// Relay names; each gets `agent-NAME.pem` (upstream, a client certificate naming
+        /// NAME) and `relay-NAME.pem` (downstream, a server certificate for `--san` and NAME).
+        #[arg(long, value_delimiter = ',')]
+        relays: Vec<String>,
         /// Add the current certificate of host HOST (`agent-HOST.pem`) to the CA's
         /// `crl.pem`; daemons with `tls.crl` refuse it after a reload (SIGHUP).
-        #[arg(long, value_name = "HOST", conflicts_with_all = ["reissue", "san", "agents"])]
+        #[arg(long, value_name = "HOST", conflicts_with_all = ["reissue", "san", "agents", "relays"])]
         revoke: Option<String>,
         /// Add the coordinator's current certificate (`coordinator.pem`) to `crl.pem`;
         /// agents with `tls.crl` leave it after a reload (SIGHUP).
@@ -383,17 +394,19 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Serve { config, shard } => serve(&config, shard)?,
+        Command::Relay { config } => relay(&config)?,
         Command::DevCerts {
             out,
             san,
             agents,
+            relays,
             revoke,
             revoke_coordinator,
             crl_days,
             reissue,
             reissue_coordinator,
         } => {
-            for a in agents.iter().chain(&revoke).chain(&reissue) {
+            for a in agents.iter().chain(&relays).chain(&revoke).chain(&reissue) {
                 if a.is_empty()
                     || !a
                         .chars()
@@ -453,6 +466,17 @@ fn run(cli: Cli) -> Result<()> {
             );
             for (name, f) in &certs.agents {
                 println!("agent {name}: {} {}", f.cert.display(), f.key.display());
+            }
+            for name in &relays {
+                let ca = drum_coordinator::dev_ca::DevCa::open(&out)?;
+                let (up, down) = drum_coordinator::dev_ca::issue_relay(&ca, name, &san)?;
+                println!(
+                    "relay {name}: upstream {} {}, downstream {} {}",
+                    up.cert.display(),
+                    up.key.display(),
+                    down.cert.display(),
+                    down.key.display()
+                );
             }
             println!("DASR key: {}", certs.dasr_key.display());
         }
@@ -541,6 +565,16 @@ fn serve(config: &std::path::Path, shard: Option<drum_common::protocol::Shard>) 
             }
         });
         server.run(stop).await
+    })
+}
+
+fn relay(config: &std::path::Path) -> Result<()> {
+    drum_net::config::init_logging();
+    let settings = drum_coordinator::relay::RelaySettings::load(config)?;
+    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    rt.block_on(async {
+        let stop = shutdown_signal()?;
+        drum_coordinator::relay::run(settings, stop).await
     })
 }
 

@@ -378,7 +378,7 @@ impl ServeSettings {
 }
 
 /// What a connection task sends to the state machine.
-enum Input {
+pub(crate) enum Input {
     Connected(Link),
     Msg(MemberId, AgentMsg),
     /// The connection ended; `true` when its idle timeout ended it (the peer went silent).
@@ -388,17 +388,17 @@ enum Input {
     Reloaded(Arc<quic::ServerTls>),
 }
 
-enum Outgoing {
+pub(crate) enum Outgoing {
     Msg(CoordMsg),
     Close(u32, String),
 }
 
 /// One connection as the state machine's loop sees it.
-struct Link {
-    id: MemberId,
-    remote: SocketAddr,
-    conn: quinn::Connection,
-    out: mpsc::UnboundedSender<Outgoing>,
+pub(crate) struct Link {
+    pub(crate) id: MemberId,
+    pub(crate) remote: SocketAddr,
+    pub(crate) conn: quinn::Connection,
+    pub(crate) out: mpsc::UnboundedSender<Outgoing>,
 }
 
 /// A bound, not yet running coordinator.
@@ -633,12 +633,12 @@ async fn reload_loop(
 
 /// What a connection must do before the state machine hears of it.
 #[derive(Clone, Copy, Debug)]
-struct ConnPolicy {
-    join_timeout: Duration,
-    bind_host: bool,
+pub(crate) struct ConnPolicy {
+    pub(crate) join_timeout: Duration,
+    pub(crate) bind_host: bool,
 }
 
-async fn accept_loop(
+pub(crate) async fn accept_loop(
     endpoint: quinn::Endpoint,
     tx: mpsc::UnboundedSender<Input>,
     metrics: Arc<Metrics>,
@@ -879,7 +879,7 @@ async fn core_loop(
     }
 }
 
-async fn sleep_until(t: Option<tokio::time::Instant>) {
+pub(crate) async fn sleep_until(t: Option<tokio::time::Instant>) {
     match t {
         Some(t) => tokio::time::sleep_until(t).await,
         None => std::future::pending().await,

@@ -8,6 +8,7 @@
 
 pub mod agent;
 pub mod coordinator;
+pub mod relay;
 pub mod reselect;
 pub mod wire;
 

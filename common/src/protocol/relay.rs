@@ -1,0 +1,849 @@
+//! The relay's state machine: one relay per rack terminates its agents' connections, speaks
+//! to them as a coordinator would, and is **one member** of the coordinator, whose `Join`,
+//! `Update` and `Contribution` carry the rack's per-facility sums (docs/control-plane.md,
+//! "Relays").
+//!
+//! The coordinator uses a member's messages only through per-facility sums — `n_f` is the
+//! sum of the members' pair counts, `Σ b·x` the sum of their entries — so a rack summed at its
+//! relay gives the coordinator the same `n_f` and sums as its hosts would, with one `Round`
+//! and one `Contribution` per rack instead of one per host.
+//!
+//! * **Upstream.** The relay joins the coordinator once `min_agents` agents have joined it,
+//!   with the rack's sums; every later change of the rack (a join, a departure) is an `Update`
+//!   with the new sums, which starts a new epoch at the coordinator, as a host's join or
+//!   departure does. Agents get the coordinator's epoch and round numbers unchanged.
+//! * **Rounds.** A `Round` goes to every agent with the `d` of its own facilities; when all
+//!   have answered, one `Contribution` with the sum goes up. At `round_deadline` the
+//!   stragglers' last contributions are reused, at most `max_staleness` times in a row (as
+//!   the coordinator does); otherwise the round waits for them or their timeout.
+//! * **Failure.** A relay that loses the coordinator closes every agent's connection and
+//!   refuses joins until it is back, so its agents fail static exactly as they would on
+//!   losing the coordinator. A dead relay is a dead coordinator to its agents, and one silent
+//!   member to the coordinator.
+//! * **Not supported:** selection exchanges (each host's proposal is decided by rank against
+//!   global floors, which a sum cannot carry) and the live problem. A `Select` is answered
+//!   with no swap, a `Verdict` or `Restart` with the rack's sets unchanged, each logged: run a
+//!   coordinator with relays with fixed active sets (`selection_rounds = 0`,
+//!   `priced_start = false`, `selection_period_ms = 0`). A live coordinator is left with an
+//!   error.
+
+use super::coordinator::MemberId;
+use super::wire::{AgentMsg, ContributionMsg, CoordMsg, Join, SelectedMsg, Shard, UpdateMsg};
+use crate::admm::FacilityTerm;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+#[cfg(test)]
+mod tests;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct RelayConfig {
+    /// The relay's host id upstream (its upstream certificate names it).
+    pub host: String,
+    /// [`super::facility_digest`] of the instance: agents with another are refused.
+    pub facility_digest: u64,
+    /// Facilities in the instance (entries must name one).
+    pub facilities: u32,
+    /// Heartbeat interval offered to the agents.
+    pub heartbeat_interval: Duration,
+    /// Silence after which an agent is dropped.
+    pub member_timeout: Duration,
+    /// Silence after which the coordinator is taken as lost.
+    pub upstream_timeout: Duration,
+    /// How long a round waits for every agent before reusing stragglers' contributions;
+    /// shorter than the coordinator's, so that the rack's sum goes up before it gives up.
+    pub round_deadline: Duration,
+    pub max_staleness: u32,
+    /// The relay joins the coordinator once this many agents have joined it.
+    pub min_agents: usize,
+    /// Reconnection backoff to the coordinator: `backoff_min · 2^failures`, at most
+    /// `backoff_max`.
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+}
+
+/// What the driver must do.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RelayAction {
+    /// To agent connection `id`.
+    Down(MemberId, CoordMsg),
+    /// Close an agent's connection (after any message queued before).
+    CloseDown(MemberId, String),
+    /// To the coordinator.
+    Up(AgentMsg),
+    /// Close the coordinator connection; the driver reconnects at [`Relay::connect_due`].
+    CloseUp(String),
+    Event(RelayEvent),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum RelayEvent {
+    AgentJoined {
+        member: MemberId,
+        host: String,
+    },
+    AgentLeft {
+        member: MemberId,
+        host: String,
+        why: &'static str,
+    },
+    AgentRefused {
+        member: MemberId,
+        reason: String,
+    },
+    Welcomed {
+        epoch: u64,
+        iteration: u64,
+    },
+    UpstreamLost {
+        reason: String,
+        agents: usize,
+    },
+    /// The coordinator asked for something a relay does not do (selection, live problem).
+    Unsupported(String),
+    /// A rack round went up; `stale` agents' contributions were reused.
+    RoundUp {
+        iteration: u64,
+        stale: usize,
+        took: Duration,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct Agent {
+    host: String,
+    pairs: Vec<(u32, u32)>,
+    entries: Vec<(u32, f64)>,
+    entries_iteration: u64,
+    last_d: Vec<FacilityTerm>,
+    rank: u32,
+    interest: Vec<u32>,
+    floor: Vec<(u32, f64)>,
+    exchanges: u32,
+    last_seen: Duration,
+    stale: u32,
+    /// `Welcome` sent (the relay had the coordinator's).
+    welcomed: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Upstream {
+    /// No connection; the next attempt at `retry_at`.
+    Down { retry_at: Duration, failures: u32 },
+    /// Connected, no `Join` sent yet (too few agents).
+    Connected,
+    /// `Join` sent, no `Welcome` yet.
+    Joining,
+    Member {
+        epoch: u64,
+        iteration: u64,
+        heartbeat: Duration,
+        shard: Shard,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct Round {
+    epoch: u64,
+    iteration: u64,
+    started: Duration,
+    waiting: BTreeSet<MemberId>,
+}
+
+pub struct Relay {
+    cfg: RelayConfig,
+    up: Upstream,
+    up_heard: Duration,
+    next_heartbeat: Duration,
+    heartbeat_seq: u64,
+    agents: BTreeMap<MemberId, Agent>,
+    hosts: HashMap<String, MemberId>,
+    round: Option<Round>,
+    /// The highest round number sent down; a contribution beyond it is a violation.
+    sent: (u64, u64),
+    /// The operator's weights, for agents that join later.
+    weights: BTreeMap<String, f64>,
+    /// The rack changed since the coordinator last heard its sums.
+    changed: bool,
+    /// Refusals by the coordinator since its last `Welcome`; sets the backoff.
+    refusals: u32,
+    last_scan: Duration,
+}
+
+/// The sum over agents of per-facility lists, facility ascending.
+fn sum<T: Copy + std::ops::AddAssign + Default>(
+    lists: impl Iterator<Item = impl IntoIterator<Item = (u32, T)>>,
+) -> Vec<(u32, T)> {
+    let mut acc: BTreeMap<u32, T> = BTreeMap::new();
+    for l in lists {
+        for (f, v) in l {
+            *acc.entry(f).or_default() += v;
+        }
+    }
+    acc.into_iter().collect()
+}
+
+fn ascending<T>(v: &[(u32, T)], nf: u32) -> bool {
+    v.windows(2).all(|w| w[0].0 < w[1].0) && v.iter().all(|e| e.0 < nf)
+}
+
+fn usage_ok(v: &[(u32, f64)], nf: u32) -> bool {
+    ascending(v, nf) && v.iter().all(|e| e.1.is_finite() && e.1 >= 0.0)
+}
+
+impl Relay {
+    pub fn new(cfg: RelayConfig) -> Self {
+        Self {
+            cfg,
+            up: Upstream::Down {
+                retry_at: Duration::ZERO,
+                failures: 0,
+            },
+            up_heard: Duration::ZERO,
+            next_heartbeat: Duration::ZERO,
+            heartbeat_seq: 0,
+            agents: BTreeMap::new(),
+            hosts: HashMap::new(),
+            round: None,
+            sent: (0, 0),
+            weights: BTreeMap::new(),
+            changed: false,
+            refusals: 0,
+            last_scan: Duration::ZERO,
+        }
+    }
+
+    /// Agents that are members (welcomed or waiting for the relay's own welcome).
+    pub fn agents(&self) -> usize {
+        self.agents.len()
+    }
+
+    /// Whether the relay is a member of the coordinator.
+    pub fn is_member(&self) -> bool {
+        matches!(self.up, Upstream::Member { .. })
+    }
+
+    /// Whether the driver should try to connect to the coordinator now.
+    pub fn connect_due(&self, now: Duration) -> bool {
+        matches!(self.up, Upstream::Down { retry_at, .. } if now >= retry_at)
+    }
+
+    /// The coordinator connection is up.
+    pub fn on_upstream_connected(&mut self, now: Duration) -> Vec<RelayAction> {
+        self.up = Upstream::Connected;
+        self.up_heard = now;
+        let mut out = Vec::new();
+        self.maybe_join(&mut out);
+        out
+    }
+
+    /// A connection attempt failed: back off.
+    pub fn on_connect_failed(&mut self, now: Duration) {
+        let failures = match self.up {
+            Upstream::Down { failures, .. } => failures + 1,
+            _ => 1,
+        };
+        self.up = Upstream::Down {
+            retry_at: now + self.backoff(failures),
+            failures,
+        };
+    }
+
+    fn backoff(&self, failures: u32) -> Duration {
+        let exp = self
+            .cfg
+            .backoff_min
+            .saturating_mul(1u32 << failures.min(16));
+        exp.min(self.cfg.backoff_max)
+    }
+
+    /// The coordinator is lost (transport error, close, refusal or silence): every agent's
+    /// connection is closed, so that each fails static as it would without a relay.
+    pub fn on_upstream_lost(&mut self, now: Duration, reason: &str) -> Vec<RelayAction> {
+        let mut out = Vec::new();
+        if matches!(self.up, Upstream::Down { .. }) {
+            return out;
+        }
+        out.push(RelayAction::Event(RelayEvent::UpstreamLost {
+            reason: reason.to_string(),
+            agents: self.agents.len(),
+        }));
+        let why = format!("the relay lost the coordinator: {reason}");
+        for id in std::mem::take(&mut self.agents).into_keys() {
+            out.push(RelayAction::CloseDown(id, why.clone()));
+        }
+        self.hosts.clear();
+        self.round = None;
+        self.changed = false;
+        self.up = Upstream::Down {
+            retry_at: now + self.backoff(0),
+            failures: 0,
+        };
+        out
+    }
+
+    /// A message from the coordinator.
+    pub fn on_upstream(&mut self, now: Duration, msg: CoordMsg) -> Vec<RelayAction> {
+        self.up_heard = now;
+        let mut out = Vec::new();
+        match msg {
+            CoordMsg::Welcome {
+                epoch,
+                iteration,
+                heartbeat_ms,
+                shard,
+            } => {
+                let heartbeat =
+                    Duration::from_millis(heartbeat_ms.max(1)).min(self.cfg.upstream_timeout / 3);
+                self.up = Upstream::Member {
+                    epoch,
+                    iteration,
+                    heartbeat,
+                    shard,
+                };
+                self.next_heartbeat = now + heartbeat;
+                self.refusals = 0;
+                out.push(RelayAction::Event(RelayEvent::Welcomed {
+                    epoch,
+                    iteration,
+                }));
+                for (&id, a) in self.agents.iter_mut().filter(|(_, a)| !a.welcomed) {
+                    a.welcomed = true;
+                    out.push(RelayAction::Down(
+                        id,
+                        self_welcome(&self.cfg, epoch, iteration, shard),
+                    ));
+                    for (app, &weight) in &self.weights {
+                        out.push(RelayAction::Down(
+                            id,
+                            CoordMsg::SetWeight {
+                                app: app.clone(),
+                                weight,
+                            },
+                        ));
+                    }
+                }
+                // Agents that joined while the join was on its way.
+                self.flush_update(&mut out);
+            }
+            CoordMsg::Refused { reason } => {
+                out.extend(self.on_upstream_lost(now, &format!("refused: {reason}")));
+                out.push(RelayAction::CloseUp(format!("refused: {reason}")));
+                // A drained relay asks ever less often, as a refused agent does.
+                self.refusals += 1;
+                self.up = Upstream::Down {
+                    retry_at: now + self.backoff(self.refusals),
+                    failures: self.refusals,
+                };
+            }
+            CoordMsg::HeartbeatAck { .. } => {}
+            CoordMsg::Round {
+                epoch,
+                iteration,
+                d,
+            } => self.round_down(now, epoch, iteration, d, &mut out),
+            CoordMsg::SetWeight { app, weight } => {
+                self.weights.insert(app.clone(), weight);
+                for (&id, _) in self.agents.iter().filter(|(_, a)| a.welcomed) {
+                    out.push(RelayAction::Down(
+                        id,
+                        CoordMsg::SetWeight {
+                            app: app.clone(),
+                            weight,
+                        },
+                    ));
+                }
+            }
+            CoordMsg::Select { exchange, .. } => {
+                out.push(self.unsupported(format!(
+                    "selection exchange {exchange}: selection does not pass a relay; its hosts keep their active sets"
+                )));
+                out.push(RelayAction::Up(AgentMsg::Proposal(
+                    super::wire::ProposalMsg {
+                        exchange,
+                        park: None,
+                        activate: None,
+                    },
+                )));
+            }
+            CoordMsg::Verdict { exchange, .. } | CoordMsg::Restart { exchange, .. } => {
+                if matches!(self.up, Upstream::Member { .. }) {
+                    out.push(self.unsupported(format!(
+                        "selection exchange {exchange}: selection does not pass a relay; its hosts keep their active sets"
+                    )));
+                    let j = self.aggregate();
+                    out.push(RelayAction::Up(AgentMsg::Selected(SelectedMsg {
+                        exchange,
+                        pairs: j.pairs,
+                        floor: j.floor,
+                        entries: j.entries,
+                    })));
+                }
+            }
+            CoordMsg::Policy(_) | CoordMsg::Facilities(_) => {
+                let reason = "the coordinator runs the live problem, which does not pass a relay"
+                    .to_string();
+                out.push(self.unsupported(reason.clone()));
+                out.extend(self.on_upstream_lost(now, &reason));
+                out.push(RelayAction::CloseUp(reason));
+            }
+        }
+        out
+    }
+
+    fn unsupported(&self, what: String) -> RelayAction {
+        RelayAction::Event(RelayEvent::Unsupported(what))
+    }
+
+    fn round_down(
+        &mut self,
+        now: Duration,
+        epoch: u64,
+        iteration: u64,
+        d: Vec<FacilityTerm>,
+        out: &mut Vec<RelayAction>,
+    ) {
+        let Upstream::Member {
+            epoch: e,
+            iteration: i,
+            ..
+        } = &mut self.up
+        else {
+            return;
+        };
+        *e = (*e).max(epoch);
+        *i = (*i).max(iteration);
+        let mut waiting = BTreeSet::new();
+        for (&id, a) in self.agents.iter().filter(|(_, a)| a.welcomed) {
+            let mine: Option<Vec<FacilityTerm>> = a
+                .pairs
+                .iter()
+                .map(|&(f, _)| {
+                    d.binary_search_by_key(&f, |t| t.facility)
+                        .ok()
+                        .map(|k| d[k])
+                })
+                .collect();
+            // A round sent before the coordinator heard of this agent's facilities (its
+            // `Update` is on its way, and starts a new epoch): the agent sits it out.
+            if let Some(mine) = mine {
+                waiting.insert(id);
+                out.push(RelayAction::Down(
+                    id,
+                    CoordMsg::Round {
+                        epoch,
+                        iteration,
+                        d: mine,
+                    },
+                ));
+            }
+        }
+        self.sent = self.sent.max((epoch, iteration));
+        self.round = Some(Round {
+            epoch,
+            iteration,
+            started: now,
+            waiting,
+        });
+        self.maybe_complete(now, 0, out);
+    }
+
+    fn maybe_complete(&mut self, now: Duration, stale: usize, out: &mut Vec<RelayAction>) {
+        if self.round.as_ref().is_some_and(|r| r.waiting.is_empty()) {
+            let r = self.round.take().expect("checked");
+            let entries = sum(self.agents.values().map(|a| a.entries.iter().copied()));
+            out.push(RelayAction::Up(AgentMsg::Contribution(ContributionMsg {
+                epoch: r.epoch,
+                iteration: r.iteration,
+                entries,
+            })));
+            out.push(RelayAction::Event(RelayEvent::RoundUp {
+                iteration: r.iteration,
+                stale,
+                took: now.saturating_sub(r.started),
+            }));
+        }
+    }
+
+    /// A message from agent connection `from`.
+    pub fn on_agent(&mut self, now: Duration, from: MemberId, msg: AgentMsg) -> Vec<RelayAction> {
+        let mut out = Vec::new();
+        if let Some(a) = self.agents.get_mut(&from) {
+            a.last_seen = now;
+        }
+        let member = self.agents.contains_key(&from);
+        match msg {
+            AgentMsg::Join(j) => self.join(now, from, j, &mut out),
+            _ if !member => self.violation(from, "message before join".into(), &mut out),
+            AgentMsg::Heartbeat { seq } => {
+                out.push(RelayAction::Down(from, CoordMsg::HeartbeatAck { seq }))
+            }
+            AgentMsg::Leave => self.remove(from, "left", &mut out),
+            AgentMsg::Contribution(c) => self.contribution(now, from, c, &mut out),
+            // Selection does not pass a relay (module docs): the agents' requests for it are
+            // dropped; answers to exchanges the relay never sent cannot arrive.
+            AgentMsg::Reselect { .. } | AgentMsg::Changed => {}
+            AgentMsg::Proposal(_) | AgentMsg::Selected(_) => self.violation(
+                from,
+                "selection answer without an exchange".into(),
+                &mut out,
+            ),
+            AgentMsg::Host(_) | AgentMsg::Update(_) => self.violation(
+                from,
+                "the live problem does not pass a relay".into(),
+                &mut out,
+            ),
+        }
+        self.flush_update(&mut out);
+        out
+    }
+
+    /// Agent connection `from` ended (`timed_out`: its idle timeout ended it).
+    pub fn on_agent_gone(
+        &mut self,
+        now: Duration,
+        from: MemberId,
+        timed_out: bool,
+    ) -> Vec<RelayAction> {
+        let mut out = Vec::new();
+        self.remove(
+            from,
+            if timed_out {
+                "timed out"
+            } else {
+                "disconnected"
+            },
+            &mut out,
+        );
+        self.flush_update(&mut out);
+        self.maybe_complete(now, 0, &mut out);
+        out
+    }
+
+    fn check_join(&self, j: &Join) -> Result<(), String> {
+        let nf = self.cfg.facilities;
+        if j.facility_digest != self.cfg.facility_digest {
+            return Err(format!(
+                "facility list differs from the relay's (digest {:016x}, expected {:016x})",
+                j.facility_digest, self.cfg.facility_digest
+            ));
+        }
+        if !super::valid_name(&j.host) {
+            return Err("host id must be 1 to 64 letters, digits, '.', '_' or '-'".into());
+        }
+        if !usage_ok(&j.entries, nf) || !usage_ok(&j.floor, nf) || !ascending(&j.pairs, nf) {
+            return Err("pairs, entries and floor must name known facilities in ascending order with finite, non-negative values".into());
+        }
+        if !j.interest.windows(2).all(|w| w[0] < w[1]) || j.interest.iter().any(|&f| f >= nf) {
+            return Err("interest must name known facilities in ascending order".into());
+        }
+        if j.last_d
+            .iter()
+            .any(|t| t.facility >= nf || !t.d.is_finite() || !(t.rho.is_finite() && t.rho > 0.0))
+        {
+            return Err(
+                "last_d must name known facilities with finite values and positive penalties"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    fn refuse(&mut self, from: MemberId, reason: String, out: &mut Vec<RelayAction>) {
+        out.push(RelayAction::Event(RelayEvent::AgentRefused {
+            member: from,
+            reason: reason.clone(),
+        }));
+        out.push(RelayAction::Down(
+            from,
+            CoordMsg::Refused {
+                reason: reason.clone(),
+            },
+        ));
+        out.push(RelayAction::CloseDown(from, reason));
+    }
+
+    fn join(&mut self, now: Duration, from: MemberId, j: Join, out: &mut Vec<RelayAction>) {
+        if self.agents.contains_key(&from) {
+            self.violation(from, "second join on one connection".into(), out);
+            return;
+        }
+        if matches!(self.up, Upstream::Down { .. }) {
+            // Without a coordinator the agent must stay fail-static, as it would if it
+            // reached no coordinator at all; it retries with its backoff.
+            self.refuse(from, "the relay has no coordinator".into(), out);
+            return;
+        }
+        if let Err(reason) = self.check_join(&j) {
+            self.refuse(from, reason, out);
+            return;
+        }
+        if let Some(&old) = self.hosts.get(&j.host) {
+            // The coordinator's rule: a live incumbent keeps its place.
+            let quiet = now.saturating_sub(self.agents[&old].last_seen);
+            if quiet <= 2 * self.cfg.heartbeat_interval {
+                let reason = format!(
+                    "host {} is already a member on another connection, heard from {} ms ago: \
+                     is a second agent running with this host id?",
+                    j.host,
+                    quiet.as_millis()
+                );
+                self.refuse(from, reason, out);
+                return;
+            }
+            self.remove(old, "replaced", out);
+            out.push(RelayAction::CloseDown(
+                old,
+                format!("host {} rejoined", j.host),
+            ));
+        }
+        let welcome = match self.up {
+            Upstream::Member {
+                epoch,
+                iteration,
+                shard,
+                ..
+            } => Some(self_welcome(&self.cfg, epoch, iteration, shard)),
+            _ => None,
+        };
+        self.hosts.insert(j.host.clone(), from);
+        self.agents.insert(
+            from,
+            Agent {
+                host: j.host.clone(),
+                pairs: j.pairs,
+                entries: j.entries,
+                entries_iteration: j.last_iteration,
+                last_d: j.last_d,
+                rank: j.rank,
+                interest: j.interest,
+                floor: j.floor,
+                exchanges: j.exchanges,
+                last_seen: now,
+                stale: 0,
+                welcomed: welcome.is_some(),
+            },
+        );
+        out.push(RelayAction::Event(RelayEvent::AgentJoined {
+            member: from,
+            host: j.host,
+        }));
+        if let Some(w) = welcome {
+            out.push(RelayAction::Down(from, w));
+            for (app, &weight) in &self.weights {
+                out.push(RelayAction::Down(
+                    from,
+                    CoordMsg::SetWeight {
+                        app: app.clone(),
+                        weight,
+                    },
+                ));
+            }
+        }
+        self.changed = true;
+        self.maybe_join(out);
+    }
+
+    /// Joins the coordinator with the rack's sums once enough agents are in.
+    fn maybe_join(&mut self, out: &mut Vec<RelayAction>) {
+        if self.up == Upstream::Connected && self.agents.len() >= self.cfg.min_agents.max(1) {
+            out.push(RelayAction::Up(AgentMsg::Join(self.aggregate())));
+            self.up = Upstream::Joining;
+            self.changed = false;
+        }
+    }
+
+    /// The rack as one member: sums of pairs, entries and floors, the union of interests,
+    /// the freshest `last_d` per facility.
+    fn aggregate(&self) -> Join {
+        let agents = || self.agents.values();
+        let mut last_d: BTreeMap<u32, (u64, FacilityTerm)> = BTreeMap::new();
+        for a in agents() {
+            for t in &a.last_d {
+                let e = last_d
+                    .entry(t.facility)
+                    .or_insert((a.entries_iteration, *t));
+                if a.entries_iteration > e.0 {
+                    *e = (a.entries_iteration, *t);
+                }
+            }
+        }
+        let interest: BTreeSet<u32> = agents().flat_map(|a| a.interest.iter().copied()).collect();
+        Join {
+            host: self.cfg.host.clone(),
+            facility_digest: self.cfg.facility_digest,
+            pairs: sum(agents().map(|a| a.pairs.iter().copied())),
+            entries: sum(agents().map(|a| a.entries.iter().copied())),
+            last_iteration: agents().map(|a| a.entries_iteration).max().unwrap_or(0),
+            last_d: last_d.into_values().map(|(_, t)| t).collect(),
+            rank: agents().map(|a| a.rank).min().unwrap_or(0),
+            interest: interest.into_iter().collect(),
+            floor: sum(agents().map(|a| a.floor.iter().copied())),
+            exchanges: agents().map(|a| a.exchanges).max().unwrap_or(0),
+        }
+    }
+
+    /// Tells the coordinator the rack's new sums, if it changed; the coordinator starts a new
+    /// epoch, so the round in progress is abandoned here too.
+    fn flush_update(&mut self, out: &mut Vec<RelayAction>) {
+        if self.changed && self.is_member() {
+            self.changed = false;
+            self.round = None;
+            let j = self.aggregate();
+            out.push(RelayAction::Up(AgentMsg::Update(UpdateMsg {
+                pairs: j.pairs,
+                entries: j.entries,
+                interest: j.interest,
+                floor: j.floor,
+                last_d: j.last_d,
+            })));
+        }
+    }
+
+    fn contribution(
+        &mut self,
+        now: Duration,
+        from: MemberId,
+        c: ContributionMsg,
+        out: &mut Vec<RelayAction>,
+    ) {
+        if !usage_ok(&c.entries, self.cfg.facilities) {
+            self.violation(from, "bad contribution entries".into(), out);
+            return;
+        }
+        if (c.epoch, c.iteration) > self.sent {
+            self.violation(
+                from,
+                format!(
+                    "contribution for epoch {} iteration {} from the future",
+                    c.epoch, c.iteration
+                ),
+                out,
+            );
+            return;
+        }
+        let for_round = self.round.as_ref().is_some_and(|r| {
+            r.epoch == c.epoch && r.iteration == c.iteration && r.waiting.contains(&from)
+        });
+        let a = self.agents.get_mut(&from).expect("a member");
+        if for_round {
+            a.entries = c.entries;
+            a.entries_iteration = c.iteration;
+            a.stale = 0;
+            self.round.as_mut().expect("checked").waiting.remove(&from);
+            self.maybe_complete(now, 0, out);
+        } else if c.iteration > a.entries_iteration {
+            // Late but newer than what the relay holds: the freshest word on this host.
+            a.entries = c.entries;
+            a.entries_iteration = c.iteration;
+        }
+    }
+
+    fn violation(&mut self, from: MemberId, reason: String, out: &mut Vec<RelayAction>) {
+        out.push(RelayAction::Event(RelayEvent::AgentRefused {
+            member: from,
+            reason: reason.clone(),
+        }));
+        out.push(RelayAction::CloseDown(from, reason));
+        self.remove(from, "protocol violation", out);
+    }
+
+    fn remove(&mut self, id: MemberId, why: &'static str, out: &mut Vec<RelayAction>) {
+        if let Some(a) = self.agents.remove(&id) {
+            if self.hosts.get(&a.host) == Some(&id) {
+                self.hosts.remove(&a.host);
+            }
+            if let Some(r) = &mut self.round {
+                r.waiting.remove(&id);
+            }
+            self.changed = true;
+            out.push(RelayAction::Event(RelayEvent::AgentLeft {
+                member: id,
+                host: a.host,
+                why,
+            }));
+        }
+    }
+
+    /// Timeouts, the round deadline and heartbeats; call at [`Self::next_wakeup`] or sooner.
+    pub fn tick(&mut self, now: Duration) -> Vec<RelayAction> {
+        let mut out = Vec::new();
+        // Before its `Join` the relay has asked nothing, so the coordinator's silence means
+        // nothing: a relay waiting for its rack stays connected (QUIC keep-alives hold it).
+        if matches!(self.up, Upstream::Joining | Upstream::Member { .. })
+            && now.saturating_sub(self.up_heard) > self.cfg.upstream_timeout
+        {
+            out.extend(self.on_upstream_lost(now, "coordinator silent"));
+            out.push(RelayAction::CloseUp("coordinator silent".into()));
+            return out;
+        }
+        if now >= self.last_scan + self.cfg.member_timeout / 4 {
+            self.last_scan = now;
+            let dead: Vec<MemberId> = self
+                .agents
+                .iter()
+                .filter(|(_, a)| now.saturating_sub(a.last_seen) > self.cfg.member_timeout)
+                .map(|(&id, _)| id)
+                .collect();
+            for id in dead {
+                out.push(RelayAction::CloseDown(id, "heartbeat timeout".into()));
+                self.remove(id, "timed out", &mut out);
+            }
+        }
+        self.flush_update(&mut out);
+        if let Some(r) = &self.round {
+            if now >= r.started + self.cfg.round_deadline
+                && r.waiting
+                    .iter()
+                    .all(|id| self.agents[id].stale < self.cfg.max_staleness)
+            {
+                let stragglers: Vec<MemberId> = r.waiting.iter().copied().collect();
+                for id in &stragglers {
+                    self.agents.get_mut(id).expect("waiting agent").stale += 1;
+                }
+                self.round.as_mut().expect("checked").waiting.clear();
+                self.maybe_complete(now, stragglers.len(), &mut out);
+            }
+        }
+        if let Upstream::Member { heartbeat, .. } = self.up {
+            if now >= self.next_heartbeat {
+                self.heartbeat_seq += 1;
+                out.push(RelayAction::Up(AgentMsg::Heartbeat {
+                    seq: self.heartbeat_seq,
+                }));
+                self.next_heartbeat = now + heartbeat;
+            }
+        }
+        out
+    }
+
+    /// The earliest time at which [`Self::tick`] has something to do.
+    pub fn next_wakeup(&self) -> Option<Duration> {
+        let up = match self.up {
+            Upstream::Down { retry_at, .. } => Some(retry_at),
+            Upstream::Member { .. } => Some(
+                self.next_heartbeat
+                    .min(self.up_heard + self.cfg.upstream_timeout),
+            ),
+            Upstream::Joining => Some(self.up_heard + self.cfg.upstream_timeout),
+            Upstream::Connected => None,
+        };
+        let scan = (!self.agents.is_empty()).then(|| self.last_scan + self.cfg.member_timeout / 4);
+        let deadline = self
+            .round
+            .as_ref()
+            .map(|r| r.started + self.cfg.round_deadline);
+        [up, scan, deadline].into_iter().flatten().min()
+    }
+}
+
+/// The relay's `Welcome` to an agent: the coordinator's epoch, numbering and shard, the
+/// relay's heartbeat interval.
+fn self_welcome(cfg: &RelayConfig, epoch: u64, iteration: u64, shard: Shard) -> CoordMsg {
+    CoordMsg::Welcome {
+        epoch,
+        iteration,
+        heartbeat_ms: cfg.heartbeat_interval.as_millis() as u64,
+        shard,
+    }
+}

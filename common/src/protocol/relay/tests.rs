@@ -1,0 +1,496 @@
+use super::*;
+use crate::generator::{generate, GeneratorConfig};
+use crate::protocol::agent::AgentAction;
+use crate::protocol::coordinator::{Action, Coordinator, CoordinatorConfig, SelectionSchedule};
+use crate::protocol::facility_digest;
+use crate::solver::{default_rho, fixed_set_trace, Algorithm};
+use proptest::prelude::*;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn cfg(min_agents: usize) -> RelayConfig {
+    RelayConfig {
+        host: "relay-a".into(),
+        facility_digest: 7,
+        facilities: 4,
+        heartbeat_interval: 100 * MS,
+        member_timeout: 1000 * MS,
+        upstream_timeout: 1000 * MS,
+        round_deadline: 40 * MS,
+        max_staleness: 1,
+        min_agents,
+        backoff_min: 10 * MS,
+        backoff_max: 100 * MS,
+    }
+}
+
+fn join(host: &str, pairs: Vec<(u32, u32)>, entries: Vec<(u32, f64)>) -> AgentMsg {
+    AgentMsg::Join(Join {
+        host: host.into(),
+        facility_digest: 7,
+        interest: pairs.iter().map(|p| p.0).collect(),
+        floor: pairs.iter().map(|p| (p.0, 0.001)).collect(),
+        pairs,
+        entries,
+        last_iteration: 0,
+        last_d: Vec::new(),
+        rank: 0,
+        exchanges: 0,
+    })
+}
+
+fn contrib(epoch: u64, iteration: u64, entries: Vec<(u32, f64)>) -> AgentMsg {
+    AgentMsg::Contribution(ContributionMsg {
+        epoch,
+        iteration,
+        entries,
+    })
+}
+
+fn ups(out: &[RelayAction]) -> Vec<AgentMsg> {
+    out.iter()
+        .filter_map(|a| match a {
+            RelayAction::Up(m) => Some(m.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn downs(out: &[RelayAction]) -> Vec<(MemberId, CoordMsg)> {
+    out.iter()
+        .filter_map(|a| match a {
+            RelayAction::Down(id, m) => Some((*id, m.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn closed(out: &[RelayAction]) -> Vec<MemberId> {
+    out.iter()
+        .filter_map(|a| match a {
+            RelayAction::CloseDown(id, _) => Some(*id),
+            _ => None,
+        })
+        .collect()
+}
+
+fn welcome(epoch: u64, iteration: u64) -> CoordMsg {
+    CoordMsg::Welcome {
+        epoch,
+        iteration,
+        heartbeat_ms: 100,
+        shard: Shard::WHOLE,
+    }
+}
+
+fn term(facility: u32, d: f64) -> FacilityTerm {
+    FacilityTerm {
+        facility,
+        d,
+        rho: 1.0,
+    }
+}
+
+/// A relay with agents 1 (facilities 0, 1) and 2 (facilities 1, 2), a member upstream.
+fn two_agent_relay() -> Relay {
+    let mut r = Relay::new(cfg(2));
+    assert!(r.connect_due(Duration::ZERO));
+    assert!(r.on_upstream_connected(Duration::ZERO).is_empty());
+    let out = r.on_agent(
+        MS,
+        1,
+        join("h1", vec![(0, 1), (1, 2)], vec![(0, 0.5), (1, 1.0)]),
+    );
+    assert!(ups(&out).is_empty(), "waits for min_agents");
+    let out = r.on_agent(
+        MS,
+        2,
+        join("h2", vec![(1, 1), (2, 1)], vec![(1, 0.25), (2, 2.0)]),
+    );
+    let AgentMsg::Join(j) = &ups(&out)[0] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(j.host, "relay-a");
+    assert_eq!(j.pairs, vec![(0, 1), (1, 3), (2, 1)]);
+    assert_eq!(j.entries, vec![(0, 0.5), (1, 1.25), (2, 2.0)]);
+    assert_eq!(j.interest, vec![0, 1, 2]);
+    let out = r.on_upstream(2 * MS, welcome(3, 10));
+    let w = downs(&out);
+    assert_eq!(w.len(), 2);
+    assert!(w.iter().all(|(_, m)| *m == welcome(3, 10)));
+    assert!(ups(&out).is_empty(), "nothing changed since the join");
+    r
+}
+
+#[test]
+fn a_round_goes_down_with_each_agents_terms_and_up_as_one_sum() {
+    let mut r = two_agent_relay();
+    let d = vec![term(0, 0.1), term(1, 0.2), term(2, 0.3)];
+    let out = r.on_upstream(
+        3 * MS,
+        CoordMsg::Round {
+            epoch: 3,
+            iteration: 11,
+            d,
+        },
+    );
+    let mut rounds = downs(&out);
+    rounds.sort_by_key(|r| r.0);
+    assert_eq!(
+        rounds,
+        vec![
+            (
+                1,
+                CoordMsg::Round {
+                    epoch: 3,
+                    iteration: 11,
+                    d: vec![term(0, 0.1), term(1, 0.2)]
+                }
+            ),
+            (
+                2,
+                CoordMsg::Round {
+                    epoch: 3,
+                    iteration: 11,
+                    d: vec![term(1, 0.2), term(2, 0.3)]
+                }
+            ),
+        ]
+    );
+    assert!(ups(&r.on_agent(4 * MS, 1, contrib(3, 11, vec![(0, 0.75), (1, 0.5)]))).is_empty());
+    let out = r.on_agent(5 * MS, 2, contrib(3, 11, vec![(1, 0.5), (2, 1.0)]));
+    assert_eq!(
+        ups(&out),
+        vec![contrib(3, 11, vec![(0, 0.75), (1, 1.0), (2, 1.0)])]
+    );
+    // A repeat changes nothing; a number never sent is a violation.
+    assert!(ups(&r.on_agent(6 * MS, 2, contrib(3, 11, vec![(1, 9.0)]))).is_empty());
+    let out = r.on_agent(7 * MS, 2, contrib(3, 12, vec![(1, 9.0)]));
+    assert_eq!(closed(&out), vec![2]);
+}
+
+/// An agent that leaves or dies mid-round: the coordinator hears the rack's new sums at once
+/// (without the departed host, as it would drop a departed host's contribution), which starts
+/// a new epoch there; the abandoned round's answers are kept as the agents' latest.
+#[test]
+fn an_agent_leaving_mid_round_updates_the_coordinator_at_once() {
+    let mut r = two_agent_relay();
+    let d = vec![term(0, 0.1), term(1, 0.2), term(2, 0.3)];
+    r.on_upstream(
+        3 * MS,
+        CoordMsg::Round {
+            epoch: 3,
+            iteration: 11,
+            d,
+        },
+    );
+    r.on_agent(4 * MS, 1, contrib(3, 11, vec![(0, 0.75), (1, 0.5)]));
+    let out = r.on_agent(5 * MS, 2, AgentMsg::Leave);
+    let up = ups(&out);
+    assert_eq!(up.len(), 1, "{out:?}");
+    let AgentMsg::Update(u) = &up[0] else {
+        panic!("{up:?}")
+    };
+    assert_eq!(u.pairs, vec![(0, 1), (1, 2)]);
+    assert_eq!(u.entries, vec![(0, 0.75), (1, 0.5)]);
+    assert_eq!(r.agents(), 1);
+
+    // A silent agent (killed): dropped after the member timeout, with the same update.
+    let d = vec![term(0, 0.1), term(1, 0.2)];
+    r.on_upstream(
+        10 * MS,
+        CoordMsg::Round {
+            epoch: 4,
+            iteration: 12,
+            d,
+        },
+    );
+    r.on_upstream(1090 * MS, CoordMsg::HeartbeatAck { seq: 1 });
+    let out = r.tick(1100 * MS);
+    assert_eq!(closed(&out), vec![1]);
+    let AgentMsg::Update(u) = &ups(&out)[0] else {
+        panic!("{out:?}")
+    };
+    assert!(u.pairs.is_empty() && u.entries.is_empty());
+}
+
+#[test]
+fn stragglers_are_reused_up_to_the_bound_then_waited_for() {
+    let mut r = two_agent_relay();
+    let round = |it| CoordMsg::Round {
+        epoch: 3,
+        iteration: it,
+        d: vec![term(0, 0.1), term(1, 0.2), term(2, 0.3)],
+    };
+    r.on_upstream(10 * MS, round(11));
+    r.on_agent(11 * MS, 1, contrib(3, 11, vec![(0, 1.0)]));
+    assert!(
+        !ups(&r.tick(30 * MS))
+            .iter()
+            .any(|m| matches!(m, AgentMsg::Contribution(_))),
+        "before the deadline"
+    );
+    // Agent 2's join entries stand in for it once.
+    assert_eq!(
+        ups(&r.tick(50 * MS)),
+        vec![contrib(3, 11, vec![(0, 1.0), (1, 0.25), (2, 2.0)])]
+    );
+    r.on_upstream(60 * MS, round(12));
+    r.on_agent(61 * MS, 1, contrib(3, 12, vec![(0, 2.0)]));
+    // Reused once already (max_staleness 1): the round waits.
+    assert!(!ups(&r.tick(200 * MS))
+        .iter()
+        .any(|m| matches!(m, AgentMsg::Contribution(_))));
+    let out = r.on_agent(210 * MS, 2, contrib(3, 12, vec![(2, 1.0)]));
+    assert_eq!(ups(&out), vec![contrib(3, 12, vec![(0, 2.0), (2, 1.0)])]);
+}
+
+/// The relay loses the coordinator: every agent's connection closes (they fail static), joins
+/// are refused while it is away, and once it is back the agents rejoin through the relay.
+#[test]
+fn losing_the_coordinator_fails_the_rack_static_until_it_returns() {
+    let mut r = two_agent_relay();
+    let out = r.on_upstream_lost(100 * MS, "connection lost");
+    let mut c = closed(&out);
+    c.sort();
+    assert_eq!(c, vec![1, 2]);
+    assert_eq!(r.agents(), 0);
+    assert!(!r.connect_due(100 * MS));
+    let out = r.on_agent(101 * MS, 3, join("h1", vec![(0, 1)], vec![(0, 0.5)]));
+    assert!(matches!(downs(&out)[0].1, CoordMsg::Refused { .. }));
+    assert_eq!(closed(&out), vec![3]);
+    // Back off, reconnect, rejoin: the relay joins again once min_agents are in.
+    assert!(r.connect_due(200 * MS));
+    r.on_connect_failed(200 * MS);
+    assert!(!r.connect_due(210 * MS));
+    assert!(r.connect_due(300 * MS));
+    r.on_upstream_connected(300 * MS);
+    r.on_agent(301 * MS, 4, join("h1", vec![(0, 1)], vec![(0, 0.5)]));
+    let out = r.on_agent(302 * MS, 5, join("h2", vec![(1, 1)], vec![(1, 0.5)]));
+    assert!(matches!(ups(&out)[0], AgentMsg::Join(_)));
+    let out = r.on_upstream(303 * MS, welcome(1, 11));
+    assert_eq!(downs(&out).len(), 2);
+    // A coordinator that goes silent is lost too.
+    let out = r.tick(2000 * MS);
+    assert_eq!(closed(&out).len(), 2);
+    assert!(out.iter().any(|a| matches!(a, RelayAction::CloseUp(_))));
+}
+
+/// A relay up before its rack waits for it without taking the coordinator's silence (it has
+/// asked nothing yet) for a loss; refusals back off.
+#[test]
+fn a_relay_waits_for_its_rack_and_backs_off_when_refused() {
+    let mut r = Relay::new(cfg(2));
+    r.on_upstream_connected(Duration::ZERO);
+    assert_eq!(r.next_wakeup(), None);
+    assert!(r.tick(10_000 * MS).is_empty());
+    r.on_agent(10_001 * MS, 1, join("h1", vec![(0, 1)], vec![(0, 0.5)]));
+    let out = r.on_agent(10_002 * MS, 2, join("h2", vec![(1, 1)], vec![(1, 0.5)]));
+    assert!(matches!(ups(&out)[0], AgentMsg::Join(_)));
+    let refused = CoordMsg::Refused {
+        reason: "host relay-a is drained".into(),
+    };
+    let out = r.on_upstream(10_003 * MS, refused.clone());
+    assert_eq!(closed(&out).len(), 2, "the rack fails static");
+    assert!(!r.connect_due(10_020 * MS));
+    assert!(r.connect_due(10_023 * MS));
+    r.on_upstream_connected(10_023 * MS);
+    r.on_agent(10_024 * MS, 3, join("h1", vec![(0, 1)], vec![(0, 0.5)]));
+    r.on_agent(10_024 * MS, 4, join("h2", vec![(1, 1)], vec![(1, 0.5)]));
+    r.on_upstream(10_025 * MS, refused);
+    assert!(
+        !r.connect_due(10_060 * MS),
+        "the second refusal waits longer"
+    );
+    assert!(r.connect_due(10_065 * MS));
+}
+
+#[test]
+fn joins_are_checked_and_a_live_duplicate_is_refused() {
+    let mut r = two_agent_relay();
+    let mut bad = join("h3", vec![(0, 1)], vec![(0, 0.5)]);
+    if let AgentMsg::Join(j) = &mut bad {
+        j.facility_digest = 8;
+    }
+    assert_eq!(closed(&r.on_agent(3 * MS, 3, bad)), vec![3]);
+    let out = r.on_agent(3 * MS, 4, join("h1", vec![(0, 1)], vec![(0, 0.5)]));
+    assert_eq!(closed(&out), vec![4], "h1 is alive on connection 1");
+    assert_eq!(
+        closed(&r.on_agent(3 * MS, 5, contrib(3, 1, vec![]))),
+        vec![5]
+    );
+    // Selection: answered for the rack with no swap, logged.
+    let out = r.on_upstream(
+        4 * MS,
+        CoordMsg::Select {
+            exchange: 2,
+            round: 1,
+            prices: vec![],
+            options: crate::selection::SelectionOptions::default().into(),
+        },
+    );
+    assert!(out
+        .iter()
+        .any(|a| matches!(a, RelayAction::Event(RelayEvent::Unsupported(_)))));
+    assert!(
+        matches!(&ups(&out)[0], AgentMsg::Proposal(p) if p.park.is_none() && p.activate.is_none())
+    );
+}
+
+proptest! {
+    /// Whatever the agents send, the coordinator gets exactly their per-facility sum.
+    #[test]
+    fn the_aggregate_is_the_sum_of_what_the_agents_sent(
+        contribs in prop::collection::vec(
+            prop::collection::btree_map(0u32..4, 0.0f64..1e3, 0..4), 1..8),
+    ) {
+        let mut r = Relay::new(cfg(contribs.len()));
+        r.on_upstream_connected(Duration::ZERO);
+        for (i, _) in contribs.iter().enumerate() {
+            let all: Vec<(u32, u32)> = (0..4).map(|f| (f, 1)).collect();
+            r.on_agent(MS, i as MemberId, join(&format!("h{i}"), all, vec![]));
+        }
+        r.on_upstream(MS, welcome(1, 0));
+        let d = (0..4).map(|f| term(f, 0.0)).collect();
+        r.on_upstream(MS, CoordMsg::Round { epoch: 1, iteration: 1, d });
+        let mut up = Vec::new();
+        for (i, c) in contribs.iter().enumerate() {
+            let e = c.iter().map(|(&f, &v)| (f, v)).collect();
+            up.extend(ups(&r.on_agent(MS, i as MemberId, contrib(1, 1, e))));
+        }
+        let mut want = [0.0f64; 4];
+        let mut present = [false; 4];
+        for c in &contribs {
+            for (&f, &v) in c {
+                want[f as usize] += v;
+                present[f as usize] = true;
+            }
+        }
+        let AgentMsg::Contribution(got) = &up[0] else { panic!("{up:?}") };
+        prop_assert_eq!(up.len(), 1);
+        let want: Vec<(u32, f64)> =
+            (0..4).filter(|&f| present[f as usize]).map(|f| (f, want[f as usize])).collect();
+        prop_assert_eq!(got.entries.len(), want.len());
+        for (g, w) in got.entries.iter().zip(&want) {
+            prop_assert_eq!(g.0, w.0);
+            prop_assert!((g.1 - w.1).abs() <= 1e-9 * w.1.max(1.0));
+        }
+    }
+}
+
+/// The pure machines wired coordinator → two relays → agents reproduce the in-process solver
+/// on fixed active sets, as the direct wiring does (`in_memory_cluster_matches_…`).
+#[test]
+fn a_cluster_behind_relays_matches_the_in_process_solver() {
+    let problem = generate(&GeneratorConfig {
+        k: 3,
+        seed: 5,
+        ..GeneratorConfig::new(6, 5)
+    });
+    let active = crate::protocol::fixed_active_sets(&problem);
+    let rho = default_rho(&problem);
+    let iters = 60;
+    let (_, reference) =
+        fixed_set_trace(&problem, active.clone(), Algorithm::Admm, rho, iters, 0.0);
+    let digest = facility_digest(&problem);
+    let mut coord = Coordinator::new(
+        CoordinatorConfig {
+            rho,
+            facility_digest: digest,
+            heartbeat_interval: 100 * MS,
+            member_timeout: 1000 * MS,
+            round_deadline: 50 * MS,
+            max_staleness: 0,
+            round_interval: Duration::ZERO,
+            min_members: 2,
+            max_iterations: Some(iters as u64),
+            selection: SelectionSchedule::fixed(),
+            shard: Shard::WHOLE,
+        },
+        problem.facilities.clone(),
+    );
+    // Hosts 0..3 behind relay 0, 3..6 behind relay 1.
+    let mut relays: Vec<Relay> = (0..2)
+        .map(|i| {
+            Relay::new(RelayConfig {
+                host: format!("relay-{i}"),
+                facility_digest: digest,
+                facilities: problem.facilities.len() as u32,
+                min_agents: 3,
+                ..cfg(3)
+            })
+        })
+        .collect();
+    let mut agents = crate::protocol::test_agents(&problem, &active);
+    let now = Duration::ZERO;
+    let relay_of = |h: usize| h / 3;
+    // Messages in flight: to the coordinator (from relay r), to relay r (from the coordinator
+    // or from host h), to host h.
+    enum Msg {
+        Coord(usize, AgentMsg),
+        RelayUp(usize, CoordMsg),
+        RelayDown(usize, MemberId, AgentMsg),
+        Agent(usize, CoordMsg),
+    }
+    let mut inbox: Vec<Msg> = Vec::new();
+    for r in relays.iter_mut() {
+        assert!(r.on_upstream_connected(now).is_empty());
+    }
+    for (h, a) in agents.iter_mut().enumerate() {
+        for act in a.on_connected(now, &problem) {
+            if let AgentAction::Send(m) = act {
+                inbox.push(Msg::RelayDown(relay_of(h), h as MemberId, m));
+            }
+        }
+    }
+    let route_relay = |r: usize, out: Vec<RelayAction>, inbox: &mut Vec<Msg>| {
+        for a in out {
+            match a {
+                RelayAction::Up(m) => inbox.push(Msg::Coord(r, m)),
+                RelayAction::Down(h, m) => inbox.push(Msg::Agent(h as usize, m)),
+                RelayAction::CloseDown(..) | RelayAction::CloseUp(_) => panic!("{a:?}"),
+                RelayAction::Event(_) => {}
+            }
+        }
+    };
+    while !inbox.is_empty() {
+        for msg in std::mem::take(&mut inbox) {
+            match msg {
+                Msg::Coord(r, m) => {
+                    for a in coord.on_message(now, r as MemberId, m) {
+                        if let Action::Send(to, m) = a {
+                            inbox.push(Msg::RelayUp(to as usize, m));
+                        }
+                    }
+                }
+                Msg::RelayUp(r, m) => {
+                    let out = relays[r].on_upstream(now, m);
+                    route_relay(r, out, &mut inbox);
+                }
+                Msg::RelayDown(r, h, m) => {
+                    let out = relays[r].on_agent(now, h, m);
+                    route_relay(r, out, &mut inbox);
+                }
+                Msg::Agent(h, m) => {
+                    for act in agents[h].on_message(now, &problem, m) {
+                        if let AgentAction::Send(m) = act {
+                            inbox.push(Msg::RelayDown(relay_of(h), h as MemberId, m));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(coord.iteration(), iters as u64);
+    assert_eq!(
+        coord.status().members.len(),
+        2,
+        "the coordinator sees the relays only"
+    );
+    for (a, r) in agents.iter().zip(&reference) {
+        assert_eq!(a.state().active, r.active);
+        for (x, y) in a.state().x.iter().zip(&r.x) {
+            assert!((x - y).abs() < 1e-9, "{x} vs {y}");
+        }
+    }
+}
