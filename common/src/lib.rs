@@ -6,6 +6,7 @@
 
 pub mod admm;
 pub mod app_identity;
+pub mod certificate;
 pub mod dasr;
 pub mod demand;
 pub mod dual;

@@ -3,6 +3,8 @@
 //! steps run over the network in drum-agent / drum-coordinator.
 
 use crate::admm::{accumulate, Contribution, CoordinatorState, HostState, Residuals};
+use crate::certificate::facility_bound;
+pub use crate::certificate::refine_bound;
 use crate::dual::{DualState, DualStep};
 use crate::lossy::{Loss, LossyChannel};
 use crate::max_min::weighted_max_min;
@@ -10,7 +12,7 @@ use crate::model::Problem;
 use crate::polish::polish;
 pub use crate::polish::PolishReport;
 use crate::rng::SplitMix64;
-use crate::selection::{evaluate_host, initial_active, relax_host, SelectionOptions};
+use crate::selection::{evaluate_host, initial_active, SelectionOptions};
 pub use crate::trace::{fixed_set_trace, iterations_to_accuracy, lossy_fixed_set_trace};
 use crate::xwi::{least_residuals, HostReport, XwiState};
 use rayon::prelude::*;
@@ -638,16 +640,6 @@ pub(crate) fn run_inner(
     false
 }
 
-/// The facilities' share of the weak-duality bound at the given prices.
-fn facility_bound(problem: &Problem, prices: &[f64]) -> f64 {
-    problem
-        .facilities
-        .iter()
-        .zip(prices)
-        .map(|(f, &p)| f.conjugate(p))
-        .sum()
-}
-
 /// Evaluates every host at current prices (one selection round's work); returns the
 /// weak-duality bound and the proposed swaps.
 pub fn evaluate(
@@ -704,172 +696,6 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Solution {
         active = initial_active(problem, &prices);
     }
     solve_from(problem, active, opts)
-}
-
-/// Tightens the weak-duality bound by projected subgradient steps on the Lagrangian relaxation,
-/// moving facility prices and host multipliers together from the given ones. The step is
-/// Polyak's, `θ·(UB − LB)/‖g‖²` with the feasible value `lower_bound` as the target, so it needs
-/// no scale; `θ` halves after 5 steps without improvement. Any prices and multipliers give a
-/// valid bound, so this only ever improves the certificate. Returns the least bound seen.
-pub fn refine_bound(
-    problem: &Problem,
-    hosts: &[HostState],
-    prices: &[f64],
-    lower_bound: f64,
-    iterations: usize,
-    prune: bool,
-) -> f64 {
-    let mut prices = prices.to_vec();
-    let mut mult: Vec<(f64, f64)> = hosts
-        .iter()
-        .map(|h| (h.multipliers.mu, h.multipliers.nu))
-        .collect();
-    let (mut best, mut theta, mut stale) = (f64::INFINITY, 2.0, 0);
-    let mut best_point = (prices.clone(), mult.clone());
-    for _ in 0..iterations {
-        let relaxed: Vec<_> = hosts
-            .par_iter()
-            .zip(&mult)
-            .map(|(h, &(mu, nu))| {
-                relax_host(problem, h.host, |f| prices[f as usize], mu, nu, prune)
-            })
-            .collect();
-        let mut usage = vec![0.0; problem.facilities.len()];
-        for r in &relaxed {
-            for &(f, v) in &r.usage {
-                usage[f as usize] += v;
-            }
-        }
-        let facility_part = facility_bound(problem, &prices);
-        let bound = facility_part + relaxed.iter().map(|r| r.bound).sum::<f64>();
-        if bound < best {
-            best = bound;
-            best_point = (prices.clone(), mult.clone());
-            stale = 0;
-        } else {
-            stale += 1;
-            if stale >= 3 {
-                theta *= 0.5;
-                stale = 0;
-            }
-        }
-        // Subgradient (the direction that raises the bound's violated constraints' prices),
-        // with components that would push a zero price or multiplier negative dropped.
-        let projected = |value: f64, g: f64| if value <= 0.0 && g < 0.0 { 0.0 } else { g };
-        let g_fac: Vec<f64> = problem
-            .facilities
-            .iter()
-            .zip(&usage)
-            .zip(&prices)
-            .map(|((spec, u), &p)| projected(p, u - spec.capacity))
-            .collect();
-        let g_host: Vec<(f64, f64)> = hosts
-            .iter()
-            .zip(&relaxed)
-            .zip(&mult)
-            .map(|((h, r), &(mu, nu))| {
-                let host = &problem.hosts[h.host];
-                (
-                    projected(mu, r.wqe - host.wqe_budget),
-                    projected(nu, r.poll - host.poll_budget),
-                )
-            })
-            .collect();
-        let norm2: f64 = g_fac.iter().map(|g| g * g).sum::<f64>()
-            + g_host.iter().map(|(a, b)| a * a + b * b).sum::<f64>();
-        if norm2 <= 0.0 || bound <= lower_bound {
-            break;
-        }
-        let t = theta * (bound - lower_bound) / norm2;
-        for (p, g) in prices.iter_mut().zip(&g_fac) {
-            *p = (*p + t * g).max(0.0);
-        }
-        for (m, g) in mult.iter_mut().zip(&g_host) {
-            m.0 = (m.0 + t * g.0).max(0.0);
-            m.1 = (m.1 + t * g.1).max(0.0);
-        }
-    }
-    if iterations == 0 {
-        return best;
-    }
-    // At the best prices, each host's multipliers separately to their least bound.
-    let (prices, mult) = best_point;
-    let hosts_part: f64 = hosts
-        .par_iter()
-        .zip(&mult)
-        .map(|(h, &m)| least_host_bound(problem, h.host, &prices, m, prune))
-        .sum();
-    best.min(facility_bound(problem, &prices) + hosts_part)
-}
-
-/// Bisection steps per multiplier in [`least_host_bound`].
-const MULTIPLIER_BISECTIONS: usize = 16;
-
-/// The least share of the bound of host `host` over its multipliers `(μ, ν) ≥ 0` at fixed
-/// prices, starting from `start`. At fixed prices the host's share `TopK⁺ L(μ, ν) + μQ + νC` is
-/// convex in `(μ, ν)` and separate from every other host's, with slopes `Q − Σx` and
-/// `C − Σa·x` of its relaxed choice, so each multiplier is bisected on its slope's sign, one
-/// after the other, twice. The subgradient steps move every price and multiplier by one
-/// step length, which suits neither the hosts' few multipliers nor the many prices at once.
-/// Every point evaluated gives a valid bound, so the least of them is returned.
-fn least_host_bound(
-    problem: &Problem,
-    host: usize,
-    prices: &[f64],
-    start: (f64, f64),
-    prune: bool,
-) -> f64 {
-    let h = &problem.hosts[host];
-    let relax = |mu: f64, nu: f64| relax_host(problem, host, |f| prices[f as usize], mu, nu, prune);
-    let (mut mu, mut nu) = start;
-    let mut least = relax(mu, nu).bound;
-    for _ in 0..2 {
-        for which in [0, 1] {
-            // Slope of the host's share along this multiplier at `v`, and the bound there.
-            let mut at = |v: f64| {
-                let r = if which == 0 {
-                    relax(v, nu)
-                } else {
-                    relax(mu, v)
-                };
-                least = least.min(r.bound);
-                if which == 0 {
-                    h.wqe_budget - r.wqe
-                } else {
-                    h.poll_budget - r.poll
-                }
-            };
-            let current = if which == 0 { mu } else { nu };
-            let v = if at(0.0) >= 0.0 {
-                0.0
-            } else {
-                // The relaxed choice uses less as the multiplier grows (pairs' rates fall, then
-                // they leave the top k), so the slope turns non-negative somewhere above.
-                let (mut lo, mut hi) = (0.0, current.max(1e-3));
-                let mut doublings = 0;
-                while at(hi) < 0.0 && doublings < 40 {
-                    lo = hi;
-                    hi *= 2.0;
-                    doublings += 1;
-                }
-                for _ in 0..MULTIPLIER_BISECTIONS {
-                    let mid = 0.5 * (lo + hi);
-                    if at(mid) < 0.0 {
-                        lo = mid;
-                    } else {
-                        hi = mid;
-                    }
-                }
-                hi
-            };
-            if which == 0 {
-                mu = v;
-            } else {
-                nu = v;
-            }
-        }
-    }
-    least
 }
 
 /// Solves starting from the given active sets.
