@@ -11,11 +11,12 @@ cargo fmt --all -- --check
 python3 scripts/shim-module-cycles.py --self-test
 python3 scripts/shim-module-cycles.py >/dev/null
 cargo clippy --workspace --all-targets --release -- -D warnings
-# One build of everything: the softrnic provider and the shim are cdylibs that the tests load
-# and `cargo test` alone does not build, and with `--all-targets` the build resolves features
-# as `cargo test` does (dev-dependencies included), so the test step compiles nothing again.
-# A plain `cargo build` here recompiled ~60 crates for the tests (6.7 min of a 28-min CI run).
-cargo build --workspace --release --all-targets
+# One build of everything the tests need: the softrnic provider and the shim are cdylibs that
+# the tests load and `cargo test` alone does not build, and building the test targets makes
+# the build resolve features as `cargo test` does (dev-dependencies included), so the test
+# step compiles nothing again. A plain `cargo build` here recompiled ~60 crates for the tests
+# (6.7 min of a 28-min CI run). Not `--all-targets`: the criterion benchmark is not a test.
+cargo build --workspace --release --lib --bins --tests --examples
 cargo test --workspace --release
 # Coverage-guided fuzzing of every decoder, 10 s per target (docs/fuzzing.md).
 bash scripts/fuzz.sh 10

@@ -1,5 +1,5 @@
 //! Dart's experiments (`dart-conv`, `dart-incast`) in the smoke profile, for real on emulated
-//! hosts, in the DCQCN baseline and with DASR through the agents: every run recorded and not
+//! hosts, in the DCQCN baseline and with DASR through the agents and through the NIC: every run recorded and not
 //! failed, every measure the report and the criteria read present and finite, the plots and
 //! the report written, `check` printing every criterion, and nothing left behind. No timing
 //! is asserted: the smoke profile's runs are too short to mean anything.
@@ -41,7 +41,7 @@ fn darts_experiments_run_in_the_smoke_profile_and_report_every_measure() {
                 "dart-conv",
                 "dart-incast",
                 "--modes",
-                "dcqcn,dasr-agent",
+                "dcqcn,dasr-agent,dasr-nic",
                 "--profile",
                 "smoke",
                 "--out",
@@ -73,7 +73,7 @@ fn darts_experiments_run_in_the_smoke_profile_and_report_every_measure() {
         ("dart-incast", "p99_fct_us"),
         ("dart-incast", "bg_mib_per_s"),
     ];
-    for mode in ["dcqcn", "dasr-agent"] {
+    for mode in ["dcqcn", "dasr-agent", "dasr-nic"] {
         for scenario in ["dart-conv", "dart-incast"] {
             let row = runs
                 .lines()
