@@ -10,15 +10,35 @@ cargo fmt --all -- --check
 # The shim's modules import each other without a cycle (issue 20); the check checks itself first.
 python3 scripts/shim-module-cycles.py --self-test
 python3 scripts/shim-module-cycles.py >/dev/null
-cargo clippy --workspace --all-targets --release -- -D warnings
+# The benchmark's feature, so that clippy sees the benchmark too.
+cargo clippy --workspace --all-targets --release --features drum-common/bench -- -D warnings
 # One build of everything the tests need: the softrnic provider and the shim are cdylibs that
 # the tests load and `cargo test` alone does not build, and building the test targets makes
 # the build resolve features as `cargo test` does (dev-dependencies included), so the test
 # step compiles nothing again. A plain `cargo build` here recompiled ~60 crates for the tests
-# (6.7 min of a 28-min CI run). Not `--all-targets`: the criterion benchmark is not a test.
+# (6.7 min of a 28-min CI run). Not `--all-targets`: the criterion benchmark is not a test
+# (and its feature is off, so criterion is not compiled).
 cargo build --workspace --release --lib --bins --tests --examples
-cargo test --workspace --release
+# The harness's two longest tests assert no timing (every run of the smoke profile and of
+# Dart's experiments recorded, every output well-formed), so they run beside the fuzzing,
+# which is as indifferent to load; every other test runs first, alone, because many measure
+# rates. Side by side saves their 2.3 minutes (README, "Tests").
+beside_fuzzing=(smoke_profile_runs_every_scenario darts_experiments_run_in_the_smoke_profile)
+cargo test --workspace --release -- --skip "${beside_fuzzing[0]}" --skip "${beside_fuzzing[1]}"
+log=$(mktemp)
+cargo test --workspace --release --test smoke --test dart -- "${beside_fuzzing[@]}" >"$log" 2>&1 &
+beside=$!
 # Coverage-guided fuzzing of every decoder, 10 s per target (docs/fuzzing.md).
-bash scripts/fuzz.sh 10
+fuzz_rc=0
+bash scripts/fuzz.sh 10 || fuzz_rc=$?
+beside_rc=0
+wait "$beside" || beside_rc=$?
+echo "--- the smoke and Dart tests, run beside the fuzzing:"
+cat "$log"
+rm -f "$log"
+if [ "$fuzz_rc" != 0 ] || [ "$beside_rc" != 0 ]; then
+    echo "test.sh: fuzzing exit $fuzz_rc, smoke and Dart tests exit $beside_rc" >&2
+    exit 1
+fi
 # The systemd units against the binaries just built (skips where systemd-analyze is missing).
 bash deploy/verify.sh
