@@ -212,6 +212,7 @@ pub fn admit(now: u64, bytes: u64, peer: Option<[u8; 16]>) -> Result<(), u64> {
     let mut caps = peer
         .filter(|_| CAPS_CONSULTED.load(Relaxed))
         .map(|_| CAPS.lock());
+    let mut changed = false;
     let cap = match (&mut caps, peer) {
         (Some(c), Some(g)) => {
             let changes = c.counts.changes;
@@ -219,6 +220,7 @@ pub fn admit(now: u64, bytes: u64, peer: Option<[u8; 16]>) -> Result<(), u64> {
             if c.counts.changes != changes {
                 CAP_IN_FORCE.store(c.any_in_force(), Relaxed);
                 CAPS_CHANGED.store(true, Relaxed);
+                changed = true;
             }
             d.and_then(|d| c.limiter(d))
         }
@@ -234,8 +236,9 @@ pub fn admit(now: u64, bytes: u64, peer: Option<[u8; 16]>) -> Result<(), u64> {
     }
     drop(caps);
     // The engine's lock is taken after the caps' is released (the fork handlers take them
-    // in the other order).
-    if CAPS_CHANGED.load(Relaxed) {
+    // in the other order). Only the post that changed a cap wakes it: the engine clears
+    // CAPS_CHANGED on its next pass, and posts until then need not take its lock.
+    if changed {
         crate::wake::wake();
     }
     if wait > 0 {

@@ -43,17 +43,13 @@ pub fn qp_kbps(
     if rate_bytes_per_s == 0 || sending == 0 || mtu == 0 {
         return None;
     }
-    let wire = WireCost {
-        mtu,
-        overhead_bytes: OVERHEAD_BOUND,
-        wqe_bytes: 0.0,
-    };
+    let wire = wire(mtu);
     if wire.packets(b) < 2.0 {
         return None;
     }
-    let kbps =
-        rate_bytes_per_s as f64 * wire.factor(Some(b)) * HEADROOM / sending as f64 * 8.0 / 1000.0;
-    Some(kbps.clamp(1.0, u32::MAX as f64) as u32)
+    Some(kbps(
+        rate_bytes_per_s as f64 * wire.factor(Some(b)) * HEADROOM / sending as f64,
+    ))
 }
 
 /// The rate, in kb/s, a QP capped at `cap_bytes_per_s` of payload towards its receiver (a
@@ -69,13 +65,22 @@ pub fn cap_kbps(cap_bytes_per_s: u64, bytes_per_wqe: Option<f64>, mtu: u32) -> O
     let b = bytes_per_wqe
         .filter(|b| b.is_finite() && *b >= 1.0)
         .unwrap_or(65536.0);
-    let wire = WireCost {
+    let wire = wire(mtu);
+    Some(kbps(cap_bytes_per_s as f64 * wire.factor(Some(b))))
+}
+
+/// The NIC's view of a payload rate: packets of `mtu` with [`OVERHEAD_BOUND`] bytes each.
+fn wire(mtu: u32) -> WireCost {
+    WireCost {
         mtu,
         overhead_bytes: OVERHEAD_BOUND,
         wqe_bytes: 0.0,
-    };
-    let kbps = cap_bytes_per_s as f64 * wire.factor(Some(b)) * 8.0 / 1000.0;
-    Some(kbps.clamp(1.0, u32::MAX as f64) as u32)
+    }
+}
+
+/// A wire rate in bytes/s as `IBV_QP_RATE_LIMIT`'s kb/s, never 0 (which means unlimited).
+fn kbps(wire_bytes_per_s: f64) -> u32 {
+    (wire_bytes_per_s * 8.0 / 1000.0).clamp(1.0, u32::MAX as f64) as u32
 }
 
 /// Whether a QP paced at `current` (what the shim last asked for) should be moved to

@@ -18,6 +18,7 @@
 //!   the networked iterates equal the in-process ones when nothing straggles.
 
 use super::reselect::Reselection;
+use super::wire;
 use super::wire::{
     AgentMsg, ContributionMsg, CoordMsg, Join, ProposalMsg, SelectedMsg, SelectionParams, Shard,
     UpdateMsg,
@@ -622,22 +623,15 @@ impl Coordinator {
                 j.facility_digest, self.cfg.facility_digest
             ));
         }
-        if j.host.is_empty() || j.host.len() > 256 {
-            return Err("host id must have 1 to 256 bytes".into());
-        }
+        j.check_shape(self.facilities.len() as u32)?;
         if self.drained.contains(&j.host) {
             return Err(format!("host {} is drained", j.host));
-        }
-        self.check_entries(&j.entries)?;
-        let nf = self.facilities.len() as u32;
-        Self::check_last_d(&j.last_d, nf)?;
-        if !j.interest.windows(2).all(|w| w[0] < w[1]) || j.interest.iter().any(|&f| f >= nf) {
-            return Err("interest must name known facilities in ascending order".into());
         }
         let foreign = j
             .interest
             .iter()
             .chain(j.last_d.iter().map(|e| &e.facility))
+            .chain(j.entries.iter().map(|e| &e.0))
             .find(|&&f| !self.owned[f as usize]);
         if let Some(f) = foreign {
             return Err(self.foreign(*f));
@@ -647,36 +641,21 @@ impl Coordinator {
 
     fn check_active(&self, pairs: &[(u32, u32)], floor: &[(u32, f64)]) -> Result<(), String> {
         let nf = self.facilities.len() as u32;
-        if !pairs.windows(2).all(|w| w[0].0 < w[1].0) || pairs.iter().any(|p| p.0 >= nf) {
+        if !wire::ascending(pairs, nf) {
             return Err("pair counts must name known facilities in ascending order".into());
         }
         if let Some(p) = pairs.iter().find(|p| !self.owned[p.0 as usize]) {
             return Err(self.foreign(p.0));
         }
-        if !floor.windows(2).all(|w| w[0].0 < w[1].0)
-            || floor
-                .iter()
-                .any(|e| e.0 >= nf || !e.1.is_finite() || e.1 < 0.0)
-        {
-            return Err(
-                "floor must name known facilities in ascending order with finite, non-negative values"
-                    .into(),
-            );
-        }
-        Ok(())
+        wire::check_usage("floor", floor, nf)
     }
 
     fn check_entries(&self, entries: &[(u32, f64)]) -> Result<(), String> {
-        let nf = self.facilities.len() as u32;
-        if !entries.windows(2).all(|w| w[0].0 < w[1].0) {
-            return Err("contribution entries must be in ascending facility order".into());
-        }
-        if let Some(e) = entries
-            .iter()
-            .find(|e| e.0 >= nf || !e.1.is_finite() || e.1 < 0.0)
-        {
-            return Err(format!("bad contribution entry {e:?}"));
-        }
+        wire::check_usage(
+            "contribution entries",
+            entries,
+            self.facilities.len() as u32,
+        )?;
         if let Some(e) = entries.iter().find(|e| !self.owned[e.0 as usize]) {
             return Err(self.foreign(e.0));
         }
@@ -891,19 +870,6 @@ impl Coordinator {
                 self.start_round(now, out);
             }
         }
-    }
-
-    fn check_last_d(last_d: &[FacilityTerm], nf: u32) -> Result<(), String> {
-        if last_d
-            .iter()
-            .any(|e| e.facility >= nf || !e.d.is_finite() || !(e.rho.is_finite() && e.rho > 0.0))
-        {
-            return Err(
-                "last_d must name known facilities with finite values and positive penalties"
-                    .into(),
-            );
-        }
-        Ok(())
     }
 
     /// After a coordinator restart: the price `ρ_f·d_f` from the freshest report per

@@ -28,7 +28,9 @@
 //!   error.
 
 use super::coordinator::MemberId;
-use super::wire::{AgentMsg, ContributionMsg, CoordMsg, Join, SelectedMsg, Shard, UpdateMsg};
+use super::wire::{
+    check_usage, AgentMsg, ContributionMsg, CoordMsg, Join, SelectedMsg, Shard, UpdateMsg,
+};
 use crate::admm::FacilityTerm;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
@@ -181,14 +183,6 @@ fn sum<T: Copy + std::ops::AddAssign + Default>(
         }
     }
     acc.into_iter().collect()
-}
-
-fn ascending<T>(v: &[(u32, T)], nf: u32) -> bool {
-    v.windows(2).all(|w| w[0].0 < w[1].0) && v.iter().all(|e| e.0 < nf)
-}
-
-fn usage_ok(v: &[(u32, f64)], nf: u32) -> bool {
-    ascending(v, nf) && v.iter().all(|e| e.1.is_finite() && e.1 >= 0.0)
 }
 
 impl Relay {
@@ -528,25 +522,7 @@ impl Relay {
                 j.facility_digest, self.cfg.facility_digest
             ));
         }
-        if !super::valid_name(&j.host) {
-            return Err("host id must be 1 to 64 letters, digits, '.', '_' or '-'".into());
-        }
-        if !usage_ok(&j.entries, nf) || !usage_ok(&j.floor, nf) || !ascending(&j.pairs, nf) {
-            return Err("pairs, entries and floor must name known facilities in ascending order with finite, non-negative values".into());
-        }
-        if !j.interest.windows(2).all(|w| w[0] < w[1]) || j.interest.iter().any(|&f| f >= nf) {
-            return Err("interest must name known facilities in ascending order".into());
-        }
-        if j.last_d
-            .iter()
-            .any(|t| t.facility >= nf || !t.d.is_finite() || !(t.rho.is_finite() && t.rho > 0.0))
-        {
-            return Err(
-                "last_d must name known facilities with finite values and positive penalties"
-                    .into(),
-            );
-        }
-        Ok(())
+        j.check_shape(nf)
     }
 
     fn refuse(&mut self, from: MemberId, reason: String, out: &mut Vec<RelayAction>) {
@@ -707,8 +683,8 @@ impl Relay {
         c: ContributionMsg,
         out: &mut Vec<RelayAction>,
     ) {
-        if !usage_ok(&c.entries, self.cfg.facilities) {
-            self.violation(from, "bad contribution entries".into(), out);
+        if let Err(e) = check_usage("contribution entries", &c.entries, self.cfg.facilities) {
+            self.violation(from, e, out);
             return;
         }
         if (c.epoch, c.iteration) > self.sent {

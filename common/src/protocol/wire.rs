@@ -221,6 +221,56 @@ pub struct Join {
     pub exchanges: u32,
 }
 
+impl Join {
+    /// The checks that need nothing but the message and the number of facilities, shared by
+    /// the coordinator and the relay (each adds its own: digest, drained hosts, shards). The
+    /// host id follows [`super::valid_name`], the rule `drain-host` takes, so every member
+    /// can be drained.
+    pub fn check_shape(&self, facilities: u32) -> Result<(), String> {
+        let nf = facilities;
+        if !super::valid_name(&self.host) {
+            return Err("host id must be 1 to 64 letters, digits, '.', '_' or '-'".into());
+        }
+        check_usage("contribution entries", &self.entries, nf)?;
+        check_usage("floor", &self.floor, nf)?;
+        if !ascending(&self.pairs, nf) {
+            return Err("pair counts must name known facilities in ascending order".into());
+        }
+        if !self.interest.windows(2).all(|w| w[0] < w[1]) || self.interest.iter().any(|&f| f >= nf)
+        {
+            return Err("interest must name known facilities in ascending order".into());
+        }
+        check_last_d(&self.last_d, nf)
+    }
+}
+
+/// Facility-keyed entries: known facilities, strictly ascending.
+pub fn ascending<T>(v: &[(u32, T)], facilities: u32) -> bool {
+    v.windows(2).all(|w| w[0].0 < w[1].0) && v.iter().all(|e| e.0 < facilities)
+}
+
+/// Per-facility usage (`Σ b·x`): ascending known facilities with finite, non-negative values.
+pub fn check_usage(what: &str, v: &[(u32, f64)], facilities: u32) -> Result<(), String> {
+    if !ascending(v, facilities) || v.iter().any(|e| !(e.1.is_finite() && e.1 >= 0.0)) {
+        return Err(format!(
+            "{what} must name known facilities in ascending order with finite, non-negative values"
+        ));
+    }
+    Ok(())
+}
+
+/// The facility terms an agent reports back: known facilities, finite `d`, positive `ρ`.
+pub fn check_last_d(last_d: &[FacilityTerm], facilities: u32) -> Result<(), String> {
+    if last_d.iter().any(|e| {
+        e.facility >= facilities || !e.d.is_finite() || !(e.rho.is_finite() && e.rho > 0.0)
+    }) {
+        return Err(
+            "last_d must name known facilities with finite values and positive penalties".into(),
+        );
+    }
+    Ok(())
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ContributionMsg {
     pub epoch: u64,
@@ -410,6 +460,34 @@ mod tests {
             floor: vec![(0, 0.002), (3, 0.001)],
             exchanges: 3,
         })
+    }
+
+    /// One rule for the coordinator and the relay: what one refuses the other refuses.
+    #[test]
+    fn a_joins_shape_is_checked_field_by_field() {
+        let AgentMsg::Join(good) = join() else {
+            unreachable!()
+        };
+        assert_eq!(good.check_shape(4), Ok(()));
+        let refused = |change: &dyn Fn(&mut Join), says: &str| {
+            let mut j = good.clone();
+            change(&mut j);
+            let e = j.check_shape(4).unwrap_err();
+            assert!(e.contains(says), "{e}");
+        };
+        refused(&|j| j.host = String::new(), "host id");
+        refused(&|j| j.host = "h".repeat(65), "host id");
+        refused(&|j| j.host = "h 1".into(), "host id");
+        refused(
+            &|j| j.entries = vec![(3, 0.5), (0, 0.5)],
+            "contribution entries",
+        );
+        refused(&|j| j.entries = vec![(0, f64::NAN)], "contribution entries");
+        refused(&|j| j.floor = vec![(4, 0.0)], "floor");
+        refused(&|j| j.pairs = vec![(3, 1), (3, 1)], "pair counts");
+        refused(&|j| j.interest = vec![0, 4], "interest");
+        refused(&|j| j.last_d[0].rho = 0.0, "last_d");
+        assert!(good.check_shape(3).is_err(), "facility 3 of 3");
     }
 
     #[test]

@@ -7,23 +7,9 @@
 //! Needs root, the workspace built (`cargo build --workspace --release`) and perftest; skips
 //! with a message without them.
 
-use drum_test_support::{privileged, run_timeout, text};
-use std::path::PathBuf;
+use drum_test_support::{privileged, run_timeout, text, workspace_bin, Scratch};
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-fn bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().join("drum-testbed")
-}
-
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 #[test]
 fn darts_experiments_run_in_the_smoke_profile_and_report_every_measure() {
@@ -31,11 +17,11 @@ fn darts_experiments_run_in_the_smoke_profile_and_report_every_measure() {
         eprintln!("SKIPPED: {why}");
         return;
     }
-    let scratch = Scratch(std::env::temp_dir().join(format!("drum-dart-{}", std::process::id())));
+    let scratch = Scratch::new("drum-dart");
     let out_dir = scratch.0.join("out");
     let t = Instant::now();
     let out = run_timeout(
-        Command::new(bin())
+        Command::new(workspace_bin("drum-testbed"))
             .args([
                 "run",
                 "dart-conv",
@@ -89,7 +75,9 @@ fn darts_experiments_run_in_the_smoke_profile_and_report_every_measure() {
         }
     }
     let check = run_timeout(
-        Command::new(bin()).arg("check").arg(&out_dir),
+        Command::new(workspace_bin("drum-testbed"))
+            .arg("check")
+            .arg(&out_dir),
         Duration::from_secs(60),
     );
     let verdicts = String::from_utf8_lossy(&check.stdout);

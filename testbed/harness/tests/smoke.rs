@@ -7,29 +7,18 @@
 //! --release`), perftest, and Debian's chromium for the rendering; skips with a message
 //! without them.
 
-use drum_test_support::{have, privileged, run_timeout, text};
-use std::path::{Path, PathBuf};
+use drum_test_support::{have, privileged, run_timeout, text, workspace_bin, Scratch};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
-
-fn bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().join("drum-testbed")
-}
-
-/// A scratch directory removed when dropped.
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// The scenarios `run all` runs in its default modes (RAW, SHARE, DRUM): Dart's have other
 /// modes and their own test (`tests/dart.rs`).
 fn scenario_names() -> Vec<String> {
-    let out = run_timeout(Command::new(bin()).arg("list"), Duration::from_secs(10));
+    let out = run_timeout(
+        Command::new(workspace_bin("drum-testbed")).arg("list"),
+        Duration::from_secs(10),
+    );
     assert!(out.status.success(), "{}", text(&out));
     String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -73,10 +62,10 @@ fn smoke_profile_runs_every_scenario_and_writes_a_report_chromium_renders() {
         eprintln!("SKIPPED: {why}");
         return;
     }
-    let scratch = Scratch(std::env::temp_dir().join(format!("drum-smoke-{}", std::process::id())));
+    let scratch = Scratch::new("drum-smoke");
     let out_dir = scratch.0.join("out");
     let out = run_timeout(
-        Command::new(bin())
+        Command::new(workspace_bin("drum-testbed"))
             .args(["run", "all", "--profile", "smoke", "--out"])
             .arg(&out_dir),
         Duration::from_secs(600),
@@ -102,19 +91,23 @@ fn smoke_profile_runs_every_scenario_and_writes_a_report_chromium_renders() {
     }
     // The report can be rebuilt from the raw runs alone, and `check` judges it.
     let again = run_timeout(
-        Command::new(bin()).arg("report").arg(&out_dir),
+        Command::new(workspace_bin("drum-testbed"))
+            .arg("report")
+            .arg(&out_dir),
         Duration::from_secs(60),
     );
     assert!(again.status.success(), "{}", text(&again));
     let check = run_timeout(
-        Command::new(bin()).arg("check").arg(&out_dir),
+        Command::new(workspace_bin("drum-testbed"))
+            .arg("check")
+            .arg(&out_dir),
         Duration::from_secs(60),
     );
     let verdicts = String::from_utf8_lossy(&check.stdout);
     assert!(verdicts.lines().count() >= names.len(), "{}", text(&check));
     // A second run with the same --out resumes: everything is already there.
     let resumed = run_timeout(
-        Command::new(bin())
+        Command::new(workspace_bin("drum-testbed"))
             .args(["run", "all", "--profile", "smoke", "--out"])
             .arg(&out_dir),
         Duration::from_secs(120),

@@ -14,6 +14,32 @@ pub fn have(tool: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// A binary of the workspace's build: integration tests run from `target/*/deps`, the
+/// binaries sit one directory up.
+pub fn workspace_bin(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("the test's own path");
+    exe.parent()
+        .and_then(|deps| deps.parent())
+        .expect("a test binary sits in target/PROFILE/deps")
+        .join(name)
+}
+
+/// A directory under the system's temporary directory, named after `prefix` and this process,
+/// removed with its contents when dropped.
+pub struct Scratch(pub std::path::PathBuf);
+
+impl Scratch {
+    pub fn new(prefix: &str) -> Scratch {
+        Scratch(std::env::temp_dir().join(format!("{prefix}-{}", std::process::id())))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Can softrnic run here: root, mount and network namespaces, and `tools` installed?
 /// `Err` says why not.
 pub fn privileged(tools: &[&str]) -> Result<(), String> {
@@ -39,7 +65,6 @@ pub fn privileged(tools: &[&str]) -> Result<(), String> {
     Ok(())
 }
 
-/// Status, stdout and stderr, for assertion messages.
 /// Files that unmodified programs create at fixed paths (`ibv_xsrq_pingpong`'s and perftest's
 /// XRC domain files in /tmp): those that did not exist when the guard was made are removed
 /// when it is dropped, so a test leaves nothing behind and never deletes a file it found.
@@ -72,6 +97,7 @@ pub const XRC_DOMAIN_FILES: [&str; 3] = [
     "/tmp/xrc_domain_client",
 ];
 
+/// Status, stdout and stderr, for assertion messages.
 pub fn text(o: &Output) -> String {
     format!(
         "status {:?}\nstdout:\n{}\nstderr:\n{}",

@@ -142,7 +142,7 @@ impl Coordinator {
         let checked = self
             .check_active(&u.pairs, &u.floor)
             .and_then(|()| self.check_entries(&u.entries))
-            .and_then(|()| Self::check_last_d(&u.last_d, nf))
+            .and_then(|()| crate::protocol::wire::check_last_d(&u.last_d, nf))
             .and_then(|()| {
                 if u.interest.windows(2).all(|w| w[0] < w[1]) && u.interest.iter().all(|&f| f < nf)
                 {

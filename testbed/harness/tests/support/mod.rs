@@ -8,11 +8,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-/// A binary of the workspace's build, next to the test's own.
-pub fn bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().join(name)
-}
+pub use drum_test_support::workspace_bin as bin;
 
 pub struct Cluster {
     pub dir: PathBuf,
