@@ -13,6 +13,7 @@ use drum_test_support::{
     privileged, read_written, run_timeout, spawn, text, wait_listening, wait_timeout,
 };
 use serde_json::Value;
+use std::io::Read;
 use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant, SystemTime};
@@ -38,7 +39,13 @@ impl Cluster {
         port: &str,
         secs: &str,
     ) -> (Child, Child) {
-        let args = [program, "-x", "0", "-s", "65536", "-D", secs, "-p", port];
+        // `-u 18`: 1.07 s per transport retry instead of 67 ms. The emulated NICs' ACKs come
+        // from user-space engines that a loaded 2-core machine starved past perftest's eight
+        // 67 ms tries (RETRY_EXC_ERR in 2 of 7 runs on 2026-11-28, with the previous day's
+        // code too); this test is about the control plane, not the transport.
+        let args = [
+            program, "-x", "0", "-s", "65536", "-D", secs, "-p", port, "-u", "18",
+        ];
         let mut s = self.cmd();
         s.args([
             "exec",
@@ -121,6 +128,21 @@ fn granted(s: &Value, app: &str) -> bool {
 
 fn alive(c: &mut Child) -> bool {
     c.try_wait().unwrap().is_none()
+}
+
+/// Panics with the program's exit status and output unless it still runs.
+fn assert_alive(c: &mut Child, what: &str) {
+    let Some(status) = c.try_wait().unwrap() else {
+        return;
+    };
+    let mut out = String::new();
+    if let Some(mut o) = c.stdout.take() {
+        let _ = o.read_to_string(&mut out);
+    }
+    if let Some(mut e) = c.stderr.take() {
+        let _ = e.read_to_string(&mut out);
+    }
+    panic!("{what}: {status}\n{out}");
 }
 
 /// The index of facility `id` in the coordinator's table (the apps' `uses` refer to it).
@@ -260,12 +282,12 @@ fn a_cluster_learns_its_apps_binds_receive_links_and_survives_its_daemons() {
         assert!(t.elapsed() < Duration::from_secs(10), "h3: {}", h3_table());
         std::thread::sleep(Duration::from_millis(100));
     }
-    // Kept (the iterates before the cut still moved in their last digits), then held.
+    // Kept (the iterates before the cut still moved: by 0.2 % on a loaded machine), then held.
     let held = writer_b(&h3_table()).expect("writer-b in h3's table");
-    assert!((held - before).abs() < 1e-3, "{before} -> {held}");
+    assert!((held - before).abs() < 0.01 * before, "{before} -> {held}");
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(writer_b(&h3_table()), Some(held), "{}", h3_table());
-    assert!(alive(&mut cb), "writer-b died while its host was cut off");
+    assert_alive(&mut cb, "writer-b died while its host was cut off");
     c.ok(&["partition", "h3", "heal"]);
     wait_for(&c, Duration::from_secs(40), "h3 back after the heal", |s| {
         s["members"].as_array().unwrap().len() == 3 && granted(s, "writer-b")
