@@ -60,6 +60,7 @@ impl Caps {
         let Some(s) = self.peers.read(gid, now) else {
             return (
                 Route {
+                    gid,
                     generation: self.generation,
                     ..Route::default()
                 },
@@ -78,6 +79,7 @@ impl Caps {
             let _ = tat.fetch_update(Relaxed, Relaxed, |t| Some(c.tat(t)));
         }
         let route = Route {
+            gid,
             generation: self.generation,
             gcra: s.gcra,
             tat: Some(tat),
@@ -91,6 +93,8 @@ impl Caps {
 /// What a QP keeps of its destination's cap (in its governance state, under its lock).
 #[derive(Default)]
 pub struct Route {
+    /// The destination it leads to (a QP taken back to RESET may connect elsewhere).
+    gid: [u8; 16],
     /// The [`Caps::generation`] it was settled in (0: never).
     generation: u64,
     gcra: Option<Gcra>,
@@ -101,12 +105,12 @@ pub struct Route {
 }
 
 impl Route {
-    /// Whether the route still holds at `now` with the caps at `generation`: nothing was
-    /// replaced, the destination's slot in the NIC's table shows the stamp applied (a slot
+    /// Whether the route to `gid` still holds at `now` with the caps at `generation`: it
+    /// leads there, nothing was replaced, the destination's slot in the NIC's table shows the stamp applied (a slot
     /// in the middle of an update keeps what it said), and an unlisted destination is not
     /// due to be looked for again.
-    pub fn holds(&self, generation: u64, now: u64) -> bool {
-        if self.generation != generation {
+    pub fn holds(&self, gid: [u8; 16], generation: u64, now: u64) -> bool {
+        if self.generation != generation || self.gid != gid {
             return false;
         }
         match (self.nic, &self.table) {
@@ -191,7 +195,7 @@ mod tests {
         let (b, changed) = c.route(gid(d), 0);
         assert!(!changed, "the second QP finds the stamp applied");
         let g = c.generation;
-        assert!(a.holds(g, 1) && b.holds(g, 1));
+        assert!(a.holds(gid(d), g, 1) && b.holds(gid(d), g, 1));
         let half = 1e12 / (share(R, 2).unwrap() as f64);
         assert_eq!(interval(&a), Some(half.round() as u64));
         // One TAT for the destination: what one QP takes, the other owes.
@@ -200,15 +204,15 @@ mod tests {
         assert!(b.cap().unwrap().take(0, 1).is_err());
         // The same stamp published again (another ACK of the epoch) leaves the route alone.
         w.publish(d.into(), 2, 1, 9);
-        assert!(a.holds(g, 2));
+        assert!(a.holds(gid(d), g, 2));
         w.publish(d.into(), 4, 2, 9);
-        assert!(!a.holds(g, 2), "a new stamp");
+        assert!(!a.holds(gid(d), g, 2), "a new stamp");
         let (a, changed) = c.route(gid(d), 2);
-        assert!(changed && a.holds(g, 3));
+        assert!(changed && a.holds(gid(d), g, 3));
         assert_eq!(interval(&a), Some(2 * half.round() as u64));
         // The table replaced (a new engine): every route is settled again.
         c.set_nic(Some(Reader::open(&dir.join("auss")).unwrap()));
-        assert!(!a.holds(c.generation, 3));
+        assert!(!a.holds(gid(d), c.generation, 3));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -222,17 +226,21 @@ mod tests {
         let d = gid([10, 0, 0, 2]);
         let mut c = Caps::new();
         let (r, _) = c.route(d, 0);
-        assert!(r.cap().is_none() && r.holds(c.generation, u64::MAX));
+        assert!(r.cap().is_none() && r.holds(d, c.generation, u64::MAX));
+        assert!(
+            !r.holds(gid([10, 0, 0, 3]), c.generation, 0),
+            "another destination"
+        );
         c.set_agent(&[(d, R)]);
-        assert!(!r.holds(c.generation, 0));
+        assert!(!r.holds(d, c.generation, 0));
         c.set_nic(Some(Reader::open(&dir.join("auss")).unwrap()));
         let (r, _) = c.route(d, 7);
         assert!(
             r.cap().is_some(),
             "the agent's cap while the NIC does not list it"
         );
-        assert!(r.holds(c.generation, 6 + LOOK_AGAIN_PS));
-        assert!(!r.holds(c.generation, 7 + LOOK_AGAIN_PS));
+        assert!(r.holds(d, c.generation, 6 + LOOK_AGAIN_PS));
+        assert!(!r.holds(d, c.generation, 7 + LOOK_AGAIN_PS));
         // Its TAT survives the agent's caps being replaced, and goes with its last cap.
         c.set_agent(&[(d, R / 2)]);
         let (again, _) = c.route(d, 8);

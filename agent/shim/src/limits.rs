@@ -219,7 +219,7 @@ pub fn admit(now: u64, bytes: u64, dest: Option<([u8; 16], &mut Route)>) -> Resu
     let route = dest
         .filter(|_| CAPS_CONSULTED.load(Relaxed))
         .map(|(gid, route)| {
-            if !route.holds(CAPS_GENERATION.load(Acquire), now) {
+            if !route.holds(gid, CAPS_GENERATION.load(Acquire), now) {
                 let mut c = CAPS.lock();
                 let (fresh, ch) = c.route(gid, now);
                 if ch {
