@@ -44,9 +44,8 @@ fn serve(st: &ContextState, q: &QpRecord, qpn: u32) -> Option<u64> {
     let gate_open = g.queue.is_empty() || gate_allows(id, now_ps() / 1000);
     loop {
         let now = now_ps();
-        let peer = g.peer;
         let qp = g.qp as *mut IbvQp;
-        let Some(head) = g.queue.front_mut() else {
+        let Some(bytes) = g.queue.front().map(|h| h.bytes) else {
             break;
         };
         if qp.is_null() {
@@ -55,10 +54,11 @@ fn serve(st: &ContextState, q: &QpRecord, qpn: u32) -> Option<u64> {
         if !gate_open {
             break;
         }
-        if let Err(w) = admit(now, head.bytes, peer) {
+        if let Err(w) = admit(now, bytes, g.dest()) {
             wait = Some(w);
             break;
         }
+        let head = g.queue.front_mut().expect("head exists");
         let mut bad = ptr::null_mut();
         // SAFETY: the QP is alive (destroying it takes this lock and clears `qp`), and the
         // WR is our own copy.

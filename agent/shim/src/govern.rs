@@ -151,7 +151,7 @@ pub unsafe fn post(
         let r = unsafe { &*w };
         let bytes = sge_sum(r);
         any_long |= long > 0 && bytes >= long;
-        let go = !may_queue || (open && admit(now, bytes, g.peer).is_ok());
+        let go = !may_queue || (open && admit(now, bytes, g.dest()).is_ok());
         if !go {
             break;
         }

@@ -32,10 +32,11 @@
 //!   and the agent's events;
 //! * state: `context` (the contexts' slots, the cold lock, totals), `qp` (each QP's record),
 //!   `counters`, `stats`, `wr_batch`, `wake` (the engine thread's handle);
-//! * limits and leaves: `limits` (the grant's limits, admission against them), the pure
-//!   `gate`, `inflight`, `pacer`, `nic_pace`, and `sendq`, `link`, `ffi`, `real`,
-//!   `trouble`, `spin`.
+//! * limits and leaves: `limits` (the grant's limits, admission against them), `cap_route`
+//!   (each QP's way to its peer's cap without the caps' lock), the pure `peer_caps`, `gate`,
+//!   `inflight`, `pacer`, `nic_pace`, and `sendq`, `link`, `ffi`, `real`, `trouble`, `spin`.
 
+mod cap_route;
 mod context;
 pub mod counters;
 mod cq_ex;

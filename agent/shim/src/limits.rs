@@ -1,16 +1,17 @@
 //! The limits of the app's grant as the data path reads them (lock-free atomics), and the
 //! admission decisions made against them: the byte, WQE and completion limiters (GCRA, their
 //! theoretical arrival times), the per-receiver caps (DASR, from the agent or the NIC:
-//! [`crate::peer_caps`]) and the shim's clock. No queues,
+//! [`crate::peer_caps`], reached through each QP's [`Route`]) and the shim's clock. No queues,
 //! no QPs, no threads: `govern` decides with these what goes to the NIC now.
 
+use crate::cap_route::{Caps, Route};
 use crate::pacer::Gcra;
-use crate::peer_caps::{NicCapCounts, PeerCaps};
+use crate::peer_caps::NicCapCounts;
 use crate::spin::SpinLock;
 use drum_table::layout::Grant;
 use std::sync::atomic::{
     AtomicBool, AtomicU64,
-    Ordering::{Relaxed, Release},
+    Ordering::{Acquire, Relaxed, Release},
 };
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -70,8 +71,11 @@ pub fn empty_poll_pause(now: u64) -> Duration {
     Duration::from_nanos(ps / 1000).clamp(MIN_PAUSE, MAX_PAUSE)
 }
 
-/// Per-receiver caps (DASR), from the agent's table or the NIC's ([`PeerCaps`]).
-pub static CAPS: SpinLock<PeerCaps> = SpinLock::new(PeerCaps::new());
+/// Per-receiver caps (DASR), from the agent's table or the NIC's ([`Caps`]). A post takes
+/// this lock only to settle its QP's [`Route`] again.
+pub static CAPS: SpinLock<Caps> = SpinLock::new(Caps::new());
+/// [`Caps::generation`], for the routes to compare without the lock.
+static CAPS_GENERATION: AtomicU64 = AtomicU64::new(1);
 /// Admissions must consult [`CAPS`]: the agent gave caps, or the NIC's table is read.
 pub static CAPS_CONSULTED: AtomicBool = AtomicBool::new(false);
 /// Some destination is capped now (then posts go one by one, as under any rate limit).
@@ -175,31 +179,33 @@ pub fn set_nic_table(table: Option<drum_table::nic_auss::Reader>) {
 pub fn cap_rate_of(peer: [u8; 16]) -> Option<u64> {
     CAP_IN_FORCE
         .load(Relaxed)
-        .then(|| CAPS.lock().rate_of(peer))
+        .then(|| CAPS.lock().peers.rate_of(peer))
         .flatten()
 }
 
 /// The inode of the NIC's AUSS table read now.
 pub fn nic_table_inode() -> Option<u64> {
-    CAPS.lock().nic_inode()
+    CAPS.lock().peers.nic_inode()
 }
 
 /// The NIC caps' counters (for the summary).
 pub fn nic_cap_counts() -> NicCapCounts {
-    CAPS.lock().counts
+    CAPS.lock().peers.counts
 }
 
-fn publish_caps(c: &PeerCaps) {
-    CAP_IN_FORCE.store(c.any_in_force(), Relaxed);
-    CAPS_CONSULTED.store(c.consulted(), Relaxed);
-    if c.consulted() {
+fn publish_caps(c: &Caps) {
+    CAPS_GENERATION.store(c.generation, Release);
+    CAP_IN_FORCE.store(c.peers.any_in_force(), Relaxed);
+    CAPS_CONSULTED.store(c.peers.consulted(), Relaxed);
+    if c.peers.consulted() {
         LIMITS.active.store(true, Release);
     }
 }
 
-/// May `bytes` more go now? Consumes from every limiter if so; otherwise returns how long
-/// to wait (ps) and consumes nothing.
-pub fn admit(now: u64, bytes: u64, peer: Option<[u8; 16]>) -> Result<(), u64> {
+/// May `bytes` more go now, towards `dest` (its GID and the QP's route to its cap)?
+/// Consumes from every limiter if so; otherwise returns how long to wait (ps) and consumes
+/// nothing.
+pub fn admit(now: u64, bytes: u64, dest: Option<([u8; 16], &mut Route)>) -> Result<(), u64> {
     let byte = limiter(&LIMITS.byte);
     let wqe = limiter(&LIMITS.wqe);
     let mut wait = 0;
@@ -209,32 +215,31 @@ pub fn admit(now: u64, bytes: u64, peer: Option<[u8; 16]>) -> Result<(), u64> {
     if let Some(w) = wqe {
         wait = wait.max(w.wait(WQE_TAT.load(Relaxed), now));
     }
-    let mut caps = peer
-        .filter(|_| CAPS_CONSULTED.load(Relaxed))
-        .map(|_| CAPS.lock());
     let mut changed = false;
-    let cap = match (&mut caps, peer) {
-        (Some(c), Some(g)) => {
-            let changes = c.counts.changes;
-            let d = c.read(g, now);
-            if c.counts.changes != changes {
-                CAP_IN_FORCE.store(c.any_in_force(), Relaxed);
-                CAPS_CHANGED.store(true, Relaxed);
-                changed = true;
+    let route = dest
+        .filter(|_| CAPS_CONSULTED.load(Relaxed))
+        .map(|(gid, route)| {
+            if !route.holds(gid, CAPS_GENERATION.load(Acquire), now) {
+                let mut c = CAPS.lock();
+                let (fresh, ch) = c.route(gid, now);
+                if ch {
+                    CAP_IN_FORCE.store(c.peers.any_in_force(), Relaxed);
+                    CAPS_CHANGED.store(true, Relaxed);
+                }
+                drop(c);
+                changed = ch;
+                *route = fresh;
             }
-            d.and_then(|d| c.limiter(d))
-        }
-        _ => None,
-    };
-    if let Some((g, tat)) = &cap {
-        wait = wait.max(g.wait(**tat, now));
-    }
-    if wait == 0 {
-        if let Some((g, tat)) = cap {
-            *tat = g.advance(*tat, now, bytes);
+            route
+        });
+    if let Some(cap) = route.as_ref().and_then(|r| r.cap()) {
+        wait = wait.max(cap.wait(now));
+        if wait == 0 {
+            if let Err(w) = cap.take(now, bytes) {
+                wait = w;
+            }
         }
     }
-    drop(caps);
     // The engine's lock is taken after the caps' is released (the fork handlers take them
     // in the other order). Only the post that changed a cap wakes it: the engine clears
     // CAPS_CHANGED on its next pass, and posts until then need not take its lock.

@@ -1,7 +1,8 @@
 //! The per-receiver caps (DASR, docs/dasr.md) and where each comes from. A destination whose
 //! NIC stamps its active unique senders into ACKs (softrnic with `--auss-expiry-ms`) is capped
-//! at `R/N` from the NIC's table (`drum_table::nic_auss`), read again on every admission, so a
-//! new `N` is in force at the next post after its ACK arrived — no agent round trip. Any other
+//! at `R/N` from the NIC's table (`drum_table::nic_auss`), whose slot for it every admission
+//! reads (`cap_route`, without a lock; here when it changed), so a new `N` is in force at the
+//! next post after its ACK arrived — no agent round trip. Any other
 //! destination keeps the cap the agents' UDP channel put in the agent's table. The NIC's word
 //! wins where it has one: it is newer by the agents' round trip, and it is the same count.
 //! docs/shim.md, "Caps from the NIC".
@@ -12,6 +13,7 @@
 use crate::pacer::Gcra;
 use drum_table::nic_auss::Reader;
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 
 /// How long a destination the NIC's table does not list is not looked for again: it gets its
 /// slot with its first stamped ACK, so this bounds the time its cap comes late, and the cost
@@ -25,9 +27,10 @@ pub const LOOK_AGAIN_PS: u64 = 50_000_000;
 /// run a message ahead of it so that the NIC's send queue is never empty between messages.
 pub const NIC_CAP_BURST: u64 = 2 * 64 * 1024;
 
-/// What the NIC's table says of one destination.
+/// What the NIC's table said of a destination when its cap was last settled: what a QP that
+/// keeps the cap (`cap_route::Route`) watches to know that it must be settled again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum FromNic {
+pub enum FromNic {
     /// Not listed (no stamped ACK from it yet): look again from this instant (ps).
     Unlisted { look_at: u64 },
     /// Listed in `slot`; the stamp (incarnation, epoch) last applied and its `N`.
@@ -38,30 +41,41 @@ enum FromNic {
     },
 }
 
-/// A destination found by [`PeerCaps::read`], valid until the caps are next replaced.
-#[derive(Clone, Copy, Debug)]
-pub struct Dest(usize);
+/// A destination's cap as [`PeerCaps::read`] settled it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settled {
+    /// The limiter in force (None: not capped).
+    pub gcra: Option<Gcra>,
+    /// What the NIC's table said of it; None while no table is read.
+    pub nic: Option<FromNic>,
+    /// The limiter changed at this read: what becomes of the destination's TAT.
+    pub carry: Option<Carry>,
+}
+
+/// A change of limiter at `at` (ps), which carries the debt over: what was sent at the old
+/// rate is owed at the new one, so a cut takes effect at once and a raise does not forgive
+/// what was sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Carry {
+    from: Option<Gcra>,
+    to: Gcra,
+    at: u64,
+}
+
+impl Carry {
+    /// The destination's TAT under the new limiter, from its TAT under the old.
+    pub fn tat(&self, tat: u64) -> u64 {
+        self.to.carry_over(self.from, tat, self.at)
+    }
+}
 
 struct Peer {
     gid: [u8; 16],
     /// The agent's cap (bytes/s), if it gave one.
     agent: Option<u64>,
     nic: FromNic,
-    /// The limiter in force and its theoretical arrival time (ps).
+    /// The limiter in force.
     gcra: Option<Gcra>,
-    tat: u64,
-}
-
-impl Peer {
-    fn new(gid: [u8; 16]) -> Peer {
-        Peer {
-            gid,
-            agent: None,
-            nic: FromNic::Unlisted { look_at: 0 },
-            gcra: None,
-            tat: 0,
-        }
-    }
 }
 
 /// Counters of the NIC's caps, for the summary.
@@ -75,10 +89,11 @@ pub struct NicCapCounts {
     pub changes: u64,
 }
 
-/// Every destination's cap, and the NIC's table when the device has one.
+/// Every destination's cap, and the NIC's table when the device has one. The destinations'
+/// TATs are not here: the posting threads advance them without a lock (`cap_route`).
 pub struct PeerCaps {
     peers: Vec<Peer>,
-    nic: Option<Reader>,
+    nic: Option<Arc<Reader>>,
     pub counts: NicCapCounts,
 }
 
@@ -95,16 +110,18 @@ impl PeerCaps {
         }
     }
 
-    /// Replaces the agent's caps (`(gid, bytes/s)`; empty: none).
+    /// Replaces the agent's caps (`(gid, bytes/s)`; empty: none). The TATs are kept as they
+    /// are: the agent's caps change once per agent round, not at a post.
     pub fn set_agent(&mut self, caps: &[([u8; 16], u64)]) {
         for p in &mut self.peers {
             p.agent = None;
         }
         for &(gid, rate) in caps {
-            self.peer(gid).agent = Some(rate);
+            let i = self.find(gid).unwrap_or_else(|| self.add(gid));
+            self.peers[i].agent = Some(rate);
         }
         for i in 0..self.peers.len() {
-            self.settle(i);
+            self.settle(i, None);
         }
         self.forget_idle();
     }
@@ -112,19 +129,24 @@ impl PeerCaps {
     /// The NIC's table found, replaced by a new engine's, or gone (None): what it said is
     /// forgotten, and destinations are looked up again at the next post.
     pub fn set_nic(&mut self, table: Option<Reader>) {
-        self.nic = table;
+        self.nic = table.map(Arc::new);
         for p in &mut self.peers {
             p.nic = FromNic::Unlisted { look_at: 0 };
         }
         for i in 0..self.peers.len() {
-            self.settle(i);
+            self.settle(i, None);
         }
         self.forget_idle();
     }
 
+    /// The NIC's table read now (shared with the routes that read it without a lock).
+    pub fn table(&self) -> Option<&Arc<Reader>> {
+        self.nic.as_ref()
+    }
+
     /// The inode of the NIC's table mapped (to notice a new engine).
     pub fn nic_inode(&self) -> Option<u64> {
-        self.nic.as_ref().map(Reader::inode)
+        self.nic.as_deref().map(Reader::inode)
     }
 
     /// Some destination is capped now.
@@ -137,38 +159,51 @@ impl PeerCaps {
         self.nic.is_some() || self.peers.iter().any(|p| p.agent.is_some())
     }
 
-    /// Destination `gid` at `now` (ps), after reading the NIC's word on it; None when
-    /// nothing may cap it.
-    pub fn read(&mut self, gid: [u8; 16], now: u64) -> Option<Dest> {
-        let i = match self.peers.iter().position(|p| p.gid == gid) {
-            Some(i) => i,
-            None if self.nic.is_some() && ipv4_of(&gid).is_some() => {
-                self.peers.push(Peer::new(gid));
-                self.peers.len() - 1
-            }
-            None => return None,
-        };
-        self.read_nic(i, now);
-        Some(Dest(i))
+    /// Whether destination `gid` has a cap or is watched.
+    pub fn knows(&self, gid: [u8; 16]) -> bool {
+        self.find(gid).is_some()
     }
 
-    /// The limiter in force towards `d` and its TAT; None when it is not capped.
-    pub fn limiter(&mut self, d: Dest) -> Option<(Gcra, &mut u64)> {
-        let p = self.peers.get_mut(d.0)?;
-        p.gcra.map(|g| (g, &mut p.tat))
+    /// Destination `gid` at `now` (ps), after reading the NIC's word on it; None when
+    /// nothing may cap it.
+    pub fn read(&mut self, gid: [u8; 16], now: u64) -> Option<Settled> {
+        let watch = self.nic.is_some() && ipv4_of(&gid).is_some();
+        let i = self.find(gid).or_else(|| watch.then(|| self.add(gid)))?;
+        let carry = self.read_nic(i, now);
+        let p = &self.peers[i];
+        Some(Settled {
+            gcra: p.gcra,
+            nic: self.nic.is_some().then_some(p.nic),
+            carry,
+        })
     }
 
     /// The rate (bytes/s) of the cap in force towards `gid`, as last read.
     pub fn rate_of(&self, gid: [u8; 16]) -> Option<u64> {
-        let p = self.peers.iter().find(|p| p.gid == gid)?;
+        let p = &self.peers[self.find(gid)?];
         p.gcra.map(|g| 1_000_000_000_000 / g.interval_ps().max(1))
     }
 
-    /// Refreshes destination `i` from the NIC's table.
-    fn read_nic(&mut self, i: usize, now: u64) {
-        let Some(t) = &self.nic else { return };
+    fn find(&self, gid: [u8; 16]) -> Option<usize> {
+        self.peers.iter().position(|p| p.gid == gid)
+    }
+
+    /// A new destination, neither capped nor looked up yet.
+    fn add(&mut self, gid: [u8; 16]) -> usize {
+        self.peers.push(Peer {
+            gid,
+            agent: None,
+            nic: FromNic::Unlisted { look_at: 0 },
+            gcra: None,
+        });
+        self.peers.len() - 1
+    }
+
+    /// Refreshes destination `i` from the NIC's table; the carry-over when its cap changed.
+    fn read_nic(&mut self, i: usize, now: u64) -> Option<Carry> {
+        let t = self.nic.as_deref()?;
         let p = &self.peers[i];
-        let Some(ip) = ipv4_of(&p.gid) else { return };
+        let ip = ipv4_of(&p.gid)?;
         let entry = match p.nic {
             FromNic::Listed { slot, .. } => t.slot(slot).map(|e| (slot, e)),
             FromNic::Unlisted { look_at } if now >= look_at => {
@@ -178,7 +213,7 @@ impl PeerCaps {
                 }
                 found
             }
-            FromNic::Unlisted { .. } => return,
+            FromNic::Unlisted { .. } => return None,
         };
         let p = &mut self.peers[i];
         let Some((slot, e)) = entry else {
@@ -188,11 +223,11 @@ impl PeerCaps {
                     look_at: now + LOOK_AGAIN_PS,
                 };
             }
-            return;
+            return None;
         };
         let stamp = (e.incarnation, e.epoch);
         if matches!(p.nic, FromNic::Listed { stamp: s, .. } if s == stamp) {
-            return;
+            return None;
         }
         p.nic = FromNic::Listed {
             slot,
@@ -201,31 +236,16 @@ impl PeerCaps {
         };
         self.counts.stamps += 1;
         let before = self.peers[i].gcra;
-        self.settle_at(i, now);
+        let carry = self.settle(i, Some(now));
         if self.peers[i].gcra != before {
             self.counts.changes += 1;
         }
+        carry
     }
 
-    fn peer(&mut self, gid: [u8; 16]) -> &mut Peer {
-        let i = match self.peers.iter().position(|p| p.gid == gid) {
-            Some(i) => i,
-            None => {
-                self.peers.push(Peer::new(gid));
-                self.peers.len() - 1
-            }
-        };
-        &mut self.peers[i]
-    }
-
-    fn settle(&mut self, i: usize) {
-        let tat = self.peers[i].tat;
-        self.settle_at(i, tat);
-    }
-
-    /// Puts destination `i`'s cap in force as of `now`: a change of rate carries the debt
-    /// over, so a cut takes effect at once and a raise does not forgive what was sent.
-    fn settle_at(&mut self, i: usize, now: u64) {
+    /// Puts destination `i`'s cap in force; `at`: the instant a change of rate carries the
+    /// debt over from (None: its TAT is kept as it is).
+    fn settle(&mut self, i: usize, at: Option<u64>) -> Option<Carry> {
         let rate = self.nic_rate(i);
         let p = &mut self.peers[i];
         let (rate, burst) = match (p.nic, rate) {
@@ -236,18 +256,21 @@ impl PeerCaps {
             }
         };
         let new = rate.and_then(|r| Gcra::new(r as f64, burst));
-        if new != p.gcra {
-            if let Some(n) = new {
-                p.tat = n.carry_over(p.gcra, p.tat, now);
-            }
-            p.gcra = new;
+        if new == p.gcra {
+            return None;
         }
+        let from = std::mem::replace(&mut p.gcra, new);
+        Some(Carry {
+            from,
+            to: new?,
+            at: at?,
+        })
     }
 
     /// `R/N` for a listed destination with at least two senders; None otherwise (a sender
     /// alone at a receiver is not capped by it).
     fn nic_rate(&self, i: usize) -> Option<u64> {
-        let r = self.nic.as_ref().map_or(0, Reader::rate);
+        let r = self.nic.as_deref().map_or(0, Reader::rate);
         match self.peers[i].nic {
             FromNic::Listed { n, .. } => share(r, n),
             FromNic::Unlisted { .. } => None,
@@ -303,8 +326,7 @@ mod tests {
     }
 
     fn interval(c: &mut PeerCaps, g: [u8; 16], now: u64) -> Option<u64> {
-        let d = c.read(g, now)?;
-        c.limiter(d).map(|(g, _)| g.interval_ps())
+        c.read(g, now)?.gcra.map(|g| g.interval_ps())
     }
 
     #[test]
@@ -384,19 +406,19 @@ mod tests {
             drum_table::nic_auss::Reader::open(&dir.join("auss")).unwrap(),
         ));
         w.publish(d.into(), 2, 1, 9);
-        let at = c.read(gid(d), 0).unwrap();
-        let (g, tat) = c.limiter(at).unwrap();
-        *tat = g.advance(*tat, 0, 1 << 20);
-        let owed_at_half = *tat;
+        let half = c.read(gid(d), 0).unwrap();
+        let g = half.gcra.unwrap();
+        let owed_at_half = g.advance(0, 0, 1 << 20);
         w.publish(d.into(), 4, 2, 9);
-        let at = c.read(gid(d), 0).unwrap();
-        let (g4, tat4) = c.limiter(at).unwrap();
-        assert_eq!(g4.interval_ps(), 2 * g.interval_ps());
+        let quarter = c.read(gid(d), 0).unwrap();
+        assert_eq!(quarter.gcra.unwrap().interval_ps(), 2 * g.interval_ps());
         assert_eq!(
-            *tat4,
+            quarter.carry.unwrap().tat(owed_at_half),
             2 * owed_at_half,
             "the debt at a quarter takes twice as long"
         );
+        // The same stamp read again changes nothing, so nothing is carried twice.
+        assert_eq!(c.read(gid(d), 1).unwrap().carry, None);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -409,5 +431,24 @@ mod tests {
         c.set_agent(&[]);
         assert!(!c.consulted() && !c.any_in_force());
         assert_eq!(interval(&mut c, gid([10, 0, 0, 1]), 0), None);
+    }
+
+    /// The agent's caps change between posts: the TAT is kept as it is (no carry-over), and
+    /// without the NIC's table there is nothing of the NIC's to watch.
+    #[test]
+    fn agent_caps_carry_nothing_and_watch_no_table() {
+        let g1 = gid([10, 0, 0, 1]);
+        let mut c = PeerCaps::new();
+        c.set_agent(&[(g1, R)]);
+        let s = c.read(g1, 5).unwrap();
+        assert_eq!((s.nic, s.carry), (None, None));
+        assert!(c.knows(g1) && !c.knows(gid([10, 0, 0, 2])));
+        c.set_agent(&[(g1, R / 2)]);
+        let s = c.read(g1, 6).unwrap();
+        assert_eq!(
+            s.gcra,
+            Gcra::new((R / 2) as f64, Gcra::default_burst((R / 2) as f64))
+        );
+        assert_eq!(s.carry, None);
     }
 }

@@ -4,6 +4,7 @@
 //! work in flight, peer, the `ibv_wr_*` batch being built, NIC pacing), and the provider's
 //! `ibv_wr_*` ops when the shim wraps them (`wr_api`).
 
+use crate::cap_route::Route;
 use crate::inflight::InFlight;
 use crate::limits::TRACKING_EPOCH;
 use crate::sendq::OwnedWr;
@@ -23,6 +24,8 @@ pub struct QpGov {
     pub sig_all: bool,
     /// Its peer's GID, once connected (RTR).
     pub peer: Option<[u8; 16]>,
+    /// What it keeps of its peer's cap (`cap_route`).
+    pub route: Route,
     /// Long messages under way (announced to the receiver's agent).
     pub busy: bool,
     /// The `ibv_wr_*` batch being built (`wr_api`).
@@ -37,6 +40,13 @@ pub struct QpGov {
     pub serves_reads: bool,
     pub nic_kbps: Option<u32>,
     pub nic_paced: bool,
+}
+
+impl QpGov {
+    /// Its peer and its route to the peer's cap, for `limits::admit`.
+    pub fn dest(&mut self) -> Option<([u8; 16], &mut Route)> {
+        self.peer.map(|p| (p, &mut self.route))
+    }
 }
 
 /// The record of one QP, keyed by its QP number: its counters, governance state and wrapped

@@ -582,9 +582,15 @@ fn pace(q: &QpRecord, batch: impl Iterator<Item = u64>) {
     if !LIMITS.active.load(Acquire) {
         return;
     }
-    let peer = q.gov.lock().unwrap_or_else(|e| e.into_inner()).peer;
     for bytes in batch {
-        while let Err(wait_ps) = admit(now_ps(), bytes, peer) {
+        loop {
+            // The QP's lock for each try only: its route to the peer's cap is under it, and
+            // the sleep must not hold it.
+            let admitted = {
+                let mut g = q.gov.lock().unwrap_or_else(|e| e.into_inner());
+                admit(now_ps(), bytes, g.dest())
+            };
+            let Err(wait_ps) = admitted else { break };
             std::thread::sleep(Duration::from_nanos(wait_ps / 1000).min(MAX_SLEEP));
         }
     }
