@@ -873,6 +873,16 @@ async fn core_loop(
                         let _ = l.out.send(Outgoing::Close(quic::CLOSE_PROTOCOL, reason));
                     }
                 }
+                Action::Expire(id) => {
+                    if let Some(l) = writers.remove(&id) {
+                        closing.insert(id);
+                        info!(member = id, remote = %l.remote, "closing connection: heartbeat timeout");
+                        let _ = l.out.send(Outgoing::Close(
+                            quic::CLOSE_TIMEOUT,
+                            "heartbeat timeout".into(),
+                        ));
+                    }
+                }
                 Action::Event(e) => log_event(&e, &metrics, &writers),
             }
         }

@@ -17,6 +17,9 @@ pub const ALPN: &[u8] = b"drum/7";
 /// QUIC application error codes used when closing a connection.
 pub const CLOSE_NORMAL: u32 = 0;
 pub const CLOSE_PROTOCOL: u32 = 1;
+/// The peer fell silent past its heartbeat timeout: not a violation (a partition that heals
+/// before QUIC's idle timeout delivers this close to a well-behaved agent).
+pub const CLOSE_TIMEOUT: u32 = 2;
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())

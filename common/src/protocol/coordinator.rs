@@ -123,6 +123,10 @@ pub enum Action {
     Send(MemberId, CoordMsg),
     /// Close the connection; the reason is for the log and the peer.
     Close(MemberId, String),
+    /// Close the connection of a member that fell silent past its heartbeat timeout: not a
+    /// violation, and closed as such (a partition that heals before QUIC's idle timeout
+    /// delivers the close to the agent).
+    Expire(MemberId),
     Event(Event),
 }
 
@@ -745,7 +749,7 @@ impl Coordinator {
             }
             self.membership_changed = true;
             if why == LeaveReason::TimedOut {
-                out.push(Action::Close(id, "heartbeat timeout".into()));
+                out.push(Action::Expire(id));
             }
             out.push(Action::Event(Event::Left {
                 member: id,
