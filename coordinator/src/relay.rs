@@ -216,6 +216,15 @@ pub async fn run(
                             let _ = l.out.send(Outgoing::Close(quic::CLOSE_PROTOCOL, reason));
                         }
                     }
+                    RelayAction::ExpireDown(id) => {
+                        if let Some(l) = agents.remove(&id) {
+                            debug!(member = id, remote = %l.remote, "closing agent connection: heartbeat timeout");
+                            let _ = l.out.send(Outgoing::Close(
+                                quic::CLOSE_TIMEOUT,
+                                "heartbeat timeout".into(),
+                            ));
+                        }
+                    }
                     RelayAction::Up(m) => {
                         if let Some((_, send)) = &upstream {
                             let _ = send.send(m);

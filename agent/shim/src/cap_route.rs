@@ -156,26 +156,8 @@ impl Cap<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::peer_caps::fixtures::{gid, table, R};
     use crate::peer_caps::{share, LOOK_AGAIN_PS};
-    use drum_table::nic_auss::Writer;
-
-    const R: u64 = 125_000_000;
-
-    fn gid(ip: [u8; 4]) -> [u8; 16] {
-        let mut g = [0u8; 16];
-        g[10] = 0xff;
-        g[11] = 0xff;
-        g[12..].copy_from_slice(&ip);
-        g
-    }
-
-    fn table(name: &str) -> (std::path::PathBuf, Writer) {
-        let dir =
-            std::env::temp_dir().join(format!("drum-cap-route-{}-{name}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let w = Writer::create(&dir.join("auss"), R).unwrap();
-        (dir, w)
-    }
 
     fn interval(r: &Route) -> Option<u64> {
         r.cap().map(|c| c.gcra.interval_ps())

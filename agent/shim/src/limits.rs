@@ -233,12 +233,12 @@ pub fn admit(now: u64, bytes: u64, dest: Option<([u8; 16], &mut Route)>) -> Resu
             route
         });
     if let Some(cap) = route.as_ref().and_then(|r| r.cap()) {
-        wait = wait.max(cap.wait(now));
-        if wait == 0 {
-            if let Err(w) = cap.take(now, bytes) {
-                wait = w;
-            }
-        }
+        // Taken only when the app's own limiters let it go: a refused post consumes nothing.
+        wait = if wait == 0 {
+            cap.take(now, bytes).err().unwrap_or(0)
+        } else {
+            wait.max(cap.wait(now))
+        };
     }
     // The engine's lock is taken after the caps' is released (the fork handlers take them
     // in the other order). Only the post that changed a cap wakes it: the engine clears

@@ -302,14 +302,16 @@ pub fn ipv4_of(gid: &[u8; 16]) -> Option<Ipv4Addr> {
         .then(|| Ipv4Addr::new(gid[12], gid[13], gid[14], gid[15]))
 }
 
+/// What the tests of this module and of `cap_route` build their caps from.
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod fixtures {
     use drum_table::nic_auss::Writer;
 
-    const R: u64 = 125_000_000;
+    /// A receiver's line rate, bytes/s (1 Gb/s).
+    pub const R: u64 = 125_000_000;
 
-    fn gid(ip: [u8; 4]) -> [u8; 16] {
+    /// The IPv4-mapped GID of `ip`.
+    pub fn gid(ip: [u8; 4]) -> [u8; 16] {
         let mut g = [0u8; 16];
         g[10] = 0xff;
         g[11] = 0xff;
@@ -317,13 +319,20 @@ mod tests {
         g
     }
 
-    fn table(name: &str) -> (std::path::PathBuf, Writer) {
-        let dir =
-            std::env::temp_dir().join(format!("drum-peer-caps-{}-{name}", std::process::id()));
+    /// A NIC's AUSS table at `<dir>/auss` for a test called `name` (unique in the crate),
+    /// and the directory to remove.
+    pub fn table(name: &str) -> (std::path::PathBuf, Writer) {
+        let dir = std::env::temp_dir().join(format!("drum-caps-{}-{name}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let w = Writer::create(&dir.join("auss"), R).unwrap();
         (dir, w)
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::{gid, table, R};
+    use super::*;
 
     fn interval(c: &mut PeerCaps, g: [u8; 16], now: u64) -> Option<u64> {
         c.read(g, now)?.gcra.map(|g| g.interval_ps())

@@ -71,6 +71,11 @@ pub enum RelayAction {
     Down(MemberId, CoordMsg),
     /// Close an agent's connection (after any message queued before).
     CloseDown(MemberId, String),
+    /// Close the connection of an agent that fell silent past its heartbeat timeout: not a
+    /// violation, and closed as such, as the coordinator's [`Action::Expire`] does.
+    ///
+    /// [`Action::Expire`]: super::coordinator::Action::Expire
+    ExpireDown(MemberId),
     /// To the coordinator.
     Up(AgentMsg),
     /// Close the coordinator connection; the driver reconnects at [`Relay::connect_due`].
@@ -762,7 +767,7 @@ impl Relay {
                 .map(|(&id, _)| id)
                 .collect();
             for id in dead {
-                out.push(RelayAction::CloseDown(id, "heartbeat timeout".into()));
+                out.push(RelayAction::ExpireDown(id));
                 self.remove(id, "timed out", &mut out);
             }
         }

@@ -332,20 +332,25 @@ pub fn probe_rate(o: &Output, who: &str) -> f64 {
 }
 
 /// Checks a rate the shim enforces against its `grant`: `measure` runs the program once and
-/// returns the rate it achieved. Every run must stay under `grant × (1 + tolerance)` —
+/// returns the rate it achieved, or `None` when the program says its own clock is in doubt
+/// (see [`perftest_clock_doubt`]). Every timed run must stay under `grant × (1 + tolerance)` —
 /// exceeding a grant is a bug. Falling short is lateness: the thread that releases held-back
 /// work was not scheduled in time (a shared 2-core CI machine once lost 15–19 % of a
 /// one-second run to that), so the floor `grant × (1 − tolerance)` is checked on the best of
-/// up to three runs. Returns the rates measured.
+/// up to three timed runs (and five in all). Returns the rates measured.
 pub fn assert_holds_grant(
     what: &str,
     grant: f64,
     tolerance: f64,
-    mut measure: impl FnMut() -> f64,
+    mut measure: impl FnMut() -> Option<f64>,
 ) -> Vec<f64> {
     let mut rates = Vec::new();
-    for _ in 0..3 {
-        let r = measure();
+    let mut untimed = 0;
+    while rates.len() < 3 && untimed + rates.len() < 5 {
+        let Some(r) = measure() else {
+            untimed += 1;
+            continue;
+        };
         rates.push(r);
         assert!(
             r <= grant * (1.0 + tolerance),
@@ -355,5 +360,24 @@ pub fn assert_holds_grant(
             return rates;
         }
     }
-    panic!("{what}: {rates:.0?}/s under a grant of {grant}/s, short in three runs");
+    panic!(
+        "{what}: {rates:.0?}/s under a grant of {grant}/s, short in {} timed runs \
+         ({untimed} runs untimed)",
+        rates.len()
+    );
+}
+
+/// perftest times a run with the CPU's cycle counter, converted at a frequency it reads from
+/// `/proc/cpuinfo` and also samples against `gettimeofday`; when the two differ by more than
+/// 2 % it warns and uses the sample, which a preempted sampling loop on a loaded machine can
+/// skew by 10 % (the likeliest cause of a CI run where `ib_write_bw` reported 552 WQE/s under
+/// a 500 WQE/s grant that held at 504–505 in every run here). Such a run's rate is not a
+/// measurement: returns perftest's warning, to log, when it gave one.
+pub fn perftest_clock_doubt(o: &Output) -> Option<String> {
+    [&o.stderr, &o.stdout].into_iter().find_map(|b| {
+        String::from_utf8_lossy(b)
+            .lines()
+            .find(|l| l.contains("Conflicting CPU frequency"))
+            .map(str::to_string)
+    })
 }

@@ -74,6 +74,15 @@ fn closed(out: &[RelayAction]) -> Vec<MemberId> {
         .collect()
 }
 
+fn expired(out: &[RelayAction]) -> Vec<MemberId> {
+    out.iter()
+        .filter_map(|a| match a {
+            RelayAction::ExpireDown(id) => Some(*id),
+            _ => None,
+        })
+        .collect()
+}
+
 fn welcome(epoch: u64, iteration: u64) -> CoordMsg {
     CoordMsg::Welcome {
         epoch,
@@ -207,7 +216,8 @@ fn an_agent_leaving_mid_round_updates_the_coordinator_at_once() {
     );
     r.on_upstream(1090 * MS, CoordMsg::HeartbeatAck { seq: 1 });
     let out = r.tick(1100 * MS);
-    assert_eq!(closed(&out), vec![1]);
+    assert_eq!(expired(&out), vec![1], "expired, not closed as a violation");
+    assert!(closed(&out).is_empty(), "{out:?}");
     let AgentMsg::Update(u) = &ups(&out)[0] else {
         panic!("{out:?}")
     };
@@ -448,7 +458,9 @@ fn a_cluster_behind_relays_matches_the_in_process_solver() {
             match a {
                 RelayAction::Up(m) => inbox.push(Msg::Coord(r, m)),
                 RelayAction::Down(h, m) => inbox.push(Msg::Agent(h as usize, m)),
-                RelayAction::CloseDown(..) | RelayAction::CloseUp(_) => panic!("{a:?}"),
+                RelayAction::CloseDown(..)
+                | RelayAction::ExpireDown(_)
+                | RelayAction::CloseUp(_) => panic!("{a:?}"),
                 RelayAction::Event(_) => {}
             }
         }
