@@ -113,6 +113,11 @@ struct ClientArgs {
     /// SIGTERM ends the run sooner, with its summary.
     #[arg(long)]
     duration: Option<f64>,
+    /// Seconds that operations still in flight when the run stops (at the end of --duration,
+    /// or on SIGINT/SIGTERM) get to complete; the rest are abandoned (counted as `abandoned`,
+    /// not as errors) and their QPs torn down.
+    #[arg(long, default_value_t = 1.0)]
+    drain: f64,
     /// Stop after this many operations in all, split equally among the connections.
     #[arg(long)]
     ops: Option<u64>,
@@ -215,6 +220,7 @@ fn main() -> anyhow::Result<()> {
                 seed: a.seed,
                 events: matches!(a.poll, Poll::Event),
                 share: a.share,
+                drain: seconds(a.drain, "--drain")?,
                 schedule: match (a.period_ms, a.start_unix_ms) {
                     (Some(p), Some(t)) => {
                         anyhow::ensure!(
@@ -258,11 +264,12 @@ fn print_summary(s: &stats::Summary, json: bool) -> anyhow::Result<()> {
         println!(
             "{} {} conns={} threads={} share={}: {} ops {} bytes in {:.2} s: {:.0} ops/s {:.2} MiB/s; \
              latency us mean {:.1} p50 {:.1} p80 {:.1} p99 {:.1} p99.9 {:.1}; batch p50 {:.1} us; \
-             lock wait {:.0} us total; errors {} (wrong values {}, error replies {}, failed {}); torn retries {}; updated values read {}",
+             lock wait {:.0} us total; errors {} (wrong values {}, error replies {}, failed {}); torn retries {}; updated values read {}; \
+             abandoned {}",
             s.mode, s.op, s.conns, s.threads, s.share, s.ops, s.bytes, s.seconds, s.ops_per_s,
             s.mib_per_s, s.mean_us, s.p50_us, s.p80_us, s.p99_us, s.p999_us, s.batch.p50_us,
             s.lock_wait_total_us, s.errors, s.wrong_values, s.error_replies, s.failed_completions,
-            s.torn_retries, s.updated_values
+            s.torn_retries, s.updated_values, s.abandoned
         );
     }
     Ok(())

@@ -22,6 +22,8 @@ pub struct Recorder {
     pub torn_retries: u64,
     /// GETs that returned a value a PUT wrote (not the initial fill).
     pub updated_values: u64,
+    /// Operations still in flight when the drain time after the run ran out.
+    pub abandoned: u64,
 }
 
 impl Default for Recorder {
@@ -35,6 +37,7 @@ impl Default for Recorder {
             failed_completions: 0,
             torn_retries: 0,
             updated_values: 0,
+            abandoned: 0,
         }
     }
 }
@@ -53,6 +56,7 @@ impl Recorder {
         self.failed_completions += o.failed_completions;
         self.torn_retries += o.torn_retries;
         self.updated_values += o.updated_values;
+        self.abandoned += o.abandoned;
     }
 
     pub fn errors(&self) -> u64 {
@@ -122,6 +126,10 @@ pub struct Summary {
     pub torn_retries: u64,
     /// GETs that returned a value a PUT wrote (not the initial fill).
     pub updated_values: u64,
+    /// Operations in flight when the run stopped that did not complete within `--drain`:
+    /// neither counted nor errors.
+    #[serde(default)]
+    pub abandoned: u64,
     pub batch: Latency,
     /// Time spent acquiring the QP lock (uncontended in RAW mode).
     pub lock_wait: Latency,
@@ -189,6 +197,7 @@ pub fn summarize(
         failed_completions: r.failed_completions,
         torn_retries: r.torn_retries,
         updated_values: r.updated_values,
+        abandoned: r.abandoned,
         batch: Latency::of(&r.batches),
         lock_wait_total_us: lw.mean_us * lw.count as f64,
         lock_wait: lw,
@@ -215,6 +224,7 @@ pub fn merge(all: &[Summary]) -> anyhow::Result<Summary> {
         r.failed_completions += s.failed_completions;
         r.torn_retries += s.torn_retries;
         r.updated_values += s.updated_values;
+        r.abandoned += s.abandoned;
         lock_us += s.lock_wait_total_us;
         lock_n += s.lock_wait.count;
         per_conn.extend(s.per_conn.iter().cloned());

@@ -254,6 +254,45 @@ fn interrupted_client(site: &Site) {
     assert_eq!(u(&v, "errors"), 0, "{v}");
 }
 
+/// Stopped with 1 MiB READs in flight on four connections and no time to drain them
+/// (`--drain 0`), a client gives them up: it exits 0 at once, counts them as abandoned,
+/// not as errors, and the server goes on serving the next client.
+fn abandoning_client(site: &Site) {
+    let server = format!("{}:{PORT}", site.run.addr("h1"));
+    let child = spawn(&mut site.exec(
+        "h2",
+        &[
+            "client",
+            "--server",
+            &server,
+            "--json",
+            "--op",
+            "read",
+            "--size",
+            "fixed:1M",
+            "--conns",
+            "4",
+            "--window",
+            "8",
+            "--drain",
+            "0",
+            "--duration",
+            "120",
+        ],
+    ));
+    std::thread::sleep(Duration::from_secs(1));
+    let t = Instant::now();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let o = wait_timeout(child, Duration::from_secs(20));
+    assert!(o.status.success(), "abandoning client: {}", text(&o));
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("abandoning client: {e}: {}", text(&o)));
+    assert!(u(&v, "abandoned") > 0, "{v}");
+    assert_eq!(u(&v, "errors"), 0, "{v}");
+}
+
 #[test]
 fn raw_and_share_gets_and_puts_between_two_hosts() {
     require_privileges!();
@@ -273,6 +312,8 @@ fn raw_and_share_gets_and_puts_between_two_hosts() {
     let server = site.server(&args);
     let raw = raw_workload(&site);
     let share = share_workload(&site);
+    interrupted_client(&site);
+    abandoning_client(&site);
     interrupted_client(&site);
     let o = server.stop();
     assert!(o.status.success(), "server: {}", text(&o));
@@ -295,8 +336,8 @@ fn raw_and_share_gets_and_puts_between_two_hosts() {
     // requests that arrived together were answered together (4 connections × window 4)
     let rpcs = u(&m, "gets") + u(&m, "puts");
     assert!(u(&m, "reply_messages") < rpcs, "{m}");
-    // (and the interrupted client's one)
-    assert_eq!(u(&m["connections"], "accepted"), 37, "{m}");
+    // (and the interrupted clients' one each, and the abandoning client's four)
+    assert_eq!(u(&m["connections"], "accepted"), 42, "{m}");
     assert!(u(&m["connections"], "open") <= 2, "{m}");
     // and printed them as it went, a JSON line every 50 ms, counts never going back
     let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
