@@ -223,74 +223,48 @@ fn share_workload(site: &Site) -> Vec<Output> {
 
 const SERVER_ARGS: [&str; 6] = ["--keys", "16", "--max-value", "1M", "--share", "5"];
 
-/// A client set to run for two minutes is ended by SIGINT after a second: it exits 0 soon
-/// after, with a summary of what it did (READs only, so the server's RPC counts stay as the
-/// caller expects).
-fn interrupted_client(site: &Site) {
+/// A READ client with `args`, set to run for two minutes, ended by SIGINT after a second:
+/// it must exit 0 within `within` of the signal with a JSON summary and no error; returns it.
+fn interrupted_reader(
+    site: &Site,
+    who: &str,
+    args: &[&str],
+    within: Duration,
+) -> serde_json::Value {
     let server = format!("{}:{PORT}", site.run.addr("h1"));
-    let child = spawn(&mut site.exec(
-        "h2",
-        &[
-            "client",
-            "--server",
-            &server,
-            "--json",
-            "--op",
-            "read",
-            "--duration",
-            "120",
-        ],
-    ));
+    let mut a = vec!["client", "--server", &server, "--json", "--op", "read"];
+    a.extend_from_slice(args);
+    a.extend(["--duration", "120"]);
+    let child = spawn(&mut site.exec("h2", &a));
     std::thread::sleep(Duration::from_secs(1));
     let t = Instant::now();
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let o = wait_timeout(child, Duration::from_secs(20));
-    assert!(o.status.success(), "interrupted client: {}", text(&o));
-    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("interrupted client: {e}: {}", text(&o)));
+    assert!(o.status.success(), "{who}: {}", text(&o));
+    assert!(t.elapsed() < within, "{who}: {:?}", t.elapsed());
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{who}: {e}: {}", text(&o)));
+    assert_eq!(u(&v, "errors"), 0, "{who}: {v}");
+    v
+}
+
+/// A client ended by SIGINT exits soon after, with a summary of what it did (READs only, so
+/// the server's RPC counts stay as the caller expects).
+fn interrupted_client(site: &Site) {
+    let v = interrupted_reader(site, "interrupted client", &[], Duration::from_secs(15));
     assert!(u(&v, "ops") > 0, "{v}");
-    assert_eq!(u(&v, "errors"), 0, "{v}");
 }
 
 /// Stopped with 1 MiB READs in flight on four connections and no time to drain them
 /// (`--drain 0`), a client gives them up: it exits 0 at once, counts them as abandoned,
 /// not as errors, and the server goes on serving the next client.
 fn abandoning_client(site: &Site) {
-    let server = format!("{}:{PORT}", site.run.addr("h1"));
-    let child = spawn(&mut site.exec(
-        "h2",
-        &[
-            "client",
-            "--server",
-            &server,
-            "--json",
-            "--op",
-            "read",
-            "--size",
-            "fixed:1M",
-            "--conns",
-            "4",
-            "--window",
-            "8",
-            "--drain",
-            "0",
-            "--duration",
-            "120",
-        ],
-    ));
-    std::thread::sleep(Duration::from_secs(1));
-    let t = Instant::now();
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let o = wait_timeout(child, Duration::from_secs(20));
-    assert!(o.status.success(), "abandoning client: {}", text(&o));
-    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("abandoning client: {e}: {}", text(&o)));
+    let args = [
+        "--size", "fixed:1M", "--conns", "4", "--window", "8", "--drain", "0",
+    ];
+    let v = interrupted_reader(site, "abandoning client", &args, Duration::from_secs(10));
     assert!(u(&v, "abandoned") > 0, "{v}");
-    assert_eq!(u(&v, "errors"), 0, "{v}");
 }
 
 #[test]
