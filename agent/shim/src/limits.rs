@@ -255,6 +255,9 @@ pub fn admit(now: u64, bytes: u64, dest: Option<([u8; 16], &mut Route)>) -> Resu
     if let Some(w) = wqe {
         let _ = WQE_TAT.fetch_update(Relaxed, Relaxed, |t| Some(w.advance(t, now, 1)));
     }
+    if byte.is_some() || wqe.is_some() {
+        crate::stats::STATS.paced(now, bytes);
+    }
     Ok(())
 }
 

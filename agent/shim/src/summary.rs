@@ -46,7 +46,8 @@ fn governance(queued: u64) -> String {
         "extended_verbs={} direct_verbs_queues={} wr_api_qps={} governed={} grant_generation={} rate_bytes_per_s={} rate_wqe_per_s={} rate_cqe_per_s={} max_active_qps={} \
          direct_wqes={} deferred_wqes={} queue_delay_us={} queued_wqes={} deferred_post_errors={} \
          dropped_wqes={} held_polls={} nic_pacing_sets={} nic_pacing_refusals={} \
-         nic_auss_table={} nic_cap_destinations={} nic_cap_stamps={} nic_cap_changes={}",
+         nic_auss_table={} nic_cap_destinations={} nic_cap_stamps={} nic_cap_changes={} \
+         paced_wqes={} paced_bytes={} paced_span_us={}",
         crate::extended::USES.load(Relaxed),
         crate::direct::QUEUES_TAKEN.load(Relaxed),
         crate::wr_api::WRAPPED_QPS.load(Relaxed),
@@ -77,6 +78,9 @@ fn governance(queued: u64) -> String {
         nic.listed,
         nic.stamps,
         nic.changes,
+        STATS.paced_wqes.load(Relaxed),
+        STATS.paced_bytes.load(Relaxed),
+        STATS.paced_span_us(),
     )
 }
 

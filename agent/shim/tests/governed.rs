@@ -87,11 +87,7 @@ fn agent_grants_hold_ib_write_bw_to_10_30_and_60_percent_of_line_rate() {
                 "{who}: {}",
                 text(&client)
             );
-            if let Some(doubt) = perftest_clock_doubt(&client) {
-                eprintln!("{who}: untimed: {doubt}");
-                return None;
-            }
-            Some(bw_mib(&client, &who))
+            bw_mib(&client, &who)
         });
         report.push(format!("{app}: {got:.2?} MiB/s of {want:.2}"));
     }
@@ -132,7 +128,7 @@ fn polling_grant_meters_completions_for_polling_and_event_driven_programs() {
             s["held_polls"] > 0,
             "the grant held completions back: {s:?}"
         );
-        Some(probe_rate(&out, "vcq_probe"))
+        probe_rate(&out, "vcq_probe")
     });
     report.push(format!("vcq_probe: {rates:.0?}/s"));
     for mode in [&[][..], &["-e"][..], &["-t"][..]] {
@@ -159,7 +155,7 @@ fn polling_grant_meters_completions_for_polling_and_event_driven_programs() {
             };
             let (a, b) = (rate(&server), rate(&client));
             assert!(a.max(b) <= grant * 1.05, "{who}: {a:.0}/s and {b:.0}/s");
-            Some(a.min(b))
+            a.min(b)
         });
         report.push(format!("{mode:?}: {rates:.0?}/s"));
     }
