@@ -145,6 +145,19 @@ fn run_isolation(ctx: &RunCtx, series: &str, attacker: f64) -> Result<Measured> 
     let mut m = Measured::default();
     m.metrics.insert("victim_mib_per_s".into(), mib);
     super::fig2::mechanism(&before, &after, &mut m);
+    // What DRUM granted the victim and how long its shim held its work back (the attackers
+    // are killed when it is done, so they leave no summary).
+    let shim = super::shim_summary(&String::from_utf8_lossy(&out.stderr));
+    for k in [
+        "rate_bytes_per_s",
+        "rate_wqe_per_s",
+        "deferred_wqes",
+        "queue_delay_us",
+    ] {
+        if let Some(v) = shim.get(k) {
+            m.mechanism.insert(format!("victim_{k}"), *v);
+        }
+    }
     Ok(m)
 }
 

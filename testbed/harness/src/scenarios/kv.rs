@@ -80,26 +80,13 @@ struct ClientResult {
     shim: BTreeMap<String, f64>,
 }
 
-/// The shim's exit summary line (`drum-shim: pid=… key=value …`) as numbers.
-fn shim_summary(stderr: &str) -> BTreeMap<String, f64> {
-    stderr
-        .lines()
-        .filter(|l| l.starts_with("drum-shim: pid="))
-        .flat_map(|l| l.split_whitespace().skip(1))
-        .filter_map(|kv| {
-            let (k, v) = kv.split_once('=')?;
-            Some((k.to_string(), v.parse().ok()?))
-        })
-        .collect()
-}
-
 fn client_result(o: &std::process::Output, who: &str) -> Result<ClientResult> {
     check(o, who)?;
     let summary: serde_json::Value =
         serde_json::from_slice(&o.stdout).with_context(|| format!("{who}: no JSON summary"))?;
     Ok(ClientResult {
         summary,
-        shim: shim_summary(&String::from_utf8_lossy(&o.stderr)),
+        shim: super::shim_summary(&String::from_utf8_lossy(&o.stderr)),
     })
 }
 

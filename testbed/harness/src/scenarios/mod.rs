@@ -143,6 +143,20 @@ impl Scenario {
 }
 
 /// Every scenario, in the order `list` and the report show them.
+/// The shim's exit summary line (`drum-shim: pid=… key=value …`, with `DRUM_SHIM_LOG=1`) as
+/// numbers.
+fn shim_summary(stderr: &str) -> BTreeMap<String, f64> {
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("drum-shim: pid="))
+        .flat_map(|l| l.split_whitespace().skip(1))
+        .filter_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
 pub fn all() -> Vec<Scenario> {
     vec![
         fig2::fig2a(),
