@@ -422,6 +422,9 @@ impl Conn {
             self.finished = true;
             return Ok(progress + 1);
         }
+        // Seen here first, the stop starts the drain time before anything more is polled, so
+        // `--drain 0` gives up exactly what was in flight when the run stopped.
+        clock.running(now);
         let in_flight = self.slots.iter().filter(|s| s.is_some()).count() as u64;
         if in_flight > 0 && clock.abandons(now) {
             // Their completions, if any come, are routed to a connection no one polls.

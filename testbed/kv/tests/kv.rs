@@ -235,12 +235,23 @@ fn interrupted_reader(
     let mut a = vec!["client", "--server", &server, "--json", "--op", "read"];
     a.extend_from_slice(args);
     a.extend(["--duration", "120"]);
-    let child = spawn(&mut site.exec("h2", &a));
-    std::thread::sleep(Duration::from_secs(1));
-    let t = Instant::now();
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let o = wait_timeout(child, Duration::from_secs(20));
+    // A client still connecting when the signal comes dies by it (docs/kv.md): on a loaded
+    // machine one second was not always enough to connect, so wait longer and try again.
+    let mut wait = Duration::from_secs(1);
+    let (o, t) = loop {
+        let child = spawn(&mut site.exec("h2", &a));
+        std::thread::sleep(wait);
+        let t = Instant::now();
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        let o = wait_timeout(child, Duration::from_secs(20));
+        use std::os::unix::process::ExitStatusExt;
+        if o.status.signal() == Some(libc::SIGINT) && wait < Duration::from_secs(8) {
+            wait *= 2;
+            continue;
+        }
+        break (o, t);
+    };
     assert!(o.status.success(), "{who}: {}", text(&o));
     assert!(t.elapsed() < within, "{who}: {:?}", t.elapsed());
     let v: serde_json::Value =
@@ -256,12 +267,14 @@ fn interrupted_client(site: &Site) {
     assert!(u(&v, "ops") > 0, "{v}");
 }
 
-/// Stopped with 1 MiB READs in flight on four connections and no time to drain them
+/// Stopped with 1 MiB READs in flight on two connections and no time to drain them
 /// (`--drain 0`), a client gives them up: it exits 0 at once, counts them as abandoned,
-/// not as errors, and the server goes on serving the next client.
+/// not as errors, and the server goes on serving the next client. The windows hold 64 MiB,
+/// a few tenths of a second of READs, so that a client descheduled on a loaded machine still
+/// finds some in flight (with 32 MiB a CI run found all of them completed).
 fn abandoning_client(site: &Site) {
     let args = [
-        "--size", "fixed:1M", "--conns", "4", "--window", "8", "--drain", "0",
+        "--size", "fixed:1M", "--conns", "2", "--window", "32", "--drain", "0",
     ];
     let v = interrupted_reader(site, "abandoning client", &args, Duration::from_secs(10));
     assert!(u(&v, "abandoned") > 0, "{v}");
@@ -310,8 +323,9 @@ fn raw_and_share_gets_and_puts_between_two_hosts() {
     // requests that arrived together were answered together (4 connections × window 4)
     let rpcs = u(&m, "gets") + u(&m, "puts");
     assert!(u(&m, "reply_messages") < rpcs, "{m}");
-    // (and the interrupted clients' one each, and the abandoning client's four)
-    assert_eq!(u(&m["connections"], "accepted"), 42, "{m}");
+    // (and the interrupted clients' one each, and the abandoning client's two; more if a
+    // client was signalled while connecting and started again)
+    assert!(u(&m["connections"], "accepted") >= 40, "{m}");
     assert!(u(&m["connections"], "open") <= 2, "{m}");
     // and printed them as it went, a JSON line every 50 ms, counts never going back
     let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
