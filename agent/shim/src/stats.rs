@@ -32,9 +32,12 @@ impl Stats {
     pub fn paced(&self, now: u64, bytes: u64) {
         self.paced_wqes.fetch_add(1, Relaxed);
         self.paced_bytes.fetch_add(bytes, Relaxed);
-        let _ = self
-            .paced_first_ps
-            .compare_exchange(0, now.max(1), Relaxed, Relaxed);
+        // A load first: after the first admission the compare-and-swap would fail on every post.
+        if self.paced_first_ps.load(Relaxed) == 0 {
+            let _ = self
+                .paced_first_ps
+                .compare_exchange(0, now.max(1), Relaxed, Relaxed);
+        }
         self.paced_last_ps.fetch_max(now, Relaxed);
     }
 
