@@ -274,7 +274,7 @@ async fn run_inner(
     let table = settings
         .rate_table
         .as_ref()
-        .map(|p| TableWriter::start(p.clone(), stats.clone()));
+        .map(|p| TableWriter::start(p.clone(), stats.clone(), rate_table::PERIOD));
     if let Some(addr) = settings.metrics_listen {
         let listener = tokio::net::TcpListener::bind(addr)
             .await

@@ -122,15 +122,16 @@ pub fn temporary_path(path: &Path) -> PathBuf {
     PathBuf::from(tmp)
 }
 
-/// Writes `file` to `path` atomically: `PATH.tmp`, `fsync`, rename over `PATH`. An error
-/// names the path of the step that failed.
+/// Writes `file` to `path` atomically: `PATH.tmp`, rename over `PATH`. An error names the
+/// path of the step that failed. No `fsync`: the rename alone keeps readers from a torn
+/// table, and after a crash the agent writes a new one at start (the table lives in `/run`,
+/// gone at a reboot anyway); on a disk-backed `/run` each flush cost a disk cache flush.
 pub fn write(path: &Path, file: &TableFile) -> Result<(), String> {
     let text = serde_json::to_string_pretty(file).expect("rate table serialises");
     let tmp = temporary_path(path);
     let mut f =
         std::fs::File::create(&tmp).map_err(|e| format!("creating {}: {e}", tmp.display()))?;
     f.write_all(text.as_bytes())
-        .and_then(|()| f.sync_data())
         .map_err(|e| format!("writing {}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, path)
         .map_err(|e| format!("renaming {} to {}: {e}", tmp.display(), path.display()))
@@ -148,6 +149,12 @@ impl RateTable {
 /// How long a failed write waits before the next try (unless a newer table comes first).
 const RETRY: Duration = Duration::from_secs(1);
 
+/// The shortest time between two writes of the same link state. Rounds come 100 times a
+/// second and every one moves the rates a little; a table written at each cost an idle agent
+/// a tenth of a core (a file created and flushed per round), for readers (operators, tools,
+/// tests) that need it current to a human's eye, not to a round.
+pub const PERIOD: Duration = Duration::from_millis(100);
+
 /// Writes the rate table in a task of its own, off the round path. A write that fails (disk
 /// full, read-only `/run`, a directory in the way) never stops the agent: enforcement goes on
 /// through the shims' shared memory, and the table only informs operators and tools. The
@@ -160,9 +167,10 @@ pub struct TableWriter {
 }
 
 impl TableWriter {
-    pub fn start(path: PathBuf, metrics: Arc<AgentMetrics>) -> Self {
+    /// `period`: [`PERIOD`] but in tests.
+    pub fn start(path: PathBuf, metrics: Arc<AgentMetrics>, period: Duration) -> Self {
         let (latest, rx) = watch::channel(None);
-        let task = tokio::spawn(write_loop(path.clone(), rx, metrics));
+        let task = tokio::spawn(write_loop(path.clone(), rx, metrics, period));
         Self { path, latest, task }
     }
 
@@ -186,10 +194,28 @@ impl TableWriter {
 /// How long an exiting agent waits for its last table write.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
+/// Waits out `period` after a write of a table in state `written`, unless a table in another
+/// state arrives (a change of state is written at once) or the agent closes (its last table
+/// too). `rx` itself is left as it was, so the newest table is the next one written.
+async fn settle(rx: &watch::Receiver<Option<TableFile>>, written: LinkState, period: Duration) {
+    let mut probe = rx.clone();
+    let until = tokio::time::Instant::now() + period;
+    while let Ok(Ok(())) = tokio::time::timeout_at(until, probe.changed()).await {
+        if probe
+            .borrow_and_update()
+            .as_ref()
+            .is_some_and(|f| f.state != written)
+        {
+            return;
+        }
+    }
+}
+
 async fn write_loop(
     path: PathBuf,
     mut rx: watch::Receiver<Option<TableFile>>,
     metrics: Arc<AgentMetrics>,
+    period: Duration,
 ) {
     let mut failing: Option<String> = None;
     while rx.changed().await.is_ok() {
@@ -197,6 +223,7 @@ async fn write_loop(
             let Some(file) = rx.borrow_and_update().clone() else {
                 break;
             };
+            let state = file.state;
             let p = path.clone();
             let r = tokio::task::spawn_blocking(move || write(&p, &file))
                 .await
@@ -207,6 +234,7 @@ async fn write_loop(
                     if failing.take().is_some() {
                         info!(path = %path.display(), "the rate table is written again");
                     }
+                    settle(&rx, state, period).await;
                     break;
                 }
                 Err(e) => {
@@ -223,5 +251,64 @@ async fn write_loop(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(state: LinkState, iteration: u64) -> TableFile {
+        TableFile {
+            format: FORMAT.into(),
+            host: "h0".into(),
+            state,
+            epoch: 1,
+            iteration,
+            updated_unix_ms: 0,
+            apps: Vec::new(),
+        }
+    }
+
+    async fn written(path: &Path, want: impl Fn(&TableFile) -> bool) -> TableFile {
+        let end = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(t) = RateTable::read(path) {
+                if want(&t) {
+                    return t;
+                }
+            }
+            assert!(tokio::time::Instant::now() < end, "never written");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn rounds_are_written_once_a_period_and_changes_of_state_and_the_last_table_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rates.json");
+        // A period no test run outlasts: whatever is written before it ends was not paced.
+        let w = TableWriter::start(
+            path.clone(),
+            Arc::new(AgentMetrics::default()),
+            Duration::from_secs(3600),
+        );
+        w.publish(table(LinkState::Live, 1));
+        written(&path, |t| t.iteration == 1).await;
+        for i in 2..=50 {
+            w.publish(table(LinkState::Live, i));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            RateTable::read(&path).unwrap().iteration,
+            1,
+            "a round's table waits"
+        );
+        w.publish(table(LinkState::FailStatic, 51));
+        written(&path, |t| t.state == LinkState::FailStatic).await;
+        w.publish(table(LinkState::FailStatic, 52));
+        w.close(table(LinkState::Stopped, 53)).await;
+        let last = RateTable::read(&path).unwrap();
+        assert_eq!((last.state, last.iteration), (LinkState::Stopped, 53));
     }
 }
