@@ -9,6 +9,7 @@ mod configs;
 mod convergence;
 mod daemons;
 mod fonts;
+mod host_cpu;
 mod meta;
 mod plot;
 mod profile;

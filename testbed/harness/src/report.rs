@@ -294,6 +294,10 @@ fn page(meta: &Meta, runs: &[RunRecord], vs: &[Verdict], sections: &str) -> Stri
         .iter()
         .filter(|r| r.flags.iter().any(|f| f.starts_with("under load")))
         .count();
+    let saturated = runs
+        .iter()
+        .filter(|r| r.flags.iter().any(|f| f.starts_with("CPU saturated")))
+        .count();
     format!(
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>DRUM testbed report</title>\
          <style>body{{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}}\
@@ -303,7 +307,8 @@ fn page(meta: &Meta, runs: &[RunRecord], vs: &[Verdict], sections: &str) -> Stri
          <body><h1>DRUM testbed: RAW vs SHARE vs DRUM</h1>\
          <p id=stamp>Commit <code>{commit}</code>, profile <b>{profile}</b>, seed {seed}; NIC \
          <b>{nic}</b> (softrnic {args}; times dilated {dil}×: real-time equivalent = dilated ÷ {dil}); \
-         machine: {machine}. {n} runs ({failed} failed, {loaded} started under load).</p>\
+         machine: {machine}. {n} runs ({failed} failed, {loaded} started under load, {saturated} with \
+         every CPU busy).</p>\
          <h2>Verdicts</h2><table class=verdicts><tr><th>scenario</th><th>criterion</th>\
          <th>measured</th><th>paper</th><th>verdict</th></tr>{rows}</table>{sections}\
          <p>Raw data: <code>runs/</code>, <code>runs.csv</code>, <code>summary.csv</code>; \

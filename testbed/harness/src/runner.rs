@@ -3,6 +3,7 @@
 //! run again) and interruptible (Ctrl-C tears the hosts down and keeps what finished).
 
 use crate::cluster::{catch_interrupts, interrupted, Cluster};
+use crate::host_cpu;
 use crate::profile::{Profile, DILATED};
 use crate::programs::load_average;
 use crate::record::RunRecord;
@@ -193,6 +194,7 @@ fn one(cluster: &Cluster, s: &Scenario, p: &Planned, opts: &RunOptions) -> Resul
         seed,
     };
     let load_before = load_average();
+    let cpu_before = host_cpu::CpuTimes::now();
     let started_unix_s = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
@@ -231,6 +233,16 @@ fn one(cluster: &Cluster, s: &Scenario, p: &Planned, opts: &RunOptions) -> Resul
     // More runnable threads than cores before the run started: something else competed.
     if load_before > cores() {
         m.flags.push(format!("under load ({load_before:.2})"));
+    }
+    let cpu_busy = cpu_before
+        .zip(host_cpu::CpuTimes::now())
+        .and_then(|(a, b)| host_cpu::busy(a, b));
+    if let Some(b) = cpu_busy {
+        m.mechanism.insert("host_cpu_busy".into(), b);
+        if b >= host_cpu::SATURATED {
+            m.flags
+                .push(format!("CPU saturated ({:.0} % busy)", b * 100.0));
+        }
     }
     Ok(RunRecord {
         scenario: s.name.into(),
