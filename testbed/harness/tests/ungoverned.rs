@@ -89,8 +89,9 @@ os.execvp(sys.argv[1], sys.argv[1:])\n";
                 .args(["exec", "--host", host, "--"]);
             c
         };
-        let server = spawn(bare("h1").arg("ib_write_bw").args(args));
-        std::thread::sleep(Duration::from_millis(500));
+        let mut server = spawn(bare("h1").arg("ib_write_bw").args(args));
+        // perftest's client does not retry a connection its server does not take yet.
+        wait_listening(&mut server, port.parse().unwrap(), Duration::from_secs(30));
         let client = spawn(
             bare("h2")
                 .env("DRUM_AGENT_SOCKET", self.dir.join("h2/shim.sock"))
@@ -277,6 +278,10 @@ fn a_registered_process_that_ignores_its_grant_is_reported_and_its_excess_comes_
     });
     let warned = format!("pid={pid} uid=0 app=greedy");
     wait_until(Duration::from_secs(20), "greedy reported", || {
+        // A client that ended (it could not connect, its NIC went away) is never reported.
+        if let Ok(Some(status)) = ic.try_wait() {
+            panic!("greedy's client ended ({status}) before it was reported");
+        }
         c.agent_log("h2")
             .lines()
             .any(|l| l.contains(&warned) && l.contains("above its grant"))

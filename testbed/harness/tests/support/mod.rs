@@ -60,6 +60,15 @@ impl Drop for Cluster {
                 if !log.is_empty() {
                     eprintln!("--- agent-{host}.log:\n{log}");
                 }
+                let engine = self
+                    .dir
+                    .join("softrnic/hosts")
+                    .join(host)
+                    .join("engine.log");
+                let log = std::fs::read_to_string(engine).unwrap_or_default();
+                if !log.is_empty() {
+                    eprintln!("--- softrnic engine of {host}:\n{log}");
+                }
             }
         }
         let out = run_timeout(self.cmd().arg("down"), Duration::from_secs(60));
