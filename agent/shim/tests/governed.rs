@@ -64,7 +64,7 @@ fn agent_grants_hold_ib_write_bw_to_10_30_and_60_percent_of_line_rate() {
     );
     let mut report = Vec::new();
     for (app, frac) in [("bw10", 0.1), ("bw30", 0.3), ("bw60", 0.6)] {
-        let args = ["ib_write_bw", "-x", "0", "-s", "65536", "-n", "500"];
+        let args = ["ib_write_bw", "-x", "0", "-F", "-s", "65536", "-n", "500"];
         let who = app.to_string();
         let want = frac * 1e9 / 8.0 / 1048576.0;
         let got = assert_holds_grant(&format!("{who} (MiB)"), want, 0.05, || {
@@ -225,6 +225,7 @@ fn top_k_gating_beats_qp_cache_thrashing() {
         "ib_write_bw",
         "-x",
         "0",
+        "-F",
         "-q",
         "64",
         "-s",
@@ -279,7 +280,7 @@ fn agent_killed_and_restarted_while_an_application_runs() {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let args = ["ib_write_bw", "-x", "0", "-s", "65536", "-D", "12"];
+    let args = ["ib_write_bw", "-x", "0", "-F", "-s", "65536", "-D", "12"];
     let ip = run.addr("h1");
     let mut server = spawn(&mut run.exec("h1", &args, true, &env));
     // The server must listen before the client connects (perftest does not retry).
@@ -590,6 +591,7 @@ fn incast_lookahead_gives_the_first_sender_its_share_at_once() {
             "ib_write_bw",
             "-x",
             "0",
+            "-F",
             "-s",
             "65536",
             "-D",
@@ -668,6 +670,7 @@ fn dasr_caps_halve_with_a_second_sender_and_return_when_it_leaves() {
             "ib_write_bw",
             "-x",
             "0",
+            "-F",
             "-s",
             "65536",
             "-D",
@@ -708,7 +711,10 @@ fn dasr_caps_halve_with_a_second_sender_and_return_when_it_leaves() {
         assert_ok(&o, who);
     }
     // h3 sends again, then its host "dies": the agent is killed, so nobody says goodbye.
-    let (sb, cb) = start(2, "18603", "4");
+    // The sender must outlive the kill: had it ended first, h3's agent would already have
+    // gone quiet and the expiry timed below would start before the kill (a CI run saw the
+    // cap back 112 ms after it with `-D 4` on a loaded machine).
+    let (sb, cb) = start(2, "18603", "10");
     wait_until("h2's cap halved again", STARTUP_LIMIT, || {
         cap_of(&agents[1]) == Some((r / 2, 2))
     });
@@ -783,6 +789,7 @@ fn nic_auss_caps_each_sender_at_half_with_no_agent() {
             "ib_write_bw",
             "-x",
             "0",
+            "-F",
             "-s",
             "65536",
             "-D",

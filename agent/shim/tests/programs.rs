@@ -166,9 +166,9 @@ fn perftest_write_bw_send_lat_read_lat_same_results_through_the_shim_and_counted
     let run = Run::new("perftest");
     run.up(&["--hosts", "2"]);
 
-    let bw = ["ib_write_bw", "-x", "0", "-s", "65536", "-n", "200"];
-    let lat = ["ib_send_lat", "-x", "0", "-n", "200"];
-    let read = ["ib_read_lat", "-x", "0", "-n", "200"];
+    let bw = ["ib_write_bw", "-x", "0", "-F", "-s", "65536", "-n", "200"];
+    let lat = ["ib_send_lat", "-x", "0", "-F", "-n", "200"];
+    let read = ["ib_read_lat", "-x", "0", "-F", "-n", "200"];
     for args in [&bw[..], &lat[..], &read[..]] {
         let mut rows = Vec::new();
         for with_shim in [false, true] {
@@ -305,8 +305,18 @@ fn rdma_cm_programs_same_results_through_the_shim_and_counted() {
         }
     }
     for args in [
-        &["ib_write_bw", "-R", "-x", "0", "-s", "65536", "-n", "200"][..],
-        &["ib_send_lat", "-R", "-x", "0", "-n", "200"],
+        &[
+            "ib_write_bw",
+            "-R",
+            "-x",
+            "0",
+            "-F",
+            "-s",
+            "65536",
+            "-n",
+            "200",
+        ][..],
+        &["ib_send_lat", "-R", "-x", "0", "-F", "-n", "200"],
     ] {
         for with_shim in [false, true] {
             let who = format!("{args:?} shim={with_shim}");
@@ -434,6 +444,7 @@ fn paced_lists_reach_the_nic_one_doorbell_per_work_request() {
         "ib_write_bw",
         "-x",
         "0",
+        "-F",
         "-s",
         "64",
         "-n",
@@ -465,7 +476,7 @@ fn paced_lists_reach_the_nic_one_doorbell_per_work_request() {
 /// static WQE grant (`rate`), the rate the shim's limit let them out at ([`paced_wqe_rate`]),
 /// printed beside perftest's.
 fn write_bw_msg_rate(run: &Run, rate: Option<&str>, extra: &[&str]) -> f64 {
-    let mut args = vec!["ib_write_bw", "-x", "0", "-s", "4096", "-n", "300"];
+    let mut args = vec!["ib_write_bw", "-x", "0", "-F", "-s", "4096", "-n", "300"];
     args.extend_from_slice(extra);
     let env: Vec<(&str, &str)> = rate
         .map(|r| vec![("DRUM_SHIM_RATE_WQE_PER_S", r)])

@@ -168,7 +168,7 @@ fn server(
     });
     let mut c = run.exec(
         "h1",
-        &["sh", "-c", &format!("{pre} exec setpriv --reuid={uid} --regid={uid} --clear-groups ib_write_bw -x 0 -p {port}")],
+        &["sh", "-c", &format!("{pre} exec setpriv --reuid={uid} --regid={uid} --clear-groups ib_write_bw -x 0 -F -p {port}")],
         agent.is_some(),
         shim_env.as_deref().unwrap_or(&[]),
     );
@@ -818,6 +818,7 @@ fn an_apps_processes_share_its_grant_and_one_that_exceeds_it_is_reported() {
             "ib_write_bw",
             "-x",
             "0",
+            "-F",
             "-s",
             "65536",
             "-D",

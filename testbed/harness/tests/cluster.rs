@@ -44,7 +44,7 @@ impl Cluster {
         // 67 ms tries (RETRY_EXC_ERR in 2 of 7 runs on 2026-11-28, with the previous day's
         // code too); this test is about the control plane, not the transport.
         let args = [
-            program, "-x", "0", "-s", "65536", "-D", secs, "-p", port, "-u", "18",
+            program, "-x", "0", "-F", "-s", "65536", "-D", secs, "-p", port, "-u", "18",
         ];
         let mut s = self.cmd();
         s.args([

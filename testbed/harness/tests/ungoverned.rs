@@ -29,6 +29,7 @@ impl Cluster {
             "ib_write_bw",
             "-x",
             "0",
+            "-F",
             "-s",
             "65536",
             "-D",

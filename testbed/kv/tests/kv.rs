@@ -14,6 +14,7 @@
 mod support;
 
 use drum_test_support::{run_timeout, spawn, text, wait_timeout};
+use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Output};
 use std::time::{Duration, Instant};
 use support::agent::Agent;
@@ -245,7 +246,6 @@ fn interrupted_reader(
         // SAFETY: signalling our own child.
         unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
         let o = wait_timeout(child, Duration::from_secs(20));
-        use std::os::unix::process::ExitStatusExt;
         if o.status.signal() == Some(libc::SIGINT) && wait < Duration::from_secs(8) {
             wait *= 2;
             continue;

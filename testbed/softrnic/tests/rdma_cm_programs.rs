@@ -167,10 +167,30 @@ fn perftest_connects_through_the_rdma_cm() {
     let run = Run::new("cm-perftest");
     run.up(&["--hosts", "2"]);
     for args in [
-        &["ib_write_bw", "-R", "-x", "0", "-s", "65536", "-n", "300"][..],
-        &["ib_send_lat", "-R", "-x", "0", "-n", "300"],
-        &["ib_read_lat", "-R", "-x", "0", "-n", "200"],
-        &["ib_send_lat", "-R", "-x", "0", "-c", "UD", "-n", "200"],
+        &[
+            "ib_write_bw",
+            "-R",
+            "-x",
+            "0",
+            "-F",
+            "-s",
+            "65536",
+            "-n",
+            "300",
+        ][..],
+        &["ib_send_lat", "-R", "-x", "0", "-F", "-n", "300"],
+        &["ib_read_lat", "-R", "-x", "0", "-F", "-n", "200"],
+        &[
+            "ib_send_lat",
+            "-R",
+            "-x",
+            "0",
+            "-F",
+            "-c",
+            "UD",
+            "-n",
+            "200",
+        ],
     ] {
         let mut client = args.to_vec();
         client.push("SERVER");
@@ -306,7 +326,17 @@ fn mckey_multicast_reaches_every_member() {
     // perftest's default, IB-style MGID.
     let mgid = "--MGID=0:0:0:0:0:0:0:0:0:0:255:255:239:1:1:7";
     for extra in [&[mgid][..], &[]] {
-        let mut args = vec!["ib_send_lat", "-c", "UD", "--mcg", "-x", "0", "-n", "100"];
+        let mut args = vec![
+            "ib_send_lat",
+            "-c",
+            "UD",
+            "--mcg",
+            "-x",
+            "0",
+            "-F",
+            "-n",
+            "100",
+        ];
         args.extend_from_slice(extra);
         let mut client = args.clone();
         client.push("SERVER");

@@ -389,14 +389,14 @@ fn perftest_write_bw_send_lat_read_lat_between_namespaces() {
     let run = Run::new("perftest");
     run.up(&["--hosts", "2"]);
     for args in [
-        &["ib_write_bw", "-x", "0", "-s", "65536", "-n", "200"][..],
-        &["ib_send_lat", "-x", "0", "-n", "200"][..],
-        &["ib_read_lat", "-x", "0", "-n", "200"][..],
-        &["ib_read_bw", "-x", "0", "-s", "65536", "-n", "100"][..],
+        &["ib_write_bw", "-x", "0", "-F", "-s", "65536", "-n", "200"][..],
+        &["ib_send_lat", "-x", "0", "-F", "-n", "200"][..],
+        &["ib_read_lat", "-x", "0", "-F", "-n", "200"][..],
+        &["ib_read_bw", "-x", "0", "-F", "-s", "65536", "-n", "100"][..],
         // Every size up to 8 MiB, 16 READs outstanding: their responses once went out all
         // at once, overflowed the requester's socket from 1 MiB on, and every retry did it
         // again (RETRY_EXC_ERR).
-        &["ib_read_bw", "-x", "0", "-a", "-n", "200"][..],
+        &["ib_read_bw", "-x", "0", "-F", "-a", "-n", "200"][..],
     ] {
         let (server, client) = pair(&run, args);
         assert!(
@@ -824,6 +824,7 @@ fn nic_model_settings_and_qp_cache_knee() {
                 "ib_write_bw",
                 "-x",
                 "0",
+                "-F",
                 "-s",
                 "16384",
                 "-n",
@@ -893,6 +894,7 @@ fn post_lists_are_fetched_one_doorbell_per_read() {
             "ib_write_bw",
             "-x",
             "0",
+            "-F",
             "-s",
             "64",
             "-n",
@@ -1011,9 +1013,9 @@ fn programs_on_one_host_talk_through_the_nics_loopback() {
     }
     if have("ib_read_bw") {
         for args in [
-            &["ib_read_bw", "-x", "0", "-n", "300"][..],
-            &["ib_atomic_bw", "-x", "0", "-n", "300"],
-            &["ib_send_lat", "-x", "0", "-c", "UD", "-n", "300"],
+            &["ib_read_bw", "-x", "0", "-F", "-n", "300"][..],
+            &["ib_atomic_bw", "-x", "0", "-F", "-n", "300"],
+            &["ib_send_lat", "-x", "0", "-F", "-c", "UD", "-n", "300"],
         ] {
             assert!(on_h1(args).contains("#bytes"), "{args:?}");
         }
@@ -1114,7 +1116,16 @@ fn polling_fails_instead_of_hanging_when_the_engine_vanishes() {
     let run = Run::new("vanish");
     run.up(&["--hosts", "2"]);
     let ip = run.addr("h1");
-    let args = ["ib_write_bw", "-x", "0", "-s", "65536", "-n", "1000000"];
+    let args = [
+        "ib_write_bw",
+        "-x",
+        "0",
+        "-F",
+        "-s",
+        "65536",
+        "-n",
+        "1000000",
+    ];
     let mut server = spawn(&mut run.exec("h1", &args));
     // perftest's client does not retry a connection its server does not take yet.
     drum_test_support::wait_listening(&mut server, 18515, Duration::from_secs(30));
@@ -1216,21 +1227,23 @@ fn perftest_atomic_bw_and_lat_cmp_swap_and_fetch_add() {
     pairs_succeed(
         &run,
         &[
-            &["ib_atomic_bw", "-x", "0", "-n", "500"][..],
+            &["ib_atomic_bw", "-x", "0", "-F", "-n", "500"][..],
             &[
                 "ib_atomic_bw",
                 "-x",
                 "0",
+                "-F",
                 "-n",
                 "500",
                 "-A",
                 "FETCH_AND_ADD",
             ][..],
-            &["ib_atomic_lat", "-x", "0", "-n", "300"][..],
+            &["ib_atomic_lat", "-x", "0", "-F", "-n", "300"][..],
             &[
                 "ib_atomic_lat",
                 "-x",
                 "0",
+                "-F",
                 "-n",
                 "300",
                 "-A",
@@ -1299,7 +1312,7 @@ fn own_atomic_checker_exact_totals_under_loss_and_duplication() {
     assert!(h1["rx_duplicate"] > 0, "{h1:?}");
     // perftest under the same faults: 16 atomics outstanding per QP, 128 posted.
     if have("ib_atomic_bw") {
-        let args = ["ib_atomic_bw", "-x", "0", "-n", "500", "-q", "2"];
+        let args = ["ib_atomic_bw", "-x", "0", "-F", "-n", "500", "-q", "2"];
         let (server, client) = pair(&run, &args);
         assert!(server.status.success(), "server: {}", text(&server));
         assert!(client.status.success(), "client: {}", text(&client));
@@ -1406,8 +1419,8 @@ fn ud_pingpong_and_perftest_send_over_ud() {
     pairs_succeed(
         &run,
         &[
-            &["ib_send_bw", "-x", "0", "-c", "UD", "-n", "500"],
-            &["ib_send_lat", "-x", "0", "-c", "UD", "-n", "200"],
+            &["ib_send_bw", "-x", "0", "-F", "-c", "UD", "-n", "500"],
+            &["ib_send_lat", "-x", "0", "-F", "-c", "UD", "-n", "200"],
         ],
         "#bytes",
     );
@@ -1474,6 +1487,7 @@ fn uc_pingpong_and_perftest_write_over_uc_and_loss_drops_messages() {
         "ib_write_bw",
         "-x",
         "0",
+        "-F",
         "-c",
         "UC",
         "-s",
@@ -1602,11 +1616,11 @@ fn xsrq_pingpong_and_perftest_over_xrc() {
     pairs_succeed(
         &run,
         &[
-            &["ib_send_bw", "-x", "0", "-c", "XRC", "-q", "2", "-n", "300"],
             &[
-                "ib_write_bw",
+                "ib_send_bw",
                 "-x",
                 "0",
+                "-F",
                 "-c",
                 "XRC",
                 "-q",
@@ -1614,9 +1628,21 @@ fn xsrq_pingpong_and_perftest_over_xrc() {
                 "-n",
                 "300",
             ],
-            &["ib_read_bw", "-x", "0", "-c", "XRC", "-n", "300"],
-            &["ib_send_lat", "-x", "0", "-c", "XRC", "-n", "200"],
-            &["ib_atomic_bw", "-x", "0", "-c", "XRC", "-n", "200"],
+            &[
+                "ib_write_bw",
+                "-x",
+                "0",
+                "-F",
+                "-c",
+                "XRC",
+                "-q",
+                "2",
+                "-n",
+                "300",
+            ],
+            &["ib_read_bw", "-x", "0", "-F", "-c", "XRC", "-n", "300"],
+            &["ib_send_lat", "-x", "0", "-F", "-c", "XRC", "-n", "200"],
+            &["ib_atomic_bw", "-x", "0", "-F", "-c", "XRC", "-n", "200"],
         ],
         "#bytes",
     );
@@ -2031,8 +2057,8 @@ fn on_demand_paging_pingpong_and_perftest() {
         pairs_succeed(
             &run,
             &[
-                &["ib_write_bw", "-x", "0", "--odp", "-n", "300"],
-                &["ib_read_bw", "-x", "0", "--odp", "-n", "300"],
+                &["ib_write_bw", "-x", "0", "-F", "--odp", "-n", "300"],
+                &["ib_read_bw", "-x", "0", "-F", "--odp", "-n", "300"],
             ],
             "#bytes",
         );

@@ -142,7 +142,6 @@ impl Scenario {
     }
 }
 
-/// Every scenario, in the order `list` and the report show them.
 /// The shim's exit summary line (`drum-shim: pid=… key=value …`, with `DRUM_SHIM_LOG=1`) as
 /// numbers.
 fn shim_summary(stderr: &str) -> BTreeMap<String, f64> {
@@ -157,6 +156,7 @@ fn shim_summary(stderr: &str) -> BTreeMap<String, f64> {
         .collect()
 }
 
+/// Every scenario, in the order `list` and the report show them.
 pub fn all() -> Vec<Scenario> {
     vec![
         fig2::fig2a(),
