@@ -7,6 +7,7 @@
 
 use crate::batch;
 use crate::dist::{KeyDist, KeySpec, OpKind, OpMix, Rng, SizeDist, WrNum};
+use crate::in_flight::Interval;
 use crate::interrupt;
 use crate::proto::{self, Op, Reply, Request, Status};
 use crate::schedule::Schedule;
@@ -67,6 +68,18 @@ impl Clock {
             return false;
         }
         true
+    }
+
+    /// The interval measured: from the warm-up's end until the run stopped (or is due to).
+    fn measured(&self) -> Interval {
+        let stopped = self.stopped_at.get().copied();
+        Interval {
+            from: self.warmup_end,
+            until: match (self.deadline, stopped) {
+                (Some(d), Some(s)) => Some(d.min(s)),
+                (d, s) => d.or(s),
+            },
+        }
     }
 
     /// Whether operations still in flight at `now` are given up: the run stopped more than
@@ -134,6 +147,7 @@ struct InFlight {
 /// A batch in flight: when it was posted and how many of its operations are left.
 struct Batch {
     start: Instant,
+    ops: usize,
     left: usize,
 }
 
@@ -419,6 +433,7 @@ impl Conn {
             // Whatever was in flight is lost with the QP.
             let lost = self.slots.iter().filter(|s| s.is_some()).count() as u64;
             rec.failed_completions += lost;
+            self.give_up_batches(clock, rec, now);
             self.finished = true;
             return Ok(progress + 1);
         }
@@ -429,6 +444,7 @@ impl Conn {
         if in_flight > 0 && clock.abandons(now) {
             // Their completions, if any come, are routed to a connection no one polls.
             rec.abandoned += in_flight;
+            self.give_up_batches(clock, rec, now);
             self.finished = true;
             return Ok(progress + 1);
         }
@@ -522,6 +538,7 @@ impl Conn {
         if posted > 0 {
             self.batches[b] = Some(Batch {
                 start: now,
+                ops: posted,
                 left: posted,
             });
         }
@@ -709,6 +726,15 @@ impl Conn {
         }
     }
 
+    /// The batches still in flight are given up at `now`: their time in flight until the
+    /// run stopped still counts (`in_flight.rs`).
+    fn give_up_batches(&mut self, clock: &Clock, rec: &mut Recorder, now: Instant) {
+        for b in self.batches.drain(..).flatten() {
+            rec.batch_in_flight
+                .in_flight(b.start, now, clock.measured());
+        }
+    }
+
     /// Ends the operation in `slot`; `ok` false when its completion failed.
     fn finish(&mut self, slot: u32, ok: bool, clock: &Clock, rec: &mut Recorder, now: Instant) {
         let Some(op) = self.slots[slot as usize].take() else {
@@ -725,11 +751,15 @@ impl Conn {
             self.bytes += op.size as u64;
         }
         if let Some(b) = self.batches.get_mut(op.batch).and_then(|b| b.as_mut()) {
+            rec.batch_in_flight
+                .op_completed(b.ops, now, clock.measured());
             b.left -= 1;
             if b.left == 0 {
                 if counted {
                     Recorder::record(&mut rec.batches, (now - b.start).as_nanos() as u64);
                 }
+                rec.batch_in_flight
+                    .in_flight(b.start, now, clock.measured());
                 self.batches[op.batch] = None;
             }
         }

@@ -7,6 +7,7 @@ mod batch;
 mod client;
 mod cm;
 mod dist;
+mod in_flight;
 mod interrupt;
 mod metrics;
 mod proto;
@@ -263,11 +264,12 @@ fn print_summary(s: &stats::Summary, json: bool) -> anyhow::Result<()> {
     } else {
         println!(
             "{} {} conns={} threads={} share={}: {} ops {} bytes in {:.2} s: {:.0} ops/s {:.2} MiB/s; \
-             latency us mean {:.1} p50 {:.1} p80 {:.1} p99 {:.1} p99.9 {:.1}; batch p50 {:.1} us; \
+             latency us mean {:.1} p50 {:.1} p80 {:.1} p99 {:.1} p99.9 {:.1}; batch p50 {:.1} us, in flight {:.1} us; \
              lock wait {:.0} us total; errors {} (wrong values {}, error replies {}, failed {}); torn retries {}; updated values read {}; \
              abandoned {}",
             s.mode, s.op, s.conns, s.threads, s.share, s.ops, s.bytes, s.seconds, s.ops_per_s,
             s.mib_per_s, s.mean_us, s.p50_us, s.p80_us, s.p99_us, s.p999_us, s.batch.p50_us,
+            s.batch_in_flight.mean_us,
             s.lock_wait_total_us, s.errors, s.wrong_values, s.error_replies, s.failed_completions,
             s.torn_retries, s.updated_values, s.abandoned
         );

@@ -1,6 +1,7 @@
 //! Latency histograms and the client's summary: what it measured, as text or JSON, with the
 //! histograms serialised so the summaries of several clients can be merged.
 
+use crate::in_flight::{InFlightSummary, InFlightTime};
 use base64::Engine;
 use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer};
 use hdrhistogram::Histogram;
@@ -24,6 +25,7 @@ pub struct Recorder {
     pub updated_values: u64,
     /// Operations still in flight when the drain time after the run ran out.
     pub abandoned: u64,
+    pub batch_in_flight: InFlightTime,
 }
 
 impl Default for Recorder {
@@ -38,6 +40,7 @@ impl Default for Recorder {
             torn_retries: 0,
             updated_values: 0,
             abandoned: 0,
+            batch_in_flight: InFlightTime::default(),
         }
     }
 }
@@ -57,6 +60,7 @@ impl Recorder {
         self.torn_retries += o.torn_retries;
         self.updated_values += o.updated_values;
         self.abandoned += o.abandoned;
+        self.batch_in_flight.merge(&o.batch_in_flight);
     }
 
     pub fn errors(&self) -> u64 {
@@ -130,7 +134,12 @@ pub struct Summary {
     /// neither counted nor errors.
     #[serde(default)]
     pub abandoned: u64,
+    /// Completed batches only: a batch in flight when the run stops is not in it.
     pub batch: Latency,
+    /// How long a batch is in flight by Little's law, batches cut off by the run's end
+    /// included (`in_flight.rs`).
+    #[serde(default)]
+    pub batch_in_flight: InFlightSummary,
     /// Time spent acquiring the QP lock (uncontended in RAW mode).
     pub lock_wait: Latency,
     pub lock_wait_total_us: f64,
@@ -199,6 +208,7 @@ pub fn summarize(
         updated_values: r.updated_values,
         abandoned: r.abandoned,
         batch: Latency::of(&r.batches),
+        batch_in_flight: r.batch_in_flight.summary(),
         lock_wait_total_us: lw.mean_us * lw.count as f64,
         lock_wait: lw,
         per_conn,
@@ -241,6 +251,7 @@ pub fn merge(all: &[Summary]) -> anyhow::Result<Summary> {
     // rates of concurrent clients add up (each over its own measured time)
     m.ops_per_s = all.iter().map(|s| s.ops_per_s).sum();
     m.mib_per_s = all.iter().map(|s| s.mib_per_s).sum();
+    m.batch_in_flight = InFlightSummary::merge(all.iter().map(|s| s.batch_in_flight));
     m.lock_wait_total_us = lock_us;
     m.lock_wait.count = lock_n;
     m.lock_wait.mean_us = if lock_n > 0 {
@@ -291,10 +302,13 @@ mod tests {
 
     #[test]
     fn summaries_merge_through_their_json() {
-        let a = summary(&[10; 50], 0);
-        let b = summary(&[30; 50], 1);
+        let mut a = summary(&[10; 50], 0);
+        let mut b = summary(&[30; 50], 1);
+        a.batch_in_flight = InFlightSummary::new(4.0, 2.0);
+        b.batch_in_flight = InFlightSummary::new(2.0, 2.0);
         let a: Summary = serde_json::from_str(&serde_json::to_string(&a).unwrap()).unwrap();
         let m = merge(&[a, b]).unwrap();
+        assert_eq!(m.batch_in_flight, InFlightSummary::new(6.0, 4.0));
         assert_eq!(m.ops, 100);
         assert_eq!(m.conns, 2);
         assert_eq!(m.per_conn.len(), 2);
