@@ -242,15 +242,21 @@ fn measured(
         m.metrics
             .insert("bg_batch_mean_us".into(), batches / bgs.len() as f64);
         // By Little's law, which the run's end does not cut short (drum-kv's in_flight.rs):
-        // the clients' batch-seconds in flight over the batches they completed.
+        // the clients' batch-seconds in flight over the batches they completed. Nothing
+        // completed is no measurement (NaN: the run is measured again).
         let in_flight = |k| {
             bgs.iter()
                 .map(|b| num(&b.summary["batch_in_flight"], k))
                 .sum::<f64>()
         };
+        let completed = in_flight("completed");
         m.metrics.insert(
             "bg_batch_in_flight_us".into(),
-            in_flight("seconds") * 1e6 / in_flight("completed").max(1.0),
+            if completed > 0.0 {
+                in_flight("seconds") * 1e6 / completed
+            } else {
+                f64::NAN
+            },
         );
     }
     let after = ctx.cluster.stats("h2")?;
