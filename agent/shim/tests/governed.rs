@@ -711,9 +711,7 @@ fn dasr_caps_halve_with_a_second_sender_and_return_when_it_leaves() {
         assert_ok(&o, who);
     }
     // h3 sends again, then its host "dies": the agent is killed, so nobody says goodbye.
-    // The sender must outlive the kill: had it ended first, h3's agent would already have
-    // gone quiet and the expiry timed below would start before the kill (a CI run saw the
-    // cap back 112 ms after it with `-D 4` on a loaded machine).
+    // The sender outlives the kill, so that only the kill can end h3's announcements.
     let (sb, cb) = start(2, "18603", "10");
     wait_until("h2's cap halved again", STARTUP_LIMIT, || {
         cap_of(&agents[1]) == Some((r / 2, 2))
@@ -722,6 +720,16 @@ fn dasr_caps_halve_with_a_second_sender_and_return_when_it_leaves() {
     let capped_rate = agents[1]
         .send_rate("bulk", 1.0, |b| b.iter().sum())
         .expect("h2's sender listed by its agent") as u64;
+    // The cap comes back only because h3's agent dies: it is still halved now. How soon
+    // after the kill it returns depends on when h3's agent last refreshed its announcement
+    // (every 125 ms when scheduled; CI saw 112 and 284 ms on a loaded machine, where the
+    // agent's refreshes came late), so the expiry's own timing is asserted where the test
+    // controls both peers (agent/tests/dasr.rs, sender_killed_mid_message_expires_…).
+    assert_eq!(
+        cap_of(&agents[1]),
+        Some((r / 2, 2)),
+        "h2's cap was back before h3's agent was killed"
+    );
     let mut agents = agents;
     agents[2].kill();
     let t_expire = wait_until("h3 expired at h1", Duration::from_secs(5), || {
@@ -745,10 +753,6 @@ fn dasr_caps_halve_with_a_second_sender_and_return_when_it_leaves() {
     let ca = wait_timeout(ca, Duration::from_secs(60));
     let sa = wait_timeout(sa, Duration::from_secs(60));
     assert_pair_ok(&sa, &ca, "h2 -> h1");
-    assert!(
-        t_expire >= Duration::from_millis(300),
-        "expired too early: {t_expire:?}"
-    );
 }
 
 /// Bytes the NIC of `host` fetched for its processes so far (`proc_tx_bytes.PID`, summed).
