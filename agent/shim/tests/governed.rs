@@ -7,6 +7,7 @@
 
 mod support;
 
+use drum_test_support::perftest;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::Output;
 use std::time::{Duration, Instant};
@@ -64,7 +65,7 @@ fn agent_grants_hold_ib_write_bw_to_10_30_and_60_percent_of_line_rate() {
     );
     let mut report = Vec::new();
     for (app, frac) in [("bw10", 0.1), ("bw30", 0.3), ("bw60", 0.6)] {
-        let args = ["ib_write_bw", "-x", "0", "-F", "-s", "65536", "-n", "500"];
+        let args = perftest("ib_write_bw", &["-s", "65536", "-n", "500"]);
         let who = app.to_string();
         let want = frac * 1e9 / 8.0 / 1048576.0;
         let got = assert_holds_grant(&format!("{who} (MiB)"), want, 0.05, || {
@@ -221,18 +222,7 @@ fn top_k_gating_beats_qp_cache_thrashing() {
         0.1,
         "[shim.apps.gated]\nmax_active_qps = 16\n",
     );
-    let args = [
-        "ib_write_bw",
-        "-x",
-        "0",
-        "-F",
-        "-q",
-        "64",
-        "-s",
-        "1024",
-        "-n",
-        "62",
-    ];
+    let args = perftest("ib_write_bw", &["-q", "64", "-s", "1024", "-n", "62"]);
     let mut bw = Vec::new();
     for app in ["free", "gated"] {
         let (server, client) = pair_env(&run, &args, true, &agent.env(app));
@@ -280,7 +270,7 @@ fn agent_killed_and_restarted_while_an_application_runs() {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let args = ["ib_write_bw", "-x", "0", "-F", "-s", "65536", "-D", "12"];
+    let args = perftest("ib_write_bw", &["-s", "65536", "-D", "12"]);
     let ip = run.addr("h1");
     let mut server = spawn(&mut run.exec("h1", &args, true, &env));
     // The server must listen before the client connects (perftest does not retry).
@@ -587,18 +577,7 @@ fn incast_lookahead_gives_the_first_sender_its_share_at_once() {
     };
     let r = 125_000_000u64;
     let send = |app: &str, port: &str| {
-        let args = [
-            "ib_write_bw",
-            "-x",
-            "0",
-            "-F",
-            "-s",
-            "65536",
-            "-D",
-            "3",
-            "-p",
-            port,
-        ];
+        let args = perftest("ib_write_bw", &["-s", "65536", "-D", "3", "-p", port]);
         let mut server = spawn(&mut run.exec("h1", &args, true, &h1_agent.env("sink")));
         drum_test_support::wait_listening(&mut server, port.parse().unwrap(), LISTEN_LIMIT);
         let mut cargs = args.to_vec();
@@ -666,18 +645,7 @@ fn dasr_caps_halve_with_a_second_sender_and_return_when_it_leaves() {
     let start = |sender: usize, port: &str, secs: &str| {
         let a = &agents[sender];
         let env = a.env("bulk");
-        let args = [
-            "ib_write_bw",
-            "-x",
-            "0",
-            "-F",
-            "-s",
-            "65536",
-            "-D",
-            secs,
-            "-p",
-            port,
-        ];
+        let args = perftest("ib_write_bw", &["-s", "65536", "-D", secs, "-p", port]);
         let mut server = spawn(&mut run.exec("h1", &args, true, &agents[0].env("sink")));
         drum_test_support::wait_listening(&mut server, port.parse().unwrap(), LISTEN_LIMIT);
         let mut cargs = args.to_vec();
@@ -789,18 +757,7 @@ fn nic_auss_caps_each_sender_at_half_with_no_agent() {
     // R: what h1 receives at line rate, in payload bytes/s (the table's header).
     let r = 125_000_000f64 * 4096.0 / (4096.0 + 48.0 + 42.0);
     let start = |host: &str, port: &str, secs: &str, env: &[(&str, &str)]| {
-        let args = [
-            "ib_write_bw",
-            "-x",
-            "0",
-            "-F",
-            "-s",
-            "65536",
-            "-D",
-            secs,
-            "-p",
-            port,
-        ];
+        let args = perftest("ib_write_bw", &["-s", "65536", "-D", secs, "-p", port]);
         let mut server = spawn(&mut run.exec("h1", &args, false, &[]));
         drum_test_support::wait_listening(&mut server, port.parse().unwrap(), LISTEN_LIMIT);
         let mut cargs = args.to_vec();

@@ -11,6 +11,7 @@
 
 mod support;
 
+use drum_test_support::perftest;
 use std::process::{Command, Output};
 use std::time::Duration;
 use support::*;
@@ -166,9 +167,9 @@ fn perftest_write_bw_send_lat_read_lat_same_results_through_the_shim_and_counted
     let run = Run::new("perftest");
     run.up(&["--hosts", "2"]);
 
-    let bw = ["ib_write_bw", "-x", "0", "-F", "-s", "65536", "-n", "200"];
-    let lat = ["ib_send_lat", "-x", "0", "-F", "-n", "200"];
-    let read = ["ib_read_lat", "-x", "0", "-F", "-n", "200"];
+    let bw = perftest("ib_write_bw", &["-s", "65536", "-n", "200"]);
+    let lat = perftest("ib_send_lat", &["-n", "200"]);
+    let read = perftest("ib_read_lat", &["-n", "200"]);
     for args in [&bw[..], &lat[..], &read[..]] {
         let mut rows = Vec::new();
         for with_shim in [false, true] {
@@ -305,22 +306,12 @@ fn rdma_cm_programs_same_results_through_the_shim_and_counted() {
         }
     }
     for args in [
-        &[
-            "ib_write_bw",
-            "-R",
-            "-x",
-            "0",
-            "-F",
-            "-s",
-            "65536",
-            "-n",
-            "200",
-        ][..],
-        &["ib_send_lat", "-R", "-x", "0", "-F", "-n", "200"],
+        perftest("ib_write_bw", &["-R", "-s", "65536", "-n", "200"]),
+        perftest("ib_send_lat", &["-R", "-n", "200"]),
     ] {
         for with_shim in [false, true] {
             let who = format!("{args:?} shim={with_shim}");
-            let (server, client) = pair(&run, args, with_shim);
+            let (server, client) = pair(&run, &args, with_shim);
             assert_pair_ok(&server, &client, &who);
             assert_eq!(result_row(&client, &who).1, 200, "{who}");
             if with_shim {
@@ -440,20 +431,10 @@ fn paced_lists_reach_the_nic_one_doorbell_per_work_request() {
     }
     let run = Run::new("doorbells");
     run.up(&["--hosts", "2"]);
-    let args = [
+    let args = perftest(
         "ib_write_bw",
-        "-x",
-        "0",
-        "-F",
-        "-s",
-        "64",
-        "-n",
-        "1920",
-        "-t",
-        "128",
-        "-l",
-        "32",
-    ];
+        &["-s", "64", "-n", "1920", "-t", "128", "-l", "32"],
+    );
     let per_read = |env: &[(&str, &str)]| {
         let before = run.settled_stats("h2");
         let who = format!("{args:?} {env:?}");
@@ -476,7 +457,7 @@ fn paced_lists_reach_the_nic_one_doorbell_per_work_request() {
 /// static WQE grant (`rate`), the rate the shim's limit let them out at ([`paced_wqe_rate`]),
 /// printed beside perftest's.
 fn write_bw_msg_rate(run: &Run, rate: Option<&str>, extra: &[&str]) -> f64 {
-    let mut args = vec!["ib_write_bw", "-x", "0", "-F", "-s", "4096", "-n", "300"];
+    let mut args = perftest("ib_write_bw", &["-s", "4096", "-n", "300"]);
     args.extend_from_slice(extra);
     let env: Vec<(&str, &str)> = rate
         .map(|r| vec![("DRUM_SHIM_RATE_WQE_PER_S", r)])

@@ -14,6 +14,7 @@
 
 mod support;
 
+use drum_test_support::perftest;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -814,20 +815,10 @@ fn an_apps_processes_share_its_grant_and_one_that_exceeds_it_is_reported() {
     let ports = [18900, 18901, 18902, 18903];
     // A server's arguments; a client adds the server's address.
     let bw = |port: &str| -> Vec<String> {
-        [
-            "ib_write_bw",
-            "-x",
-            "0",
-            "-F",
-            "-s",
-            "65536",
-            "-D",
-            "12",
-            "-p",
-            port,
-        ]
-        .map(String::from)
-        .to_vec()
+        perftest("ib_write_bw", &["-s", "65536", "-D", "12", "-p", port])
+            .into_iter()
+            .map(String::from)
+            .collect()
     };
     for port in ports {
         let args = bw(&port.to_string());

@@ -10,7 +10,7 @@
 //! Needs root, perftest and the workspace built (`cargo build --workspace --release`).
 
 use drum_test_support::{
-    privileged, read_written, run_timeout, spawn, text, wait_listening, wait_timeout,
+    perftest, privileged, read_written, run_timeout, spawn, text, wait_listening, wait_timeout,
 };
 use serde_json::Value;
 use std::io::Read;
@@ -43,9 +43,10 @@ impl Cluster {
         // from user-space engines that a loaded 2-core machine starved past perftest's eight
         // 67 ms tries (RETRY_EXC_ERR in 2 of 7 runs on 2026-11-28, with the previous day's
         // code too); this test is about the control plane, not the transport.
-        let args = [
-            program, "-x", "0", "-F", "-s", "65536", "-D", secs, "-p", port, "-u", "18",
-        ];
+        let args = perftest(
+            program,
+            &["-s", "65536", "-D", secs, "-p", port, "-u", "18"],
+        );
         let mut s = self.cmd();
         s.args([
             "exec",
@@ -55,14 +56,14 @@ impl Cluster {
             &format!("{app}-sink"),
             "--",
         ])
-        .args(args);
+        .args(&args);
         let mut server = spawn(&mut s);
         // perftest's client does not retry a connection its server does not take yet.
         wait_listening(&mut server, port.parse().unwrap(), Duration::from_secs(30));
         let ip = self.ok(&["addr", "h1"]).trim().to_string();
         let mut c = self.cmd();
         c.args(["exec", "--host", host, "--app", app, "--"])
-            .args(args)
+            .args(&args)
             .arg(ip);
         (server, spawn(&mut c))
     }

@@ -9,7 +9,7 @@
 //!
 //! Needs root, perftest and the workspace built (`cargo build --workspace --release`).
 
-use drum_test_support::{privileged, spawn, wait_listening};
+use drum_test_support::{perftest, privileged, spawn, wait_listening};
 use serde_json::Value;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -25,18 +25,7 @@ impl Cluster {
     /// `ib_write_bw` of 64 KiB messages for `secs`: a server on h1 and a client on h2, as app
     /// `app` under the shim, or bare (`None`: `softrnic exec` alone, no shim).
     fn writer(&self, app: Option<&str>, port: &str, secs: &str) -> (Child, Child) {
-        let args = [
-            "ib_write_bw",
-            "-x",
-            "0",
-            "-F",
-            "-s",
-            "65536",
-            "-D",
-            secs,
-            "-p",
-            port,
-        ];
+        let args = perftest("ib_write_bw", &["-s", "65536", "-D", secs, "-p", port]);
         let ip = self.ok(&["addr", "h1"]).trim().to_string();
         let on = |host: &str, role: &str| -> Command {
             match app {
@@ -61,10 +50,10 @@ impl Cluster {
                 }
             }
         };
-        let mut server = spawn(on("h1", "-sink").args(args));
+        let mut server = spawn(on("h1", "-sink").args(&args));
         // perftest's client does not retry a connection its server does not take yet.
         wait_listening(&mut server, port.parse().unwrap(), Duration::from_secs(30));
-        let client = spawn(on("h2", "").args(args).arg(ip));
+        let client = spawn(on("h2", "").args(&args).arg(ip));
         (server, client)
     }
 

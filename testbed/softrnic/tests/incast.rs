@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use drum_test_support::{run_timeout, spawn, text, wait_timeout};
+use drum_test_support::{perftest, run_timeout, spawn, text, wait_timeout};
 use std::collections::HashMap;
 use std::sync::{PoisonError, RwLock};
 use std::time::Duration;
@@ -100,9 +100,7 @@ fn incast_queues_at_the_receivers_line_rate_and_one_sender_does_not() {
         eprintln!("SKIPPED: perftest not installed (apt-get install perftest)");
         return;
     }
-    // `-F`: on a loaded machine perftest's CPU-clock check fails ("r^2 < 0.9") and the sender
-    // exits without a report (CI, 2026-11-27), as in the testbed's scenarios.
-    let bw = ["ib_write_bw", "-x", "0", "-F", "-s", "65536", "-D", "3"];
+    let bw = perftest("ib_write_bw", &["-s", "65536", "-D", "3"]);
 
     // The port without congestion control: marks counted, nobody reacts.
     let run = Run::new("incast");
@@ -166,9 +164,7 @@ fn dcqcn_keeps_the_incast_queue_near_the_ecn_threshold_and_pauses_rare() {
         eprintln!("SKIPPED: perftest not installed (apt-get install perftest)");
         return;
     }
-    // `-F`: on a loaded machine perftest's CPU-clock check fails ("r^2 < 0.9") and the sender
-    // exits without a report (CI, 2026-11-27), as in the testbed's scenarios.
-    let bw = ["ib_write_bw", "-x", "0", "-F", "-s", "65536", "-D", "3"];
+    let bw = perftest("ib_write_bw", &["-s", "65536", "-D", "3"]);
     let senders = ["h2", "h3", "h4", "h5"];
     let mut runs = Vec::new();
     for dcqcn in ["on", "off"] {
@@ -286,23 +282,14 @@ fn auss_n_follows_senders_joining_and_a_sigkilled_one_leaving() {
         &ms,
     ]);
     let h1 = run.addr("h1");
-    let bw = |port: &str| {
-        [
-            "ib_write_bw",
-            "-x",
-            "0",
-            "-F",
-            "-s",
-            "65536",
-            "-D",
-            "20",
-            "-p",
-            port,
-        ]
-        .map(String::from)
+    let bw = |port: &str| -> Vec<String> {
+        perftest("ib_write_bw", &["-s", "65536", "-D", "20", "-p", port])
+            .into_iter()
+            .map(String::from)
+            .collect()
     };
     let start = |host: &str, port: &str, server: bool| {
-        let mut a = bw(port).to_vec();
+        let mut a = bw(port);
         if !server {
             a.push(h1.clone());
         }

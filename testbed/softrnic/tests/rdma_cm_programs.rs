@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use drum_test_support::{have, run_timeout, text};
+use drum_test_support::{have, perftest, run_timeout, text};
 use std::time::Duration;
 
 fn cm_tools_present() -> bool {
@@ -167,34 +167,14 @@ fn perftest_connects_through_the_rdma_cm() {
     let run = Run::new("cm-perftest");
     run.up(&["--hosts", "2"]);
     for args in [
-        &[
-            "ib_write_bw",
-            "-R",
-            "-x",
-            "0",
-            "-F",
-            "-s",
-            "65536",
-            "-n",
-            "300",
-        ][..],
-        &["ib_send_lat", "-R", "-x", "0", "-F", "-n", "300"],
-        &["ib_read_lat", "-R", "-x", "0", "-F", "-n", "200"],
-        &[
-            "ib_send_lat",
-            "-R",
-            "-x",
-            "0",
-            "-F",
-            "-c",
-            "UD",
-            "-n",
-            "200",
-        ],
+        perftest("ib_write_bw", &["-R", "-s", "65536", "-n", "300"]),
+        perftest("ib_send_lat", &["-R", "-n", "300"]),
+        perftest("ib_read_lat", &["-R", "-n", "200"]),
+        perftest("ib_send_lat", &["-R", "-c", "UD", "-n", "200"]),
     ] {
         let mut client = args.to_vec();
         client.push("SERVER");
-        cm_pair(&run, args, &client, "#bytes");
+        cm_pair(&run, &args, &client, "#bytes");
     }
 }
 
@@ -326,17 +306,7 @@ fn mckey_multicast_reaches_every_member() {
     // perftest's default, IB-style MGID.
     let mgid = "--MGID=0:0:0:0:0:0:0:0:0:0:255:255:239:1:1:7";
     for extra in [&[mgid][..], &[]] {
-        let mut args = vec![
-            "ib_send_lat",
-            "-c",
-            "UD",
-            "--mcg",
-            "-x",
-            "0",
-            "-F",
-            "-n",
-            "100",
-        ];
+        let mut args = perftest("ib_send_lat", &["-c", "UD", "--mcg", "-n", "100"]);
         args.extend_from_slice(extra);
         let mut client = args.clone();
         client.push("SERVER");

@@ -8,7 +8,7 @@
 mod common;
 
 use common::*;
-use drum_test_support::{have, run_timeout, spawn, text, wait_timeout};
+use drum_test_support::{have, perftest, run_timeout, spawn, text, wait_timeout};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -389,16 +389,16 @@ fn perftest_write_bw_send_lat_read_lat_between_namespaces() {
     let run = Run::new("perftest");
     run.up(&["--hosts", "2"]);
     for args in [
-        &["ib_write_bw", "-x", "0", "-F", "-s", "65536", "-n", "200"][..],
-        &["ib_send_lat", "-x", "0", "-F", "-n", "200"][..],
-        &["ib_read_lat", "-x", "0", "-F", "-n", "200"][..],
-        &["ib_read_bw", "-x", "0", "-F", "-s", "65536", "-n", "100"][..],
+        perftest("ib_write_bw", &["-s", "65536", "-n", "200"]),
+        perftest("ib_send_lat", &["-n", "200"]),
+        perftest("ib_read_lat", &["-n", "200"]),
+        perftest("ib_read_bw", &["-s", "65536", "-n", "100"]),
         // Every size up to 8 MiB, 16 READs outstanding: their responses once went out all
         // at once, overflowed the requester's socket from 1 MiB on, and every retry did it
         // again (RETRY_EXC_ERR).
-        &["ib_read_bw", "-x", "0", "-F", "-a", "-n", "200"][..],
+        perftest("ib_read_bw", &["-a", "-n", "200"]),
     ] {
-        let (server, client) = pair(&run, args);
+        let (server, client) = pair(&run, &args);
         assert!(
             server.status.success(),
             "{args:?} server: {}",
@@ -820,18 +820,7 @@ fn nic_model_settings_and_qp_cache_knee() {
         let before = run.stats("h2");
         let (server, client) = pair(
             &run,
-            &[
-                "ib_write_bw",
-                "-x",
-                "0",
-                "-F",
-                "-s",
-                "16384",
-                "-n",
-                iters,
-                "-q",
-                qps,
-            ],
+            &perftest("ib_write_bw", &["-s", "16384", "-n", iters, "-q", qps]),
         );
         assert!(
             server.status.success(),
@@ -890,20 +879,10 @@ fn post_lists_are_fetched_one_doorbell_per_read() {
     // WQEs fetched per read by the requester's engine while ib_write_bw posts lists of `list`.
     let per_read = |list: &str| {
         let before = run.stats("h2");
-        let args = [
+        let args = perftest(
             "ib_write_bw",
-            "-x",
-            "0",
-            "-F",
-            "-s",
-            "64",
-            "-n",
-            "1920",
-            "-t",
-            "128",
-            "-l",
-            list,
-        ];
+            &["-s", "64", "-n", "1920", "-t", "128", "-l", list],
+        );
         let (server, client) = pair(&run, &args);
         assert!(
             server.status.success(),
@@ -1013,11 +992,11 @@ fn programs_on_one_host_talk_through_the_nics_loopback() {
     }
     if have("ib_read_bw") {
         for args in [
-            &["ib_read_bw", "-x", "0", "-F", "-n", "300"][..],
-            &["ib_atomic_bw", "-x", "0", "-F", "-n", "300"],
-            &["ib_send_lat", "-x", "0", "-F", "-c", "UD", "-n", "300"],
+            perftest("ib_read_bw", &["-n", "300"]),
+            perftest("ib_atomic_bw", &["-n", "300"]),
+            perftest("ib_send_lat", &["-c", "UD", "-n", "300"]),
         ] {
-            assert!(on_h1(args).contains("#bytes"), "{args:?}");
+            assert!(on_h1(&args).contains("#bytes"), "{args:?}");
         }
     }
     if have("cc") && Path::new("/usr/include/infiniband/verbs.h").exists() {
@@ -1116,16 +1095,7 @@ fn polling_fails_instead_of_hanging_when_the_engine_vanishes() {
     let run = Run::new("vanish");
     run.up(&["--hosts", "2"]);
     let ip = run.addr("h1");
-    let args = [
-        "ib_write_bw",
-        "-x",
-        "0",
-        "-F",
-        "-s",
-        "65536",
-        "-n",
-        "1000000",
-    ];
+    let args = perftest("ib_write_bw", &["-s", "65536", "-n", "1000000"]);
     let mut server = spawn(&mut run.exec("h1", &args));
     // perftest's client does not retry a connection its server does not take yet.
     drum_test_support::wait_listening(&mut server, 18515, Duration::from_secs(30));
@@ -1227,28 +1197,10 @@ fn perftest_atomic_bw_and_lat_cmp_swap_and_fetch_add() {
     pairs_succeed(
         &run,
         &[
-            &["ib_atomic_bw", "-x", "0", "-F", "-n", "500"][..],
-            &[
-                "ib_atomic_bw",
-                "-x",
-                "0",
-                "-F",
-                "-n",
-                "500",
-                "-A",
-                "FETCH_AND_ADD",
-            ][..],
-            &["ib_atomic_lat", "-x", "0", "-F", "-n", "300"][..],
-            &[
-                "ib_atomic_lat",
-                "-x",
-                "0",
-                "-F",
-                "-n",
-                "300",
-                "-A",
-                "FETCH_AND_ADD",
-            ][..],
+            &perftest("ib_atomic_bw", &["-n", "500"]),
+            &perftest("ib_atomic_bw", &["-n", "500", "-A", "FETCH_AND_ADD"]),
+            &perftest("ib_atomic_lat", &["-n", "300"]),
+            &perftest("ib_atomic_lat", &["-n", "300", "-A", "FETCH_AND_ADD"]),
         ],
         "#bytes",
     );
@@ -1312,7 +1264,7 @@ fn own_atomic_checker_exact_totals_under_loss_and_duplication() {
     assert!(h1["rx_duplicate"] > 0, "{h1:?}");
     // perftest under the same faults: 16 atomics outstanding per QP, 128 posted.
     if have("ib_atomic_bw") {
-        let args = ["ib_atomic_bw", "-x", "0", "-F", "-n", "500", "-q", "2"];
+        let args = perftest("ib_atomic_bw", &["-n", "500", "-q", "2"]);
         let (server, client) = pair(&run, &args);
         assert!(server.status.success(), "server: {}", text(&server));
         assert!(client.status.success(), "client: {}", text(&client));
@@ -1419,8 +1371,8 @@ fn ud_pingpong_and_perftest_send_over_ud() {
     pairs_succeed(
         &run,
         &[
-            &["ib_send_bw", "-x", "0", "-F", "-c", "UD", "-n", "500"],
-            &["ib_send_lat", "-x", "0", "-F", "-c", "UD", "-n", "200"],
+            &perftest("ib_send_bw", &["-c", "UD", "-n", "500"]),
+            &perftest("ib_send_lat", &["-c", "UD", "-n", "200"]),
         ],
         "#bytes",
     );
@@ -1483,18 +1435,7 @@ fn uc_pingpong_and_perftest_write_over_uc_and_loss_drops_messages() {
         ],
         "iters in",
     );
-    let write_bw = [
-        "ib_write_bw",
-        "-x",
-        "0",
-        "-F",
-        "-c",
-        "UC",
-        "-s",
-        "65536",
-        "-n",
-        "300",
-    ];
+    let write_bw = perftest("ib_write_bw", &["-c", "UC", "-s", "65536", "-n", "300"]);
     pairs_succeed(&run, &[&write_bw], "#bytes");
     drop(run);
 
@@ -1616,33 +1557,11 @@ fn xsrq_pingpong_and_perftest_over_xrc() {
     pairs_succeed(
         &run,
         &[
-            &[
-                "ib_send_bw",
-                "-x",
-                "0",
-                "-F",
-                "-c",
-                "XRC",
-                "-q",
-                "2",
-                "-n",
-                "300",
-            ],
-            &[
-                "ib_write_bw",
-                "-x",
-                "0",
-                "-F",
-                "-c",
-                "XRC",
-                "-q",
-                "2",
-                "-n",
-                "300",
-            ],
-            &["ib_read_bw", "-x", "0", "-F", "-c", "XRC", "-n", "300"],
-            &["ib_send_lat", "-x", "0", "-F", "-c", "XRC", "-n", "200"],
-            &["ib_atomic_bw", "-x", "0", "-F", "-c", "XRC", "-n", "200"],
+            &perftest("ib_send_bw", &["-c", "XRC", "-q", "2", "-n", "300"]),
+            &perftest("ib_write_bw", &["-c", "XRC", "-q", "2", "-n", "300"]),
+            &perftest("ib_read_bw", &["-c", "XRC", "-n", "300"]),
+            &perftest("ib_send_lat", &["-c", "XRC", "-n", "200"]),
+            &perftest("ib_atomic_bw", &["-c", "XRC", "-n", "200"]),
         ],
         "#bytes",
     );
@@ -2057,8 +1976,8 @@ fn on_demand_paging_pingpong_and_perftest() {
         pairs_succeed(
             &run,
             &[
-                &["ib_write_bw", "-x", "0", "-F", "--odp", "-n", "300"],
-                &["ib_read_bw", "-x", "0", "-F", "--odp", "-n", "300"],
+                &perftest("ib_write_bw", &["--odp", "-n", "300"]),
+                &perftest("ib_read_bw", &["--odp", "-n", "300"]),
             ],
             "#bytes",
         );

@@ -14,6 +14,17 @@ pub fn have(tool: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// A perftest program's command line for softrnic: `tool`, then `-x 0` (softrnic's RoCE port
+/// has its one GID at index 0, which perftest must be told on RoCE), then `-F` (perftest exits
+/// 1 with "Correlation coefficient r^2 < 0.9 / Can't produce a report" when its cycle-counter
+/// calibration fails on a loaded machine, which says nothing about the NIC; `-F` keeps it
+/// running), then `args`.
+pub fn perftest<'a>(tool: &'a str, args: &[&'a str]) -> Vec<&'a str> {
+    let mut line = vec![tool, "-x", "0", "-F"];
+    line.extend_from_slice(args);
+    line
+}
+
 /// A binary of the workspace's build: integration tests run from `target/*/deps`, the
 /// binaries sit one directory up.
 pub fn workspace_bin(name: &str) -> std::path::PathBuf {
@@ -348,6 +359,18 @@ mod tests {
         let _ = child.kill();
         let _ = child.wait();
         assert!(gone.is_err(), "no listener: the wait must fail");
+    }
+
+    #[test]
+    fn a_perftest_line_is_tool_gid_index_0_no_calibration_check_then_args() {
+        assert_eq!(
+            perftest("ib_write_bw", &["-s", "4096", "-n", "300"]),
+            ["ib_write_bw", "-x", "0", "-F", "-s", "4096", "-n", "300"]
+        );
+        assert_eq!(
+            perftest("ib_send_lat", &[]),
+            ["ib_send_lat", "-x", "0", "-F"]
+        );
     }
 
     #[test]
