@@ -20,9 +20,9 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// What Dart's experiments add to `softrnic up`: ECN marking at DCQCN's K_max for 40 Gb/s
 /// (200 KB; docs/softrnic-congestion.md), so DCQCN, on by default, acts; AUSS in the NIC's
 /// ACKs with a 500 ms expiry; the END hold at 5 µs of NIC time, i.e. 1 ms of wall-clock time
-/// at the dilated NIC's time scale of 200. The hold covers an engine's wake-up, which is not
-/// dilated: the default 1,000 µs would hold a finished sender for 200 ms, longer than a
-/// whole incast of the scenarios.
+/// at the time scale of 200 of Dart's NIC (`profile::DART_DILATED`). The hold covers an
+/// engine's wake-up, which is not dilated: the default 1,000 µs would hold a finished sender
+/// for 200 ms, longer than a whole incast of the scenarios.
 pub const DART_NIC: [&str; 6] = [
     "--ecn-threshold-kib",
     "200",

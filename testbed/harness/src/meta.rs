@@ -2,7 +2,7 @@
 //! `meta.json`, stamped on the report, and checked when a run resumes into the same
 //! directory (runs of another profile or seed must not be mixed).
 
-use crate::profile::{Nic, Profile, DILATED, DILATION};
+use crate::profile::{Nic, Profile, DART_DILATED, DILATED};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -13,13 +13,14 @@ pub struct Meta {
     pub commit: String,
     pub profile: Profile,
     pub seed: u64,
-    pub nic: NicMeta,
+    /// The NICs its scenarios emulate: the DRUM paper's experiments', then Dart's.
+    pub nics: Vec<NicMeta>,
     pub machine: String,
     pub started_unix_s: f64,
 }
 
 /// The NIC profile as recorded (owned strings: it is read back).
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NicMeta {
     pub name: String,
     pub dilation: f64,
@@ -30,7 +31,7 @@ impl From<Nic> for NicMeta {
     fn from(n: Nic) -> NicMeta {
         NicMeta {
             name: n.name.into(),
-            dilation: DILATION,
+            dilation: n.time_scale,
             softrnic_args: n.softrnic_args(),
         }
     }
@@ -68,11 +69,20 @@ fn machine() -> String {
 pub fn read(out: &Path) -> Result<Meta> {
     let p = out.join("meta.json");
     let text = std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?;
-    serde_json::from_slice(&text).with_context(|| format!("parsing {}", p.display()))
+    serde_json::from_slice(&text).with_context(|| {
+        format!(
+            "parsing {} (a directory of another drum-testbed version: run again with another --out)",
+            p.display()
+        )
+    })
+}
+
+fn nics() -> Vec<NicMeta> {
+    vec![DILATED.into(), DART_DILATED.into()]
 }
 
 /// Writes `meta.json` for a new directory; for one that has it, checks that the runs to add
-/// are of the same profile and seed.
+/// are of the same profile, seed and NICs (runs on another NIC profile must not be mixed).
 pub fn write_or_check(out: &Path, profile: Profile, seed: u64) -> Result<()> {
     if out.join("meta.json").exists() {
         let m = read(out)?;
@@ -84,13 +94,21 @@ pub fn write_or_check(out: &Path, profile: Profile, seed: u64) -> Result<()> {
                 m.seed
             );
         }
+        if m.nics != nics() {
+            let names: Vec<&str> = m.nics.iter().map(|n| n.name.as_str()).collect();
+            bail!(
+                "{} holds runs on another NIC profile ({}); choose another --out",
+                out.display(),
+                names.join(", ")
+            );
+        }
         return Ok(());
     }
     let m = Meta {
         commit: commit(),
         profile,
         seed,
-        nic: DILATED.into(),
+        nics: nics(),
         machine: machine(),
         started_unix_s: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -98,4 +116,30 @@ pub fn write_or_check(out: &Path, profile: Profile, seed: u64) -> Result<()> {
     };
     std::fs::write(out.join("meta.json"), serde_json::to_vec_pretty(&m)?)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_resume_only_on_the_same_profile_seed_and_nics() {
+        let dir = std::env::temp_dir().join(format!("drum-meta-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        write_or_check(&dir, Profile::Quick, 7).unwrap();
+        write_or_check(&dir, Profile::Quick, 7).unwrap();
+        assert!(write_or_check(&dir, Profile::Full, 7).is_err());
+        assert!(write_or_check(&dir, Profile::Quick, 8).is_err());
+        // The same directory made on another NIC profile (the 200× of before 2026-11-28).
+        let mut m = read(&dir).unwrap();
+        m.nics[0] = DART_DILATED.into();
+        std::fs::write(dir.join("meta.json"), serde_json::to_vec(&m).unwrap()).unwrap();
+        let e = write_or_check(&dir, Profile::Quick, 7).unwrap_err();
+        assert!(e.to_string().contains("another NIC profile"), "{e}");
+        // A meta.json of a version before the NICs were recorded.
+        std::fs::write(dir.join("meta.json"), br#"{"commit":"x","nic":{}}"#).unwrap();
+        let e = format!("{:#}", write_or_check(&dir, Profile::Quick, 7).unwrap_err());
+        assert!(e.contains("another drum-testbed version"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -17,7 +17,7 @@ pub struct Line {
 pub struct Figure<'a> {
     pub title: &'a str,
     pub x_label: &'a str,
-    pub y_label: &'a str,
+    pub y_label: String,
     pub lines: Vec<Line>,
     /// The paper's points: (series, x, y).
     pub paper: Vec<(String, f64, f64)>,
@@ -73,7 +73,7 @@ impl Figure<'_> {
         chart
             .configure_mesh()
             .x_desc(self.x_label)
-            .y_desc(self.y_label)
+            .y_desc(self.y_label.as_str())
             .draw()
             .map_err(err)?;
         for (i, line) in self.lines.iter().enumerate() {

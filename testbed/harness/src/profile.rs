@@ -1,16 +1,13 @@
-//! How big a run is (`--profile smoke|quick|full`) and the NIC the scenarios emulate.
+//! How big a run is (`--profile smoke|quick|full`) and the NICs the scenarios emulate.
 //!
 //! softrnic's engines cannot move packets as fast as a real NIC, so the scenarios run on a
-//! **time-dilated** NIC: every rate divided and every per-event cost multiplied by the
-//! same factor `DILATION`, small enough that the NIC model, not the emulator's CPU, decides
-//! the results. The profile was calibrated on `fig2a` and `fig2c` only and is frozen
-//! (docs/testbed.md); the test cases never tune it.
+//! **time-dilated** NIC: every rate divided and every per-event cost multiplied by the same
+//! factor, large enough that the NIC model, not the emulator's CPU, decides the results. The
+//! NIC was calibrated on `fig2a` and `fig2c` only and is frozen (docs/testbed.md); the test
+//! cases never tune it.
 
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
-
-/// Real time = dilated time / `DILATION` (and real rates = dilated × `DILATION`).
-pub const DILATION: f64 = 200.0;
 
 /// The emulated NIC (softrnic's NIC model), in dilated units.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -22,24 +19,36 @@ pub struct Nic {
     pub qp_miss_ns: u64,
     pub wqe_fetch_ns: u64,
     pub wqe_fetch_batch: u32,
-    /// How many times slower than real time the NIC's time runs: its timers (a QP's
-    /// retransmission timeout, DCQCN's) are stretched by it as its rates are divided.
+    /// How many times slower than real time the NIC's time runs (real time = dilated ÷ it,
+    /// real rates = dilated × it): its timers (a QP's retransmission timeout, DCQCN's) are
+    /// stretched by it as its rates are divided.
     pub time_scale: f64,
 }
 
-/// The frozen profile: a 40 Gb/s NIC with a 20-context QP cache (the knee the DRUM paper
+/// The NIC every scenario emulates: 40 Gb/s, a 20-context QP cache (the knee the DRUM paper
 /// measured), 0.5 µs per context miss, 50 ns per WQE fetched and up to 128 WQEs of one post
-/// fetched in one read, dilated 200× (calibrated on fig2a and fig2c: docs/testbed.md).
-pub const DILATED: Nic = Nic {
-    name: "dilated-200x",
-    line_rate_gbps: 40.0 / DILATION,
-    mtu: 1024,
-    qp_cache: 20,
-    qp_miss_ns: 100_000,
-    wqe_fetch_ns: 10_000,
-    wqe_fetch_batch: 128,
-    time_scale: DILATION,
-};
+/// fetched in one read, slowed down `dilation` times.
+const fn dilated(name: &'static str, dilation: f64) -> Nic {
+    Nic {
+        name,
+        line_rate_gbps: 40.0 / dilation,
+        mtu: 1024,
+        qp_cache: 20,
+        qp_miss_ns: (500.0 * dilation) as u64,
+        wqe_fetch_ns: (50.0 * dilation) as u64,
+        wqe_fetch_batch: 128,
+        time_scale: dilation,
+    }
+}
+
+/// The frozen profile of the DRUM paper's experiments, dilated 400× (calibrated on fig2a and
+/// fig2c; at 200× the emulator's CPU, not the model, decided DRUM's foreground: docs/testbed.md
+/// "The NIC profile").
+pub const DILATED: Nic = dilated("dilated-400x", 400.0);
+
+/// Dart's experiments keep the factor they were built and measured at: their incast period,
+/// jitter and the NIC's END hold are set for it (`scenarios::dart`, `cluster::DART_NIC`).
+pub const DART_DILATED: Nic = dilated("dilated-200x", 200.0);
 
 impl Nic {
     /// The NIC time one WQE of `bytes` takes in softrnic's model, in ns: its fetch and its
@@ -116,10 +125,18 @@ mod tests {
     }
 
     #[test]
-    fn the_dilated_nic_is_a_40_gbps_nic_slowed_down() {
-        assert_eq!(DILATED.line_rate_gbps * DILATION, 40.0);
-        let a = DILATED.softrnic_args();
+    fn the_dilated_nics_are_one_40_gbps_nic_slowed_down() {
+        for nic in [DILATED, DART_DILATED] {
+            assert_eq!(nic.line_rate_gbps * nic.time_scale, 40.0);
+            assert_eq!(nic.qp_miss_ns as f64, 500.0 * nic.time_scale);
+            assert_eq!(nic.wqe_fetch_ns as f64, 50.0 * nic.time_scale);
+        }
+        let a = DART_DILATED.softrnic_args();
         assert_eq!(a[0..2], ["--line-rate-gbps", "0.2"]);
+        assert_eq!(
+            a[6..10],
+            ["--qp-miss-ns", "100000", "--wqe-fetch-ns", "10000"]
+        );
         assert_eq!(a[12..14], ["--time-scale", "200"]);
         assert_eq!(a.len(), 14);
     }

@@ -4,7 +4,7 @@
 
 use crate::meta::{self, Meta};
 use crate::plot::{Figure, Line};
-use crate::profile::DILATION;
+use crate::profile::Nic;
 use crate::record::RunRecord;
 use crate::scenarios::{self, Scenario, Unit, Verdict};
 use crate::summary::Summary;
@@ -13,11 +13,21 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::Path;
 
-/// A dilated measure in real-time-equivalent units.
-pub fn real(unit: Unit, v: f64) -> f64 {
+/// A measure on the dilated `nic` in real-time-equivalent units.
+pub fn real(nic: Nic, unit: Unit, v: f64) -> f64 {
     match unit {
-        Unit::Micros | Unit::Millis => v / DILATION,
-        Unit::MibPerS => v * DILATION,
+        Unit::Micros | Unit::Millis => v / nic.time_scale,
+        Unit::MibPerS => v * nic.time_scale,
+    }
+}
+
+/// The label of a real-time-equivalent axis.
+pub fn real_label(nic: Nic, unit: Unit) -> String {
+    let d = nic.time_scale;
+    match unit {
+        Unit::Micros => format!("µs, real-time equivalent (dilated ÷ {d})"),
+        Unit::Millis => format!("ms, real-time equivalent (dilated ÷ {d})"),
+        Unit::MibPerS => format!("MiB/s, real-time equivalent (dilated × {d})"),
     }
 }
 
@@ -144,7 +154,7 @@ fn figure<'a>(s: &'a Scenario, summary: &Summary) -> Figure<'a> {
                 .into_iter()
                 .filter_map(|x| {
                     let v = summary.spread(s.name, &series, x, s.metric)?;
-                    let r = |v| real(s.unit, v);
+                    let r = |v| real(s.setup.nic(), s.unit, v);
                     Some((x, r(v.median), r(v.q1), r(v.q3)))
                 })
                 .collect(),
@@ -155,11 +165,7 @@ fn figure<'a>(s: &'a Scenario, summary: &Summary) -> Figure<'a> {
     Figure {
         title: s.title,
         x_label: s.x_label,
-        y_label: match s.unit {
-            Unit::Micros => "µs, real-time equivalent (dilated ÷ 200)",
-            Unit::Millis => "ms, real-time equivalent (dilated ÷ 200)",
-            Unit::MibPerS => "MiB/s, real-time equivalent (dilated × 200)",
-        },
+        y_label: real_label(s.setup.nic(), s.unit),
         lines,
         paper: s
             .paper
@@ -246,7 +252,7 @@ fn section(
                 esc(&series),
                 v.n,
                 v.median,
-                real(s.unit, v.median),
+                real(s.setup.nic(), s.unit, v.median),
                 v.q1,
                 v.q3,
                 v.min,
@@ -305,8 +311,7 @@ fn page(meta: &Meta, runs: &[RunRecord], vs: &[Verdict], sections: &str) -> Stri
          font-size:90%}}.pass{{background:#d9f2d9}}.fail{{background:#f8d4d0}}.na{{background:#eee}}\
          figure{{margin:0}}svg{{max-width:100%;height:auto}}.claim{{font-style:italic}}</style></head>\
          <body><h1>DRUM testbed: RAW vs SHARE vs DRUM</h1>\
-         <p id=stamp>Commit <code>{commit}</code>, profile <b>{profile}</b>, seed {seed}; NIC \
-         <b>{nic}</b> (softrnic {args}; times dilated {dil}×: real-time equivalent = dilated ÷ {dil}); \
+         <p id=stamp>Commit <code>{commit}</code>, profile <b>{profile}</b>, seed {seed}; {nics}; \
          machine: {machine}. {n} runs ({failed} failed, {loaded} started under load, {saturated} with \
          every CPU busy).</p>\
          <h2>Verdicts</h2><table class=verdicts><tr><th>scenario</th><th>criterion</th>\
@@ -316,13 +321,30 @@ fn page(meta: &Meta, runs: &[RunRecord], vs: &[Verdict], sections: &str) -> Stri
         commit = esc(&meta.commit),
         profile = meta.profile.name(),
         seed = meta.seed,
-        nic = esc(&meta.nic.name),
-        args = esc(&meta.nic.softrnic_args.join(" ")),
-        dil = meta.nic.dilation,
+        nics = nic_stamp(&meta.nics),
         machine = esc(&meta.machine),
         n = runs.len(),
         rows = verdict_rows(vs),
     )
+}
+
+/// The NICs a report's runs emulate, for its stamp: the DRUM paper's experiments', then
+/// Dart's.
+fn nic_stamp(nics: &[meta::NicMeta]) -> String {
+    let whose = ["the DRUM paper's experiments", "Dart's experiments"];
+    nics.iter()
+        .zip(whose)
+        .map(|(n, w)| {
+            format!(
+                "NIC of {w} <b>{}</b> (softrnic {}; times dilated {d}×: real-time equivalent = \
+                 dilated ÷ {d})",
+                esc(&n.name),
+                esc(&n.softrnic_args.join(" ")),
+                d = n.dilation
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// `drum-testbed check DIR`: every criterion with the measured value and the paper's; an

@@ -4,7 +4,7 @@
 
 use crate::cluster::{catch_interrupts, interrupted, Cluster};
 use crate::host_cpu;
-use crate::profile::{Profile, DILATED};
+use crate::profile::Profile;
 use crate::programs::load_average;
 use crate::record::RunRecord;
 use crate::scenarios::{self, Mode, RunCtx, Scenario, Setup};
@@ -285,7 +285,7 @@ impl Hosts {
         let cluster = Cluster::new(&out.join("cluster"))?;
         // A cluster an earlier, killed run left behind.
         cluster.down()?;
-        let nic = DILATED;
+        let nic = s.setup.nic();
         let args: Vec<String> = nic.softrnic_args().into_iter().skip(2).collect();
         match s.setup {
             Setup::Drum => cluster.bring_up(

@@ -9,7 +9,7 @@ pub mod perftest;
 
 use crate::cluster::Cluster;
 use crate::plot::Figure;
-use crate::profile::Profile;
+use crate::profile::{Nic, Profile, DART_DILATED, DILATED};
 use crate::record::RunRecord;
 use crate::summary::Summary;
 use anyhow::Result;
@@ -65,6 +65,16 @@ pub enum Setup {
     /// agent with a DASR channel on every host, without a coordinator (`drum-agent --local`):
     /// what Dart's three modes need, so they interleave on one set of hosts.
     Dart,
+}
+
+impl Setup {
+    /// The dilated NIC its hosts emulate.
+    pub fn nic(self) -> Nic {
+        match self {
+            Setup::Drum => DILATED,
+            Setup::Dart => DART_DILATED,
+        }
+    }
 }
 
 /// A point of the paper's figure: (series, x, y), in real (undilated) units.
