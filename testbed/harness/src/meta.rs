@@ -1,8 +1,9 @@
 //! What an output directory was made with — commit, profile, seed, NIC and machine — kept in
 //! `meta.json`, stamped on the report, and checked when a run resumes into the same
-//! directory (runs of another profile or seed must not be mixed).
+//! directory (runs of another profile, seed or NIC must not be mixed).
 
-use crate::profile::{Nic, Profile, DART_DILATED, DILATED};
+use crate::profile::Profile;
+use crate::scenarios::Setup;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -13,23 +14,27 @@ pub struct Meta {
     pub commit: String,
     pub profile: Profile,
     pub seed: u64,
-    /// The NICs its scenarios emulate: the DRUM paper's experiments', then Dart's.
+    /// The NICs its scenarios emulate, one per [`Setup`].
     pub nics: Vec<NicMeta>,
     pub machine: String,
     pub started_unix_s: f64,
 }
 
-/// The NIC profile as recorded (owned strings: it is read back).
+/// A NIC profile as recorded (owned strings: it is read back).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NicMeta {
+    /// Whose experiments run on it.
+    pub experiments: String,
     pub name: String,
     pub dilation: f64,
     pub softrnic_args: Vec<String>,
 }
 
-impl From<Nic> for NicMeta {
-    fn from(n: Nic) -> NicMeta {
+impl NicMeta {
+    fn of(setup: Setup) -> NicMeta {
+        let n = setup.nic();
         NicMeta {
+            experiments: setup.experiments().into(),
             name: n.name.into(),
             dilation: n.time_scale,
             softrnic_args: n.softrnic_args(),
@@ -78,7 +83,7 @@ pub fn read(out: &Path) -> Result<Meta> {
 }
 
 fn nics() -> Vec<NicMeta> {
-    vec![DILATED.into(), DART_DILATED.into()]
+    Setup::ALL.map(NicMeta::of).to_vec()
 }
 
 /// Writes `meta.json` for a new directory; for one that has it, checks that the runs to add
@@ -132,7 +137,7 @@ mod tests {
         assert!(write_or_check(&dir, Profile::Quick, 8).is_err());
         // The same directory made on another NIC profile (the 200× of before 2026-11-28).
         let mut m = read(&dir).unwrap();
-        m.nics[0] = DART_DILATED.into();
+        m.nics[0] = NicMeta::of(Setup::Dart);
         std::fs::write(dir.join("meta.json"), serde_json::to_vec(&m).unwrap()).unwrap();
         let e = write_or_check(&dir, Profile::Quick, 7).unwrap_err();
         assert!(e.to_string().contains("another NIC profile"), "{e}");

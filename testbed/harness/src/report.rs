@@ -4,7 +4,6 @@
 
 use crate::meta::{self, Meta};
 use crate::plot::{Figure, Line};
-use crate::profile::Nic;
 use crate::record::RunRecord;
 use crate::scenarios::{self, Scenario, Unit, Verdict};
 use crate::summary::Summary;
@@ -12,24 +11,6 @@ use anyhow::{bail, Context, Result};
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::Path;
-
-/// A measure on the dilated `nic` in real-time-equivalent units.
-pub fn real(nic: Nic, unit: Unit, v: f64) -> f64 {
-    match unit {
-        Unit::Micros | Unit::Millis => v / nic.time_scale,
-        Unit::MibPerS => v * nic.time_scale,
-    }
-}
-
-/// The label of a real-time-equivalent axis.
-pub fn real_label(nic: Nic, unit: Unit) -> String {
-    let d = nic.time_scale;
-    match unit {
-        Unit::Micros => format!("µs, real-time equivalent (dilated ÷ {d})"),
-        Unit::Millis => format!("ms, real-time equivalent (dilated ÷ {d})"),
-        Unit::MibPerS => format!("MiB/s, real-time equivalent (dilated × {d})"),
-    }
-}
 
 fn unit_name(unit: Unit) -> &'static str {
     match unit {
@@ -154,7 +135,7 @@ fn figure<'a>(s: &'a Scenario, summary: &Summary) -> Figure<'a> {
                 .into_iter()
                 .filter_map(|x| {
                     let v = summary.spread(s.name, &series, x, s.metric)?;
-                    let r = |v| real(s.setup.nic(), s.unit, v);
+                    let r = |v| s.unit.real(s.setup.nic(), v);
                     Some((x, r(v.median), r(v.q1), r(v.q3)))
                 })
                 .collect(),
@@ -165,7 +146,7 @@ fn figure<'a>(s: &'a Scenario, summary: &Summary) -> Figure<'a> {
     Figure {
         title: s.title,
         x_label: s.x_label,
-        y_label: real_label(s.setup.nic(), s.unit),
+        y_label: s.unit.real_label(s.setup.nic()),
         lines,
         paper: s
             .paper
@@ -252,7 +233,7 @@ fn section(
                 esc(&series),
                 v.n,
                 v.median,
-                real(s.setup.nic(), s.unit, v.median),
+                s.unit.real(s.setup.nic(), v.median),
                 v.q1,
                 v.q3,
                 v.min,
@@ -328,16 +309,14 @@ fn page(meta: &Meta, runs: &[RunRecord], vs: &[Verdict], sections: &str) -> Stri
     )
 }
 
-/// The NICs a report's runs emulate, for its stamp: the DRUM paper's experiments', then
-/// Dart's.
+/// The NICs a report's runs emulate, for its stamp.
 fn nic_stamp(nics: &[meta::NicMeta]) -> String {
-    let whose = ["the DRUM paper's experiments", "Dart's experiments"];
     nics.iter()
-        .zip(whose)
-        .map(|(n, w)| {
+        .map(|n| {
             format!(
-                "NIC of {w} <b>{}</b> (softrnic {}; times dilated {d}×: real-time equivalent = \
+                "NIC of {} <b>{}</b> (softrnic {}; times dilated {d}×: real-time equivalent = \
                  dilated ÷ {d})",
+                esc(&n.experiments),
                 esc(&n.name),
                 esc(&n.softrnic_args.join(" ")),
                 d = n.dilation

@@ -20,7 +20,7 @@ use super::perftest::latencies_us;
 use super::{Measured, Mode, RunCtx, Scenario, Setup, Unit, Verdict};
 use crate::convergence::{self, Data, Settle};
 use crate::plot::{Figure, Line};
-use crate::profile::{Profile, DART_DILATED};
+use crate::profile::{Nic, Profile};
 use crate::programs::{await_listening, check, finish, pair, spawn, LISTEN_LIMIT};
 use crate::record::RunRecord;
 use crate::sampler::{engine_pids, Sampler};
@@ -72,9 +72,12 @@ fn sender(ctx: &RunCtx, mode: Mode, host: &str, app: &str, cmd: &[String]) -> Re
     })
 }
 
+/// The NIC Dart's experiments emulate.
+const NIC: Nic = Setup::Dart.nic();
+
 /// Bytes per µs of the dilated NIC's line.
 fn line_bytes_per_us() -> f64 {
-    DART_DILATED.line_rate_gbps * 1e3 / 8.0
+    NIC.line_rate_gbps * 1e3 / 8.0
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -468,7 +471,7 @@ pub fn incast() -> Scenario {
 /// (100 ms would become 20 s): all it must do is keep incasts apart, and 500 ms is three
 /// times the longest one (16 × 256 KiB at the line: 168 ms).
 const PERIOD_MS: f64 = 500.0;
-const JITTER_US: f64 = 100.0 * DART_DILATED.time_scale;
+const JITTER_US: f64 = 100.0 * NIC.time_scale;
 const KV_PORT: u16 = 7471;
 
 fn run_incast(ctx: &RunCtx, series: &str, n: f64) -> Result<Measured> {
@@ -621,7 +624,7 @@ fn incast_figures(runs: &[RunRecord]) -> Vec<Figure<'static>> {
                 .into_iter()
                 .filter_map(|x| {
                     let v = summary.spread("dart-incast", &series, x, "p50_fct_us")?;
-                    let r = |v: f64| crate::report::real(DART_DILATED, Unit::Micros, v);
+                    let r = |v: f64| Unit::Micros.real(NIC, v);
                     Some((x, r(v.median), r(v.q1), r(v.q3)))
                 })
                 .collect(),
@@ -635,7 +638,7 @@ fn incast_figures(runs: &[RunRecord]) -> Vec<Figure<'static>> {
     vec![Figure {
         title: "dart-incast: median flow completion time",
         x_label: "incast degree N (senders)",
-        y_label: crate::report::real_label(DART_DILATED, Unit::Micros),
+        y_label: Unit::Micros.real_label(NIC),
         lines,
         paper: Vec::new(),
     }]

@@ -5,8 +5,8 @@
 //! without DRUM. The score is the victim's throughput against its fair share.
 
 use super::perftest::bw_average_mib;
-use super::{Measured, Mode, RunCtx, Scenario, Unit, Verdict};
-use crate::profile::{Profile, DILATED};
+use super::{Measured, Mode, RunCtx, Scenario, Setup, Unit, Verdict};
+use crate::profile::{Nic, Profile};
 use crate::programs::{await_listening, check, finish, spawn, LISTEN_LIMIT};
 use crate::summary::Summary;
 use anyhow::{bail, Result};
@@ -182,10 +182,13 @@ pub fn isolation() -> Scenario {
         paper: &[],
         run: run_isolation,
         criteria: criteria_isolation,
-        setup: super::Setup::Drum,
+        setup: Setup::Drum,
         figures: |_| Vec::new(),
     }
 }
+
+/// The NIC the matrix emulates.
+const NIC: Nic = Setup::Drum.nic();
 
 /// The victim's fair share against a greedy attacker, in MiB/s. In softrnic's model a WQE's
 /// fetch, its packets and QP-context misses all take time on the one clock of the NIC's
@@ -196,7 +199,7 @@ pub fn isolation() -> Scenario {
 /// victim 0.97 in the quick run of docs/testbed.md: a WQE's fetch takes 50 ns of real time).
 fn fair_share(victim_bytes: u64, alone_mib: f64) -> f64 {
     let wqes_per_s = alone_mib * MIB / victim_bytes as f64;
-    let usage = wqes_per_s * DILATED.wqe_time_ns(victim_bytes) * 1e-9;
+    let usage = wqes_per_s * NIC.wqe_time_ns(victim_bytes) * 1e-9;
     if usage > 0.5 {
         alone_mib * 0.5 / usage
     } else {
@@ -244,11 +247,11 @@ mod tests {
     #[test]
     fn a_victim_keeps_half_the_nics_time_or_all_it_needs() {
         // Throughputs measured at 200× (docs/testbed.md), on this NIC's dilation.
-        let on_this_nic = |mib_at_200: f64| mib_at_200 * 200.0 / DILATED.time_scale;
+        let on_this_nic = |mib_at_200: f64| mib_at_200 * 200.0 / NIC.time_scale;
         // The 64 KiB victim alone at 20.9 MiB/s (200×) keeps the dilated NIC 96 % busy.
         let alone = on_this_nic(20.9);
         let bw = fair_share(65536, alone);
-        let usage = alone * MIB / 65536.0 * DILATED.wqe_time_ns(65536) * 1e-9;
+        let usage = alone * MIB / 65536.0 * NIC.wqe_time_ns(65536) * 1e-9;
         assert!((usage - 0.957).abs() < 0.005, "{usage}");
         assert!((bw - alone * 0.5 / usage).abs() < 1e-9);
         // The 64 B victim spends 50 ns (real time) fetching each WQE and 31 ns sending it.

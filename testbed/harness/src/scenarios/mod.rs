@@ -68,11 +68,21 @@ pub enum Setup {
 }
 
 impl Setup {
+    pub const ALL: [Setup; 2] = [Setup::Drum, Setup::Dart];
+
     /// The dilated NIC its hosts emulate.
-    pub fn nic(self) -> Nic {
+    pub const fn nic(self) -> Nic {
         match self {
             Setup::Drum => DILATED,
             Setup::Dart => DART_DILATED,
+        }
+    }
+
+    /// Whose experiments run on it, as the report's stamp names them.
+    pub fn experiments(self) -> &'static str {
+        match self {
+            Setup::Drum => "the DRUM paper's experiments",
+            Setup::Dart => "Dart's experiments",
         }
     }
 }
@@ -114,6 +124,26 @@ pub enum Unit {
     Micros,
     Millis,
     MibPerS,
+}
+
+impl Unit {
+    /// A measure on the dilated `nic` in real-time-equivalent units.
+    pub fn real(self, nic: Nic, v: f64) -> f64 {
+        match self {
+            Unit::Micros | Unit::Millis => v / nic.time_scale,
+            Unit::MibPerS => v * nic.time_scale,
+        }
+    }
+
+    /// The label of a real-time-equivalent axis on `nic`.
+    pub fn real_label(self, nic: Nic) -> String {
+        let d = nic.time_scale;
+        match self {
+            Unit::Micros => format!("µs, real-time equivalent (dilated ÷ {d})"),
+            Unit::Millis => format!("ms, real-time equivalent (dilated ÷ {d})"),
+            Unit::MibPerS => format!("MiB/s, real-time equivalent (dilated × {d})"),
+        }
+    }
 }
 
 pub struct Scenario {
