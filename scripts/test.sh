@@ -3,14 +3,19 @@
 # Tests that need privileges (namespaces) detect whether they have them and say when they skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each step says when it starts, so a slow CI run shows where its time went.
+step() { echo "--- test.sh $(date -u +%T): $*"; }
+step setup
 bash scripts/setup.sh
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_TERM_COLOR=never
+step "fmt and the shim's module cycles"
 cargo fmt --all -- --check
 # The shim's modules import each other without a cycle (issue 20); the check checks itself first.
 python3 scripts/shim-module-cycles.py --self-test
 python3 scripts/shim-module-cycles.py >/dev/null
 # The benchmark's feature, so that clippy sees the benchmark too.
+step clippy
 cargo clippy --workspace --all-targets --release --features drum-common/bench -- -D warnings
 # One build of everything the tests need: the softrnic provider and the shim are cdylibs that
 # the tests load and `cargo test` alone does not build, and building the test targets makes
@@ -18,17 +23,20 @@ cargo clippy --workspace --all-targets --release --features drum-common/bench --
 # step compiles nothing again. A plain `cargo build` here recompiled ~60 crates for the tests
 # (6.7 min of a 28-min CI run). Not `--all-targets`: the criterion benchmark is not a test
 # (and its feature is off, so criterion is not compiled).
+step build
 cargo build --workspace --release --lib --bins --tests --examples
 # The harness's two longest tests assert no timing (every run of the smoke profile and of
 # Dart's experiments recorded, every output well-formed), so they run beside the fuzzing,
 # which is as indifferent to load; every other test runs first, alone, because many measure
 # rates. Side by side saves their 2.3 minutes (README, "Tests").
 beside_fuzzing=(smoke_profile_runs_every_scenario darts_experiments_run_in_the_smoke_profile)
+step "tests (all but two)"
 cargo test --workspace --release -- --skip "${beside_fuzzing[0]}" --skip "${beside_fuzzing[1]}"
 log=$(mktemp)
 cargo test --workspace --release --test smoke --test dart -- "${beside_fuzzing[@]}" >"$log" 2>&1 &
 beside=$!
 # Coverage-guided fuzzing of every decoder, 10 s per target (docs/fuzzing.md).
+step "fuzzing, beside the smoke and Dart tests"
 fuzz_rc=0
 bash scripts/fuzz.sh 10 || fuzz_rc=$?
 beside_rc=0
@@ -41,4 +49,6 @@ if [ "$fuzz_rc" != 0 ] || [ "$beside_rc" != 0 ]; then
     exit 1
 fi
 # The systemd units against the binaries just built (skips where systemd-analyze is missing).
+step "systemd units"
 bash deploy/verify.sh
+step done

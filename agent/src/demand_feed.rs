@@ -9,7 +9,8 @@
 
 use crate::shim_hub::ShimHub;
 use drum_common::demand::{
-    cqe_per_wqe, demand_cap, CqeMeter, HeldBack, HeldMemory, NewApps, UsageMeter, WqeCounts,
+    cqe_per_wqe, demand_cap, Activity, CqeMeter, HeldBack, HeldMemory, NewApps, UsageMeter,
+    WqeCounts,
 };
 use drum_common::live::{NEW_APP_CQE_PER_WQE, NEW_APP_DEMAND};
 use drum_common::model::Problem;
@@ -176,6 +177,12 @@ impl DemandFeed {
         self.cqes.retain(|a| sent.contains_key(a));
         self.polled.retain(|a| sent.contains_key(a));
         self.new_apps.retain(|a| sent.contains_key(a));
+        let connected: BTreeMap<String, u32> = self
+            .hub
+            .app_peers()
+            .into_iter()
+            .map(|(app, peers)| (app, peers.values().sum()))
+            .collect();
         let hs = core.state();
         let x_min = problem.params.x_min;
         for &(p, cap, a) in &self.instance {
@@ -189,10 +196,15 @@ impl DemandFeed {
             let factor = wire_factor.get(app.as_str()).copied().unwrap_or(1.0);
             let used = self.meter.rate(app).map(|r| r * factor);
             // Only apps with shims are measured, and can be new.
-            let used = if sent.contains_key(app) {
-                self.new_apps.measured(app, used, now)
-            } else {
-                used
+            let used = match sent.get(app) {
+                Some((_, counts, ..)) => {
+                    let seen = Activity {
+                        posted: counts.wqes,
+                        connected_qps: connected.get(app).copied().unwrap_or(0),
+                    };
+                    self.new_apps.measured(app, seen, used, now)
+                }
+                None => used,
             };
             let demand = demand_cap(cap, granted, used, x_min, held);
             let grant = sent.get(app).map(|s| s.2 as f64);

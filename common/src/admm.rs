@@ -330,7 +330,7 @@ impl CoordinatorState {
         spread: Option<&[f64]>,
     ) -> Residuals {
         let (mut r2, mut y2, mut dp2, mut p2) = (0.0, 0.0, 0.0, 0.0);
-        let balance = self.balance;
+        let (balance, initial_rho) = (self.balance, self.rho);
         for (f, (spec, &s)) in facilities.iter().zip(sums).enumerate() {
             let before = self.price(f as u32);
             let st = &mut self.facilities[f];
@@ -338,6 +338,12 @@ impl CoordinatorState {
             if st.n == 0 {
                 st.y = 0.0;
                 st.u = 0.0;
+                // An empty facility has no price to keep, and the penalty its last members
+                // balanced to is not the next one's: the testbed's 1 MB flow, the only pair
+                // on a link left at ρ·1e-4 by the run before, was activated at 8 % of the
+                // line and held there 0.45 s; on a fresh link, at the initial ρ, it ran at the
+                // whole line from its activation (docs/testbed.md, "tc2-flow alone").
+                st.rho = initial_rho;
             } else {
                 st.priced = true;
                 let y_old = st.y;
@@ -534,6 +540,22 @@ mod tests {
         c.update(&fac, &[1.0], None);
         assert_eq!(c.facilities[0].rho, rho);
         assert!((c.price(0) - p).abs() <= 1e-12 * p);
+    }
+
+    #[test]
+    fn an_emptied_facility_starts_its_next_members_at_the_initial_penalty() {
+        // A lone pair balanced the link's penalty to its floor, then left; the next lone pair
+        // meets the penalty a new link has, and reaches its demand as fast as on one.
+        let p = two_senders(4.0);
+        let rho = 3000.0;
+        let fresh = CoordinatorState::balanced(rho, 1, RhoBalance::around(rho));
+        let on_fresh = iterations_to(&p, fresh.clone(), 1.0, 200).expect("converges");
+        let mut used = fresh;
+        used.facilities[0].rho = rho * 1e-4;
+        used.set_counts(&[0]);
+        used.update(&p.facilities, &[0.0], None);
+        assert_eq!(used.facilities[0].rho, rho);
+        assert_eq!(iterations_to(&p, used, 1.0, 200), Some(on_fresh));
     }
 
     #[test]

@@ -107,25 +107,69 @@ impl HeldMemory {
 /// held back" read as "wants nothing": a new `ib_write_bw` was granted the floor (0.5 % of the
 /// line) from its selection until its shim's deferrals showed, about 1 s later, and the
 /// testbed's 1 MB transfer unloaded took 518 ms under DRUM against 177 ms raw. Two seconds
-/// cover perftest's and drum-kv's connection setup; an app that never sends (a pure
-/// receiver) gives its share back after them.
+/// cover perftest's and drum-kv's connection setup.
 pub const NEW_APP_GRACE: Duration = Duration::from_secs(2);
 
-/// Which apps are still new: first seen within [`NEW_APP_GRACE`] and no interval with
-/// traffic measured yet.
+/// How long an app that has posted nothing stays new after its connected QPs last changed.
+/// A sender posts right after connecting (perftest after one TCP handshake, drum-kv after
+/// each connection), while an app that stays silent on connected QPs is a responder (a
+/// server of one-sided READs, the passive side of `ib_write_bw`): with the new-app demand on
+/// the link its connections point at — the very link its peer's READ responses fill — it
+/// took half of that link from the reader for 1.1 s of a 2 s transfer (the testbed's
+/// tc2-flow at 400×, docs/testbed.md). Half a second is ample for the first and much less
+/// than the grace.
+pub const SILENT_AFTER_CONNECT: Duration = Duration::from_millis(500);
+
+/// What the agent sees of an app at one reading, to tell a new app from a silent one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Activity {
+    /// Send WQEs its shims have counted, cumulative.
+    pub posted: u64,
+    /// Its QPs that reached RTR, over all its processes.
+    pub connected_qps: u32,
+}
+
+/// One app's standing as a new app.
+#[derive(Clone, Copy, Debug)]
+struct Newcomer {
+    first_seen: Duration,
+    /// Its connected QPs at the last reading, and when that number last changed.
+    connected: (u32, Duration),
+    /// It posted, or its grace ended: its measurements count from now on.
+    settled: bool,
+}
+
+/// Which apps are still new: seen within [`NEW_APP_GRACE`], nothing posted, and not silent on
+/// connected QPs for [`SILENT_AFTER_CONNECT`]. Once an app is settled it stays so while present.
 #[derive(Debug, Clone, Default)]
 pub struct NewApps {
-    /// When each app was first seen, and whether it has been measured sending.
-    apps: BTreeMap<String, (Duration, bool)>,
+    apps: BTreeMap<String, Newcomer>,
 }
 
 impl NewApps {
     /// The measured rate of `app` to act on at `now`: none while the app is new (so its cap
     /// stays the new app's), else `measured`.
-    pub fn measured(&mut self, app: &str, measured: Option<f64>, now: Duration) -> Option<f64> {
-        let (first, sent) = self.apps.entry(app.to_string()).or_insert((now, false));
-        *sent |= measured.is_some_and(|m| m > 0.0);
-        if *sent || now.saturating_sub(*first) >= NEW_APP_GRACE {
+    pub fn measured(
+        &mut self,
+        app: &str,
+        seen: Activity,
+        measured: Option<f64>,
+        now: Duration,
+    ) -> Option<f64> {
+        let n = self.apps.entry(app.to_string()).or_insert(Newcomer {
+            first_seen: now,
+            connected: (seen.connected_qps, now),
+            settled: false,
+        });
+        if seen.connected_qps != n.connected.0 {
+            n.connected = (seen.connected_qps, now);
+        }
+        let silent = n.connected.0 > 0 && now.saturating_sub(n.connected.1) >= SILENT_AFTER_CONNECT;
+        n.settled |= seen.posted > 0
+            || measured.is_some_and(|m| m > 0.0)
+            || silent
+            || now.saturating_sub(n.first_seen) >= NEW_APP_GRACE;
+        if n.settled {
             measured
         } else {
             None
@@ -343,25 +387,73 @@ mod tests {
     #[test]
     fn a_new_app_keeps_its_cap_until_it_sends_or_its_grace_ends() {
         let ms = Duration::from_millis;
+        let quiet = Activity::default();
         let mut n = NewApps::default();
         // Connecting: nothing measured, then a rate of zero, which is not read as demand.
-        assert_eq!(n.measured("fg", None, ms(0)), None);
-        assert_eq!(n.measured("fg", Some(0.0), ms(400)), None);
+        assert_eq!(n.measured("fg", quiet, None, ms(0)), None);
+        assert_eq!(n.measured("fg", quiet, Some(0.0), ms(400)), None);
         // Its first traffic ends the grace: from then on its measurements count, zero too.
-        assert_eq!(n.measured("fg", Some(0.3), ms(800)), Some(0.3));
-        assert_eq!(n.measured("fg", Some(0.0), ms(900)), Some(0.0));
-        // A pure receiver is measured at zero once the grace is over.
-        assert_eq!(n.measured("sink", Some(0.0), ms(1000)), None);
+        assert_eq!(n.measured("fg", quiet, Some(0.3), ms(800)), Some(0.3));
+        assert_eq!(n.measured("fg", quiet, Some(0.0), ms(900)), Some(0.0));
+        // An app that never connects is measured at zero once the grace is over.
+        assert_eq!(n.measured("sink", quiet, Some(0.0), ms(1000)), None);
         let end = ms(1000) + NEW_APP_GRACE;
-        assert_eq!(n.measured("sink", Some(0.0), end - ms(1)), None);
-        assert_eq!(n.measured("sink", Some(0.0), end), Some(0.0));
+        assert_eq!(n.measured("sink", quiet, Some(0.0), end - ms(1)), None);
+        assert_eq!(n.measured("sink", quiet, Some(0.0), end), Some(0.0));
         // An app whose shims went away and came back is new again.
         n.retain(|a| a != "fg");
-        assert_eq!(n.measured("fg", Some(0.0), ms(5000)), None);
+        assert_eq!(n.measured("fg", quiet, Some(0.0), ms(5000)), None);
         // Its cap, by the rule that uses it: the new app's, not the floor.
         let cap = |m| demand_cap(1.0, 0.005, m, 0.005, HeldBack::No);
-        assert_eq!(cap(n.measured("fg", Some(0.0), ms(5100))), 1.0);
-        assert_eq!(cap(n.measured("sink", Some(0.0), ms(5100))), 0.005);
+        assert_eq!(cap(n.measured("fg", quiet, Some(0.0), ms(5100))), 1.0);
+        assert_eq!(cap(n.measured("sink", quiet, Some(0.0), ms(5100))), 0.005);
+    }
+
+    #[test]
+    fn a_new_app_that_posts_is_measured_before_its_rate_is() {
+        let ms = Duration::from_millis;
+        let mut n = NewApps::default();
+        assert_eq!(n.measured("bw", Activity::default(), None, ms(0)), None);
+        let posted = Activity {
+            posted: 3,
+            connected_qps: 1,
+        };
+        // No interval measured yet: the cap rule sees no rate and keeps the instance's.
+        assert_eq!(n.measured("bw", posted, None, ms(50)), None);
+        assert_eq!(n.measured("bw", posted, Some(0.0), ms(300)), Some(0.0));
+    }
+
+    #[test]
+    fn a_new_app_silent_on_its_connections_gives_its_share_back_within_half_a_second() {
+        let ms = Duration::from_millis;
+        let conns = |connected_qps| Activity {
+            posted: 0,
+            connected_qps,
+        };
+        let mut n = NewApps::default();
+        // A READ server: registered at 0, a client connects at 500 ms, then nothing is posted.
+        assert_eq!(n.measured("server", conns(0), Some(0.0), ms(0)), None);
+        assert_eq!(n.measured("server", conns(0), Some(0.0), ms(499)), None);
+        assert_eq!(n.measured("server", conns(1), Some(0.0), ms(500)), None);
+        let silent = ms(500) + SILENT_AFTER_CONNECT;
+        assert_eq!(
+            n.measured("server", conns(1), Some(0.0), silent - ms(1)),
+            None
+        );
+        assert_eq!(n.measured("server", conns(1), Some(0.0), silent), Some(0.0));
+        // Settled for good: more clients connecting do not make it new again.
+        assert_eq!(
+            n.measured("server", conns(2), Some(0.0), silent + ms(10)),
+            Some(0.0)
+        );
+        // A client opening its connections one after another is not silent while they come.
+        for (i, t) in (0..1800).step_by(300).enumerate() {
+            assert_eq!(
+                n.measured("client", conns(i as u32), None, ms(t)),
+                None,
+                "at {t} ms"
+            );
+        }
     }
 
     #[test]
