@@ -270,7 +270,24 @@ fn a_cluster_learns_its_apps_binds_receive_links_and_survives_its_daemons() {
             .find(|a| a["app"] == "writer-b")?["rate"]
             .as_f64()
     };
-    let before = writer_b(&h3_table()).expect("writer-b in h3's table");
+    // The reader gave h3's budget back: writer-b's grant climbs to its share of h1's link
+    // (from a third to a half). What the cut must keep is a settled grant, not a moving one.
+    let t = Instant::now();
+    let mut last = writer_b(&h3_table());
+    let before = loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = writer_b(&h3_table());
+        if let (Some(a), Some(b)) = (last, now) {
+            if (a - b).abs() < 0.001 * a {
+                break b;
+            }
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "writer-b's grant did not settle: {last:?} -> {now:?}"
+        );
+        last = now;
+    };
     c.ok(&["partition", "h3", "cut"]);
     wait_for(
         &c,
