@@ -552,6 +552,29 @@ impl Cluster {
             .collect())
     }
 
+    /// Sets how every host's NIC answers ECN-marked packets (`softrnic receiver`: `dcqcn` or
+    /// `dart`) and waits until each engine's stats show it (`dart_receiver`), at most 3 s.
+    pub fn set_receiver_policy(&self, policy: &str) -> Result<()> {
+        let want = if policy == "dart" { 1.0 } else { 0.0 };
+        let hosts = self.hosts()?;
+        for h in &hosts {
+            let out = self.softrnic()?.args(["receiver", h, policy]).output()?;
+            if !out.status.success() {
+                bail!("{}", String::from_utf8_lossy(&out.stderr).trim());
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(3);
+        for h in &hosts {
+            while self.stats(h)?.get("dart_receiver") != Some(&want) {
+                if Instant::now() > deadline {
+                    bail!("{h}'s NIC did not take the receiver policy {policy} within 3 s");
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Ok(())
+    }
+
     /// Host `host`'s address.
     pub fn addr(&self, host: &str) -> Result<Ipv4Addr> {
         let out = self.softrnic()?.args(["addr", host]).output()?;

@@ -103,6 +103,9 @@ pub struct EngineConfig {
     pub gso: bool,
     /// The port's sysfs `state` file, watched for `softrnic link` (None: always up).
     pub port_state: Option<PathBuf>,
+    /// The host's `receiver` file, watched for `softrnic receiver` (None or absent: DCQCN's
+    /// notification point; see [`crate::dart_receiver`]).
+    pub receiver_policy: Option<PathBuf>,
     /// The addresses of every host of the run (multicast goes to all of them).
     pub peers: Vec<Ipv4Addr>,
 }
@@ -522,6 +525,9 @@ struct State {
     /// The NIC's receive port (see [`crate::rx_port`]).
     rx_port: crate::rx_port::RxPort,
     dcqcn: congestion::Dcqcn,
+    /// How the notification point answers marked packets (`softrnic receiver`).
+    receiver: crate::dart_receiver::Policy,
+    dart: crate::dart_receiver::DartReceiverCounters,
     /// AUSS in ACKs (off unless the run asks for it).
     auss: auss::NicAuss,
     /// Destroyed QPs that still re-acknowledge their peer's duplicates for a while.
@@ -768,6 +774,8 @@ impl State {
             nic: Pipeline::new(nic),
             rx_port: crate::rx_port::RxPort::new(nic.rx_port()),
             dcqcn: congestion::Dcqcn::new(nic.dcqcn()),
+            receiver: Default::default(),
+            dart: Default::default(),
             auss: auss::NicAuss::default(),
             tombstones: IdMap::default(),
             gathered: placement::Combiner::default(),

@@ -29,6 +29,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
+use crate::dart_receiver::Policy;
+
 use crate::devdir::{self, DEVDIR};
 use crate::faults::{FaultConfig, Faults, LinkSpec};
 use crate::nic::NicConfig;
@@ -317,6 +319,27 @@ pub fn set_link(run: &Path, name: &str, up: bool) -> Result<()> {
     }
     let dir = run.join("hosts").join(name);
     write_port_state(&device::port_dir(&dir.join("sys")), up)
+}
+
+/// Sets how host `name`'s NIC answers ECN-marked packets (see [`crate::dart_receiver`]);
+/// its engine applies it within [`crate::engine::PORT_CHECK_EVERY`] and shows it as
+/// `dart_receiver` in its stats.
+pub fn set_receiver_policy(run: &Path, name: &str, policy: Policy) -> Result<()> {
+    let st = load_state(run)?;
+    if !st.hosts.iter().any(|h| h.name == name) {
+        bail!("no host {name} (hosts: {})", host_names(&st));
+    }
+    let path = receiver_policy_path(&run.join("hosts").join(name));
+    // Whole or not at all: the engine must never read half a name.
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, format!("{}\n", policy.name()))
+        .and_then(|()| fs::rename(&tmp, &path))
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// The file a host's engine reads its receiver policy from.
+pub fn receiver_policy_path(host_dir: &Path) -> PathBuf {
+    host_dir.join("receiver")
 }
 
 /// Whether `pid` is this run's `role` process ("engine" or "holder"), by its command line.

@@ -21,6 +21,7 @@
 //! See docs/softrnic.md.
 
 pub mod auss;
+pub mod dart_receiver;
 pub mod dcqcn;
 pub mod devdir;
 pub mod device;

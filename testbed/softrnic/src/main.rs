@@ -130,6 +130,15 @@ enum Cmd {
         #[arg(value_parser = ["up", "down"])]
         state: String,
     },
+    /// How host NAME's NIC answers ECN-marked packets: `dcqcn` (a CNP for each, the default)
+    /// or `dart` (Dart's receiver: none for congestion at its own port, which the senders'
+    /// caps at R/N handle; see docs/softrnic-congestion.md). Applied within 100 ms; the
+    /// engine's stats show it as `dart_receiver`.
+    Receiver {
+        name: String,
+        #[arg(value_parser = ["dcqcn", "dart"])]
+        policy: String,
+    },
     /// List the hosts of the current run.
     Status,
     /// Tear everything down (engines, namespaces, run directory).
@@ -245,6 +254,12 @@ fn main() -> Result<()> {
         Cmd::Exec { host, cmd } => hosts::exec(&run, &host, &cmd)?,
         Cmd::Addr { name } => println!("{}", hosts::addr(&run, &name)?),
         Cmd::Link { name, state } => hosts::set_link(&run, &name, state == "up")?,
+        Cmd::Receiver { name, policy } => hosts::set_receiver_policy(
+            &run,
+            &name,
+            softrnic::dart_receiver::Policy::parse(&policy)
+                .ok_or_else(|| anyhow::anyhow!("no receiver policy {policy:?} (dcqcn, dart)"))?,
+        )?,
         Cmd::Status => {
             let st = hosts::load_state(&run)?;
             for h in &st.hosts {
@@ -298,6 +313,7 @@ fn main() -> Result<()> {
             };
             engine::run(engine::EngineConfig {
                 port_state: socket.parent().map(hosts::port_state_path),
+                receiver_policy: socket.parent().map(hosts::receiver_policy_path),
                 nic,
                 gso: !no_gso,
                 host,

@@ -95,6 +95,9 @@ impl RxPortCounters {
 pub struct RxPort {
     cfg: RxPortConfig,
     drained_at: Option<Instant>,
+    /// When the port's current run of back-to-back bytes began (Dart's receiver asks whether
+    /// it sees line rate: it does for as long as the queue has not emptied).
+    busy_since: Option<Instant>,
     /// Each sender's earliest next arrival (its previous one plus that packet's wire time).
     next_from: HashMap<SocketAddr, Instant>,
     /// Until when each sender is known to be paused: one pause per sender at a time, as a
@@ -108,6 +111,7 @@ impl RxPort {
         RxPort {
             cfg,
             drained_at: None,
+            busy_since: None,
             next_from: HashMap::new(),
             paused_until: HashMap::new(),
             counters: RxPortCounters::default(),
@@ -129,6 +133,15 @@ impl RxPort {
                 self.bytes_of(t.saturating_duration_since(now))
             }
             _ => 0,
+        }
+    }
+
+    /// How long the port has been putting bytes through back to back, at the line rate, up
+    /// to `now`; zero when it is idle at `now`.
+    pub fn busy_for(&self, now: Instant) -> Duration {
+        match (self.busy_since, self.drained_at) {
+            (Some(since), Some(drained)) if drained > now => now.saturating_duration_since(since),
+            _ => Duration::ZERO,
         }
     }
 
@@ -159,6 +172,10 @@ impl RxPort {
             self.counters.ecn_marked += 1;
         }
         let start = self.drained_at.map_or(at, |t| t.max(at));
+        if self.drained_at.is_none_or(|t| t < at) {
+            // The queue had emptied before this packet: a new run at line rate starts.
+            self.busy_since = Some(at);
+        }
         self.drained_at = Some(start + wire);
         let mut pause = None;
         if overflow > 0 {
@@ -313,6 +330,29 @@ mod tests {
         );
         assert_eq!(p.counters.pauses, 2);
         assert_eq!(p.counters.pause_ns, 7000);
+    }
+
+    #[test]
+    fn the_port_is_busy_while_its_queue_has_not_emptied() {
+        let mut p = port(false);
+        let t0 = Instant::now();
+        let us = |n| t0 + Duration::from_micros(n);
+        assert_eq!(p.busy_for(t0), Duration::ZERO);
+        // One sender at exactly the line rate (1,000 bytes per µs): one run, never a gap.
+        for i in 0..10 {
+            p.arrive(us(i), peer(1), 1000);
+        }
+        assert_eq!(p.busy_for(us(9)), Duration::from_micros(9));
+        // Drained at 10 µs: idle after it.
+        assert_eq!(p.busy_for(us(10)), Duration::ZERO);
+        // A packet after the gap starts a new run.
+        p.arrive(us(12), peer(1), 1000);
+        assert_eq!(p.busy_for(us(12)), Duration::ZERO);
+        p.arrive(us(12), peer(2), 1000);
+        assert_eq!(
+            p.busy_for(us(12) + Duration::from_nanos(1500)),
+            Duration::from_nanos(1500)
+        );
     }
 
     #[test]

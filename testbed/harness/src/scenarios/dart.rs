@@ -72,6 +72,17 @@ fn sender(ctx: &RunCtx, mode: Mode, host: &str, app: &str, cmd: &[String]) -> Re
     })
 }
 
+/// The receiving NICs as `mode` needs them: DCQCN's notification point for `dcqcn`; Dart's
+/// receiver for the DASR modes, which sends no CNP for congestion at its own port (the
+/// senders' caps at R/N handle it) and keeps DCQCN for congestion elsewhere (Dart §III-C).
+fn receivers(ctx: &RunCtx, mode: Mode) -> Result<()> {
+    let policy = match mode {
+        Mode::Dcqcn => "dcqcn",
+        _ => "dart",
+    };
+    ctx.cluster.set_receiver_policy(policy)
+}
+
 /// The NIC Dart's experiments emulate.
 const NIC: Nic = Setup::Dart.nic();
 
@@ -216,6 +227,7 @@ fn run_conv(ctx: &RunCtx, series: &str, _kib: f64) -> Result<Measured> {
         Profile::Quick => (3, 100, 2500, 800),
         Profile::Full => (5, 100, 2500, 800),
     };
+    receivers(ctx, mode)?;
     let rtt = round_trip_us(ctx, 200)?;
     let e = engines(ctx)?;
     let before = ctx.cluster.stats("h1")?;
@@ -331,7 +343,7 @@ fn bw_server_cmd(ctx: &RunCtx, port: u16, n: &str) -> Result<Command> {
 }
 
 /// The receiving NIC's side during the run: its port's marks, pauses and drops, DCQCN's
-/// CNPs, and the AUSS epochs the NIC counted (whatever the mode: the NIC counts for
+/// CNPs and the marks Dart's receiver answered with none, and the AUSS epochs the NIC counted (whatever the mode: the NIC counts for
 /// everyone). Not the queue's maximum: softrnic keeps it since the engine started.
 fn mechanism(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>, m: &mut Measured) {
     let d = |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
@@ -340,6 +352,7 @@ fn mechanism(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>, m: &
         "rx_pause_ns",
         "rx_port_dropped",
         "dcqcn_cnps_sent",
+        "dart_cnps_suppressed",
         "auss_epoch",
     ] {
         m.mechanism.insert(k.into(), d(k));
@@ -482,6 +495,7 @@ fn run_incast(ctx: &RunCtx, series: &str, n: f64) -> Result<Measured> {
         Profile::Quick => 10,
         Profile::Full => 30,
     };
+    receivers(ctx, mode)?;
     let c = ctx.cluster;
     let kv = c.tool_path("drum-kv")?;
     let h1 = c.addr("h1")?;
@@ -692,7 +706,7 @@ fn criteria_incast(s: &Summary) -> Vec<Verdict> {
         v.push(Verdict {
             scenario: "dart-incast",
             criterion: format!(
-                "the background's throughput with {} within 5 % of DCQCN alone's, at every N",
+                "the background's throughput with {} no more than 5 % below DCQCN alone's, at every N",
                 dasr.name()
             ),
             measured: if bg.is_empty() {
@@ -703,8 +717,12 @@ fn criteria_incast(s: &Summary) -> Vec<Verdict> {
                     .collect::<Vec<_>>()
                     .join(", ")
             },
-            paper: "within 0.5 % (DASR vs InfiniBand)".into(),
-            pass: (!bg.is_empty()).then(|| bg.iter().all(|(_, r)| (r - 1.0).abs() <= 0.05)),
+            paper: "within 0.5 % (DASR vs InfiniBand, testbed); above DCQCN's (simulation)".into(),
+            // One-sided: the claim is that DASR's shorter incasts cost the background nothing.
+            // Against DCQCN, whose cuts the background takes seconds to climb back from, DASR's
+            // background runs far faster (docs/testbed.md, "Dart's receiver"), as in Dart's
+            // simulations (its Fig. 13); a two-sided bound would fail DASR for being better.
+            pass: (!bg.is_empty()).then(|| bg.iter().all(|(_, r)| *r >= 0.95)),
         });
     }
     v
@@ -745,7 +763,7 @@ mod tests {
     }
 
     #[test]
-    fn incast_criteria_need_twice_shorter_completions_and_the_same_background() {
+    fn incast_criteria_need_twice_shorter_completions_and_no_slower_background() {
         let runs = [
             rec(
                 "dart-incast",
@@ -797,6 +815,12 @@ mod tests {
             [Some(false), Some(true), Some(false), None, None, None]
         );
         assert!(v[0].measured.contains("N=4: 1.50×"), "{}", v[0].measured);
+        // A background far faster than DCQCN's passes; 5 % slower is the limit.
+        let mut faster = runs.clone();
+        faster[3].metrics.insert("bg_mib_per_s".into(), 30.0);
+        assert_eq!(criteria_incast(&Summary::of(&faster))[2].pass, Some(true));
+        faster[3].metrics.insert("bg_mib_per_s".into(), 9.4);
+        assert_eq!(criteria_incast(&Summary::of(&faster))[2].pass, Some(false));
     }
 
     #[test]

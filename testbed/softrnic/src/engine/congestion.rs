@@ -5,6 +5,7 @@
 //! application's `IBV_QP_RATE_LIMIT` pacer (both must allow a packet).
 
 use super::*;
+use crate::dart_receiver::{answers_with_cnp, classify, Congestion, Policy};
 use crate::dcqcn::{np_sends_cnp, DcqcnConfig, Rp};
 
 /// The NIC's DCQCN: its parameters (None: off, or an unlimited line) and counters.
@@ -68,17 +69,33 @@ fn rc_qp_of(qps: &mut IdMap<Qp>, qpn: u32, from: SocketAddr, peer_qpn: u32) -> O
 }
 
 impl State {
-    /// NP: `p` arrived CE-marked from `from`; answer with a CNP to the QP that sent it, at
-    /// most once per CNP interval per QP.
-    pub(super) fn on_marked(&mut self, from: SocketAddr, p: &Packet, now: Instant) {
+    /// NP: `p` arrived CE-marked from `from` (`marked_here`: by this host's receive port);
+    /// answer with a CNP to the QP that sent it, at most once per CNP interval per QP —
+    /// unless the receiver follows Dart and the congestion is its own.
+    pub(super) fn on_marked(
+        &mut self,
+        from: SocketAddr,
+        p: &Packet,
+        marked_here: bool,
+        now: Instant,
+    ) {
         let Some(cfg) = self.dcqcn.cfg else { return };
         if p.op == wire::OP_CNP {
             return;
         }
         let t = self.dcqcn.ns(now);
+        let window = Duration::from_nanos(cfg.cnp_interval_ns);
+        let congestion = classify(marked_here, self.rx_port.busy_for(now), window);
         let Some(q) = rc_qp_of(&mut self.qps, p.dst_qpn, from, p.src_qpn) else {
             return;
         };
+        if !answers_with_cnp(self.receiver, congestion) {
+            self.dart.cnps_suppressed += 1;
+            return;
+        }
+        if self.receiver == Policy::Dart && congestion == Congestion::NonReceiver {
+            self.dart.non_receiver_marks += 1;
+        }
         if !np_sends_cnp(&cfg, q.cc.last_cnp_ns, t) {
             return;
         }

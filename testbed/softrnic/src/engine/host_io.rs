@@ -2,6 +2,8 @@
 //! receive and transmit loops with GSO/GRO, and the counters file.
 
 use super::*;
+use crate::dart_receiver::Policy;
+use std::path::Path;
 
 /// Send `bytes` on an event stream without blocking (a process that does not read its events
 /// cannot stall the engine). Whether all of it was sent.
@@ -227,30 +229,69 @@ pub(super) fn rx_loop(sh: Arc<Shared>) {
 /// the receiver: replacing the stats file frees the old one's blocks, and on a file system
 /// mounted with `discard` that waited for the disk — up to 5 s on a busy machine, during
 /// which the NIC stood still (drum-kv's READs got no response for 10 s; docs/softrnic.md).
-pub(super) fn housekeeping(sh: Arc<Shared>, stats: Option<PathBuf>, port_state: Option<PathBuf>) {
+/// The files the housekeeping thread watches for run-time changes.
+pub(super) struct Watched {
+    port_state: Option<PathBuf>,
+    receiver_policy: Option<PathBuf>,
+}
+
+/// The receiver policy `path` names: DCQCN's when there is no such file; None (keep the
+/// current one) when it names none, said once per distinct content.
+fn receiver_policy(path: &Path, refused: &mut Option<String>) -> Option<Policy> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some(Policy::Dcqcn),
+        Err(_) => return None,
+    };
+    let policy = Policy::parse(&text);
+    if policy.is_none() && refused.as_deref() != Some(text.as_str()) {
+        eprintln!(
+            "softrnic engine: {} says {:?}, not dcqcn or dart; the receiver policy stays as it is",
+            path.display(),
+            text.trim()
+        );
+        *refused = Some(text);
+    }
+    policy
+}
+
+pub(super) fn housekeeping(sh: Arc<Shared>, stats: Option<PathBuf>, watched: Watched) {
     let mut written = None;
     let mut stalled = std::collections::BTreeMap::new();
     let mut port_checked = Instant::now();
+    let mut refused_policy = None;
     loop {
         std::thread::sleep(STATS_EVERY.min(PORT_CHECK_EVERY));
         let now = Instant::now();
-        let up = match port_state.as_ref() {
-            Some(p) if now.duration_since(port_checked) >= PORT_CHECK_EVERY => {
-                port_checked = now;
+        let check = now.duration_since(port_checked) >= PORT_CHECK_EVERY;
+        let (mut up, mut policy) = (None, None);
+        if check {
+            port_checked = now;
+            up = watched.port_state.as_ref().and_then(|p| {
                 std::fs::read_to_string(p)
                     .ok()
                     .map(|s| device::port_is_up(&s))
-            }
-            _ => None,
-        };
+            });
+            policy = watched
+                .receiver_policy
+                .as_ref()
+                .and_then(|p| receiver_policy(p, &mut refused_policy));
+        }
         let mut st = sh.lock(Holder::Housekeeping);
         if let Some(up) = up {
             st.set_port(up);
         }
+        if let Some(policy) = policy {
+            st.receiver = policy;
+        }
         let snapshot = stats.as_ref().map(|_| {
             let cc = st.dcqcn_counters();
             let auss = st.auss.snapshot().map(|a| a.lines()).unwrap_or_default();
-            let procs = st.rx_port.counters.lines() + &cc.lines() + &auss + &st.proc_tx_lines();
+            let procs = st.rx_port.counters.lines()
+                + &cc.lines()
+                + &st.dart.lines(st.receiver)
+                + &auss
+                + &st.proc_tx_lines();
             (st.counters, procs)
         });
         let now_stalled = st.no_progress_qps(now);
@@ -607,10 +648,13 @@ pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
     {
         let sh = sh.clone();
         let stats = cfg.stats.clone();
-        let port_state = cfg.port_state.clone();
+        let watched = Watched {
+            port_state: cfg.port_state.clone(),
+            receiver_policy: cfg.receiver_policy.clone(),
+        };
         std::thread::Builder::new()
             .name("housekeeping".into())
-            .spawn(move || housekeeping(sh, stats, port_state))?;
+            .spawn(move || housekeeping(sh, stats, watched))?;
     }
     eprintln!(
         "softrnic engine for {} on {}:{} ({})",

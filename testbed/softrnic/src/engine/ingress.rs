@@ -39,7 +39,7 @@ impl State {
                     p.ecn = wire::ECN_CE;
                 }
                 if p.ecn == wire::ECN_CE {
-                    self.on_marked(from, &p, now);
+                    self.on_marked(from, &p, mark, now);
                 }
                 self.receive(from, p, now);
             }

@@ -2911,17 +2911,17 @@ fn marked_packets_draw_cnps_and_a_cnp_paces_its_qp() {
         st.out.clear();
         n
     };
-    st.on_marked(peer, &marked, t0);
+    st.on_marked(peer, &marked, true, t0);
     assert_eq!(st.out.len(), 1);
     let (to, cnp) = &st.out[0];
     assert_eq!((*to, cnp.dst_qpn, cnp.src_qpn), (peer, peer_qpn, slowed));
     assert_eq!(cnps(&mut st), 1);
-    st.on_marked(peer, &marked, t0 + Duration::from_micros(49));
+    st.on_marked(peer, &marked, true, t0 + Duration::from_micros(49));
     assert_eq!(cnps(&mut st), 0, "within the CNP interval");
-    st.on_marked(peer, &marked, t0 + Duration::from_micros(50));
+    st.on_marked(peer, &marked, true, t0 + Duration::from_micros(50));
     assert_eq!(cnps(&mut st), 1);
     let stranger = SocketAddr::from(([10, 9, 9, 9], 4791));
-    st.on_marked(stranger, &marked, t0 + Duration::from_millis(1));
+    st.on_marked(stranger, &marked, true, t0 + Duration::from_millis(1));
     assert_eq!(cnps(&mut st), 0, "not the QP's peer");
     assert_eq!(st.dcqcn_counters().cnps_sent, 2);
 
@@ -2967,7 +2967,7 @@ fn marked_packets_draw_cnps_and_a_cnp_paces_its_qp() {
         src_qpn: st.qps[&qpns[0]].attr.dest_qp_num,
         ..marked
     };
-    st.on_marked(peer, &marked, t0);
+    st.on_marked(peer, &marked, true, t0);
     assert_eq!(cnps(&mut st), 0);
     let cnp = Packet {
         dst_qpn: marked.dst_qpn,
@@ -2980,4 +2980,52 @@ fn marked_packets_draw_cnps_and_a_cnp_paces_its_qp() {
         (c.cnps_received, c.rate_decreases, c.min_rate_kbps),
         (1, 0, 0)
     );
+}
+
+#[test]
+fn a_dart_receiver_answers_only_marks_that_are_not_its_own_congestion() {
+    let cfg = NicConfig {
+        line_rate_gbps: 1.0,
+        ..Default::default()
+    };
+    let (mut st, qpns, _buf) = nic_rig(cfg, 1, 1);
+    let peer = st.qps[&qpns[0]].remote.unwrap();
+    let marked = Packet {
+        op: wire::OP_WRITE,
+        ecn: wire::ECN_CE,
+        dst_qpn: qpns[0],
+        src_qpn: st.qps[&qpns[0]].attr.dest_qp_num,
+        ..Default::default()
+    };
+    let cnps = |st: &mut State| {
+        let n = st.out.iter().filter(|(_, p)| p.op == wire::OP_CNP).count();
+        st.out.clear();
+        n
+    };
+    let t0 = Instant::now();
+    st.receiver = crate::dart_receiver::Policy::Dart;
+    // Marked by this port: the receiver's own congestion, which DASR's N handles.
+    st.on_marked(peer, &marked, true, t0);
+    assert_eq!(cnps(&mut st), 0);
+    assert_eq!(st.dart.cnps_suppressed, 1);
+    // Marked upstream while this port is idle: not the receiver's congestion, DCQCN's.
+    st.on_marked(peer, &marked, false, t0);
+    assert_eq!(cnps(&mut st), 1);
+    assert_eq!(st.dart.non_receiver_marks, 1);
+    // Marked upstream while this port has run at line rate for a whole CNP interval (50 µs
+    // at time scale 1): 125 back-to-back packets of 1,000 bytes at 1 Gb/s take 1 ms.
+    let t1 = t0 + Duration::from_millis(1);
+    for _ in 0..125 {
+        st.rx_port.arrive(t1, peer, 1000);
+    }
+    let t2 = t1 + Duration::from_micros(60);
+    assert!(st.rx_port.busy_for(t2) >= Duration::from_micros(50));
+    st.on_marked(peer, &marked, false, t2);
+    assert_eq!(cnps(&mut st), 0);
+    assert_eq!(st.dart.cnps_suppressed, 2);
+    // DCQCN's policy answers the same mark.
+    st.receiver = crate::dart_receiver::Policy::Dcqcn;
+    st.on_marked(peer, &marked, true, t2 + Duration::from_millis(1));
+    assert_eq!(cnps(&mut st), 1);
+    assert_eq!(st.dart.cnps_suppressed, 2);
 }
