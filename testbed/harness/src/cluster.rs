@@ -552,22 +552,34 @@ impl Cluster {
             .collect())
     }
 
-    /// Sets how every host's NIC answers ECN-marked packets (`softrnic receiver`: `dcqcn` or
-    /// `dart`) and waits until each engine's stats show it (`dart_receiver`), at most 3 s.
-    pub fn set_receiver_policy(&self, policy: &str) -> Result<()> {
-        let want = if policy == "dart" { 1.0 } else { 0.0 };
+    /// Sets every host NIC's congestion settings — how it answers ECN-marked packets
+    /// (`softrnic receiver`: `dcqcn` or `dart`) and whether it caps its QPs at the `R/N` its
+    /// destinations stamp (`softrnic dasr`) — and waits until each engine's stats show them
+    /// (`dart_receiver`, `dasr_caps`), at most 3 s.
+    pub fn set_congestion(&self, receiver: &str, dasr_caps: bool) -> Result<()> {
+        let dasr = if dasr_caps { "on" } else { "off" };
+        let want = [
+            ("dart_receiver", f64::from(u8::from(receiver == "dart"))),
+            ("dasr_caps", f64::from(u8::from(dasr_caps))),
+        ];
         let hosts = self.hosts()?;
         for h in &hosts {
-            let out = self.softrnic()?.args(["receiver", h, policy]).output()?;
-            if !out.status.success() {
-                bail!("{}", String::from_utf8_lossy(&out.stderr).trim());
+            for args in [["receiver", h, receiver], ["dasr", h, dasr]] {
+                let out = self.softrnic()?.args(args).output()?;
+                if !out.status.success() {
+                    bail!("{}", String::from_utf8_lossy(&out.stderr).trim());
+                }
             }
         }
         let deadline = Instant::now() + Duration::from_secs(3);
         for h in &hosts {
-            while self.stats(h)?.get("dart_receiver") != Some(&want) {
+            loop {
+                let stats = self.stats(h)?;
+                if want.iter().all(|(k, v)| stats.get(*k) == Some(v)) {
+                    break;
+                }
                 if Instant::now() > deadline {
-                    bail!("{h}'s NIC did not take the receiver policy {policy} within 3 s");
+                    bail!("{h}'s NIC did not take receiver {receiver}, dasr {dasr} within 3 s");
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }

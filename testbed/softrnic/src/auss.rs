@@ -22,6 +22,20 @@ use std::time::Duration;
 /// flip `N` — and push to every sender — twice per message.
 pub const MIN_ACTIVE_MESSAGE: u32 = 32 << 10;
 
+/// The share of the line DASR caps give the senders together: at exactly `R/N` each, the
+/// queue a burst's first round trip built never drains (the shim's caps use the same 97 %,
+/// docs/shim.md, "Caps from the NIC").
+pub const DASR_UTILISATION: f64 = 0.97;
+
+/// A sender NIC's cap, in kb/s on the wire, on a QP towards a receiver that counts `n` active
+/// senders: Dart's `R/N` of a line of `line_rate_gbps`; None below two senders (no cap) or on
+/// an unlimited line.
+pub fn dasr_cap_kbps(line_rate_gbps: f64, n: u32) -> Option<u32> {
+    (n >= 2 && line_rate_gbps > 0.0).then(|| {
+        (line_rate_gbps * 1e6 * DASR_UTILISATION / n as f64).clamp(1.0, u32::MAX as f64) as u32
+    })
+}
+
 /// Bytes of a stamp on the wire: `tag u32 | n u32 | epoch u64 | incarnation u64`, little
 /// endian as the rest of the packet.
 pub const STAMP_LEN: usize = 24;

@@ -106,6 +106,8 @@ pub struct EngineConfig {
     /// The host's `receiver` file, watched for `softrnic receiver` (None or absent: DCQCN's
     /// notification point; see [`crate::dart_receiver`]).
     pub receiver_policy: Option<PathBuf>,
+    /// The host's `dasr` file, watched for `softrnic dasr` (None or absent: off).
+    pub dasr_caps: Option<PathBuf>,
     /// The addresses of every host of the run (multicast goes to all of them).
     pub peers: Vec<Ipv4Addr>,
 }
@@ -527,6 +529,9 @@ struct State {
     dcqcn: congestion::Dcqcn,
     /// How the notification point answers marked packets (`softrnic receiver`).
     receiver: crate::dart_receiver::Policy,
+    /// Whether the requester caps each RC QP at `R/N` of its destination's newest stamp
+    /// (`softrnic dasr`; Dart's rate limiter in the NIC).
+    dasr_caps: bool,
     dart: crate::dart_receiver::DartReceiverCounters,
     /// AUSS in ACKs (off unless the run asks for it).
     auss: auss::NicAuss,
@@ -775,6 +780,7 @@ impl State {
             rx_port: crate::rx_port::RxPort::new(nic.rx_port()),
             dcqcn: congestion::Dcqcn::new(nic.dcqcn()),
             receiver: Default::default(),
+            dasr_caps: false,
             dart: Default::default(),
             auss: auss::NicAuss::default(),
             tombstones: IdMap::default(),

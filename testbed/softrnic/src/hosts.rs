@@ -325,16 +325,31 @@ pub fn set_link(run: &Path, name: &str, up: bool) -> Result<()> {
 /// its engine applies it within [`crate::engine::PORT_CHECK_EVERY`] and shows it as
 /// `dart_receiver` in its stats.
 pub fn set_receiver_policy(run: &Path, name: &str, policy: Policy) -> Result<()> {
+    write_setting(run, name, receiver_policy_path, policy.name())
+}
+
+/// Sets whether host `name`'s NIC caps its RC QPs at `R/N` of their destinations' stamps;
+/// applied and shown (`dasr_caps`) as [`set_receiver_policy`] is.
+pub fn set_dasr_caps(run: &Path, name: &str, on: bool) -> Result<()> {
+    write_setting(run, name, dasr_caps_path, if on { "on" } else { "off" })
+}
+
+fn write_setting(run: &Path, name: &str, file: fn(&Path) -> PathBuf, value: &str) -> Result<()> {
     let st = load_state(run)?;
     if !st.hosts.iter().any(|h| h.name == name) {
         bail!("no host {name} (hosts: {})", host_names(&st));
     }
-    let path = receiver_policy_path(&run.join("hosts").join(name));
-    // Whole or not at all: the engine must never read half a name.
+    let path = file(&run.join("hosts").join(name));
+    // Whole or not at all: the engine must never read half a word.
     let tmp = path.with_extension("tmp");
-    fs::write(&tmp, format!("{}\n", policy.name()))
+    fs::write(&tmp, format!("{value}\n"))
         .and_then(|()| fs::rename(&tmp, &path))
         .with_context(|| format!("writing {}", path.display()))
+}
+
+/// The file a host's engine reads whether to cap its QPs at `R/N` from.
+pub fn dasr_caps_path(host_dir: &Path) -> PathBuf {
+    host_dir.join("dasr")
 }
 
 /// The file a host's engine reads its receiver policy from.

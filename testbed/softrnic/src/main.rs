@@ -139,6 +139,15 @@ enum Cmd {
         #[arg(value_parser = ["dcqcn", "dart"])]
         policy: String,
     },
+    /// Whether host NAME's NIC caps each RC QP at R/N, N the active senders its destination
+    /// stamped into its newest ACK (Dart's rate limiter in the NIC; needs `up
+    /// --auss-expiry-ms`): `on` or `off` (the default). Applied within 100 ms; the engine's
+    /// stats show it as `dasr_caps`.
+    Dasr {
+        name: String,
+        #[arg(value_parser = ["on", "off"])]
+        state: String,
+    },
     /// List the hosts of the current run.
     Status,
     /// Tear everything down (engines, namespaces, run directory).
@@ -254,6 +263,7 @@ fn main() -> Result<()> {
         Cmd::Exec { host, cmd } => hosts::exec(&run, &host, &cmd)?,
         Cmd::Addr { name } => println!("{}", hosts::addr(&run, &name)?),
         Cmd::Link { name, state } => hosts::set_link(&run, &name, state == "up")?,
+        Cmd::Dasr { name, state } => hosts::set_dasr_caps(&run, &name, state == "on")?,
         Cmd::Receiver { name, policy } => hosts::set_receiver_policy(
             &run,
             &name,
@@ -314,6 +324,7 @@ fn main() -> Result<()> {
             engine::run(engine::EngineConfig {
                 port_state: socket.parent().map(hosts::port_state_path),
                 receiver_policy: socket.parent().map(hosts::receiver_policy_path),
+                dasr_caps: socket.parent().map(hosts::dasr_caps_path),
                 nic,
                 gso: !no_gso,
                 host,

@@ -72,15 +72,17 @@ fn sender(ctx: &RunCtx, mode: Mode, host: &str, app: &str, cmd: &[String]) -> Re
     })
 }
 
-/// The receiving NICs as `mode` needs them: DCQCN's notification point for `dcqcn`; Dart's
-/// receiver for the DASR modes, which sends no CNP for congestion at its own port (the
-/// senders' caps at R/N handle it) and keeps DCQCN for congestion elsewhere (Dart §III-C).
+/// The NICs as `mode` needs them: DCQCN's notification point for `dcqcn`; Dart's receiver
+/// for the DASR modes, which sends no CNP for congestion at its own port (the senders' caps at
+/// R/N handle it) and keeps DCQCN for congestion elsewhere (Dart §III-C); and for `dasr-nic`
+/// the NIC's own rate limiter at R/N of each stamp, within the message the stamp arrives in
+/// (the shim's caps act at the next post).
 fn receivers(ctx: &RunCtx, mode: Mode) -> Result<()> {
-    let policy = match mode {
-        Mode::Dcqcn => "dcqcn",
-        _ => "dart",
-    };
-    ctx.cluster.set_receiver_policy(policy)
+    match mode {
+        Mode::Dcqcn => ctx.cluster.set_congestion("dcqcn", false),
+        Mode::DasrAgent => ctx.cluster.set_congestion("dart", false),
+        _ => ctx.cluster.set_congestion("dart", true),
+    }
 }
 
 /// The NIC Dart's experiments emulate.

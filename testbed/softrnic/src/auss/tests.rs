@@ -343,3 +343,13 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_dasr_cap_is_the_line_over_n_less_the_headroom_and_none_below_two_senders() {
+    assert_eq!(dasr_cap_kbps(1.0, 0), None);
+    assert_eq!(dasr_cap_kbps(1.0, 1), None);
+    assert_eq!(dasr_cap_kbps(1.0, 2), Some(485_000));
+    assert_eq!(dasr_cap_kbps(0.2, 16), Some(12_125));
+    assert_eq!(dasr_cap_kbps(0.0, 4), None);
+    assert_eq!(dasr_cap_kbps(1e-9, u32::MAX), Some(1));
+}

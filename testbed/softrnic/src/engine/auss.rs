@@ -218,6 +218,11 @@ impl State {
         }
     }
 
+    /// Requester: the active senders the newest stamp from destination `ip` counts.
+    pub(super) fn auss_n_for(&self, ip: Ipv4Addr) -> Option<u32> {
+        Some(self.auss.on.as_ref()?.latest.get(ip)?.n)
+    }
+
     /// Requester: the newest stamp of destination `ip` (tests).
     #[cfg(test)]
     pub(super) fn auss_latest(&self, ip: Ipv4Addr) -> Option<Stamp> {

@@ -5,6 +5,7 @@
 //! application's `IBV_QP_RATE_LIMIT` pacer (both must allow a packet).
 
 use super::*;
+use crate::auss::dasr_cap_kbps;
 use crate::dart_receiver::{answers_with_cnp, classify, Congestion, Policy};
 use crate::dcqcn::{np_sends_cnp, DcqcnConfig, Rp};
 
@@ -36,12 +37,14 @@ impl DcqcnCounters {
     }
 }
 
-/// One QP's DCQCN state: when it last sent a CNP (NP), and its rate with the pacer that
-/// holds it to that rate (RP; from its first CNP on).
+/// One QP's congestion state: when it last sent a CNP (NP), its DCQCN rate with the pacer
+/// that holds it to that rate (RP; from its first CNP on), and its DASR cap's pacer (while
+/// its destination counts two senders or more and `softrnic dasr` is on).
 #[derive(Default)]
 pub(super) struct QpCc {
     last_cnp_ns: Option<u64>,
     rp: Option<(Rp, nic::Pacer)>,
+    dasr: Option<nic::Pacer>,
 }
 
 impl Dcqcn {
@@ -130,10 +133,25 @@ impl State {
         self.dcqcn.counters.rate_decreases += 1;
     }
 
+    /// The DASR cap of RC QP `qpn` in kb/s: `R/N` of its destination's newest stamp, when
+    /// `softrnic dasr` is on (None: no cap).
+    fn dasr_cap_of(&self, qpn: u32) -> Option<u32> {
+        if !self.dasr_caps {
+            return None;
+        }
+        let q = self.qps.get(&qpn).filter(|q| q.qpt == IBV_QPT_RC)?;
+        let SocketAddr::V4(to) = q.remote? else {
+            return None;
+        };
+        dasr_cap_kbps(self.nic.cfg.line_rate_gbps, self.auss_n_for(*to.ip())?)
+    }
+
     /// When QP `qpn` may send its next packet by its pacers (None: now): the application's
-    /// rate limit and DCQCN's rate. A QP leaving RTS (flushing, say) is not held back.
+    /// rate limit, DCQCN's rate and the DASR cap. A QP leaving RTS (flushing, say) is not
+    /// held back.
     pub(super) fn pace_ready_at(&mut self, qpn: u32, now: Instant) -> Option<Instant> {
         let t = self.dcqcn.ns(now);
+        let cap = self.dasr_cap_of(qpn);
         let q = self.qps.get_mut(&qpn).filter(|q| q.state == IBV_QPS_RTS)?;
         let app = q.pacer.and_then(|p| p.ready_at(now));
         let cc = q.cc.rp.as_mut().and_then(|(rp, pacer)| {
@@ -141,7 +159,20 @@ impl State {
             pacer.set_kbps(kbps(rp));
             rp.limited().then(|| pacer.ready_at(now)).flatten()
         });
-        app.max(cc)
+        // A stamp changes the cap within the message it arrives in, as Dart's NIC does: the
+        // shim's caps act only at the next post, after a message posted whole has left.
+        let dasr = match cap {
+            Some(k) => {
+                let pacer = q.cc.dasr.get_or_insert_with(|| nic::Pacer::new(k, 0));
+                pacer.set_kbps(k);
+                pacer.ready_at(now)
+            }
+            None => {
+                q.cc.dasr = None;
+                None
+            }
+        };
+        app.max(cc).max(dasr)
     }
 
     /// QP `qpn` started a datagram of `len` bytes at `now`: its pacers are charged and
@@ -152,6 +183,9 @@ impl State {
             return;
         };
         if let Some(p) = q.pacer.as_mut() {
+            p.charge(now, len);
+        }
+        if let Some(p) = q.cc.dasr.as_mut() {
             p.charge(now, len);
         }
         if let Some((rp, pacer)) = q.cc.rp.as_mut() {

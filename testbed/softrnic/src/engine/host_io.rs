@@ -233,38 +233,54 @@ pub(super) fn rx_loop(sh: Arc<Shared>) {
 pub(super) struct Watched {
     port_state: Option<PathBuf>,
     receiver_policy: Option<PathBuf>,
+    dasr_caps: Option<PathBuf>,
 }
 
-/// The receiver policy `path` names: DCQCN's when there is no such file; None (keep the
-/// current one) when it names none, said once per distinct content.
-fn receiver_policy(path: &Path, refused: &mut Option<String>) -> Option<Policy> {
+/// A run-time setting of the NIC from its file (`softrnic receiver`, `softrnic dasr`):
+/// `default` when there is no such file; None (keep the current value) when the file cannot
+/// be read or names none of `choices`, which is said once per distinct content.
+fn setting<T>(
+    path: &Path,
+    parse: fn(&str) -> Option<T>,
+    default: T,
+    choices: &str,
+    refused: &mut Option<String>,
+) -> Option<T> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some(Policy::Dcqcn),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some(default),
         Err(_) => return None,
     };
-    let policy = Policy::parse(&text);
-    if policy.is_none() && refused.as_deref() != Some(text.as_str()) {
+    let value = parse(&text);
+    if value.is_none() && refused.as_deref() != Some(text.as_str()) {
         eprintln!(
-            "softrnic engine: {} says {:?}, not dcqcn or dart; the receiver policy stays as it is",
+            "softrnic engine: {} says {:?}, not {choices}; the setting stays as it is",
             path.display(),
             text.trim()
         );
         *refused = Some(text);
     }
-    policy
+    value
+}
+
+fn on_off(text: &str) -> Option<bool> {
+    match text.trim() {
+        "on" => Some(true),
+        "off" => Some(false),
+        _ => None,
+    }
 }
 
 pub(super) fn housekeeping(sh: Arc<Shared>, stats: Option<PathBuf>, watched: Watched) {
     let mut written = None;
     let mut stalled = std::collections::BTreeMap::new();
     let mut port_checked = Instant::now();
-    let mut refused_policy = None;
+    let (mut refused_policy, mut refused_dasr) = (None, None);
     loop {
         std::thread::sleep(STATS_EVERY.min(PORT_CHECK_EVERY));
         let now = Instant::now();
         let check = now.duration_since(port_checked) >= PORT_CHECK_EVERY;
-        let (mut up, mut policy) = (None, None);
+        let (mut up, mut policy, mut dasr) = (None, None, None);
         if check {
             port_checked = now;
             up = watched.port_state.as_ref().and_then(|p| {
@@ -272,10 +288,20 @@ pub(super) fn housekeeping(sh: Arc<Shared>, stats: Option<PathBuf>, watched: Wat
                     .ok()
                     .map(|s| device::port_is_up(&s))
             });
-            policy = watched
-                .receiver_policy
+            policy = watched.receiver_policy.as_ref().and_then(|p| {
+                let choices = "dcqcn or dart";
+                setting(
+                    p,
+                    Policy::parse,
+                    Policy::Dcqcn,
+                    choices,
+                    &mut refused_policy,
+                )
+            });
+            dasr = watched
+                .dasr_caps
                 .as_ref()
-                .and_then(|p| receiver_policy(p, &mut refused_policy));
+                .and_then(|p| setting(p, on_off, false, "on or off", &mut refused_dasr));
         }
         let mut st = sh.lock(Holder::Housekeeping);
         if let Some(up) = up {
@@ -284,12 +310,16 @@ pub(super) fn housekeeping(sh: Arc<Shared>, stats: Option<PathBuf>, watched: Wat
         if let Some(policy) = policy {
             st.receiver = policy;
         }
+        if let Some(on) = dasr {
+            st.dasr_caps = on;
+        }
         let snapshot = stats.as_ref().map(|_| {
             let cc = st.dcqcn_counters();
             let auss = st.auss.snapshot().map(|a| a.lines()).unwrap_or_default();
             let procs = st.rx_port.counters.lines()
                 + &cc.lines()
                 + &st.dart.lines(st.receiver)
+                + &format!("dasr_caps {}\n", u8::from(st.dasr_caps))
                 + &auss
                 + &st.proc_tx_lines();
             (st.counters, procs)
@@ -651,6 +681,7 @@ pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
         let watched = Watched {
             port_state: cfg.port_state.clone(),
             receiver_policy: cfg.receiver_policy.clone(),
+            dasr_caps: cfg.dasr_caps.clone(),
         };
         std::thread::Builder::new()
             .name("housekeeping".into())

@@ -398,3 +398,45 @@ fn an_end_is_held_and_a_next_message_cancels_it() {
     assert_eq!((c.n, c.epoch), (1, 3));
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Dart's rate limiter in the NIC (`softrnic dasr on`): once a QP's destination stamps
+/// N = 2, the QP is paced at 97 % of half the line from its next packet — within the message
+/// in flight, which the shim's caps cannot reach — while with the caps off it keeps the line.
+#[test]
+fn with_dasr_caps_a_stamp_paces_the_qps_towards_its_receiver_at_r_over_n() {
+    let cfg = NicConfig {
+        line_rate_gbps: 1.0,
+        auss_expiry_ms: EXPIRY.as_millis() as u64,
+        ..Default::default()
+    };
+    let dir = tmpdir("caps");
+    for caps in [true, false] {
+        let (mut st, qpns, _buf) = nic_rig(cfg, 1, 4);
+        st.auss = NicAuss::on(&cfg, &dir.join(format!("auss-{caps}"))).unwrap();
+        st.peers = vec![R.into(), S1.into(), S2.into()];
+        st.dasr_caps = caps;
+        let to = st.qps[&qpns[0]].remote.unwrap();
+        let t0 = Instant::now();
+        let two = Stamp {
+            n: 2,
+            epoch: 1,
+            incarnation: 7,
+        };
+        st.receive(to, notification(two.encode()), t0);
+        let SocketAddr::V4(to_v4) = to else {
+            panic!("{to}")
+        };
+        assert_eq!(st.auss_latest(*to_v4.ip()).map(|s| s.n), Some(2));
+        let sent = std::iter::from_fn(|| st.tx_one(t0)).count();
+        if caps {
+            assert_eq!(sent, 1);
+            // 256 + 48 + 42 bytes at 485 Mb/s (97 % of 1 Gb/s, halved).
+            let due = st.pace_wake.expect("the capped QP is due later");
+            assert_eq!(due - t0, Duration::from_nanos(346 * 8_000_000 / 485_000));
+        } else {
+            // Four 700-byte WRITEs of three 256-byte packets each, all at the line.
+            assert_eq!(sent, 12);
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
