@@ -77,7 +77,7 @@ fn sender(ctx: &RunCtx, mode: Mode, host: &str, app: &str, cmd: &[String]) -> Re
 /// R/N handle it) and keeps DCQCN for congestion elsewhere (Dart §III-C); and for `dasr-nic`
 /// the NIC's own rate limiter at R/N of each stamp, within the message the stamp arrives in
 /// (the shim's caps act at the next post).
-fn receivers(ctx: &RunCtx, mode: Mode) -> Result<()> {
+fn set_nics(ctx: &RunCtx, mode: Mode) -> Result<()> {
     match mode {
         Mode::Dcqcn => ctx.cluster.set_congestion("dcqcn", false),
         Mode::DasrAgent => ctx.cluster.set_congestion("dart", false),
@@ -229,7 +229,7 @@ fn run_conv(ctx: &RunCtx, series: &str, _kib: f64) -> Result<Measured> {
         Profile::Quick => (3, 100, 2500, 800),
         Profile::Full => (5, 100, 2500, 800),
     };
-    receivers(ctx, mode)?;
+    set_nics(ctx, mode)?;
     let rtt = round_trip_us(ctx, 200)?;
     let e = engines(ctx)?;
     let before = ctx.cluster.stats("h1")?;
@@ -345,8 +345,9 @@ fn bw_server_cmd(ctx: &RunCtx, port: u16, n: &str) -> Result<Command> {
 }
 
 /// The receiving NIC's side during the run: its port's marks, pauses and drops, DCQCN's
-/// CNPs and the marks Dart's receiver answered with none, and the AUSS epochs the NIC counted (whatever the mode: the NIC counts for
-/// everyone). Not the queue's maximum: softrnic keeps it since the engine started.
+/// CNPs and the marks Dart's receiver answered with none, and the AUSS epochs the NIC
+/// counted (whatever the mode: the NIC counts for everyone). Not the queue's maximum:
+/// softrnic keeps it since the engine started.
 fn mechanism(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>, m: &mut Measured) {
     let d = |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
     for k in [
@@ -497,7 +498,7 @@ fn run_incast(ctx: &RunCtx, series: &str, n: f64) -> Result<Measured> {
         Profile::Quick => 10,
         Profile::Full => 30,
     };
-    receivers(ctx, mode)?;
+    set_nics(ctx, mode)?;
     let c = ctx.cluster;
     let kv = c.tool_path("drum-kv")?;
     let h1 = c.addr("h1")?;
@@ -721,9 +722,10 @@ fn criteria_incast(s: &Summary) -> Vec<Verdict> {
             },
             paper: "within 0.5 % (DASR vs InfiniBand, testbed); above DCQCN's (simulation)".into(),
             // One-sided: the claim is that DASR's shorter incasts cost the background nothing.
-            // Against DCQCN, whose cuts the background takes seconds to climb back from, DASR's
-            // background runs far faster (docs/testbed.md, "Dart's receiver"), as in Dart's
-            // simulations (its Fig. 13); a two-sided bound would fail DASR for being better.
+            // Against DCQCN, whose cuts the background takes seconds to climb back from,
+            // DASR's background runs far faster (docs/testbed.md, "Dart's receiver and the
+            // NIC's rate limiter"), as in Dart's simulations (its Fig. 13); a two-sided bound
+            // would fail DASR for being better.
             pass: (!bg.is_empty()).then(|| bg.iter().all(|(_, r)| *r >= 0.95)),
         });
     }
