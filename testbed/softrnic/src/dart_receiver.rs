@@ -72,22 +72,31 @@ pub fn answers_with_cnp(policy: Policy, congestion: Congestion) -> bool {
     policy == Policy::Dcqcn || congestion == Congestion::NonReceiver
 }
 
-/// The counters `softrnic stats` prints.
+/// Dart's parts of a NIC, set at run time (`softrnic receiver`, `softrnic dasr`), and what
+/// its receiver did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct DartReceiverCounters {
+pub struct DartNic {
+    /// How the notification point answers marked packets.
+    pub receiver: Policy,
+    /// Whether the requester caps each RC QP at `R/N` of its destination's newest stamp
+    /// (Dart's rate limiter in the NIC).
+    pub caps: bool,
     /// Marked packets that drew no CNP because the congestion was at this receiver.
     pub cnps_suppressed: u64,
     /// Marked packets judged non-receiver congestion under Dart (answered as DCQCN does).
     pub non_receiver_marks: u64,
 }
 
-impl DartReceiverCounters {
-    pub fn lines(&self, policy: Policy) -> String {
+impl DartNic {
+    /// `name value` lines for the stats file.
+    pub fn lines(&self) -> String {
         format!(
-            "dart_receiver {}\ndart_cnps_suppressed {}\ndart_non_receiver_marks {}\n",
-            u8::from(policy == Policy::Dart),
+            "dart_receiver {}\ndart_cnps_suppressed {}\ndart_non_receiver_marks {}\n\
+             dasr_caps {}\n",
+            u8::from(self.receiver == Policy::Dart),
             self.cnps_suppressed,
-            self.non_receiver_marks
+            self.non_receiver_marks,
+            u8::from(self.caps)
         )
     }
 }

@@ -42,6 +42,7 @@ use drum_verbs_abi::{consts::mtu_bytes, IbvWc};
 mod async_events;
 mod auss;
 mod congestion;
+mod counters;
 mod diagnostics;
 mod host_io;
 mod ingress;
@@ -57,6 +58,7 @@ mod verbs;
 mod work_queues;
 mod xrc;
 
+pub use counters::Counters;
 use diagnostics::*;
 pub use host_io::run;
 use host_io::*;
@@ -101,98 +103,12 @@ pub struct EngineConfig {
     /// Batch same-size packets into UDP GSO sends and receive with UDP GRO (a host-side
     /// optimisation: every packet stays a packet for the model, faults and peers).
     pub gso: bool,
-    /// The port's sysfs `state` file, watched for `softrnic link` (None: always up).
-    pub port_state: Option<PathBuf>,
-    /// The host's `receiver` file, watched for `softrnic receiver` (None or absent: DCQCN's
-    /// notification point; see [`crate::dart_receiver`]).
-    pub receiver_policy: Option<PathBuf>,
-    /// The host's `dasr` file, watched for `softrnic dasr` (None or absent: off).
-    pub dasr_caps: Option<PathBuf>,
+    /// The host's directory (`<run>/hosts/HOST`): its files are watched for `softrnic link`,
+    /// `softrnic receiver` and `softrnic dasr` (None: the port is always up, DCQCN's
+    /// notification point, no caps).
+    pub host_dir: Option<PathBuf>,
     /// The addresses of every host of the run (multicast goes to all of them).
     pub peers: Vec<Ipv4Addr>,
-}
-
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Counters {
-    pub rx_packets: u64,
-    pub rx_dropped_malformed: u64,
-    pub rx_dropped_unknown_qp: u64,
-    /// Valid packets for a known QP that were stale or outside the window (duplicates,
-    /// replays): re-acknowledged or ignored, never applied twice.
-    pub rx_duplicate: u64,
-    pub rx_stale: u64,
-    pub rx_handler_panics: u64,
-    pub tx_packets: u64,
-    pub retransmits: u64,
-    pub fault_dropped: u64,
-    pub fault_duplicated: u64,
-    pub fault_reordered: u64,
-    pub fault_delayed: u64,
-    /// QP-context cache of the NIC model: lookups that hit and that missed.
-    pub qp_cache_hits: u64,
-    pub qp_cache_misses: u64,
-    /// Work requests fetched by the transmitter (each costs `wqe_fetch_ns`), and the reads
-    /// that fetched them (one per doorbell batch, see [`crate::nic::fetch_count`]).
-    pub wqe_fetches: u64,
-    pub wqe_fetch_reads: u64,
-    /// Work requests taken from shared rings (send, receive), completions written to rings,
-    /// and posts/polls that came over the socket instead (programs whose rings could not be
-    /// set up, and tests).
-    pub ring_send_wqes: u64,
-    pub ring_recv_wqes: u64,
-    pub ring_cqes: u64,
-    pub socket_posts_polls: u64,
-    /// UD datagrams dropped for a wrong Q_Key, and UD/UC messages dropped because no
-    /// receive was posted (those transports have no RNR: the message is lost).
-    pub rx_dropped_qkey: u64,
-    pub rx_dropped_no_recv: u64,
-    /// Ethernet frames (raw-packet QPs) that no flow rule of this host wants.
-    pub rx_dropped_no_flow: u64,
-    /// UC packets dropped because an earlier packet of their message was lost.
-    pub rx_uc_broken: u64,
-    /// Packets not sent or not taken because the port's link was down.
-    pub port_down_dropped: u64,
-    /// WRITE and SEND data and READ responses placed into applications, one
-    /// `process_vm_writev` each (the packets of a message are combined, see `placement`).
-    pub rx_placements: u64,
-}
-
-impl Counters {
-    /// `name value` lines (the stats file, `softrnic stats`).
-    pub fn encode(&self) -> String {
-        let mut s = String::new();
-        for (k, v) in [
-            ("rx_packets", self.rx_packets),
-            ("rx_dropped_malformed", self.rx_dropped_malformed),
-            ("rx_dropped_unknown_qp", self.rx_dropped_unknown_qp),
-            ("rx_duplicate", self.rx_duplicate),
-            ("rx_stale", self.rx_stale),
-            ("rx_handler_panics", self.rx_handler_panics),
-            ("tx_packets", self.tx_packets),
-            ("retransmits", self.retransmits),
-            ("fault_dropped", self.fault_dropped),
-            ("fault_duplicated", self.fault_duplicated),
-            ("fault_reordered", self.fault_reordered),
-            ("fault_delayed", self.fault_delayed),
-            ("qp_cache_hits", self.qp_cache_hits),
-            ("qp_cache_misses", self.qp_cache_misses),
-            ("wqe_fetches", self.wqe_fetches),
-            ("wqe_fetch_reads", self.wqe_fetch_reads),
-            ("ring_send_wqes", self.ring_send_wqes),
-            ("ring_recv_wqes", self.ring_recv_wqes),
-            ("ring_cqes", self.ring_cqes),
-            ("socket_posts_polls", self.socket_posts_polls),
-            ("rx_dropped_qkey", self.rx_dropped_qkey),
-            ("rx_dropped_no_recv", self.rx_dropped_no_recv),
-            ("rx_dropped_no_flow", self.rx_dropped_no_flow),
-            ("rx_uc_broken", self.rx_uc_broken),
-            ("port_down_dropped", self.port_down_dropped),
-            ("rx_placements", self.rx_placements),
-        ] {
-            s.push_str(&format!("{k} {v}\n"));
-        }
-        s
-    }
 }
 
 /// A packet held back by fault injection until `at`.
@@ -526,13 +442,11 @@ struct State {
     nic: Pipeline,
     /// The NIC's receive port (see [`crate::rx_port`]).
     rx_port: crate::rx_port::RxPort,
+    /// Arrived packets waiting for the port's queue ahead of them (sender, packet, marked by
+    /// this port).
+    rx_waiting: crate::rx_port::DelayLine<(SocketAddr, Packet, bool)>,
     dcqcn: congestion::Dcqcn,
-    /// How the notification point answers marked packets (`softrnic receiver`).
-    receiver: crate::dart_receiver::Policy,
-    /// Whether the requester caps each RC QP at `R/N` of its destination's newest stamp
-    /// (`softrnic dasr`; Dart's rate limiter in the NIC).
-    dasr_caps: bool,
-    dart: crate::dart_receiver::DartReceiverCounters,
+    dart: crate::dart_receiver::DartNic,
     /// AUSS in ACKs (off unless the run asks for it).
     auss: auss::NicAuss,
     /// Destroyed QPs that still re-acknowledge their peer's duplicates for a while.
@@ -778,9 +692,8 @@ impl State {
             inject: None,
             nic: Pipeline::new(nic),
             rx_port: crate::rx_port::RxPort::new(nic.rx_port()),
+            rx_waiting: Default::default(),
             dcqcn: congestion::Dcqcn::new(nic.dcqcn()),
-            receiver: Default::default(),
-            dasr_caps: false,
             dart: Default::default(),
             auss: auss::NicAuss::default(),
             tombstones: IdMap::default(),

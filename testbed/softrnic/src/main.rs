@@ -2,7 +2,7 @@
 //! unmodified verbs programs on them.
 
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -322,9 +322,7 @@ fn main() -> Result<()> {
                 None => nic::NicConfig::default(),
             };
             engine::run(engine::EngineConfig {
-                port_state: socket.parent().map(hosts::port_state_path),
-                receiver_policy: socket.parent().map(hosts::receiver_policy_path),
-                dasr_caps: socket.parent().map(hosts::dasr_caps_path),
+                host_dir: socket.parent().map(Path::to_path_buf),
                 nic,
                 gso: !no_gso,
                 host,

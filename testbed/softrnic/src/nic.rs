@@ -18,10 +18,10 @@
 //! a miss (the context is then cached, evicting the least recently used one). The costs add up
 //! on a clock (`busy_until`); the transmitter starts a new packet only when the clock is less
 //! than [`SLACK`] ahead of real time, so the average rate is the modelled one even though a
-//! thread cannot sleep for a microsecond. Capacity left unused is banked for at most
-//! [`BANK`] (a token bucket of depth `BANK + SLACK`), which absorbs the transmitter's
-//! scheduling delays; when the engine itself is slower than the model, the clock falls behind
-//! real time and the rest is lost.
+//! thread cannot sleep for a microsecond. Capacity the transmitter could not use while it had
+//! work is banked for at most [`BANK`] (a token bucket of depth `BANK + SLACK`), which absorbs
+//! its scheduling delays; idle time is not banked ([`Pipeline::idle`]); when the engine itself
+//! is slower than the model, the clock falls behind real time and the rest is lost.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -367,6 +367,8 @@ pub struct Pipeline {
     pub cfg: NicConfig,
     pub cache: QpCache,
     busy_until: Instant,
+    /// The transmitter found nothing to send and no work has been charged since.
+    idle: bool,
 }
 
 impl Pipeline {
@@ -375,6 +377,7 @@ impl Pipeline {
             cfg,
             cache: QpCache::new(cfg.qp_cache),
             busy_until: Instant::now(),
+            idle: false,
         }
     }
 
@@ -383,8 +386,23 @@ impl Pipeline {
         if ns == 0 {
             return;
         }
-        let floor = now.checked_sub(BANK).unwrap_or(now);
+        let bank = if std::mem::take(&mut self.idle) {
+            Duration::ZERO
+        } else {
+            BANK
+        };
+        let floor = now.checked_sub(bank).unwrap_or(now);
         self.busy_until = self.busy_until.max(floor) + Duration::from_nanos(ns);
+    }
+
+    /// The transmitter found nothing to send: the line idles until the next work is
+    /// charged, and that time is not banked. The bank makes up only for time the transmitter
+    /// lost while it had work (descheduled); banking idle time too let a sender that had been
+    /// quiet send [`BANK`] of line time at once, faster than its line, into a receiver's
+    /// queue. (A transmitter woken late by a post loses the delay: the NIC cannot tell it from
+    /// idle time.)
+    pub fn idle(&mut self) {
+        self.idle = true;
     }
 
     /// Start nothing before `now + d` (a pause from a receiver): the clock is moved to where
@@ -622,10 +640,20 @@ mod tests {
         // 500 µs of work, 100 µs slack: wait 400 µs.
         assert_eq!(p.wait(t), Some(Duration::from_micros(400)));
         assert_eq!(p.wait(t + Duration::from_micros(400)), None);
-        // Idle for long: at most BANK of unused capacity is credited.
+        // Descheduled for long with work: at most BANK of the lost time is made up.
         let later = t + Duration::from_secs(1);
         p.charge(later, 1_000);
         assert_eq!(p.busy_until, later - BANK + Duration::from_micros(1));
+        // Idle (nothing to send) is not banked: the next work starts when it is charged.
+        let quiet = later + Duration::from_secs(1);
+        p.idle();
+        p.charge(quiet, 500_000);
+        assert_eq!(p.busy_until, quiet + Duration::from_micros(500));
+        assert_eq!(p.wait(quiet), Some(Duration::from_micros(400)));
+        // Work after that banks again.
+        let again = quiet + Duration::from_secs(1);
+        p.charge(again, 1_000);
+        assert_eq!(p.busy_until, again - BANK + Duration::from_micros(1));
         let unlimited = NicConfig {
             line_rate_gbps: 0.0,
             ..Default::default()

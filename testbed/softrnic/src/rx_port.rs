@@ -14,6 +14,13 @@
 //!
 //! - below the ECN threshold it is accepted; at or above, accepted and marked (the CE bit a
 //!   switch or the NIC would set, which the notification point answers with a CNP);
+//! - an accepted packet waits for the queue ahead of it: the engine hands it on only after
+//!   that time, so N senders into one host share its line in the time they take, not only in
+//!   the port's accounts. The wait is counted from the packet's arrival, not from its
+//!   receipt, and leaves out other senders' packets that arrive after it by their lines: a
+//!   sender that ran ahead of its line (a transmitter making up for time it was descheduled)
+//!   is neither held back for it nor holds others back with it, so one sender's throughput
+//!   is as it was and a queue is what several senders form together;
 //! - when it does not fit into the buffer, a lossless port (InfiniBand credits, PFC-protected
 //!   RoCE) holds its sender back: the packet is accepted — it has already left the sending
 //!   engine — and the sender is paused for the time the queue needs to drain to half the
@@ -21,7 +28,7 @@
 //!
 //! No clocks, sockets or threads here: the engine passes `now` and sends the pauses.
 
-use std::collections::HashMap;
+use std::collections::{BinaryHeap, HashMap};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -42,8 +49,13 @@ pub struct RxPortConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
     /// Taken into the queue; `mark`: congestion experienced; `pause`: hold the sender back
-    /// for this long (lossless port, buffer full), None when it is not to be told again.
-    Accept { mark: bool, pause: Option<Duration> },
+    /// for this long (lossless port, buffer full), None when it is not to be told again;
+    /// `wait`: the time the queue ahead of it needs (zero for a lone sender).
+    Accept {
+        mark: bool,
+        pause: Option<Duration>,
+        wait: Duration,
+    },
     /// Dropped (lossy port, buffer full).
     Drop,
 }
@@ -63,6 +75,9 @@ pub struct RxPortCounters {
     pub dropped: u64,
     /// Pauses from other hosts' receive ports that held this NIC's transmitter back.
     pub pauses_received: u64,
+    /// Packets that waited for the queue ahead of them, and the time they waited.
+    pub waited: u64,
+    pub wait_ns: u64,
 }
 
 impl RxPortCounters {
@@ -78,7 +93,7 @@ impl RxPortCounters {
         format!(
             "rx_port_arrivals {}\nrx_queue_max_bytes {}\nrx_queue_mean_bytes {}\n\
              rx_ecn_marked {}\nrx_pauses {}\nrx_pause_ns {}\nrx_port_dropped {}\n\
-             pauses_received {}\n",
+             pauses_received {}\nrx_waited {}\nrx_wait_ns {}\n",
             self.arrivals,
             self.depth_max_bytes,
             self.depth_mean_bytes(),
@@ -86,7 +101,9 @@ impl RxPortCounters {
             self.pauses,
             self.pause_ns,
             self.dropped,
-            self.pauses_received
+            self.pauses_received,
+            self.waited,
+            self.wait_ns
         )
     }
 }
@@ -98,8 +115,9 @@ pub struct RxPort {
     /// When the port's current run of back-to-back bytes began (Dart's receiver asks whether
     /// it sees line rate: it does for as long as the queue has not emptied).
     busy_since: Option<Instant>,
-    /// Each sender's earliest next arrival (its previous one plus that packet's wire time).
-    next_from: HashMap<SocketAddr, Instant>,
+    /// Each sender's last arrival, and its earliest next one (the last plus that packet's
+    /// wire time).
+    next_from: HashMap<SocketAddr, (Instant, Instant)>,
     /// Until when each sender is known to be paused: one pause per sender at a time, as a
     /// PFC port refreshes its pause rather than sending one per frame.
     paused_until: HashMap<SocketAddr, Instant>,
@@ -152,10 +170,14 @@ impl RxPort {
             return Verdict::Accept {
                 mark: false,
                 pause: None,
+                wait: Duration::ZERO,
             };
         }
         let wire = Duration::from_nanos(self.ns_of(wire_bytes));
-        let at = self.next_from.get(&from).map_or(now, |&t| t.max(now));
+        let at = self
+            .next_from
+            .get(&from)
+            .map_or(now, |&(_, next)| next.max(now));
         let depth = self.depth(at);
         let c = &mut self.counters;
         c.arrivals += 1;
@@ -166,12 +188,27 @@ impl RxPort {
             self.counters.dropped += 1;
             return Verdict::Drop;
         }
-        self.next_from.insert(from, at + wire);
+        self.next_from.insert(from, (at, at + wire));
         let mark = self.cfg.ecn_threshold_bytes > 0 && depth >= self.cfg.ecn_threshold_bytes;
         if mark {
             self.counters.ecn_marked += 1;
         }
         let start = self.drained_at.map_or(at, |t| t.max(at));
+        // The queue is kept in the order packets were received, but a sender whose clock
+        // runs ahead (a transmitter making up for time it was descheduled) has queued
+        // packets that arrive, by its line, after this one: they are not ahead of it. (Up to
+        // its last arrival; that packet's own wire time is left ahead, within one packet.)
+        let later: Duration = self
+            .next_from
+            .iter()
+            .filter(|&(&other, _)| other != from)
+            .map(|(_, &(last, _))| last.saturating_duration_since(at))
+            .sum();
+        let wait = (start - at).saturating_sub(later);
+        if !wait.is_zero() {
+            self.counters.waited += 1;
+            self.counters.wait_ns += wait.as_nanos() as u64;
+        }
         if self.drained_at.is_none_or(|t| t < at) {
             // The queue had emptied before this packet: a new run at line rate starts.
             self.busy_since = Some(at);
@@ -198,7 +235,106 @@ impl RxPort {
                 pause = Some(hold);
             }
         }
-        Verdict::Accept { mark, pause }
+        Verdict::Accept { mark, pause, wait }
+    }
+}
+
+/// The packets a port holds while they wait for the queue ahead of them. Each sender's
+/// packets leave in the order they came (one QP's reordered packets would be NAKed); packets
+/// of different senders leave when each is due.
+#[derive(Debug)]
+pub struct DelayLine<T> {
+    held: BinaryHeap<Held<T>>,
+    /// Each sender's packets held: the due time of its last one, and how many.
+    senders: HashMap<SocketAddr, (Instant, usize)>,
+    pushed: u64,
+}
+
+#[derive(Debug)]
+struct Held<T> {
+    due: Instant,
+    /// Order of pushing: ties leave in it.
+    seq: u64,
+    from: SocketAddr,
+    item: T,
+}
+
+impl<T> Held<T> {
+    fn key(&self) -> (Instant, u64) {
+        (self.due, self.seq)
+    }
+}
+
+impl<T> PartialEq for Held<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl<T> Eq for Held<T> {}
+
+impl<T> PartialOrd for Held<T> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl<T> Ord for Held<T> {
+    /// Reversed: the heap's top is the earliest.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other.key().cmp(&self.key())
+    }
+}
+
+impl<T> Default for DelayLine<T> {
+    fn default() -> Self {
+        DelayLine {
+            held: BinaryHeap::new(),
+            senders: HashMap::new(),
+            pushed: 0,
+        }
+    }
+}
+
+impl<T> DelayLine<T> {
+    /// Whether a packet of `from` is held.
+    pub fn holds(&self, from: SocketAddr) -> bool {
+        self.senders.contains_key(&from)
+    }
+
+    /// Holds `item` from `from` until `due`, or until the one ahead of it from the same
+    /// sender leaves if that is later.
+    pub fn push(&mut self, from: SocketAddr, due: Instant, item: T) {
+        let sender = self.senders.entry(from).or_insert((due, 0));
+        let due = sender.0.max(due);
+        *sender = (due, sender.1 + 1);
+        self.pushed += 1;
+        self.held.push(Held {
+            due,
+            seq: self.pushed,
+            from,
+            item,
+        });
+    }
+
+    /// The next item whose time has come at `now`.
+    pub fn pop_due(&mut self, now: Instant) -> Option<T> {
+        if self.held.peek()?.due > now {
+            return None;
+        }
+        let h = self.held.pop()?;
+        if let Some(sender) = self.senders.get_mut(&h.from) {
+            sender.1 -= 1;
+            if sender.1 == 0 {
+                self.senders.remove(&h.from);
+            }
+        }
+        Some(h.item)
+    }
+
+    /// When the next item is due.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.held.peek().map(|h| h.due)
     }
 }
 
@@ -221,7 +357,23 @@ mod tests {
     }
 
     fn accept(mark: bool) -> Verdict {
-        Verdict::Accept { mark, pause: None }
+        Verdict::Accept {
+            mark,
+            pause: None,
+            wait: Duration::ZERO,
+        }
+    }
+
+    /// The port's verdict with its wait left out (tested on its own).
+    fn arrive(p: &mut RxPort, now: Instant, from: SocketAddr, bytes: u64) -> Verdict {
+        match p.arrive(now, from, bytes) {
+            Verdict::Accept { mark, pause, .. } => Verdict::Accept {
+                mark,
+                pause,
+                wait: Duration::ZERO,
+            },
+            drop => drop,
+        }
     }
 
     #[test]
@@ -229,13 +381,13 @@ mod tests {
         let mut p = port(false);
         let t0 = Instant::now();
         for i in 0..100u64 {
-            let v = p.arrive(t0 + Duration::from_nanos(i * 1000), peer(1), 1000);
+            let v = arrive(&mut p, t0 + Duration::from_nanos(i * 1000), peer(1), 1000);
             assert_eq!(v, accept(false));
         }
         // A backlog of 50 packets read at one instant: they arrived at the sender's line rate.
         let t1 = t0 + Duration::from_millis(1);
         for _ in 0..50 {
-            assert_eq!(p.arrive(t1, peer(1), 1000), accept(false));
+            assert_eq!(arrive(&mut p, t1, peer(1), 1000), accept(false));
         }
         assert_eq!(p.counters.depth_max_bytes, 0);
         assert_eq!(p.counters.pauses, 0);
@@ -248,8 +400,8 @@ mod tests {
         let mut verdicts = Vec::new();
         for i in 0..12u64 {
             let now = t0 + Duration::from_nanos(i * 1000);
-            verdicts.push(p.arrive(now, peer(1), 1000));
-            verdicts.push(p.arrive(now, peer(2), 1000));
+            verdicts.push(arrive(&mut p, now, peer(1), 1000));
+            verdicts.push(arrive(&mut p, now, peer(2), 1000));
         }
         // The queue grows by 1,000 bytes per µs: at µs i the first packet finds 1,000·i
         // bytes, the second 1,000·(i + 1).
@@ -265,7 +417,8 @@ mod tests {
             verdicts[19],
             Verdict::Accept {
                 mark: true,
-                pause: Some(Duration::from_nanos(6000))
+                pause: Some(Duration::from_nanos(6000)),
+                wait: Duration::ZERO,
             }
         );
         // i = 10, first packet: finds 10,000 → until 10 + 6 µs. From then on every packet
@@ -274,7 +427,8 @@ mod tests {
             verdicts[20],
             Verdict::Accept {
                 mark: true,
-                pause: Some(Duration::from_nanos(6000))
+                pause: Some(Duration::from_nanos(6000)),
+                wait: Duration::ZERO,
             }
         );
         assert_eq!(p.counters.depth_max_bytes, 12_000);
@@ -289,7 +443,9 @@ mod tests {
         let mut p = port(true);
         let t0 = Instant::now();
         // Eleven senders at once: ten packets fit into 10,000 bytes, the eleventh is dropped.
-        let v: Vec<_> = (1..=11).map(|n| p.arrive(t0, peer(n), 1000)).collect();
+        let v: Vec<_> = (1..=11)
+            .map(|n| arrive(&mut p, t0, peer(n), 1000))
+            .collect();
         assert!(v[..10].iter().all(|v| matches!(v, Verdict::Accept { .. })));
         assert_eq!(v[10], Verdict::Drop);
         assert_eq!(p.counters.dropped, 1);
@@ -298,10 +454,10 @@ mod tests {
         // not taken by what was dropped).
         let t1 = t0 + Duration::from_nanos(1000);
         assert!(matches!(
-            p.arrive(t1, peer(11), 1000),
+            arrive(&mut p, t1, peer(11), 1000),
             Verdict::Accept { .. }
         ));
-        assert_eq!(p.arrive(t1, peer(12), 1000), Verdict::Drop);
+        assert_eq!(arrive(&mut p, t1, peer(12), 1000), Verdict::Drop);
     }
 
     #[test]
@@ -309,23 +465,25 @@ mod tests {
         let mut p = port(false);
         let t0 = Instant::now();
         for n in 1..=10 {
-            p.arrive(t0, peer(n), 1000);
+            arrive(&mut p, t0, peer(n), 1000);
         }
         // Peer 11 finds 10,000: paused until 11,000 − 5,000 have drained, 6 µs.
         let paused = |ns| Verdict::Accept {
             mark: true,
             pause: Some(Duration::from_nanos(ns)),
+            wait: Duration::ZERO,
         };
-        assert_eq!(p.arrive(t0, peer(11), 1000), paused(6000));
+        assert_eq!(arrive(&mut p, t0, peer(11), 1000), paused(6000));
         // Its next packet arrives 1 µs later by its line and finds 10,000: until
         // 1 + 6 = 7 µs, 1 µs more holding time.
-        assert_eq!(p.arrive(t0, peer(11), 1000), paused(7000));
+        assert_eq!(arrive(&mut p, t0, peer(11), 1000), paused(7000));
         // A zero-length one 2 µs in finds 10,000 and fits: no pause.
         assert_eq!(
-            p.arrive(t0, peer(11), 0),
+            arrive(&mut p, t0, peer(11), 0),
             Verdict::Accept {
                 mark: true,
-                pause: None
+                pause: None,
+                wait: Duration::ZERO,
             }
         );
         assert_eq!(p.counters.pauses, 2);
@@ -340,19 +498,82 @@ mod tests {
         assert_eq!(p.busy_for(t0), Duration::ZERO);
         // One sender at exactly the line rate (1,000 bytes per µs): one run, never a gap.
         for i in 0..10 {
-            p.arrive(us(i), peer(1), 1000);
+            arrive(&mut p, us(i), peer(1), 1000);
         }
         assert_eq!(p.busy_for(us(9)), Duration::from_micros(9));
         // Drained at 10 µs: idle after it.
         assert_eq!(p.busy_for(us(10)), Duration::ZERO);
         // A packet after the gap starts a new run.
-        p.arrive(us(12), peer(1), 1000);
+        arrive(&mut p, us(12), peer(1), 1000);
         assert_eq!(p.busy_for(us(12)), Duration::ZERO);
-        p.arrive(us(12), peer(2), 1000);
+        arrive(&mut p, us(12), peer(2), 1000);
         assert_eq!(
             p.busy_for(us(12) + Duration::from_nanos(1500)),
             Duration::from_nanos(1500)
         );
+    }
+
+    fn wait_of(v: Verdict) -> Duration {
+        match v {
+            Verdict::Accept { wait, .. } => wait,
+            Verdict::Drop => panic!("dropped"),
+        }
+    }
+
+    #[test]
+    fn a_packet_waits_for_the_queue_other_senders_formed_ahead_of_it_and_a_lone_one_never() {
+        let mut p = port(false);
+        let t0 = Instant::now();
+        let us = |n| t0 + Duration::from_micros(n);
+        // Two senders at line rate: the queue grows by 1 µs each µs, and each packet waits
+        // for what is ahead of it.
+        let mut waits = Vec::new();
+        for i in 0..10 {
+            waits.push(wait_of(p.arrive(us(i), peer(1), 1000)).as_micros());
+            waits.push(wait_of(p.arrive(us(i), peer(2), 1000)).as_micros());
+        }
+        assert_eq!(waits[..6], [0, 1, 1, 2, 2, 3]);
+        assert_eq!(waits[18..], [9, 10]);
+        assert_eq!(p.counters.waited, 19);
+        assert_eq!(p.counters.wait_ns, 100_000);
+        // Drained by 100 µs. A sender read in a burst ahead of its line (a transmitter
+        // making up for lost time): it never waits behind itself, ...
+        for _ in 0..5 {
+            assert_eq!(wait_of(p.arrive(us(100), peer(1), 1000)), Duration::ZERO);
+        }
+        // ... and holds back another sender's packet arriving with its first only for that
+        // one: the other four arrive after it, by their sender's line.
+        assert_eq!(
+            wait_of(p.arrive(us(100), peer(2), 1000)),
+            Duration::from_micros(1)
+        );
+    }
+
+    #[test]
+    fn the_delay_line_keeps_each_senders_order_and_lets_senders_pass_each_other() {
+        let t0 = Instant::now();
+        let us = |n| t0 + Duration::from_micros(n);
+        let mut d = DelayLine::default();
+        assert!(!d.holds(peer(1)));
+        d.push(peer(1), us(5), 'a');
+        // due sooner, but behind its sender's 'a'
+        d.push(peer(1), us(1), 'b');
+        // another sender's, due sooner: leaves first
+        d.push(peer(2), us(2), 'x');
+        d.push(peer(1), us(9), 'c');
+        assert!(d.holds(peer(1)) && d.holds(peer(2)));
+        assert_eq!(d.next_due(), Some(us(2)));
+        assert_eq!(d.pop_due(us(1)), None);
+        assert_eq!(d.pop_due(us(4)), Some('x'));
+        assert!(!d.holds(peer(2)));
+        assert_eq!(d.pop_due(us(4)), None);
+        assert_eq!(d.pop_due(us(5)), Some('a'));
+        assert_eq!(d.pop_due(us(5)), Some('b'));
+        assert_eq!(d.pop_due(us(5)), None);
+        assert_eq!(d.next_due(), Some(us(9)));
+        assert_eq!(d.pop_due(us(10)), Some('c'));
+        assert!(!d.holds(peer(1)));
+        assert_eq!(d.next_due(), None);
     }
 
     #[test]
@@ -364,7 +585,7 @@ mod tests {
             lossy: true,
         });
         let t0 = Instant::now();
-        assert_eq!(p.arrive(t0, peer(1), 9000), accept(false));
+        assert_eq!(arrive(&mut p, t0, peer(1), 9000), accept(false));
         assert_eq!(p.counters, RxPortCounters::default());
     }
 }

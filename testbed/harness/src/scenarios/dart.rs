@@ -344,8 +344,8 @@ fn bw_server_cmd(ctx: &RunCtx, port: u16, n: &str) -> Result<Command> {
     ctx.cluster.raw("h1", &a)
 }
 
-/// The receiving NIC's side during the run: its port's marks, pauses and drops, DCQCN's
-/// CNPs and the marks Dart's receiver answered with none, and the AUSS epochs the NIC
+/// The receiving NIC's side during the run: its port's marks, pauses, drops and the time it
+/// held packets for the queue ahead of them, DCQCN's CNPs and the marks Dart's receiver answered with none, and the AUSS epochs the NIC
 /// counted (whatever the mode: the NIC counts for everyone). Not the queue's maximum:
 /// softrnic keeps it since the engine started.
 fn mechanism(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>, m: &mut Measured) {
@@ -354,6 +354,7 @@ fn mechanism(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>, m: &
         "rx_ecn_marked",
         "rx_pause_ns",
         "rx_port_dropped",
+        "rx_wait_ns",
         "dcqcn_cnps_sent",
         "dart_cnps_suppressed",
         "auss_epoch",

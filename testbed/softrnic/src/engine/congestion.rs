@@ -92,11 +92,11 @@ impl State {
         let Some(q) = rc_qp_of(&mut self.qps, p.dst_qpn, from, p.src_qpn) else {
             return;
         };
-        if !answers_with_cnp(self.receiver, congestion) {
+        if !answers_with_cnp(self.dart.receiver, congestion) {
             self.dart.cnps_suppressed += 1;
             return;
         }
-        if self.receiver == Policy::Dart && congestion == Congestion::NonReceiver {
+        if self.dart.receiver == Policy::Dart && congestion == Congestion::NonReceiver {
             self.dart.non_receiver_marks += 1;
         }
         if !np_sends_cnp(&cfg, q.cc.last_cnp_ns, t) {
@@ -136,7 +136,7 @@ impl State {
     /// The DASR cap of RC QP `qpn` in kb/s: `R/N` of its destination's newest stamp, when
     /// `softrnic dasr` is on (None: no cap).
     fn dasr_cap_of(&self, qpn: u32) -> Option<u32> {
-        if !self.dasr_caps {
+        if !self.dart.caps {
             return None;
         }
         let q = self.qps.get(&qpn).filter(|q| q.qpt == IBV_QPT_RC)?;

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::dart_receiver::Policy;
+use crate::hosts;
 use std::path::Path;
 
 /// Send `bytes` on an event stream without blocking (a process that does not read its events
@@ -160,15 +161,26 @@ pub(super) fn wakes_transmitter(op: u8) -> bool {
 
 pub(super) fn rx_loop(sh: Arc<Shared>) {
     let mut buf = vec![0u8; 65536];
+    // The socket's receive timeout: set while the receive port holds packets, so that they
+    // are handed on when due even if nothing else arrives.
+    let mut timeout = None;
     loop {
         let got = if sh.gso {
             recv_gro(&sh.udp, &mut buf)
         } else {
             sh.udp.recv_from(&mut buf).map(|(n, f)| (n, f, None))
         };
-        let (n, from, seg) = match got {
-            Ok(v) => v,
+        let got = match got {
+            Ok(v) => Some(v),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                None
+            }
             Err(e) => {
                 eprintln!("softrnic engine: udp receive: {e}");
                 std::thread::sleep(TICK);
@@ -177,28 +189,36 @@ pub(super) fn rx_loop(sh: Arc<Shared>) {
         };
         let mut st = sh.lock(Holder::Receiver);
         let held = Instant::now();
-        if !st.port_up {
-            st.counters.port_down_dropped += 1;
-            continue;
-        }
         let mut wake = false;
-        // With GRO the kernel may have coalesced datagrams of one size (the last may be
-        // shorter): each is one packet.
-        let seg = seg.unwrap_or(n).max(1);
-        let mut off = 0;
-        // (A zero-length datagram is one packet too: malformed.)
-        while off < n || (n == 0 && off == 0) {
-            let d = &buf[off..(off + seg).min(n)];
-            off += seg;
-            st.counters.rx_packets += 1;
-            match Packet::decode(d) {
-                Some(p) => {
-                    wake |= wakes_transmitter(p.op);
-                    st.arrive(from, p, d.len(), Instant::now());
+        let mut packets = 0;
+        if let Some((n, from, seg)) = got {
+            if st.port_up {
+                // With GRO the kernel may have coalesced datagrams of one size (the last may
+                // be shorter): each is one packet.
+                let seg = seg.unwrap_or(n).max(1);
+                packets = (n / seg).max(1);
+                let mut off = 0;
+                // (A zero-length datagram is one packet too: malformed.)
+                while off < n || (n == 0 && off == 0) {
+                    let d = &buf[off..(off + seg).min(n)];
+                    off += seg;
+                    st.counters.rx_packets += 1;
+                    match Packet::decode(d) {
+                        Some(p) => {
+                            wake |= wakes_transmitter(p.op);
+                            st.arrive(from, p, d.len(), Instant::now());
+                        }
+                        None => st.counters.rx_dropped_malformed += 1,
+                    }
                 }
-                None => st.counters.rx_dropped_malformed += 1,
+            } else {
+                st.counters.port_down_dropped += 1;
             }
         }
+        let now = Instant::now();
+        let (released, next_due) = st.release_waiting(now);
+        // (what they are is not looked at again: one of them may be an ACK)
+        wake |= released > 0;
         let arrived = held.elapsed();
         // Nothing stays gathered while the lock is free (see `placement`).
         st.place_all();
@@ -211,7 +231,7 @@ pub(super) fn rx_loop(sh: Arc<Shared>) {
                 "softrnic engine: the receiver held the NIC's state {} ms for {} packets: {} ms \
                  taking them in, {} ms placing data into applications' memory, {} ms sending",
                 total.as_millis(),
-                (n / seg).max(1),
+                packets + released,
                 arrived.as_millis(),
                 (placed - arrived).as_millis(),
                 (total - placed).as_millis()
@@ -220,21 +240,20 @@ pub(super) fn rx_loop(sh: Arc<Shared>) {
         if wake {
             sh.kick();
         }
+        let wanted = next_due.map(|t| t.saturating_duration_since(now).max(MIN_RX_WAIT));
+        if wanted != timeout {
+            if let Err(e) = sh.udp.set_read_timeout(wanted) {
+                // (then the held packets go on with the next packet to arrive)
+                eprintln!("softrnic engine: udp receive timeout: {e}");
+            }
+            timeout = wanted;
+        }
     }
 }
 
-/// The engine's files and log, on a thread of their own: every [`STATS_EVERY`] it takes a
-/// snapshot of the counters and of stalled QPs with the NIC's state held, then writes the
-/// stats file, reads the port's state and logs with it released. Never the transmitter or
-/// the receiver: replacing the stats file frees the old one's blocks, and on a file system
-/// mounted with `discard` that waited for the disk — up to 5 s on a busy machine, during
-/// which the NIC stood still (drum-kv's READs got no response for 10 s; docs/softrnic.md).
-/// The files the housekeeping thread watches for run-time changes.
-pub(super) struct Watched {
-    port_state: Option<PathBuf>,
-    receiver_policy: Option<PathBuf>,
-    dasr_caps: Option<PathBuf>,
-}
+/// The shortest receive timeout: the kernel's timers are no finer on a loaded machine, and a
+/// zero timeout would mean none.
+const MIN_RX_WAIT: Duration = Duration::from_micros(20);
 
 /// A run-time setting of the NIC from its file (`softrnic receiver`, `softrnic dasr`):
 /// `default` when there is no such file; None (keep the current value) when the file cannot
@@ -271,7 +290,15 @@ fn on_off(text: &str) -> Option<bool> {
     }
 }
 
-pub(super) fn housekeeping(sh: Arc<Shared>, stats: Option<PathBuf>, watched: Watched) {
+/// The engine's files and log, on a thread of their own: every [`STATS_EVERY`] it takes a
+/// snapshot of the counters and of stalled QPs with the NIC's state held, then writes the
+/// stats file, reads the port's state and logs with it released. Never the transmitter or
+/// the receiver: replacing the stats file frees the old one's blocks, and on a file system
+/// mounted with `discard` that waited for the disk — up to 5 s on a busy machine, during
+/// which the NIC stood still (drum-kv's READs got no response for 10 s; docs/softrnic.md).
+/// `host_dir`: the host's directory, whose files carry the port's state and the run-time
+/// settings ([`crate::hosts`]).
+pub(super) fn housekeeping(sh: Arc<Shared>, stats: Option<PathBuf>, host_dir: Option<PathBuf>) {
     let mut written = None;
     let mut stalled = std::collections::BTreeMap::new();
     let mut port_checked = Instant::now();
@@ -283,43 +310,39 @@ pub(super) fn housekeeping(sh: Arc<Shared>, stats: Option<PathBuf>, watched: Wat
         let (mut up, mut policy, mut dasr) = (None, None, None);
         if check {
             port_checked = now;
-            up = watched.port_state.as_ref().and_then(|p| {
-                std::fs::read_to_string(p)
+            if let Some(dir) = &host_dir {
+                up = std::fs::read_to_string(hosts::port_state_path(dir))
                     .ok()
-                    .map(|s| device::port_is_up(&s))
-            });
-            policy = watched.receiver_policy.as_ref().and_then(|p| {
+                    .map(|s| device::port_is_up(&s));
+                let (policy_file, dasr_file) =
+                    (hosts::receiver_policy_path(dir), hosts::dasr_caps_path(dir));
                 let choices = "dcqcn or dart";
-                setting(
-                    p,
+                policy = setting(
+                    &policy_file,
                     Policy::parse,
                     Policy::Dcqcn,
                     choices,
                     &mut refused_policy,
-                )
-            });
-            dasr = watched
-                .dasr_caps
-                .as_ref()
-                .and_then(|p| setting(p, on_off, false, "on or off", &mut refused_dasr));
+                );
+                dasr = setting(&dasr_file, on_off, false, "on or off", &mut refused_dasr);
+            }
         }
         let mut st = sh.lock(Holder::Housekeeping);
         if let Some(up) = up {
             st.set_port(up);
         }
         if let Some(policy) = policy {
-            st.receiver = policy;
+            st.dart.receiver = policy;
         }
         if let Some(on) = dasr {
-            st.dasr_caps = on;
+            st.dart.caps = on;
         }
         let snapshot = stats.as_ref().map(|_| {
             let cc = st.dcqcn_counters();
             let auss = st.auss.snapshot().map(|a| a.lines()).unwrap_or_default();
             let procs = st.rx_port.counters.lines()
                 + &cc.lines()
-                + &st.dart.lines(st.receiver)
-                + &format!("dasr_caps {}\n", u8::from(st.dasr_caps))
+                + &st.dart.lines()
                 + &auss
                 + &st.proc_tx_lines();
             (st.counters, procs)
@@ -381,6 +404,7 @@ pub(super) fn tx_loop(sh: Arc<Shared>) {
                 break;
             }
             if st.tx_one(now).is_none() {
+                st.nic.idle();
                 break;
             }
             sent += 1;
@@ -678,14 +702,10 @@ pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
     {
         let sh = sh.clone();
         let stats = cfg.stats.clone();
-        let watched = Watched {
-            port_state: cfg.port_state.clone(),
-            receiver_policy: cfg.receiver_policy.clone(),
-            dasr_caps: cfg.dasr_caps.clone(),
-        };
+        let host_dir = cfg.host_dir.clone();
         std::thread::Builder::new()
             .name("housekeeping".into())
-            .spawn(move || housekeeping(sh, stats, watched))?;
+            .spawn(move || housekeeping(sh, stats, host_dir))?;
     }
     eprintln!(
         "softrnic engine for {} on {}:{} ({})",

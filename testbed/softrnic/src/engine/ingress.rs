@@ -1,7 +1,8 @@
 //! The engine's side of the receive port ([`crate::rx_port`]): every packet that arrives
-//! from another host passes the port before it is handled, and the pauses the port decides
-//! go back to their senders, which then hold back their whole transmitter as a PFC-paused
-//! port does.
+//! from another host passes the port before it is handled — after the time the queue ahead
+//! of it needs, held meanwhile in the port's delay line, which the receiving thread empties
+//! as packets fall due — and the pauses the port decides go back to their senders, which then
+//! hold back their whole transmitter as a PFC-paused port does.
 
 use super::*;
 use crate::rx_port::Verdict;
@@ -21,7 +22,7 @@ impl State {
         let wire_bytes = len as u64 + nic::L2_L4_OVERHEAD;
         match self.rx_port.arrive(now, from, wire_bytes) {
             Verdict::Drop => {}
-            Verdict::Accept { mark, pause } => {
+            Verdict::Accept { mark, pause, wait } => {
                 if let Some(hold) = pause {
                     // Straight onto the socket, ahead of queued data: a pause is a link-level
                     // frame, not a packet the arbiter schedules.
@@ -38,12 +39,33 @@ impl State {
                     // The CE codepoint, as the congested port sets it in the IP header.
                     p.ecn = wire::ECN_CE;
                 }
-                if p.ecn == wire::ECN_CE {
-                    self.on_marked(from, &p, mark, now);
+                if wait.is_zero() && !self.rx_waiting.holds(from) {
+                    self.take_in(from, p, mark, now);
+                } else {
+                    self.rx_waiting.push(from, now + wait, (from, p, mark));
                 }
-                self.receive(from, p, now);
             }
         }
+    }
+
+    /// Hands on the packets whose wait in the receive port has passed at `now`; returns how
+    /// many, and when the next one is due.
+    pub(super) fn release_waiting(&mut self, now: Instant) -> (usize, Option<Instant>) {
+        let mut n = 0;
+        while let Some((from, p, mark)) = self.rx_waiting.pop_due(now) {
+            self.take_in(from, p, mark, now);
+            n += 1;
+        }
+        (n, self.rx_waiting.next_due())
+    }
+
+    /// A packet leaves the receive port for the NIC's receive pipeline; `marked_here`: this
+    /// port marked it.
+    fn take_in(&mut self, from: SocketAddr, p: Packet, marked_here: bool, now: Instant) {
+        if p.ecn == wire::ECN_CE {
+            self.on_marked(from, &p, marked_here, now);
+        }
+        self.receive(from, p, now);
     }
 
     /// A pause from a receiver's port: nothing leaves this NIC for `imm` ns.

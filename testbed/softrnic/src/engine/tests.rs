@@ -3003,7 +3003,7 @@ fn a_dart_receiver_answers_only_marks_that_are_not_its_own_congestion() {
         n
     };
     let t0 = Instant::now();
-    st.receiver = crate::dart_receiver::Policy::Dart;
+    st.dart.receiver = crate::dart_receiver::Policy::Dart;
     // Marked by this port: the receiver's own congestion, which DASR's N handles.
     st.on_marked(peer, &marked, true, t0);
     assert_eq!(cnps(&mut st), 0);
@@ -3024,8 +3024,43 @@ fn a_dart_receiver_answers_only_marks_that_are_not_its_own_congestion() {
     assert_eq!(cnps(&mut st), 0);
     assert_eq!(st.dart.cnps_suppressed, 2);
     // DCQCN's policy answers the same mark.
-    st.receiver = crate::dart_receiver::Policy::Dcqcn;
+    st.dart.receiver = crate::dart_receiver::Policy::Dcqcn;
     st.on_marked(peer, &marked, true, t2 + Duration::from_millis(1));
     assert_eq!(cnps(&mut st), 1);
     assert_eq!(st.dart.cnps_suppressed, 2);
+}
+
+#[test]
+fn a_packet_behind_another_senders_queue_is_handled_only_when_the_port_has_put_that_through() {
+    // 8 Gb/s: a 1,000-byte packet on the wire (958 bytes of datagram) takes 1 µs.
+    let cfg = NicConfig {
+        line_rate_gbps: 8.0,
+        ..Default::default()
+    };
+    let mut st = State::with_nic(cfg);
+    let (a, b) = (
+        SocketAddr::from(([10, 77, 0, 2], 4791)),
+        SocketAddr::from(([10, 77, 0, 3], 4791)),
+    );
+    let to_nobody = Packet {
+        op: wire::OP_WRITE,
+        dst_qpn: 0xdead,
+        ..Default::default()
+    };
+    let len = 1000 - nic::L2_L4_OVERHEAD as usize;
+    let handled = |st: &State| st.counters.rx_dropped_unknown_qp;
+    let t0 = Instant::now();
+    let us = |n| t0 + Duration::from_micros(n);
+    // Both at line rate for 3 µs: a's packets wait 0, 1, 2 µs and b's 1, 2, 3 µs, so they
+    // are due at 0, 2, 4 and 1, 3, 5 µs.
+    for i in 0..3 {
+        st.arrive(a, to_nobody.clone(), len, us(i));
+        st.arrive(b, to_nobody.clone(), len, us(i));
+    }
+    assert_eq!(handled(&st), 1);
+    assert_eq!(st.release_waiting(us(2)), (2, Some(us(3))));
+    assert_eq!(handled(&st), 3);
+    assert_eq!(st.release_waiting(us(5)), (3, None));
+    assert_eq!(handled(&st), 6);
+    assert_eq!(st.rx_port.counters.waited, 5);
 }

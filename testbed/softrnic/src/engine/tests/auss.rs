@@ -414,7 +414,7 @@ fn with_dasr_caps_a_stamp_paces_the_qps_towards_its_receiver_at_r_over_n() {
         let (mut st, qpns, _buf) = nic_rig(cfg, 1, 4);
         st.auss = NicAuss::on(&cfg, &dir.join(format!("auss-{caps}"))).unwrap();
         st.peers = vec![R.into(), S1.into(), S2.into()];
-        st.dasr_caps = caps;
+        st.dart.caps = caps;
         let to = st.qps[&qpns[0]].remote.unwrap();
         let t0 = Instant::now();
         let two = Stamp {
