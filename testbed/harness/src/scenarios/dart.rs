@@ -662,6 +662,34 @@ fn incast_figures(runs: &[RunRecord]) -> Vec<Figure<'static>> {
     }]
 }
 
+/// A 256 KiB flow's time alone at the dilated line, µs (payload only).
+fn flow_line_us() -> f64 {
+    256.0 * 1024.0 / line_bytes_per_us()
+}
+
+/// The median criterion's reference, said beside it: the ratio DCQCN's median would have to a
+/// flow that took the fair share of N + 1 senders ((N + 1) × its time alone), which is what
+/// a mode that leaves the background its share gives each flow. DCQCN starves the
+/// background, so its flows can take less; a mode whose pauses hold the background back
+/// can too.
+fn median_reference(s: &Summary, xs: &[f64]) -> String {
+    let per_n: Vec<String> = xs
+        .iter()
+        .filter_map(|&x| {
+            let dcqcn = s.median("dart-incast", Mode::Dcqcn.name(), x, "p50_fct_us")?;
+            Some(format!(
+                "N={x}: {:.2}×",
+                dcqcn / ((x + 1.0) * flow_line_us())
+            ))
+        })
+        .collect();
+    format!(
+        "; against flows at the fair share of N + 1 senders (DCQCN's median over N + 1 flows' \
+         line time): {}",
+        per_n.join(", ")
+    )
+}
+
 fn criteria_incast(s: &Summary) -> Vec<Verdict> {
     let xs = s.xs("dart-incast", Mode::Dcqcn.name());
     let mut v = Vec::new();
@@ -690,10 +718,16 @@ fn criteria_incast(s: &Summary) -> Vec<Verdict> {
                 measured: if have.is_empty() {
                     "not run".into()
                 } else {
-                    have.iter()
+                    let ratios = have
+                        .iter()
                         .map(|(x, r)| format!("N={x}: {r:.2}×"))
                         .collect::<Vec<_>>()
-                        .join(", ")
+                        .join(", ");
+                    if k == "p50_fct_us" {
+                        ratios + &median_reference(s, &xs)
+                    } else {
+                        ratios
+                    }
                 },
                 paper: "DASR vs InfiniBand: 2.5–3.3× (median and p99, N = 2–16)".into(),
                 pass: (!have.is_empty()).then(|| have.iter().all(|(_, r)| *r >= 2.0)),
@@ -820,6 +854,15 @@ mod tests {
             [Some(false), Some(true), Some(false), None, None, None]
         );
         assert!(v[0].measured.contains("N=4: 1.50×"), "{}", v[0].measured);
+        // beside the median, its reference: DCQCN's 600 µs over 5 flows' line time at N = 4
+        let reference = 600.0 / (5.0 * flow_line_us());
+        assert!(
+            v[0].measured.contains("N + 1 flows' line time): N=2: "),
+            "{}",
+            v[0].measured
+        );
+        assert!(v[0].measured.ends_with(&format!("N=4: {reference:.2}×")));
+        assert!(!v[1].measured.contains("line time"));
         // A background far faster than DCQCN's passes; 5 % slower is the limit.
         let mut faster = runs.clone();
         faster[3].metrics.insert("bg_mib_per_s".into(), 30.0);
