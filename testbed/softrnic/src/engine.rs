@@ -442,9 +442,9 @@ struct State {
     nic: Pipeline,
     /// The NIC's receive port (see [`crate::rx_port`]).
     rx_port: crate::rx_port::RxPort,
-    /// Arrived packets waiting for the port's queue ahead of them (sender, packet, marked by
-    /// this port).
-    rx_waiting: crate::rx_port::DelayLine<(SocketAddr, Packet, bool)>,
+    /// Arrived packets waiting for the port's queue ahead of them (the packet, and whether
+    /// this port marked it).
+    rx_waiting: crate::rx_port::DelayLine<(Packet, bool)>,
     dcqcn: congestion::Dcqcn,
     dart: crate::dart_receiver::DartNic,
     /// AUSS in ACKs (off unless the run asks for it).

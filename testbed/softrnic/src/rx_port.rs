@@ -28,6 +28,7 @@
 //!
 //! No clocks, sockets or threads here: the engine passes `now` and sends the pauses.
 
+use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -244,7 +245,7 @@ impl RxPort {
 /// of different senders leave when each is due.
 #[derive(Debug)]
 pub struct DelayLine<T> {
-    held: BinaryHeap<Held<T>>,
+    held: BinaryHeap<Reverse<Held<T>>>,
     /// Each sender's packets held: the due time of its last one, and how many.
     senders: HashMap<SocketAddr, (Instant, usize)>,
     pushed: u64,
@@ -280,9 +281,8 @@ impl<T> PartialOrd for Held<T> {
 }
 
 impl<T> Ord for Held<T> {
-    /// Reversed: the heap's top is the earliest.
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        other.key().cmp(&self.key())
+        self.key().cmp(&other.key())
     }
 }
 
@@ -309,32 +309,32 @@ impl<T> DelayLine<T> {
         let due = sender.0.max(due);
         *sender = (due, sender.1 + 1);
         self.pushed += 1;
-        self.held.push(Held {
+        self.held.push(Reverse(Held {
             due,
             seq: self.pushed,
             from,
             item,
-        });
+        }));
     }
 
-    /// The next item whose time has come at `now`.
-    pub fn pop_due(&mut self, now: Instant) -> Option<T> {
-        if self.held.peek()?.due > now {
+    /// The next item whose time has come at `now`, with its sender.
+    pub fn pop_due(&mut self, now: Instant) -> Option<(SocketAddr, T)> {
+        if self.held.peek()?.0.due > now {
             return None;
         }
-        let h = self.held.pop()?;
+        let Reverse(h) = self.held.pop()?;
         if let Some(sender) = self.senders.get_mut(&h.from) {
             sender.1 -= 1;
             if sender.1 == 0 {
                 self.senders.remove(&h.from);
             }
         }
-        Some(h.item)
+        Some((h.from, h.item))
     }
 
     /// When the next item is due.
     pub fn next_due(&self) -> Option<Instant> {
-        self.held.peek().map(|h| h.due)
+        self.held.peek().map(|h| h.0.due)
     }
 }
 
@@ -564,14 +564,14 @@ mod tests {
         assert!(d.holds(peer(1)) && d.holds(peer(2)));
         assert_eq!(d.next_due(), Some(us(2)));
         assert_eq!(d.pop_due(us(1)), None);
-        assert_eq!(d.pop_due(us(4)), Some('x'));
+        assert_eq!(d.pop_due(us(4)), Some((peer(2), 'x')));
         assert!(!d.holds(peer(2)));
         assert_eq!(d.pop_due(us(4)), None);
-        assert_eq!(d.pop_due(us(5)), Some('a'));
-        assert_eq!(d.pop_due(us(5)), Some('b'));
+        assert_eq!(d.pop_due(us(5)), Some((peer(1), 'a')));
+        assert_eq!(d.pop_due(us(5)), Some((peer(1), 'b')));
         assert_eq!(d.pop_due(us(5)), None);
         assert_eq!(d.next_due(), Some(us(9)));
-        assert_eq!(d.pop_due(us(10)), Some('c'));
+        assert_eq!(d.pop_due(us(10)), Some((peer(1), 'c')));
         assert!(!d.holds(peer(1)));
         assert_eq!(d.next_due(), None);
     }

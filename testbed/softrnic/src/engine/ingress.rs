@@ -42,7 +42,7 @@ impl State {
                 if wait.is_zero() && !self.rx_waiting.holds(from) {
                     self.take_in(from, p, mark, now);
                 } else {
-                    self.rx_waiting.push(from, now + wait, (from, p, mark));
+                    self.rx_waiting.push(from, now + wait, (p, mark));
                 }
             }
         }
@@ -52,7 +52,7 @@ impl State {
     /// many, and when the next one is due.
     pub(super) fn release_waiting(&mut self, now: Instant) -> (usize, Option<Instant>) {
         let mut n = 0;
-        while let Some((from, p, mark)) = self.rx_waiting.pop_due(now) {
+        while let Some((from, (p, mark))) = self.rx_waiting.pop_due(now) {
             self.take_in(from, p, mark, now);
             n += 1;
         }
