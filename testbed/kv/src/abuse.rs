@@ -2,7 +2,7 @@
 //! and what the server answered (an error reply, or the connection closed).
 
 use crate::cm::{self, QueueSizes};
-use crate::proto::{self, Hello, Op, Reply, Request, Welcome};
+use crate::proto::{self, Hello, Op, Request, Welcome};
 use crate::verbs::{self, SendWr};
 use rdma_sys::ibv_wc_status;
 use std::net::SocketAddrV4;
@@ -24,6 +24,8 @@ pub enum Case {
     Oversized,
     /// A PUT sent and the process gone before the reply.
     Vanish,
+    /// A batch of two requests: a GET of a key beyond the store, then one cut short.
+    Batch,
 }
 
 /// The largest value this client declares; its messages are sized against it.
@@ -72,10 +74,20 @@ pub fn run(server: SocketAddrV4, case: Case) -> anyhow::Result<()> {
         }
         Case::Oversized => len = msg_size,
         Case::UnknownOp => {}
+        Case::Batch => {
+            req.key = welcome.keys + 5;
+            len = proto::BATCH_HEADER + proto::REQUEST_HEADER + 11;
+        }
     }
     // SAFETY: nothing else uses the buffer yet.
     let buf = unsafe { ep.mr.buffer().slice_mut(reply_size, msg_size) };
     req.encode(buf);
+    if matches!(case, Case::Batch) {
+        let second = Request { key: 1, ..req };
+        second.encode(&mut buf[proto::BATCH_HEADER + proto::REQUEST_HEADER..]);
+        req.encode(&mut buf[proto::BATCH_HEADER..]);
+        proto::encode_batch_header(buf);
+    }
     if matches!(case, Case::UnknownOp) {
         buf[0] = 0x77;
     }
@@ -112,9 +124,11 @@ pub fn run(server: SocketAddrV4, case: Case) -> anyhow::Result<()> {
             if wc.wr_id == 1 {
                 // SAFETY: the RECV completed.
                 let b = unsafe { ep.mr.buffer().slice(0, wc.byte_len as usize) };
-                match Reply::decode(b) {
-                    Some(r) => println!("reply {:?} req {}", r.status, r.req),
-                    None => println!("malformed reply"),
+                for r in proto::replies(b) {
+                    match r {
+                        Some((r, _)) => println!("reply {:?} req {}", r.status, r.req),
+                        None => println!("malformed reply"),
+                    }
                 }
                 return Ok(());
             }

@@ -6,6 +6,7 @@
 //! connection id in a reply's payload). Every value read is checked.
 
 use crate::batch;
+use crate::coalesce;
 use crate::dist::{KeyDist, KeySpec, OpKind, OpMix, Rng, SizeDist, WrNum};
 use crate::in_flight::Interval;
 use crate::interrupt;
@@ -39,6 +40,9 @@ pub struct Config {
     pub seed: u64,
     pub events: bool,
     pub share: u16,
+    /// Fill the window at every pass and send the RPC requests posted together several to a
+    /// SEND (`coalesce.rs`).
+    pub coalesce: bool,
     /// Batches at set times instead of whenever the window has room.
     pub schedule: Option<Schedule>,
     /// How long operations in flight when the run stops get to complete; the rest are
@@ -162,6 +166,11 @@ struct Conn {
     seqs: Vec<u32>,
     reissue: Vec<u32>,
     reposts: Vec<u32>,
+    /// By the slot whose SEND carries them: the other slots whose requests it carries.
+    coalesced: Vec<Vec<u32>>,
+    /// The bytes of this pass's coalesced SENDs, alive until they are posted (inline, so
+    /// the provider copies them then).
+    outgoing: Vec<Vec<u8>>,
     batches: Vec<Option<Batch>>,
     next_batch: Option<usize>,
     rng: Rng,
@@ -262,6 +271,7 @@ pub fn run(cfg: Config) -> anyhow::Result<Summary> {
         conns: cfg.conns,
         threads: cfg.threads,
         share: cfg.share as u32,
+        coalesce: cfg.coalesce,
     };
     Ok(stats::summarize(info, &rec, per_conn, measured))
 }
@@ -297,6 +307,8 @@ fn worker(
             seqs: vec![0; window],
             reissue: Vec::new(),
             reposts: Vec::new(),
+            coalesced: vec![Vec::new(); window],
+            outgoing: Vec::new(),
             batches: Vec::new(),
             next_batch: None,
             rng: Rng::new(cfg.seed ^ (id as u64).wrapping_mul(0x9e37_79b9)),
@@ -448,7 +460,10 @@ impl Conn {
             self.finished = true;
             return Ok(progress + 1);
         }
-        let wrs = self.prepare(cfg, keys, clock, now);
+        let mut wrs = self.prepare(cfg, keys, clock, now);
+        if cfg.coalesce {
+            wrs = self.coalesce(wrs);
+        }
         let outstanding = self.slots.iter().filter(|s| s.is_some()).count();
         if outstanding == 0 && wrs.is_empty() && self.reposts.is_empty() {
             if !clock.running(now) || self.quota.spent() {
@@ -464,12 +479,13 @@ impl Conn {
         let _g = self.qp.lock(rec);
         verbs::post_recv(self.qp.ep.qp(), self.qp.ep.mr.lkey(), &reposts)?;
         self.qp.ep.post_send(&wrs)?;
+        self.outgoing.clear();
         progress += wrs.len() + self.qp.poll_and_route(wcs)?;
         Ok(progress)
     }
 
     /// The work requests to post now: READs to reissue after a torn read, and a new batch
-    /// if the window has room for it.
+    /// if the window has room for it (as many batches as it has room for, when coalescing).
     fn prepare(
         &mut self,
         cfg: &Config,
@@ -479,13 +495,26 @@ impl Conn {
     ) -> Vec<SendWr> {
         let reissue = std::mem::take(&mut self.reissue);
         let mut wrs: Vec<SendWr> = reissue.into_iter().map(|s| self.read_wr(s)).collect();
+        while self.next_batch(cfg, keys, clock, now, &mut wrs) && cfg.coalesce {}
+        wrs
+    }
+
+    /// Appends a new batch to `wrs` if the window has room for it; whether it did.
+    fn next_batch(
+        &mut self,
+        cfg: &Config,
+        keys: &KeyDist,
+        clock: &Clock,
+        now: Instant,
+        wrs: &mut Vec<SendWr>,
+    ) -> bool {
         let wr_num = *self
             .next_batch
             .get_or_insert_with(|| cfg.wr_num.draw(&mut self.rng) as usize);
         let outstanding = self.slots.iter().filter(|s| s.is_some()).count();
         let n = batch::to_post(outstanding, self.slots.len(), wr_num);
         if n == 0 || !clock.running(now) || self.quota.spent() {
-            return wrs;
+            return false;
         }
         if let Some(s) = cfg.schedule {
             let due = *self.next_due.get_or_insert_with(|| {
@@ -493,7 +522,7 @@ impl Conn {
                 now + Duration::from_nanos(Schedule::wait_ns(at, unix_ns()))
             });
             if now < due {
-                return wrs;
+                return false;
             }
             self.next_due = None;
             self.scheduled += 1;
@@ -542,7 +571,59 @@ impl Conn {
                 left: posted,
             });
         }
-        wrs
+        posted > 0
+    }
+
+    /// Packs each run of consecutive RPC requests in `wrs` into as few inline SENDs as fit
+    /// the server's receive buffer (`coalesce.rs`); READs and lone requests stay as they are.
+    fn coalesce(&mut self, wrs: Vec<SendWr>) -> Vec<SendWr> {
+        let room = self.qp.ep.max_inline().min(self.qp.request_room);
+        let mut out = Vec::with_capacity(wrs.len());
+        let mut rest = &wrs[..];
+        while let Some(first) = rest.first() {
+            let run = match first.read_from {
+                Some(_) => 1,
+                None => rest.iter().take_while(|w| w.read_from.is_none()).count(),
+            };
+            let (these, later) = rest.split_at(run);
+            rest = later;
+            if first.read_from.is_some() {
+                out.push(*first);
+                continue;
+            }
+            let lens: Vec<usize> = these.iter().map(|w| w.len as usize).collect();
+            for g in coalesce::groups(&lens, room) {
+                let group = &these[g];
+                if group.len() == 1 {
+                    out.push(group[0]);
+                    continue;
+                }
+                let mut msg = vec![0u8; proto::BATCH_HEADER];
+                proto::encode_batch_header(&mut msg);
+                for w in group {
+                    // SAFETY: the request was written into its slot's buffer by `rpc_wr` and
+                    // no WR uses that buffer (only this copy of it is sent).
+                    let req = unsafe {
+                        self.qp
+                            .ep
+                            .mr
+                            .buffer()
+                            .slice(self.qp.off_of(w.addr), w.len as usize)
+                    };
+                    msg.extend_from_slice(req);
+                }
+                let slot_of = |w: &SendWr| WrId::decode(w.wr_id).expect("our own wr_id").index;
+                self.coalesced[slot_of(&group[0]) as usize] =
+                    group[1..].iter().map(slot_of).collect();
+                out.push(SendWr {
+                    addr: msg.as_ptr() as u64,
+                    len: msg.len() as u32,
+                    ..group[0]
+                });
+                self.outgoing.push(msg);
+            }
+        }
+        out
     }
 
     fn read_wr(&self, slot: u32) -> SendWr {
@@ -638,15 +719,9 @@ impl Conn {
                 }
             }
             Done::Send { slot, ok } => {
-                let Some(op) = self.slots[slot as usize].as_mut() else {
-                    return;
-                };
-                op.send_done = true;
-                if !ok {
-                    return self.finish(slot, false, clock, rec, now);
-                }
-                if op.reply_done {
-                    self.finish(slot, true, clock, rec, now);
+                let carried = std::mem::take(&mut self.coalesced[slot as usize]);
+                for slot in std::iter::once(slot).chain(carried) {
+                    self.sent(slot, ok, clock, rec, now);
                 }
             }
             Done::Reply { buf, len, ok } => {
@@ -673,6 +748,20 @@ impl Conn {
                     self.on_reply(r, payload, rec, clock, now);
                 }
             }
+        }
+    }
+
+    /// The SEND carrying the request of `slot` completed.
+    fn sent(&mut self, slot: u32, ok: bool, clock: &Clock, rec: &mut Recorder, now: Instant) {
+        let Some(op) = self.slots[slot as usize].as_mut() else {
+            return;
+        };
+        op.send_done = true;
+        if !ok {
+            return self.finish(slot, false, clock, rec, now);
+        }
+        if op.reply_done {
+            self.finish(slot, true, clock, rec, now);
         }
     }
 

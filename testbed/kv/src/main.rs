@@ -6,6 +6,7 @@ mod abuse;
 mod batch;
 mod client;
 mod cm;
+mod coalesce;
 mod dist;
 mod in_flight;
 mod interrupt;
@@ -141,6 +142,11 @@ struct ClientArgs {
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
+    /// Fill the window at every pass and send the RPC requests posted together several to a
+    /// SEND (inline, as one batch message); off by default, since it changes what a work
+    /// request is in the paper's loop.
+    #[arg(long)]
+    coalesce: bool,
     /// Post one batch per connection every this many ms, on the wall clock, instead of
     /// whenever the window has room (Dart's periodic incasts; needs --start-unix-ms).
     #[arg(long, requires = "start_unix_ms")]
@@ -221,6 +227,7 @@ fn main() -> anyhow::Result<()> {
                 seed: a.seed,
                 events: matches!(a.poll, Poll::Event),
                 share: a.share,
+                coalesce: a.coalesce,
                 drain: seconds(a.drain, "--drain")?,
                 schedule: match (a.period_ms, a.start_unix_ms) {
                     (Some(p), Some(t)) => {

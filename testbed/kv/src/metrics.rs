@@ -23,6 +23,7 @@ pub struct Metrics {
     request_bytes: AtomicU64,
     reply_bytes: AtomicU64,
     reply_messages: AtomicU64,
+    request_messages: AtomicU64,
     /// Requests refused with an error reply, by status (index: the status's code).
     refused: [AtomicU64; 6],
 }
@@ -61,6 +62,11 @@ impl Metrics {
     /// `n` messages of replies were posted.
     pub fn reply_messages(&self, n: usize) {
         add(&self.reply_messages, n as u64)
+    }
+
+    /// A message of requests was answered (and its receive posted again).
+    pub fn request_message(&self) {
+        add(&self.request_messages, 1)
     }
 
     pub fn get(&self, value_bytes: u32) {
@@ -107,6 +113,7 @@ impl Metrics {
             request_bytes: v(&self.request_bytes),
             reply_bytes: v(&self.reply_bytes),
             reply_messages: v(&self.reply_messages),
+            request_messages: v(&self.request_messages),
             errors: refused.total(),
             refused,
         }
@@ -129,6 +136,8 @@ pub struct Snapshot {
     pub reply_bytes: u64,
     /// SENDs that carried the replies (one carries several when requests arrive together).
     pub reply_messages: u64,
+    /// RECVs that carried the requests (one carries several from a client that coalesces).
+    pub request_messages: u64,
     /// Requests refused with an error reply (the sum of `refused`).
     pub errors: u64,
     pub refused: Refused,
@@ -181,6 +190,7 @@ mod tests {
         m.request(40);
         m.reply(72);
         m.reply_messages(1);
+        m.request_message();
         m.refused(Status::BadKey);
         m.refused(Status::BadKey);
         m.refused(Status::BadChecksum);
@@ -198,7 +208,7 @@ mod tests {
         assert_eq!((s.gets, s.puts), (2, 1));
         assert_eq!((s.get_value_bytes, s.put_value_bytes), (4128, 100));
         assert_eq!((s.request_bytes, s.reply_bytes), (40, 72));
-        assert_eq!(s.reply_messages, 1);
+        assert_eq!((s.reply_messages, s.request_messages), (1, 1));
         assert_eq!((s.refused.bad_key, s.refused.bad_checksum), (2, 1));
         assert_eq!(s.errors, 3);
         let back: Snapshot = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();

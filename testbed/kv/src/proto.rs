@@ -137,6 +137,61 @@ impl Request {
     }
 }
 
+/// First byte of a batch: several requests in one message, as a client that coalesces
+/// (`drum-kv client --coalesce`) sends them: `3 u8 | 0 u8 ×3`, then the requests back to
+/// back, each exactly its [`Request::wire_len`]. A message that does not start with it is one
+/// request, as before.
+pub const BATCH: u8 = 3;
+pub const BATCH_HEADER: usize = 4;
+
+/// Receive buffers hold at least this much, whatever the largest value: room for a batch of
+/// small requests in one inline SEND (six 40-byte GETs).
+const MIN_REQUEST_ROOM: usize = 256;
+
+/// Bytes of a request message buffer (the server's receives) for values of up to `max_size`
+/// bytes: one whole PUT, and never less than [`MIN_REQUEST_ROOM`], so small requests can
+/// travel in batches.
+pub fn request_room(max_size: u32) -> usize {
+    (REQUEST_HEADER + max_size as usize).max(MIN_REQUEST_ROOM)
+}
+
+/// Writes a batch's header into `out` (its first [`BATCH_HEADER`] bytes).
+pub fn encode_batch_header(out: &mut [u8]) {
+    out[0] = BATCH;
+    out[1..BATCH_HEADER].fill(0);
+}
+
+/// The byte ranges of the requests in one received message, in order. A message that is
+/// not a batch is one request. In a batch each request ends where its header says; where
+/// that cannot be told (a short or unknown request, a size beyond `limits`, a PUT longer
+/// than what is left), the rest of the message is one more range, which
+/// [`parse_request`] then refuses, so every byte gets an answer and none is read twice.
+pub fn request_ranges(msg: &[u8], limits: Limits) -> Vec<std::ops::Range<usize>> {
+    if msg.len() <= BATCH_HEADER || msg[0] != BATCH || msg[1..BATCH_HEADER] != [0; 3] {
+        return std::iter::once(0..msg.len()).collect();
+    }
+    let mut out = Vec::new();
+    let mut at = BATCH_HEADER;
+    while at < msg.len() {
+        let rest = &msg[at..];
+        let framed = (rest.len() >= REQUEST_HEADER)
+            .then(|| match rest[0] {
+                1 => Some(REQUEST_HEADER),
+                2 => {
+                    let size = u32_at(rest, 24);
+                    (size <= limits.max_value).then(|| REQUEST_HEADER + size as usize)
+                }
+                _ => None,
+            })
+            .flatten()
+            .filter(|&len| len <= rest.len());
+        let len = framed.unwrap_or(rest.len());
+        out.push(at..at + len);
+        at += len;
+    }
+    out
+}
+
 /// The limits a request is checked against.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -481,6 +536,71 @@ mod tests {
         assert_eq!(reply_room(1 << 20), REPLY_HEADER + 24 + (1 << 20));
     }
 
+    fn get(key: u64) -> Vec<u8> {
+        let g = Request {
+            op: Op::Get,
+            conn: 1,
+            req: key,
+            key,
+            size: 8,
+            checksum: 0,
+            tag: 0,
+        };
+        let mut b = vec![0u8; REQUEST_HEADER];
+        g.encode(&mut b);
+        b
+    }
+
+    #[test]
+    fn a_batch_splits_into_its_requests_and_what_cannot_be_framed_is_one_refused_rest() {
+        let one = put(2, 64);
+        assert_eq!(request_ranges(&one, LIMITS), vec![0..one.len()]);
+        let mut b = vec![0u8; BATCH_HEADER];
+        encode_batch_header(&mut b);
+        for part in [get(1), put(2, 10), get(3)] {
+            b.extend(part);
+        }
+        let ranges = request_ranges(&b, LIMITS);
+        assert_eq!(ranges, vec![4..44, 44..94, 94..134]);
+        let parsed: Vec<_> = ranges
+            .iter()
+            .map(|r| parse_request(&b[r.clone()], LIMITS).map(|r| (r.op, r.key)))
+            .collect();
+        assert_eq!(
+            parsed,
+            vec![Ok((Op::Get, 1)), Ok((Op::Put, 2)), Ok((Op::Get, 3))]
+        );
+        // cut inside the PUT: the rest is one range, refused for its length
+        let cut = &b[..90];
+        assert_eq!(request_ranges(cut, LIMITS), vec![4..44, 44..90]);
+        assert_eq!(
+            parse_request(&cut[44..90], LIMITS),
+            Err(ProtoError::LengthMismatch)
+        );
+        // an unknown request ends the framing; a short tail is truncated
+        let mut odd = b.clone();
+        odd[44] = 9;
+        assert_eq!(request_ranges(&odd, LIMITS), vec![4..44, 44..134]);
+        assert_eq!(request_ranges(&b[..50], LIMITS), vec![4..44, 44..50]);
+        assert_eq!(
+            parse_request(&b[44..50], LIMITS),
+            Err(ProtoError::Truncated)
+        );
+        // a PUT larger than the limits is not trusted to say where it ends
+        let mut big = vec![0u8; BATCH_HEADER];
+        encode_batch_header(&mut big);
+        big.extend(put(2, 65));
+        big.extend(get(1));
+        assert_eq!(request_ranges(&big, LIMITS), vec![4..big.len()]);
+        // a header alone, or the batch byte with other bytes beside it, is one request
+        assert_eq!(request_ranges(&b[..4], LIMITS), vec![0..4]);
+        let mut not_batch = b.clone();
+        not_batch[2] = 1;
+        assert_eq!(request_ranges(&not_batch, LIMITS), vec![0..b.len()]);
+        assert_eq!(request_room(32), 256);
+        assert_eq!(request_room(1 << 20), REQUEST_HEADER + (1 << 20));
+    }
+
     #[test]
     fn slots_are_cache_line_aligned() {
         assert_eq!(slot_size(32), 64);
@@ -497,6 +617,18 @@ mod tests {
             proptest::prop_assert!(replies(&b).count() <= b.len() / REPLY_HEADER + 1);
             let _ = Hello::decode(&b);
             let _ = Welcome::decode(&b);
+            // the ranges tile the message (after a batch's header): in order, none empty,
+            // every byte once, whether or not the bytes are a batch
+            let batch: Vec<u8> = [BATCH, 0, 0, 0].iter().chain(&b).copied().collect();
+            for msg in [&b, &batch] {
+                let ranges = request_ranges(msg, LIMITS);
+                let mut at = if ranges[0].start == BATCH_HEADER { BATCH_HEADER } else { 0 };
+                for r in &ranges {
+                    proptest::prop_assert!(r.start == at && (r.end > r.start || msg.is_empty()));
+                    at = r.end;
+                }
+                proptest::prop_assert_eq!(at, msg.len());
+            }
         }
     }
 }

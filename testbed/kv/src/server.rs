@@ -50,7 +50,7 @@ impl Sizes {
     fn of(hello: &Hello) -> Sizes {
         Sizes {
             recvs: hello.window as usize * hello.share as usize,
-            recv_size: proto::REQUEST_HEADER + hello.max_size as usize,
+            recv_size: proto::request_room(hello.max_size),
             reply_size: proto::reply_room(hello.max_size),
         }
     }
@@ -292,8 +292,11 @@ impl Conn {
 struct Served {
     conn: Arc<Conn>,
     free_replies: Vec<usize>,
-    /// Requests (recv index, length) waiting for a free reply buffer.
+    /// Received messages (recv index, length) waiting for a free reply buffer.
     waiting: VecDeque<(usize, usize)>,
+    /// Requests of the first waiting message already answered (a batch may run out of reply
+    /// buffers part way).
+    answered: usize,
     broken: bool,
 }
 
@@ -310,6 +313,7 @@ fn poll_loop(rx: mpsc::Receiver<Arc<Conn>>, wake: &Wake, store: &Store, metrics:
                         free_replies: (0..conn.sizes.replies()).rev().collect(),
                         conn,
                         waiting: VecDeque::new(),
+                        answered: 0,
                         broken: false,
                     });
                     // its CQ is not armed: poll before sleeping again
@@ -426,39 +430,45 @@ fn serve(
     // (a batch that the NIC must fetch from memory cost more than the messages it saved).
     let batch_room = conn.ep.max_inline().min(reply_size);
     let mut batch: Option<Batch> = None;
-    while let Some(&(ri, len)) = s.waiting.front() {
+    'messages: while let Some(&(ri, len)) = s.waiting.front() {
         let roff = ri * recv_size;
         // SAFETY: the RECV completed, so the NIC is done with this buffer until it is
         // reposted.
-        let req = unsafe { conn.ep.mr.buffer().slice(roff, len.min(recv_size)) };
-        let parsed = proto::parse_request(req, conn.limits);
-        let (to, need) = (reply_to(req, &parsed), reply_len(&parsed));
-        if !batch.is_some_and(|b| b.conn == to && b.used + need <= batch_room) {
-            let Some(buf) = s.free_replies.pop() else {
-                break;
-            };
-            let fresh = Batch {
-                buf,
-                conn: to,
-                used: 0,
-            };
-            if let Some(full) = batch.replace(fresh) {
-                replies.push(full.send(conn));
+        let msg = unsafe { conn.ep.mr.buffer().slice(roff, len.min(recv_size)) };
+        for range in proto::request_ranges(msg, conn.limits).split_off(s.answered) {
+            let req = &msg[range];
+            let parsed = proto::parse_request(req, conn.limits);
+            let (to, need) = (reply_to(req, &parsed), reply_len(&parsed));
+            if !batch.is_some_and(|b| b.conn == to && b.used + need <= batch_room) {
+                let Some(buf) = s.free_replies.pop() else {
+                    break 'messages;
+                };
+                let fresh = Batch {
+                    buf,
+                    conn: to,
+                    used: 0,
+                };
+                if let Some(full) = batch.replace(fresh) {
+                    replies.push(full.send(conn));
+                }
             }
+            let b = batch.as_mut().expect("a batch is open");
+            // SAFETY: the reply buffer is free (its SEND completed) and this batch's alone;
+            // `used + need` fits in it.
+            let out = unsafe {
+                conn.ep
+                    .mr
+                    .buffer()
+                    .slice_mut(conn.reply_off(b.buf) + b.used, need)
+            };
+            answer(req, parsed, out, store, metrics);
+            b.used += need;
+            metrics.request(req.len());
+            metrics.reply(need);
+            s.answered += 1;
         }
-        let b = batch.as_mut().expect("a batch is open");
-        // SAFETY: the reply buffer is free (its SEND completed) and this batch's alone;
-        // `used + need` fits in it.
-        let out = unsafe {
-            conn.ep
-                .mr
-                .buffer()
-                .slice_mut(conn.reply_off(b.buf) + b.used, need)
-        };
-        answer(req, parsed, out, store, metrics);
-        b.used += need;
-        metrics.request(req.len());
-        metrics.reply(need);
+        metrics.request_message();
+        s.answered = 0;
         s.waiting.pop_front();
         reposts.push((ri as u64, conn.ep.mr.addr(roff), recv_size as u32));
     }

@@ -51,6 +51,8 @@ pub struct SharedQp {
     recvs: usize,
     pub reply_size: usize,
     op_size: usize,
+    /// The server's receive buffer, the most one request message may carry.
+    pub request_room: usize,
 }
 
 impl SharedQp {
@@ -95,7 +97,13 @@ impl SharedQp {
             recvs,
             reply_size,
             op_size,
+            request_room: proto::request_room(max_size),
         })
+    }
+
+    /// Where in the buffer `addr` (an address in it) is.
+    pub fn off_of(&self, addr: u64) -> usize {
+        (addr - self.ep.mr.addr(0)) as usize
     }
 
     pub fn op_off(&self, conn: usize, slot: usize) -> usize {

@@ -112,6 +112,9 @@ pub struct Summary {
     pub conns: u32,
     pub threads: u32,
     pub share: u32,
+    /// Requests sent several to a SEND (`--coalesce`).
+    #[serde(default)]
+    pub coalesce: bool,
     pub seconds: f64,
     pub ops: u64,
     pub bytes: u64,
@@ -171,6 +174,7 @@ pub struct RunInfo {
     pub conns: u32,
     pub threads: u32,
     pub share: u32,
+    pub coalesce: bool,
 }
 
 pub fn summarize(
@@ -189,6 +193,7 @@ pub fn summarize(
         conns: info.conns,
         threads: info.threads,
         share: info.share,
+        coalesce: info.coalesce,
         seconds,
         ops,
         bytes,
@@ -246,6 +251,7 @@ pub fn merge(all: &[Summary]) -> anyhow::Result<Summary> {
         conns: all.iter().map(|s| s.conns).sum(),
         threads: all.iter().map(|s| s.threads).sum(),
         share: first.share,
+        coalesce: first.coalesce,
     };
     let mut m = summarize(info, &r, per_conn, seconds);
     // rates of concurrent clients add up (each over its own measured time)
@@ -284,6 +290,7 @@ mod tests {
             conns: 1,
             threads: 1,
             share: 1,
+            coalesce: false,
         };
         summarize(info, &r, per_conn, 1.0)
     }

@@ -165,6 +165,22 @@ fn raw_workload(site: &Site) -> Vec<Output> {
     ]);
     assert_eq!(u(&v, "ops"), 400);
     outs.push(o);
+    // small GETs coalesced, several requests to a SEND
+    let (v, o) = site.client(&[
+        "--op",
+        "get",
+        "--size",
+        "fixed:32",
+        "--conns",
+        "2",
+        "--window",
+        "16",
+        "--ops",
+        "2000",
+        "--coalesce",
+    ]);
+    assert_eq!(u(&v, "ops"), 2000);
+    outs.push(o);
     for op in ["read", "get"] {
         let (v, o) = site.client(&[
             "--op", op, "--size", "fixed:4K", "--conns", "2", "--ops", "200",
@@ -185,12 +201,21 @@ fn raw_workload(site: &Site) -> Vec<Output> {
 /// connection's completions).
 fn share_workload(site: &Site) -> Vec<Output> {
     let mut outs = Vec::new();
-    for (op, size, ops, poll) in [
-        ("mix:0.3", "loguniform:32..1M", "300", "busy"),
-        ("get", "fixed:32", "1000", "busy"),
-        ("mix:0.3", "loguniform:32..1M", "300", "event"),
+    // (the last: PUTs of 32 B coalesced, several to a SEND, among READs)
+    for (op, size, ops, poll, window, coalesce) in [
+        ("mix:0.3", "loguniform:32..1M", "300", "busy", "2", None),
+        ("get", "fixed:32", "1000", "busy", "2", None),
+        ("mix:0.3", "loguniform:32..1M", "300", "event", "2", None),
+        (
+            "mix:0.5",
+            "fixed:32",
+            "1000",
+            "busy",
+            "8",
+            Some("--coalesce"),
+        ),
     ] {
-        let (v, o) = site.client(&[
+        let mut args = vec![
             "--op",
             op,
             "--size",
@@ -202,12 +227,14 @@ fn share_workload(site: &Site) -> Vec<Output> {
             "--share",
             "5",
             "--window",
-            "2",
+            window,
             "--ops",
             ops,
             "--poll",
             poll,
-        ]);
+        ];
+        args.extend(coalesce);
+        let (v, o) = site.client(&args);
         assert_eq!(v["mode"], "share");
         assert_eq!(u(&v, "ops").to_string(), ops);
         let per_conn = v["per_conn"].as_array().unwrap();
@@ -304,15 +331,16 @@ fn raw_and_share_gets_and_puts_between_two_hosts() {
     interrupted_client(&site);
     let o = server.stop();
     assert!(o.status.success(), "server: {}", text(&o));
-    // The server counted every RPC (the clients' GETs: 400 × 32 B, 400 × 4 KiB, 24 × 1 MiB
-    // and 200 × 4 KiB RAW, 1000 × 32 B SHARE; their PUTs: 400 and the SHARE mix's) and every
-    // connection (RAW: six clients of 4 and three of 2; SHARE: three clients of 2 QPs), and
-    // their disconnects (the last may still be on its way when the server is stopped).
+    // The server counted every RPC (the clients' GETs: 400 × 32 B, 400 × 4 KiB, 24 × 1 MiB,
+    // 2000 × 32 B coalesced and 200 × 4 KiB RAW, 1000 × 32 B SHARE; their PUTs: 400 and the
+    // SHARE mixes') and every connection (RAW: six clients of 4 and four of 2; SHARE: four
+    // clients of 2 QPs), and their disconnects (the last may still be on its way when the
+    // server is stopped).
     let m = server_stats(&stats);
-    assert_eq!(u(&m, "gets"), 2024, "{m}");
+    assert_eq!(u(&m, "gets"), 4024, "{m}");
     assert_eq!(
         u(&m, "get_value_bytes"),
-        400 * 32 + 400 * 4096 + 24 * (1 << 20) + 200 * 4096 + 1000 * 32,
+        400 * 32 + 400 * 4096 + 24 * (1 << 20) + 2000 * 32 + 200 * 4096 + 1000 * 32,
         "{m}"
     );
     assert!(u(&m, "puts") > 400, "{m}");
@@ -323,9 +351,11 @@ fn raw_and_share_gets_and_puts_between_two_hosts() {
     // requests that arrived together were answered together (4 connections × window 4)
     let rpcs = u(&m, "gets") + u(&m, "puts");
     assert!(u(&m, "reply_messages") < rpcs, "{m}");
+    // and requests sent together (coalesced) arrived together
+    assert!(u(&m, "request_messages") < rpcs, "{m}");
     // (and the interrupted clients' one each, and the abandoning client's two; more if a
     // client was signalled while connecting and started again)
-    assert!(u(&m["connections"], "accepted") >= 40, "{m}");
+    assert!(u(&m["connections"], "accepted") >= 44, "{m}");
     assert!(u(&m["connections"], "open") <= 2, "{m}");
     // and printed them as it went, a JSON line every 50 ms, counts never going back
     let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
@@ -337,7 +367,7 @@ fn raw_and_share_gets_and_puts_between_two_hosts() {
     assert!(lines
         .windows(2)
         .all(|w| u(&w[0], "gets") <= u(&w[1], "gets")));
-    assert!(u(lines.last().unwrap(), "gets") <= 2024);
+    assert!(u(lines.last().unwrap(), "gets") <= 4024);
     // Two clients' summaries merge into one: counts add up, connections are all listed.
     let files: Vec<_> = [&raw[0], &share[1]]
         .iter()
@@ -424,6 +454,22 @@ fn no_wrong_value_with_loss_duplication_and_reordering() {
             "--ops",
             "2000",
         ],
+        // and their requests coalesced
+        &[
+            "--op",
+            "get",
+            "--size",
+            "fixed:32",
+            "--conns",
+            "4",
+            "--threads",
+            "2",
+            "--window",
+            "16",
+            "--ops",
+            "2000",
+            "--coalesce",
+        ],
         &[
             "--op",
             "mix:0.5",
@@ -448,12 +494,13 @@ fn no_wrong_value_with_loss_duplication_and_reordering() {
         nic["fault_dropped"] > 0 && nic["retransmits"] > 0,
         "{nic:?}"
     );
-    // batched replies were among what the faults hit
+    // batched replies and coalesced requests were among what the faults hit
     let o = server.stop();
     assert!(o.status.success(), "server: {}", text(&o));
     let m = server_stats(&stats);
+    let answered = u(&m, "gets") + u(&m, "puts");
     assert!(
-        u(&m, "reply_messages") < u(&m, "gets") + u(&m, "puts"),
+        u(&m, "reply_messages") < answered && u(&m, "request_messages") < answered,
         "{m}"
     );
 }
@@ -489,9 +536,14 @@ fn under_the_shim_governed_by_an_agent_the_results_are_the_same() {
         let line = shim_line(o);
         assert!(line.contains(" governed=yes "), "{line}");
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        // every operation is at least one WQE (a READ, or a SEND and a RECV); torn READs
-        // are read again
-        assert!(field(&line, "send_wqes") >= u(&v, "ops"), "{line}\n{v}");
+        // every operation is at least one WQE (a READ, or a SEND and a RECV; torn READs
+        // are read again), or a sixth of one when its request is coalesced (six 40-byte
+        // GETs fit a 256-byte inline SEND)
+        let per_wqe = if v["coalesce"] == true { 6 } else { 1 };
+        assert!(
+            field(&line, "send_wqes") * per_wqe >= u(&v, "ops"),
+            "{line}\n{v}"
+        );
     }
     let o = server.stop();
     assert!(o.status.success(), "server: {}", text(&o));
@@ -547,6 +599,8 @@ fn bad_requests_are_refused_and_every_other_client_is_served() {
         ("oversized", "closed: "),
         ("vanish", "vanished"),
         ("truncated", "reply BadLength"),
+        // each request of a batch is answered, the one cut short too
+        ("batch", "reply BadKey req 42\nreply BadLength req 0\n"),
     ] {
         let o = run_timeout(
             &mut site.exec("h2", &["abuse", "--server", &addr, "--case", case]),
@@ -582,8 +636,9 @@ fn bad_requests_are_refused_and_every_other_client_is_served() {
     // receive first, or by the client's disconnect when that is noticed first: either way.)
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("refused a connection: share 6"), "{err}");
-    // Its metrics name every refusal: two truncated requests, one each of the others, the
-    // connect asking for too much; the oversized message's connection closed.
+    // Its metrics name every refusal: three truncated requests (one in the batch), two bad
+    // keys (one in the batch), one each of the others, the connect asking for too much; the
+    // oversized message's connection closed.
     let m = server_stats(&stats);
     let r = &m["refused"];
     assert_eq!(
@@ -594,12 +649,12 @@ fn bad_requests_are_refused_and_every_other_client_is_served() {
             u(r, "bad_size"),
             u(r, "bad_checksum")
         ],
-        [2, 1, 1, 1, 1],
+        [3, 1, 2, 1, 1],
         "{m}"
     );
-    assert_eq!(u(&m, "errors"), 6, "{m}");
+    assert_eq!(u(&m, "errors"), 8, "{m}");
     assert_eq!(u(&m["connections"], "rejected"), 1, "{m}");
-    assert!(u(&m["connections"], "accepted") >= 1 + 3 + 8 + 2 + 2, "{m}");
+    assert!(u(&m["connections"], "accepted") >= 1 + 3 + 9 + 2 + 2, "{m}");
     assert!(u(&m, "puts") > 0 && u(&m, "gets") >= 64, "{m}");
 }
 
