@@ -16,6 +16,7 @@
 //! Both sides link this crate, so they cannot disagree about a layout or an encoding.
 //! See docs/shim.md, "The agent link".
 
+pub mod auss_log;
 pub mod layout;
 pub mod mapping;
 pub mod message;

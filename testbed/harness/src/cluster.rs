@@ -31,6 +31,15 @@ pub const DART_NIC: [&str; 6] = [
     "--auss-hold-us",
     "5",
 ];
+/// The END hold of [`DART_NIC`], in µs of NIC time.
+pub fn dart_hold_us() -> f64 {
+    DART_NIC
+        .windows(2)
+        .find(|w| w[0] == "--auss-hold-us")
+        .and_then(|w| w[1].parse().ok())
+        .expect("DART_NIC sets the hold")
+}
+
 /// How long a daemon has to exit after SIGTERM.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
@@ -539,17 +548,23 @@ impl Cluster {
 
     /// `softrnic stats HOST` as name → value.
     pub fn stats(&self, host: &str) -> Result<std::collections::BTreeMap<String, f64>> {
-        let out = self.softrnic()?.args(["stats", host]).output()?;
-        if !out.status.success() {
-            bail!("{}", String::from_utf8_lossy(&out.stderr).trim());
-        }
-        Ok(String::from_utf8_lossy(&out.stdout)
+        Ok(self
+            .stats_text(host)?
             .lines()
             .filter_map(|l| {
                 let mut f = l.split_whitespace();
                 Some((f.next()?.to_string(), f.next()?.parse().ok()?))
             })
             .collect())
+    }
+
+    /// `softrnic stats HOST` as printed (the counters, and AUSS's timeline: `auss_log` lines).
+    pub fn stats_text(&self, host: &str) -> Result<String> {
+        let out = self.softrnic()?.args(["stats", host]).output()?;
+        if !out.status.success() {
+            bail!("{}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// Sets every host NIC's congestion settings — how it answers ECN-marked packets

@@ -3,6 +3,7 @@
 //! programs on it under the shim; `run`, `report` and `check` reproduce the DRUM paper's
 //! experiments (docs/testbed.md).
 
+mod arrival;
 mod chaos;
 mod cluster;
 mod configs;

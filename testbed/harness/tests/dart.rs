@@ -1,6 +1,7 @@
 //! Dart's experiments (`dart-conv`, `dart-incast`) in the smoke profile, for real on emulated
 //! hosts, in the DCQCN baseline and with DASR through the agents and through the NIC: every run recorded and not
-//! failed, every measure the report and the criteria read present and finite, the plots and
+//! failed, every measure the report and the criteria read present and finite (`dasr-nic`'s
+//! count arrival, timed from the NICs' timelines, too), the plots and
 //! the report written, `check` printing every criterion, and nothing left behind. No timing
 //! is asserted: the smoke profile's runs are too short to mean anything.
 //!
@@ -59,7 +60,17 @@ fn darts_experiments_run_in_the_smoke_profile_and_report_every_measure() {
         ("dart-incast", "p99_fct_us"),
         ("dart-incast", "bg_mib_per_s"),
     ];
+    // dasr-nic's count arrival, from the NICs' timelines
+    let nic_only = [
+        ("dart-conv", "arrival_start_us"),
+        ("dart-conv", "arrival_rx_start_us"),
+        ("dart-conv", "hold_us"),
+    ];
     for mode in ["dcqcn", "dasr-agent", "dasr-nic"] {
+        let want: Vec<_> = want
+            .iter()
+            .chain(nic_only.iter().filter(|_| mode == "dasr-nic"))
+            .collect();
         for scenario in ["dart-conv", "dart-incast"] {
             let row = runs
                 .lines()

@@ -13,6 +13,8 @@
 //! - [`Stamp`]: `N`, epoch and incarnation as they travel in ACKs and notifications.
 //! - [`Latest`]: the requester's newest stamp per destination, refusing stale epochs.
 
+pub mod timeline;
+
 use drum_common::dasr::{Announce, Auss, AussAction, AussConfig, Phase, SenderId};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -24,14 +26,17 @@ pub const MIN_ACTIVE_MESSAGE: u32 = 32 << 10;
 
 /// The share of the line DASR caps give the senders together: at exactly `R/N` each, the
 /// queue a burst's first round trip built never drains (the shim's caps use the same 97 %,
-/// docs/shim.md, "Caps from the NIC").
+/// docs/shim.md, "Caps from the NIC"). The NIC's limiter keeps it for a lone sender too
+/// (`N` = 1): at exactly the line, the queue an emulated transmitter's catch-up bursts build
+/// at the receiver never drains either, and a new sender's first packet, and with it the
+/// count, waits behind it (docs/testbed.md, "The count's arrival").
 pub const DASR_UTILISATION: f64 = 0.97;
 
 /// A sender NIC's cap, in kb/s on the wire, on a QP towards a receiver that counts `n` active
-/// senders: Dart's `R/N` of a line of `line_rate_gbps`; None below two senders (no cap) or on
+/// senders: Dart's `R/N` of a line of `line_rate_gbps`; None for no sender (no cap) or on
 /// an unlimited line.
 pub fn dasr_cap_kbps(line_rate_gbps: f64, n: u32) -> Option<u32> {
-    (n >= 2 && line_rate_gbps > 0.0).then(|| {
+    (n >= 1 && line_rate_gbps > 0.0).then(|| {
         (line_rate_gbps * 1e6 * DASR_UTILISATION / n as f64).clamp(1.0, u32::MAX as f64) as u32
     })
 }

@@ -769,6 +769,13 @@ impl State {
     fn emit_at(&mut self, dst: SocketAddr, p: Packet, now: Instant) {
         let ns = self.nic.cfg.wire_ns(p.wire_len());
         self.nic.charge(now, ns);
+        if let (true, SocketAddr::V4(d), wire::OP_SEND | wire::OP_WRITE) =
+            (self.auss.is_on(), dst, p.op)
+        {
+            if *d.ip() != self.my_ip {
+                self.auss.data_sent(*d.ip(), now);
+            }
+        }
         if multicast::is_group_addr(dst) {
             for d in self.fanout(dst) {
                 self.out.push((d, p.clone()));

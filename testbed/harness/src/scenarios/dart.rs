@@ -233,6 +233,8 @@ fn run_conv(ctx: &RunCtx, series: &str, _kib: f64) -> Result<Measured> {
     let rtt = round_trip_us(ctx, 200)?;
     let e = engines(ctx)?;
     let before = ctx.cluster.stats("h1")?;
+    // The NICs' timelines are the engines' since they started: this run's begin here.
+    let logs_from = drum_table::nic_auss::monotonic_ns();
     let sampler = Sampler::start(vec![engine(&e, "h2")?, engine(&e, "h3")?], SAMPLE_EVERY)?;
     let long_server = bw_server(ctx, 18811, &["-D", "600"])?;
     let long = spawn(&mut bw_client(
@@ -324,6 +326,9 @@ fn run_conv(ctx: &RunCtx, series: &str, _kib: f64) -> Result<Measured> {
         during.iter().sum::<f64>() / during.len().max(1) as f64 / edges.fair,
     );
     mechanism(&before, &after, &mut m);
+    if mode == Mode::DasrNic {
+        count_arrival(ctx, logs_from, rtt, &mut m)?;
+    }
     // The plot's series: the long flow's rate in bins from the start, then the bursts'
     // edges (µs), in one list: [bins…, start, end, start, end…]; `bin_us` and `bins` say
     // where the one ends.
@@ -335,6 +340,43 @@ fn run_conv(ctx: &RunCtx, series: &str, _kib: f64) -> Result<Measured> {
     m.samples
         .extend(found.iter().flat_map(|(a, z)| [a - t0, z - t0]));
     Ok(m)
+}
+
+/// Dart's Fig. 9(b) measure, for `dasr-nic`, whose NIC limiter paces the long flow at
+/// `R/N` from the moment a stamp changes `N`: per burst, the time from the burst sender's
+/// first (last) data packet to the receiver until the long sender's NIC took the new count,
+/// from the NICs' `auss_log` timelines since `from_ns` (medians; `arrival.rs`), and the
+/// receiver's part of it (`arrival_rx_*`: until the receiver's own count moved). The end
+/// includes the receiver's END hold (`hold_us`, wall-clock).
+fn count_arrival(ctx: &RunCtx, from_ns: u64, rtt: f64, m: &mut Measured) -> Result<()> {
+    use drum_table::auss_log::{parse, Event, Kind};
+    let h1 = Some(ctx.cluster.addr("h1")?);
+    let events = |host: &str, kinds: &[Kind], peer| -> Result<Vec<Event>> {
+        Ok(parse(&ctx.cluster.stats_text(host)?)
+            .into_iter()
+            .filter(|e| e.t_ns >= from_ns && e.peer == peer && kinds.contains(&e.kind))
+            .collect())
+    };
+    let burst = events("h3", &[Kind::Start, Kind::Stop], h1)?;
+    let a = crate::arrival::arrivals(&burst, &events("h2", &[Kind::Cap], h1)?);
+    // The receiver's part of it: until its own count moved.
+    let rx = crate::arrival::arrivals(&burst, &events("h1", &[Kind::Count], None)?);
+    let hold_us = crate::cluster::dart_hold_us() * NIC.time_scale;
+    m.metrics.insert("hold_us".into(), hold_us);
+    for (name, ns) in [
+        ("arrival_start", a.start_ns),
+        ("arrival_end", a.end_ns),
+        ("arrival_rx_start", rx.start_ns),
+        ("arrival_rx_end", rx.end_ns),
+    ] {
+        let mut us: Vec<f64> = ns.iter().map(|&n| n as f64 / 1e3).collect();
+        if let Some(med) = quantile(&mut us, 0.5) {
+            m.metrics.insert(format!("{name}_us"), med);
+            m.metrics.insert(format!("{name}_rtts"), med / rtt);
+            m.metrics.insert(format!("{name}_n"), us.len() as f64);
+        }
+    }
+    Ok(())
 }
 
 fn bw_server_cmd(ctx: &RunCtx, port: u16, n: &str) -> Result<Command> {
@@ -418,23 +460,40 @@ fn criteria_conv(s: &Summary) -> Vec<Verdict> {
         .collect();
     let nic = worst(Mode::DasrNic);
     let agent = worst(Mode::DasrAgent);
+    let nic_at = |k: &str| at(Mode::DasrNic, k);
+    // The count's arrival: the start in round trips; the end after the receiver's END hold.
+    let arrival = (|| {
+        let rtt = nic_at("rtt_us")?;
+        let start = nic_at("arrival_start_rtts")?;
+        let (end, hold) = (nic_at("arrival_end_us")?, nic_at("hold_us")?);
+        Some((start, end, hold, (end - hold) / rtt))
+    })();
+    let arrival_text = arrival.map_or("dasr-nic count arrival not measured".into(), |a| {
+        format!(
+            "dasr-nic count arrival: start {:.1} RTTs, end {:.0} µs = hold {:.0} µs + {:.1} RTTs",
+            a.0, a.1, a.2, a.3
+        )
+    });
     vec![
         Verdict {
             scenario: "dart-conv",
-            criterion: "with dasr-nic the long flow settles at its fair share within 2 round \
-                        trips after a burst starts and after it ends (medians)"
+            criterion: "with dasr-nic the long sender's NIC takes the receiver's new count \
+                        within 2 round trips of a burst's first packet, and within 2 round \
+                        trips after the receiver's END hold of its last (medians; timed in the \
+                        NICs' logs as Dart's Fig. 9(b): the NIC's limiter paces the long flow at \
+                        R/N from then on); rate windows beside it"
                 .into(),
-            measured: fmt(Mode::DasrNic).map_or("not run".into(), |n| {
-                if others.is_empty() {
-                    n
-                } else {
-                    format!("{n}; {}", others.join("; "))
-                }
-            }),
+            measured: match fmt(Mode::DasrNic) {
+                None => "not run".into(),
+                Some(n) => [vec![arrival_text, format!("rate windows: {n}")], others]
+                    .concat()
+                    .join("; "),
+            },
             paper: "DASR: one round trip (28 µs median, software AUSS); DCQCN and TIMELY: tens \
                     (TIMELY about 50)"
                 .into(),
-            pass: nic.map(|w| w <= 2.0),
+            pass: fmt(Mode::DasrNic)
+                .map(|_| arrival.is_some_and(|(start, _, _, end)| start <= 2.0 && end <= 2.0)),
         },
         Verdict {
             scenario: "dart-conv",
@@ -872,9 +931,9 @@ mod tests {
     }
 
     #[test]
-    fn conv_criteria_take_the_slower_edge_in_round_trips() {
+    fn conv_criteria_time_the_count_and_compare_the_slower_edge_in_round_trips() {
         let m = |s: f64, e: f64| {
-            [
+            vec![
                 ("conv_start_rtts", s),
                 ("conv_end_rtts", e),
                 ("conv_start_us", s * 100.0),
@@ -882,16 +941,36 @@ mod tests {
                 ("rtt_us", 100.0),
             ]
         };
+        // the count's arrival: 1.5 RTTs at the start, the 1 ms hold + 1.8 RTTs at the end
+        let arrival = |start_rtts: f64, end_us: f64| {
+            let mut v = m(1.5, 2.5);
+            v.extend([
+                ("arrival_start_rtts", start_rtts),
+                ("arrival_end_us", end_us),
+                ("hold_us", 1000.0),
+            ]);
+            v
+        };
         let runs = [
-            rec("dart-conv", "dasr-nic", 64.0, &m(1.5, 2.5)),
+            rec("dart-conv", "dasr-nic", 64.0, &arrival(1.5, 1180.0)),
             rec("dart-conv", "dasr-agent", 64.0, &m(3.0, 1.0)),
         ];
         let v = criteria_conv(&Summary::of(&runs));
-        assert_eq!(v[0].pass, Some(false), "{:?}", v[0]);
-        assert!(v[0]
-            .measured
-            .contains("dasr-nic start 1.5 RTTs (150 µs), end 2.5"));
+        assert_eq!(v[0].pass, Some(true), "{:?}", v[0]);
+        assert!(v[0].measured.starts_with(
+            "dasr-nic count arrival: start 1.5 RTTs, end 1180 µs = hold 1000 µs + 1.8 RTTs; \
+             rate windows: dasr-nic start 1.5 RTTs (150 µs), end 2.5"
+        ));
         assert_eq!(v[1].pass, Some(true), "{:?}", v[1]);
+        // either edge beyond 2 RTTs fails; no timeline fails too
+        for (start, end) in [(2.5, 1180.0), (1.5, 1250.0)] {
+            let late = [rec("dart-conv", "dasr-nic", 64.0, &arrival(start, end))];
+            assert_eq!(criteria_conv(&Summary::of(&late))[0].pass, Some(false));
+        }
+        let unlogged = [rec("dart-conv", "dasr-nic", 64.0, &m(1.5, 1.5))];
+        let v = criteria_conv(&Summary::of(&unlogged));
+        assert_eq!(v[0].pass, Some(false));
+        assert!(v[0].measured.contains("count arrival not measured"));
         let only_nic = criteria_conv(&Summary::of(&runs[..1]));
         assert_eq!(only_nic[1].pass, None);
     }

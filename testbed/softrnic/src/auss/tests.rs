@@ -345,9 +345,10 @@ proptest! {
 }
 
 #[test]
-fn a_dasr_cap_is_the_line_over_n_less_the_headroom_and_none_below_two_senders() {
+fn a_dasr_cap_is_the_line_over_n_less_the_headroom_and_none_for_no_sender() {
     assert_eq!(dasr_cap_kbps(1.0, 0), None);
-    assert_eq!(dasr_cap_kbps(1.0, 1), None);
+    // a lone sender too keeps the headroom, so a queue its bursts built drains
+    assert_eq!(dasr_cap_kbps(1.0, 1), Some(970_000));
     assert_eq!(dasr_cap_kbps(1.0, 2), Some(485_000));
     assert_eq!(dasr_cap_kbps(0.2, 16), Some(12_125));
     assert_eq!(dasr_cap_kbps(0.0, 4), None);

@@ -6,8 +6,9 @@
 //! (`drum_table::nic_auss`).
 
 use super::*;
+use crate::auss::timeline::Timeline;
 use crate::auss::{ActiveSenders, Applied, Latest, Request, Stamp};
-use drum_table::nic_auss::Writer;
+use drum_table::nic_auss::{monotonic_ns, Writer};
 
 /// The NIC's AUSS (None in `on`: off, the default).
 #[derive(Default)]
@@ -20,8 +21,20 @@ struct On {
     set: ActiveSenders<SocketAddr>,
     latest: Latest<Ipv4Addr>,
     table: Writer,
-    /// The set's clock is the time since this instant.
+    /// The set's clock is the time since this instant, which is `origin_ns` on
+    /// CLOCK_MONOTONIC (the timeline's clock, every engine's).
     origin: Instant,
+    origin_ns: u64,
+    timeline: Timeline,
+    /// The silence that ends a spell of data to a destination in the timeline: the END hold
+    /// (a queue empty for less is not a stop either), at least 100 µs.
+    gap_ns: u64,
+}
+
+impl On {
+    fn ns(&self, at: Instant) -> u64 {
+        self.origin_ns + at.saturating_duration_since(self.origin).as_nanos() as u64
+    }
 }
 
 /// The counters `softrnic stats` prints (with AUSS on).
@@ -86,6 +99,9 @@ impl NicAuss {
                 latest: Latest::default(),
                 table: Writer::create(table, nic.payload_bytes_per_s())?,
                 origin: Instant::now(),
+                origin_ns: monotonic_ns(),
+                timeline: Timeline::default(),
+                gap_ns: nic.auss_hold().max(Duration::from_micros(100)).as_nanos() as u64,
             }),
             counters: AussCounters::default(),
         })
@@ -93,6 +109,32 @@ impl NicAuss {
 
     pub(super) fn is_on(&self) -> bool {
         self.on.is_some()
+    }
+
+    /// The counters' and the timeline's lines at `now` (empty with AUSS off).
+    pub(super) fn report(&mut self, now: Instant) -> String {
+        let Some(c) = self.snapshot() else {
+            return String::new();
+        };
+        let on = self.on.as_mut().expect("on: it has a snapshot");
+        let t = on.ns(now);
+        on.timeline.silences(t, on.gap_ns);
+        c.lines() + &on.timeline.lines()
+    }
+
+    /// When the set next has an END to apply or a sender to expire (the transmitter sleeps
+    /// no longer than that, so an END takes effect at its hold's end, not a tick later).
+    pub(super) fn next_deadline(&self) -> Option<Instant> {
+        let on = self.on.as_ref()?;
+        Some(on.origin + on.set.next_deadline()?)
+    }
+
+    /// A data packet to `ip` leaves at `now` (for the timeline's spells).
+    pub(super) fn data_sent(&mut self, ip: Ipv4Addr, now: Instant) {
+        if let Some(on) = self.on.as_mut() {
+            let t = on.ns(now);
+            on.timeline.data_sent(t, ip, on.gap_ns);
+        }
     }
 
     /// The counters, with `N` and the epoch now.
@@ -132,6 +174,8 @@ impl State {
             idle: p.flags & wire::F_LAST != 0 && p.flags & wire::F_IDLE != 0,
         };
         let to = on.set.on_request(now, from, r);
+        on.timeline
+            .count(on.origin_ns + now.as_nanos() as u64, on.set.stamp().n);
         self.auss_notify(to);
     }
 
@@ -145,6 +189,8 @@ impl State {
             return;
         }
         let to = on.set.tick(t);
+        on.timeline
+            .count(on.origin_ns + t.as_nanos() as u64, on.set.stamp().n);
         self.auss_notify(to);
     }
 
@@ -205,6 +251,8 @@ impl State {
         match on.latest.apply(*v4.ip(), stamp) {
             Applied::Newer => {
                 c.stamps_newer += 1;
+                let t = on.ns(Instant::now());
+                on.timeline.cap(t, *v4.ip(), stamp.n);
                 if !on
                     .table
                     .publish(*v4.ip(), stamp.n, stamp.epoch, stamp.incarnation)

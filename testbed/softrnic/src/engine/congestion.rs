@@ -39,7 +39,7 @@ impl DcqcnCounters {
 
 /// One QP's congestion state: when it last sent a CNP (NP), its DCQCN rate with the pacer
 /// that holds it to that rate (RP; from its first CNP on), and its DASR cap's pacer (while
-/// its destination counts two senders or more and `softrnic dasr` is on).
+/// its destination has stamped a count and `softrnic dasr` is on).
 #[derive(Default)]
 pub(super) struct QpCc {
     last_cnp_ns: Option<u64>,

@@ -339,7 +339,7 @@ pub(super) fn housekeeping(sh: Arc<Shared>, stats: Option<PathBuf>, host_dir: Op
         }
         let snapshot = stats.as_ref().map(|_| {
             let cc = st.dcqcn_counters();
-            let auss = st.auss.snapshot().map(|a| a.lines()).unwrap_or_default();
+            let auss = st.auss.report(now);
             let procs = st.rx_port.counters.lines()
                 + &cc.lines()
                 + &st.dart.lines()
@@ -419,8 +419,8 @@ pub(super) fn tx_loop(sh: Arc<Shared>) {
             ));
         }
         if sent == 0 {
-            // Until the next held packet or paced QP is due, at most a tick.
-            let wait = [next_held, st.pace_wake]
+            // Until the next held packet, paced QP or AUSS deadline is due, at most a tick.
+            let wait = [next_held, st.pace_wake, st.auss.next_deadline()]
                 .into_iter()
                 .flatten()
                 .map(|t| t.saturating_duration_since(now))

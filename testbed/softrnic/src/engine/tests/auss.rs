@@ -189,6 +189,11 @@ fn the_receiver_counts_unique_senders_stamps_its_acks_and_notifies_on_change() {
     let c = r.auss.snapshot().unwrap();
     assert_eq!((c.n, c.epoch), (1, 3));
     assert!(c.notifications_sent >= 4 && c.stamped_acks >= 6, "{c:?}");
+    // The stats' timeline: N went 1, 2, 1, in order of time.
+    let log = crate::auss::timeline::parse(&r.auss.report(Instant::now()));
+    let counts: Vec<u32> = log.iter().map(|e| e.n).collect();
+    assert_eq!(counts, [1, 2, 1], "{log:?}");
+    assert!(log.windows(2).all(|w| w[0].t_ns <= w[1].t_ns), "{log:?}");
 
     // A READ request of S2's: the data flows to S2, which does not become a sender here.
     let read = Packet {
@@ -284,6 +289,17 @@ fn the_sender_keeps_the_newest_stamp_per_destination_and_refuses_bad_ones() {
     s.receive(stranger, ack(q[0], st(1, 9).encode()), t0);
     assert_eq!(n_of_r(&s), Some((2, 2)), "nothing bad was applied");
     assert_eq!(entry_of_r(&table), (2, 2, 77));
+    // The stats' timeline: R's N became 1, then 2, and nothing refused shows.
+    let log = crate::auss::timeline::parse(&s.auss.report(Instant::now()));
+    let caps: Vec<_> = log.iter().map(|e| (e.kind, e.peer, e.n)).collect();
+    use crate::auss::timeline::Kind;
+    assert_eq!(
+        caps,
+        [
+            (Kind::Cap, Some(R.into()), 1),
+            (Kind::Cap, Some(R.into()), 2)
+        ]
+    );
     let c = s.auss.snapshot().unwrap();
     assert_eq!(
         (c.stamps_newer, c.stamps_same, c.stamps_stale),
