@@ -166,15 +166,15 @@ pub fn encode_batch_header(out: &mut [u8]) {
 /// that cannot be told (a short or unknown request, a size beyond `limits`, a PUT longer
 /// than what is left), the rest of the message is one more range, which
 /// [`parse_request`] then refuses, so every byte gets an answer and none is read twice.
-pub fn request_ranges(msg: &[u8], limits: Limits) -> Vec<std::ops::Range<usize>> {
-    if msg.len() <= BATCH_HEADER || msg[0] != BATCH || msg[1..BATCH_HEADER] != [0; 3] {
-        return std::iter::once(0..msg.len()).collect();
-    }
-    let mut out = Vec::new();
-    let mut at = BATCH_HEADER;
-    while at < msg.len() {
-        let rest = &msg[at..];
-        let framed = (rest.len() >= REQUEST_HEADER)
+pub fn request_ranges(
+    msg: &[u8],
+    limits: Limits,
+) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+    let batch = msg.len() > BATCH_HEADER && msg[0] == BATCH && msg[1..BATCH_HEADER] == [0; 3];
+    let mut at = if batch { BATCH_HEADER } else { 0 };
+    std::iter::from_fn(move || {
+        let rest = msg.get(at..).filter(|r| !r.is_empty() || at == 0)?;
+        let framed = (batch && rest.len() >= REQUEST_HEADER)
             .then(|| match rest[0] {
                 1 => Some(REQUEST_HEADER),
                 2 => {
@@ -185,11 +185,11 @@ pub fn request_ranges(msg: &[u8], limits: Limits) -> Vec<std::ops::Range<usize>>
             })
             .flatten()
             .filter(|&len| len <= rest.len());
-        let len = framed.unwrap_or(rest.len());
-        out.push(at..at + len);
-        at += len;
-    }
-    out
+        let start = at;
+        // past the end once the message is consumed (an empty message is one empty range)
+        at += framed.unwrap_or(rest.len()).max(1);
+        Some(start..start + framed.unwrap_or(rest.len()))
+    })
 }
 
 /// The limits a request is checked against.
@@ -536,6 +536,10 @@ mod tests {
         assert_eq!(reply_room(1 << 20), REPLY_HEADER + 24 + (1 << 20));
     }
 
+    fn split(msg: &[u8], limits: Limits) -> Vec<std::ops::Range<usize>> {
+        request_ranges(msg, limits).collect()
+    }
+
     fn get(key: u64) -> Vec<u8> {
         let g = Request {
             op: Op::Get,
@@ -554,13 +558,13 @@ mod tests {
     #[test]
     fn a_batch_splits_into_its_requests_and_what_cannot_be_framed_is_one_refused_rest() {
         let one = put(2, 64);
-        assert_eq!(request_ranges(&one, LIMITS), vec![0..one.len()]);
+        assert_eq!(split(&one, LIMITS), vec![0..one.len()]);
         let mut b = vec![0u8; BATCH_HEADER];
         encode_batch_header(&mut b);
         for part in [get(1), put(2, 10), get(3)] {
             b.extend(part);
         }
-        let ranges = request_ranges(&b, LIMITS);
+        let ranges = split(&b, LIMITS);
         assert_eq!(ranges, vec![4..44, 44..94, 94..134]);
         let parsed: Vec<_> = ranges
             .iter()
@@ -572,7 +576,7 @@ mod tests {
         );
         // cut inside the PUT: the rest is one range, refused for its length
         let cut = &b[..90];
-        assert_eq!(request_ranges(cut, LIMITS), vec![4..44, 44..90]);
+        assert_eq!(split(cut, LIMITS), vec![4..44, 44..90]);
         assert_eq!(
             parse_request(&cut[44..90], LIMITS),
             Err(ProtoError::LengthMismatch)
@@ -580,8 +584,8 @@ mod tests {
         // an unknown request ends the framing; a short tail is truncated
         let mut odd = b.clone();
         odd[44] = 9;
-        assert_eq!(request_ranges(&odd, LIMITS), vec![4..44, 44..134]);
-        assert_eq!(request_ranges(&b[..50], LIMITS), vec![4..44, 44..50]);
+        assert_eq!(split(&odd, LIMITS), vec![4..44, 44..134]);
+        assert_eq!(split(&b[..50], LIMITS), vec![4..44, 44..50]);
         assert_eq!(
             parse_request(&b[44..50], LIMITS),
             Err(ProtoError::Truncated)
@@ -591,12 +595,12 @@ mod tests {
         encode_batch_header(&mut big);
         big.extend(put(2, 65));
         big.extend(get(1));
-        assert_eq!(request_ranges(&big, LIMITS), vec![4..big.len()]);
+        assert_eq!(split(&big, LIMITS), vec![4..big.len()]);
         // a header alone, or the batch byte with other bytes beside it, is one request
-        assert_eq!(request_ranges(&b[..4], LIMITS), vec![0..4]);
+        assert_eq!(split(&b[..4], LIMITS), vec![0..4]);
         let mut not_batch = b.clone();
         not_batch[2] = 1;
-        assert_eq!(request_ranges(&not_batch, LIMITS), vec![0..b.len()]);
+        assert_eq!(split(&not_batch, LIMITS), vec![0..b.len()]);
         assert_eq!(request_room(32), 256);
         assert_eq!(request_room(1 << 20), REQUEST_HEADER + (1 << 20));
     }
@@ -621,7 +625,7 @@ mod tests {
             // every byte once, whether or not the bytes are a batch
             let batch: Vec<u8> = [BATCH, 0, 0, 0].iter().chain(&b).copied().collect();
             for msg in [&b, &batch] {
-                let ranges = request_ranges(msg, LIMITS);
+                let ranges = split(msg, LIMITS);
                 let mut at = if ranges[0].start == BATCH_HEADER { BATCH_HEADER } else { 0 };
                 for r in &ranges {
                     proptest::prop_assert!(r.start == at && (r.end > r.start || msg.is_empty()));

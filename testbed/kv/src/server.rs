@@ -435,7 +435,7 @@ fn serve(
         // SAFETY: the RECV completed, so the NIC is done with this buffer until it is
         // reposted.
         let msg = unsafe { conn.ep.mr.buffer().slice(roff, len.min(recv_size)) };
-        for range in proto::request_ranges(msg, conn.limits).split_off(s.answered) {
+        for range in proto::request_ranges(msg, conn.limits).skip(s.answered) {
             let req = &msg[range];
             let parsed = proto::parse_request(req, conn.limits);
             let (to, need) = (reply_to(req, &parsed), reply_len(&parsed));

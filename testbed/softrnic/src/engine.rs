@@ -14,8 +14,7 @@
 //! sockets, GSO/GRO), `async_events`, `process_memory` (the applications' memory) and
 //! `diagnostics` (what the log says of slow locks and stalled QPs).
 
-use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
@@ -111,38 +110,13 @@ pub struct EngineConfig {
     pub peers: Vec<Ipv4Addr>,
 }
 
-/// A packet held back by fault injection until `at`.
-struct Held {
-    at: Instant,
-    seq: u64,
-    dst: SocketAddr,
-    packet: Packet,
-}
-
-impl PartialEq for Held {
-    fn eq(&self, o: &Self) -> bool {
-        (self.at, self.seq) == (o.at, o.seq)
-    }
-}
-impl Eq for Held {}
-impl PartialOrd for Held {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Held {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (self.at, self.seq).cmp(&(o.at, o.seq))
-    }
-}
-
 /// Egress fault injection: one injector per destination, and the held packets.
 struct Injection {
     cfg: FaultConfig,
     host: String,
     links: HashMap<SocketAddr, LinkInjector>,
-    held: BinaryHeap<Reverse<Held>>,
-    seq: u64,
+    /// Packets held back, with their destinations.
+    held: crate::due::DueQueue<(SocketAddr, Packet)>,
 }
 
 struct Mr {
@@ -562,13 +536,7 @@ impl Shared {
                     }
                 } else {
                     c.fault_delayed += 1;
-                    inj.seq += 1;
-                    inj.held.push(Reverse(Held {
-                        at: now + d,
-                        seq: inj.seq,
-                        dst,
-                        packet: p.clone(),
-                    }));
+                    inj.held.push(now + d, (dst, p.clone()));
                 }
             }
         }
@@ -578,18 +546,14 @@ impl Shared {
     /// Send the held packets that are due; returns when the next one is due.
     fn flush_held(&self, st: &mut State, now: Instant) -> Option<Instant> {
         let inj = st.inject.as_mut()?;
-        while let Some(Reverse(h)) = inj.held.peek() {
-            if h.at > now {
-                return Some(h.at);
-            }
-            let Reverse(h) = inj.held.pop().unwrap();
+        while let Some((dst, packet)) = inj.held.pop_due(now) {
             if !st.port_up {
                 st.counters.port_down_dropped += 1;
-            } else if self.udp.send_to(&h.packet.encode(), h.dst).is_ok() {
+            } else if self.udp.send_to(&packet.encode(), dst).is_ok() {
                 st.counters.tx_packets += 1;
             }
         }
-        None
+        inj.held.next_due()
     }
 }
 

@@ -14,6 +14,7 @@
 //! - [`userns`], [`devdir`]: hosts without root (a user namespace held by one process), and
 //!   the private `/dev/infiniband` that `exec` mounts;
 //! - [`rdma_cm`]: the RDMA connection manager behind `/dev/infiniband/rdma_cm`, for librdmacm;
+//! - [`due`]: items held until a time (the receive port's delay line, held faults);
 //! - [`ring`]: shared-memory work-request and completion rings, and the engine's doorbell;
 //! - [`proto`], [`wire`], [`device`]: the provider-engine protocol, the
 //!   engine-engine packet format, and what the device reports.
@@ -25,6 +26,7 @@ pub mod dart_receiver;
 pub mod dcqcn;
 pub mod devdir;
 pub mod device;
+pub mod due;
 pub mod engine;
 pub mod events;
 pub mod faults;

@@ -28,8 +28,8 @@
 //!
 //! No clocks, sockets or threads here: the engine passes `now` and sends the pauses.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use crate::due::DueQueue;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -245,53 +245,16 @@ impl RxPort {
 /// of different senders leave when each is due.
 #[derive(Debug)]
 pub struct DelayLine<T> {
-    held: BinaryHeap<Reverse<Held<T>>>,
+    held: DueQueue<(SocketAddr, T)>,
     /// Each sender's packets held: the due time of its last one, and how many.
     senders: HashMap<SocketAddr, (Instant, usize)>,
-    pushed: u64,
-}
-
-#[derive(Debug)]
-struct Held<T> {
-    due: Instant,
-    /// Order of pushing: ties leave in it.
-    seq: u64,
-    from: SocketAddr,
-    item: T,
-}
-
-impl<T> Held<T> {
-    fn key(&self) -> (Instant, u64) {
-        (self.due, self.seq)
-    }
-}
-
-impl<T> PartialEq for Held<T> {
-    fn eq(&self, other: &Self) -> bool {
-        self.key() == other.key()
-    }
-}
-
-impl<T> Eq for Held<T> {}
-
-impl<T> PartialOrd for Held<T> {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl<T> Ord for Held<T> {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.key().cmp(&other.key())
-    }
 }
 
 impl<T> Default for DelayLine<T> {
     fn default() -> Self {
         DelayLine {
-            held: BinaryHeap::new(),
+            held: DueQueue::default(),
             senders: HashMap::new(),
-            pushed: 0,
         }
     }
 }
@@ -308,33 +271,24 @@ impl<T> DelayLine<T> {
         let sender = self.senders.entry(from).or_insert((due, 0));
         let due = sender.0.max(due);
         *sender = (due, sender.1 + 1);
-        self.pushed += 1;
-        self.held.push(Reverse(Held {
-            due,
-            seq: self.pushed,
-            from,
-            item,
-        }));
+        self.held.push(due, (from, item));
     }
 
     /// The next item whose time has come at `now`, with its sender.
     pub fn pop_due(&mut self, now: Instant) -> Option<(SocketAddr, T)> {
-        if self.held.peek()?.0.due > now {
-            return None;
-        }
-        let Reverse(h) = self.held.pop()?;
-        if let Some(sender) = self.senders.get_mut(&h.from) {
+        let (from, item) = self.held.pop_due(now)?;
+        if let Some(sender) = self.senders.get_mut(&from) {
             sender.1 -= 1;
             if sender.1 == 0 {
-                self.senders.remove(&h.from);
+                self.senders.remove(&from);
             }
         }
-        Some((h.from, h.item))
+        Some((from, item))
     }
 
     /// When the next item is due.
     pub fn next_due(&self) -> Option<Instant> {
-        self.held.peek().map(|h| h.0.due)
+        self.held.next_due()
     }
 }
 

@@ -387,9 +387,9 @@ fn bw_server_cmd(ctx: &RunCtx, port: u16, n: &str) -> Result<Command> {
 }
 
 /// The receiving NIC's side during the run: its port's marks, pauses, drops and the time it
-/// held packets for the queue ahead of them, DCQCN's CNPs and the marks Dart's receiver answered with none, and the AUSS epochs the NIC
-/// counted (whatever the mode: the NIC counts for everyone). Not the queue's maximum:
-/// softrnic keeps it since the engine started.
+/// held packets for the queue ahead of them, DCQCN's CNPs and the marks Dart's receiver
+/// answered with none, and the AUSS epochs the NIC counted (whatever the mode: the NIC counts
+/// for everyone). Not the queue's maximum: softrnic keeps it since the engine started.
 fn mechanism(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>, m: &mut Measured) {
     let d = |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
     for k in [
@@ -572,7 +572,7 @@ fn run_incast(ctx: &RunCtx, series: &str, n: f64) -> Result<Measured> {
         "--keys",
         "64",
         "--max-value",
-        "256K",
+        &format!("{FLOW_KIB}K"),
     ]);
     let mut server = spawn(&mut c.raw("h1", &server_cmd)?)?;
     if let Err(e) = await_listening_any(&mut server) {
@@ -607,7 +607,7 @@ fn run_incast(ctx: &RunCtx, series: &str, n: f64) -> Result<Measured> {
                 "--op",
                 "put",
                 "--size",
-                "fixed:256K",
+                &format!("fixed:{FLOW_KIB}K"),
                 "--window",
                 "1",
                 "--ops",
@@ -721,9 +721,12 @@ fn incast_figures(runs: &[RunRecord]) -> Vec<Figure<'static>> {
     }]
 }
 
-/// A 256 KiB flow's time alone at the dilated line, µs (payload only).
+/// An incast flow: one PUT of this many KiB.
+const FLOW_KIB: u32 = 256;
+
+/// An incast flow's time alone at the dilated line, µs (payload only).
 fn flow_line_us() -> f64 {
-    256.0 * 1024.0 / line_bytes_per_us()
+    f64::from(FLOW_KIB * 1024) / line_bytes_per_us()
 }
 
 /// The median criterion's reference, said beside it: the ratio DCQCN's median would have to a

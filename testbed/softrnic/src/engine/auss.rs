@@ -113,10 +113,10 @@ impl NicAuss {
 
     /// The counters' and the timeline's lines at `now` (empty with AUSS off).
     pub(super) fn report(&mut self, now: Instant) -> String {
-        let Some(c) = self.snapshot() else {
+        let counters = self.snapshot();
+        let Some((on, c)) = self.on.as_mut().zip(counters) else {
             return String::new();
         };
-        let on = self.on.as_mut().expect("on: it has a snapshot");
         let t = on.ns(now);
         on.timeline.silences(t, on.gap_ns);
         c.lines() + &on.timeline.lines()

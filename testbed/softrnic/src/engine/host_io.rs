@@ -666,8 +666,7 @@ pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
             cfg: cfg.faults.clone(),
             host: cfg.host.clone(),
             links: HashMap::new(),
-            held: BinaryHeap::new(),
-            seq: 0,
+            held: Default::default(),
         });
     }
     if let Some(p) = &cfg.stats {
