@@ -11,6 +11,10 @@
 
 use std::net::Ipv4Addr;
 
+/// Events a NIC keeps of each class (counts, caps, spells): the newest. A class holding this
+/// many may have lost older ones.
+pub const KEPT: usize = 512;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Count,

@@ -349,18 +349,34 @@ fn run_conv(ctx: &RunCtx, series: &str, _kib: f64) -> Result<Measured> {
 /// receiver's part of it (`arrival_rx_*`: until the receiver's own count moved). The end
 /// includes the receiver's END hold (`hold_us`, wall-clock).
 fn count_arrival(ctx: &RunCtx, from_ns: u64, rtt: f64, m: &mut Measured) -> Result<()> {
-    use drum_table::auss_log::{parse, Event, Kind};
+    use drum_table::auss_log::{parse, Event, Kind, KEPT};
     let h1 = Some(ctx.cluster.addr("h1")?);
-    let events = |host: &str, kinds: &[Kind], peer| -> Result<Vec<Event>> {
-        Ok(parse(&ctx.cluster.stats_text(host)?)
+    let mut lost = Vec::new();
+    let mut events = |host: &str, kinds: &[Kind], peer| -> Result<Vec<Event>> {
+        let all: Vec<Event> = parse(&ctx.cluster.stats_text(host)?)
             .into_iter()
-            .filter(|e| e.t_ns >= from_ns && e.peer == peer && kinds.contains(&e.kind))
+            .filter(|e| kinds.contains(&e.kind))
+            .collect();
+        // A class the NIC kept in full, whose oldest is within the run: it lost some.
+        if all.len() >= KEPT && all.first().is_some_and(|e| e.t_ns > from_ns) {
+            lost.push(format!("{host} {kinds:?}"));
+        }
+        Ok(all
+            .into_iter()
+            .filter(|e| e.t_ns >= from_ns && e.peer == peer)
             .collect())
     };
     let burst = events("h3", &[Kind::Start, Kind::Stop], h1)?;
     let a = crate::arrival::arrivals(&burst, &events("h2", &[Kind::Cap], h1)?);
     // The receiver's part of it: until its own count moved.
     let rx = crate::arrival::arrivals(&burst, &events("h1", &[Kind::Count], None)?);
+    if !lost.is_empty() {
+        m.flags.push(format!(
+            "the NIC timelines lost events of the run ({}): the count's arrival is timed \
+             from the newest {KEPT} only",
+            lost.join(", ")
+        ));
+    }
     let hold_us = crate::cluster::dart_hold_us() * NIC.time_scale;
     m.metrics.insert("hold_us".into(), hold_us);
     for (name, ns) in [

@@ -9,16 +9,18 @@
 //! - `start` / `stop`: as sender; its first data packet to `peer` after a silence longer than
 //!   the gap, and its last one before such a silence (logged once the silence is seen).
 
-pub use drum_table::auss_log::{parse, Event, Kind};
+pub use drum_table::auss_log::{parse, Event, Kind, KEPT};
 use std::collections::{HashMap, VecDeque};
 use std::net::Ipv4Addr;
 
-/// Events kept: a run's bursts are a handful, each a few events per host.
-pub const KEPT: usize = 256;
-
 #[derive(Debug, Default)]
 pub struct Timeline {
-    events: VecDeque<Event>,
+    /// The newest [`KEPT`] events of each class (counts, caps, spells' starts and stops),
+    /// kept apart so that a sender's many short spells under CPU starvation cannot push out
+    /// the few count and cap changes a run is timed by.
+    counts: VecDeque<Event>,
+    caps_log: VecDeque<Event>,
+    spells: VecDeque<Event>,
     /// Per destination: its last data packet, and whether the silence after it was logged.
     sending: HashMap<Ipv4Addr, (u64, bool)>,
     /// This host's `N` as last logged, and each destination's.
@@ -28,10 +30,15 @@ pub struct Timeline {
 
 impl Timeline {
     fn push(&mut self, e: Event) {
-        if self.events.len() == KEPT {
-            self.events.pop_front();
+        let ring = match e.kind {
+            Kind::Count => &mut self.counts,
+            Kind::Cap => &mut self.caps_log,
+            Kind::Start | Kind::Stop => &mut self.spells,
+        };
+        if ring.len() == KEPT {
+            ring.pop_front();
         }
-        self.events.push_back(e);
+        ring.push_back(e);
     }
 
     /// This host's `N` is `n` at `t_ns` (logged when it changed).
@@ -103,9 +110,17 @@ impl Timeline {
         });
     }
 
-    /// One `auss_log` line per event, oldest first.
+    /// One `auss_log` line per event, oldest first (a spell's start before its stop when
+    /// they fall on one nanosecond).
     pub fn lines(&self) -> String {
-        self.events.iter().map(Event::line).collect()
+        let mut all: Vec<&Event> = self
+            .counts
+            .iter()
+            .chain(&self.caps_log)
+            .chain(&self.spells)
+            .collect();
+        all.sort_by_key(|e| e.t_ns);
+        all.into_iter().map(Event::line).collect()
     }
 }
 
@@ -150,25 +165,35 @@ mod tests {
                 (Kind::Start, 100, Some(A), 0),
                 (Kind::Stop, 240, Some(A), 0),
                 (Kind::Start, 1_000, Some(A), 0),
-                (Kind::Start, 1_050, Some(B), 0),
                 (Kind::Stop, 1_000, Some(A), 0),
+                (Kind::Start, 1_050, Some(B), 0),
                 (Kind::Start, 2_000, Some(A), 0),
             ]
         );
     }
 
     #[test]
-    fn the_log_keeps_the_newest_events_and_skips_other_lines() {
+    fn the_log_keeps_the_newest_events_of_each_class_and_skips_other_lines() {
         let mut t = Timeline::default();
+        t.cap(0, A, 2);
         for i in 0..(KEPT as u32 + 10) {
             t.count(u64::from(i), i);
+        }
+        // a flood of one-packet spells pushes out old spells, not the cap or the counts
+        for i in 0..(2 * KEPT as u64) {
+            t.data_sent(10 * i, B, 1);
         }
         let got = parse(&format!(
             "rx_packets 5\n{}auss_log bogus 1 - 2\n",
             t.lines()
         ));
-        assert_eq!(got.len(), KEPT);
-        assert_eq!(got[0].n, 10);
-        assert_eq!(got[KEPT - 1].n, KEPT as u32 + 9);
+        let of = |k: Kind| got.iter().filter(|e| e.kind == k).collect::<Vec<_>>();
+        assert_eq!(of(Kind::Cap).len(), 1);
+        let counts = of(Kind::Count);
+        assert_eq!(counts.len(), KEPT);
+        assert_eq!(counts[0].n, 10);
+        assert_eq!(counts[KEPT - 1].n, KEPT as u32 + 9);
+        assert_eq!(of(Kind::Start).len() + of(Kind::Stop).len(), KEPT);
+        assert!(got.windows(2).all(|w| w[0].t_ns <= w[1].t_ns));
     }
 }
