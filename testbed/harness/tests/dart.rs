@@ -79,7 +79,10 @@ fn darts_experiments_run_in_the_smoke_profile_and_report_every_measure() {
             assert!(!row.contains("failed:"), "{row}");
             let cells: Vec<&str> = row.split(',').collect();
             for (s, m) in want.iter().filter(|(s, _)| *s == scenario) {
-                let i = header.iter().position(|h| h == m).expect(m);
+                let i = header
+                    .iter()
+                    .position(|h| h == m)
+                    .unwrap_or_else(|| panic!("no run measured {m}:\n{runs}"));
                 let v: f64 = cells[i].parse().unwrap_or(f64::NAN);
                 assert!(v.is_finite() && v >= 0.0, "{s} {mode} {m} = {:?}", cells[i]);
             }
