@@ -1,8 +1,10 @@
 //! A coordinator (the service code, in this process), a relay (`drum-coordinator relay`, a
 //! process of its own) and real `drum-agent` processes behind it, on 127.0.0.1 with mutual
-//! TLS as `dev-certs` issues it: the agents reach the in-process solver's rates through the
-//! relay (as they do talking to the coordinator directly), a relay killed with SIGKILL leaves
-//! them fail-static with their rates, and a restarted relay brings them back.
+//! TLS as `dev-certs` issues it: the agents reach `solve`'s allocation through the relay,
+//! selection schedule included (priced restart and damped swap rounds, each host's proposal
+//! decided at its own rank), as they do talking to the coordinator directly; a relay killed
+//! with SIGKILL leaves them fail-static with their rates, and a restarted relay brings them
+//! back.
 //!
 //! The relay is the `drum-coordinator` binary of this build (`cargo test --workspace` builds
 //! it; alone: `cargo build --release -p drum-coordinator` first).
@@ -10,8 +12,7 @@
 use drum_agent::rate_table::{LinkState, RateTable, TableFile};
 use drum_common::generator::{generate, GeneratorConfig};
 use drum_common::instance::Instance;
-use drum_common::protocol::fixed_active_sets;
-use drum_common::solver::{default_rho, fixed_set_trace, Algorithm};
+use drum_common::solver::{solve, SolveOptions};
 use drum_coordinator::dev_ca::{dev_certs, issue_relay, DevCa};
 use drum_coordinator::server::{ServeOptions, ServeSettings, Server};
 use std::net::SocketAddr;
@@ -129,8 +130,25 @@ fn agents_behind_a_relay_converge_fail_static_when_it_dies_and_return_with_it() 
     let certs = dev_certs(&d.join("certs"), &sans, &hosts).unwrap();
     issue_relay(&DevCa::open(&d.join("certs")).unwrap(), "relay-a", &sans).unwrap();
 
-    // The coordinator: fixed active sets, synchronous rounds, stops after `iterations`.
-    let iterations = 120u64;
+    // The coordinator: `solve`'s schedule (priced restart, 10 damped swap rounds) with tight
+    // tolerances, synchronous rounds, stops after the iterations `solve` took.
+    let options = ServeOptions {
+        eps_primal: 1e-11,
+        eps_dual: 1e-11,
+        selection_period_ms: 0,
+        ..ServeOptions::default()
+    };
+    let reference = solve(
+        &problem,
+        &SolveOptions {
+            max_iter: 5000,
+            ..options.solve_options()
+        },
+    );
+    assert!(reference.converged);
+    let swaps: usize = reference.rounds.iter().map(|r| r.swaps).sum();
+    assert!(swaps > 0, "the instance must exercise selection");
+    let iterations = (options.iters_per_round as usize + reference.iterations) as u64;
     let settings = ServeSettings {
         listen: "127.0.0.1:0".parse().unwrap(),
         instance: Some(d.join("instance.json")),
@@ -145,12 +163,6 @@ fn agents_behind_a_relay_converge_fail_static_when_it_dies_and_return_with_it() 
         member_timeout_ms: TIMEOUT_MS,
         max_iterations: Some(iterations),
         bind_host_to_certificate: true,
-    };
-    let options = ServeOptions {
-        priced_start: false,
-        selection_rounds: 0,
-        selection_period_ms: 0,
-        ..ServeOptions::default()
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
     let server = rt.block_on(Server::bind_with(settings, options)).unwrap();
@@ -182,30 +194,32 @@ fn agents_behind_a_relay_converge_fail_static_when_it_dies_and_return_with_it() 
                 .all(|h| table(h).is_some_and(|t| t.iteration == iterations))
         },
     );
-    // The same iterates as the in-process solver, which the direct cluster reproduces too
-    // (cluster::agents_converge_…, protocol::coordinator::tests::in_memory_cluster_matches_…).
-    let active = fixed_active_sets(&problem);
-    let (_, reference) = fixed_set_trace(
-        &problem,
-        active,
-        Algorithm::Admm,
-        default_rho(&problem),
-        iterations as usize,
-        0.0,
-    );
-    for (h, r) in hosts.iter().zip(&reference) {
+    // `solve`'s allocation, which the direct cluster reproduces too
+    // (cluster::agents_converge_to_the_in_process_allocation).
+    for r in &reference.hosts {
+        let h = &hosts[r.host];
         let t = table(h).unwrap();
         assert_eq!(t.state, LinkState::Live);
         for (app, p) in t.apps.iter().zip(problem.hosts[r.host].pairs.clone()) {
             let want = r.active.binary_search(&p).map_or(0.0, |i| r.x[i]);
+            assert_eq!(
+                app.active,
+                r.active.contains(&p),
+                "host {h} app {}: active set differs from solve's",
+                app.app
+            );
             assert!(
-                (app.rate - want).abs() <= 1e-9,
-                "host {h} app {}: {} through the relay vs {want} in process",
+                (app.rate - want).abs() <= 1e-6,
+                "host {h} app {}: {} through the relay vs solve {want}",
                 app.app,
                 app.rate
             );
         }
     }
+    let s = status();
+    assert_eq!(s["selection"]["exchanges_done"].as_u64(), Some(11), "{s:#}");
+    let log = std::fs::read_to_string(d.join("relay.log")).unwrap();
+    assert!(!log.contains("not supported"), "{log}");
     let s = status();
     let members: Vec<&str> = s["members"]
         .as_array()

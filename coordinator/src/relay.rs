@@ -323,6 +323,14 @@ fn log_event(e: &RelayEvent) {
             "lost the coordinator: {reason}; closing the agents' connections (they fail static)"
         ),
         RelayEvent::Unsupported(what) => warn!("not supported through a relay: {what}"),
+        RelayEvent::ExchangeUp {
+            exchange,
+            proposals: Some(n),
+        } => debug!(exchange, proposals = n, "rack proposals up"),
+        RelayEvent::ExchangeUp {
+            exchange,
+            proposals: None,
+        } => debug!(exchange, "rack's new active sets up"),
         RelayEvent::RoundUp {
             iteration,
             stale,

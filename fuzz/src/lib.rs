@@ -354,7 +354,8 @@ pub fn dasr_datagram(data: &[u8]) {
 /// The committed seed corpus: `(target, file name, bytes)`, all made by the project's encoders.
 pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
     use drum_common::protocol::wire::{
-        AgentMsg, ContributionMsg, CoordMsg, Join, ProposalMsg, SelectedMsg, SelectionParams, Shard,
+        AgentMsg, ContributionMsg, CoordMsg, HostProposal, Join, ProposalMsg, RackProposalsMsg,
+        SelectedMsg, SelectionParams, Shard,
     };
     use softrnic::proto::{Caps, QpAttrs, RecvWr, SendWr, Sge};
     use softrnic::wire as sw;
@@ -406,6 +407,24 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
                 pairs: vec![(0, 1)],
                 floor: vec![(0, 0.001)],
                 entries: vec![(0, 2.5)],
+            }),
+        ),
+        (
+            "rack_proposals",
+            AgentMsg::RackProposals(RackProposalsMsg {
+                exchange: 4,
+                hosts: vec![
+                    HostProposal {
+                        rank: 2,
+                        park: Some(vec![(1, 0.001)]),
+                        activate: None,
+                    },
+                    HostProposal {
+                        rank: 0,
+                        park: None,
+                        activate: Some(vec![(0, 0.002), (3, 0.001)]),
+                    },
+                ],
             }),
         ),
     ];
@@ -479,6 +498,13 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             CoordMsg::Restart {
                 exchange: 5,
                 prices: vec![(0, 0.5)],
+            },
+        ),
+        (
+            "rack_verdicts",
+            CoordMsg::RackVerdicts {
+                exchange: 4,
+                activate: vec![false, true],
             },
         ),
     ];

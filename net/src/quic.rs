@@ -11,9 +11,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// ALPN of protocol version 7 (`PROTOCOL_VERSION`); a peer speaking anything else, such as a
+/// ALPN of protocol version 8 (`PROTOCOL_VERSION`); a peer speaking anything else, such as a
 /// version-3 agent (`drum/3`), fails the handshake.
-pub const ALPN: &[u8] = b"drum/7";
+pub const ALPN: &[u8] = b"drum/8";
 /// QUIC application error codes used when closing a connection.
 pub const CLOSE_NORMAL: u32 = 0;
 pub const CLOSE_PROTOCOL: u32 = 1;

@@ -618,6 +618,12 @@ impl AgentCore {
                 options,
             } => self.select(now, problem, exchange, round, prices, options),
             CoordMsg::Verdict { exchange, activate } => self.verdict(problem, exchange, activate),
+            // Only a relay is sent these, and only after its `RackProposals`.
+            CoordMsg::RackVerdicts { exchange, .. } => self.go_fail_static(
+                now,
+                format!("selection exchange {exchange}: a relay's verdicts sent to an agent"),
+                true,
+            ),
             CoordMsg::Restart { exchange, prices } => self.restart(now, problem, exchange, prices),
             CoordMsg::Policy(p) => vec![AgentAction::Policy(p)],
             CoordMsg::Facilities(f) => vec![AgentAction::Facilities(f)],

@@ -248,7 +248,7 @@ struct Exchange {
     phase: ExchangePhase,
     started: Duration,
     waiting: BTreeSet<MemberId>,
-    proposals: BTreeMap<MemberId, ProposalMsg>,
+    proposals: BTreeMap<MemberId, exchange::Proposed>,
     parks: u32,
     activations: u32,
     refused: u32,
@@ -375,7 +375,16 @@ impl Coordinator {
             }
             AgentMsg::Leave => self.remove(from, LeaveReason::Leave, &mut out),
             AgentMsg::Contribution(c) => self.contribution(from, c, &mut out),
-            AgentMsg::Proposal(p) => self.proposal(from, p, &mut out),
+            AgentMsg::Proposal(p) => {
+                let exchange = p.exchange;
+                self.proposal(from, exchange, exchange::Proposed::Host(p), &mut out)
+            }
+            AgentMsg::RackProposals(p) => self.proposal(
+                from,
+                p.exchange,
+                exchange::Proposed::Rack(p.hosts),
+                &mut out,
+            ),
             AgentMsg::Selected(sel) => self.selected(from, sel, &mut out),
             AgentMsg::Reselect { iteration } => self.reselect_request(from, iteration, &mut out),
             AgentMsg::Changed => {

@@ -20,16 +20,20 @@
 //!   refuses joins until it is back, so its agents fail static exactly as they would on
 //!   losing the coordinator. A dead relay is a dead coordinator to its agents, and one silent
 //!   member to the coordinator.
-//! * **Not supported:** selection exchanges (each host's proposal is decided by rank against
-//!   global floors, which a sum cannot carry) and the live problem. A `Select` is answered
-//!   with no swap, a `Verdict` or `Restart` with the rack's sets unchanged, each logged: run a
-//!   coordinator with relays with fixed active sets (`selection_rounds = 0`,
-//!   `priced_start = false`, `selection_period_ms = 0`). A live coordinator is left with an
-//!   error.
+//! * **Selection.** A `Select` goes to every agent with the prices of its own interest; their
+//!   proposals go up as one `RackProposals`, each with its agent's rank, and the coordinator
+//!   decides each at that rank against the global floors, as it would a host of its own, and
+//!   answers with `RackVerdicts`. The agents' verdicts go down, their `Selected` come back and
+//!   go up as one, the rack's sums. A `Restart` goes to every agent and its `Selected` up the
+//!   same way. An agent that does not answer a phase within a third of the member timeout is
+//!   dropped (it rejoins with its true sets), and the exchange goes on without it, as at the
+//!   coordinator. `Reselect` and `Changed` go up as they came.
+//! * **Not supported:** the live problem. A live coordinator is left with an error.
 
 use super::coordinator::MemberId;
 use super::wire::{
-    check_usage, AgentMsg, ContributionMsg, CoordMsg, Join, SelectedMsg, Shard, UpdateMsg,
+    ascending, check_usage, AgentMsg, ContributionMsg, CoordMsg, HostProposal, Join, ProposalMsg,
+    RackProposalsMsg, SelectedMsg, Shard, UpdateMsg,
 };
 use crate::admm::FacilityTerm;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -106,8 +110,14 @@ pub enum RelayEvent {
         reason: String,
         agents: usize,
     },
-    /// The coordinator asked for something a relay does not do (selection, live problem).
+    /// The coordinator asked for something a relay does not do (the live problem), or sent a
+    /// selection message out of turn.
     Unsupported(String),
+    /// A selection exchange's answers went up: the rack's proposals, or its new sums.
+    ExchangeUp {
+        exchange: u32,
+        proposals: Option<usize>,
+    },
     /// A rack round went up; `stale` agents' contributions were reused.
     RoundUp {
         iteration: u64,
@@ -149,6 +159,29 @@ enum Upstream {
     },
 }
 
+/// A selection exchange passing the relay.
+#[derive(Clone, Debug)]
+struct RackExchange {
+    index: u32,
+    phase: RackPhase,
+    /// When the current phase began (its deadline for the agents runs from here).
+    started: Duration,
+    waiting: BTreeSet<MemberId>,
+    proposals: BTreeMap<MemberId, ProposalMsg>,
+    /// The agents of the `RackProposals` sent, in its order.
+    order: Vec<MemberId>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum RackPhase {
+    /// `Select` sent down; collecting proposals.
+    Propose,
+    /// `RackProposals` sent up; waiting for the coordinator's verdicts.
+    Verdicts,
+    /// Verdicts or `Restart` sent down; collecting the agents' new sets.
+    Apply,
+}
+
 #[derive(Clone, Debug)]
 struct Round {
     epoch: u64,
@@ -168,6 +201,9 @@ pub struct Relay {
     round: Option<Round>,
     /// The highest round number sent down; a contribution beyond it is a violation.
     sent: (u64, u64),
+    exchange: Option<RackExchange>,
+    /// The highest exchange sent down; an answer beyond it is a violation.
+    sent_exchange: Option<u32>,
     /// The operator's weights, for agents that join later.
     weights: BTreeMap<String, f64>,
     /// The rack changed since the coordinator last heard its sums.
@@ -205,6 +241,8 @@ impl Relay {
             hosts: HashMap::new(),
             round: None,
             sent: (0, 0),
+            exchange: None,
+            sent_exchange: None,
             weights: BTreeMap::new(),
             changed: false,
             refusals: 0,
@@ -273,6 +311,7 @@ impl Relay {
         }
         self.hosts.clear();
         self.round = None;
+        self.exchange = None;
         self.changed = false;
         self.up = Upstream::Down {
             retry_at: now + self.backoff(0),
@@ -353,32 +392,43 @@ impl Relay {
                     ));
                 }
             }
-            CoordMsg::Select { exchange, .. } => {
-                out.push(self.unsupported(format!(
-                    "selection exchange {exchange}: selection does not pass a relay; its hosts keep their active sets"
-                )));
-                out.push(RelayAction::Up(AgentMsg::Proposal(
-                    super::wire::ProposalMsg {
-                        exchange,
-                        park: None,
-                        activate: None,
-                    },
-                )));
+            CoordMsg::Select {
+                exchange,
+                round,
+                prices,
+                options,
+            } => self.select_down(
+                now,
+                exchange,
+                RackPhase::Propose,
+                |a| CoordMsg::Select {
+                    exchange,
+                    round,
+                    prices: prices
+                        .iter()
+                        .filter(|e| a.interest.binary_search(&e.0).is_ok())
+                        .copied()
+                        .collect(),
+                    options,
+                },
+                &mut out,
+            ),
+            CoordMsg::Restart { exchange, prices } => self.select_down(
+                now,
+                exchange,
+                RackPhase::Apply,
+                |_| CoordMsg::Restart {
+                    exchange,
+                    prices: prices.clone(),
+                },
+                &mut out,
+            ),
+            CoordMsg::RackVerdicts { exchange, activate } => {
+                self.verdicts_down(now, exchange, activate, &mut out)
             }
-            CoordMsg::Verdict { exchange, .. } | CoordMsg::Restart { exchange, .. } => {
-                if matches!(self.up, Upstream::Member { .. }) {
-                    out.push(self.unsupported(format!(
-                        "selection exchange {exchange}: selection does not pass a relay; its hosts keep their active sets"
-                    )));
-                    let j = self.aggregate();
-                    out.push(RelayAction::Up(AgentMsg::Selected(SelectedMsg {
-                        exchange,
-                        pairs: j.pairs,
-                        floor: j.floor,
-                        entries: j.entries,
-                    })));
-                }
-            }
+            CoordMsg::Verdict { exchange, .. } => out.push(self.unsupported(format!(
+                "selection exchange {exchange}: a host's verdict sent to a relay; ignored"
+            ))),
             CoordMsg::Policy(_) | CoordMsg::Facilities(_) => {
                 let reason = "the coordinator runs the live problem, which does not pass a relay"
                     .to_string();
@@ -392,6 +442,223 @@ impl Relay {
 
     fn unsupported(&self, what: String) -> RelayAction {
         RelayAction::Event(RelayEvent::Unsupported(what))
+    }
+
+    /// A `Select` (then `phase` is `Propose`) or `Restart` (`Apply`) from the coordinator:
+    /// `msg` for each welcomed agent.
+    fn select_down(
+        &mut self,
+        now: Duration,
+        index: u32,
+        phase: RackPhase,
+        msg: impl Fn(&Agent) -> CoordMsg,
+        out: &mut Vec<RelayAction>,
+    ) {
+        if !self.is_member() {
+            return;
+        }
+        let mut waiting = BTreeSet::new();
+        for (&id, a) in self.agents.iter().filter(|(_, a)| a.welcomed) {
+            out.push(RelayAction::Down(id, msg(a)));
+            waiting.insert(id);
+        }
+        self.sent_exchange = self.sent_exchange.max(Some(index));
+        self.exchange = Some(RackExchange {
+            index,
+            phase,
+            started: now,
+            waiting,
+            proposals: BTreeMap::new(),
+            order: Vec::new(),
+        });
+        self.exchange_progress(now, out);
+    }
+
+    /// The coordinator's verdicts on the rack's proposals: each to its agent.
+    fn verdicts_down(
+        &mut self,
+        now: Duration,
+        index: u32,
+        activate: Vec<bool>,
+        out: &mut Vec<RelayAction>,
+    ) {
+        let Some(x) = self
+            .exchange
+            .as_mut()
+            .filter(|x| x.index == index && x.phase == RackPhase::Verdicts)
+        else {
+            out.push(self.unsupported(format!(
+                "selection exchange {index}: verdicts for no proposals of this relay; ignored"
+            )));
+            return;
+        };
+        if activate.len() != x.order.len() {
+            let reason = format!(
+                "selection exchange {index}: {} verdicts for {} proposals",
+                activate.len(),
+                x.order.len()
+            );
+            out.extend(self.on_upstream_lost(now, &reason));
+            out.push(RelayAction::CloseUp(reason));
+            return;
+        }
+        x.phase = RackPhase::Apply;
+        x.started = now;
+        for (&id, activate) in x.order.iter().zip(activate) {
+            // An agent gone since it proposed: the coordinator hears of it by the `Update`.
+            if self.agents.contains_key(&id) {
+                x.waiting.insert(id);
+                out.push(RelayAction::Down(
+                    id,
+                    CoordMsg::Verdict {
+                        exchange: index,
+                        activate,
+                    },
+                ));
+            }
+        }
+        self.exchange_progress(now, out);
+    }
+
+    /// Sends a phase's answers up once every agent still in the exchange has given its own.
+    fn exchange_progress(&mut self, _now: Duration, out: &mut Vec<RelayAction>) {
+        let Some(x) = self.exchange.as_mut().filter(|x| x.waiting.is_empty()) else {
+            return;
+        };
+        match x.phase {
+            RackPhase::Propose => {
+                let proposals = std::mem::take(&mut x.proposals);
+                let mut hosts = Vec::new();
+                for (id, p) in proposals {
+                    if let Some(a) = self.agents.get(&id) {
+                        x.order.push(id);
+                        hosts.push(HostProposal {
+                            rank: a.rank,
+                            park: p.park,
+                            activate: p.activate,
+                        });
+                    }
+                }
+                x.phase = RackPhase::Verdicts;
+                out.push(RelayAction::Event(RelayEvent::ExchangeUp {
+                    exchange: x.index,
+                    proposals: Some(hosts.len()),
+                }));
+                out.push(RelayAction::Up(AgentMsg::RackProposals(RackProposalsMsg {
+                    exchange: x.index,
+                    hosts,
+                })));
+            }
+            RackPhase::Verdicts => {}
+            RackPhase::Apply => {
+                let exchange = x.index;
+                self.exchange = None;
+                let j = self.aggregate();
+                out.push(RelayAction::Event(RelayEvent::ExchangeUp {
+                    exchange,
+                    proposals: None,
+                }));
+                out.push(RelayAction::Up(AgentMsg::Selected(SelectedMsg {
+                    exchange,
+                    pairs: j.pairs,
+                    floor: j.floor,
+                    entries: j.entries,
+                })));
+            }
+        }
+    }
+
+    /// Where an agent's answer to exchange `index` belongs: `Ok(true)` if the phase in
+    /// progress is `phase` and the agent owes it, `Ok(false)` if it is stale (ignored), an
+    /// error for an exchange never sent.
+    fn exchange_answer(
+        &self,
+        from: MemberId,
+        index: u32,
+        phase: RackPhase,
+    ) -> Result<bool, String> {
+        if self.sent_exchange.is_none_or(|s| index > s) {
+            return Err(format!("answer to selection exchange {index}, never sent"));
+        }
+        Ok(self
+            .exchange
+            .as_ref()
+            .is_some_and(|x| x.index == index && x.phase == phase && x.waiting.contains(&from)))
+    }
+
+    fn proposal(
+        &mut self,
+        now: Duration,
+        from: MemberId,
+        p: ProposalMsg,
+        out: &mut Vec<RelayAction>,
+    ) {
+        let nf = self.cfg.facilities;
+        let bad = |e: &Option<Vec<(u32, f64)>>| {
+            e.as_ref().is_some_and(|l| {
+                !ascending(l, nf) || l.iter().any(|&(_, v)| !(v.is_finite() && v >= 0.0))
+            })
+        };
+        if bad(&p.park) || bad(&p.activate) {
+            // Checked here, so that one agent's bad proposal costs the coordinator nothing
+            // and does not close the rack.
+            self.violation(from, format!("bad proposal {p:?}"), out);
+            return;
+        }
+        match self.exchange_answer(from, p.exchange, RackPhase::Propose) {
+            Err(e) => self.violation(from, e, out),
+            Ok(false) => {}
+            Ok(true) => {
+                let x = self.exchange.as_mut().expect("checked");
+                x.waiting.remove(&from);
+                x.proposals.insert(from, p);
+                self.exchange_progress(now, out);
+            }
+        }
+    }
+
+    fn selected(
+        &mut self,
+        now: Duration,
+        from: MemberId,
+        sel: SelectedMsg,
+        out: &mut Vec<RelayAction>,
+    ) {
+        let nf = self.cfg.facilities;
+        let checked = check_usage("floor", &sel.floor, nf)
+            .and_then(|()| check_usage("entries", &sel.entries, nf))
+            .and_then(|()| {
+                if ascending(&sel.pairs, nf) {
+                    Ok(())
+                } else {
+                    Err("pair counts must name known facilities in ascending order".into())
+                }
+            });
+        if let Err(e) = checked {
+            self.violation(from, e, out);
+            return;
+        }
+        match self.exchange_answer(from, sel.exchange, RackPhase::Apply) {
+            Err(e) => self.violation(from, e, out),
+            Ok(false) => {}
+            Ok(true) => {
+                let iteration = self.sent.1;
+                let a = self.agents.get_mut(&from).expect("a member");
+                a.pairs = sel.pairs;
+                a.floor = sel.floor;
+                a.entries = sel.entries;
+                // Older contributions still in flight are now duplicates, not news.
+                a.entries_iteration = a.entries_iteration.max(iteration);
+                a.exchanges = sel.exchange + 1;
+                a.stale = 0;
+                self.exchange
+                    .as_mut()
+                    .expect("checked")
+                    .waiting
+                    .remove(&from);
+                self.exchange_progress(now, out);
+            }
+        }
     }
 
     fn round_down(
@@ -479,20 +746,23 @@ impl Relay {
             }
             AgentMsg::Leave => self.remove(from, "left", &mut out),
             AgentMsg::Contribution(c) => self.contribution(now, from, c, &mut out),
-            // Selection does not pass a relay (module docs): the agents' requests for it are
-            // dropped; answers to exchanges the relay never sent cannot arrive.
-            AgentMsg::Reselect { .. } | AgentMsg::Changed => {}
-            AgentMsg::Proposal(_) | AgentMsg::Selected(_) => self.violation(
-                from,
-                "selection answer without an exchange".into(),
-                &mut out,
-            ),
+            AgentMsg::Reselect { .. } | AgentMsg::Changed => {
+                if self.is_member() {
+                    out.push(RelayAction::Up(msg));
+                }
+            }
+            AgentMsg::Proposal(p) => self.proposal(now, from, p, &mut out),
+            AgentMsg::Selected(sel) => self.selected(now, from, sel, &mut out),
+            AgentMsg::RackProposals(_) => {
+                self.violation(from, "a relay's proposals from an agent".into(), &mut out)
+            }
             AgentMsg::Host(_) | AgentMsg::Update(_) => self.violation(
                 from,
                 "the live problem does not pass a relay".into(),
                 &mut out,
             ),
         }
+        self.exchange_progress(now, &mut out);
         self.flush_update(&mut out);
         out
     }
@@ -514,6 +784,7 @@ impl Relay {
             },
             &mut out,
         );
+        self.exchange_progress(now, &mut out);
         self.flush_update(&mut out);
         self.maybe_complete(now, 0, &mut out);
         out
@@ -737,6 +1008,10 @@ impl Relay {
             if let Some(r) = &mut self.round {
                 r.waiting.remove(&id);
             }
+            if let Some(x) = &mut self.exchange {
+                x.waiting.remove(&id);
+                x.proposals.remove(&id);
+            }
             self.changed = true;
             out.push(RelayAction::Event(RelayEvent::AgentLeft {
                 member: id,
@@ -771,6 +1046,22 @@ impl Relay {
                 self.remove(id, "timed out", &mut out);
             }
         }
+        if let Some(x) = self
+            .exchange
+            .as_ref()
+            .filter(|x| now >= x.started + self.exchange_deadline())
+        {
+            let (index, slow): (u32, Vec<MemberId>) =
+                (x.index, x.waiting.iter().copied().collect());
+            for id in slow {
+                out.push(RelayAction::CloseDown(
+                    id,
+                    format!("no answer to selection exchange {index}"),
+                ));
+                self.remove(id, "timed out", &mut out);
+            }
+            self.exchange_progress(now, &mut out);
+        }
         self.flush_update(&mut out);
         if let Some(r) = &self.round {
             if now >= r.started + self.cfg.round_deadline
@@ -798,6 +1089,13 @@ impl Relay {
         out
     }
 
+    /// How long an agent may take over one phase of a selection exchange: a third of the
+    /// member timeout, so that both of its phases end before the coordinator, which gives
+    /// the relay the member timeout for the whole exchange, drops the rack.
+    fn exchange_deadline(&self) -> Duration {
+        self.cfg.member_timeout / 3
+    }
+
     /// The earliest time at which [`Self::tick`] has something to do.
     pub fn next_wakeup(&self) -> Option<Duration> {
         let up = match self.up {
@@ -814,7 +1112,12 @@ impl Relay {
             .round
             .as_ref()
             .map(|r| r.started + self.cfg.round_deadline);
-        [up, scan, deadline].into_iter().flatten().min()
+        let exchange = self
+            .exchange
+            .as_ref()
+            .filter(|x| !x.waiting.is_empty())
+            .map(|x| x.started + self.exchange_deadline());
+        [up, scan, deadline, exchange].into_iter().flatten().min()
     }
 }
 

@@ -152,7 +152,9 @@ impl ShardMux {
             | CoordMsg::SetWeight { .. }
             // The live problem has no shards (both daemons refuse the combination).
             | CoordMsg::Policy(_)
-            | CoordMsg::Facilities(_) => Some(msg),
+            | CoordMsg::Facilities(_)
+            // Meant for relays, which have one upstream; the core refuses it.
+            | CoordMsg::RackVerdicts { .. } => Some(msg),
             CoordMsg::Welcome {
                 epoch: _,
                 iteration,
@@ -394,7 +396,8 @@ impl ShardMux {
                     | AgentMsg::Reselect { .. }
                     | AgentMsg::Changed
                     | AgentMsg::Host(_)
-                    | AgentMsg::Update(_) => msg.clone(),
+                    | AgentMsg::Update(_)
+                    | AgentMsg::RackProposals(_) => msg.clone(),
                 };
                 (i, m)
             })

@@ -22,7 +22,8 @@ use serde::{Deserialize, Serialize};
 /// Version 6 adds those terms to the live `Update`.
 /// Version 7 carries each app's kernel identities in the live `Host` report
 /// (`AppReport::identities`, bounded by [`crate::app_identity`]).
-pub const PROTOCOL_VERSION: u16 = 7;
+/// Version 8 lets selection pass a relay: `RackProposals` and `RackVerdicts`.
+pub const PROTOCOL_VERSION: u16 = 8;
 pub const MAGIC: [u8; 2] = *b"DR";
 pub const HEADER_LEN: usize = 8;
 /// Hard limit on a payload: a host reports at most k facilities, so real messages are a few
@@ -74,6 +75,24 @@ pub enum AgentMsg {
     /// Live problem: the host's problem changed (an app arrived or left, the facility table
     /// grew, a connection moved): its active set and usage now, as in `Join`.
     Update(UpdateMsg),
+    /// A relay's answer to `Select`: its agents' proposals, each with the agent's rank, so
+    /// the coordinator decides each as it would a host of its own (`RackVerdicts`).
+    RackProposals(RackProposalsMsg),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RackProposalsMsg {
+    pub exchange: u32,
+    pub hosts: Vec<HostProposal>,
+}
+
+/// One agent's `Proposal` behind a relay, with its rank (its `Join`'s).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HostProposal {
+    pub rank: u32,
+    /// As in [`ProposalMsg`].
+    pub park: Option<Vec<(u32, f64)>>,
+    pub activate: Option<Vec<(u32, f64)>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -315,6 +334,12 @@ pub enum CoordMsg {
     Verdict {
         exchange: u32,
         activate: bool,
+    },
+    /// To a relay: the verdict of each of its `RackProposals`, in their order. It answers
+    /// with one `Selected`, its rack's sums.
+    RackVerdicts {
+        exchange: u32,
+        activate: Vec<bool>,
     },
     /// The priced restart (docs/model.md): choose the initial active sets again, greedily at
     /// half these prices (every facility), restart from the best response to zero prices and

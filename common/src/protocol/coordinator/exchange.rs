@@ -3,6 +3,34 @@
 //! in force.
 
 use super::*;
+use crate::protocol::wire::HostProposal;
+
+/// A pair's `(facility, b_f·x_min)` list in a proposal, if the host proposes that change.
+type FloorUse = Option<Vec<(u32, f64)>>;
+
+/// What a member proposed: its own swap, or a relay's, one per agent behind it.
+#[derive(Clone, Debug)]
+pub(super) enum Proposed {
+    Host(ProposalMsg),
+    Rack(Vec<HostProposal>),
+}
+
+impl Proposed {
+    fn len(&self) -> usize {
+        match self {
+            Proposed::Host(_) => 1,
+            Proposed::Rack(h) => h.len(),
+        }
+    }
+
+    /// The `i`-th host's park and activation.
+    fn swap(&self, i: usize) -> (&FloorUse, &FloorUse) {
+        match self {
+            Proposed::Host(p) => (&p.park, &p.activate),
+            Proposed::Rack(h) => (&h[i].park, &h[i].activate),
+        }
+    }
+}
 
 impl Coordinator {
     /// Whether the schedule, or re-selection after it, calls for a selection exchange now
@@ -132,18 +160,32 @@ impl Coordinator {
                         floor[f as usize] += v;
                     }
                 }
-                for &(_, id) in &order {
-                    let Some(p) = x.proposals.get(&id) else {
-                        continue;
-                    };
-                    if let Some(park) = &p.park {
+                // Every host's proposal in rank order, a relay's agents at their own ranks,
+                // so a rack is decided exactly as its hosts would be if wired directly.
+                let mut queue: Vec<(u32, MemberId, usize)> = Vec::new();
+                for (&id, p) in &x.proposals {
+                    match p {
+                        Proposed::Host(_) => queue.push((self.members[&id].rank, id, 0)),
+                        Proposed::Rack(hosts) => {
+                            queue.extend(hosts.iter().enumerate().map(|(i, h)| (h.rank, id, i)))
+                        }
+                    }
+                }
+                queue.sort_unstable();
+                let mut verdicts: BTreeMap<MemberId, Vec<bool>> = x
+                    .proposals
+                    .iter()
+                    .map(|(&id, p)| (id, vec![false; p.len()]))
+                    .collect();
+                for &(_, id, i) in &queue {
+                    let (park, activate) = x.proposals[&id].swap(i);
+                    if let Some(park) = park {
                         for &(f, need) in park {
                             floor[f as usize] -= need;
                         }
                         x.parks += 1;
                     }
-                    let mut accepted = false;
-                    if let Some(activate) = &p.activate {
+                    if let Some(activate) = activate {
                         let fits = activate.iter().all(|&(f, need)| {
                             floor[f as usize] + need <= self.facilities[f as usize].capacity
                         });
@@ -151,19 +193,28 @@ impl Coordinator {
                             for &(f, need) in activate {
                                 floor[f as usize] += need;
                             }
-                            accepted = true;
+                            verdicts.get_mut(&id).expect("every proposer")[i] = true;
                             x.activations += 1;
                         } else {
                             x.refused += 1;
                         }
                     }
-                    out.push(Action::Send(
-                        id,
-                        CoordMsg::Verdict {
+                }
+                for &(_, id) in &order {
+                    let Some(v) = verdicts.remove(&id) else {
+                        continue;
+                    };
+                    let msg = match x.proposals[&id] {
+                        Proposed::Host(_) => CoordMsg::Verdict {
                             exchange: x.index,
-                            activate: accepted,
+                            activate: v[0],
                         },
-                    ));
+                        Proposed::Rack(_) => CoordMsg::RackVerdicts {
+                            exchange: x.index,
+                            activate: v,
+                        },
+                    };
+                    out.push(Action::Send(id, msg));
                 }
                 x.waiting = x.proposals.keys().copied().collect();
                 x.phase = ExchangePhase::Apply;
@@ -222,14 +273,20 @@ impl Coordinator {
         }
     }
 
-    pub(super) fn proposal(&mut self, from: MemberId, p: ProposalMsg, out: &mut Vec<Action>) {
+    pub(super) fn proposal(
+        &mut self,
+        from: MemberId,
+        exchange: u32,
+        p: Proposed,
+        out: &mut Vec<Action>,
+    ) {
         if !self.members.contains_key(&from) {
             self.violation(from, "proposal before join".into(), out);
             return;
         }
         let nf = self.facilities.len() as u32;
         let owned = &self.owned;
-        let bad = |e: &Option<Vec<(u32, f64)>>| {
+        let bad = |e: &FloorUse| {
             e.as_ref().is_some_and(|list| {
                 !list.windows(2).all(|w| w[0].0 < w[1].0)
                     || list
@@ -237,11 +294,14 @@ impl Coordinator {
                         .any(|&(f, v)| f >= nf || !owned[f as usize] || !v.is_finite() || v < 0.0)
             })
         };
-        if bad(&p.park) || bad(&p.activate) {
+        if (0..p.len()).any(|i| {
+            let (park, activate) = p.swap(i);
+            bad(park) || bad(activate)
+        }) {
             self.violation(from, format!("bad proposal {p:?}"), out);
             return;
         }
-        match self.exchange_message(from, p.exchange, ExchangePhase::Propose) {
+        match self.exchange_message(from, exchange, ExchangePhase::Propose) {
             Err(e) => self.violation(from, e, out),
             Ok(false) => {}
             Ok(true) => {

@@ -1,6 +1,7 @@
 use super::*;
 use crate::generator::{generate, GeneratorConfig};
-use crate::protocol::agent::AgentAction;
+use crate::model::Problem;
+use crate::protocol::agent::{AgentAction, AgentCore};
 use crate::protocol::coordinator::{Action, Coordinator, CoordinatorConfig, SelectionSchedule};
 use crate::protocol::facility_digest;
 use crate::solver::{default_rho, fixed_set_trace, Algorithm};
@@ -329,21 +330,167 @@ fn joins_are_checked_and_a_live_duplicate_is_refused() {
         closed(&r.on_agent(3 * MS, 5, contrib(3, 1, vec![]))),
         vec![5]
     );
-    // Selection: answered for the rack with no swap, logged.
+}
+
+fn select(exchange: u32, prices: Vec<(u32, f64)>) -> CoordMsg {
+    CoordMsg::Select {
+        exchange,
+        round: exchange - 1,
+        prices,
+        options: crate::selection::SelectionOptions::default().into(),
+    }
+}
+
+fn proposal(
+    exchange: u32,
+    park: Option<Vec<(u32, f64)>>,
+    activate: Option<Vec<(u32, f64)>>,
+) -> AgentMsg {
+    AgentMsg::Proposal(ProposalMsg {
+        exchange,
+        park,
+        activate,
+    })
+}
+
+fn selected(exchange: u32, pairs: Vec<(u32, u32)>) -> AgentMsg {
+    AgentMsg::Selected(SelectedMsg {
+        exchange,
+        floor: pairs.iter().map(|p| (p.0, 0.001)).collect(),
+        entries: pairs.iter().map(|p| (p.0, 0.5)).collect(),
+        pairs,
+    })
+}
+
+#[test]
+fn selection_passes_the_relay_host_by_host() {
+    let mut r = two_agent_relay();
+    // Each agent is sent the prices of its own facilities.
+    let out = r.on_upstream(3 * MS, select(1, vec![(0, 0.1), (1, 0.2), (2, 0.3)]));
+    let mut sent = downs(&out);
+    sent.sort_by_key(|d| d.0);
+    let prices: Vec<_> = sent
+        .iter()
+        .map(|(id, m)| match m {
+            CoordMsg::Select { prices, .. } => (*id, prices.clone()),
+            m => panic!("{m:?}"),
+        })
+        .collect();
+    assert_eq!(
+        prices,
+        vec![(1, vec![(0, 0.1), (1, 0.2)]), (2, vec![(1, 0.2), (2, 0.3)])]
+    );
+    // Nothing goes up until both proposed; then one message, each agent at its rank.
+    let out = r.on_agent(4 * MS, 2, proposal(1, None, Some(vec![(2, 0.001)])));
+    assert!(ups(&out).is_empty());
+    let out = r.on_agent(4 * MS, 1, proposal(1, Some(vec![(0, 0.001)]), None));
+    let [AgentMsg::RackProposals(p)] = &ups(&out)[..] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(p.exchange, 1);
+    assert_eq!(p.hosts.len(), 2);
+    assert_eq!(p.hosts[0].park, Some(vec![(0, 0.001)]));
+    assert_eq!(p.hosts[1].activate, Some(vec![(2, 0.001)]));
+    // The verdicts go to their agents; their new sets go up as the rack's sums.
     let out = r.on_upstream(
-        4 * MS,
-        CoordMsg::Select {
-            exchange: 2,
-            round: 1,
-            prices: vec![],
-            options: crate::selection::SelectionOptions::default().into(),
+        5 * MS,
+        CoordMsg::RackVerdicts {
+            exchange: 1,
+            activate: vec![false, true],
         },
     );
-    assert!(out
-        .iter()
-        .any(|a| matches!(a, RelayAction::Event(RelayEvent::Unsupported(_)))));
+    let mut v = downs(&out);
+    v.sort_by_key(|d| d.0);
+    assert_eq!(
+        v,
+        vec![
+            (
+                1,
+                CoordMsg::Verdict {
+                    exchange: 1,
+                    activate: false
+                }
+            ),
+            (
+                2,
+                CoordMsg::Verdict {
+                    exchange: 1,
+                    activate: true
+                }
+            ),
+        ]
+    );
+    assert!(ups(&r.on_agent(6 * MS, 1, selected(1, vec![(1, 2)]))).is_empty());
+    let out = r.on_agent(6 * MS, 2, selected(1, vec![(1, 1), (2, 2)]));
+    let [AgentMsg::Selected(s)] = &ups(&out)[..] else {
+        panic!("{out:?}")
+    };
+    assert_eq!((s.exchange, s.pairs.clone()), (1, vec![(1, 3), (2, 2)]));
+    assert_eq!(s.entries, vec![(1, 1.0), (2, 0.5)]);
+    // A late answer to a finished exchange is ignored; one to an exchange never sent is not.
+    assert!(closed(&r.on_agent(7 * MS, 1, selected(1, vec![(1, 2)]))).is_empty());
+    assert_eq!(
+        closed(&r.on_agent(7 * MS, 1, proposal(9, None, None))),
+        vec![1]
+    );
+    // Requests for re-selection go up as they came.
+    let out = r.on_agent(8 * MS, 2, AgentMsg::Reselect { iteration: 12 });
+    assert_eq!(ups(&out)[0], AgentMsg::Reselect { iteration: 12 });
+}
+
+#[test]
+fn an_agent_silent_in_an_exchange_is_dropped_and_the_rack_answers_without_it() {
+    let mut r = two_agent_relay();
+    r.on_upstream(3 * MS, select(1, vec![(0, 0.1), (1, 0.2), (2, 0.3)]));
+    assert!(ups(&r.on_agent(4 * MS, 1, proposal(1, None, None))).is_empty());
+    // Agent 2 heartbeats but does not answer: at a third of the member timeout it goes.
+    r.on_agent(300 * MS, 2, AgentMsg::Heartbeat { seq: 1 });
+    assert!(r.next_wakeup().unwrap() <= 3 * MS + 1000 * MS / 3);
+    let out = r.tick(3 * MS + 1000 * MS / 3);
+    assert_eq!(closed(&out), vec![2]);
+    let up = ups(&out);
     assert!(
-        matches!(&ups(&out)[0], AgentMsg::Proposal(p) if p.park.is_none() && p.activate.is_none())
+        matches!(&up[0], AgentMsg::RackProposals(p) if p.hosts.len() == 1),
+        "{up:?}"
+    );
+    assert!(matches!(&up[1], AgentMsg::Update(u) if u.pairs == vec![(0, 1), (1, 2)]));
+    // Verdicts that do not match the proposals are the coordinator's fault: the relay leaves.
+    let out = r.on_upstream(
+        400 * MS,
+        CoordMsg::RackVerdicts {
+            exchange: 1,
+            activate: vec![true, true],
+        },
+    );
+    assert!(out.iter().any(|a| matches!(a, RelayAction::CloseUp(_))));
+    assert_eq!(closed(&out), vec![1]);
+}
+
+#[test]
+fn a_restart_goes_to_every_agent_and_a_bad_proposal_closes_only_its_agent() {
+    let mut r = two_agent_relay();
+    let prices = vec![(0, 0.1), (1, 0.2), (2, 0.3), (3, 0.4)];
+    let out = r.on_upstream(
+        3 * MS,
+        CoordMsg::Restart {
+            exchange: 0,
+            prices: prices.clone(),
+        },
+    );
+    assert_eq!(downs(&out).len(), 2);
+    assert!(downs(&out)
+        .iter()
+        .all(|(_, m)| matches!(m, CoordMsg::Restart { prices: p, .. } if *p == prices)));
+    r.on_agent(4 * MS, 1, selected(0, vec![(0, 2)]));
+    let out = r.on_agent(4 * MS, 2, selected(0, vec![(2, 1)]));
+    assert!(matches!(&ups(&out)[0], AgentMsg::Selected(s) if s.pairs == vec![(0, 2), (2, 1)]));
+    r.on_upstream(5 * MS, select(1, vec![(0, 0.1), (1, 0.2), (2, 0.3)]));
+    let out = r.on_agent(6 * MS, 2, proposal(1, None, Some(vec![(2, f64::NAN)])));
+    assert_eq!(closed(&out), vec![2]);
+    let out = r.on_agent(6 * MS, 1, proposal(1, None, None));
+    assert!(
+        matches!(&ups(&out)[0], AgentMsg::RackProposals(p) if p.hosts.len() == 1),
+        "{out:?}"
     );
 }
 
@@ -388,38 +535,10 @@ proptest! {
     }
 }
 
-/// The pure machines wired coordinator → two relays → agents reproduce the in-process solver
-/// on fixed active sets, as the direct wiring does (`in_memory_cluster_matches_…`).
-#[test]
-fn a_cluster_behind_relays_matches_the_in_process_solver() {
-    let problem = generate(&GeneratorConfig {
-        k: 3,
-        seed: 5,
-        ..GeneratorConfig::new(6, 5)
-    });
-    let active = crate::protocol::fixed_active_sets(&problem);
-    let rho = default_rho(&problem);
-    let iters = 60;
-    let (_, reference) =
-        fixed_set_trace(&problem, active.clone(), Algorithm::Admm, rho, iters, 0.0);
-    let digest = facility_digest(&problem);
-    let mut coord = Coordinator::new(
-        CoordinatorConfig {
-            rho,
-            facility_digest: digest,
-            heartbeat_interval: 100 * MS,
-            member_timeout: 1000 * MS,
-            round_deadline: 50 * MS,
-            max_staleness: 0,
-            round_interval: Duration::ZERO,
-            min_members: 2,
-            max_iterations: Some(iters as u64),
-            selection: SelectionSchedule::fixed(),
-            shard: Shard::WHOLE,
-        },
-        problem.facilities.clone(),
-    );
-    // Hosts 0..3 behind relay 0, 3..6 behind relay 1.
+/// Wires `coord` → two relays (hosts 0..3 behind the first, the rest behind the second) →
+/// the agents of `problem` on its fixed active sets, and runs until no message is left.
+fn run_behind_relays(problem: &Problem, coord: &mut Coordinator) -> Vec<AgentCore> {
+    let digest = facility_digest(problem);
     let mut relays: Vec<Relay> = (0..2)
         .map(|i| {
             Relay::new(RelayConfig {
@@ -431,9 +550,10 @@ fn a_cluster_behind_relays_matches_the_in_process_solver() {
             })
         })
         .collect();
-    let mut agents = crate::protocol::test_agents(&problem, &active);
+    let active = crate::protocol::fixed_active_sets(problem);
+    let mut agents = crate::protocol::test_agents(problem, &active);
     let now = Duration::ZERO;
-    let relay_of = |h: usize| h / 3;
+    let relay_of = |h: usize| (h / 3).min(1);
     // Messages in flight: to the coordinator (from relay r), to relay r (from the coordinator
     // or from host h), to host h.
     enum Msg {
@@ -446,8 +566,9 @@ fn a_cluster_behind_relays_matches_the_in_process_solver() {
     for r in relays.iter_mut() {
         assert!(r.on_upstream_connected(now).is_empty());
     }
-    for (h, a) in agents.iter_mut().enumerate() {
-        for act in a.on_connected(now, &problem) {
+    // Join in reverse order: verdicts must follow the hosts' ranks, not arrival.
+    for (h, a) in agents.iter_mut().enumerate().rev() {
+        for act in a.on_connected(now, problem) {
             if let AgentAction::Send(m) = act {
                 inbox.push(Msg::RelayDown(relay_of(h), h as MemberId, m));
             }
@@ -460,7 +581,8 @@ fn a_cluster_behind_relays_matches_the_in_process_solver() {
                 RelayAction::Down(h, m) => inbox.push(Msg::Agent(h as usize, m)),
                 RelayAction::CloseDown(..)
                 | RelayAction::ExpireDown(_)
-                | RelayAction::CloseUp(_) => panic!("{a:?}"),
+                | RelayAction::CloseUp(_)
+                | RelayAction::Event(RelayEvent::Unsupported(_)) => panic!("{a:?}"),
                 RelayAction::Event(_) => {}
             }
         }
@@ -484,7 +606,7 @@ fn a_cluster_behind_relays_matches_the_in_process_solver() {
                     route_relay(r, out, &mut inbox);
                 }
                 Msg::Agent(h, m) => {
-                    for act in agents[h].on_message(now, &problem, m) {
+                    for act in agents[h].on_message(now, problem, m) {
                         if let AgentAction::Send(m) = act {
                             inbox.push(Msg::RelayDown(relay_of(h), h as MemberId, m));
                         }
@@ -493,16 +615,101 @@ fn a_cluster_behind_relays_matches_the_in_process_solver() {
             }
         }
     }
-    assert_eq!(coord.iteration(), iters as u64);
     assert_eq!(
         coord.status().members.len(),
         2,
         "the coordinator sees the relays only"
     );
+    agents
+}
+
+/// The pure machines wired coordinator → two relays → agents reproduce the in-process solver
+/// on fixed active sets, as the direct wiring does (`in_memory_cluster_matches_…`).
+#[test]
+fn a_cluster_behind_relays_matches_the_in_process_solver() {
+    let problem = generate(&GeneratorConfig {
+        k: 3,
+        seed: 5,
+        ..GeneratorConfig::new(6, 5)
+    });
+    let active = crate::protocol::fixed_active_sets(&problem);
+    let rho = default_rho(&problem);
+    let iters = 60;
+    let (_, reference) =
+        fixed_set_trace(&problem, active.clone(), Algorithm::Admm, rho, iters, 0.0);
+    let mut coord = Coordinator::new(
+        CoordinatorConfig {
+            max_iterations: Some(iters as u64),
+            selection: SelectionSchedule::fixed(),
+            ..coord_cfg(&problem, rho)
+        },
+        problem.facilities.clone(),
+    );
+    let agents = run_behind_relays(&problem, &mut coord);
+    assert_eq!(coord.iteration(), iters as u64);
     for (a, r) in agents.iter().zip(&reference) {
         assert_eq!(a.state().active, r.active);
         for (x, y) in a.state().x.iter().zip(&r.x) {
             assert!((x - y).abs() < 1e-9, "{x} vs {y}");
         }
+    }
+}
+
+/// With selection through the relays, the cluster reproduces `solver::solve` (the priced
+/// restart and every damped swap round, each host's proposal decided at its own rank) and
+/// ends at its allocation, as the direct wiring does (`in_memory_cluster_with_selection_…`).
+#[test]
+fn a_cluster_behind_relays_with_selection_matches_solve() {
+    let problem = generate(&GeneratorConfig {
+        k: 2,
+        seed: 9,
+        ..GeneratorConfig::new(6, 8)
+    });
+    let opts = crate::solver::SolveOptions {
+        eps_primal: 1e-11,
+        eps_dual: 1e-11,
+        max_iter: 5000,
+        certificate_iters: 0,
+        polish_trials: 0,
+        ..Default::default()
+    };
+    let solution = crate::solver::solve(&problem, &opts);
+    assert!(solution.converged);
+    let swaps: usize = solution.rounds.iter().map(|r| r.swaps).sum();
+    assert!(swaps > 0, "the instance must exercise selection");
+    let total = (opts.iters_per_round + solution.iterations) as u64;
+    let mut coord = Coordinator::new(
+        CoordinatorConfig {
+            max_iterations: Some(total),
+            selection: SelectionSchedule::from_solve(&opts),
+            ..coord_cfg(&problem, default_rho(&problem))
+        },
+        problem.facilities.clone(),
+    );
+    let agents = run_behind_relays(&problem, &mut coord);
+    assert_eq!(coord.iteration(), total);
+    assert_eq!(coord.exchanges_done(), opts.rounds as u32 + 1);
+    assert!(coord.counters().parks + coord.counters().activations > 0);
+    for (a, r) in agents.iter().zip(&solution.hosts) {
+        assert_eq!(a.state().active, r.active, "host {}", r.host);
+        for (x, y) in a.state().x.iter().zip(&r.x) {
+            assert!((x - y).abs() < 1e-9, "host {}: {x} vs {y}", r.host);
+        }
+    }
+}
+
+fn coord_cfg(problem: &Problem, rho: f64) -> CoordinatorConfig {
+    CoordinatorConfig {
+        rho,
+        facility_digest: facility_digest(problem),
+        heartbeat_interval: 100 * MS,
+        member_timeout: 1000 * MS,
+        round_deadline: 50 * MS,
+        max_staleness: 0,
+        round_interval: Duration::ZERO,
+        min_members: 2,
+        max_iterations: None,
+        selection: SelectionSchedule::fixed(),
+        shard: Shard::WHOLE,
     }
 }
