@@ -10,7 +10,7 @@ use drum_common::model::Problem;
 use drum_common::protocol::wire::{encode, MAGIC, PROTOCOL_VERSION};
 use drum_common::protocol::AgentMsg;
 use drum_common::solver::{solve, SolveOptions};
-use drum_coordinator::dev_ca::dev_certs;
+use drum_coordinator::dev_ca::{dev_certs, issue_relay, DevCa};
 use drum_coordinator::server::{ServeOptions, ServeSettings, Server};
 use drum_net::{quic, TlsFiles};
 use std::io::Write;
@@ -2301,4 +2301,112 @@ fn the_coordinators_status_shows_who_runs_each_app() {
         "{}",
         agent.log()
     );
+}
+
+/// The live problem through a relay: a `drum-coordinator relay` process without an instance
+/// file between a live coordinator and two live agents. The relay passes the policy and the
+/// facility table down and each agent's report up named, so the coordinator makes a link per
+/// host (not per relay) and lists the rack's hosts; a writer on h0 into h1 is granted h1's
+/// link and its shim gets the grant; an agent that stops takes its host's report with it.
+#[test]
+fn the_live_problem_passes_a_relay() {
+    let c = Cluster::live(2);
+    let coord = Coord::start(c.settings(localhost()));
+    let certs = c.dir.path().join("certs");
+    let sans = ["localhost".to_string(), "127.0.0.1".to_string()];
+    issue_relay(&DevCa::open(&certs).unwrap(), "rack", &sans).unwrap();
+    let listen = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let config = c.dir.path().join("relay.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "host = \"rack\"\nlisten = \"{listen}\"\nupstream = \"{}\"\n\
+             server_name = \"localhost\"\nmin_agents = 2\nheartbeat_ms = 100\n\
+             member_timeout_ms = {MEMBER_TIMEOUT_MS}\ncoordinator_timeout_ms = {MEMBER_TIMEOUT_MS}\n\
+             [tls]\nca = \"certs/ca.pem\"\ncert = \"certs/relay-rack.pem\"\nkey = \"certs/relay-rack.key\"\n\
+             [upstream_tls]\nca = \"certs/ca.pem\"\ncert = \"certs/agent-rack.pem\"\nkey = \"certs/agent-rack.key\"\n",
+            coord.addr
+        ),
+    )
+    .unwrap();
+    let relay_bin =
+        std::path::Path::new(env!("CARGO_BIN_EXE_drum-agent")).with_file_name("drum-coordinator");
+    let relay_log = c.dir.path().join("relay.log");
+    let relay = Agent {
+        child: Command::new(&relay_bin)
+            .args(["relay", "--config"])
+            .arg(&config)
+            .env("DRUM_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&relay_log).unwrap())
+            .spawn()
+            .expect("start the relay (cargo build --release -p drum-coordinator)"),
+        log: relay_log,
+    };
+    let gid = |h: usize| format!("10.9.2.{}", h + 1);
+    let socket = |h: usize| c.dir.path().join(format!("shim-{h}.sock"));
+    let mut agents: Vec<Agent> = (0..2)
+        .map(|h| {
+            let extra = format!(
+                "[shim]\nsocket = {:?}\nline_rate_gbps = 8.0\n[nic]\ngids = [\"{}\"]\n",
+                socket(h),
+                gid(h)
+            );
+            c.agent_tagged(&h.to_string(), h, listen, None, &extra)
+        })
+        .collect();
+    let rack = |s: &serde_json::Value| -> Vec<String> {
+        s["members"][0]["rack"]
+            .as_array()
+            .map(|r| {
+                r.iter()
+                    .map(|h| h["host"].as_str().unwrap().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    wait_for(
+        "a link per host, through the relay",
+        Duration::from_secs(20),
+        || {
+            let s = coord.status();
+            facility(&s, "rx:h0").is_some()
+                && facility(&s, "rx:h1").is_some()
+                && s["members"].as_array().unwrap().len() == 1
+                && rack(&s) == ["h0", "h1"]
+        },
+    );
+    assert_eq!(coord.status()["members"][0]["host"], "rack");
+    let writer = SendingShim::start(&socket(0), "writer", &[&gid(1)], true);
+    let granted = |s: &serde_json::Value| {
+        s["members"][0]["rack"].as_array().and_then(|r| {
+            let h0 = r.iter().find(|h| h["host"] == "h0")?;
+            let a = h0["apps"]
+                .as_array()?
+                .iter()
+                .find(|a| a["app"] == "writer")?;
+            Some((a["active"].as_bool()?, a["rate"].as_f64()?))
+        })
+    };
+    wait_for(
+        "the writer granted h1's link",
+        Duration::from_secs(30),
+        || {
+            granted(&coord.status()).is_some_and(|(on, r)| on && r > 0.9)
+                && writer.granted_bytes_per_s() > 0
+        },
+    );
+    let rx1 = facility(&coord.status(), "rx:h1").unwrap().clone();
+    assert!(rx1["usage"].as_f64().unwrap() > 0.9, "{rx1}");
+    agents[1].kill();
+    wait_for(
+        "h1's report gone with its agent",
+        Duration::from_secs(20),
+        || rack(&coord.status()) == ["h0"],
+    );
+    let log = relay.log();
+    assert!(!log.contains("not supported"), "{log}");
 }

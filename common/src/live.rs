@@ -984,4 +984,240 @@ mod tests {
             "the busy link's price {before} before the restart, {after} after one round"
         );
     }
+
+    /// The live problem through a relay: h0 and h1 behind one relay, h2 connected directly.
+    /// The relay passes the coordinator's policy and table down and each agent's report up
+    /// named, so every host gets its own link, and the cluster reaches the allocation `solve`
+    /// gives on the snapshot, as the direct wiring does (the test above).
+    #[test]
+    fn a_live_cluster_behind_a_relay_converges_to_the_allocation_solve_gives() {
+        use crate::admm::HostState;
+        use crate::protocol::agent::{AgentConfig, AgentCore};
+        use crate::protocol::coordinator::{
+            Action, Coordinator, CoordinatorConfig, MemberId, SelectionSchedule,
+        };
+        use crate::protocol::relay::{Relay, RelayAction, RelayConfig};
+        use crate::protocol::{AgentMsg, CoordMsg, Shard};
+        use std::time::Duration;
+        let ms = Duration::from_millis(1);
+        let gid = |h: u8| [h + 1; 16];
+        let app = |name: &str, peers: &[(u8, f64)]| LiveApp {
+            name: name.into(),
+            peers: peers.iter().map(|&(h, n)| (gid(h), n)).collect(),
+            own: 0.0,
+        };
+        let apps = [
+            vec![app("w1", &[(2, 2.0)]), app("w2", &[(2, 1.0), (1, 1.0)])],
+            vec![app("w3", &[(2, 1.0)]), app("idle", &[])],
+            vec![app("srv", &[(0, 3.0), (1, 1.0)])],
+        ];
+        let mut hosts: Vec<LiveHost> = (0..3u8)
+            .map(|h| {
+                let mut l = LiveHost::new(&format!("h{h}"), nic(), vec![gid(h)]);
+                l.apps = apps[h as usize].clone();
+                l
+            })
+            .collect();
+        let mut problems: Vec<Problem> = hosts.iter().map(|h| h.problem().0).collect();
+        let acfg = AgentConfig {
+            heartbeat_interval: 100 * ms,
+            coordinator_timeout: 1000 * ms,
+            backoff_min: 10 * ms,
+            backoff_max: 100 * ms,
+        };
+        let mut agents: Vec<AgentCore> = problems
+            .iter()
+            .zip(&hosts)
+            .map(|(p, h)| {
+                let mut a = AgentCore::new(p, HostState::new(p, 0, Vec::new()), acfg.clone());
+                a.set_live(&h.host);
+                a
+            })
+            .collect();
+        let opts = crate::solver::SolveOptions {
+            eps_primal: 1e-12,
+            eps_dual: 1e-12,
+            max_iter: 20_000,
+            certificate_iters: 0,
+            polish_trials: 0,
+            ..Default::default()
+        };
+        let mut coord = Coordinator::new_live(
+            CoordinatorConfig {
+                rho: 10.0,
+                facility_digest: 0,
+                heartbeat_interval: 100 * ms,
+                member_timeout: 1000 * ms,
+                round_deadline: 50 * ms,
+                max_staleness: 0,
+                round_interval: Duration::ZERO,
+                min_members: 2,
+                max_iterations: Some(3000),
+                selection: SelectionSchedule::from_solve(&opts),
+                shard: Shard::WHOLE,
+            },
+            LivePolicy::default(),
+        );
+        let mut relay = Relay::new(RelayConfig {
+            host: "rack".into(),
+            facility_digest: 0,
+            facilities: 0,
+            live: true,
+            heartbeat_interval: 100 * ms,
+            member_timeout: 1000 * ms,
+            upstream_timeout: 1000 * ms,
+            round_deadline: 40 * ms,
+            max_staleness: 0,
+            min_agents: 2,
+            backoff_min: 10 * ms,
+            backoff_max: 100 * ms,
+        });
+        // Coordinator members: 0 is the relay (hosts 0 and 1), 2 is h2.
+        enum Msg {
+            Coord(MemberId, AgentMsg),
+            Relay(MemberId, AgentMsg),
+            Agent(usize, CoordMsg),
+        }
+        let now = Duration::ZERO;
+        let mut inbox: Vec<Msg> = Vec::new();
+        assert!(relay.on_upstream_connected(now).is_empty());
+        let from_agent = |h: usize, m: AgentMsg| {
+            if h == 2 {
+                Msg::Coord(2, m)
+            } else {
+                Msg::Relay(h as MemberId, m)
+            }
+        };
+        for h in [1, 2, 0] {
+            for act in agents[h].on_connected(now, &problems[h]) {
+                if let AgentAction::Send(m) = act {
+                    inbox.push(from_agent(h, m));
+                }
+            }
+        }
+        while !inbox.is_empty() {
+            for msg in std::mem::take(&mut inbox) {
+                match msg {
+                    Msg::Coord(id, m) => {
+                        for a in coord.on_message(now, id, m) {
+                            match a {
+                                Action::Send(0, m) => {
+                                    for r in relay.on_upstream(now, m) {
+                                        match r {
+                                            RelayAction::Up(m) => inbox.push(Msg::Coord(0, m)),
+                                            RelayAction::Down(h, m) => {
+                                                inbox.push(Msg::Agent(h as usize, m))
+                                            }
+                                            RelayAction::Event(_) => {}
+                                            r => panic!("{r:?}"),
+                                        }
+                                    }
+                                }
+                                Action::Send(to, m) => inbox.push(Msg::Agent(to as usize, m)),
+                                _ => {}
+                            }
+                        }
+                    }
+                    Msg::Relay(h, m) => {
+                        for r in relay.on_agent(now, h, m) {
+                            match r {
+                                RelayAction::Up(m) => inbox.push(Msg::Coord(0, m)),
+                                RelayAction::Down(h, m) => inbox.push(Msg::Agent(h as usize, m)),
+                                RelayAction::Event(_) => {}
+                                r => panic!("{r:?}"),
+                            }
+                        }
+                    }
+                    Msg::Agent(i, m) => {
+                        let mut acts = agents[i].on_message(now, &problems[i], m);
+                        while let Some(act) = (!acts.is_empty()).then(|| acts.remove(0)) {
+                            match act {
+                                AgentAction::Send(m) => inbox.push(from_agent(i, m)),
+                                AgentAction::Policy(p) => {
+                                    hosts[i].policy = p;
+                                    acts.extend(
+                                        hosts[i].rebuild(&mut agents[i], &mut problems[i]).actions,
+                                    );
+                                }
+                                AgentAction::Facilities(f) => {
+                                    hosts[i].facilities = f;
+                                    acts.extend(
+                                        hosts[i].rebuild(&mut agents[i], &mut problems[i]).actions,
+                                    );
+                                }
+                                _ => {}
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(coord.iteration(), 3000);
+        let status = coord.status();
+        let mut ids: Vec<&str> = status.facilities.iter().map(|f| f.id.as_str()).collect();
+        ids.sort_unstable();
+        assert_eq!(
+            ids,
+            ["rx:h0", "rx:h1", "rx:h2"],
+            "a link per host, not per relay"
+        );
+        let members: Vec<(&str, Vec<&str>)> = status
+            .members
+            .iter()
+            .map(|m| {
+                (
+                    m.host.as_str(),
+                    m.rack.iter().map(|r| r.host.as_str()).collect(),
+                )
+            })
+            .collect();
+        assert_eq!(members, [("rack", vec!["h0", "h1"]), ("h2", vec![])]);
+        let active: Vec<usize> = agents.iter().map(|a| a.state().active.len()).collect();
+        assert_eq!(active, [2, 2, 1], "every app active (k = 4)");
+        let snapshot = coord
+            .snapshot()
+            .expect("live")
+            .into_problem()
+            .expect("valid");
+        assert_eq!(snapshot.pairs.len(), 5);
+        let solution = crate::solver::solve(&snapshot, &opts);
+        assert!(solution.converged);
+        for (h, agent) in agents.iter().enumerate() {
+            let live = agent.state();
+            let off = &solution.hosts[h];
+            assert_eq!(snapshot.hosts[h].id, format!("h{h}"));
+            let first = snapshot.hosts[h].pairs.start;
+            let offline: Vec<usize> = off.active.iter().map(|p| p - first).collect();
+            assert_eq!(live.active, offline, "host h{h}");
+            for (x, y) in live.x.iter().zip(&off.x) {
+                assert!((x - y).abs() <= 1e-6, "host h{h}: live {x} vs solve {y}");
+            }
+        }
+        // An agent leaving the relay takes its report with it.
+        for r in relay.on_agent_gone(now, 1, false) {
+            if let RelayAction::Up(m) = r {
+                coord.on_message(now, 0, m);
+            }
+        }
+        assert_eq!(coord.status().members[0].rack.len(), 1);
+        // A relay reporting a host that is a member of its own keeps nothing of it: refused,
+        // logged, and the relay stays.
+        let out = coord.on_message(
+            now,
+            0,
+            AgentMsg::RackHost(crate::protocol::wire::RackHostMsg {
+                host: "h2".into(),
+                report: match hosts[2].report(&agents[2], &problems[2]) {
+                    AgentMsg::Host(r) => Some(r),
+                    m => panic!("{m:?}"),
+                },
+            }),
+        );
+        assert!(
+            out.iter().any(|a| matches!(a, Action::Event(_)))
+                && !out.iter().any(|a| matches!(a, Action::Close(..))),
+            "{out:?}"
+        );
+        assert_eq!(coord.status().members[0].rack.len(), 1);
+    }
 }

@@ -33,8 +33,10 @@ pub struct RelaySettings {
     pub upstream: SocketAddr,
     /// The name the coordinator's certificate must carry.
     pub server_name: String,
-    /// The instance file the coordinator and the agents use (its facility list).
-    pub instance: PathBuf,
+    /// The instance file the coordinator and the agents use (its facility list); none for
+    /// the live problem, whose facility table the coordinator sends.
+    #[serde(default)]
+    pub instance: Option<PathBuf>,
     /// Downstream, as a coordinator's: a server certificate for the address agents dial.
     pub tls: TlsFiles,
     /// Upstream, as an agent's: a client certificate naming `host`.
@@ -80,7 +82,7 @@ impl RelaySettings {
     /// Reads a TOML config; relative paths are taken from the config's directory.
     pub fn load(path: &Path) -> Result<Self> {
         let (mut s, base): (Self, PathBuf) = drum_net::config::load_config(path)?;
-        s.instance = base.join(&s.instance);
+        s.instance = s.instance.map(|i| base.join(i));
         s.tls.rebase(&base);
         s.upstream_tls.rebase(&base);
         anyhow::ensure!(
@@ -105,7 +107,13 @@ pub async fn run(
     settings: RelaySettings,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
-    let problem = drum_net::config::load_problem(&settings.instance)?;
+    let (digest, facilities) = match &settings.instance {
+        Some(path) => {
+            let problem = drum_net::config::load_problem(path)?;
+            (facility_digest(&problem), problem.facilities.len() as u32)
+        }
+        None => (0, 0),
+    };
     let member_timeout = Duration::from_millis(settings.member_timeout_ms);
     let endpoint = quic::server_endpoint(&settings.tls, settings.listen, member_timeout)
         .with_context(|| format!("binding QUIC on {}", settings.listen))?;
@@ -115,8 +123,9 @@ pub async fn run(
     let client = quic::bare_client_endpoint().context("setting up the QUIC client")?;
     let mut core = Relay::new(RelayConfig {
         host: settings.host.clone(),
-        facility_digest: facility_digest(&problem),
-        facilities: problem.facilities.len() as u32,
+        facility_digest: digest,
+        facilities,
+        live: settings.instance.is_none(),
         heartbeat_interval: Duration::from_millis(settings.heartbeat_ms),
         member_timeout,
         upstream_timeout,

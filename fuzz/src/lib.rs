@@ -354,8 +354,8 @@ pub fn dasr_datagram(data: &[u8]) {
 /// The committed seed corpus: `(target, file name, bytes)`, all made by the project's encoders.
 pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
     use drum_common::protocol::wire::{
-        AgentMsg, ContributionMsg, CoordMsg, HostProposal, Join, ProposalMsg, RackProposalsMsg,
-        SelectedMsg, SelectionParams, Shard,
+        AgentMsg, ContributionMsg, CoordMsg, HostProposal, Join, ProposalMsg, RackHostMsg,
+        RackProposalsMsg, SelectedMsg, SelectionParams, Shard,
     };
     use softrnic::proto::{Caps, QpAttrs, RecvWr, SendWr, Sge};
     use softrnic::wire as sw;
@@ -425,6 +425,20 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
                         activate: Some(vec![(0, 0.002), (3, 0.001)]),
                     },
                 ],
+            }),
+        ),
+        (
+            "rack_host",
+            AgentMsg::RackHost(RackHostMsg {
+                host: "h7".into(),
+                report: Some(drum_common::live::HostReport {
+                    line_rate_gbps: 100.0,
+                    gids: vec![[0xfe; 16]],
+                    max_active: 8,
+                    wqe_budget: 1.0,
+                    poll_budget: 1.0,
+                    apps: Vec::new(),
+                }),
             }),
         ),
     ];

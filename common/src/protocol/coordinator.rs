@@ -226,11 +226,9 @@ struct Member {
     floor: Vec<(u32, f64)>,
     /// Selection exchanges the host has completed (from its join).
     exchanges: u32,
-    /// Live problem: the host's latest report (its NIC, its row and grants).
-    report: Option<HostReport>,
-    /// Live problem: the GIDs of its reports that other hosts' links own, as last logged:
-    /// reports come every 250 ms, the refusal is said once per change.
-    ignored_gids: Vec<Gid>,
+    /// Live problem: the latest report of each host the member speaks for (its NIC, its row
+    /// and grants): its own, or a relay's agents'.
+    reports: BTreeMap<String, live_hosts::Reported>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -395,7 +393,14 @@ impl Coordinator {
                     self.violation(from, "change before join".into(), &mut out);
                 }
             }
-            AgentMsg::Host(r) => self.host_report(from, r, &mut out),
+            AgentMsg::Host(r) => match self.members.get(&from) {
+                Some(m) => {
+                    let host = m.host.clone();
+                    self.host_report(from, host, r, &mut out)
+                }
+                None => self.violation(from, "host report before join".into(), &mut out),
+            },
+            AgentMsg::RackHost(r) => self.rack_host(from, r, &mut out),
             AgentMsg::Update(u) => self.update(from, u, &mut out),
         }
         self.advance(now, &mut out);
@@ -591,8 +596,7 @@ impl Coordinator {
                 interest: j.interest,
                 floor: j.floor,
                 exchanges: j.exchanges,
-                report: None,
-                ignored_gids: Vec::new(),
+                reports: BTreeMap::new(),
             },
         );
         self.membership_changed = true;

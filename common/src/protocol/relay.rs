@@ -28,12 +28,18 @@
 //!   same way. An agent that does not answer a phase within a third of the member timeout is
 //!   dropped (it rejoins with its true sets), and the exchange goes on without it, as at the
 //!   coordinator. `Reselect` and `Changed` go up as they came.
-//! * **Not supported:** the live problem. A live coordinator is left with an error.
+//! * **The live problem** (a relay without an instance file, `live`): the coordinator's
+//!   `Policy` and facility table go to every agent (and to later ones after their `Welcome`),
+//!   the agents' `Update`s change the rack's sums (one `Update` up), and each agent's `Host`
+//!   report goes up named, as `RackHost` (and its departure as a `RackHost` without one), so
+//!   the coordinator creates every host's own receive link. A relay with an instance file
+//!   leaves a live coordinator with an error, and a live relay's join is refused by a
+//!   coordinator with an instance file (its facility digest is 0).
 
 use super::coordinator::MemberId;
 use super::wire::{
-    ascending, check_usage, AgentMsg, ContributionMsg, CoordMsg, HostProposal, Join, ProposalMsg,
-    RackProposalsMsg, SelectedMsg, Shard, UpdateMsg,
+    ascending, check_last_d, check_usage, AgentMsg, ContributionMsg, CoordMsg, HostProposal, Join,
+    ProposalMsg, RackHostMsg, RackProposalsMsg, SelectedMsg, Shard, UpdateMsg,
 };
 use crate::admm::FacilityTerm;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -48,8 +54,11 @@ pub struct RelayConfig {
     pub host: String,
     /// [`super::facility_digest`] of the instance: agents with another are refused.
     pub facility_digest: u64,
-    /// Facilities in the instance (entries must name one).
+    /// Facilities in the instance (entries must name one); 0 for the live problem, whose
+    /// table comes from the coordinator.
     pub facilities: u32,
+    /// The live problem: no instance file; the coordinator's table and policy are passed on.
+    pub live: bool,
     /// Heartbeat interval offered to the agents.
     pub heartbeat_interval: Duration,
     /// Silence after which an agent is dropped.
@@ -204,6 +213,11 @@ pub struct Relay {
     exchange: Option<RackExchange>,
     /// The highest exchange sent down; an answer beyond it is a violation.
     sent_exchange: Option<u32>,
+    /// Facilities known: the instance's, or the live coordinator's table's.
+    nf: u32,
+    /// The live coordinator's policy and facility table, for agents that join later.
+    policy: Option<CoordMsg>,
+    table: Option<CoordMsg>,
     /// The operator's weights, for agents that join later.
     weights: BTreeMap<String, f64>,
     /// The rack changed since the coordinator last heard its sums.
@@ -228,6 +242,7 @@ fn sum<T: Copy + std::ops::AddAssign + Default>(
 
 impl Relay {
     pub fn new(cfg: RelayConfig) -> Self {
+        let nf = cfg.facilities;
         Self {
             cfg,
             up: Upstream::Down {
@@ -243,6 +258,9 @@ impl Relay {
             sent: (0, 0),
             exchange: None,
             sent_exchange: None,
+            nf,
+            policy: None,
+            table: None,
             weights: BTreeMap::new(),
             changed: false,
             refusals: 0,
@@ -312,6 +330,12 @@ impl Relay {
         self.hosts.clear();
         self.round = None;
         self.exchange = None;
+        // A new coordinator numbers its own facilities.
+        self.policy = None;
+        self.table = None;
+        if self.cfg.live {
+            self.nf = 0;
+        }
         self.changed = false;
         self.up = Upstream::Down {
             retry_at: now + self.backoff(0),
@@ -351,15 +375,7 @@ impl Relay {
                         id,
                         self_welcome(&self.cfg, epoch, iteration, shard),
                     ));
-                    for (app, &weight) in &self.weights {
-                        out.push(RelayAction::Down(
-                            id,
-                            CoordMsg::SetWeight {
-                                app: app.clone(),
-                                weight,
-                            },
-                        ));
-                    }
+                    out.extend(after_welcome(id, &self.weights, &self.policy, &self.table));
                 }
                 // Agents that joined while the join was on its way.
                 self.flush_update(&mut out);
@@ -429,12 +445,26 @@ impl Relay {
             CoordMsg::Verdict { exchange, .. } => out.push(self.unsupported(format!(
                 "selection exchange {exchange}: a host's verdict sent to a relay; ignored"
             ))),
-            CoordMsg::Policy(_) | CoordMsg::Facilities(_) => {
-                let reason = "the coordinator runs the live problem, which does not pass a relay"
+            CoordMsg::Policy(_) | CoordMsg::Facilities(_) if !self.cfg.live => {
+                let reason = "the coordinator runs the live problem, and this relay has an \
+                     instance file"
                     .to_string();
                 out.push(self.unsupported(reason.clone()));
                 out.extend(self.on_upstream_lost(now, &reason));
                 out.push(RelayAction::CloseUp(reason));
+            }
+            CoordMsg::Policy(_) | CoordMsg::Facilities(_) => {
+                if let CoordMsg::Facilities(t) = &msg {
+                    self.nf = t.len() as u32;
+                }
+                for (&id, _) in self.agents.iter().filter(|(_, a)| a.welcomed) {
+                    out.push(RelayAction::Down(id, msg.clone()));
+                }
+                if matches!(msg, CoordMsg::Policy(_)) {
+                    self.policy = Some(msg);
+                } else {
+                    self.table = Some(msg);
+                }
             }
         }
         out
@@ -593,7 +623,7 @@ impl Relay {
         p: ProposalMsg,
         out: &mut Vec<RelayAction>,
     ) {
-        let nf = self.cfg.facilities;
+        let nf = self.nf;
         let bad = |e: &Option<Vec<(u32, f64)>>| {
             e.as_ref().is_some_and(|l| {
                 !ascending(l, nf) || l.iter().any(|&(_, v)| !(v.is_finite() && v >= 0.0))
@@ -624,7 +654,7 @@ impl Relay {
         sel: SelectedMsg,
         out: &mut Vec<RelayAction>,
     ) {
-        let nf = self.cfg.facilities;
+        let nf = self.nf;
         let checked = check_usage("floor", &sel.floor, nf)
             .and_then(|()| check_usage("entries", &sel.entries, nf))
             .and_then(|()| {
@@ -659,6 +689,49 @@ impl Relay {
                 self.exchange_progress(now, out);
             }
         }
+    }
+
+    /// Live: an agent's report goes up named, for the coordinator to make its host's link.
+    fn host_up(&mut self, from: MemberId, r: crate::live::HostReport, out: &mut Vec<RelayAction>) {
+        if let Err(e) = r.check(self.nf as usize) {
+            self.violation(from, format!("bad host report: {e}"), out);
+            return;
+        }
+        if self.is_member() {
+            let host = self.agents[&from].host.clone();
+            out.push(RelayAction::Up(AgentMsg::RackHost(RackHostMsg {
+                host,
+                report: Some(r),
+            })));
+        }
+    }
+
+    /// Live: an agent's problem changed; the rack's new sums go up (a new epoch there).
+    fn agent_update(&mut self, from: MemberId, u: UpdateMsg, out: &mut Vec<RelayAction>) {
+        let nf = self.nf;
+        let checked = check_usage("entries", &u.entries, nf)
+            .and_then(|()| check_usage("floor", &u.floor, nf))
+            .and_then(|()| check_last_d(&u.last_d, nf))
+            .and_then(|()| {
+                let interest_ok = u.interest.windows(2).all(|w| w[0] < w[1])
+                    && u.interest.iter().all(|&f| f < nf);
+                if ascending(&u.pairs, nf) && interest_ok {
+                    Ok(())
+                } else {
+                    Err("pairs and interest must name known facilities in ascending order".into())
+                }
+            });
+        if let Err(e) = checked {
+            self.violation(from, e, out);
+            return;
+        }
+        let a = self.agents.get_mut(&from).expect("a member");
+        a.pairs = u.pairs;
+        a.entries = u.entries;
+        a.interest = u.interest;
+        a.floor = u.floor;
+        a.last_d = u.last_d;
+        self.changed = true;
     }
 
     fn round_down(
@@ -756,11 +829,16 @@ impl Relay {
             AgentMsg::RackProposals(_) => {
                 self.violation(from, "a relay's proposals from an agent".into(), &mut out)
             }
-            AgentMsg::Host(_) | AgentMsg::Update(_) => self.violation(
+            AgentMsg::Host(_) | AgentMsg::Update(_) if !self.cfg.live => self.violation(
                 from,
-                "the live problem does not pass a relay".into(),
+                "the live problem does not pass a relay with an instance file".into(),
                 &mut out,
             ),
+            AgentMsg::Host(r) => self.host_up(from, r, &mut out),
+            AgentMsg::Update(u) => self.agent_update(from, u, &mut out),
+            AgentMsg::RackHost(_) => {
+                self.violation(from, "a relay's host report from an agent".into(), &mut out)
+            }
         }
         self.exchange_progress(now, &mut out);
         self.flush_update(&mut out);
@@ -791,8 +869,8 @@ impl Relay {
     }
 
     fn check_join(&self, j: &Join) -> Result<(), String> {
-        let nf = self.cfg.facilities;
-        if j.facility_digest != self.cfg.facility_digest {
+        let nf = self.nf;
+        if !self.cfg.live && j.facility_digest != self.cfg.facility_digest {
             return Err(format!(
                 "facility list differs from the relay's (digest {:016x}, expected {:016x})",
                 j.facility_digest, self.cfg.facility_digest
@@ -882,15 +960,12 @@ impl Relay {
         }));
         if let Some(w) = welcome {
             out.push(RelayAction::Down(from, w));
-            for (app, &weight) in &self.weights {
-                out.push(RelayAction::Down(
-                    from,
-                    CoordMsg::SetWeight {
-                        app: app.clone(),
-                        weight,
-                    },
-                ));
-            }
+            out.extend(after_welcome(
+                from,
+                &self.weights,
+                &self.policy,
+                &self.table,
+            ));
         }
         self.changed = true;
         self.maybe_join(out);
@@ -959,7 +1034,7 @@ impl Relay {
         c: ContributionMsg,
         out: &mut Vec<RelayAction>,
     ) {
-        if let Err(e) = check_usage("contribution entries", &c.entries, self.cfg.facilities) {
+        if let Err(e) = check_usage("contribution entries", &c.entries, self.nf) {
             self.violation(from, e, out);
             return;
         }
@@ -1011,6 +1086,12 @@ impl Relay {
             if let Some(x) = &mut self.exchange {
                 x.waiting.remove(&id);
                 x.proposals.remove(&id);
+            }
+            if self.cfg.live && self.is_member() {
+                out.push(RelayAction::Up(AgentMsg::RackHost(RackHostMsg {
+                    host: a.host.clone(),
+                    report: None,
+                })));
             }
             self.changed = true;
             out.push(RelayAction::Event(RelayEvent::AgentLeft {
@@ -1119,6 +1200,25 @@ impl Relay {
             .map(|x| x.started + self.exchange_deadline());
         [up, scan, deadline, exchange].into_iter().flatten().min()
     }
+}
+
+/// What follows an agent's `Welcome`, as the coordinator sends it: the operator's weights
+/// (with an instance), or the live policy and facility table.
+fn after_welcome(
+    id: MemberId,
+    weights: &BTreeMap<String, f64>,
+    policy: &Option<CoordMsg>,
+    table: &Option<CoordMsg>,
+) -> Vec<RelayAction> {
+    let weights = weights.iter().map(|(app, &weight)| CoordMsg::SetWeight {
+        app: app.clone(),
+        weight,
+    });
+    weights
+        .chain(policy.iter().cloned())
+        .chain(table.iter().cloned())
+        .map(|m| RelayAction::Down(id, m))
+        .collect()
 }
 
 /// The relay's `Welcome` to an agent: the coordinator's epoch, numbering and shard, the

@@ -397,7 +397,8 @@ impl ShardMux {
                     | AgentMsg::Changed
                     | AgentMsg::Host(_)
                     | AgentMsg::Update(_)
-                    | AgentMsg::RackProposals(_) => msg.clone(),
+                    | AgentMsg::RackProposals(_)
+                    | AgentMsg::RackHost(_) => msg.clone(),
                 };
                 (i, m)
             })

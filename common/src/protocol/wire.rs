@@ -22,7 +22,8 @@ use serde::{Deserialize, Serialize};
 /// Version 6 adds those terms to the live `Update`.
 /// Version 7 carries each app's kernel identities in the live `Host` report
 /// (`AppReport::identities`, bounded by [`crate::app_identity`]).
-/// Version 8 lets selection pass a relay: `RackProposals` and `RackVerdicts`.
+/// Version 8 lets selection and the live problem pass a relay: `RackProposals`,
+/// `RackVerdicts` and `RackHost`.
 pub const PROTOCOL_VERSION: u16 = 8;
 pub const MAGIC: [u8; 2] = *b"DR";
 pub const HEADER_LEN: usize = 8;
@@ -78,6 +79,15 @@ pub enum AgentMsg {
     /// A relay's answer to `Select`: its agents' proposals, each with the agent's rank, so
     /// the coordinator decides each as it would a host of its own (`RackVerdicts`).
     RackProposals(RackProposalsMsg),
+    /// Live problem through a relay: the `Host` report of one of its agents, named, or `None`
+    /// when that agent left the relay (its report goes).
+    RackHost(RackHostMsg),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RackHostMsg {
+    pub host: String,
+    pub report: Option<crate::live::HostReport>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

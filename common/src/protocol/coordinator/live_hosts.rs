@@ -3,6 +3,16 @@
 //! the snapshot `solve` reads.
 
 use super::*;
+use crate::protocol::wire::RackHostMsg;
+
+/// A host's latest report as its member sent it.
+#[derive(Clone, Debug)]
+pub(super) struct Reported {
+    pub report: HostReport,
+    /// The GIDs of its reports that other hosts' links own, as last logged: reports come
+    /// every 250 ms, the refusal is said once per change.
+    pub ignored_gids: Vec<Gid>,
+}
 
 /// A GID as 32 hex digits, as logs print them.
 fn gid_text(g: &Gid) -> String {
@@ -34,15 +44,63 @@ impl Coordinator {
         let hosts: Vec<(String, HostReport)> = self
             .members
             .values()
-            .filter_map(|m| Some((m.host.clone(), m.report.clone()?)))
+            .flat_map(|m| m.reports.iter().map(|(h, r)| (h.clone(), r.report.clone())))
             .collect();
         Some(crate::live::snapshot(policy, &self.facilities, &hosts))
+    }
+
+    /// A relay's report of one of its agents' hosts (or of its departure). A host that
+    /// another member is, or speaks for, keeps its link: the report is refused and logged,
+    /// not a violation (a host moving between relays, or to a direct connection, is reported
+    /// by both for a moment).
+    pub(super) fn rack_host(&mut self, from: MemberId, r: RackHostMsg, out: &mut Vec<Action>) {
+        if !self.members.contains_key(&from) {
+            self.violation(from, "host report before join".into(), out);
+            return;
+        }
+        if !crate::protocol::valid_name(&r.host) {
+            self.violation(
+                from,
+                format!("bad host id {:?} in a rack's report", r.host),
+                out,
+            );
+            return;
+        }
+        let Some(report) = r.report else {
+            self.members
+                .get_mut(&from)
+                .expect("checked")
+                .reports
+                .remove(&r.host);
+            return;
+        };
+        let taken = self
+            .members
+            .iter()
+            .any(|(&id, m)| id != from && (m.host == r.host || m.reports.contains_key(&r.host)));
+        if taken {
+            out.push(Action::Event(Event::Refused {
+                member: from,
+                reason: format!(
+                    "a report of host {} through a relay, which another member is or reports; ignored",
+                    r.host
+                ),
+            }));
+            return;
+        }
+        self.host_report(from, r.host, report, out);
     }
 
     /// A host's report: kept for `status` and the snapshot; the first one creates the host's
     /// receive link, and a link whose line rate or GIDs changed is updated. Every member hears
     /// of a changed facility table.
-    pub(super) fn host_report(&mut self, from: MemberId, mut r: HostReport, out: &mut Vec<Action>) {
+    pub(super) fn host_report(
+        &mut self,
+        from: MemberId,
+        host: String,
+        mut r: HostReport,
+        out: &mut Vec<Action>,
+    ) {
         let Some(m) = self.members.get(&from) else {
             self.violation(from, "host report before join".into(), out);
             return;
@@ -59,7 +117,6 @@ impl Coordinator {
             self.violation(from, format!("bad host report: {e}"), out);
             return;
         }
-        let host = m.host.clone();
         // A GID of another host's link stays that host's: two links owning one GID would make
         // the agents' mapping of peers depend on table order.
         let owned_elsewhere: Vec<Gid> = r
@@ -72,14 +129,10 @@ impl Coordinator {
                     .any(|l| l.host != host && l.gids.contains(g))
             })
             .collect();
-        let said = m.ignored_gids == owned_elsewhere;
-        if !said {
-            self.members
-                .get_mut(&from)
-                .expect("a member")
-                .ignored_gids
-                .clone_from(&owned_elsewhere);
-        }
+        let said = m
+            .reports
+            .get(&host)
+            .is_some_and(|p| p.ignored_gids == owned_elsewhere);
         if !owned_elsewhere.is_empty() && !said {
             out.push(Action::Event(Event::Refused {
                 member: from,
@@ -114,7 +167,7 @@ impl Coordinator {
                 self.admm.push_facility();
                 self.links.push(LiveFacility {
                     id,
-                    host,
+                    host: host.clone(),
                     line_rate_gbps: r.line_rate_gbps,
                     capacity,
                     gids: r.gids.clone(),
@@ -123,7 +176,17 @@ impl Coordinator {
             }
             None => false,
         };
-        self.members.get_mut(&from).expect("checked").report = Some(r);
+        self.members
+            .get_mut(&from)
+            .expect("checked")
+            .reports
+            .insert(
+                host,
+                Reported {
+                    report: r,
+                    ignored_gids: owned_elsewhere,
+                },
+            );
         if changed {
             self.send_all(CoordMsg::Facilities(self.links.clone()), out);
         }

@@ -36,6 +36,14 @@ pub struct MemberStatus {
     pub stale: u32,
     /// Live problem: the host's apps as its agent last reported them (empty otherwise).
     pub apps: Vec<AppReport>,
+    /// Live problem through a relay: the hosts of its rack with their apps (empty otherwise).
+    pub rack: Vec<RackHostStatus>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RackHostStatus {
+    pub host: String,
+    pub apps: Vec<AppReport>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -156,10 +164,19 @@ impl Coordinator {
                     last_iteration: m.entries_iteration,
                     stale: m.stale,
                     apps: m
-                        .report
-                        .as_ref()
-                        .map(|r| r.apps.clone())
+                        .reports
+                        .get(&m.host)
+                        .map(|r| r.report.apps.clone())
                         .unwrap_or_default(),
+                    rack: m
+                        .reports
+                        .iter()
+                        .filter(|(h, _)| **h != m.host)
+                        .map(|(h, r)| RackHostStatus {
+                            host: h.clone(),
+                            apps: r.report.apps.clone(),
+                        })
+                        .collect(),
                 })
                 .collect(),
             facilities: self

@@ -14,6 +14,7 @@ fn cfg(min_agents: usize) -> RelayConfig {
         host: "relay-a".into(),
         facility_digest: 7,
         facilities: 4,
+        live: false,
         heartbeat_interval: 100 * MS,
         member_timeout: 1000 * MS,
         upstream_timeout: 1000 * MS,
@@ -712,4 +713,102 @@ fn coord_cfg(problem: &Problem, rho: f64) -> CoordinatorConfig {
         selection: SelectionSchedule::fixed(),
         shard: Shard::WHOLE,
     }
+}
+
+#[test]
+fn a_live_relay_passes_the_table_down_and_the_reports_up_named() {
+    use crate::live::{HostReport, LiveFacility, LivePolicy};
+    let mut r = Relay::new(RelayConfig {
+        facility_digest: 0,
+        facilities: 0,
+        live: true,
+        ..cfg(1)
+    });
+    r.on_upstream_connected(Duration::ZERO);
+    let live_join = |host: &str| {
+        let mut j = join(host, vec![], vec![]);
+        if let AgentMsg::Join(j) = &mut j {
+            j.facility_digest = 0;
+        }
+        j
+    };
+    r.on_agent(MS, 1, live_join("h1"));
+    r.on_upstream(MS, welcome(1, 0));
+    let table = CoordMsg::Facilities(vec![LiveFacility {
+        id: "rx:h1".into(),
+        host: "h1".into(),
+        line_rate_gbps: 8.0,
+        capacity: 1.0,
+        gids: vec![[1; 16]],
+    }]);
+    let policy = CoordMsg::Policy(LivePolicy::default());
+    assert_eq!(
+        downs(&r.on_upstream(MS, policy.clone())),
+        vec![(1, policy.clone())]
+    );
+    assert_eq!(
+        downs(&r.on_upstream(MS, table.clone())),
+        vec![(1, table.clone())]
+    );
+    // A later agent gets both after its welcome, as from the coordinator.
+    let out = r.on_agent(2 * MS, 2, live_join("h2"));
+    assert_eq!(
+        downs(&out),
+        vec![(2, welcome(1, 0)), (2, policy), (2, table)]
+    );
+    // Its update changes the rack's sums; its report goes up named.
+    let out = r.on_agent(
+        3 * MS,
+        2,
+        AgentMsg::Update(UpdateMsg {
+            pairs: vec![(0, 1)],
+            entries: vec![(0, 0.5)],
+            interest: vec![0],
+            floor: vec![(0, 0.005)],
+            last_d: vec![],
+        }),
+    );
+    assert!(matches!(&ups(&out)[..], [AgentMsg::Update(u)] if u.pairs == vec![(0, 1)]));
+    let report = HostReport {
+        line_rate_gbps: 8.0,
+        gids: vec![[2; 16]],
+        max_active: 4,
+        wqe_budget: 1.0,
+        poll_budget: 1.0,
+        apps: vec![],
+    };
+    let out = r.on_agent(3 * MS, 2, AgentMsg::Host(report.clone()));
+    assert_eq!(
+        ups(&out),
+        vec![AgentMsg::RackHost(RackHostMsg {
+            host: "h2".into(),
+            report: Some(report.clone()),
+        })]
+    );
+    // A report out of range closes that agent only, and its host's report goes.
+    let mut bad = report;
+    bad.line_rate_gbps = f64::NAN;
+    let out = r.on_agent(4 * MS, 2, AgentMsg::Host(bad));
+    assert_eq!(closed(&out), vec![2]);
+    assert!(ups(&out).contains(&AgentMsg::RackHost(RackHostMsg {
+        host: "h2".into(),
+        report: None,
+    })));
+    // A relay with an instance file refuses the live problem.
+    let mut r = two_agent_relay();
+    assert_eq!(
+        closed(&r.on_agent(
+            5 * MS,
+            1,
+            AgentMsg::Host(HostReport {
+                line_rate_gbps: 8.0,
+                gids: vec![],
+                max_active: 4,
+                wqe_budget: 1.0,
+                poll_budget: 1.0,
+                apps: vec![],
+            })
+        )),
+        vec![1]
+    );
 }
