@@ -4,7 +4,7 @@
 //! selection schedule included (priced restart and damped swap rounds, each host's proposal
 //! decided at its own rank), as they do talking to the coordinator directly; a relay killed
 //! with SIGKILL leaves them fail-static with their rates, and a restarted relay brings them
-//! back.
+//! back. The rack assembles more slowly than the coordinator's join timeout.
 //!
 //! The relay is the `drum-coordinator` binary of this build (`cargo test --workspace` builds
 //! it; alone: `cargo build --release -p drum-coordinator` first).
@@ -182,7 +182,11 @@ fn agents_behind_a_relay_converge_fail_static_when_it_dies_and_return_with_it() 
         .local_addr()
         .unwrap();
     let mut relay_proc = relay(d, listen, upstream, hosts.len());
-    let _agents: Vec<Proc> = hosts.iter().map(|h| agent(d, h, listen)).collect();
+    // The rack assembles more slowly than the coordinator's join timeout, which closes the
+    // relay waiting for it: the first agent waits on through that, and the rack joins.
+    let mut agents: Vec<Proc> = vec![agent(d, &hosts[0], listen)];
+    std::thread::sleep(Duration::from_millis(TIMEOUT_MS + 1500));
+    agents.extend(hosts[1..].iter().map(|h| agent(d, h, listen)));
     let table =
         |h: &str| -> Option<TableFile> { RateTable::read(&d.join(format!("rates-{h}.json"))).ok() };
     wait_for(

@@ -327,9 +327,15 @@ fn log_event(e: &RelayEvent) {
         RelayEvent::Welcomed { epoch, iteration } => {
             info!(epoch, iteration, "joined the coordinator")
         }
-        RelayEvent::UpstreamLost { reason, agents } => warn!(
+        RelayEvent::UpstreamLost {
+            reason,
             agents,
-            "lost the coordinator: {reason}; closing the agents' connections (they fail static)"
+            waiting,
+        } => warn!(
+            agents,
+            waiting,
+            "lost the coordinator: {reason}; closing the welcomed agents' connections (they \
+             fail static), the agents waiting for their first welcome wait on"
         ),
         RelayEvent::Unsupported(what) => warn!("not supported through a relay: {what}"),
         RelayEvent::ExchangeUp {

@@ -115,9 +115,11 @@ pub enum RelayEvent {
         epoch: u64,
         iteration: u64,
     },
+    /// `agents` closed (they fail static), `waiting` kept (not yet welcomed).
     UpstreamLost {
         reason: String,
         agents: usize,
+        waiting: usize,
     },
     /// The coordinator asked for something a relay does not do (the live problem), or sent a
     /// selection message out of turn.
@@ -315,19 +317,39 @@ impl Relay {
     /// The coordinator is lost (transport error, close, refusal or silence): every agent's
     /// connection is closed, so that each fails static as it would without a relay.
     pub fn on_upstream_lost(&mut self, now: Duration, reason: &str) -> Vec<RelayAction> {
+        self.lose_upstream(now, reason, false)
+    }
+
+    /// As [`Self::on_upstream_lost`]; `refused`: the coordinator refused the relay (drained,
+    /// or a configuration it does not serve), which the agents waiting for their first
+    /// welcome are told as well.
+    fn lose_upstream(&mut self, now: Duration, reason: &str, refused: bool) -> Vec<RelayAction> {
         let mut out = Vec::new();
         if matches!(self.up, Upstream::Down { .. }) {
             return out;
         }
+        // Welcomed agents had the coordinator through the relay and fail static as they would
+        // on losing it. Agents still waiting for their first welcome had nothing to lose: they
+        // go on waiting, so that a rack that assembles more slowly than the coordinator's join
+        // timeout (which closes a relay that has not joined) still assembles.
+        let welcomed: Vec<MemberId> = self
+            .agents
+            .iter()
+            .filter(|(_, a)| a.welcomed || refused)
+            .map(|(&id, _)| id)
+            .collect();
         out.push(RelayAction::Event(RelayEvent::UpstreamLost {
             reason: reason.to_string(),
-            agents: self.agents.len(),
+            agents: welcomed.len(),
+            waiting: self.agents.len() - welcomed.len(),
         }));
         let why = format!("the relay lost the coordinator: {reason}");
-        for id in std::mem::take(&mut self.agents).into_keys() {
+        for id in welcomed {
             out.push(RelayAction::CloseDown(id, why.clone()));
+            if let Some(a) = self.agents.remove(&id) {
+                self.hosts.remove(&a.host);
+            }
         }
-        self.hosts.clear();
         self.round = None;
         self.exchange = None;
         // A new coordinator numbers its own facilities.
@@ -381,7 +403,7 @@ impl Relay {
                 self.flush_update(&mut out);
             }
             CoordMsg::Refused { reason } => {
-                out.extend(self.on_upstream_lost(now, &format!("refused: {reason}")));
+                out.extend(self.lose_upstream(now, &format!("refused: {reason}"), true));
                 out.push(RelayAction::CloseUp(format!("refused: {reason}")));
                 // A drained relay asks ever less often, as a refused agent does.
                 self.refusals += 1;
@@ -450,7 +472,7 @@ impl Relay {
                      instance file"
                     .to_string();
                 out.push(self.unsupported(reason.clone()));
-                out.extend(self.on_upstream_lost(now, &reason));
+                out.extend(self.lose_upstream(now, &reason, true));
                 out.push(RelayAction::CloseUp(reason));
             }
             CoordMsg::Policy(_) | CoordMsg::Facilities(_) => {

@@ -1,5 +1,5 @@
-//! `drum-testbed chaos` for real, short: 60 s of seeded faults on a three-host cluster with
-//! applications under the shim, then reconvergence; about 70 s of wall time in all.
+//! `drum-testbed chaos` for real, short: two minutes of seeded faults on a three-host cluster
+//! with applications under the shim, then reconvergence; about 130 s of wall time in all.
 //! Every invariant must hold (the command exits 0), and nothing is left behind.
 //!
 //! Needs root, perftest and the workspace built (`cargo build --workspace --release`).
@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 #[test]
-fn a_cluster_keeps_its_invariants_through_a_minute_of_faults() {
+fn a_cluster_keeps_its_invariants_through_two_minutes_of_faults() {
     if let Err(why) = privileged(&["ib_write_bw"]) {
         eprintln!("SKIPPED: {why}");
         return;
@@ -20,11 +20,11 @@ fn a_cluster_keeps_its_invariants_through_a_minute_of_faults() {
         Command::new(workspace_bin("drum-testbed"))
             .arg("--dir")
             .arg(&dir)
-            .args(["chaos", "--minutes", "1", "--seed", "35", "--json"])
+            .args(["chaos", "--minutes", "2", "--seed", "7", "--json"])
             .arg(&figures),
-        // 60 s of faults, reconvergence (at most 40 s), the key-value client's last 20 s
+        // 120 s of faults, reconvergence (at most 40 s), the key-value client's last 20 s
         // overlap it; the rest is bringing the cluster up and down on a loaded machine.
-        Duration::from_secs(240),
+        Duration::from_secs(300),
     );
     let logs = dir.with_extension("logs");
     assert!(
@@ -35,7 +35,7 @@ fn a_cluster_keeps_its_invariants_through_a_minute_of_faults() {
     );
     let f: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&figures).unwrap()).unwrap();
-    assert!(f["faults"].as_u64().unwrap() >= 20, "{f:#}");
+    assert!(f["faults"].as_u64().unwrap() >= 40, "{f:#}");
     assert!(f["fail_static_windows"].as_u64().unwrap() >= 1, "{f:#}");
     let _ = std::fs::remove_file(&figures);
     assert!(!dir.exists(), "chaos left {}", dir.display());

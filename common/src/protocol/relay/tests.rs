@@ -317,6 +317,31 @@ fn a_relay_waits_for_its_rack_and_backs_off_when_refused() {
     assert!(r.connect_due(10_065 * MS));
 }
 
+/// A rack that assembles more slowly than the coordinator's join timeout: the coordinator
+/// closes the relay that has not joined, and the agents already waiting wait on, so the
+/// rack's last agent completes it.
+#[test]
+fn agents_waiting_for_their_first_welcome_survive_a_lost_coordinator() {
+    let mut r = Relay::new(cfg(3));
+    r.on_upstream_connected(Duration::ZERO);
+    r.on_agent(MS, 1, join("h1", vec![(0, 1)], vec![(0, 0.5)]));
+    r.on_agent(2 * MS, 2, join("h2", vec![(1, 1)], vec![(1, 0.5)]));
+    let out = r.on_upstream_lost(3_000 * MS, "no stream within 3s");
+    assert!(closed(&out).is_empty(), "{out:?}");
+    assert_eq!(r.agents(), 2);
+    assert!(r.connect_due(3_020 * MS));
+    r.on_upstream_connected(3_020 * MS);
+    let out = r.on_agent(4_000 * MS, 3, join("h3", vec![(2, 1)], vec![(2, 0.5)]));
+    let [AgentMsg::Join(j)] = &ups(&out)[..] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(j.pairs, vec![(0, 1), (1, 1), (2, 1)]);
+    // Once welcomed, a lost coordinator fails them static.
+    let out = r.on_upstream(4_001 * MS, welcome(1, 0));
+    assert_eq!(downs(&out).len(), 3);
+    assert_eq!(closed(&r.on_upstream_lost(5_000 * MS, "silent")).len(), 3);
+}
+
 #[test]
 fn joins_are_checked_and_a_live_duplicate_is_refused() {
     let mut r = two_agent_relay();
