@@ -783,46 +783,42 @@ mod tests {
         assert!(!asks(&out), "{out:?}");
     }
 
-    /// Three live agents and a live coordinator, back to back in memory: the hosts join with
-    /// nothing but their NICs and apps, learn the facility table, report their rows, and the
-    /// cluster converges; `solve` on the snapshot reaches the same allocation.
-    #[test]
-    fn a_live_cluster_converges_to_the_allocation_solve_gives_on_its_snapshot() {
+    /// Three live hosts (h2 the busy receiver: three writers on h0 and h1 send into it, an idle
+    /// app on h1, a server on h2 answering both) with their problems and agents' cores.
+    fn three_live_hosts() -> (
+        Vec<LiveHost>,
+        Vec<Problem>,
+        Vec<crate::protocol::agent::AgentCore>,
+    ) {
         use crate::admm::HostState;
         use crate::protocol::agent::{AgentConfig, AgentCore};
-        use crate::protocol::coordinator::{
-            Action, Coordinator, CoordinatorConfig, MemberId, SelectionSchedule,
-        };
-        use crate::protocol::{CoordMsg, Shard};
-        use std::time::Duration;
-        let ms = Duration::from_millis(1);
+        let ms = std::time::Duration::from_millis(1);
         let gid = |h: u8| [h + 1; 16];
         let app = |name: &str, peers: &[(u8, f64)]| LiveApp {
             name: name.into(),
             peers: peers.iter().map(|&(h, n)| (gid(h), n)).collect(),
             own: 0.0,
         };
-        // h2 is the busy receiver: three writers on h0 and h1 send into it.
         let apps = [
             vec![app("w1", &[(2, 2.0)]), app("w2", &[(2, 1.0), (1, 1.0)])],
             vec![app("w3", &[(2, 1.0)]), app("idle", &[])],
             vec![app("srv", &[(0, 3.0), (1, 1.0)])],
         ];
-        let mut hosts: Vec<LiveHost> = (0..3u8)
+        let hosts: Vec<LiveHost> = (0..3u8)
             .map(|h| {
                 let mut l = LiveHost::new(&format!("h{h}"), nic(), vec![gid(h)]);
                 l.apps = apps[h as usize].clone();
                 l
             })
             .collect();
-        let mut problems: Vec<Problem> = hosts.iter().map(|h| h.problem().0).collect();
+        let problems: Vec<Problem> = hosts.iter().map(|h| h.problem().0).collect();
         let acfg = AgentConfig {
             heartbeat_interval: 100 * ms,
             coordinator_timeout: 1000 * ms,
             backoff_min: 10 * ms,
             backoff_max: 100 * ms,
         };
-        let mut agents: Vec<AgentCore> = problems
+        let agents = problems
             .iter()
             .zip(&hosts)
             .map(|(p, h)| {
@@ -831,15 +827,84 @@ mod tests {
                 a
             })
             .collect();
-        let opts = crate::solver::SolveOptions {
+        (hosts, problems, agents)
+    }
+
+    /// `solve`'s options the live cluster is compared with: tight, the swap rounds only (the
+    /// control plane runs them, not the verified search; docs/model.md).
+    fn tight_solve_options() -> crate::solver::SolveOptions {
+        crate::solver::SolveOptions {
             eps_primal: 1e-12,
             eps_dual: 1e-12,
             max_iter: 20_000,
             certificate_iters: 0,
-            // The control plane runs the swap rounds, not the verified search (docs/model.md).
             polish_trials: 0,
             ..Default::default()
+        }
+    }
+
+    /// Host `i`'s agent actions as its driver handles them: the policy and the table rebuild
+    /// the host (whose own actions are handled in turn); the messages to send are returned.
+    fn drive_live(
+        i: usize,
+        mut acts: Vec<AgentAction>,
+        hosts: &mut [LiveHost],
+        agents: &mut [crate::protocol::agent::AgentCore],
+        problems: &mut [Problem],
+    ) -> Vec<crate::protocol::AgentMsg> {
+        let mut sends = Vec::new();
+        while let Some(act) = (!acts.is_empty()).then(|| acts.remove(0)) {
+            match act {
+                AgentAction::Send(m) => sends.push(m),
+                AgentAction::Policy(p) => {
+                    hosts[i].policy = p;
+                    acts.extend(hosts[i].rebuild(&mut agents[i], &mut problems[i]).actions);
+                }
+                AgentAction::Facilities(f) => {
+                    hosts[i].facilities = f;
+                    acts.extend(hosts[i].rebuild(&mut agents[i], &mut problems[i]).actions);
+                }
+                _ => {}
+            }
+        }
+        sends
+    }
+
+    /// The live cluster against `solve` on its snapshot: the same active sets, rates within
+    /// 1e-6, host by host.
+    fn assert_snapshot_solves_to(
+        snapshot: &Problem,
+        agents: &[crate::protocol::agent::AgentCore],
+        opts: &crate::solver::SolveOptions,
+    ) {
+        let solution = crate::solver::solve(snapshot, opts);
+        assert!(solution.converged);
+        for (h, agent) in agents.iter().enumerate() {
+            let live = agent.state();
+            let off = &solution.hosts[h];
+            assert_eq!(snapshot.hosts[h].id, format!("h{h}"));
+            let first = snapshot.hosts[h].pairs.start;
+            let offline: Vec<usize> = off.active.iter().map(|p| p - first).collect();
+            assert_eq!(live.active, offline, "host h{h}");
+            for (x, y) in live.x.iter().zip(&off.x) {
+                assert!((x - y).abs() <= 1e-6, "host h{h}: live {x} vs solve {y}");
+            }
+        }
+    }
+
+    /// Three live agents and a live coordinator, back to back in memory: the hosts join with
+    /// nothing but their NICs and apps, learn the facility table, report their rows, and the
+    /// cluster converges; `solve` on the snapshot reaches the same allocation.
+    #[test]
+    fn a_live_cluster_converges_to_the_allocation_solve_gives_on_its_snapshot() {
+        use crate::protocol::coordinator::{
+            Action, Coordinator, CoordinatorConfig, MemberId, SelectionSchedule,
         };
+        use crate::protocol::{CoordMsg, Shard};
+        use std::time::Duration;
+        let ms = Duration::from_millis(1);
+        let (mut hosts, mut problems, mut agents) = three_live_hosts();
+        let opts = tight_solve_options();
         let coordinator = |max_iterations| {
             Coordinator::new_live(
                 CoordinatorConfig {
@@ -876,26 +941,9 @@ mod tests {
             while !inbox.is_empty() {
                 for (id, msg) in std::mem::take(&mut inbox) {
                     let i = id as usize;
-                    let mut acts = agents[i].on_message(now, &problems[i], msg);
-                    while let Some(act) = (!acts.is_empty()).then(|| acts.remove(0)) {
-                        match act {
-                            AgentAction::Send(m) => {
-                                inbox.extend(sends(coord.on_message(now, id, m)))
-                            }
-                            AgentAction::Policy(p) => {
-                                hosts[i].policy = p;
-                                acts.extend(
-                                    hosts[i].rebuild(&mut agents[i], &mut problems[i]).actions,
-                                );
-                            }
-                            AgentAction::Facilities(f) => {
-                                hosts[i].facilities = f;
-                                acts.extend(
-                                    hosts[i].rebuild(&mut agents[i], &mut problems[i]).actions,
-                                );
-                            }
-                            _ => {}
-                        }
+                    let acts = agents[i].on_message(now, &problems[i], msg);
+                    for m in drive_live(i, acts, hosts, agents, problems) {
+                        inbox.extend(sends(coord.on_message(now, id, m)));
                     }
                 }
             }
@@ -942,18 +990,7 @@ mod tests {
             .into_problem()
             .expect("valid");
         assert_eq!(snapshot.pairs.len(), 5);
-        let solution = crate::solver::solve(&snapshot, &opts);
-        assert!(solution.converged);
-        for (h, agent) in agents.iter().enumerate() {
-            let live = agent.state();
-            let off = &solution.hosts[h];
-            let first = snapshot.hosts[h].pairs.start;
-            let offline: Vec<usize> = off.active.iter().map(|p| p - first).collect();
-            assert_eq!(live.active, offline, "host h{h}");
-            for (x, y) in live.x.iter().zip(&off.x) {
-                assert!((x - y).abs() <= 1e-6, "host h{h}: live {x} vs solve {y}");
-            }
-        }
+        assert_snapshot_solves_to(&snapshot, &agents, &opts);
 
         // The coordinator restarts; the hosts come back in the reverse order, so the new
         // table numbers the links differently. Their `Update`s carry the terms they last
@@ -991,8 +1028,6 @@ mod tests {
     /// gives on the snapshot, as the direct wiring does (the test above).
     #[test]
     fn a_live_cluster_behind_a_relay_converges_to_the_allocation_solve_gives() {
-        use crate::admm::HostState;
-        use crate::protocol::agent::{AgentConfig, AgentCore};
         use crate::protocol::coordinator::{
             Action, Coordinator, CoordinatorConfig, MemberId, SelectionSchedule,
         };
@@ -1000,48 +1035,8 @@ mod tests {
         use crate::protocol::{AgentMsg, CoordMsg, Shard};
         use std::time::Duration;
         let ms = Duration::from_millis(1);
-        let gid = |h: u8| [h + 1; 16];
-        let app = |name: &str, peers: &[(u8, f64)]| LiveApp {
-            name: name.into(),
-            peers: peers.iter().map(|&(h, n)| (gid(h), n)).collect(),
-            own: 0.0,
-        };
-        let apps = [
-            vec![app("w1", &[(2, 2.0)]), app("w2", &[(2, 1.0), (1, 1.0)])],
-            vec![app("w3", &[(2, 1.0)]), app("idle", &[])],
-            vec![app("srv", &[(0, 3.0), (1, 1.0)])],
-        ];
-        let mut hosts: Vec<LiveHost> = (0..3u8)
-            .map(|h| {
-                let mut l = LiveHost::new(&format!("h{h}"), nic(), vec![gid(h)]);
-                l.apps = apps[h as usize].clone();
-                l
-            })
-            .collect();
-        let mut problems: Vec<Problem> = hosts.iter().map(|h| h.problem().0).collect();
-        let acfg = AgentConfig {
-            heartbeat_interval: 100 * ms,
-            coordinator_timeout: 1000 * ms,
-            backoff_min: 10 * ms,
-            backoff_max: 100 * ms,
-        };
-        let mut agents: Vec<AgentCore> = problems
-            .iter()
-            .zip(&hosts)
-            .map(|(p, h)| {
-                let mut a = AgentCore::new(p, HostState::new(p, 0, Vec::new()), acfg.clone());
-                a.set_live(&h.host);
-                a
-            })
-            .collect();
-        let opts = crate::solver::SolveOptions {
-            eps_primal: 1e-12,
-            eps_dual: 1e-12,
-            max_iter: 20_000,
-            certificate_iters: 0,
-            polish_trials: 0,
-            ..Default::default()
-        };
+        let (mut hosts, mut problems, mut agents) = three_live_hosts();
+        let opts = tight_solve_options();
         let mut coord = Coordinator::new_live(
             CoordinatorConfig {
                 rho: 10.0,
@@ -1129,24 +1124,9 @@ mod tests {
                         }
                     }
                     Msg::Agent(i, m) => {
-                        let mut acts = agents[i].on_message(now, &problems[i], m);
-                        while let Some(act) = (!acts.is_empty()).then(|| acts.remove(0)) {
-                            match act {
-                                AgentAction::Send(m) => inbox.push(from_agent(i, m)),
-                                AgentAction::Policy(p) => {
-                                    hosts[i].policy = p;
-                                    acts.extend(
-                                        hosts[i].rebuild(&mut agents[i], &mut problems[i]).actions,
-                                    );
-                                }
-                                AgentAction::Facilities(f) => {
-                                    hosts[i].facilities = f;
-                                    acts.extend(
-                                        hosts[i].rebuild(&mut agents[i], &mut problems[i]).actions,
-                                    );
-                                }
-                                _ => {}
-                            }
+                        let acts = agents[i].on_message(now, &problems[i], m);
+                        for m in drive_live(i, acts, &mut hosts, &mut agents, &mut problems) {
+                            inbox.push(from_agent(i, m));
                         }
                     }
                 }
@@ -1180,19 +1160,7 @@ mod tests {
             .into_problem()
             .expect("valid");
         assert_eq!(snapshot.pairs.len(), 5);
-        let solution = crate::solver::solve(&snapshot, &opts);
-        assert!(solution.converged);
-        for (h, agent) in agents.iter().enumerate() {
-            let live = agent.state();
-            let off = &solution.hosts[h];
-            assert_eq!(snapshot.hosts[h].id, format!("h{h}"));
-            let first = snapshot.hosts[h].pairs.start;
-            let offline: Vec<usize> = off.active.iter().map(|p| p - first).collect();
-            assert_eq!(live.active, offline, "host h{h}");
-            for (x, y) in live.x.iter().zip(&off.x) {
-                assert!((x - y).abs() <= 1e-6, "host h{h}: live {x} vs solve {y}");
-            }
-        }
+        assert_snapshot_solves_to(&snapshot, &agents, &opts);
         // An agent leaving the relay takes its report with it.
         for r in relay.on_agent_gone(now, 1, false) {
             if let RelayAction::Up(m) = r {

@@ -86,3 +86,44 @@ pub(crate) fn test_agents(problem: &Problem, active: &[Vec<usize>]) -> Vec<agent
         })
         .collect()
 }
+
+/// The instance the selection tests run through the control plane (6 hosts × 8 apps, k = 2,
+/// with swaps in its schedule), `solve`'s options for it (tight; the swap rounds only, as
+/// the control plane runs them, not the verified search: docs/model.md) and its solution.
+#[cfg(test)]
+pub(crate) fn selection_case() -> (
+    Problem,
+    crate::solver::SolveOptions,
+    crate::solver::Solution,
+) {
+    use crate::generator::{generate, GeneratorConfig};
+    let problem = generate(&GeneratorConfig {
+        k: 2,
+        seed: 9,
+        ..GeneratorConfig::new(6, 8)
+    });
+    let opts = crate::solver::SolveOptions {
+        eps_primal: 1e-11,
+        eps_dual: 1e-11,
+        max_iter: 5000,
+        certificate_iters: 0,
+        polish_trials: 0,
+        ..Default::default()
+    };
+    let solution = crate::solver::solve(&problem, &opts);
+    assert!(solution.converged);
+    let swaps: usize = solution.rounds.iter().map(|r| r.swaps).sum();
+    assert!(swaps > 0, "the instance must exercise selection");
+    (problem, opts, solution)
+}
+
+/// Every agent ended at `solution`'s active set and rates (to 1e-9).
+#[cfg(test)]
+pub(crate) fn assert_agents_match(agents: &[agent::AgentCore], solution: &crate::solver::Solution) {
+    for (a, r) in agents.iter().zip(&solution.hosts) {
+        assert_eq!(a.state().active, r.active, "host {}", r.host);
+        for (x, y) in a.state().x.iter().zip(&r.x) {
+            assert!((x - y).abs() < 1e-9, "host {}: {x} vs {y}", r.host);
+        }
+    }
+}

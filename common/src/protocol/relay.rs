@@ -38,7 +38,7 @@
 
 use super::coordinator::MemberId;
 use super::wire::{
-    ascending, check_last_d, check_usage, AgentMsg, ContributionMsg, CoordMsg, HostProposal, Join,
+    check_usage, floor_use_ok, AgentMsg, ContributionMsg, CoordMsg, HostProposal, Join,
     ProposalMsg, RackHostMsg, RackProposalsMsg, SelectedMsg, Shard, UpdateMsg,
 };
 use crate::admm::FacilityTerm;
@@ -645,13 +645,7 @@ impl Relay {
         p: ProposalMsg,
         out: &mut Vec<RelayAction>,
     ) {
-        let nf = self.nf;
-        let bad = |e: &Option<Vec<(u32, f64)>>| {
-            e.as_ref().is_some_and(|l| {
-                !ascending(l, nf) || l.iter().any(|&(_, v)| !(v.is_finite() && v >= 0.0))
-            })
-        };
-        if bad(&p.park) || bad(&p.activate) {
+        if !floor_use_ok(&p.park, self.nf) || !floor_use_ok(&p.activate, self.nf) {
             // Checked here, so that one agent's bad proposal costs the coordinator nothing
             // and does not close the rack.
             self.violation(from, format!("bad proposal {p:?}"), out);
@@ -676,16 +670,7 @@ impl Relay {
         sel: SelectedMsg,
         out: &mut Vec<RelayAction>,
     ) {
-        let nf = self.nf;
-        let checked = check_usage("floor", &sel.floor, nf)
-            .and_then(|()| check_usage("entries", &sel.entries, nf))
-            .and_then(|()| {
-                if ascending(&sel.pairs, nf) {
-                    Ok(())
-                } else {
-                    Err("pair counts must name known facilities in ascending order".into())
-                }
-            });
+        let checked = sel.check_shape(self.nf);
         if let Err(e) = checked {
             self.violation(from, e, out);
             return;
@@ -730,19 +715,7 @@ impl Relay {
 
     /// Live: an agent's problem changed; the rack's new sums go up (a new epoch there).
     fn agent_update(&mut self, from: MemberId, u: UpdateMsg, out: &mut Vec<RelayAction>) {
-        let nf = self.nf;
-        let checked = check_usage("entries", &u.entries, nf)
-            .and_then(|()| check_usage("floor", &u.floor, nf))
-            .and_then(|()| check_last_d(&u.last_d, nf))
-            .and_then(|()| {
-                let interest_ok = u.interest.windows(2).all(|w| w[0] < w[1])
-                    && u.interest.iter().all(|&f| f < nf);
-                if ascending(&u.pairs, nf) && interest_ok {
-                    Ok(())
-                } else {
-                    Err("pairs and interest must name known facilities in ascending order".into())
-                }
-            });
+        let checked = u.check_shape(self.nf);
         if let Err(e) = checked {
             self.violation(from, e, out);
             return;

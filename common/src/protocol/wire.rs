@@ -265,11 +265,51 @@ impl Join {
         if !ascending(&self.pairs, nf) {
             return Err("pair counts must name known facilities in ascending order".into());
         }
-        if !self.interest.windows(2).all(|w| w[0] < w[1]) || self.interest.iter().any(|&f| f >= nf)
-        {
-            return Err("interest must name known facilities in ascending order".into());
-        }
+        check_interest(&self.interest, nf)?;
         check_last_d(&self.last_d, nf)
+    }
+}
+
+impl UpdateMsg {
+    /// The checks that need nothing but the message and the number of facilities, shared by
+    /// the coordinator and the relay (the coordinator adds its shard's ownership).
+    pub fn check_shape(&self, facilities: u32) -> Result<(), String> {
+        let nf = facilities;
+        if !ascending(&self.pairs, nf) {
+            return Err("pair counts must name known facilities in ascending order".into());
+        }
+        check_usage("contribution entries", &self.entries, nf)?;
+        check_usage("floor", &self.floor, nf)?;
+        check_interest(&self.interest, nf)?;
+        check_last_d(&self.last_d, nf)
+    }
+}
+
+impl SelectedMsg {
+    /// As [`UpdateMsg::check_shape`].
+    pub fn check_shape(&self, facilities: u32) -> Result<(), String> {
+        if !ascending(&self.pairs, facilities) {
+            return Err("pair counts must name known facilities in ascending order".into());
+        }
+        check_usage("contribution entries", &self.entries, facilities)?;
+        check_usage("floor", &self.floor, facilities)
+    }
+}
+
+/// A proposal's park or activation, if any: known facilities in ascending order with finite,
+/// non-negative floor usage.
+pub fn floor_use_ok(list: &Option<Vec<(u32, f64)>>, facilities: u32) -> bool {
+    list.as_ref().is_none_or(|l| {
+        ascending(l, facilities) && l.iter().all(|&(_, v)| v.is_finite() && v >= 0.0)
+    })
+}
+
+/// Facility indices: known, strictly ascending.
+fn check_interest(interest: &[u32], facilities: u32) -> Result<(), String> {
+    if interest.windows(2).all(|w| w[0] < w[1]) && interest.iter().all(|&f| f < facilities) {
+        Ok(())
+    } else {
+        Err("interest must name known facilities in ascending order".into())
     }
 }
 

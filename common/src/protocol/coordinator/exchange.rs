@@ -287,12 +287,8 @@ impl Coordinator {
         let nf = self.facilities.len() as u32;
         let owned = &self.owned;
         let bad = |e: &FloorUse| {
-            e.as_ref().is_some_and(|list| {
-                !list.windows(2).all(|w| w[0].0 < w[1].0)
-                    || list
-                        .iter()
-                        .any(|&(f, v)| f >= nf || !owned[f as usize] || !v.is_finite() || v < 0.0)
-            })
+            !crate::protocol::wire::floor_use_ok(e, nf)
+                || e.iter().flatten().any(|&(f, _)| !owned[f as usize])
         };
         if (0..p.len()).any(|i| {
             let (park, activate) = p.swap(i);

@@ -202,18 +202,10 @@ impl Coordinator {
             return;
         }
         let nf = self.facilities.len() as u32;
-        let checked = self
-            .check_active(&u.pairs, &u.floor)
-            .and_then(|()| self.check_entries(&u.entries))
-            .and_then(|()| crate::protocol::wire::check_last_d(&u.last_d, nf))
-            .and_then(|()| {
-                if u.interest.windows(2).all(|w| w[0] < w[1]) && u.interest.iter().all(|&f| f < nf)
-                {
-                    Ok(())
-                } else {
-                    Err("interest must name known facilities in ascending order".into())
-                }
-            });
+        let checked = u
+            .check_shape(nf)
+            .and_then(|()| self.check_active(&u.pairs, &u.floor))
+            .and_then(|()| self.check_entries(&u.entries));
         if let Err(e) = checked {
             self.violation(from, e, out);
             return;

@@ -461,24 +461,7 @@ fn run_in_memory(problem: &Problem, coord: &mut Coordinator) -> Vec<AgentCore> {
 /// priced restart and every damped swap round) and end at its allocation.
 #[test]
 fn in_memory_cluster_with_selection_matches_solve() {
-    let problem = generate(&GeneratorConfig {
-        k: 2,
-        seed: 9,
-        ..GeneratorConfig::new(6, 8)
-    });
-    let opts = crate::solver::SolveOptions {
-        eps_primal: 1e-11,
-        eps_dual: 1e-11,
-        max_iter: 5000,
-        certificate_iters: 0,
-        // The control plane runs the swap rounds, not the verified search (docs/model.md).
-        polish_trials: 0,
-        ..Default::default()
-    };
-    let solution = crate::solver::solve(&problem, &opts);
-    assert!(solution.converged);
-    let swaps: usize = solution.rounds.iter().map(|r| r.swaps).sum();
-    assert!(swaps > 0, "the instance must exercise selection");
+    let (problem, opts, solution) = crate::protocol::selection_case();
     let rho = default_rho(&problem);
     let total = (opts.iters_per_round + solution.iterations) as u64;
     let mut coord = Coordinator::new(
@@ -493,12 +476,7 @@ fn in_memory_cluster_with_selection_matches_solve() {
     assert_eq!(coord.iteration(), total);
     assert_eq!(coord.exchanges_done(), opts.rounds as u32 + 1);
     assert!(coord.counters().parks + coord.counters().activations > 0);
-    for (a, r) in agents.iter().zip(&solution.hosts) {
-        assert_eq!(a.state().active, r.active, "host {}", r.host);
-        for (x, y) in a.state().x.iter().zip(&r.x) {
-            assert!((x - y).abs() < 1e-9, "host {}: {x} vs {y}", r.host);
-        }
-    }
+    crate::protocol::assert_agents_match(&agents, &solution);
 }
 
 /// After the schedule (and without a period) the sets stay, until an agent's apps change:

@@ -686,23 +686,7 @@ fn a_cluster_behind_relays_matches_the_in_process_solver() {
 /// ends at its allocation, as the direct wiring does (`in_memory_cluster_with_selection_…`).
 #[test]
 fn a_cluster_behind_relays_with_selection_matches_solve() {
-    let problem = generate(&GeneratorConfig {
-        k: 2,
-        seed: 9,
-        ..GeneratorConfig::new(6, 8)
-    });
-    let opts = crate::solver::SolveOptions {
-        eps_primal: 1e-11,
-        eps_dual: 1e-11,
-        max_iter: 5000,
-        certificate_iters: 0,
-        polish_trials: 0,
-        ..Default::default()
-    };
-    let solution = crate::solver::solve(&problem, &opts);
-    assert!(solution.converged);
-    let swaps: usize = solution.rounds.iter().map(|r| r.swaps).sum();
-    assert!(swaps > 0, "the instance must exercise selection");
+    let (problem, opts, solution) = crate::protocol::selection_case();
     let total = (opts.iters_per_round + solution.iterations) as u64;
     let mut coord = Coordinator::new(
         CoordinatorConfig {
@@ -716,12 +700,7 @@ fn a_cluster_behind_relays_with_selection_matches_solve() {
     assert_eq!(coord.iteration(), total);
     assert_eq!(coord.exchanges_done(), opts.rounds as u32 + 1);
     assert!(coord.counters().parks + coord.counters().activations > 0);
-    for (a, r) in agents.iter().zip(&solution.hosts) {
-        assert_eq!(a.state().active, r.active, "host {}", r.host);
-        for (x, y) in a.state().x.iter().zip(&r.x) {
-            assert!((x - y).abs() < 1e-9, "host {}: {x} vs {y}", r.host);
-        }
-    }
+    crate::protocol::assert_agents_match(&agents, &solution);
 }
 
 fn coord_cfg(problem: &Problem, rho: f64) -> CoordinatorConfig {
