@@ -523,7 +523,7 @@ impl Relay {
             proposals: BTreeMap::new(),
             order: Vec::new(),
         });
-        self.exchange_progress(now, out);
+        self.exchange_progress(out);
     }
 
     /// The coordinator's verdicts on the rack's proposals: each to its agent.
@@ -569,11 +569,11 @@ impl Relay {
                 ));
             }
         }
-        self.exchange_progress(now, out);
+        self.exchange_progress(out);
     }
 
     /// Sends a phase's answers up once every agent still in the exchange has given its own.
-    fn exchange_progress(&mut self, _now: Duration, out: &mut Vec<RelayAction>) {
+    fn exchange_progress(&mut self, out: &mut Vec<RelayAction>) {
         let Some(x) = self.exchange.as_mut().filter(|x| x.waiting.is_empty()) else {
             return;
         };
@@ -638,13 +638,7 @@ impl Relay {
             .is_some_and(|x| x.index == index && x.phase == phase && x.waiting.contains(&from)))
     }
 
-    fn proposal(
-        &mut self,
-        now: Duration,
-        from: MemberId,
-        p: ProposalMsg,
-        out: &mut Vec<RelayAction>,
-    ) {
+    fn proposal(&mut self, from: MemberId, p: ProposalMsg, out: &mut Vec<RelayAction>) {
         if !floor_use_ok(&p.park, self.nf) || !floor_use_ok(&p.activate, self.nf) {
             // Checked here, so that one agent's bad proposal costs the coordinator nothing
             // and does not close the rack.
@@ -658,18 +652,12 @@ impl Relay {
                 let x = self.exchange.as_mut().expect("checked");
                 x.waiting.remove(&from);
                 x.proposals.insert(from, p);
-                self.exchange_progress(now, out);
+                self.exchange_progress(out);
             }
         }
     }
 
-    fn selected(
-        &mut self,
-        now: Duration,
-        from: MemberId,
-        sel: SelectedMsg,
-        out: &mut Vec<RelayAction>,
-    ) {
+    fn selected(&mut self, from: MemberId, sel: SelectedMsg, out: &mut Vec<RelayAction>) {
         let checked = sel.check_shape(self.nf);
         if let Err(e) = checked {
             self.violation(from, e, out);
@@ -693,7 +681,7 @@ impl Relay {
                     .expect("checked")
                     .waiting
                     .remove(&from);
-                self.exchange_progress(now, out);
+                self.exchange_progress(out);
             }
         }
     }
@@ -819,8 +807,8 @@ impl Relay {
                     out.push(RelayAction::Up(msg));
                 }
             }
-            AgentMsg::Proposal(p) => self.proposal(now, from, p, &mut out),
-            AgentMsg::Selected(sel) => self.selected(now, from, sel, &mut out),
+            AgentMsg::Proposal(p) => self.proposal(from, p, &mut out),
+            AgentMsg::Selected(sel) => self.selected(from, sel, &mut out),
             AgentMsg::RackProposals(_) => {
                 self.violation(from, "a relay's proposals from an agent".into(), &mut out)
             }
@@ -835,7 +823,7 @@ impl Relay {
                 self.violation(from, "a relay's host report from an agent".into(), &mut out)
             }
         }
-        self.exchange_progress(now, &mut out);
+        self.exchange_progress(&mut out);
         self.flush_update(&mut out);
         out
     }
@@ -857,7 +845,7 @@ impl Relay {
             },
             &mut out,
         );
-        self.exchange_progress(now, &mut out);
+        self.exchange_progress(&mut out);
         self.flush_update(&mut out);
         self.maybe_complete(now, 0, &mut out);
         out
@@ -1136,7 +1124,7 @@ impl Relay {
                 ));
                 self.remove(id, "timed out", &mut out);
             }
-            self.exchange_progress(now, &mut out);
+            self.exchange_progress(&mut out);
         }
         self.flush_update(&mut out);
         if let Some(r) = &self.round {
