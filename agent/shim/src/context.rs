@@ -14,6 +14,7 @@ use std::sync::atomic::{
     AtomicBool, AtomicPtr, AtomicU64, AtomicUsize,
     Ordering::{Acquire, Relaxed},
 };
+use std::time::Instant;
 
 /// Contexts governed at once; more are left pass-through (and reported).
 const MAX_CONTEXTS: usize = 64;
@@ -128,6 +129,17 @@ pub struct Totals {
 /// Reads the totals (a cold path: takes the lock that open and close take).
 pub fn totals() -> Totals {
     let _g = COLD.lock();
+    totals_held()
+}
+
+/// The totals, or `None` if the cold lock is not free by `deadline`.
+pub fn totals_until(deadline: Instant) -> Option<Totals> {
+    let _g = COLD.lock_until(deadline)?;
+    Some(totals_held())
+}
+
+/// The totals, with the cold lock held by the caller.
+fn totals_held() -> Totals {
     let mut t = Totals {
         governed_contexts: GOVERNED.load(Relaxed),
         pass_through_contexts: PASS_THROUGH.load(Relaxed),

@@ -188,9 +188,11 @@ pub fn nic_table_inode() -> Option<u64> {
     CAPS.lock().peers.nic_inode()
 }
 
-/// The NIC caps' counters (for the summary).
-pub fn nic_cap_counts() -> NicCapCounts {
-    CAPS.lock().peers.counts
+/// The NIC caps' counters and whether the NIC's table was found (for the exit summary),
+/// or `None` if the caps' lock is not free by `deadline`.
+pub fn nic_caps_until(deadline: Instant) -> Option<(NicCapCounts, bool)> {
+    let c = CAPS.lock_until(deadline)?;
+    Some((c.peers.counts, c.peers.nic_inode().is_some()))
 }
 
 fn publish_caps(c: &Caps) {

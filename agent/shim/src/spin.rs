@@ -77,6 +77,22 @@ impl<T> SpinLock<T> {
             .map(|_| SpinGuard::taken(self))
     }
 
+    /// The lock once it is free, or `None` at `deadline`: for paths that must not wait for
+    /// ever, such as the exit summary when `exit` runs in a signal handler that interrupted
+    /// this very thread while it held the lock.
+    #[cfg(not(loom))]
+    pub fn lock_until(&self, deadline: std::time::Instant) -> Option<SpinGuard<'_, T>> {
+        loop {
+            if let Some(g) = self.try_lock() {
+                return Some(g);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            yield_now();
+        }
+    }
+
     /// For fork handlers: acquire without a guard; pair with [`SpinLock::release`].
     pub fn acquire(&self) {
         while self
@@ -133,6 +149,20 @@ impl<T> Drop for SpinGuard<'_, T> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    /// A lock its holder never releases is given up at the deadline, and a free one is
+    /// taken at once.
+    #[test]
+    fn lock_until_gives_up_at_the_deadline() {
+        use std::time::{Duration, Instant};
+        let l = SpinLock::new(0u32);
+        let held = l.lock();
+        let start = Instant::now();
+        assert!(l.lock_until(start + Duration::from_millis(20)).is_none());
+        assert!(start.elapsed() >= Duration::from_millis(20));
+        drop(held);
+        assert!(l.lock_until(Instant::now()).is_some());
+    }
 
     /// A `try_lock` that fails leaves the lock to its holder.
     #[test]

@@ -1,16 +1,27 @@
 //! The one line the shim prints at exit with `DRUM_SHIM_LOG=1`: the process's totals
 //! (docs/shim.md shows one).
 
-use crate::context::{totals, Totals};
+use crate::context::{self, Totals};
 use crate::limits::{self, LIMITS};
+use crate::peer_caps::NicCapCounts;
 use crate::stats::STATS;
 use crate::trouble::write_stderr;
 use crate::vcq;
 use std::panic::catch_unwind;
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+/// How long the exit summary waits for the shim's locks. Another thread holds one only
+/// briefly; the exiting thread itself holds one when `exit` runs in a signal handler that
+/// interrupted the shim (qperf's server exits from its SIGQUIT handler, which can arrive
+/// while `fork` is in the shim's fork handlers), and then waiting would hang the process.
+const EXIT_WAIT: Duration = Duration::from_millis(200);
+
+/// The NIC caps' part of the summary: their counters and whether the NIC's table was found.
+pub type NicSummary = (NicCapCounts, bool);
 
 /// The one-line summary printed at exit with `DRUM_SHIM_LOG=1`.
-pub fn summary_line(pid: u32, t: &Totals) -> String {
+pub fn summary_line(pid: u32, t: &Totals, nic: &NicSummary) -> String {
     let c = &t.counts;
     format!(
         "drum-shim: pid={pid} governed_contexts={} pass_through_contexts={} live_contexts={} \
@@ -34,14 +45,13 @@ pub fn summary_line(pid: u32, t: &Totals) -> String {
         vcq::CREATED.load(Relaxed),
         vcq::EVENTS.load(Relaxed),
         vcq::DELAYED_EVENTS.load(Relaxed),
-        governance(t.queued_wqes),
+        governance(t.queued_wqes, nic),
     )
 }
 
 /// The governance part of the exit summary.
-fn governance(queued: u64) -> String {
+fn governance(queued: u64, (nic, nic_table): &NicSummary) -> String {
     let [rate_bytes, rate_wqe, rate_cqe] = limits::rates();
-    let nic = limits::nic_cap_counts();
     format!(
         "extended_verbs={} direct_verbs_queues={} wr_api_qps={} governed={} grant_generation={} rate_bytes_per_s={} rate_wqe_per_s={} rate_cqe_per_s={} max_active_qps={} \
          direct_wqes={} deferred_wqes={} queue_delay_us={} queued_wqes={} deferred_post_errors={} \
@@ -70,11 +80,7 @@ fn governance(queued: u64) -> String {
         STATS.held_polls.load(Relaxed),
         STATS.nic_pacing_sets.load(Relaxed),
         STATS.nic_pacing_refusals.load(Relaxed),
-        if limits::nic_table_inode().is_some() {
-            "yes"
-        } else {
-            "no"
-        },
+        if *nic_table { "yes" } else { "no" },
         nic.listed,
         nic.stamps,
         nic.changes,
@@ -84,10 +90,24 @@ fn governance(queued: u64) -> String {
     )
 }
 
+/// The exit summary, or a line saying why there is none when the shim's state stays locked
+/// past `wait`.
+fn exit_line(pid: u32, wait: Duration) -> String {
+    let deadline = Instant::now() + wait;
+    match context::totals_until(deadline).zip(limits::nic_caps_until(deadline)) {
+        Some((t, nic)) => summary_line(pid, &t, &nic),
+        None => format!(
+            "drum-shim: no exit summary for pid {pid}: the shim's state stayed locked for {} ms \
+             (exit called from a signal handler that interrupted the shim?)\n",
+            wait.as_millis()
+        ),
+    }
+}
+
 extern "C" fn at_exit() {
     let _ = catch_unwind(|| {
         if std::env::var_os("DRUM_SHIM_LOG").is_some_and(|v| v == "1") {
-            write_stderr(&summary_line(std::process::id(), &totals()));
+            write_stderr(&exit_line(std::process::id(), EXIT_WAIT));
         }
     });
 }
@@ -115,7 +135,7 @@ mod tests {
             },
             ..Totals::default()
         };
-        let s = summary_line(7, &t);
+        let s = summary_line(7, &t, &(NicCapCounts::default(), false));
         assert!(s.ends_with('\n') && s.matches('\n').count() == 1, "{s}");
         assert!(
             s.starts_with("drum-shim: pid=7 governed_contexts=1 "),
@@ -123,5 +143,21 @@ mod tests {
         );
         assert!(s.contains(" send_wqes=5 send_bytes=20480 "), "{s}");
         assert!(s.contains(" counting=on virtual_cqs="), "{s}");
+        assert!(s.contains(" nic_auss_table=no "), "{s}");
+    }
+
+    /// With the cold lock held by the exiting thread (as when `exit` runs in a signal handler
+    /// that interrupted a fork handler), the exit line says so instead of waiting for ever.
+    #[test]
+    fn exit_line_does_not_wait_for_a_lock_its_own_thread_holds() {
+        let held = crate::context::COLD.lock();
+        let line = exit_line(9, Duration::from_millis(10));
+        drop(held);
+        assert!(
+            line.starts_with("drum-shim: no exit summary for pid 9: "),
+            "{line}"
+        );
+        let line = exit_line(9, Duration::from_millis(10));
+        assert!(line.starts_with("drum-shim: pid=9 "), "{line}");
     }
 }

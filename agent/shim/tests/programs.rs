@@ -608,6 +608,42 @@ fn fork_while_another_thread_opens_and_closes_contexts() {
     assert!(s["governed_contexts"] >= 1, "{s:?}");
 }
 
+/// `exit` called from a signal handler that interrupted `fork` while the shim's fork
+/// handlers held its locks (qperf's server exits from its SIGQUIT handler; in CI the signal
+/// once arrived then and the server spun for ever in the exit summary): the process exits,
+/// and the summary says why it is missing rather than waiting. `tests/c/exit_in_fork.c`
+/// times the signal into fork; runs until that happened a few times.
+#[test]
+fn exit_from_a_signal_handler_that_interrupted_fork_does_not_hang() {
+    let run = Run::new("exit-in-fork");
+    let bin = compile_c_with(&run, "tests/c/exit_in_fork.c", &[]);
+    let (mut runs, mut interrupted) = (0, 0);
+    while runs < 400 && interrupted < 3 {
+        // Timers from 1 to 4 ms, so that the signal meets every part of the fork loop.
+        let usec = (1000 + runs * 37 % 3000).to_string();
+        let out = run_timeout(
+            Command::new(&bin)
+                .arg(&usec)
+                .env("LD_PRELOAD", shim())
+                .env("DRUM_SHIM_LOG", "1"),
+            Duration::from_secs(10),
+        );
+        assert_ok(&out, &format!("exit_in_fork {usec} (run {runs})"));
+        let err = String::from_utf8_lossy(&out.stderr);
+        if err.contains("drum-shim: no exit summary for pid ") {
+            interrupted += 1;
+        } else {
+            summary(&out, "exit_in_fork");
+        }
+        runs += 1;
+    }
+    assert!(
+        interrupted > 0,
+        "the signal never met the fork handlers in {runs} runs: the test did not test"
+    );
+    eprintln!("exit in fork: {interrupted} of {runs} runs interrupted the fork handlers");
+}
+
 /// `tests/c/vcq_probe.c` checks what an application may rely on from CQs and completion
 /// channels (query_qp's CQs, a pollable and non-blocking channel fd, one channel serving two
 /// CQs, events only, destroy order, a CQ overrun's asynchronous event naming the CQ): it
