@@ -221,6 +221,19 @@ fn main() -> Result<()> {
                 .with_context(|| format!("starting relay {r}"))?;
             relays.push((listen, Child(child)));
         }
+        // Each relay holds its port before the agents start: they bind ephemeral ports, and
+        // one could take a port a relay has not bound yet.
+        let t = Instant::now();
+        for (r, (listen, child)) in relays.iter_mut().enumerate() {
+            while std::net::UdpSocket::bind(*listen).is_ok() {
+                anyhow::ensure!(
+                    child.0.try_wait()?.is_none(),
+                    "relay {r} exited before it listened"
+                );
+                anyhow::ensure!(t.elapsed() < Duration::from_secs(60), "relay {r} did not start");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
         let relay_cpu = || -> Result<f64> {
             relays.iter().map(|(_, c)| cpu_seconds(c.0.id())).sum()
         };

@@ -93,7 +93,6 @@ pub async fn run_with_reload(
     shutdown: impl std::future::Future<Output = ()>,
     reload: Arc<tokio::sync::Notify>,
 ) -> Result<()> {
-    let problem = (*problem).clone();
     run_inner(
         settings, options, problem, host, active, None, shutdown, reload,
     )
@@ -125,7 +124,7 @@ pub async fn run_live(
     );
     let base_budget = nic.wqe_budget;
     let view = LiveHost::new(&settings.host, nic, gids);
-    let problem = view.problem().0;
+    let problem = Arc::new(view.problem().0);
     let live = LiveState {
         coordinator_policy: view.policy.clone(),
         tenant_weights: Default::default(),
@@ -190,9 +189,10 @@ const REPORT_PERIOD: Duration = Duration::from_millis(250);
 async fn run_inner(
     settings: AgentSettings,
     options: AgentOptions,
-    // The driver's own copy: operator weight changes (`set-weight`) and the live problem's
-    // rebuilds modify it.
-    mut problem: Problem,
+    // Shared with the caller until operator weight changes (`set-weight`) or the live
+    // problem's rebuilds modify it (`Arc::make_mut`): a process running thousands of agents
+    // (`examples/scale.rs`) holds one copy of the instance, not one per agent.
+    mut problem: Arc<Problem>,
     host: usize,
     active: Vec<usize>,
     mut live_problem: Option<LiveState>,
@@ -472,7 +472,7 @@ async fn connect(
 async fn session(
     core: &mut AgentCore,
     mux: &mut ShardMux,
-    problem: &mut Problem,
+    problem: &mut Arc<Problem>,
     links: Vec<Link>,
     origin: Instant,
     publish: &impl Fn(&Problem, &AgentCore, LinkState),
@@ -552,7 +552,7 @@ async fn session(
                     stats.live.set(core.is_member() as i64);
                     stats.epoch.set(core.epoch() as i64);
                     if let Some(d) = demand {
-                        d.update(problem, core);
+                        d.update(Arc::make_mut(problem), core);
                     }
                     publish(problem, core, state);
                     if let Some(present) = presence(problem) {
@@ -615,7 +615,7 @@ async fn session(
                     }
                 }
                 AgentAction::SetWeight { app, weight } => {
-                    AgentCore::apply_weight(problem, app, weight);
+                    AgentCore::apply_weight(Arc::make_mut(problem), app, weight);
                 }
                 AgentAction::Event(e) => match e {
                     AgentEvent::Welcomed { epoch, iteration } => {
@@ -684,7 +684,7 @@ async fn session(
         if let Some(l) = live.as_mut().filter(|l| l.dirty && core.can_rebuild()) {
             l.dirty = false;
             l.last_report = Some(Instant::now());
-            let r = l.view.rebuild(core, problem);
+            let r = l.view.rebuild(core, Arc::make_mut(problem));
             if !r.arrived.is_empty() || !r.left.is_empty() {
                 info!(arrived = ?r.arrived, left = ?r.left, "apps changed; asking for a re-selection");
             }

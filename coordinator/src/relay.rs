@@ -329,8 +329,19 @@ fn log_event(e: &RelayEvent) {
         }
         RelayEvent::UpstreamLost {
             reason,
+            agents: 0,
+            waiting,
+            joined: false,
+        } => info!(
+            waiting,
+            "the coordinator closed the connection before the rack assembled: {reason}; \
+             the agents waiting wait on, and the relay connects again"
+        ),
+        RelayEvent::UpstreamLost {
+            reason,
             agents,
             waiting,
+            ..
         } => warn!(
             agents,
             waiting,

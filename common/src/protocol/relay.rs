@@ -115,11 +115,15 @@ pub enum RelayEvent {
         epoch: u64,
         iteration: u64,
     },
-    /// `agents` closed (they fail static), `waiting` kept (not yet welcomed).
+    /// `agents` closed (they fail static), `waiting` kept (not yet welcomed); `joined`:
+    /// whether the relay had sent its rack's `Join` on that connection (a relay that had not
+    /// lost nothing: the coordinator closes a connection that does not join in time, and
+    /// a slowly assembling rack sees that once per join timeout).
     UpstreamLost {
         reason: String,
         agents: usize,
         waiting: usize,
+        joined: bool,
     },
     /// The coordinator asked for something a relay does not do (the live problem), or sent a
     /// selection message out of turn.
@@ -342,6 +346,7 @@ impl Relay {
             reason: reason.to_string(),
             agents: welcomed.len(),
             waiting: self.agents.len() - welcomed.len(),
+            joined: self.up != Upstream::Connected,
         }));
         let why = format!("the relay lost the coordinator: {reason}");
         for id in welcomed {

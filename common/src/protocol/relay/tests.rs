@@ -263,6 +263,14 @@ fn stragglers_are_reused_up_to_the_bound_then_waited_for() {
 fn losing_the_coordinator_fails_the_rack_static_until_it_returns() {
     let mut r = two_agent_relay();
     let out = r.on_upstream_lost(100 * MS, "connection lost");
+    assert!(out.iter().any(|a| matches!(
+        a,
+        RelayAction::Event(RelayEvent::UpstreamLost {
+            agents: 2,
+            joined: true,
+            ..
+        })
+    )));
     let mut c = closed(&out);
     c.sort();
     assert_eq!(c, vec![1, 2]);
@@ -328,6 +336,18 @@ fn agents_waiting_for_their_first_welcome_survive_a_lost_coordinator() {
     r.on_agent(2 * MS, 2, join("h2", vec![(1, 1)], vec![(1, 0.5)]));
     let out = r.on_upstream_lost(3_000 * MS, "no stream within 3s");
     assert!(closed(&out).is_empty(), "{out:?}");
+    assert!(
+        out.iter().any(|a| matches!(
+            a,
+            RelayAction::Event(RelayEvent::UpstreamLost {
+                agents: 0,
+                waiting: 2,
+                joined: false,
+                ..
+            })
+        )),
+        "told apart from a loss (the driver logs it at INFO): {out:?}"
+    );
     assert_eq!(r.agents(), 2);
     assert!(r.connect_due(3_020 * MS));
     r.on_upstream_connected(3_020 * MS);
