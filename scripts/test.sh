@@ -9,7 +9,7 @@ step setup
 bash scripts/setup.sh
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_TERM_COLOR=never
-step "fmt, the shim's module cycles, file lengths"
+step "fmt, the shim's module cycles, file lengths, dependency shape"
 cargo fmt --all -- --check
 # The shim's modules import each other without a cycle (issue 20); the check checks itself first.
 python3 scripts/shim-module-cycles.py --self-test
@@ -17,6 +17,17 @@ python3 scripts/shim-module-cycles.py >/dev/null
 # No source file over 1,000 lines but tests (issue 20): a longer one gets split by job.
 long=$(git ls-files '*.rs' | grep -v -e '/tests/' -e 'tests\.rs$' | xargs wc -l | awk '$2 != "total" && $1 > 1000')
 if [ -n "$long" ]; then echo "source files over 1,000 lines (split them):"; echo "$long"; exit 1; fi
+# What must not be linked where (issue 20): the agent without the coordinator's stack, the
+# provider loaded into every program without the engine.
+forbidden() { # package, then the packages its normal dependencies must not include
+    local pkg=$1; shift
+    local deps; deps=$(cargo tree -q -p "$pkg" -e normal --prefix none | awk '{print $1}' | sort -u)
+    for f in "$@"; do
+        if grep -qx "$f" <<<"$deps"; then echo "$pkg depends on $f"; exit 1; fi
+    done
+}
+forbidden drum-agent drum-coordinator plotters rcgen
+forbidden softrnic-provider softrnic
 # The benchmark's feature, so that clippy sees the benchmark too.
 step clippy
 cargo clippy --workspace --all-targets --release --features drum-common/bench -- -D warnings

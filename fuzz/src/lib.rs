@@ -18,8 +18,8 @@ use serde::Serialize;
 use softrnic::auss::Stamp;
 use softrnic::flow::FlowRule;
 use softrnic::proto::{self, Req, Resp};
-use softrnic::rdma_cm::msg::Msg as CmMsg;
 use softrnic::wire::{psn_add, psn_diff, Packet, PSN_MASK};
+use softrnic_provider::rdma_cm::msg::Msg as CmMsg;
 
 // ---------------------------------------------------------------------------------------------
 // Control plane (drum_common::protocol::wire)
@@ -130,7 +130,7 @@ pub fn softrnic_packet(data: &[u8]) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// softrnic RDMA CM messages between programs (softrnic::rdma_cm::msg)
+// softrnic RDMA CM messages between programs (softrnic_provider::rdma_cm::msg)
 // ---------------------------------------------------------------------------------------------
 
 /// One framed RDMA CM message body as the connection reader gets it: [`CmMsg::decode`], and

@@ -426,7 +426,7 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
 
     // Daemon configs, as in deploy/config/.
     {
-        use softrnic::rdma_cm::msg::{Rep, Req as CmReq};
+        use softrnic_provider::rdma_cm::msg::{Rep, Req as CmReq};
         let cm = [
             (
                 "req",

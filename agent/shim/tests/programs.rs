@@ -3,9 +3,9 @@
 //! without it, while the shim's exit summary (`DRUM_SHIM_LOG=1`) shows what it counted.
 //!
 //! `cargo test` does not build cdylibs or other packages' binaries: these tests use
-//! `libdrum_shim.so` and `softrnic` from the same target directory as the test binary, built
-//! by `cargo build --release -p softrnic -p drum-shim` (the project's test script builds the
-//! whole workspace first). They need root (softrnic's namespaces); without it they print why
+//! `libdrum_shim.so`, `softrnic` and its provider from the same target directory as the test
+//! binary, built by `cargo build --release -p softrnic -p softrnic-provider -p drum-shim` (the
+//! project's test script builds the whole workspace first). They need root (softrnic's namespaces); without it they print why
 //! and skip. Each test uses its own run directory, and a guard runs `softrnic down` even on
 //! failure.
 

@@ -4,7 +4,7 @@
 #
 #   sudo testbed/kv/bench/kv-vs-perftest.sh [OUT_DIR]
 #
-# Needs root, perftest, python3 and `cargo build --release -p softrnic -p drum-kv`. Servers on
+# Needs root, perftest, python3 and `cargo build --release -p softrnic -p softrnic-provider -p drum-kv`. Servers on
 # h1, clients on h2. Each comparison runs the perftest program and then drum-kv, back to back,
 # KV_BENCH_ROUNDS times (default 3): on a shared machine the load changes within a minute, so
 # each round's ratio is taken from neighbouring runs and the median of the rounds is reported.

@@ -4,8 +4,8 @@
 //! under the shim governed by an agent. Bad requests get error replies or a closed
 //! connection while every other client is served and no value is lost.
 //!
-//! Needs root and `cargo build --release -p softrnic -p drum-shim -p drum-agent` with the same
-//! target directory; skips with a message without root.
+//! Needs root and `cargo build --release -p softrnic -p softrnic-provider -p drum-shim
+//! -p drum-agent` with the same target directory; skips with a message without root.
 
 // The shim's test support (softrnic runs torn down on drop, the agent): shared, not copied.
 // Not all of it is used here.

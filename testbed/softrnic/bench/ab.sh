@@ -1,7 +1,7 @@
 #!/bin/sh
 # A/B of two softrnic builds in one sitting: ib_write_bw 64 KiB on one host (h1 <- h1, the
 # NIC's loopback) and across namespaces (h1 <- h2), the builds alternated ROUNDS times.
-# Usage: ab.sh DIR_A DIR_B  (each holding a `softrnic` and its `libsoftrnic.so`)
+# Usage: ab.sh DIR_A DIR_B  (each holding a `softrnic` and its provider `libsoftrnic_provider.so`)
 # Environment: N (iterations, default 20000), ROUNDS (default 4), RATE (the NIC model's line
 # rate in Gb/s, default 200: a comparison of the emulator's speed must not be capped by the
 # modelled line, whose default of 25 Gb/s is about 3 GB/s). Needs root.

@@ -3,7 +3,7 @@
 # on h2, h3, ... into h1, at RATE Gb/s (default 1) for DUR seconds (default 5); prints each
 # sender's MiB/s, the aggregate, h1's receive-port counters and the senders' retransmissions
 # and pauses received. Usage: incast.sh DIR SENDERS [more options of softrnic up], DIR holding
-# a `softrnic` and its `libsoftrnic.so`. Needs root.
+# a `softrnic` and its provider `libsoftrnic_provider.so`. Needs root.
 set -u
 D=$1; N=$2; shift 2
 S="$D/softrnic"; RUN=$(mktemp -d /tmp/softrnic-incast.XXXXXX)

@@ -20,7 +20,7 @@ pub const DEVDIR: &str = "/dev/infiniband";
 /// them as the uverbs devices' `dev`.
 pub const NODE_DEV: (u32, u32) = (1, 7);
 /// The verbs device and the RDMA CM's device; the provider turns an open of the latter into an
-/// RDMA CM channel (`crate::rdma_cm`).
+/// RDMA CM channel (served inside each program by softrnic-provider's `rdma_cm`).
 /// Every device a host may offer gets its node, whether or not the run has it: libibverbs
 /// opens only those its sysfs tree lists.
 fn nodes() -> impl Iterator<Item = String> {

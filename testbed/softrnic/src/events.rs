@@ -19,8 +19,7 @@ use std::collections::{HashMap, VecDeque};
 /// never reads its events must not grow the engine without bound).
 pub const MAX_PENDING: usize = 256;
 
-/// Size of `struct ib_uverbs_async_event_desc`.
-pub const RECORD_LEN: usize = 16;
+pub use softrnic_abi::async_event::{record, RECORD_LEN};
 
 /// The object an event is about (engine handles).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -30,14 +29,6 @@ pub enum Obj {
     Srq(u32),
     /// The device's port (never destroyed: its events need no bookkeeping for a destroy).
     Port,
-}
-
-/// `struct ib_uverbs_async_event_desc { u64 element; u32 event_type; u32 reserved; }`.
-pub fn record(element: u64, event_type: u32) -> [u8; RECORD_LEN] {
-    let mut r = [0u8; RECORD_LEN];
-    r[..8].copy_from_slice(&element.to_ne_bytes());
-    r[8..12].copy_from_slice(&event_type.to_ne_bytes());
-    r
 }
 
 /// One context's asynchronous events.

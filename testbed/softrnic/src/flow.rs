@@ -21,12 +21,12 @@
 
 use std::fmt;
 
+use softrnic_abi::proto::MAX_FLOW_ATTR_BYTES as MAX_ATTR_BYTES;
+
 pub const FLOW_ATTR_NORMAL: u32 = 0;
 pub const FLOW_ATTR_ALL_DEFAULT: u32 = 1;
 pub const FLOW_ATTR_MC_DEFAULT: u32 = 2;
 pub const FLOW_ATTR_SNIFFER: u32 = 3;
-/// Largest attribute (with its specs) accepted.
-pub const MAX_ATTR_BYTES: usize = 1024;
 /// Most specs in one rule.
 const MAX_SPECS: usize = 8;
 const ATTR_LEN: usize = 20;

@@ -187,16 +187,20 @@ fn which(cmd: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// The file the `softrnic-provider` crate builds.
+const PROVIDER_FILE: &str = "libsoftrnic_provider.so";
+
 /// The provider library next to the running binary.
 fn provider_lib() -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let p = exe
         .parent()
         .ok_or_else(|| anyhow!("binary has no directory"))?
-        .join("libsoftrnic.so");
+        .join(PROVIDER_FILE);
     if !p.exists() {
         bail!(
-            "provider {} not found (build with `cargo build -p softrnic`)",
+            "provider {} not found (build it with `cargo build -p softrnic-provider`, the same \
+             profile as this binary)",
             p.display()
         );
     }
@@ -242,7 +246,7 @@ pub fn write_sysfs(
     fs::create_dir_all(&cm)?;
     w(
         cm.join("abi_version"),
-        &format!("{}\n", crate::rdma_cm::abi::ABI_VERSION),
+        &format!("{}\n", crate::device::RDMA_CM_ABI_VERSION),
     )?;
     for i in 0..devices {
         let uv = verbs.join(device::uverbs_name(i));

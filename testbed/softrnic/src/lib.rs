@@ -1,6 +1,8 @@
-//! softrnic: a software RDMA NIC for the stock rdma-core user space.
+//! softrnic: a software RDMA NIC for the stock rdma-core user space. Three crates:
+//! `softrnic-provider` (the libibverbs provider and the RDMA connection manager,
+//! `libsoftrnic_provider.so`, loaded into every verbs program), `softrnic-abi` (what the provider and the engine share: [`proto`],
+//! [`ring`], [`device`], re-exported here), and this one, the engine and the command:
 //!
-//! - [`provider`]: the libibverbs provider (this crate's cdylib, `libsoftrnic.so`);
 //! - [`engine`]: the NIC engine of one emulated host;
 //! - [`events`]: asynchronous events (`ibv_get_async_event`) and what a destroy waits for;
 //! - [`faults`]: seeded per-link fault injection (loss, duplication, reordering, delay);
@@ -13,19 +15,17 @@
 //! - [`hosts`]: emulated hosts (namespaces or loopback), `up`/`down`/`exec`/`addr`;
 //! - [`userns`], [`devdir`]: hosts without root (a user namespace held by one process), and
 //!   the private `/dev/infiniband` that `exec` mounts;
-//! - [`rdma_cm`]: the RDMA connection manager behind `/dev/infiniband/rdma_cm`, for librdmacm;
 //! - [`due`]: items held until a time (the receive port's delay line, held faults);
-//! - [`ring`]: shared-memory work-request and completion rings, and the engine's doorbell;
-//! - [`proto`], [`wire`], [`device`]: the provider-engine protocol, the
-//!   engine-engine packet format, and what the device reports.
+//! - [`wire`]: the engine-engine packet format.
 //!
 //! See docs/softrnic.md.
+
+pub use softrnic_abi::{device, proto, ring};
 
 pub mod auss;
 pub mod dart_receiver;
 pub mod dcqcn;
 pub mod devdir;
-pub mod device;
 pub mod due;
 pub mod engine;
 pub mod events;
@@ -35,10 +35,6 @@ pub mod hosts;
 pub mod idmap;
 pub mod mw;
 pub mod nic;
-pub mod proto;
-pub mod provider;
-pub mod rdma_cm;
-pub mod ring;
 pub mod rx_port;
 pub mod userns;
 pub mod wire;

@@ -128,17 +128,7 @@ fn flag(v: &str) -> Option<bool> {
     }
 }
 
-/// IB MTU enum value (`IBV_MTU_*`) of a byte size.
-pub fn mtu_enum(bytes: u32) -> Option<i32> {
-    match bytes {
-        256 => Some(1),
-        512 => Some(2),
-        1024 => Some(3),
-        2048 => Some(4),
-        4096 => Some(5),
-        _ => None,
-    }
-}
+pub use softrnic_abi::device::mtu_enum;
 
 impl NicConfig {
     pub fn validate(&self) -> Result<(), NicError> {

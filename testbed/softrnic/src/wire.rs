@@ -37,9 +37,9 @@ pub const OP_FETCH_ADD: u8 = 8;
 pub const OP_ATOMIC_RESP: u8 = 9;
 /// A UD datagram: one packet, `rkey` carries the Q_Key, no acknowledgement.
 pub const OP_UD_SEND: u8 = 10;
-/// The destination QPN of a UD datagram to a multicast group (IBTA: 0xFFFFFF); the group's
-/// IPv4 address travels in `remote_addr`.
-pub const MCAST_QPN: u32 = 0xFF_FFFF;
+/// The destination QPN of a UD datagram to a multicast group; the group's IPv4 address
+/// travels in `remote_addr`.
+pub use softrnic_abi::device::MCAST_QPN;
 /// An Ethernet frame of a raw-packet QP (the payload, as the application built it), flooded
 /// to every host as a switch floods unknown unicast; receivers steer it by their flow rules.
 pub const OP_RAW: u8 = 11;

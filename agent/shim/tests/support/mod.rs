@@ -26,7 +26,7 @@ pub fn built(name: &str) -> PathBuf {
     assert!(
         p.is_file(),
         "{} is missing: cargo test does not build it; run `cargo build --release -p softrnic \
-         -p drum-shim` (or `cargo build --workspace --release`) with the same CARGO_TARGET_DIR \
+         -p softrnic-provider -p drum-shim` (or `cargo build --workspace --release`) with the same CARGO_TARGET_DIR \
          first",
         p.display()
     );

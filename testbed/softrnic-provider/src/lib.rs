@@ -1,4 +1,9 @@
-//! The libibverbs provider (`libsoftrnic-rdmav34.so`).
+//! softrnic's side inside every verbs program: the shared object `libsoftrnic_provider.so`,
+//! which `softrnic up` links into each host's run directory as `lib/libsoftrnic-rdmav34.so`
+//! and `softrnic exec` preloads. It holds the verbs provider, the RDMA connection manager
+//! behind `/dev/infiniband/rdma_cm` ([`rdma_cm`]: it runs in the program, as the kernel's
+//! does for a real NIC) and what they share with the engine (`softrnic-abi`) — no engine,
+//! fabric or namespace code.
 //!
 //! libibverbs dlopens this library (through `RDMAV_DRIVERS`); its ELF constructor registers a
 //! `verbs_device_ops` with `verbs_register_driver_34`. Every verb is forwarded to the host's
@@ -6,7 +11,7 @@
 //! (`<ibdev_path>/softrnic_engine_socket`). No panic unwinds into C: every entry point runs in
 //! `catch_unwind` and turns a panic into an error return.
 //!
-//! This file holds the device, the context and its engine connection, PDs and MRs; the other
+//! The crate root holds the device, the context and its engine connection, PDs and MRs; the other
 //! verbs are in its modules: `cq`, `cq_ex`, `qp`, `qp_ex`, `srq`, `xrc`, `mw`, `ah` and `post`
 //! (the data path's `ibv_post_send`/`ibv_post_recv`).
 
@@ -21,11 +26,11 @@ use std::sync::{Mutex, OnceLock};
 
 use libc::{c_char, c_int, c_void};
 
-use crate::device;
-use crate::proto::{self, Caps, QpAttrs, RecvWr, Req, Resp, SendWr, Sge};
-use crate::ring::{self, Doorbell, Map, QpLayout, Ring};
 use drum_verbs_abi::consts::*;
 use drum_verbs_abi::*;
+use softrnic_abi::device;
+use softrnic_abi::proto::{self, Caps, QpAttrs, RecvWr, Req, Resp, SendWr, Sge};
+use softrnic_abi::ring::{self, Doorbell, Map, QpLayout, Ring};
 use std::sync::atomic::Ordering;
 
 mod ah;
@@ -39,6 +44,7 @@ mod pd_mr;
 mod post;
 mod qp;
 mod qp_ex;
+pub mod rdma_cm;
 mod srq;
 mod xrc;
 
@@ -281,7 +287,7 @@ unsafe extern "C" fn alloc_device(sysfs: *mut VerbsSysfsDev) -> *mut VerbsDevice
             .unwrap_or(0);
         let active_mtu = std::fs::read_to_string(format!("{path}/softrnic_mtu"))
             .ok()
-            .and_then(|m| crate::nic::mtu_enum(m.trim().parse().ok()?))
+            .and_then(|m| device::mtu_enum(m.trim().parse().ok()?))
             .unwrap_or(IBV_MTU_4096);
         let Ok(engine_socket) = CString::new(sock) else {
             return null_mut();
@@ -568,7 +574,7 @@ impl CtxState {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Asynchronous events (see crate::events for the protocol and why one record at a time)
+// Asynchronous events (see softrnic's `events` for the protocol and why one record at a time)
 // ---------------------------------------------------------------------------------------------
 
 /// The context's asynchronous event stream, which becomes its `async_fd`.
@@ -645,7 +651,7 @@ unsafe fn settle_events(
     };
     let mut expected = events_reported;
     if event_unread {
-        let mut rec = [0u8; crate::events::RECORD_LEN];
+        let mut rec = [0u8; softrnic_abi::async_event::RECORD_LEN];
         // SAFETY: reads at most rec.len() bytes into rec from the context's async fd.
         let n = unsafe {
             libc::recv(

@@ -28,7 +28,7 @@ impl Cm {
                 event: event::MULTICAST_JOIN,
                 status: 0,
                 param: Param::Ud {
-                    qp_num: crate::wire::MCAST_QPN,
+                    qp_num: softrnic_abi::device::MCAST_QPN,
                     qkey: abi::UDP_QKEY,
                     ah: Some(ah_to(device::gid_for(group), tos)),
                     private: Vec::new(),

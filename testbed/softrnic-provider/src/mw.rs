@@ -1,4 +1,4 @@
-//! Memory windows (see crate::mw).
+//! Memory windows (the engine side is softrnic's `mw`).
 
 use super::*;
 

@@ -17,6 +17,9 @@ pub use resp::Resp;
 
 /// Largest frame either side accepts (inline data is bounded far below this).
 pub const MAX_FRAME: usize = 1 << 20;
+/// Largest flow-steering attribute (`ibv_flow_attr` with its specs, as bytes) a
+/// `Req::CreateFlow` carries.
+pub const MAX_FLOW_ATTR_BYTES: usize = 1024;
 
 #[derive(Debug, Error)]
 pub enum WireError {
@@ -259,16 +262,19 @@ pub struct SendWr {
 }
 
 /// The `swap` field of a bind work request: the MR's lkey and the window's access flags.
+#[inline]
 pub fn bind_fields(mr_lkey: u32, access: u32) -> u64 {
     u64::from(mr_lkey) << 32 | u64::from(access)
 }
 
 /// Work requests the NIC executes locally, without a packet: window binds and invalidations.
+#[inline]
 pub fn is_local_wr(opcode: i32) -> bool {
     matches!(opcode, IBV_WR_BIND_MW | IBV_WR_LOCAL_INV)
 }
 
 /// Whether an `ibv_wr_opcode` is one of the two atomics.
+#[inline]
 pub fn is_atomic_wr(opcode: i32) -> bool {
     matches!(
         opcode,
@@ -282,6 +288,7 @@ pub fn is_atomic_wr(opcode: i32) -> bool {
 /// inline data on a READ or an atomic (they write local memory), an atomic whose local buffer
 /// is not exactly the 8 bytes of the original value, a window bind or invalidation with local
 /// buffers, or a message larger than the port's.
+#[inline]
 pub fn check_send_wr(qp_type: i32, opcode: i32, inline: bool, len: u64) -> Result<(), i32> {
     let send = matches!(opcode, IBV_WR_SEND | IBV_WR_SEND_WITH_IMM);
     let write = matches!(opcode, IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM);
@@ -474,7 +481,7 @@ pub enum Req {
     /// The context's asynchronous event stream: answered like [`Req::CreateChannel`], attached
     /// the same way ([`Req::AttachChannel`]); the engine then writes 16-byte
     /// `struct ib_uverbs_async_event_desc` records on it, one at a time (see
-    /// [`crate::events`]).
+    /// softrnic's `events`).
     CreateAsyncChannel,
     /// The application's pointer for an object (`kind` 1: `struct ibv_qp *` of QP `handle`,
     /// 2: `struct ibv_srq *` of SRQ `handle`), which asynchronous events carry.
@@ -525,7 +532,7 @@ pub enum Req {
         group: u64,
     },
     /// Steer frames matching `attr` (the application's `struct ibv_flow_attr` and its
-    /// specs, as bytes; [`crate::flow`]) to raw-packet QP `qpn` ([`Resp::Handle`]).
+    /// specs, as bytes; softrnic's `flow`) to raw-packet QP `qpn` ([`Resp::Handle`]).
     CreateFlow {
         qpn: u32,
         attr: Vec<u8>,

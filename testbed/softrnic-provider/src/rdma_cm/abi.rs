@@ -3,7 +3,7 @@
 //! (`<rdma/ib_user_verbs.h>`, `<rdma/ib_user_sa.h>`). Layouts are checked against the installed
 //! headers by `layout_matches_kernel_headers`.
 
-pub const ABI_VERSION: u32 = 4;
+pub const ABI_VERSION: u32 = softrnic_abi::device::RDMA_CM_ABI_VERSION;
 
 pub const CMD_CREATE_ID: u32 = 0;
 pub const CMD_DESTROY_ID: u32 = 1;

@@ -82,8 +82,26 @@ pub const MAX_MCAST_GRP: u32 = 4096;
 pub const MAX_MCAST_QP_ATTACH: u32 = 256;
 /// Largest message (bytes) the port accepts: 2 GiB - 1, as rxe and mlx5 report.
 pub const MAX_MSG_SZ: u32 = 0x7fff_ffff;
+/// The QPN a multicast group is addressed by (IBTA: 0xFFFFFF).
+pub const MCAST_QPN: u32 = 0xFF_FFFF;
+/// The RDMA CM command ABI `class/misc/rdma_cm/abi_version` reports (`<rdma/rdma_user_cm.h>`,
+/// version 4, the one librdmacm 44 speaks), which the provider's connection manager implements.
+pub const RDMA_CM_ABI_VERSION: u32 = 4;
+
+/// IB MTU enum value (`IBV_MTU_*`) of a byte size.
+pub fn mtu_enum(bytes: u32) -> Option<i32> {
+    match bytes {
+        256 => Some(1),
+        512 => Some(2),
+        1024 => Some(3),
+        2048 => Some(4),
+        4096 => Some(5),
+        _ => None,
+    }
+}
 
 /// IPv4-mapped GID (`::ffff:a.b.c.d`), as RoCEv2 devices report for IPv4 addresses.
+#[inline]
 pub fn gid_for(ip: Ipv4Addr) -> [u8; 16] {
     let mut g = [0u8; 16];
     g[10] = 0xff;
@@ -93,6 +111,7 @@ pub fn gid_for(ip: Ipv4Addr) -> [u8; 16] {
 }
 
 /// The IPv4 address in an IPv4-mapped GID.
+#[inline]
 pub fn ip_of_gid(g: &[u8; 16]) -> Option<Ipv4Addr> {
     if g[..10].iter().all(|b| *b == 0) && g[10] == 0xff && g[11] == 0xff {
         Some(Ipv4Addr::new(g[12], g[13], g[14], g[15]))
@@ -107,6 +126,7 @@ pub const HASHED_GROUP: u64 = 1 << 63;
 /// The key a multicast GID is known by between provider and engines: an IPv4-mapped group's
 /// IPv4 address, or for an IB-style MGID (first byte 0xff; perftest's `--mcg` default) a
 /// 64-bit FNV-1a hash of it with [`HASHED_GROUP`] set. None for unicast GIDs.
+#[inline]
 pub fn mcast_group(g: &[u8; 16]) -> Option<u64> {
     match ip_of_gid(g) {
         Some(ip) if ip.is_multicast() => Some(u64::from(u32::from(ip))),
@@ -128,6 +148,7 @@ pub const MAC_GROUP: u64 = 1 << 62;
 /// GID holding a multicast MAC in its last six bytes after ten zero bytes (mlx4/mlx5's form,
 /// which perftest's `raw_ethernet_bw --raw_mcast` uses), or an IPv4-mapped multicast GID, whose
 /// MAC is 01:00:5e and the group's low 23 bits (RFC 1112). None for anything else.
+#[inline]
 pub fn mac_group(g: &[u8; 16]) -> Option<u64> {
     let mac: [u8; 6] = match ip_of_gid(g) {
         Some(ip) if ip.is_multicast() => {
@@ -144,11 +165,13 @@ pub fn mac_group(g: &[u8; 16]) -> Option<u64> {
 }
 
 /// The group key of a destination MAC (a frame's first six bytes).
+#[inline]
 pub fn mac_group_key(mac: &[u8; 6]) -> u64 {
     mac.iter().fold(0, |k, b| k << 8 | u64::from(*b)) | MAC_GROUP
 }
 
 /// Whether `key` (a UD destination) names a multicast group.
+#[inline]
 pub fn is_group(key: u64) -> bool {
     key & HASHED_GROUP != 0 || u32::try_from(key).is_ok_and(|ip| Ipv4Addr::from(ip).is_multicast())
 }

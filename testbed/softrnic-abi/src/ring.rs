@@ -95,6 +95,7 @@ pub const NOT_INLINE: u32 = u32::MAX;
 // application may scribble on them), so each type encodes itself at its `repr(C)` offsets.
 
 impl SqHeader {
+    #[inline]
     pub fn encode(&self, b: &mut [u8]) {
         put_u64(b, offset_of!(Self, wr_id), self.wr_id);
         put_u32(b, offset_of!(Self, opcode), self.opcode);
@@ -110,6 +111,7 @@ impl SqHeader {
         put_u32(b, offset_of!(Self, xrc_srqn), self.xrc_srqn);
     }
 
+    #[inline]
     pub fn decode(b: &[u8]) -> Self {
         Self {
             wr_id: get_u64(b, offset_of!(Self, wr_id)),
@@ -129,11 +131,13 @@ impl SqHeader {
 }
 
 impl RqHeader {
+    #[inline]
     pub fn encode(&self, b: &mut [u8]) {
         put_u64(b, offset_of!(Self, wr_id), self.wr_id);
         put_u32(b, offset_of!(Self, num_sge), self.num_sge);
     }
 
+    #[inline]
     pub fn decode(b: &[u8]) -> Self {
         Self {
             wr_id: get_u64(b, offset_of!(Self, wr_id)),
@@ -144,6 +148,7 @@ impl RqHeader {
 }
 
 /// Writes SGE `i` of a slot whose SGEs start at `first` (`SQ_SGE_OFF` or `RQ_SGE_OFF`).
+#[inline]
 pub fn put_sge(b: &mut [u8], first: usize, i: usize, s: &Sge) {
     let o = first + SGE_LEN * i;
     put_u64(b, o + offset_of!(Sge, addr), s.addr);
@@ -152,6 +157,7 @@ pub fn put_sge(b: &mut [u8], first: usize, i: usize, s: &Sge) {
 }
 
 /// Reads SGE `i` of a slot whose SGEs start at `first`.
+#[inline]
 pub fn get_sge(b: &[u8], first: usize, i: usize) -> Sge {
     let o = first + SGE_LEN * i;
     Sge {
@@ -165,10 +171,12 @@ fn round64(n: usize) -> usize {
     n.div_ceil(64) * 64
 }
 
+#[inline]
 pub fn sq_slot(max_sge: u32, max_inline: u32) -> usize {
     round64(SQ_SGE_OFF + SGE_LEN * max_sge as usize + max_inline as usize)
 }
 
+#[inline]
 pub fn rq_slot(max_sge: u32) -> usize {
     round64(RQ_SGE_OFF + SGE_LEN * max_sge as usize)
 }
@@ -176,6 +184,7 @@ pub fn rq_slot(max_sge: u32) -> usize {
 pub const WC_SIZE: usize = std::mem::size_of::<IbvWc>();
 
 /// Bytes of a CQ's completion ring.
+#[inline]
 pub fn cq_len(cqe: u32) -> usize {
     HDR + cqe as usize * WC_SIZE
 }
@@ -284,15 +293,18 @@ impl Map {
         }
     }
 
+    #[inline]
     pub fn len(&self) -> usize {
         self.len
     }
 
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// The 32-bit word at `off` (4-aligned, in bounds) as an atomic.
+    #[inline]
     pub fn word(&self, off: usize) -> &AtomicU32 {
         assert!(off % 4 == 0 && off + 4 <= self.len);
         // SAFETY: in bounds and aligned (the mapping is page-aligned); AtomicU32 has the layout
@@ -301,6 +313,7 @@ impl Map {
     }
 
     /// Copy `out.len()` bytes from offset `off`.
+    #[inline]
     pub fn read(&self, off: usize, out: &mut [u8]) {
         assert!(off + out.len() <= self.len);
         // SAFETY: in bounds; the other process may write concurrently, so the bytes are only
@@ -309,6 +322,7 @@ impl Map {
     }
 
     /// Copy `data` to offset `off`.
+    #[inline]
     pub fn write(&self, off: usize, data: &[u8]) {
         assert!(off + data.len() <= self.len);
         // SAFETY: in bounds; shared memory that both sides only copy in and out of.
@@ -332,22 +346,28 @@ pub struct Ring {
 }
 
 impl Ring {
+    #[inline]
     pub fn prod<'a>(&self, m: &'a Map) -> &'a AtomicU32 {
         m.word(self.off + PROD)
     }
+    #[inline]
     pub fn cons<'a>(&self, m: &'a Map) -> &'a AtomicU32 {
         m.word(self.off + CONS)
     }
+    #[inline]
     pub fn done<'a>(&self, m: &'a Map) -> &'a AtomicU32 {
         m.word(self.off + DONE)
     }
+    #[inline]
     pub fn arm<'a>(&self, m: &'a Map) -> &'a AtomicU32 {
         m.word(self.off + ARM)
     }
     /// Offset of the slot of entry `i`.
+    #[inline]
     pub fn slot_off(&self, i: u32) -> usize {
         self.off + HDR + (i % self.n.max(1)) as usize * self.slot
     }
+    #[inline]
     pub fn end(&self) -> usize {
         self.off + HDR + self.n as usize * self.slot
     }
@@ -374,6 +394,7 @@ fn get_u64(b: &[u8], off: usize) -> u64 {
 }
 
 /// Encode a completion into its slot image (the C layout of `struct ibv_wc`, padding zero).
+#[inline]
 pub fn wc_bytes(wc: &IbvWc) -> [u8; WC_SIZE] {
     let mut b = [0u8; WC_SIZE];
     put_u64(&mut b, offset_of!(IbvWc, wr_id), wc.wr_id);
@@ -397,6 +418,7 @@ pub fn wc_bytes(wc: &IbvWc) -> [u8; WC_SIZE] {
 }
 
 /// Decode a completion slot image.
+#[inline]
 pub fn wc_from(b: &[u8; WC_SIZE]) -> IbvWc {
     IbvWc {
         wr_id: get_u64(b, offset_of!(IbvWc, wr_id)),
@@ -467,11 +489,13 @@ impl Doorbell {
         })
     }
 
+    #[inline]
     pub fn seq(&self) -> u32 {
         self.map.word(DB_SEQ).load(Ordering::SeqCst)
     }
 
     /// Producer side: something was posted (or happened); wake the engine if it sleeps.
+    #[inline]
     pub fn ring(&self) {
         self.map.word(DB_SEQ).fetch_add(1, Ordering::SeqCst);
         if self.map.word(DB_SLEEPING).load(Ordering::SeqCst) != 0 {

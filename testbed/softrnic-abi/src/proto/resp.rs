@@ -48,7 +48,7 @@ pub enum Resp {
     },
     /// A destroyed QP, SRQ or CQ: how many of its asynchronous events the application has
     /// read, and whether the record on the event stream is one of its own, not yet reported
-    /// read (see [`crate::events`]).
+    /// read (see softrnic's `events`).
     Destroyed {
         events_reported: u32,
         event_unread: bool,

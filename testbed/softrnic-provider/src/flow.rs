@@ -1,6 +1,6 @@
 //! `ibv_create_flow` / `ibv_destroy_flow`: steering rules of raw-packet QPs. The provider
 //! passes the application's `struct ibv_flow_attr` and its specs to the engine as bytes; the
-//! engine parses and checks them ([`crate::flow`]) and answers with the rule's handle.
+//! engine parses and checks them (softrnic's `flow`) and answers with the rule's handle.
 
 use std::ptr::null_mut;
 
@@ -34,7 +34,7 @@ unsafe fn attr_bytes<'a>(attr: *const u8) -> &'a [u8] {
     unsafe {
         let mut len = ATTR_LEN;
         for _ in 0..*attr.add(NUM_OF_SPECS_OFFSET) {
-            if len + 6 > crate::flow::MAX_ATTR_BYTES {
+            if len + 6 > softrnic_abi::proto::MAX_FLOW_ATTR_BYTES {
                 break;
             }
             let size = std::ptr::read_unaligned(attr.add(len + 4) as *const u16) as usize;
@@ -44,7 +44,7 @@ unsafe fn attr_bytes<'a>(attr: *const u8) -> &'a [u8] {
             }
             len += size;
         }
-        std::slice::from_raw_parts(attr, len.min(crate::flow::MAX_ATTR_BYTES))
+        std::slice::from_raw_parts(attr, len.min(softrnic_abi::proto::MAX_FLOW_ATTR_BYTES))
     }
 }
 

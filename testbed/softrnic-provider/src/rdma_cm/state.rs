@@ -11,8 +11,8 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 
 use super::abi::{self, event, UverbsAhAttr, UverbsQpAttr};
 use super::msg::{self, Msg, Rep, Req};
-use crate::device;
 use drum_verbs_abi::consts::*;
+use softrnic_abi::device;
 
 mod mcast;
 mod peer;

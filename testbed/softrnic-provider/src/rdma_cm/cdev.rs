@@ -20,7 +20,7 @@ use libc::{c_char, c_int, c_uint, c_void};
 use super::abi::{self, Pod};
 use super::msg::{Msg, MAX_BODY};
 use super::state::{self, Channel, Cm, Device, Handle, Out, State};
-use crate::device as dev;
+use softrnic_abi::device as dev;
 
 /// The node librdmacm opens (`RDMA_CDEV_DIR "/rdma_cm"`).
 pub const CDEV_PATH: &[u8] = b"/dev/infiniband/rdma_cm";
@@ -720,7 +720,7 @@ fn device_from_sysfs() -> Option<Device> {
     let gid = std::fs::read_to_string(format!("{ib}/ports/1/gids/0")).ok()?;
     let mtu = std::fs::read_to_string(format!("{ib}/softrnic_mtu"))
         .ok()
-        .and_then(|m| crate::nic::mtu_enum(m.trim().parse().ok()?))
+        .and_then(|m| dev::mtu_enum(m.trim().parse().ok()?))
         .unwrap_or(drum_verbs_abi::consts::IBV_MTU_4096);
     Some(Device {
         node_guid_be: guid.to_be(),
