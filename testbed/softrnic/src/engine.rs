@@ -45,6 +45,7 @@ mod counters;
 mod diagnostics;
 mod host_io;
 mod ingress;
+mod memory;
 mod multicast;
 mod placement;
 mod process_memory;
@@ -117,27 +118,6 @@ struct Injection {
     links: HashMap<SocketAddr, LinkInjector>,
     /// Packets held back, with their destinations.
     held: crate::due::DueQueue<(SocketAddr, Packet)>,
-}
-
-struct Mr {
-    conn: u64,
-    pid: i32,
-    pd: u32,
-    addr: u64,
-    len: u64,
-    /// The address work requests and peers use for it (`addr` unless registered with an
-    /// IOVA of its own: zero-based MRs, device memory).
-    iova: u64,
-    access: u32,
-}
-
-impl Mr {
-    /// The process address of `[va, va + len)` named by its IOVA, if the MR holds it all.
-    fn translate(&self, va: u64, len: u64) -> Option<u64> {
-        let end = va.checked_add(len)?;
-        (va >= self.iova && end <= self.iova.checked_add(self.len)?)
-            .then(|| self.addr + (va - self.iova))
-    }
 }
 
 struct Cq {
@@ -378,9 +358,8 @@ impl Qp {
 struct State {
     next_handle: u32,
     next_qpn: u32,
-    next_key: u32,
-    pds: IdMap<u64>,
-    mrs: IdMap<Mr>,
+    /// PDs, MRs, memory windows and device memory.
+    mem: memory::MemoryTable,
     cqs: IdMap<Cq>,
     channels: IdMap<Channel>,
     qps: IdMap<Qp>,
@@ -388,10 +367,6 @@ struct State {
     xrcds: IdMap<xrc::Xrcd>,
     /// The port's link (`softrnic link`): while down, nothing is sent or received.
     port_up: bool,
-    /// Memory windows by index (rkey >> 8).
-    mws: IdMap<Mw>,
-    /// Device memory reservations: handle → (connection, bytes).
-    dms: IdMap<(u64, u64)>,
     /// The earliest time a paced QP that `tx_one` passed over may send again.
     pace_wake: Option<Instant>,
     /// This host's address (the destination in the GRH of received UD datagrams).
@@ -470,92 +445,6 @@ struct Shared {
     /// The last [`Holder`] to take `st`, named when someone waited long for it.
     holder: AtomicU8,
 }
-impl Shared {
-    fn kick(&self) {
-        self.db.ring();
-    }
-
-    /// Packets between QPs of this host go straight to its own receive path, as a NIC loops
-    /// traffic between its own QPs back inside without putting it on the wire: no socket, no
-    /// wake-up of the receive thread. Their answers (ACKs, READ responses) may be local too,
-    /// hence the loop. Each still is a packet to the NIC model, the transport and the counters.
-    /// (With fault injection configured they take the socket, to meet their fate.)
-    fn loop_back(&self, st: &mut State) {
-        if st.loop_back(self.me) {
-            self.kick();
-        }
-    }
-
-    fn flush_out(&self, st: &mut State) {
-        let st = &mut *st;
-        if !st.port_up {
-            // No link: what the NIC sends goes nowhere.
-            st.counters.port_down_dropped += st.out.len() as u64;
-            st.out.clear();
-            return;
-        }
-        let Some(inj) = st.inject.as_mut() else {
-            self.loop_back(st);
-            if self.gso {
-                let (start, n) = (Instant::now(), st.out.len());
-                st.counters.tx_packets += send_batched(&self.udp, &mut st.out);
-                let took = start.elapsed();
-                if took >= SLOW_LOCK {
-                    log_later(format!(
-                        "softrnic engine: handing {n} packets to the kernel took {} ms",
-                        took.as_millis()
-                    ));
-                }
-                return;
-            }
-            for (dst, p) in st.out.drain(..) {
-                if self.udp.send_to(&p.encode(), dst).is_ok() {
-                    st.counters.tx_packets += 1;
-                }
-            }
-            return;
-        };
-        let now = Instant::now();
-        let c = &mut st.counters;
-        for (dst, p) in st.out.drain(..) {
-            let link = inj.links.entry(dst).or_insert_with(|| {
-                let ip = match dst {
-                    SocketAddr::V4(a) => *a.ip(),
-                    SocketAddr::V6(_) => Ipv4Addr::UNSPECIFIED,
-                };
-                LinkInjector::new(&inj.cfg, &inj.host, ip)
-            });
-            let fate = link.fate();
-            c.fault_dropped += fate.dropped as u64;
-            c.fault_duplicated += fate.duplicated as u64;
-            c.fault_reordered += fate.reordered as u64;
-            for d in fate.sends {
-                if d.is_zero() {
-                    if self.udp.send_to(&p.encode(), dst).is_ok() {
-                        c.tx_packets += 1;
-                    }
-                } else {
-                    c.fault_delayed += 1;
-                    inj.held.push(now + d, (dst, p.clone()));
-                }
-            }
-        }
-        self.flush_held(st, now);
-    }
-
-    /// Send the held packets that are due; returns when the next one is due.
-    fn flush_held(&self, st: &mut State, now: Instant) -> Option<Instant> {
-        let inj = st.inject.as_mut()?;
-        while let Some((dst, packet)) = inj.held.pop_due(now) {
-            if !st.port_up {
-                st.counters.port_down_dropped += 1;
-            } else if self.udp.send_to(&packet.encode(), dst).is_ok() {
-                st.counters.tx_packets += 1;
-            }
-        }
-        inj.held.next_due()
-    }
-}
 
 impl State {
     /// Hand the queued packets for this host (`me`) to its own receive path, and the answers
@@ -563,19 +452,17 @@ impl State {
     /// they are: no encoding, no decoding, their payloads still the requester's staged
     /// message bytes, which the responder's combined write then places directly. Whether
     /// one of them gives the transmitter work.
-    fn loop_back(&mut self, me: SocketAddr) -> bool {
+    fn loop_back(&mut self, me: SocketAddr, now: Instant) -> bool {
         let mut wake = false;
         loop {
             // Data gathered from the packets just handled (see `placement`); placing it may
             // NAK, and the NAK may be local.
-            self.place_all();
+            self.place_all(now);
             if !self.out.iter().any(|(d, _)| *d == me) {
                 break;
             }
             let (local, rest): (Vec<_>, Vec<_>) = self.out.drain(..).partition(|(d, _)| *d == me);
             self.out = rest;
-            // One clock reading per batch: the packets of a batch arrive together.
-            let now = Instant::now();
             for (_, p) in local {
                 self.counters.tx_packets += 1;
                 self.counters.rx_packets += 1;
@@ -610,6 +497,10 @@ fn err(errno: i32) -> Resp {
     }
 }
 
+fn unit_or_err(r: Result<(), i32>) -> Resp {
+    r.map_or_else(err, |()| Resp::Unit)
+}
+
 impl State {
     /// `proc_tx_wqes.PID N` and `proc_tx_bytes.PID N` for every process that owns a QP now
     /// (a process whose QPs are all gone drops out).
@@ -624,19 +515,12 @@ impl State {
             .collect()
     }
 
-    #[cfg(test)]
-    fn new() -> Self {
-        Self::with_nic(NicConfig::default())
-    }
-
-    fn with_nic(nic: NicConfig) -> Self {
+    /// A NIC with no verbs objects yet, started at `now`.
+    fn with_nic(nic: NicConfig, now: Instant) -> Self {
         State {
             next_handle: 1,
             next_qpn: 0x11,
-            next_key: 0x100,
-            pds: IdMap::default(),
-            mrs: IdMap::default(),
-            dms: IdMap::default(),
+            mem: memory::MemoryTable::default(),
             pace_wake: None,
             cqs: IdMap::default(),
             channels: IdMap::default(),
@@ -644,7 +528,6 @@ impl State {
             srqs: IdMap::default(),
             xrcds: IdMap::default(),
             port_up: true,
-            mws: IdMap::default(),
             my_ip: Ipv4Addr::LOCALHOST,
             peers: Vec::new(),
             mcast: HashMap::new(),
@@ -657,7 +540,7 @@ impl State {
             nic: Pipeline::new(nic),
             rx_port: crate::rx_port::RxPort::new(nic.rx_port()),
             rx_waiting: Default::default(),
-            dcqcn: congestion::Dcqcn::new(nic.dcqcn()),
+            dcqcn: congestion::Dcqcn::new(nic.dcqcn(), now),
             dart: Default::default(),
             auss: auss::NicAuss::default(),
             tombstones: IdMap::default(),
@@ -672,8 +555,8 @@ impl State {
     /// `ibv_rc_pingpong` does), the peer's retransmissions are still acknowledged instead of
     /// ending in a retry-exceeded error — the TIME_WAIT of this transport. Nothing is delivered
     /// to anyone; only duplicates of packets already received are answered.
-    fn remove_qp(&mut self, qpn: u32) {
-        self.send_posted_datagrams(qpn, Instant::now());
+    fn remove_qp(&mut self, qpn: u32, now: Instant) {
+        self.send_posted_datagrams(qpn, now);
         self.leave_all_mcast(qpn);
         self.forget_flows(qpn);
         if let Some(q) = self.qps.remove(&qpn) {
@@ -686,19 +569,14 @@ impl State {
                         peer,
                         peer_qpn: q.attr.dest_qp_num,
                         epsn: q.epsn,
-                        until: Instant::now() + TOMBSTONE,
+                        until: now + TOMBSTONE,
                     },
                 );
             }
         }
         self.rr.retain(|q| *q != qpn);
         self.nic.cache.remove(qpn);
-        // Type 2 windows bound to it lose their binding with it.
-        for w in self.mws.values_mut() {
-            if w.kind == IBV_MW_TYPE_2 && w.bound.is_some_and(|b| b.qpn == qpn) {
-                w.bound = None;
-            }
-        }
+        self.mem.unbind_qp(qpn);
     }
 
     /// A packet for a QP that no longer exists: re-acknowledge a duplicate from the peer of a
@@ -718,19 +596,14 @@ impl State {
         }
         let e = psn_add(t.epsn, wire::PSN_MASK);
         self.counters.rx_duplicate += 1;
-        self.reply(from, p.dst_qpn, p.src_qpn, wire::OP_ACK, 0, e);
+        self.ack(from, p.dst_qpn, p.src_qpn, e, now);
         true
     }
 
-    /// Queue a packet for sending; it occupies the line for its wire time.
-    fn emit(&mut self, dst: SocketAddr, p: Packet) {
-        self.emit_at(dst, p, Instant::now());
-    }
-
-    /// One packet onto the wire at `now`: charged once to the NIC model, replicated by the
-    /// network when it goes to a multicast group. (The transmitter passes the time it read
-    /// for its burst: no clock reading per packet.)
-    fn emit_at(&mut self, dst: SocketAddr, p: Packet, now: Instant) {
+    /// One packet onto the wire at `now`: charged once to the NIC model (it occupies the line
+    /// for its wire time), replicated by the network when it goes to a multicast group. (The
+    /// transmitter passes the time it read for its burst: no clock reading per packet.)
+    fn emit(&mut self, dst: SocketAddr, p: Packet, now: Instant) {
         let ns = self.nic.cfg.wire_ns(p.wire_len());
         self.nic.charge(now, ns);
         if let (true, SocketAddr::V4(d), wire::OP_SEND | wire::OP_WRITE) =
@@ -791,7 +664,7 @@ impl State {
             if let Some(pkt) = pkt {
                 self.touch_qp(qpn, now);
                 self.pace_charge(qpn, now, pkt.1.wire_len());
-                self.emit_at(pkt.0, pkt.1, now);
+                self.emit(pkt.0, pkt.1, now);
                 return Some(qpn);
             }
         }
@@ -867,7 +740,7 @@ impl State {
         }
     }
 
-    fn drop_conn(&mut self, conn: u64) {
+    fn drop_conn(&mut self, conn: u64, now: Instant) {
         let qpns: Vec<u32> = self
             .qps
             .iter()
@@ -876,18 +749,15 @@ impl State {
             .collect();
         for q in qpns {
             if self.release_qp(conn, q) {
-                self.remove_qp(q);
+                self.remove_qp(q, now);
             }
         }
         self.srqs.retain(|_, s| s.conn != conn);
         self.flows.retain(|_, f| !f.owned_by(conn));
         self.forget_xrcd_opens(conn);
-        self.mws.retain(|_, w| w.conn != conn);
-        self.mrs.retain(|_, m| m.conn != conn);
-        self.dms.retain(|_, d| d.0 != conn);
+        self.mem.drop_conn(conn);
         self.cqs.retain(|_, c| c.conn != conn);
         self.channels.retain(|_, c| c.conn != conn);
-        self.pds.retain(|_, c| *c != conn);
         self.context_keys.remove(&conn);
     }
 }

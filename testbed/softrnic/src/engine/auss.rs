@@ -85,20 +85,22 @@ fn sender_id(ip: Ipv4Addr) -> u64 {
 }
 
 impl NicAuss {
-    /// AUSS on as `nic` says, publishing into a new table at `table`.
-    pub(super) fn on(nic: &NicConfig, table: &std::path::Path) -> io::Result<NicAuss> {
+    /// AUSS on as `nic` says from `now`, publishing into a new table at `table`;
+    /// `incarnation` must grow across restarts of the engine (as the agents' do) and not be 0
+    /// (the driver's `host_io::incarnation`).
+    pub(super) fn on(
+        nic: &NicConfig,
+        table: &std::path::Path,
+        now: Instant,
+        incarnation: u64,
+    ) -> io::Result<NicAuss> {
         let expiry = nic.auss_expiry().unwrap_or(Duration::ZERO);
-        // Grows across restarts of the engine (as the agents' incarnations do), and never 0.
-        let incarnation = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64)
-            .max(1);
         Ok(NicAuss {
             on: Some(On {
                 set: ActiveSenders::new(expiry, nic.auss_hold(), incarnation),
                 latest: Latest::default(),
                 table: Writer::create(table, nic.payload_bytes_per_s())?,
-                origin: Instant::now(),
+                origin: now,
                 origin_ns: monotonic_ns(),
                 timeline: Timeline::default(),
                 gap_ns: nic.auss_hold().max(Duration::from_micros(100)).as_nanos() as u64,
@@ -158,7 +160,7 @@ impl State {
     /// Responder: `p` from `from` was accepted in order; it may open, refresh or close its
     /// sender's QP in the set. Same-host traffic does not cross the port and is not counted;
     /// nor are READ and atomic requests, whose data flows to the requester.
-    pub(super) fn auss_request(&mut self, from: SocketAddr, p: &Packet) {
+    pub(super) fn auss_request(&mut self, from: SocketAddr, p: &Packet, now: Instant) {
         let SocketAddr::V4(v4) = from else { return };
         if !matches!(p.op, wire::OP_SEND | wire::OP_WRITE) {
             return;
@@ -166,17 +168,17 @@ impl State {
         let (Some(on), false) = (self.auss.on.as_mut(), *v4.ip() == self.my_ip) else {
             return;
         };
-        let now = on.origin.elapsed();
+        let t = now.saturating_duration_since(on.origin);
         let r = Request {
             sender: sender_id(*v4.ip()),
             qpn: p.src_qpn,
             msg_len: p.msg_len,
             idle: p.flags & wire::F_LAST != 0 && p.flags & wire::F_IDLE != 0,
         };
-        let to = on.set.on_request(now, from, r);
+        let to = on.set.on_request(t, from, r);
         on.timeline
-            .count(on.origin_ns + now.as_nanos() as u64, on.set.stamp().n);
-        self.auss_notify(to);
+            .count(on.origin_ns + t.as_nanos() as u64, on.set.stamp().n);
+        self.auss_notify(to, now);
     }
 
     /// Applies held ENDs and expires silent senders (from the transmitter's timers).
@@ -191,10 +193,10 @@ impl State {
         let to = on.set.tick(t);
         on.timeline
             .count(on.origin_ns + t.as_nanos() as u64, on.set.stamp().n);
-        self.auss_notify(to);
+        self.auss_notify(to, now);
     }
 
-    fn auss_notify(&mut self, to: Vec<SocketAddr>) {
+    fn auss_notify(&mut self, to: Vec<SocketAddr>, now: Instant) {
         let Some(stamp) = self.auss.on.as_ref().map(|on| on.set.stamp()) else {
             return;
         };
@@ -205,7 +207,7 @@ impl State {
                 payload: stamp.encode().into(),
                 ..Default::default()
             };
-            self.emit(dst, p);
+            self.emit(dst, p, now);
         }
     }
 
@@ -221,7 +223,7 @@ impl State {
 
     /// Requester: a notification from `from`. Only a host this one has a connected QP to
     /// sends it any; anything else is forged.
-    pub(super) fn auss_notified(&mut self, from: SocketAddr, p: &Packet) {
+    pub(super) fn auss_notified(&mut self, from: SocketAddr, p: &Packet, now: Instant) {
         if self.auss.on.is_none() {
             self.counters.rx_dropped_malformed += 1;
             return;
@@ -231,11 +233,11 @@ impl State {
             self.auss.counters.refused_forged += 1;
             return;
         }
-        self.auss_stamp_in(from, &p.payload);
+        self.auss_stamp_in(from, &p.payload, now);
     }
 
     /// Requester: the stamp of an ACK (whose QP's peer check it passed) or notification.
-    pub(super) fn auss_stamp_in(&mut self, from: SocketAddr, b: &[u8]) {
+    pub(super) fn auss_stamp_in(&mut self, from: SocketAddr, b: &[u8], now: Instant) {
         let max_n = self.auss_max_n();
         let (Some(on), SocketAddr::V4(v4)) = (self.auss.on.as_mut(), from) else {
             return;
@@ -251,7 +253,7 @@ impl State {
         match on.latest.apply(*v4.ip(), stamp) {
             Applied::Newer => {
                 c.stamps_newer += 1;
-                let t = on.ns(Instant::now());
+                let t = on.ns(now);
                 on.timeline.cap(t, *v4.ip(), stamp.n);
                 if !on
                     .table

@@ -48,10 +48,10 @@ pub(super) struct QpCc {
 }
 
 impl Dcqcn {
-    pub(super) fn new(cfg: Option<DcqcnConfig>) -> Dcqcn {
+    pub(super) fn new(cfg: Option<DcqcnConfig>, now: Instant) -> Dcqcn {
         Dcqcn {
             cfg,
-            epoch: Instant::now(),
+            epoch: now,
             counters: DcqcnCounters::default(),
         }
     }
@@ -110,7 +110,7 @@ impl State {
             src_qpn: p.dst_qpn,
             ..Default::default()
         };
-        self.emit_at(from, cnp, now);
+        self.emit(from, cnp, now);
     }
 
     /// RP: a CNP for one of this host's RC QPs; only its connected peer may send one.

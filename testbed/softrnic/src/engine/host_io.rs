@@ -72,7 +72,7 @@ pub(super) fn serve_conn(sh: Arc<Shared>, mut s: UnixStream, conn: u64) {
             break;
         }
     }
-    sh.lock(Holder::Connection).drop_conn(conn);
+    sh.lock(Holder::Connection).drop_conn(conn, Instant::now());
 }
 
 /// A request of process `pid` on behalf of context `conn`; `joined`: from a process that
@@ -84,7 +84,7 @@ fn answer(sh: &Shared, conn: u64, pid: i32, body: &[u8], joined: bool) -> Resp {
             if joined && !st.context_keys.contains_key(&conn) {
                 return err(libc::ENODEV);
             }
-            let r = st.request(conn, pid, req);
+            let r = st.request(conn, pid, req, Instant::now());
             sh.flush_out(&mut st);
             drop(st);
             sh.kick();
@@ -221,7 +221,7 @@ pub(super) fn rx_loop(sh: Arc<Shared>) {
         wake |= released > 0;
         let arrived = held.elapsed();
         // Nothing stays gathered while the lock is free (see `placement`).
-        st.place_all();
+        st.place_all(now);
         let placed = held.elapsed();
         sh.flush_out(&mut st);
         drop(st);
@@ -641,6 +641,14 @@ fn keep_freed_memory() {
     }
 }
 
+/// This start's incarnation: the wall clock in nanoseconds, never 0.
+pub(super) fn incarnation() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+        .max(1)
+}
+
 /// Run the engine until killed.
 pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
     // The transmitter sleeps for the NIC model's clock (a packet's wire time, tens of µs):
@@ -653,12 +661,13 @@ pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
     let udp = UdpSocket::bind((cfg.ip, cfg.udp_port))
         .with_context(|| format!("binding UDP {}:{}", cfg.ip, cfg.udp_port))?;
     set_buffers(&udp, 16 << 20);
-    let mut state = State::with_nic(cfg.nic);
+    let started = Instant::now();
+    let mut state = State::with_nic(cfg.nic, started);
     state.my_ip = cfg.ip;
     state.peers = cfg.peers.clone();
     if cfg.nic.auss_expiry().is_some() {
         let table = cfg.socket.with_file_name("auss");
-        state.auss = super::auss::NicAuss::on(&cfg.nic, &table)
+        state.auss = super::auss::NicAuss::on(&cfg.nic, &table, started, incarnation())
             .with_context(|| format!("creating the AUSS table {}", table.display()))?;
     }
     if !cfg.faults.is_none() {
@@ -747,4 +756,93 @@ pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The I/O around the state: the doorbell, the local loop, and the socket and fault
+/// injection that packets leave by. These read the clock; the state only gets `now`.
+impl Shared {
+    fn kick(&self) {
+        self.db.ring();
+    }
+
+    /// Packets between QPs of this host go straight to its own receive path, as a NIC loops
+    /// traffic between its own QPs back inside without putting it on the wire: no socket, no
+    /// wake-up of the receive thread. Their answers (ACKs, READ responses) may be local too,
+    /// hence the loop. Each still is a packet to the NIC model, the transport and the counters.
+    /// (With fault injection configured they take the socket, to meet their fate.)
+    fn loop_back(&self, st: &mut State, now: Instant) {
+        if st.loop_back(self.me, now) {
+            self.kick();
+        }
+    }
+
+    fn flush_out(&self, st: &mut State) {
+        let st = &mut *st;
+        if !st.port_up {
+            // No link: what the NIC sends goes nowhere.
+            st.counters.port_down_dropped += st.out.len() as u64;
+            st.out.clear();
+            return;
+        }
+        let Some(inj) = st.inject.as_mut() else {
+            self.loop_back(st, Instant::now());
+            if self.gso {
+                let (start, n) = (Instant::now(), st.out.len());
+                st.counters.tx_packets += send_batched(&self.udp, &mut st.out);
+                let took = start.elapsed();
+                if took >= SLOW_LOCK {
+                    log_later(format!(
+                        "softrnic engine: handing {n} packets to the kernel took {} ms",
+                        took.as_millis()
+                    ));
+                }
+                return;
+            }
+            for (dst, p) in st.out.drain(..) {
+                if self.udp.send_to(&p.encode(), dst).is_ok() {
+                    st.counters.tx_packets += 1;
+                }
+            }
+            return;
+        };
+        let now = Instant::now();
+        let c = &mut st.counters;
+        for (dst, p) in st.out.drain(..) {
+            let link = inj.links.entry(dst).or_insert_with(|| {
+                let ip = match dst {
+                    SocketAddr::V4(a) => *a.ip(),
+                    SocketAddr::V6(_) => Ipv4Addr::UNSPECIFIED,
+                };
+                LinkInjector::new(&inj.cfg, &inj.host, ip)
+            });
+            let fate = link.fate();
+            c.fault_dropped += fate.dropped as u64;
+            c.fault_duplicated += fate.duplicated as u64;
+            c.fault_reordered += fate.reordered as u64;
+            for d in fate.sends {
+                if d.is_zero() {
+                    if self.udp.send_to(&p.encode(), dst).is_ok() {
+                        c.tx_packets += 1;
+                    }
+                } else {
+                    c.fault_delayed += 1;
+                    inj.held.push(now + d, (dst, p.clone()));
+                }
+            }
+        }
+        self.flush_held(st, now);
+    }
+
+    /// Send the held packets that are due; returns when the next one is due.
+    fn flush_held(&self, st: &mut State, now: Instant) -> Option<Instant> {
+        let inj = st.inject.as_mut()?;
+        while let Some((dst, packet)) = inj.held.pop_due(now) {
+            if !st.port_up {
+                st.counters.port_down_dropped += 1;
+            } else if self.udp.send_to(&packet.encode(), dst).is_ok() {
+                st.counters.tx_packets += 1;
+            }
+        }
+        inj.held.next_due()
+    }
 }

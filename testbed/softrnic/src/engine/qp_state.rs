@@ -62,7 +62,13 @@ pub(super) fn ud_masks(cur: i32, new: i32) -> Option<(i32, i32)> {
 }
 
 impl State {
-    pub(super) fn modify_qp(&mut self, qpn: u32, mask: i32, a: &QpAttrs) -> Result<(), i32> {
+    pub(super) fn modify_qp(
+        &mut self,
+        qpn: u32,
+        mask: i32,
+        a: &QpAttrs,
+        now: Instant,
+    ) -> Result<(), i32> {
         let nic_mtu = self.nic.cfg.mtu;
         let q = self.qps.get_mut(&qpn).ok_or(libc::EINVAL)?;
         let cur = q.state;
@@ -224,7 +230,7 @@ impl State {
                     self.last_wqe_reached(qpn);
                 }
             }
-            IBV_QPS_RTS if cur == IBV_QPS_RTR => q.last_progress = Instant::now(),
+            IBV_QPS_RTS if cur == IBV_QPS_RTR => q.last_progress = now,
             _ => {}
         }
         Ok(())

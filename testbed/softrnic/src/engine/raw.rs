@@ -206,7 +206,7 @@ impl State {
             ..Default::default()
         };
         let total: u64 = r.sges.iter().map(|s| s.length as u64).sum();
-        match self.resolve_local(conn, pd, &r.sges, true) {
+        match self.mem.resolve_local(conn, pd, &r.sges, true) {
             None => wc.status = IBV_WC_LOC_PROT_ERR,
             Some(_) if total < u64::from(p.msg_len) => wc.status = IBV_WC_LOC_LEN_ERR,
             Some(segs) => {
@@ -283,7 +283,7 @@ mod tests {
         let mut st = State::new();
         let pid = std::process::id() as i32;
         let mut buf = vec![0u8; 4096];
-        let Resp::Handle(pd) = st.request(1, pid, Req::AllocPd) else {
+        let Resp::Handle(pd) = st.request(1, pid, Req::AllocPd, Instant::now()) else {
             panic!()
         };
         let Resp::Mr { lkey, .. } = st.request(
@@ -295,6 +295,7 @@ mod tests {
                 len: buf.len() as u64,
                 access: IBV_ACCESS_LOCAL_WRITE,
             },
+            Instant::now(),
         ) else {
             panic!()
         };
@@ -306,6 +307,7 @@ mod tests {
                 channel: 0,
                 user: 0,
             },
+            Instant::now(),
         ) else {
             panic!()
         };
@@ -329,6 +331,7 @@ mod tests {
                         max_inline_data: 0,
                     },
                 },
+                Instant::now(),
             ) else {
                 panic!()
             };
@@ -338,17 +341,23 @@ mod tests {
                 qkey: 7,
                 ..Default::default()
             };
-            let no_qkey = st.modify_qp(qpn, IBV_QP_STATE | IBV_QP_PORT | IBV_QP_QKEY, &a);
+            let no_qkey = st.modify_qp(
+                qpn,
+                IBV_QP_STATE | IBV_QP_PORT | IBV_QP_QKEY,
+                &a,
+                Instant::now(),
+            );
             assert_eq!(no_qkey, Err(libc::EINVAL));
             assert_eq!(
-                st.modify_qp(qpn, IBV_QP_STATE, &a),
+                st.modify_qp(qpn, IBV_QP_STATE, &a, Instant::now()),
                 Err(libc::EINVAL),
                 "port"
             );
-            st.modify_qp(qpn, IBV_QP_STATE | IBV_QP_PORT, &a).unwrap();
+            st.modify_qp(qpn, IBV_QP_STATE | IBV_QP_PORT, &a, Instant::now())
+                .unwrap();
             for state in [IBV_QPS_RTR, IBV_QPS_RTS] {
                 a.qp_state = state;
-                st.modify_qp(qpn, IBV_QP_STATE, &a).unwrap();
+                st.modify_qp(qpn, IBV_QP_STATE, &a, Instant::now()).unwrap();
             }
             let wrs = (0..4)
                 .map(|i| RecvWr {
@@ -360,7 +369,10 @@ mod tests {
                     }],
                 })
                 .collect();
-            assert_eq!(st.request(1, pid, Req::PostRecv { qpn, wrs }), Resp::Unit);
+            assert_eq!(
+                st.request(1, pid, Req::PostRecv { qpn, wrs }, Instant::now()),
+                Resp::Unit
+            );
             qpn
         };
         let (a, b) = (qp(0), qp(1));
@@ -368,6 +380,7 @@ mod tests {
             conn,
             pid,
             Req::CreateFlow { qpn, attr },
+            Instant::now(),
         ) {
             Resp::Handle(h) => h,
             other => panic!("{other:?}"),
@@ -384,7 +397,8 @@ mod tests {
                 Req::CreateFlow {
                     qpn: a,
                     attr: rule(0, 0, None)
-                }
+                },
+                Instant::now()
             ),
             err(libc::EINVAL)
         );
@@ -395,12 +409,13 @@ mod tests {
                 Req::CreateFlow {
                     qpn: a,
                     attr: vec![0; 10]
-                }
+                },
+                Instant::now()
             ),
             err(libc::EINVAL)
         );
         assert_eq!(
-            st.request(2, pid, Req::DestroyFlow { handle: sniff }),
+            st.request(2, pid, Req::DestroyFlow { handle: sniff }, Instant::now()),
             err(libc::EINVAL)
         );
         let got = |st: &State| -> Vec<(u32, u64, u32)> {
@@ -426,7 +441,7 @@ mod tests {
         st.on_packet(from, frame_to([2, 0, 0, 0, 0, 5]), Instant::now());
         assert_eq!(got(&st).len(), 3);
         assert_eq!(
-            st.request(1, pid, Req::DestroyFlow { handle: sniff }),
+            st.request(1, pid, Req::DestroyFlow { handle: sniff }, Instant::now()),
             Resp::Unit
         );
         st.on_packet(from, frame_to([2, 0, 0, 0, 0, 5]), Instant::now());
@@ -443,10 +458,15 @@ mod tests {
         let both: Vec<u32> = got(&st)[5..].iter().map(|g| g.0).collect();
         assert_eq!(both, vec![a, b]);
         // Destroying b takes its rules: a's NORMAL rule is left for x.
-        st.remove_qp(b);
+        st.remove_qp(b, Instant::now());
         assert!(st.flows.values().all(|f| f.qpn == a));
         assert_eq!(
-            st.request(1, pid, Req::DestroyFlow { handle: b_normal }),
+            st.request(
+                1,
+                pid,
+                Req::DestroyFlow { handle: b_normal },
+                Instant::now()
+            ),
             err(libc::EINVAL)
         );
         st.on_packet(from, frame_to(x), Instant::now());

@@ -117,7 +117,7 @@ impl State {
             let op = q.sq[idx].wr.opcode;
             let need_write = op == IBV_WR_RDMA_READ || proto::is_atomic_wr(op);
             let sges = q.sq[idx].wr.sges.clone();
-            match self.resolve_local(conn, pd, &sges, need_write) {
+            match self.mem.resolve_local(conn, pd, &sges, need_write) {
                 Some(segs) => {
                     let q = self.qps.get_mut(&qpn)?;
                     q.sq[idx].segs = segs;
@@ -367,7 +367,7 @@ impl State {
             let Some((dst, bytes)) = self.next_packet(qpn, now) else {
                 break;
             };
-            self.emit(dst, bytes);
+            self.emit(dst, bytes, now);
         }
     }
 
@@ -382,6 +382,7 @@ impl State {
         }
         let len = w.len as usize;
         let bytes = self
+            .mem
             .resolve_local(q.conn, q.pd, &w.wr.sges, false)
             .and_then(|segs| gather(q.pid, &segs, 0, len).ok());
         if bytes.is_none() {
@@ -426,18 +427,8 @@ impl State {
                 len: wr.compare_add,
                 access: wr.swap as u32,
             };
-            let mr = self.mrs.get(&b.mr).map(|m| MrView {
-                conn: m.conn,
-                pd: m.pd,
-                addr: m.iova,
-                len: m.len,
-                access: m.access,
-            });
-            match self.mws.get_mut(&(b.rkey >> 8)) {
-                Some(w) => w.bind(conn, pd, qpn, &b, mr),
-                None => Err(IBV_WC_MW_BIND_ERR),
-            }
-        } else if self.invalidate_mw(conn, pd, qpn, wr.imm) {
+            self.mem.bind_mw(conn, pd, qpn, &b)
+        } else if self.mem.invalidate_mw(conn, pd, qpn, wr.imm) {
             Ok(())
         } else {
             Err(IBV_WC_LOC_PROT_ERR)
@@ -456,13 +447,6 @@ impl State {
             }
             Err(status) => self.fail_wqe_local(qpn, idx, status),
         }
-    }
-
-    /// Invalidate type 2 window `rkey` bound to QP `qpn` (of connection `conn`, PD `pd`).
-    pub(super) fn invalidate_mw(&mut self, conn: u64, pd: u32, qpn: u32, rkey: u32) -> bool {
-        self.mws
-            .get_mut(&(rkey >> 8))
-            .is_some_and(|w| w.invalidate(conn, pd, qpn, rkey))
     }
 
     /// Pop completed WQEs from the head of the send queue, in order.
@@ -606,7 +590,9 @@ impl State {
                 // (see `placement`).
                 let at: Vec<_> = pieces(&w.segs, p.offset as u64, p.payload.len()).collect();
                 let (run, nak) = (Run::read(qpn), (p.psn, 0));
-                let placed = self.stage_pieces(run, nak, pid, &at, &p.payload).is_ok()
+                let placed = self
+                    .stage_pieces(run, nak, pid, &at, &p.payload, now)
+                    .is_ok()
                     && (!done || self.place_gathered(run).is_ok());
                 if !placed {
                     self.fail_head(qpn, IBV_WC_LOC_PROT_ERR);

@@ -63,7 +63,7 @@ impl State {
         // Only WRITE, SEND and READ response packets may find data gathered (see
         // `placement`).
         if !matches!(p.op, wire::OP_WRITE | wire::OP_SEND | wire::OP_READ_RESP) {
-            self.place_all();
+            self.place_all(now);
         }
         if p.op == wire::OP_UD_SEND && p.dst_qpn == wire::MCAST_QPN {
             return self.mcast_rx(from, &p, now);
@@ -78,7 +78,7 @@ impl State {
             return self.on_cnp(from, &p, now);
         }
         if p.op == wire::OP_AUSS {
-            return self.auss_notified(from, &p);
+            return self.auss_notified(from, &p, now);
         }
         let Some(q) = self.qps.get(&p.dst_qpn) else {
             if !self.tombstone_rx(from, &p, now) {
@@ -123,7 +123,7 @@ impl State {
         }
         self.touch_qp(p.dst_qpn, now);
         if p.op == wire::OP_ACK && !p.payload.is_empty() {
-            self.auss_stamp_in(from, &p.payload);
+            self.auss_stamp_in(from, &p.payload, now);
         }
         let qpn = p.dst_qpn;
         if let Some(q) = self
@@ -145,24 +145,34 @@ impl State {
             wire::OP_ACK | wire::OP_NAK | wire::OP_READ_RESP | wire::OP_ATOMIC_RESP => {
                 self.requester_rx(p, now)
             }
-            wire::OP_SEND | wire::OP_WRITE if uc => self.uc_rx(p),
+            wire::OP_SEND | wire::OP_WRITE if uc => self.uc_rx(p, now),
             _ if uc => self.counters.rx_dropped_malformed += 1,
-            _ => self.responder_rx(from, p),
+            _ => self.responder_rx(from, p, now),
         }
         self.sync_done(qpn);
     }
 
-    pub(super) fn reply(
+    /// Acknowledge everything up to `psn` of `qpn`'s peer QP `dst` at `to`.
+    pub(super) fn ack(&mut self, to: SocketAddr, qpn: u32, dst: u32, psn: u32, now: Instant) {
+        self.reply(to, wire::OP_ACK, 0, (qpn, dst, psn), now);
+    }
+
+    /// A sequence NAK: `qpn` expects `psn` next from its peer QP `dst` at `to`.
+    fn nak_seq(&mut self, to: SocketAddr, qpn: u32, dst: u32, psn: u32, now: Instant) {
+        self.reply(to, wire::OP_NAK, wire::NAK_SEQ, (qpn, dst, psn), now);
+    }
+
+    /// An ACK or NAK of `qpn` to its peer QP `dst` at `to`, about `psn`.
+    fn reply(
         &mut self,
         to: SocketAddr,
-        qpn: u32,
-        dst: u32,
         op: u8,
         syndrome: u8,
-        psn: u32,
+        (qpn, dst, psn): (u32, u32, u32),
+        now: Instant,
     ) {
         // An ACK or NAK tells the peer how far the QP got: its data is in place first.
-        self.place_responder_run(qpn);
+        self.place_responder_run(qpn, now);
         let stamp = if op == wire::OP_ACK {
             self.auss_stamp_for(to)
         } else {
@@ -177,10 +187,10 @@ impl State {
             payload: stamp.unwrap_or_default(),
             ..Default::default()
         };
-        self.emit(to, p);
+        self.emit(to, p, now);
     }
 
-    pub(super) fn responder_rx(&mut self, from: SocketAddr, p: Packet) {
+    pub(super) fn responder_rx(&mut self, from: SocketAddr, p: Packet, now: Instant) {
         let qpn = p.dst_qpn;
         let Some(q) = self.qps.get_mut(&qpn) else {
             return;
@@ -193,37 +203,37 @@ impl State {
         if p.op == wire::OP_READ_REQ && d < 0 {
             // Duplicate read request: execute it again (reads are idempotent).
             self.counters.rx_duplicate += 1;
-            self.do_read(from, &p);
+            self.do_read(from, &p, now);
             return;
         }
         if is_atomic_op(p.op) && d < 0 {
             // Duplicate atomic: answer from the result cache, never execute it again.
             self.counters.rx_duplicate += 1;
-            self.replay_atomic(from, &p);
+            self.replay_atomic(from, &p, now);
             return;
         }
         if d < 0 {
             self.counters.rx_duplicate += 1;
             let e = psn_add(q.epsn, wire::PSN_MASK); // epsn - 1
-            self.reply(from, qpn, peer, wire::OP_ACK, 0, e);
+            self.ack(from, qpn, peer, e, now);
             return;
         }
         if d > 0 {
             if !q.nak_sent {
                 q.nak_sent = true;
                 let e = q.epsn;
-                self.reply(from, qpn, peer, wire::OP_NAK, wire::NAK_SEQ, e);
+                self.nak_seq(from, qpn, peer, e, now);
             }
             return;
         }
         // In order. A request to an XRC target must name an SRQ of the target's domain.
         let status = match p.op {
             _ if !self.xrc_srq_ok(qpn, &p) => Err(wire::NAK_REM_INVALID),
-            wire::OP_SEND => self.rx_send(qpn, &p),
-            wire::OP_WRITE => self.rx_write(qpn, &p),
-            wire::OP_CMP_SWAP | wire::OP_FETCH_ADD => self.rx_atomic(from, &p),
+            wire::OP_SEND => self.rx_send(qpn, &p, now),
+            wire::OP_WRITE => self.rx_write(qpn, &p, now),
+            wire::OP_CMP_SWAP | wire::OP_FETCH_ADD => self.rx_atomic(from, &p, now),
             wire::OP_READ_REQ => {
-                if self.do_read(from, &p) {
+                if self.do_read(from, &p, now) {
                     let n = p.msg_len.div_ceil(self.qps[&qpn].mtu).max(1);
                     Ok(n)
                 } else {
@@ -241,21 +251,21 @@ impl State {
                 q.nak_sent = false;
                 let acked = psn_add(q.epsn, wire::PSN_MASK);
                 // Before its ACK, so that the ACK carries the `N` this packet made.
-                self.auss_request(from, &p);
+                self.auss_request(from, &p, now);
                 // READ and atomic requests are acknowledged by their responses.
                 let answered = p.op == wire::OP_READ_REQ || is_atomic_op(p.op);
                 if !answered && p.flags & wire::F_ACKREQ != 0 {
-                    self.reply(from, qpn, peer, wire::OP_ACK, 0, acked);
+                    self.ack(from, qpn, peer, acked, now);
                 }
             }
-            Err(syn) => self.responder_nak(from, qpn, p.psn, syn),
+            Err(syn) => self.responder_nak(from, qpn, p.psn, syn, now),
         }
     }
 
     /// NAK the request at `psn` with `syn` (an RNR NAK once until the QP makes progress);
     /// after a responder error of class C the responder QP goes to error as well.
-    fn responder_nak(&mut self, to: SocketAddr, qpn: u32, psn: u32, syn: u8) {
-        self.place_responder_run(qpn);
+    fn responder_nak(&mut self, to: SocketAddr, qpn: u32, psn: u32, syn: u8, now: Instant) {
+        self.place_responder_run(qpn, now);
         let Some(q) = self.qps.get_mut(&qpn) else {
             return;
         };
@@ -270,7 +280,7 @@ impl State {
                 imm: q.attr.min_rnr_timer as u32,
                 ..Default::default()
             };
-            self.emit(to, n);
+            self.emit(to, n, now);
         }
         if let Some(ev) = responder_error_event(syn) {
             self.qp_error(qpn, ev);
@@ -297,11 +307,12 @@ impl State {
         pid: i32,
         addr: u64,
         data: Payload,
+        now: Instant,
     ) -> Result<(), PlacementFault> {
         if !self.gathered.continues(run, pid, addr, data.len()) {
             self.place_gathered(run)?;
             if self.gathered.is_full() {
-                self.place_oldest_run();
+                self.place_oldest_run(now);
             }
         }
         self.gathered.gather(run, nak, pid, addr, data);
@@ -317,12 +328,13 @@ impl State {
         pid: i32,
         at: &[(u64, std::ops::Range<usize>)],
         data: &Payload,
+        now: Instant,
     ) -> Result<(), ()> {
         if at.last().map_or(0, |(_, r)| r.end) != data.len() {
             return Err(());
         }
         for (addr, r) in at {
-            self.stage(run, nak, pid, *addr, data.slice(r.clone()))
+            self.stage(run, nak, pid, *addr, data.slice(r.clone()), now)
                 .map_err(|_| ())?;
         }
         Ok(())
@@ -330,12 +342,12 @@ impl State {
 
     /// A SEND packet's payload for the receive its message lands in; at the message's last
     /// packet it is placed. Err: a payload beyond the receive, or placing failed.
-    fn stage_send(&mut self, qpn: u32, p: &Packet) -> Result<(), ()> {
+    fn stage_send(&mut self, qpn: u32, p: &Packet, now: Instant) -> Result<(), ()> {
         let cur = self.qps[&qpn].cur_recv.as_ref().ok_or(())?;
         let (pid, run) = (cur.pid, Run::responder(qpn));
         let at: Vec<_> = pieces(&cur.segs, p.offset as u64, p.payload.len()).collect();
         let nak = (p.psn, wire::NAK_REM_OP);
-        self.stage_pieces(run, nak, pid, &at, &p.payload)?;
+        self.stage_pieces(run, nak, pid, &at, &p.payload, now)?;
         if p.flags & wire::F_LAST != 0 {
             self.place_gathered(run).map_err(|_| ())?;
         }
@@ -343,24 +355,24 @@ impl State {
     }
 
     /// Place all data gathered so far ([`super::placement`]).
-    pub(super) fn place_all(&mut self) {
+    pub(super) fn place_all(&mut self, now: Instant) {
         while !self.gathered.is_empty() {
-            self.place_oldest_run();
+            self.place_oldest_run(now);
         }
     }
 
-    fn place_oldest_run(&mut self) {
+    fn place_oldest_run(&mut self, now: Instant) {
         self.counters.rx_placements += 1;
         if let Err(f) = self.gathered.place_oldest() {
-            self.placement_failed(f);
+            self.placement_failed(f, now);
         }
     }
 
     /// Place what `qpn` gathered as a responder, before anything tells its peer how far the
     /// QP got.
-    pub(super) fn place_responder_run(&mut self, qpn: u32) {
+    pub(super) fn place_responder_run(&mut self, qpn: u32, now: Instant) {
         if let Err(f) = self.place_gathered(Run::responder(qpn)) {
-            self.placement_failed(f);
+            self.placement_failed(f, now);
         }
     }
 
@@ -368,7 +380,7 @@ impl State {
     /// responder NAKs the message (and goes to error) as if its packet's own write had
     /// failed, a UC responder drops the rest of the message, and a READ fails with a local
     /// protection error as if its response's own write had failed.
-    fn placement_failed(&mut self, f: PlacementFault) {
+    fn placement_failed(&mut self, f: PlacementFault, now: Instant) {
         let qpn = f.run.qpn;
         if f.run.reading {
             if self.qps.contains_key(&qpn) {
@@ -387,7 +399,7 @@ impl State {
             return;
         }
         if let Some(to) = q.remote {
-            self.responder_nak(to, qpn, f.psn, f.syndrome);
+            self.responder_nak(to, qpn, f.psn, f.syndrome, now);
         }
     }
 
@@ -397,7 +409,7 @@ impl State {
     /// serves that next message). Packets from before the expected PSN (duplicates) are
     /// dropped, never applied twice. Errors (no receive, access) drop the message silently,
     /// as UC cannot tell the requester.
-    pub(super) fn uc_rx(&mut self, p: Packet) {
+    pub(super) fn uc_rx(&mut self, p: Packet, now: Instant) {
         let qpn = p.dst_qpn;
         let Some(q) = self.qps.get_mut(&qpn) else {
             return;
@@ -421,8 +433,8 @@ impl State {
             q.epsn = p.psn;
         }
         let status = match p.op {
-            wire::OP_SEND => self.rx_send(qpn, &p),
-            _ => self.rx_write(qpn, &p),
+            wire::OP_SEND => self.rx_send(qpn, &p, now),
+            _ => self.rx_write(qpn, &p, now),
         };
         let last = p.flags & wire::F_LAST != 0;
         let Some(q) = self.qps.get_mut(&qpn) else {
@@ -499,7 +511,7 @@ impl State {
             wc.imm_data = p.imm;
         }
         let total: u64 = r.sges.iter().map(|s| s.length as u64).sum();
-        match self.resolve_local(conn, pd, &r.sges, true) {
+        match self.mem.resolve_local(conn, pd, &r.sges, true) {
             None => wc.status = IBV_WC_LOC_PROT_ERR,
             Some(_) if total < GRH_LEN as u64 + p.msg_len as u64 => wc.status = IBV_WC_LOC_LEN_ERR,
             Some(segs) => {
@@ -524,7 +536,7 @@ impl State {
     }
 
     /// SEND packet in order. Ok(psns consumed) or Err(NAK syndrome).
-    pub(super) fn rx_send(&mut self, qpn: u32, p: &Packet) -> Result<u32, u8> {
+    pub(super) fn rx_send(&mut self, qpn: u32, p: &Packet, now: Instant) -> Result<u32, u8> {
         let first = p.flags & wire::F_FIRST != 0;
         let unfinished = first && self.qps.get(&qpn).is_some_and(|q| q.cur_recv.is_some());
         if unfinished {
@@ -556,7 +568,7 @@ impl State {
                 return Err(wire::NAK_RNR);
             };
             let total: u64 = r.sges.iter().map(|s| s.length as u64).sum();
-            let segs = self.resolve_local(conn, pd, &r.sges, true);
+            let segs = self.mem.resolve_local(conn, pd, &r.sges, true);
             let bad = match segs {
                 None => Some((IBV_WC_LOC_PROT_ERR, wire::NAK_REM_OP)),
                 Some(_) if (p.msg_len as u64) > total => {
@@ -588,7 +600,7 @@ impl State {
         if self.qps.get(&qpn).is_none_or(|q| q.cur_recv.is_none()) {
             return Err(wire::NAK_REM_INVALID);
         }
-        if self.stage_send(qpn, p).is_err() {
+        if self.stage_send(qpn, p, now).is_err() {
             return Err(wire::NAK_REM_OP);
         }
         let q = self.qps.get_mut(&qpn).ok_or(wire::NAK_REM_OP)?;
@@ -610,7 +622,7 @@ impl State {
             } else if p.flags & wire::F_INV != 0 {
                 // SEND with invalidate: a type 2 window bound to this QP, else an invalid
                 // request (the receive completes in error, both QPs go to error).
-                if !self.invalidate_mw(conn, pd, qpn, p.imm) {
+                if !self.mem.invalidate_mw(conn, pd, qpn, p.imm) {
                     wc.status = IBV_WC_REM_INV_REQ_ERR;
                     wc.byte_len = 0;
                     self.push_cqe(rcq, wc);
@@ -625,7 +637,7 @@ impl State {
         Ok(1)
     }
 
-    pub(super) fn rx_write(&mut self, qpn: u32, p: &Packet) -> Result<u32, u8> {
+    pub(super) fn rx_write(&mut self, qpn: u32, p: &Packet, now: Instant) -> Result<u32, u8> {
         let q = self.qps.get(&qpn).ok_or(wire::NAK_REM_OP)?;
         if q.attr.access_flags & IBV_ACCESS_REMOTE_WRITE == 0 {
             return Err(wire::NAK_REM_ACCESS);
@@ -637,6 +649,7 @@ impl State {
         if p.msg_len != 0
             && p.flags & wire::F_FIRST != 0
             && self
+                .mem
                 .check_remote(
                     qpn,
                     pd,
@@ -656,7 +669,7 @@ impl State {
                 .remote_addr
                 .checked_add(p.offset as u64)
                 .ok_or(wire::NAK_REM_ACCESS)?;
-            let t = self.check_remote(
+            let t = self.mem.check_remote(
                 qpn,
                 pd,
                 p.rkey,
@@ -672,7 +685,10 @@ impl State {
         }
         if let Some((pid, addr)) = target {
             let (run, nak) = (Run::responder(qpn), (p.psn, wire::NAK_REM_ACCESS));
-            if self.stage(run, nak, pid, addr, p.payload.clone()).is_err() {
+            if self
+                .stage(run, nak, pid, addr, p.payload.clone(), now)
+                .is_err()
+            {
                 return Err(wire::NAK_REM_ACCESS);
             }
             // A message is placed whole before its completion and ACK (and a failure is
@@ -706,7 +722,12 @@ impl State {
     /// of this host's NICs runs under the engine's one state lock, so atomics from any number
     /// of requesters on one target are serialised (atomicity `IBV_ATOMIC_HCA`: against other
     /// atomics through this NIC, not against the target process's own CPU stores).
-    pub(super) fn rx_atomic(&mut self, from: SocketAddr, p: &Packet) -> Result<u32, u8> {
+    pub(super) fn rx_atomic(
+        &mut self,
+        from: SocketAddr,
+        p: &Packet,
+        now: Instant,
+    ) -> Result<u32, u8> {
         let qpn = p.dst_qpn;
         let q = self.qps.get(&qpn).ok_or(wire::NAK_REM_OP)?;
         if q.attr.access_flags & IBV_ACCESS_REMOTE_ATOMIC == 0 {
@@ -719,6 +740,7 @@ impl State {
         }
         let pd = self.responder_pd(qpn, p).ok_or(wire::NAK_REM_INVALID)?;
         let (pid, target) = self
+            .mem
             .check_remote(qpn, pd, p.rkey, p.remote_addr, 8, IBV_ACCESS_REMOTE_ATOMIC)
             .ok_or(wire::NAK_REM_ACCESS)?;
         let operand = u64::from_le_bytes(p.payload[..8].try_into().unwrap());
@@ -739,25 +761,33 @@ impl State {
             q.atomic_cache.pop_front();
         }
         q.atomic_cache.push_back((p.psn, orig));
-        self.atomic_resp(from, qpn, p.src_qpn, p.psn, orig);
+        self.atomic_resp(from, qpn, p.src_qpn, p.psn, orig, now);
         Ok(1)
     }
 
     /// A duplicate atomic request: resend the cached response. One no longer cached is
     /// dropped: its requester cannot still be waiting for it (see [`ATOMIC_CACHE`]), so this
     /// is a late copy or a replay.
-    pub(super) fn replay_atomic(&mut self, from: SocketAddr, p: &Packet) {
+    pub(super) fn replay_atomic(&mut self, from: SocketAddr, p: &Packet, now: Instant) {
         let Some(q) = self.qps.get(&p.dst_qpn) else {
             return;
         };
         let cached = q.atomic_cache.iter().find(|(psn, _)| *psn == p.psn);
         if let Some(&(_, orig)) = cached {
-            self.atomic_resp(from, p.dst_qpn, p.src_qpn, p.psn, orig);
+            self.atomic_resp(from, p.dst_qpn, p.src_qpn, p.psn, orig, now);
         }
     }
 
-    pub(super) fn atomic_resp(&mut self, to: SocketAddr, qpn: u32, dst: u32, psn: u32, orig: u64) {
-        self.place_responder_run(qpn);
+    pub(super) fn atomic_resp(
+        &mut self,
+        to: SocketAddr,
+        qpn: u32,
+        dst: u32,
+        psn: u32,
+        orig: u64,
+        now: Instant,
+    ) {
+        self.place_responder_run(qpn, now);
         let r = Packet {
             op: wire::OP_ATOMIC_RESP,
             flags: wire::F_FIRST | wire::F_LAST,
@@ -768,11 +798,11 @@ impl State {
             payload: orig.to_le_bytes().to_vec().into(),
             ..Default::default()
         };
-        self.emit(to, r);
+        self.emit(to, r, now);
     }
 
     /// Execute a read request: send the response packets. false if access is refused.
-    pub(super) fn do_read(&mut self, to: SocketAddr, p: &Packet) -> bool {
+    pub(super) fn do_read(&mut self, to: SocketAddr, p: &Packet, now: Instant) -> bool {
         let qpn = p.dst_qpn;
         let Some(q) = self.qps.get(&qpn) else {
             return false;
@@ -788,7 +818,7 @@ impl State {
         let (pid, base) = if len == 0 {
             (0, 0)
         } else {
-            match self.check_remote(
+            match self.mem.check_remote(
                 p.dst_qpn,
                 pd,
                 p.rkey,
@@ -810,7 +840,7 @@ impl State {
             return true;
         }
         if q.read_jobs.is_empty() {
-            q.responded_at = Instant::now();
+            q.responded_at = now;
         }
         q.read_jobs.push_back(ReadJob {
             to,

@@ -1,5 +1,12 @@
 use super::*;
 
+impl State {
+    /// A NIC of the default model, started now.
+    pub(super) fn new() -> Self {
+        Self::with_nic(NicConfig::default(), Instant::now())
+    }
+}
+
 mod auss;
 
 /// A link change raises one port event on every context with an event stream (element:
@@ -9,11 +16,11 @@ fn link_changes_raise_port_events_on_every_context() {
     let mut st = State::new();
     for conn in [1, 2] {
         assert!(matches!(
-            st.request(conn, 0, Req::CreateAsyncChannel),
+            st.request(conn, 0, Req::CreateAsyncChannel, Instant::now()),
             Resp::Channel { .. }
         ));
     }
-    st.request(3, 0, Req::AllocPd);
+    st.request(3, 0, Req::AllocPd, Instant::now());
     let next = |st: &mut State, conn: u64| st.event_queue(conn)?.1.next_record();
     st.set_port(true);
     st.set_port(false);
@@ -38,7 +45,7 @@ fn completion_events_are_one_shot_per_arming() {
     use std::io::Read;
     let mut st = State::new();
     let pid = std::process::id() as i32;
-    let Resp::Channel { id, token } = st.request(1, pid, Req::CreateChannel) else {
+    let Resp::Channel { id, token } = st.request(1, pid, Req::CreateChannel, Instant::now()) else {
         panic!()
     };
     let (app, engine_end) = UnixStream::pair().unwrap();
@@ -49,7 +56,7 @@ fn completion_events_are_one_shot_per_arming() {
         user: 0xabcd,
     };
     assert!(matches!(
-        st.request(1, pid, cq_req.clone()),
+        st.request(1, pid, cq_req.clone(), Instant::now()),
         Resp::Err { .. }
     ));
     assert!(matches!(
@@ -58,10 +65,10 @@ fn completion_events_are_one_shot_per_arming() {
     ));
     assert_eq!(st.attach_channel(pid, id, token, engine_end), Resp::Unit);
     assert!(matches!(
-        st.request(2, pid, cq_req.clone()),
+        st.request(2, pid, cq_req.clone(), Instant::now()),
         Resp::Err { .. }
     ));
-    let Resp::Cq { handle: cq, .. } = st.request(1, pid, cq_req) else {
+    let Resp::Cq { handle: cq, .. } = st.request(1, pid, cq_req, Instant::now()) else {
         panic!()
     };
     app.set_nonblocking(true).unwrap();
@@ -73,7 +80,7 @@ fn completion_events_are_one_shot_per_arming() {
         cq,
         solicited_only: false,
     };
-    assert_eq!(st.request(1, pid, arm.clone()), Resp::Unit);
+    assert_eq!(st.request(1, pid, arm.clone(), Instant::now()), Resp::Unit);
     st.push_cqe(cq, wc);
     st.push_cqe(cq, wc); // one event per arming
     assert_eq!((&app).read(&mut b).unwrap(), 8);
@@ -84,12 +91,18 @@ fn completion_events_are_one_shot_per_arming() {
         cq,
         solicited_only: true,
     };
-    assert_eq!(st.request(1, pid, arm_solicited.clone()), Resp::Unit);
+    assert_eq!(
+        st.request(1, pid, arm_solicited.clone(), Instant::now()),
+        Resp::Unit
+    );
     st.push_cqe(cq, wc);
     assert!((&app).read(&mut b).is_err());
     st.push_cqe_solicited(cq, wc, true);
     assert_eq!((&app).read(&mut b).unwrap(), 8);
-    assert_eq!(st.request(1, pid, arm_solicited.clone()), Resp::Unit);
+    assert_eq!(
+        st.request(1, pid, arm_solicited.clone(), Instant::now()),
+        Resp::Unit
+    );
     let failed = IbvWc {
         status: IBV_WC_LOC_LEN_ERR,
         ..wc
@@ -97,14 +110,23 @@ fn completion_events_are_one_shot_per_arming() {
     st.push_cqe(cq, failed);
     assert_eq!((&app).read(&mut b).unwrap(), 8);
     // Arming for any completion on top of a solicited-only arming widens it (not back).
-    assert_eq!(st.request(1, pid, arm_solicited.clone()), Resp::Unit);
-    assert_eq!(st.request(1, pid, arm.clone()), Resp::Unit);
-    assert_eq!(st.request(1, pid, arm_solicited), Resp::Unit);
+    assert_eq!(
+        st.request(1, pid, arm_solicited.clone(), Instant::now()),
+        Resp::Unit
+    );
+    assert_eq!(st.request(1, pid, arm.clone(), Instant::now()), Resp::Unit);
+    assert_eq!(
+        st.request(1, pid, arm_solicited, Instant::now()),
+        Resp::Unit
+    );
     st.push_cqe(cq, wc);
     assert_eq!((&app).read(&mut b).unwrap(), 8);
     // Another connection cannot arm it; the owner's connection closing removes the channel.
-    assert!(matches!(st.request(2, pid, arm), Resp::Err { .. }));
-    st.drop_conn(1);
+    assert!(matches!(
+        st.request(2, pid, arm, Instant::now()),
+        Resp::Err { .. }
+    ));
+    st.drop_conn(1, Instant::now());
     assert!(st.channels.is_empty());
 }
 
@@ -132,7 +154,7 @@ fn scatter_gather_own_memory() {
 fn qp_state_machine_checks() {
     let mut st = State::new();
     let pid = std::process::id() as i32;
-    let Resp::Handle(pd) = st.request(1, pid, Req::AllocPd) else {
+    let Resp::Handle(pd) = st.request(1, pid, Req::AllocPd, Instant::now()) else {
         panic!()
     };
     let Resp::Cq { handle: cq, .. } = st.request(
@@ -143,6 +165,7 @@ fn qp_state_machine_checks() {
             channel: 0,
             user: 0,
         },
+        Instant::now(),
     ) else {
         panic!()
     };
@@ -165,6 +188,7 @@ fn qp_state_machine_checks() {
                 max_inline_data: 0,
             },
         },
+        Instant::now(),
     ) else {
         panic!()
     };
@@ -173,16 +197,18 @@ fn qp_state_machine_checks() {
         qp_state: IBV_QPS_RTR,
         ..Default::default()
     };
-    assert!(st.modify_qp(qpn, IBV_QP_STATE, &a).is_err());
+    assert!(st.modify_qp(qpn, IBV_QP_STATE, &a, Instant::now()).is_err());
     // RESET -> INIT needs pkey, port, access.
     let mut a = QpAttrs {
         qp_state: IBV_QPS_INIT,
         port_num: 1,
         ..Default::default()
     };
-    assert!(st.modify_qp(qpn, IBV_QP_STATE | IBV_QP_PORT, &a).is_err());
+    assert!(st
+        .modify_qp(qpn, IBV_QP_STATE | IBV_QP_PORT, &a, Instant::now())
+        .is_err());
     let m = IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS;
-    st.modify_qp(qpn, m, &a).unwrap();
+    st.modify_qp(qpn, m, &a, Instant::now()).unwrap();
     // post_send before RTS is refused.
     let wr = SendWr {
         xrc_srqn: 0,
@@ -212,9 +238,9 @@ fn qp_state_machine_checks() {
         | IBV_QP_RQ_PSN
         | IBV_QP_MAX_DEST_RD_ATOMIC
         | IBV_QP_MIN_RNR_TIMER;
-    assert!(st.modify_qp(qpn, rtr, &a).is_err());
+    assert!(st.modify_qp(qpn, rtr, &a, Instant::now()).is_err());
     a.dgid = device::gid_for(Ipv4Addr::LOCALHOST);
-    st.modify_qp(qpn, rtr, &a).unwrap();
+    st.modify_qp(qpn, rtr, &a, Instant::now()).unwrap();
     // A receive posted, then ERR flushes it.
     let r = RecvWr {
         wr_id: 9,
@@ -222,8 +248,8 @@ fn qp_state_machine_checks() {
     };
     assert_eq!(st.post_recv(1, qpn, vec![r]), Resp::Unit);
     a.qp_state = IBV_QPS_ERR;
-    st.modify_qp(qpn, IBV_QP_STATE, &a).unwrap();
-    let Resp::Wcs(w) = st.request(1, pid, Req::PollCq { cq, max: 4 }) else {
+    st.modify_qp(qpn, IBV_QP_STATE, &a, Instant::now()).unwrap();
+    let Resp::Wcs(w) = st.request(1, pid, Req::PollCq { cq, max: 4 }, Instant::now()) else {
         panic!()
     };
     assert_eq!(w.len(), 1);
@@ -231,7 +257,7 @@ fn qp_state_machine_checks() {
     assert_eq!(w[0].status, IBV_WC_WR_FLUSH_ERR);
     // Another connection cannot touch this QP.
     assert!(matches!(
-        st.request(2, pid, Req::DestroyQp { qpn }),
+        st.request(2, pid, Req::DestroyQp { qpn }, Instant::now()),
         Resp::Err { .. }
     ));
 }
@@ -241,7 +267,7 @@ fn mr_access_rules() {
     let mut st = State::new();
     let pid = std::process::id() as i32;
     let buf = vec![0u8; 4096];
-    let Resp::Handle(pd) = st.request(1, pid, Req::AllocPd) else {
+    let Resp::Handle(pd) = st.request(1, pid, Req::AllocPd, Instant::now()) else {
         panic!()
     };
     // Remote write without local write is refused.
@@ -254,6 +280,7 @@ fn mr_access_rules() {
             len: 4096,
             access: IBV_ACCESS_REMOTE_WRITE,
         },
+        Instant::now(),
     );
     assert!(matches!(r, Resp::Err { errno, .. } if errno == libc::EINVAL));
     let Resp::Mr { rkey, .. } = st.request(
@@ -265,23 +292,29 @@ fn mr_access_rules() {
             len: 4096,
             access: IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ,
         },
+        Instant::now(),
     ) else {
         panic!()
     };
     let a = buf.as_ptr() as u64;
     assert!(st
+        .mem
         .check_remote(0, pd, rkey, a, 4096, IBV_ACCESS_REMOTE_READ)
         .is_some());
     assert!(st
+        .mem
         .check_remote(0, pd, rkey, a + 1, 4096, IBV_ACCESS_REMOTE_READ)
         .is_none());
     assert!(st
+        .mem
         .check_remote(0, pd, rkey, a, 16, IBV_ACCESS_REMOTE_WRITE)
         .is_none());
     assert!(st
+        .mem
         .check_remote(0, pd, rkey ^ 0x100, a, 16, IBV_ACCESS_REMOTE_READ)
         .is_none());
     assert!(st
+        .mem
         .check_remote(0, pd + 1, rkey, a, 16, IBV_ACCESS_REMOTE_READ)
         .is_none());
     // Memory that does not exist: refused, unless on demand (ODP), whose pages need not
@@ -297,6 +330,7 @@ fn mr_access_rules() {
                 len,
                 access,
             },
+            Instant::now(),
         )
     };
     let nowhere = 0x10_0000_0000;
@@ -316,30 +350,32 @@ fn mr_access_rules() {
             iova: 0,
             access: IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ,
         },
+        Instant::now(),
     ) else {
         panic!()
     };
     let read = IBV_ACCESS_REMOTE_READ;
     assert_eq!(
-        st.check_remote(0, pd, rkey, 8, 16, read),
+        st.mem.check_remote(0, pd, rkey, 8, 16, read),
         Some((pid, a + 1032))
     );
     assert_eq!(
-        st.check_remote(0, pd, rkey, 1016, 8, read),
+        st.mem.check_remote(0, pd, rkey, 1016, 8, read),
         Some((pid, a + 2040))
     );
-    assert_eq!(st.check_remote(0, pd, rkey, 1016, 9, read), None);
+    assert_eq!(st.mem.check_remote(0, pd, rkey, 1016, 9, read), None);
     assert_eq!(
-        st.check_remote(0, pd, rkey, a + 1032, 8, read),
+        st.mem.check_remote(0, pd, rkey, a + 1032, 8, read),
         None,
         "not by address"
     );
     let sge = |addr, length| Sge { addr, length, lkey };
     assert_eq!(
-        st.resolve_local(1, pd, &[sge(0, 4), sge(1000, 24)], true),
+        st.mem
+            .resolve_local(1, pd, &[sge(0, 4), sge(1000, 24)], true),
         Some(vec![(a + 1024, 4), (a + 2024, 24)])
     );
-    assert_eq!(st.resolve_local(1, pd, &[sge(1000, 25)], true), None);
+    assert_eq!(st.mem.resolve_local(1, pd, &[sge(1000, 25)], true), None);
     let wraps = st.request(
         1,
         pid,
@@ -350,6 +386,7 @@ fn mr_access_rules() {
             iova: u64::MAX - 10,
             access: 0,
         },
+        Instant::now(),
     );
     assert_eq!(wraps, err(libc::EINVAL));
 }
@@ -365,9 +402,9 @@ fn nic_rig(cfg: NicConfig, n: usize, wrs: usize) -> (State, Vec<u32>, Vec<u8>) {
 
 fn nic_rig_mtu(cfg: NicConfig, n: usize, wrs: usize, path_mtu: i32) -> (State, Vec<u32>, Vec<u8>) {
     let mut buf = vec![7u8; 4096];
-    let mut st = State::with_nic(cfg);
+    let mut st = State::with_nic(cfg, Instant::now());
     let pid = std::process::id() as i32;
-    let Resp::Handle(pd) = st.request(1, pid, Req::AllocPd) else {
+    let Resp::Handle(pd) = st.request(1, pid, Req::AllocPd, Instant::now()) else {
         panic!()
     };
     let addr = buf.as_mut_ptr() as u64;
@@ -380,6 +417,7 @@ fn nic_rig_mtu(cfg: NicConfig, n: usize, wrs: usize, path_mtu: i32) -> (State, V
             len: 4096,
             access: IBV_ACCESS_LOCAL_WRITE,
         },
+        Instant::now(),
     ) else {
         panic!()
     };
@@ -391,6 +429,7 @@ fn nic_rig_mtu(cfg: NicConfig, n: usize, wrs: usize, path_mtu: i32) -> (State, V
             channel: 0,
             user: 0,
         },
+        Instant::now(),
     ) else {
         panic!()
     };
@@ -415,6 +454,7 @@ fn nic_rig_mtu(cfg: NicConfig, n: usize, wrs: usize, path_mtu: i32) -> (State, V
                     max_inline_data: 0,
                 },
             },
+            Instant::now(),
         ) else {
             panic!()
         };
@@ -488,7 +528,7 @@ fn rig_write(st: &State, buf: &[u8], wr_id: u64) -> SendWr {
         sges: vec![Sge {
             addr: buf.as_ptr() as u64,
             length: 700,
-            lkey: *st.mrs.keys().next().unwrap(),
+            lkey: *st.mem.mrs.keys().next().unwrap(),
         }],
         ..Default::default()
     }
@@ -646,7 +686,7 @@ fn shared_rings_carry_work_requests_and_completions() {
     let qpn = qpns[0];
     let pid = std::process::id() as i32;
     let cap = st.qps[&qpn].cap;
-    let lkey = *st.mrs.keys().next().unwrap();
+    let lkey = *st.mem.mrs.keys().next().unwrap();
     // A ring can only be attached to a fresh QP (RESET) of the same connection.
     let l = QpLayout::new(&cap);
     let (qmap, qfd) = Map::create("t", l.len).unwrap();
@@ -662,6 +702,7 @@ fn shared_rings_carry_work_requests_and_completions() {
             channel: 0,
             user: 0,
         },
+        Instant::now(),
     ) else {
         panic!()
     };
@@ -694,6 +735,7 @@ fn shared_rings_carry_work_requests_and_completions() {
             sq_sig_all: false,
             cap,
         },
+        Instant::now(),
     ) else {
         panic!()
     };
@@ -730,6 +772,7 @@ fn shared_rings_carry_work_requests_and_completions() {
             q2,
             IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS,
             &b,
+            Instant::now(),
         )
         .unwrap();
         b = a;
@@ -744,6 +787,7 @@ fn shared_rings_carry_work_requests_and_completions() {
                 | IBV_QP_MAX_DEST_RD_ATOMIC
                 | IBV_QP_MIN_RNR_TIMER,
             &b,
+            Instant::now(),
         )
         .unwrap();
         b.qp_state = IBV_QPS_RTS;
@@ -756,6 +800,7 @@ fn shared_rings_carry_work_requests_and_completions() {
                 | IBV_QP_SQ_PSN
                 | IBV_QP_MAX_QP_RD_ATOMIC,
             &b,
+            Instant::now(),
         )
         .unwrap();
     }
@@ -845,7 +890,7 @@ fn ring_doorbell_marks_delimit_fetch_batches() {
         qp_state: IBV_QPS_RESET,
         ..Default::default()
     };
-    st.modify_qp(co, IBV_QP_STATE, &a).unwrap();
+    st.modify_qp(co, IBV_QP_STATE, &a, Instant::now()).unwrap();
     let l = QpLayout::new(&st.qps[&co].cap);
     let (qmap, qfd) = Map::create("t", l.len).unwrap();
     assert_eq!(st.attach_ring(1, pid, 1, co, qfd, l.len as u64), Ok(()));
@@ -854,7 +899,7 @@ fn ring_doorbell_marks_delimit_fetch_batches() {
     a.qp_state = IBV_QPS_INIT;
     a.port_num = 1;
     let m = IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS;
-    st.modify_qp(co, m, &a).unwrap();
+    st.modify_qp(co, m, &a, Instant::now()).unwrap();
     a = attr;
     a.qp_state = IBV_QPS_RTR;
     let rtr = IBV_QP_STATE
@@ -864,7 +909,7 @@ fn ring_doorbell_marks_delimit_fetch_batches() {
         | IBV_QP_RQ_PSN
         | IBV_QP_MAX_DEST_RD_ATOMIC
         | IBV_QP_MIN_RNR_TIMER;
-    st.modify_qp(co, rtr, &a).unwrap();
+    st.modify_qp(co, rtr, &a, Instant::now()).unwrap();
     a.qp_state = IBV_QPS_RTS;
     let rts = IBV_QP_STATE
         | IBV_QP_TIMEOUT
@@ -872,13 +917,13 @@ fn ring_doorbell_marks_delimit_fetch_batches() {
         | IBV_QP_RNR_RETRY
         | IBV_QP_SQ_PSN
         | IBV_QP_MAX_QP_RD_ATOMIC;
-    st.modify_qp(co, rts, &a).unwrap();
+    st.modify_qp(co, rts, &a, Instant::now()).unwrap();
     let sq = Ring {
         off: 0,
         n: l.sq_n,
         slot: l.sq_slot,
     };
-    let lkey = *st.mrs.keys().next().unwrap();
+    let lkey = *st.mem.mrs.keys().next().unwrap();
     // Two calls, a list of 4 and a single work request, as post_send_ring writes them.
     for (i, first) in [true, false, false, false, true].into_iter().enumerate() {
         let mut b = vec![0u8; sq.slot];
@@ -928,7 +973,7 @@ fn destroyed_qp_tombstone_only_reacknowledges_duplicates() {
     let peer_qpn = st.qps[&qpn].attr.dest_qp_num;
     let epsn = st.qps[&qpn].epsn;
     assert!(matches!(
-        st.request(1, 1, Req::DestroyQp { qpn }),
+        st.request(1, 1, Req::DestroyQp { qpn }, Instant::now()),
         Resp::Destroyed { .. }
     ));
     let now = Instant::now();
@@ -1004,7 +1049,7 @@ mod fuzz {
         let mut buf = vec![0xa5u8; GUARD + MR_LEN + GUARD];
         let mut st = State::new();
         let pid = std::process::id() as i32;
-        let Resp::Handle(pd) = st.request(1, pid, Req::AllocPd) else {
+        let Resp::Handle(pd) = st.request(1, pid, Req::AllocPd, Instant::now()) else {
             panic!()
         };
         let mr_addr = buf.as_mut_ptr() as u64 + GUARD as u64;
@@ -1020,6 +1065,7 @@ mod fuzz {
                     | IBV_ACCESS_REMOTE_READ
                     | IBV_ACCESS_REMOTE_ATOMIC,
             },
+            Instant::now(),
         ) else {
             panic!()
         };
@@ -1031,6 +1077,7 @@ mod fuzz {
                 channel: 0,
                 user: 0,
             },
+            Instant::now(),
         ) else {
             panic!()
         };
@@ -1053,6 +1100,7 @@ mod fuzz {
                     max_inline_data: 0,
                 },
             },
+            Instant::now(),
         ) else {
             panic!()
         };
@@ -1067,16 +1115,17 @@ mod fuzz {
         if qpt == IBV_QPT_UD {
             a.qkey = UD_QKEY;
             let m = IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX | IBV_QP_QKEY;
-            st.modify_qp(qpn, m, &a).unwrap();
+            st.modify_qp(qpn, m, &a, Instant::now()).unwrap();
             a.qp_state = IBV_QPS_RTR;
-            st.modify_qp(qpn, IBV_QP_STATE, &a).unwrap();
+            st.modify_qp(qpn, IBV_QP_STATE, &a, Instant::now()).unwrap();
             a.qp_state = IBV_QPS_RTS;
             a.sq_psn = 5000;
-            st.modify_qp(qpn, IBV_QP_STATE | IBV_QP_SQ_PSN, &a).unwrap();
+            st.modify_qp(qpn, IBV_QP_STATE | IBV_QP_SQ_PSN, &a, Instant::now())
+                .unwrap();
         }
         let m = IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS;
         if qpt != IBV_QPT_UD {
-            st.modify_qp(qpn, m, &a).unwrap();
+            st.modify_qp(qpn, m, &a, Instant::now()).unwrap();
         }
         a.qp_state = IBV_QPS_RTR;
         a.path_mtu = 1; // 256-byte packets: multi-packet messages
@@ -1088,14 +1137,14 @@ mod fuzz {
         let uc_rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
         let rtr = uc_rtr | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
         match qpt {
-            IBV_QPT_RC => st.modify_qp(qpn, rtr, &a).unwrap(),
+            IBV_QPT_RC => st.modify_qp(qpn, rtr, &a, Instant::now()).unwrap(),
             IBV_QPT_UC => {
                 assert_eq!(
-                    st.modify_qp(qpn, rtr, &a),
+                    st.modify_qp(qpn, rtr, &a, Instant::now()),
                     Err(libc::EINVAL),
                     "RC-only mask"
                 );
-                st.modify_qp(qpn, uc_rtr, &a).unwrap();
+                st.modify_qp(qpn, uc_rtr, &a, Instant::now()).unwrap();
             }
             _ => {}
         }
@@ -1111,8 +1160,10 @@ mod fuzz {
             | IBV_QP_SQ_PSN
             | IBV_QP_MAX_QP_RD_ATOMIC;
         match qpt {
-            IBV_QPT_RC => st.modify_qp(qpn, rts, &a).unwrap(),
-            IBV_QPT_UC => st.modify_qp(qpn, IBV_QP_STATE | IBV_QP_SQ_PSN, &a).unwrap(),
+            IBV_QPT_RC => st.modify_qp(qpn, rts, &a, Instant::now()).unwrap(),
+            IBV_QPT_UC => st
+                .modify_qp(qpn, IBV_QP_STATE | IBV_QP_SQ_PSN, &a, Instant::now())
+                .unwrap(),
             _ => {}
         }
         let sge = |off: u64, len: u32| Sge {
@@ -1325,7 +1376,7 @@ mod fuzz {
         // An access violation sends the responder's QP to error too (IBTA class C).
         assert_eq!(r.st.qps[&r.qpn].state, IBV_QPS_ERR);
         let mut r = rig_with(false);
-        r.st.mrs.get_mut(&r.rkey).unwrap().access =
+        r.st.mem.mrs.get_mut(&r.rkey).unwrap().access =
             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
         let p = atomic_req(&r, wire::OP_FETCH_ADD, 1000, 0, 1, 0);
         r.st.on_packet(r.peer, p, Instant::now());
@@ -1493,15 +1544,16 @@ mod fuzz {
                 max_wr: 2,
                 max_sge: 1,
             },
+            Instant::now(),
         ) else {
             panic!()
         };
         assert!(matches!(
-            r.st.request(2, 0, Req::QuerySrq { srq }),
+            r.st.request(2, 0, Req::QuerySrq { srq }, Instant::now()),
             Resp::Err { .. }
         ));
         assert_eq!(
-            r.st.request(1, 0, Req::QuerySrq { srq }),
+            r.st.request(1, 0, Req::QuerySrq { srq }, Instant::now()),
             Resp::Srq {
                 handle: srq,
                 max_wr: 2,
@@ -1519,7 +1571,7 @@ mod fuzz {
         };
         let wrs = vec![recv(7, 2048), recv(8, 3072), recv(9, 0)];
         assert_eq!(
-            r.st.request(1, 0, Req::PostSrqRecv { srq, wrs }),
+            r.st.request(1, 0, Req::PostSrqRecv { srq, wrs }, Instant::now()),
             Resp::Err {
                 errno: libc::ENOMEM,
                 bad_index: 2
@@ -1531,12 +1583,27 @@ mod fuzz {
             max_wr,
             srq_limit,
         };
-        assert_eq!(r.st.request(1, 0, modify(1, 0, 1)), err(libc::EINVAL));
+        assert_eq!(
+            r.st.request(1, 0, modify(1, 0, 1), Instant::now()),
+            err(libc::EINVAL)
+        );
         // A limit above max_wr is refused (also against a max_wr set in the same call).
-        assert_eq!(r.st.request(1, 0, modify(0, 5, 2)), err(libc::EINVAL));
-        assert_eq!(r.st.request(1, 0, modify(4, 5, 3)), err(libc::EINVAL));
-        assert_eq!(r.st.request(1, 0, modify(0, 0, 2)), Resp::Unit);
-        assert_eq!(r.st.request(1, 0, modify(8, 0, 1)), Resp::Unit);
+        assert_eq!(
+            r.st.request(1, 0, modify(0, 5, 2), Instant::now()),
+            err(libc::EINVAL)
+        );
+        assert_eq!(
+            r.st.request(1, 0, modify(4, 5, 3), Instant::now()),
+            err(libc::EINVAL)
+        );
+        assert_eq!(
+            r.st.request(1, 0, modify(0, 0, 2), Instant::now()),
+            Resp::Unit
+        );
+        assert_eq!(
+            r.st.request(1, 0, modify(8, 0, 1), Instant::now()),
+            Resp::Unit
+        );
         // The rig's QP becomes one of the SRQ's (its own receives are discarded).
         let q = r.st.qps.get_mut(&r.qpn).unwrap();
         q.srq = srq;
@@ -1550,7 +1617,7 @@ mod fuzz {
             }
         ));
         assert_eq!(
-            r.st.request(1, 0, Req::DestroySrq { srq }),
+            r.st.request(1, 0, Req::DestroySrq { srq }, Instant::now()),
             err(libc::EBUSY)
         );
         let send = Packet {
@@ -1571,9 +1638,9 @@ mod fuzz {
             (7, IBV_WC_SUCCESS, IBV_WC_RECV, r.qpn, 3)
         );
         assert_eq!(r.st.srqs[&srq].q.len(), 1);
-        r.st.remove_qp(r.qpn);
+        r.st.remove_qp(r.qpn, Instant::now());
         assert_eq!(
-            r.st.request(1, 0, Req::DestroySrq { srq }),
+            r.st.request(1, 0, Req::DestroySrq { srq }, Instant::now()),
             Resp::Destroyed {
                 events_reported: 0,
                 event_unread: false
@@ -1585,7 +1652,9 @@ mod fuzz {
     fn async_events_srq_limit_last_wqe_and_what_a_destroy_waits_for() {
         use std::io::Read;
         let mut r = rig_with(false);
-        let Resp::Channel { id, token } = r.st.request(1, 0, Req::CreateAsyncChannel) else {
+        let Resp::Channel { id, token } =
+            r.st.request(1, 0, Req::CreateAsyncChannel, Instant::now())
+        else {
             panic!()
         };
         let (app, engine_end) = UnixStream::pair().unwrap();
@@ -1593,7 +1662,7 @@ mod fuzz {
         app.set_nonblocking(true).unwrap();
         // One stream per context; it is no completion channel.
         assert_eq!(
-            r.st.request(1, 0, Req::CreateAsyncChannel),
+            r.st.request(1, 0, Req::CreateAsyncChannel, Instant::now()),
             err(libc::EBUSY)
         );
         let cq_req = Req::CreateCq {
@@ -1601,7 +1670,10 @@ mod fuzz {
             channel: id,
             user: 1,
         };
-        assert_eq!(r.st.request(1, 0, cq_req), err(libc::EINVAL));
+        assert_eq!(
+            r.st.request(1, 0, cq_req, Instant::now()),
+            err(libc::EINVAL)
+        );
         let pd = r.st.qps[&r.qpn].pd;
         let Resp::Srq { handle: srq, .. } = r.st.request(
             1,
@@ -1613,14 +1685,27 @@ mod fuzz {
                 max_wr: 4,
                 max_sge: 1,
             },
+            Instant::now(),
         ) else {
             panic!()
         };
         let user = |kind, handle, user| Req::UserHandle { kind, handle, user };
-        assert_eq!(r.st.request(1, 0, user(2, srq, 0x5150)), Resp::Unit);
-        assert_eq!(r.st.request(1, 0, user(1, r.qpn, 0x9090)), Resp::Unit);
-        assert_eq!(r.st.request(2, 0, user(1, r.qpn, 1)), err(libc::EINVAL));
-        assert_eq!(r.st.request(1, 0, user(3, srq, 1)), err(libc::EINVAL));
+        assert_eq!(
+            r.st.request(1, 0, user(2, srq, 0x5150), Instant::now()),
+            Resp::Unit
+        );
+        assert_eq!(
+            r.st.request(1, 0, user(1, r.qpn, 0x9090), Instant::now()),
+            Resp::Unit
+        );
+        assert_eq!(
+            r.st.request(2, 0, user(1, r.qpn, 1), Instant::now()),
+            err(libc::EINVAL)
+        );
+        assert_eq!(
+            r.st.request(1, 0, user(3, srq, 1), Instant::now()),
+            err(libc::EINVAL)
+        );
         let wrs = (0..4)
             .map(|i| RecvWr {
                 wr_id: i,
@@ -1632,7 +1717,7 @@ mod fuzz {
             })
             .collect();
         assert_eq!(
-            r.st.request(1, 0, Req::PostSrqRecv { srq, wrs }),
+            r.st.request(1, 0, Req::PostSrqRecv { srq, wrs }, Instant::now()),
             Resp::Unit
         );
         let arm = |limit| Req::ModifySrq {
@@ -1641,8 +1726,8 @@ mod fuzz {
             max_wr: 0,
             srq_limit: limit,
         };
-        assert_eq!(r.st.request(1, 0, arm(3)), Resp::Unit);
-        let query = |st: &mut State| match st.request(1, 0, Req::QuerySrq { srq }) {
+        assert_eq!(r.st.request(1, 0, arm(3), Instant::now()), Resp::Unit);
+        let query = |st: &mut State| match st.request(1, 0, Req::QuerySrq { srq }, Instant::now()) {
             Resp::Srq { srq_limit, .. } => srq_limit,
             other => panic!("{other:?}"),
         };
@@ -1678,18 +1763,19 @@ mod fuzz {
         );
         assert_eq!(query(&mut r.st), 0);
         let read = Req::AsyncEventRead { taken_back: false };
-        assert_eq!(r.st.request(1, 0, read.clone()), Resp::Unit);
+        assert_eq!(r.st.request(1, 0, read.clone(), Instant::now()), Resp::Unit);
         send(&mut r.st);
         assert!((&app).read(&mut b).is_err());
         // Re-armed with 2 while 1 is queued: nothing until a receive is taken.
-        assert_eq!(r.st.request(1, 0, arm(2)), Resp::Unit);
+        assert_eq!(r.st.request(1, 0, arm(2), Instant::now()), Resp::Unit);
         assert!((&app).read(&mut b).is_err());
         // The QP with an SRQ goes to error: Last WQE Reached, for the application's QP.
         let a = QpAttrs {
             qp_state: IBV_QPS_ERR,
             ..Default::default()
         };
-        r.st.modify_qp(r.qpn, IBV_QP_STATE, &a).unwrap();
+        r.st.modify_qp(r.qpn, IBV_QP_STATE, &a, Instant::now())
+            .unwrap();
         assert_eq!((&app).read(&mut b).unwrap(), 16);
         assert_eq!(
             b[..16],
@@ -1697,16 +1783,16 @@ mod fuzz {
         );
         // Destroying the QP while its event is unread: the provider takes it back.
         assert_eq!(
-            r.st.request(1, 0, Req::DestroyQp { qpn: r.qpn }),
+            r.st.request(1, 0, Req::DestroyQp { qpn: r.qpn }, Instant::now()),
             Resp::Destroyed {
                 events_reported: 0,
                 event_unread: true
             }
         );
-        assert_eq!(r.st.request(1, 0, read), Resp::Unit);
+        assert_eq!(r.st.request(1, 0, read, Instant::now()), Resp::Unit);
         // The SRQ's one event was read: its destroy waits for one acknowledgement.
         assert_eq!(
-            r.st.request(1, 0, Req::DestroySrq { srq }),
+            r.st.request(1, 0, Req::DestroySrq { srq }, Instant::now()),
             Resp::Destroyed {
                 events_reported: 1,
                 event_unread: false
@@ -1737,14 +1823,17 @@ mod fuzz {
                 len: 4096,
                 access,
             },
+            Instant::now(),
         ) else {
             panic!()
         };
-        let Resp::Handle(mw) = r.st.request(1, 0, Req::AllocMw { pd, mw_type: 1 }) else {
+        let Resp::Handle(mw) =
+            r.st.request(1, 0, Req::AllocMw { pd, mw_type: 1 }, Instant::now())
+        else {
             panic!()
         };
         assert_eq!(
-            r.st.request(1, 0, Req::AllocMw { pd, mw_type: 3 }),
+            r.st.request(1, 0, Req::AllocMw { pd, mw_type: 3 }, Instant::now()),
             err(libc::EINVAL)
         );
         let new_rkey = (mw & !0xff) | ((mw + 1) & 0xff);
@@ -1776,13 +1865,14 @@ mod fuzz {
         assert!(r.st.next_packet(r.qpn, now).is_none()); // the bind, executed
         let q = r.st.qps[&r.qpn].pd;
         let grant = |st: &State, rkey, off, len| {
-            st.check_remote(r.qpn, q, rkey, r.mr_addr + off, len, IBV_ACCESS_REMOTE_READ)
+            st.mem
+                .check_remote(r.qpn, q, rkey, r.mr_addr + off, len, IBV_ACCESS_REMOTE_READ)
         };
         assert!(grant(&r.st, new_rkey, 256, 256).is_some());
         assert!(grant(&r.st, new_rkey, 255, 8).is_none());
         assert!(grant(&r.st, new_rkey, 500, 16).is_none());
         assert!(grant(&r.st, mw, 256, 8).is_none());
-        let wrong_right = r.st.check_remote(
+        let wrong_right = r.st.mem.check_remote(
             r.qpn,
             q,
             new_rkey,
@@ -1791,7 +1881,10 @@ mod fuzz {
             IBV_ACCESS_REMOTE_WRITE,
         );
         assert!(wrong_right.is_none());
-        assert_eq!(r.st.request(1, 0, Req::DeregMr { lkey }), err(libc::EBUSY));
+        assert_eq!(
+            r.st.request(1, 0, Req::DeregMr { lkey }, now),
+            err(libc::EBUSY)
+        );
         // Neither completes before the SEND is acknowledged; then both, in order.
         assert!(cqes(&r).is_empty());
         let ack = Packet {
@@ -1824,9 +1917,12 @@ mod fuzz {
         );
         assert_eq!(r.st.qps[&r.qpn].state, IBV_QPS_ERR);
         assert!(grant(&r.st, new_rkey, 256, 8).is_some());
-        assert_eq!(r.st.request(1, 0, Req::DeallocMw { rkey: mw }), Resp::Unit);
+        assert_eq!(
+            r.st.request(1, 0, Req::DeallocMw { rkey: mw }, now),
+            Resp::Unit
+        );
         assert!(grant(&r.st, new_rkey, 256, 8).is_none());
-        assert_eq!(r.st.request(1, 0, Req::DeregMr { lkey }), Resp::Unit);
+        assert_eq!(r.st.request(1, 0, Req::DeregMr { lkey }, now), Resp::Unit);
     }
 
     /// UD responder: datagrams from any address; a wrong Q_Key is dropped and counted;
@@ -1848,7 +1944,7 @@ mod fuzz {
             } else {
                 Req::DetachMcast { qpn: r.qpn, group }
             };
-            r.st.request(1, pid, req)
+            r.st.request(1, pid, req, Instant::now())
         };
         assert_eq!(member(&mut r, true, 0x0a00_0001), err(libc::EINVAL));
         assert_eq!(member(&mut r, false, group), err(libc::EINVAL));
@@ -1908,7 +2004,7 @@ mod fuzz {
         assert_eq!(&r.buf[GUARD + 1024 + 36..GUARD + 1024 + 40], &[0; 4]);
         // Destroying a QP takes it out of its groups.
         assert_eq!(member(&mut r, true, group), Resp::Unit);
-        r.st.remove_qp(r.qpn);
+        r.st.remove_qp(r.qpn, Instant::now());
         assert!(r.st.mcast.is_empty());
     }
 
@@ -2044,7 +2140,7 @@ mod fuzz {
             .collect();
         assert_eq!(r.st.post_send(1, r.qpn, wrs), Resp::Unit);
         assert!(r.st.out.is_empty());
-        r.st.remove_qp(r.qpn);
+        r.st.remove_qp(r.qpn, Instant::now());
         assert_eq!(r.st.out.len(), 6, "3 datagrams to 2 hosts");
         for (_, p) in &r.st.out {
             assert_eq!(
@@ -2465,6 +2561,7 @@ mod fuzz {
                 len: 2 * page as u64,
                 access: IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
             },
+            Instant::now(),
         ) else {
             panic!("registering the mapping")
         };
@@ -2555,7 +2652,8 @@ mod fuzz {
 fn device_memory_is_reserved_from_the_hosts_capacity() {
     let mut st = State::new();
     let pid = std::process::id() as i32;
-    let dm = |st: &mut State, conn, len| st.request(conn, pid, Req::AllocDm { len });
+    let dm =
+        |st: &mut State, conn, len| st.request(conn, pid, Req::AllocDm { len }, Instant::now());
     let Resp::Handle(a) = dm(&mut st, 1, device::MAX_DM_SIZE - 4096) else {
         panic!()
     };
@@ -2564,14 +2662,14 @@ fn device_memory_is_reserved_from_the_hosts_capacity() {
     assert!(matches!(dm(&mut st, 2, 4096), Resp::Handle(_)));
     assert_eq!(dm(&mut st, 2, 1), err(libc::ENOMEM));
     assert_eq!(
-        st.request(2, pid, Req::FreeDm { handle: a }),
+        st.request(2, pid, Req::FreeDm { handle: a }, Instant::now()),
         err(libc::EINVAL),
         "not its own"
     );
-    st.drop_conn(1);
+    st.drop_conn(1, Instant::now());
     assert!(matches!(dm(&mut st, 3, 8192), Resp::Handle(_)));
     assert_eq!(
-        st.request(1, pid, Req::FreeDm { handle: a }),
+        st.request(1, pid, Req::FreeDm { handle: a }, Instant::now()),
         err(libc::EINVAL)
     );
 }
@@ -2591,11 +2689,17 @@ fn a_paced_qp_sends_at_its_rate_and_others_are_not_held_up() {
     };
     let m = IBV_QP_STATE | IBV_QP_RATE_LIMIT;
     assert_eq!(
-        st.modify_qp(paced, m, &rate(device::PP_RATE_MAX_KBPS + 1)),
+        st.modify_qp(
+            paced,
+            m,
+            &rate(device::PP_RATE_MAX_KBPS + 1),
+            Instant::now()
+        ),
         Err(libc::EINVAL)
     );
     // 1,000 kb/s: a 256-byte packet (+ 48 header + 42 overhead bytes) takes 2.768 ms.
-    st.modify_qp(paced, m, &rate(1_000)).unwrap();
+    st.modify_qp(paced, m, &rate(1_000), Instant::now())
+        .unwrap();
     let t0 = Instant::now();
     let order: Vec<u32> = std::iter::from_fn(|| st.tx_one(t0)).collect();
     assert_eq!(
@@ -2612,7 +2716,7 @@ fn a_paced_qp_sends_at_its_rate_and_others_are_not_held_up() {
     assert_eq!(st.tx_one(due - Duration::from_micros(1)), None);
     assert_eq!(st.tx_one(due), Some(paced));
     // Rate 0 lifts the limit: the rest goes at once.
-    st.modify_qp(paced, m, &rate(0)).unwrap();
+    st.modify_qp(paced, m, &rate(0), Instant::now()).unwrap();
     let rest: Vec<u32> = std::iter::from_fn(|| st.tx_one(due)).collect();
     assert_eq!(rest, vec![paced; 4]);
     // ibv_modify_qp_rate_limit: the QP's owner, in RTS, a burst only with a rate.
@@ -2622,19 +2726,29 @@ fn a_paced_qp_sends_at_its_rate_and_others_are_not_held_up() {
         kbps,
         max_burst,
     };
-    assert_eq!(st.request(1, pid, rl(8_000, 4_096)), Resp::Unit);
+    assert_eq!(
+        st.request(1, pid, rl(8_000, 4_096), Instant::now()),
+        Resp::Unit
+    );
     assert!(st.qps[&paced].pacer.is_some());
-    assert_eq!(st.request(2, pid, rl(8_000, 0)), err(libc::EINVAL));
-    assert_eq!(st.request(1, pid, rl(0, 4_096)), err(libc::EINVAL));
-    assert_eq!(st.request(1, pid, rl(0, 0)), Resp::Unit);
+    assert_eq!(
+        st.request(2, pid, rl(8_000, 0), Instant::now()),
+        err(libc::EINVAL)
+    );
+    assert_eq!(
+        st.request(1, pid, rl(0, 4_096), Instant::now()),
+        err(libc::EINVAL)
+    );
+    assert_eq!(st.request(1, pid, rl(0, 0), Instant::now()), Resp::Unit);
     assert!(st.qps[&paced].pacer.is_none());
     let to_err = QpAttrs {
         qp_state: IBV_QPS_ERR,
         ..Default::default()
     };
-    st.modify_qp(paced, IBV_QP_STATE, &to_err).unwrap();
+    st.modify_qp(paced, IBV_QP_STATE, &to_err, Instant::now())
+        .unwrap();
     assert_eq!(
-        st.request(1, pid, rl(8_000, 0)),
+        st.request(1, pid, rl(8_000, 0), Instant::now()),
         err(libc::EINVAL),
         "not in RTS"
     );
@@ -2646,7 +2760,7 @@ fn to_rts(st: &mut State, qpn: u32, mut a: QpAttrs) {
     a.qp_state = IBV_QPS_INIT;
     a.port_num = 1;
     let init = IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS;
-    st.modify_qp(qpn, init, &a).unwrap();
+    st.modify_qp(qpn, init, &a, Instant::now()).unwrap();
     a.qp_state = IBV_QPS_RTR;
     a.is_global = 1;
     a.dgid = device::gid_for(Ipv4Addr::LOCALHOST);
@@ -2657,7 +2771,7 @@ fn to_rts(st: &mut State, qpn: u32, mut a: QpAttrs) {
         | IBV_QP_RQ_PSN
         | IBV_QP_MAX_DEST_RD_ATOMIC
         | IBV_QP_MIN_RNR_TIMER;
-    st.modify_qp(qpn, rtr, &a).unwrap();
+    st.modify_qp(qpn, rtr, &a, Instant::now()).unwrap();
     a.qp_state = IBV_QPS_RTS;
     a.timeout = 14;
     let rts = IBV_QP_STATE
@@ -2666,7 +2780,7 @@ fn to_rts(st: &mut State, qpn: u32, mut a: QpAttrs) {
         | IBV_QP_RNR_RETRY
         | IBV_QP_SQ_PSN
         | IBV_QP_MAX_QP_RD_ATOMIC;
-    st.modify_qp(qpn, rts, &a).unwrap();
+    st.modify_qp(qpn, rts, &a, Instant::now()).unwrap();
 }
 
 /// Two RC QPs of one engine connected to each other (256-byte path MTU), on one PD, CQ and
@@ -2676,7 +2790,7 @@ fn to_rts(st: &mut State, qpn: u32, mut a: QpAttrs) {
 fn loopback_pair(buf: &mut [u8]) -> (State, [u32; 2], (u32, u32)) {
     let mut st = State::new();
     let pid = std::process::id() as i32;
-    let Resp::Handle(pd) = st.request(1, pid, Req::AllocPd) else {
+    let Resp::Handle(pd) = st.request(1, pid, Req::AllocPd, Instant::now()) else {
         panic!()
     };
     let addr = buf.as_mut_ptr() as u64;
@@ -2687,7 +2801,7 @@ fn loopback_pair(buf: &mut [u8]) -> (State, [u32; 2], (u32, u32)) {
         len: buf.len() as u64,
         access,
     };
-    let Resp::Mr { lkey, rkey, .. } = st.request(1, pid, mr) else {
+    let Resp::Mr { lkey, rkey, .. } = st.request(1, pid, mr, Instant::now()) else {
         panic!()
     };
     let cq = Req::CreateCq {
@@ -2695,7 +2809,7 @@ fn loopback_pair(buf: &mut [u8]) -> (State, [u32; 2], (u32, u32)) {
         channel: 0,
         user: 0,
     };
-    let Resp::Cq { handle: cq, .. } = st.request(1, pid, cq) else {
+    let Resp::Cq { handle: cq, .. } = st.request(1, pid, cq, Instant::now()) else {
         panic!()
     };
     let create = Req::CreateQp {
@@ -2716,7 +2830,7 @@ fn loopback_pair(buf: &mut [u8]) -> (State, [u32; 2], (u32, u32)) {
     };
     let mut qpns = [0; 2];
     for q in &mut qpns {
-        let Resp::Qp { qpn, .. } = st.request(1, pid, create.clone()) else {
+        let Resp::Qp { qpn, .. } = st.request(1, pid, create.clone(), Instant::now()) else {
             panic!()
         };
         *q = qpn;
@@ -2793,7 +2907,7 @@ fn looped_back_packets_place_the_staged_bytes_and_count_as_before() {
         if st.out.is_empty() {
             break;
         }
-        st.loop_back(me);
+        st.loop_back(me, now);
     }
     assert!(st.out.is_empty(), "nothing for the socket");
     let at = |off: usize, len: usize| buf[off..off + len].to_vec();
@@ -2852,7 +2966,7 @@ fn a_send_acknowledged_while_a_read_ahead_of_it_waits_completes_after_the_read()
         for (_, p) in pkts {
             st.receive(me, p, now);
         }
-        st.place_all();
+        st.place_all(now);
     };
     let requests = std::mem::take(&mut st.out);
     deliver(&mut st, requests);
@@ -2873,7 +2987,7 @@ fn a_send_acknowledged_while_a_read_ahead_of_it_waits_completes_after_the_read()
         if st.out.is_empty() {
             break;
         }
-        st.loop_back(me);
+        st.loop_back(me, now);
     }
     let got: Vec<_> = st
         .cqs
@@ -3037,7 +3151,7 @@ fn a_packet_behind_another_senders_queue_is_handled_only_when_the_port_has_put_t
         line_rate_gbps: 8.0,
         ..Default::default()
     };
-    let mut st = State::with_nic(cfg);
+    let mut st = State::with_nic(cfg, Instant::now());
     let (a, b) = (
         SocketAddr::from(([10, 77, 0, 2], 4791)),
         SocketAddr::from(([10, 77, 0, 3], 4791)),

@@ -1,50 +1,33 @@
 //! The verbs the provider asks for: one request of its socket, one answer.
 
+use super::memory::Mr;
 use super::*;
 
 impl State {
     /// Registers MR `m` (its pages checked in its process) under a new key.
     fn reg_mr(&mut self, m: Mr) -> Resp {
-        let (pid, addr, len, access) = (m.pid, m.addr, m.len, m.access);
-        if self.pds.get(&m.pd) != Some(&m.conn) {
-            return err(libc::EINVAL);
-        }
-        // Remote write/atomic access requires local write (as the kernel enforces).
-        if access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC) != 0
-            && access & IBV_ACCESS_LOCAL_WRITE == 0
-        {
-            return err(libc::EINVAL);
-        }
-        // Zero length only reaches here from a device-memory MR, which the kernel allows
-        // (it grants nothing); plain MRs of zero bytes are refused below and by the provider.
-        if addr.checked_add(len).is_none() || m.iova.checked_add(len).is_none() {
-            return err(libc::EINVAL);
-        }
-        if self.mrs.len() >= device::MAX_MR as usize {
-            return err(libc::ENOMEM);
+        if let Err(e) = self.mem.admit_mr(&m) {
+            return err(e);
         }
         // The pages must exist in the registering process (as pinning would require),
         // unless the MR is on demand (ODP; the whole address space for an implicit one:
         // address 0, length SIZE_MAX).
         let mut probe = [0u8; 1];
-        if access & IBV_ACCESS_ON_DEMAND == 0
-            && len > 0
-            && (read_mem(pid, addr, &mut probe).is_err()
-                || read_mem(pid, addr + len - 1, &mut probe).is_err())
+        if m.access & IBV_ACCESS_ON_DEMAND == 0
+            && m.len > 0
+            && (read_mem(m.pid, m.addr, &mut probe).is_err()
+                || read_mem(m.pid, m.addr + m.len - 1, &mut probe).is_err())
         {
             return err(libc::EFAULT);
         }
-        // key = index << 8 | 8-bit key; keys are never reused within an engine run.
-        let key = self.next_key;
-        self.next_key = self.next_key.wrapping_add(0x101);
-        self.mrs.insert(key, m);
+        let key = self.mem.insert_mr(m);
         Resp::Mr {
             lkey: key,
             rkey: key,
         }
     }
 
-    pub(super) fn request(&mut self, conn: u64, pid: i32, req: Req) -> Resp {
+    pub(super) fn request(&mut self, conn: u64, pid: i32, req: Req, now: Instant) -> Resp {
         if matches!(
             req,
             Req::PostSend { .. } | Req::PostRecv { .. } | Req::PollCq { .. }
@@ -53,25 +36,23 @@ impl State {
         }
         match req {
             Req::AllocPd => {
-                if self.pds.len() >= device::MAX_PD as usize {
-                    return err(libc::ENOMEM);
-                }
                 let h = self.handle();
-                self.pds.insert(h, conn);
-                Resp::Handle(h)
+                match self.mem.alloc_pd(h, conn) {
+                    Ok(()) => Resp::Handle(h),
+                    Err(e) => err(e),
+                }
             }
             Req::DeallocPd { pd } => {
-                if self.pds.get(&pd) != Some(&conn) {
+                if !self.mem.pd_held_by(pd, conn) {
                     return err(libc::EINVAL);
                 }
-                let busy = self.mrs.values().any(|m| m.pd == pd)
+                let busy = self.mem.pd_in_use(pd)
                     || self.qps.values().any(|q| q.pd == pd)
-                    || self.srqs.values().any(|q| q.pd == pd)
-                    || self.mws.values().any(|w| w.pd == pd);
+                    || self.srqs.values().any(|q| q.pd == pd);
                 if busy {
                     return err(libc::EBUSY);
                 }
-                self.pds.remove(&pd);
+                self.mem.remove_pd(pd);
                 Resp::Unit
             }
             Req::RegMr {
@@ -94,6 +75,7 @@ impl State {
                         iova,
                         access,
                     },
+                    now,
                 )
             }
             Req::RegMrIova {
@@ -111,53 +93,12 @@ impl State {
                 iova,
                 access,
             }),
-            Req::DeregMr { lkey } => match self.mrs.get(&lkey) {
-                Some(m) if m.conn == conn => {
-                    // Windows bound over it keep it (as the kernel refuses with EBUSY).
-                    if self
-                        .mws
-                        .values()
-                        .any(|w| w.bound.is_some_and(|b| b.mr == lkey))
-                    {
-                        return err(libc::EBUSY);
-                    }
-                    self.mrs.remove(&lkey);
-                    Resp::Unit
-                }
-                _ => err(libc::EINVAL),
+            Req::DeregMr { lkey } => unit_or_err(self.mem.dereg_mr(conn, lkey)),
+            Req::AllocMw { pd, mw_type } => match self.mem.alloc_mw(conn, pd, mw_type) {
+                Ok(rkey) => Resp::Handle(rkey),
+                Err(e) => err(e),
             },
-            Req::AllocMw { pd, mw_type } => {
-                if self.pds.get(&pd) != Some(&conn) {
-                    return err(libc::EINVAL);
-                }
-                if !matches!(mw_type, IBV_MW_TYPE_1 | IBV_MW_TYPE_2) {
-                    return err(libc::EINVAL);
-                }
-                if self.mws.len() >= device::MAX_MW as usize {
-                    return err(libc::ENOMEM);
-                }
-                // Keys come from the MRs' allocator, so window and MR keys never collide.
-                let rkey = self.next_key;
-                self.next_key = self.next_key.wrapping_add(0x101);
-                self.mws.insert(
-                    rkey >> 8,
-                    Mw {
-                        conn,
-                        pd,
-                        kind: mw_type,
-                        rkey,
-                        bound: None,
-                    },
-                );
-                Resp::Handle(rkey)
-            }
-            Req::DeallocMw { rkey } => match self.mws.get(&(rkey >> 8)) {
-                Some(w) if w.conn == conn => {
-                    self.mws.remove(&(rkey >> 8));
-                    Resp::Unit
-                }
-                _ => err(libc::EINVAL),
-            },
+            Req::DeallocMw { rkey } => unit_or_err(self.mem.dealloc_mw(conn, rkey)),
             Req::CreateCq { cqe, channel, user } => {
                 if cqe == 0 || cqe > device::MAX_CQE {
                     return err(libc::EINVAL);
@@ -300,7 +241,7 @@ impl State {
                     IBV_QPT_XRC_RECV => self.xrcd_opened_by(xrcd, conn),
                     _ => return err(libc::EOPNOTSUPP),
                 };
-                let pd_ok = qp_type == IBV_QPT_XRC_RECV || self.pds.get(&pd) == Some(&conn);
+                let pd_ok = qp_type == IBV_QPT_XRC_RECV || self.mem.pd_held_by(pd, conn);
                 if !valid || !pd_ok || (xrcd != 0) != (qp_type == IBV_QPT_XRC_RECV) {
                     return err(libc::EINVAL);
                 }
@@ -351,7 +292,7 @@ impl State {
                         since_ackreq: 0,
                         inflight: VecDeque::new(),
                         resend: None,
-                        last_progress: Instant::now(),
+                        last_progress: now,
                         retries: 0,
                         rnr_retries: 0,
                         rnr_until: None,
@@ -360,7 +301,7 @@ impl State {
                         cur_recv: None,
                         nak_sent: false,
                         read_jobs: VecDeque::new(),
-                        responded_at: Instant::now(),
+                        responded_at: now,
                         atomic_cache: VecDeque::new(),
                         rings: None,
                         user: 0,
@@ -378,7 +319,7 @@ impl State {
                 if !self.qps.get(&qpn).is_some_and(|q| q.held_by(conn)) {
                     return err(libc::EINVAL);
                 }
-                let r = match self.modify_qp(qpn, mask, &attr) {
+                let r = match self.modify_qp(qpn, mask, &attr, now) {
                     Ok(()) => Resp::Unit,
                     Err(e) => err(e),
                 };
@@ -404,7 +345,7 @@ impl State {
                     return err(libc::EINVAL);
                 }
                 if self.release_qp(conn, qpn) {
-                    self.remove_qp(qpn);
+                    self.remove_qp(qpn, now);
                 }
                 self.forget_events(conn, Obj::Qp(qpn))
             }
@@ -458,16 +399,11 @@ impl State {
             Req::CreateFlow { qpn, attr } => self.create_flow(conn, qpn, &attr),
             Req::DestroyFlow { handle } => self.destroy_flow(conn, handle),
             Req::AllocDm { len } => {
-                let used: u64 = self.dms.values().map(|d| d.1).sum();
-                if len == 0 {
-                    return err(libc::EINVAL);
-                }
-                if len > device::MAX_DM_SIZE - used {
-                    return err(libc::ENOMEM);
-                }
                 let h = self.handle();
-                self.dms.insert(h, (conn, len));
-                Resp::Handle(h)
+                match self.mem.alloc_dm(h, conn, len) {
+                    Ok(()) => Resp::Handle(h),
+                    Err(e) => err(e),
+                }
             }
             Req::RateLimit {
                 qpn,
@@ -485,13 +421,7 @@ impl State {
                 }
                 _ => err(libc::EINVAL),
             },
-            Req::FreeDm { handle } => match self.dms.get(&handle) {
-                Some(d) if d.0 == conn => {
-                    self.dms.remove(&handle);
-                    Resp::Unit
-                }
-                _ => err(libc::EINVAL),
-            },
+            Req::FreeDm { handle } => unit_or_err(self.mem.free_dm(conn, handle)),
             Req::DetachMcast { qpn, group } => self.attach_mcast(conn, qpn, group, false),
             Req::CloseXrcd { xrcd } => self.close_xrcd(conn, xrcd),
             Req::AttachRing {

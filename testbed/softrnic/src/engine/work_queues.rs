@@ -115,7 +115,7 @@ impl State {
         (max_wr, max_sge): (u32, u32),
         (xrcd, cq): (u32, u32),
     ) -> Resp {
-        if self.pds.get(&pd) != Some(&conn) {
+        if !self.mem.pd_held_by(pd, conn) {
             return err(libc::EINVAL);
         }
         if max_wr == 0 || max_wr > device::MAX_SRQ_WR || max_sge > device::MAX_SGE {
@@ -261,62 +261,5 @@ impl State {
             pd: q.pd,
             cq: q.recv_cq,
         })
-    }
-
-    /// Resolve local SGEs against MRs: same process, same PD, in bounds, access.
-    pub(super) fn resolve_local(
-        &self,
-        conn: u64,
-        pd: u32,
-        sges: &[Sge],
-        need_write: bool,
-    ) -> Option<Vec<(u64, u64)>> {
-        let mut v = Vec::with_capacity(sges.len());
-        for s in sges {
-            if s.length == 0 {
-                continue;
-            }
-            let m = self.mrs.get(&s.lkey)?;
-            if m.conn != conn || m.pd != pd {
-                return None;
-            }
-            if need_write && m.access & IBV_ACCESS_LOCAL_WRITE == 0 {
-                return None;
-            }
-            v.push((m.translate(s.addr, s.length as u64)?, s.length as u64));
-        }
-        Some(v)
-    }
-
-    /// Check a remote access against an MR: rkey, PD of the target QP, bounds, access bit.
-    /// Remote access through `rkey` arriving on QP `qpn` of PD `pd` at remote address
-    /// `addr`: the process to access and the address there, if an MR, or a memory window
-    /// bound over one, grants it for the whole range (a zero-based window's remote addresses
-    /// are offsets).
-    pub(super) fn check_remote(
-        &self,
-        qpn: u32,
-        pd: u32,
-        rkey: u32,
-        addr: u64,
-        len: u64,
-        access: u32,
-    ) -> Option<(i32, u64)> {
-        let m = match self.mrs.get(&rkey) {
-            Some(m) => m,
-            None => {
-                let w = self.mws.get(&(rkey >> 8))?;
-                let (mr, va) = w.grant(rkey, pd, qpn, addr, len, access)?;
-                // The window lies inside its MR, which cannot go while it is bound.
-                return self
-                    .mrs
-                    .get(&mr)
-                    .and_then(|m| Some((m.pid, m.translate(va, len)?)));
-            }
-        };
-        if m.pd != pd || m.access & access == 0 {
-            return None;
-        }
-        Some((m.pid, m.translate(addr, len)?))
     }
 }

@@ -216,7 +216,7 @@ mod tests {
     }
 
     fn open(st: &mut State, conn: u64, file: Option<(u64, u64)>, oflags: i32) -> Resp {
-        st.request(conn, 0, Req::OpenXrcd { file, oflags })
+        st.request(conn, 0, Req::OpenXrcd { file, oflags }, Instant::now())
     }
 
     fn target_qp(xrcd: u32) -> Req {
@@ -250,7 +250,7 @@ mod tests {
         assert_ne!(private, a);
         assert_eq!(handle(open(&mut st, 2, None, 0)), private + 1);
 
-        let pd = handle(st.request(2, 0, Req::AllocPd));
+        let pd = handle(st.request(2, 0, Req::AllocPd, Instant::now()));
         let cq = handle(st.request(
             2,
             0,
@@ -259,6 +259,7 @@ mod tests {
                 channel: 0,
                 user: 0,
             },
+            Instant::now(),
         ));
         let srq_in = |xrcd: u32, cq: u32| Req::CreateSrq {
             pd,
@@ -268,37 +269,53 @@ mod tests {
             cq,
         };
         // Not opened by this process, or without a CQ: refused.
-        assert_eq!(errno(st.request(3, 0, target_qp(a))), libc::EINVAL);
-        assert_eq!(errno(st.request(2, 0, srq_in(a, 0))), libc::EINVAL);
-        let srq = handle(st.request(2, 0, srq_in(a, cq)));
-        assert_eq!(st.srqs[&srq].xrcd, a);
-        assert_eq!(errno(st.request(2, 0, Req::DestroyCq { cq })), libc::EBUSY);
         assert_eq!(
-            errno(st.request(2, 0, Req::CloseXrcd { xrcd: a })),
+            errno(st.request(3, 0, target_qp(a), Instant::now())),
+            libc::EINVAL
+        );
+        assert_eq!(
+            errno(st.request(2, 0, srq_in(a, 0), Instant::now())),
+            libc::EINVAL
+        );
+        let srq = handle(st.request(2, 0, srq_in(a, cq), Instant::now()));
+        assert_eq!(st.srqs[&srq].xrcd, a);
+        assert_eq!(
+            errno(st.request(2, 0, Req::DestroyCq { cq }, Instant::now())),
+            libc::EBUSY
+        );
+        assert_eq!(
+            errno(st.request(2, 0, Req::CloseXrcd { xrcd: a }, Instant::now())),
             libc::EBUSY
         );
         // A second open may be closed while the first still holds the SRQ.
         handle(open(&mut st, 2, f, libc::O_CREAT));
-        assert_eq!(st.request(2, 0, Req::CloseXrcd { xrcd: a }), Resp::Unit);
         assert_eq!(
-            errno(st.request(2, 0, Req::CloseXrcd { xrcd: a })),
+            st.request(2, 0, Req::CloseXrcd { xrcd: a }, Instant::now()),
+            Resp::Unit
+        );
+        assert_eq!(
+            errno(st.request(2, 0, Req::CloseXrcd { xrcd: a }, Instant::now())),
             libc::EBUSY
         );
-        let Resp::Destroyed { .. } = st.request(2, 0, Req::DestroySrq { srq }) else {
+        let Resp::Destroyed { .. } = st.request(2, 0, Req::DestroySrq { srq }, Instant::now())
+        else {
             panic!("destroy SRQ");
         };
-        assert_eq!(st.request(2, 0, Req::CloseXrcd { xrcd: a }), Resp::Unit);
+        assert_eq!(
+            st.request(2, 0, Req::CloseXrcd { xrcd: a }, Instant::now()),
+            Resp::Unit
+        );
 
-        let tgt = st.request(1, 0, target_qp(a));
+        let tgt = st.request(1, 0, target_qp(a), Instant::now());
         let Resp::Qp { qpn, cap } = tgt else {
             panic!("{tgt:?}");
         };
         assert_eq!(cap.max_recv_wr, 0, "a target has no receive queue");
         assert_eq!(st.qps[&qpn].xrcd, a);
         assert!(st.xrcds.contains_key(&a));
-        st.drop_conn(1);
+        st.drop_conn(1, Instant::now());
         assert!(!st.xrcds.contains_key(&a) && !st.xrcds.contains_key(&private));
-        st.drop_conn(2);
+        st.drop_conn(2, Instant::now());
         assert!(st.xrcds.is_empty());
     }
 
@@ -309,8 +326,10 @@ mod tests {
         let mut st = State::new();
         let f = Some((1, 2));
         let x = handle(open(&mut st, 1, f, libc::O_CREAT));
-        let qpn = handle(st.request(1, 0, target_qp(x)));
-        let open_qp = |st: &mut State, conn| st.request(conn, 0, Req::OpenQp { xrcd: x, qpn });
+        let qpn = handle(st.request(1, 0, target_qp(x), Instant::now()));
+        let open_qp = |st: &mut State, conn| {
+            st.request(conn, 0, Req::OpenQp { xrcd: x, qpn }, Instant::now())
+        };
         assert_eq!(errno(open_qp(&mut st, 2)), libc::EINVAL, "domain not open");
         assert_eq!(errno(open_qp(&mut st, 1)), libc::EINVAL, "its creator");
         for conn in [2, 3] {
@@ -327,12 +346,13 @@ mod tests {
                     handle: qpn,
                     user,
                 },
+                Instant::now(),
             )
         };
         assert_eq!(set_user(&mut st, 2, 0x2000), Resp::Unit);
         assert_eq!(set_user(&mut st, 4, 0x4000), err(libc::EINVAL));
         assert!(matches!(
-            st.request(1, 0, Req::DestroyQp { qpn }),
+            st.request(1, 0, Req::DestroyQp { qpn }, Instant::now()),
             Resp::Destroyed { .. }
         ));
         let q = &st.qps[&qpn];
@@ -340,9 +360,9 @@ mod tests {
             (q.conn, q.user, q.openers.clone()),
             (2, 0x2000, vec![(3, 0)])
         );
-        st.drop_conn(3);
+        st.drop_conn(3, Instant::now());
         assert!(st.qps.contains_key(&qpn));
-        st.drop_conn(2);
+        st.drop_conn(2, Instant::now());
         assert!(!st.qps.contains_key(&qpn));
     }
 

@@ -5,6 +5,7 @@
 use super::*;
 use crate::auss::{Stamp, STAMP_LEN};
 use crate::engine::auss::NicAuss;
+use crate::engine::host_io::incarnation;
 
 const EXPIRY: Duration = Duration::from_millis(500);
 const R: [u8; 4] = [10, 77, 0, 1];
@@ -28,12 +29,12 @@ fn engine(
         auss_expiry_ms: EXPIRY.as_millis() as u64,
         ..Default::default()
     };
-    let mut st = State::with_nic(cfg);
+    let mut st = State::with_nic(cfg, Instant::now());
     st.my_ip = me.into();
     st.peers = vec![R.into(), S1.into(), S2.into()];
-    st.auss = NicAuss::on(&cfg, &dir.join("auss")).unwrap();
+    st.auss = NicAuss::on(&cfg, &dir.join("auss"), Instant::now(), incarnation()).unwrap();
     let pid = std::process::id() as i32;
-    let Resp::Handle(pd) = st.request(1, pid, Req::AllocPd) else {
+    let Resp::Handle(pd) = st.request(1, pid, Req::AllocPd, Instant::now()) else {
         panic!()
     };
     let mr = Req::RegMr {
@@ -42,7 +43,7 @@ fn engine(
         len: buf.len() as u64,
         access: IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
     };
-    let Resp::Mr { rkey, .. } = st.request(1, pid, mr) else {
+    let Resp::Mr { rkey, .. } = st.request(1, pid, mr, Instant::now()) else {
         panic!()
     };
     let cq = Req::CreateCq {
@@ -50,7 +51,7 @@ fn engine(
         channel: 0,
         user: 0,
     };
-    let Resp::Cq { handle: cq, .. } = st.request(1, pid, cq) else {
+    let Resp::Cq { handle: cq, .. } = st.request(1, pid, cq, Instant::now()) else {
         panic!()
     };
     let mut qpns = Vec::new();
@@ -71,7 +72,7 @@ fn engine(
                 max_inline_data: 0,
             },
         };
-        let Resp::Qp { qpn, .. } = st.request(1, pid, create) else {
+        let Resp::Qp { qpn, .. } = st.request(1, pid, create, Instant::now()) else {
             panic!()
         };
         let a = QpAttrs {
@@ -344,7 +345,13 @@ fn the_last_packet_before_an_empty_send_queue_is_marked_idle() {
                 auss_hold_us: 0,
                 ..cfg
             };
-            st.auss = NicAuss::on(&no_hold, &tmpdir("idle").join("auss")).unwrap();
+            st.auss = NicAuss::on(
+                &no_hold,
+                &tmpdir("idle").join("auss"),
+                Instant::now(),
+                incarnation(),
+            )
+            .unwrap();
         }
         let t0 = Instant::now();
         let flags: Vec<u8> = std::iter::from_fn(|| st.next_packet(qpns[0], t0))
@@ -428,7 +435,13 @@ fn with_dasr_caps_a_stamp_paces_the_qps_towards_its_receiver_at_r_over_n() {
     let dir = tmpdir("caps");
     for caps in [true, false] {
         let (mut st, qpns, _buf) = nic_rig(cfg, 1, 4);
-        st.auss = NicAuss::on(&cfg, &dir.join(format!("auss-{caps}"))).unwrap();
+        st.auss = NicAuss::on(
+            &cfg,
+            &dir.join(format!("auss-{caps}")),
+            Instant::now(),
+            incarnation(),
+        )
+        .unwrap();
         st.peers = vec![R.into(), S1.into(), S2.into()];
         st.dart.caps = caps;
         let to = st.qps[&qpns[0]].remote.unwrap();
