@@ -43,6 +43,7 @@ mod auss;
 mod congestion;
 mod counters;
 mod diagnostics;
+mod fabric;
 mod host_io;
 mod ingress;
 mod memory;
@@ -109,15 +110,6 @@ pub struct EngineConfig {
     pub host_dir: Option<PathBuf>,
     /// The addresses of every host of the run (multicast goes to all of them).
     pub peers: Vec<Ipv4Addr>,
-}
-
-/// Egress fault injection: one injector per destination, and the held packets.
-struct Injection {
-    cfg: FaultConfig,
-    host: String,
-    links: HashMap<SocketAddr, LinkInjector>,
-    /// Packets held back, with their destinations.
-    held: crate::due::DueQueue<(SocketAddr, Packet)>,
 }
 
 struct Cq {
@@ -360,19 +352,15 @@ struct State {
     next_qpn: u32,
     /// PDs, MRs, memory windows and device memory.
     mem: memory::MemoryTable,
+    /// The port, the packets leaving by it and the faults on their way.
+    fabric: fabric::Fabric,
     cqs: IdMap<Cq>,
     channels: IdMap<Channel>,
     qps: IdMap<Qp>,
     srqs: IdMap<Srq>,
     xrcds: IdMap<xrc::Xrcd>,
-    /// The port's link (`softrnic link`): while down, nothing is sent or received.
-    port_up: bool,
     /// The earliest time a paced QP that `tx_one` passed over may send again.
     pace_wake: Option<Instant>,
-    /// This host's address (the destination in the GRH of received UD datagrams).
-    my_ip: Ipv4Addr,
-    /// Every host of the run, to which multicast datagrams are replicated.
-    peers: Vec<Ipv4Addr>,
     /// Multicast groups (keys of [`device::mcast_group`]) and the local UD QPs attached to each.
     mcast: HashMap<u64, std::collections::BTreeSet<u32>>,
     /// Flow rules of raw-packet QPs, by handle (in creation order).
@@ -383,10 +371,6 @@ struct State {
     /// file): what each process asks of the NIC, whoever it is — a host agent learns from it
     /// what processes it does not govern take (DRUM's issue 23).
     proc_tx: std::collections::BTreeMap<i32, (u64, u64)>,
-    /// Packets waiting to be sent (built under the lock, sent by whoever holds it).
-    out: Vec<(SocketAddr, Packet)>,
-    /// Fault injection, when configured.
-    inject: Option<Injection>,
     /// The NIC model: pipeline clock and QP-context cache.
     nic: Pipeline,
     /// The NIC's receive port (see [`crate::rx_port`]).
@@ -458,12 +442,10 @@ impl State {
             // Data gathered from the packets just handled (see `placement`); placing it may
             // NAK, and the NAK may be local.
             self.place_all(now);
-            if !self.out.iter().any(|(d, _)| *d == me) {
+            let Some(local) = self.fabric.take_local(me) else {
                 break;
-            }
-            let (local, rest): (Vec<_>, Vec<_>) = self.out.drain(..).partition(|(d, _)| *d == me);
-            self.out = rest;
-            for (_, p) in local {
+            };
+            for p in local {
                 self.counters.tx_packets += 1;
                 self.counters.rx_packets += 1;
                 wake |= wakes_transmitter(p.op);
@@ -527,16 +509,12 @@ impl State {
             qps: IdMap::default(),
             srqs: IdMap::default(),
             xrcds: IdMap::default(),
-            port_up: true,
-            my_ip: Ipv4Addr::LOCALHOST,
-            peers: Vec::new(),
+            fabric: fabric::Fabric::default(),
             mcast: HashMap::new(),
             flows: std::collections::BTreeMap::new(),
             rr: VecDeque::new(),
             counters: Counters::default(),
             proc_tx: std::collections::BTreeMap::new(),
-            out: Vec::new(),
-            inject: None,
             nic: Pipeline::new(nic),
             rx_port: crate::rx_port::RxPort::new(nic.rx_port()),
             rx_waiting: Default::default(),
@@ -609,17 +587,11 @@ impl State {
         if let (true, SocketAddr::V4(d), wire::OP_SEND | wire::OP_WRITE) =
             (self.auss.is_on(), dst, p.op)
         {
-            if *d.ip() != self.my_ip {
+            if *d.ip() != self.fabric.me {
                 self.auss.data_sent(*d.ip(), now);
             }
         }
-        if multicast::is_group_addr(dst) {
-            for d in self.fanout(dst) {
-                self.out.push((d, p.clone()));
-            }
-        } else {
-            self.out.push((dst, p));
-        }
+        self.fabric.send(dst, p);
     }
 
     /// Look a QP's context up in the NIC's cache; a miss costs `qp_miss_ns`.

@@ -22,10 +22,10 @@ impl State {
     /// QPs are left alone, as on hardware: their retransmissions fail while the link is down
     /// and run out after their retry count, or succeed once it is back.
     pub(super) fn set_port(&mut self, up: bool) {
-        if up == self.port_up {
+        if up == self.fabric.up {
             return;
         }
-        self.port_up = up;
+        self.fabric.up = up;
         let event = if up {
             IBV_EVENT_PORT_ACTIVE
         } else {

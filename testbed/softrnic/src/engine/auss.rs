@@ -154,7 +154,7 @@ impl NicAuss {
 impl State {
     /// Most senders a receiver here can count: the other hosts of the run.
     fn auss_max_n(&self) -> u32 {
-        self.peers.iter().filter(|p| **p != self.my_ip).count() as u32
+        self.fabric.others()
     }
 
     /// Responder: `p` from `from` was accepted in order; it may open, refresh or close its
@@ -165,7 +165,7 @@ impl State {
         if !matches!(p.op, wire::OP_SEND | wire::OP_WRITE) {
             return;
         }
-        let (Some(on), false) = (self.auss.on.as_mut(), *v4.ip() == self.my_ip) else {
+        let (Some(on), false) = (self.auss.on.as_mut(), *v4.ip() == self.fabric.me) else {
             return;
         };
         let t = now.saturating_duration_since(on.origin);
@@ -214,7 +214,7 @@ impl State {
     /// Responder: the stamp for an ACK to `to` (None: AUSS off, or `to` on this host).
     pub(super) fn auss_stamp_for(&mut self, to: SocketAddr) -> Option<Payload> {
         let on = self.auss.on.as_ref()?;
-        if to.ip() == self.my_ip {
+        if to.ip() == self.fabric.me {
             return None;
         }
         self.auss.counters.stamped_acks += 1;

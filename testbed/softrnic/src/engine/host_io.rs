@@ -192,7 +192,7 @@ pub(super) fn rx_loop(sh: Arc<Shared>) {
         let mut wake = false;
         let mut packets = 0;
         if let Some((n, from, seg)) = got {
-            if st.port_up {
+            if st.fabric.up {
                 // With GRO the kernel may have coalesced datagrams of one size (the last may
                 // be shorter): each is one packet.
                 let seg = seg.unwrap_or(n).max(1);
@@ -663,15 +663,15 @@ pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
     set_buffers(&udp, 16 << 20);
     let started = Instant::now();
     let mut state = State::with_nic(cfg.nic, started);
-    state.my_ip = cfg.ip;
-    state.peers = cfg.peers.clone();
+    state.fabric.me = cfg.ip;
+    state.fabric.peers = cfg.peers.clone();
     if cfg.nic.auss_expiry().is_some() {
         let table = cfg.socket.with_file_name("auss");
         state.auss = super::auss::NicAuss::on(&cfg.nic, &table, started, incarnation())
             .with_context(|| format!("creating the AUSS table {}", table.display()))?;
     }
     if !cfg.faults.is_none() {
-        state.inject = Some(Injection {
+        state.fabric.inject = Some(fabric::Injection {
             cfg: cfg.faults.clone(),
             host: cfg.host.clone(),
             links: HashMap::new(),
@@ -778,17 +778,17 @@ impl Shared {
 
     fn flush_out(&self, st: &mut State) {
         let st = &mut *st;
-        if !st.port_up {
+        if !st.fabric.up {
             // No link: what the NIC sends goes nowhere.
-            st.counters.port_down_dropped += st.out.len() as u64;
-            st.out.clear();
+            st.counters.port_down_dropped += st.fabric.out.len() as u64;
+            st.fabric.out.clear();
             return;
         }
-        let Some(inj) = st.inject.as_mut() else {
+        let Some(inj) = st.fabric.inject.as_mut() else {
             self.loop_back(st, Instant::now());
             if self.gso {
-                let (start, n) = (Instant::now(), st.out.len());
-                st.counters.tx_packets += send_batched(&self.udp, &mut st.out);
+                let (start, n) = (Instant::now(), st.fabric.out.len());
+                st.counters.tx_packets += send_batched(&self.udp, &mut st.fabric.out);
                 let took = start.elapsed();
                 if took >= SLOW_LOCK {
                     log_later(format!(
@@ -798,7 +798,7 @@ impl Shared {
                 }
                 return;
             }
-            for (dst, p) in st.out.drain(..) {
+            for (dst, p) in st.fabric.out.drain(..) {
                 if self.udp.send_to(&p.encode(), dst).is_ok() {
                     st.counters.tx_packets += 1;
                 }
@@ -807,7 +807,7 @@ impl Shared {
         };
         let now = Instant::now();
         let c = &mut st.counters;
-        for (dst, p) in st.out.drain(..) {
+        for (dst, p) in st.fabric.out.drain(..) {
             let link = inj.links.entry(dst).or_insert_with(|| {
                 let ip = match dst {
                     SocketAddr::V4(a) => *a.ip(),
@@ -835,9 +835,9 @@ impl Shared {
 
     /// Send the held packets that are due; returns when the next one is due.
     fn flush_held(&self, st: &mut State, now: Instant) -> Option<Instant> {
-        let inj = st.inject.as_mut()?;
+        let inj = st.fabric.inject.as_mut()?;
         while let Some((dst, packet)) = inj.held.pop_due(now) {
-            if !st.port_up {
+            if !st.fabric.up {
                 st.counters.port_down_dropped += 1;
             } else if self.udp.send_to(&packet.encode(), dst).is_ok() {
                 st.counters.tx_packets += 1;

@@ -26,7 +26,7 @@ impl State {
                 if let Some(hold) = pause {
                     // Straight onto the socket, ahead of queued data: a pause is a link-level
                     // frame, not a packet the arbiter schedules.
-                    self.out.push((
+                    self.fabric.out.push((
                         from,
                         Packet {
                             op: wire::OP_PAUSE,

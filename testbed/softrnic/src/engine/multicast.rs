@@ -7,8 +7,7 @@
 //! QPs join Ethernet multicast MACs in the same table (keys of `device::mac_group`), and
 //! `raw.rs` delivers frames to them.
 
-use std::collections::BTreeSet;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr};
 
 use super::*;
 
@@ -73,19 +72,6 @@ impl State {
             m.remove(&qpn);
             !m.is_empty()
         });
-    }
-
-    /// Where a packet for `dst` goes: a multicast destination to every host of the run.
-    pub(super) fn fanout(&self, dst: SocketAddr) -> Vec<SocketAddr> {
-        if !is_group_addr(dst) {
-            return vec![dst];
-        }
-        let mut hosts: BTreeSet<Ipv4Addr> = self.peers.iter().copied().collect();
-        hosts.insert(self.my_ip);
-        hosts
-            .into_iter()
-            .map(|ip| SocketAddr::V4(SocketAddrV4::new(ip, dst.port())))
-            .collect()
     }
 
     /// A datagram to a multicast group: a copy for every local QP attached to it.

@@ -461,7 +461,7 @@ impl State {
     /// the next receive (byte_len counts the GRH, as on hardware). Without a receive posted
     /// the datagram is lost (UD has no RNR).
     pub(super) fn ud_rx(&mut self, from: SocketAddr, p: &Packet) {
-        let my_ip = self.my_ip;
+        let my_ip = self.fabric.me;
         self.ud_deliver(p.dst_qpn, from, p, my_ip);
     }
 

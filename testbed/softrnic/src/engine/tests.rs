@@ -502,7 +502,7 @@ fn tx_arbitration_is_round_robin_per_packet() {
         assert_eq!(*q, qpns[i % 3], "packet {i}: {order:?}");
     }
     // Packet sizes: every QP's packets alternate 256, 256, 188 payload bytes.
-    assert_eq!(st.out.len(), 18);
+    assert_eq!(st.fabric.out.len(), 18);
     assert_eq!(st.counters.wqe_fetches, 6);
     // Every WQE is charged to the process that owns its QP (this one): 6 × 700 bytes.
     let pid = std::process::id();
@@ -673,7 +673,7 @@ fn path_mtu_is_clamped_to_the_port_mtu() {
     assert_eq!(st2.qps[&qpns2[0]].mtu, 4096);
     let now = Instant::now();
     while st.tx_one(now).is_some() {}
-    assert_eq!(st.out.len(), 3);
+    assert_eq!(st.fabric.out.len(), 3);
 }
 
 /// The shared rings: work requests written by "the application" (this process, through
@@ -829,7 +829,7 @@ fn shared_rings_carry_work_requests_and_completions() {
     let now = Instant::now();
     while st.tx_one(now).is_some() {}
     assert_eq!(st.counters.ring_send_wqes, 1);
-    assert_eq!(st.out.len(), 2, "300 bytes at 256-byte MTU");
+    assert_eq!(st.fabric.out.len(), 2, "300 bytes at 256-byte MTU");
     assert_eq!(
         sq.done(&qmap).load(Ordering::Acquire),
         0,
@@ -988,13 +988,13 @@ fn destroyed_qp_tombstone_only_reacknowledges_duplicates() {
     let dup = psn_add(epsn, wire::PSN_MASK);
     st.on_packet(peer, pkt(wire::OP_SEND, dup, peer_qpn), now);
     assert_eq!(st.counters.rx_duplicate, 1);
-    assert_eq!(st.out.len(), 1);
-    let ack = st.out[0].1.clone();
+    assert_eq!(st.fabric.out.len(), 1);
+    let ack = st.fabric.out[0].1.clone();
     assert_eq!(
         (ack.op, ack.psn, ack.dst_qpn),
         (wire::OP_ACK, dup, peer_qpn)
     );
-    st.out.clear();
+    st.fabric.out.clear();
     for (from, p) in [
         (peer, pkt(wire::OP_SEND, epsn, peer_qpn)),    // new data
         (peer, pkt(wire::OP_READ_REQ, dup, peer_qpn)), // a read needs the memory
@@ -1004,7 +1004,7 @@ fn destroyed_qp_tombstone_only_reacknowledges_duplicates() {
     }
     let stranger = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(127, 9, 9, 9), 4791));
     st.on_packet(stranger, pkt(wire::OP_SEND, dup, peer_qpn), now);
-    assert!(st.out.is_empty());
+    assert!(st.fabric.out.is_empty());
     assert_eq!(st.counters.rx_dropped_unknown_qp, 4);
     // Expired: dropped too.
     let later = now + TOMBSTONE + Duration::from_secs(1);
@@ -1207,7 +1207,7 @@ mod fuzz {
         }
         let now = Instant::now();
         while st.next_packet(qpn, now).is_some() {}
-        st.out.clear();
+        st.fabric.out.clear();
         let peer = SocketAddr::V4(SocketAddrV4::new(
             Ipv4Addr::LOCALHOST,
             device::ENGINE_UDP_PORT,
@@ -1293,8 +1293,8 @@ mod fuzz {
 
     /// The only packet the engine queued: an atomic response (PSN, original value).
     fn take_atomic_resp(st: &mut State) -> (u32, u64) {
-        assert_eq!(st.out.len(), 1, "one response");
-        let p = st.out.remove(0).1;
+        assert_eq!(st.fabric.out.len(), 1, "one response");
+        let p = st.fabric.out.remove(0).1;
         assert_eq!(p.op, wire::OP_ATOMIC_RESP);
         (p.psn, u64::from_le_bytes(p.payload[..].try_into().unwrap()))
     }
@@ -1334,7 +1334,7 @@ mod fuzz {
         for i in 0..(ATOMIC_CACHE as u32 - 1) {
             let p = atomic_req(&r, wire::OP_FETCH_ADD, 1004 + i, 128, 1, 0);
             r.st.on_packet(r.peer, p, now);
-            r.st.out.clear();
+            r.st.fabric.out.clear();
         }
         let old = atomic_req(&r, wire::OP_FETCH_ADD, 1003, 64, 3, 0);
         r.st.on_packet(r.peer, old.clone(), now);
@@ -1349,14 +1349,14 @@ mod fuzz {
             0,
         );
         r.st.on_packet(r.peer, p, now);
-        r.st.out.clear();
+        r.st.fabric.out.clear();
         r.st.on_packet(r.peer, old, now);
-        assert!(r.st.out.is_empty());
+        assert!(r.st.fabric.out.is_empty());
         assert_eq!(word(&r, 64), 1);
         let epsn = 1004 + ATOMIC_CACHE as u32;
         let misaligned = atomic_req(&r, wire::OP_FETCH_ADD, epsn, 68, 1, 0);
         r.st.on_packet(r.peer, misaligned, now);
-        let nak = r.st.out.remove(0).1;
+        let nak = r.st.fabric.out.remove(0).1;
         assert_eq!(
             (nak.op, nak.syndrome),
             (wire::OP_NAK, wire::NAK_REM_INVALID)
@@ -1371,7 +1371,7 @@ mod fuzz {
         r.st.qps.get_mut(&r.qpn).unwrap().attr.access_flags = IBV_ACCESS_REMOTE_WRITE;
         let p = atomic_req(&r, wire::OP_FETCH_ADD, 1000, 0, 1, 0);
         r.st.on_packet(r.peer, p, Instant::now());
-        let nak = r.st.out.remove(0).1;
+        let nak = r.st.fabric.out.remove(0).1;
         assert_eq!((nak.op, nak.syndrome), (wire::OP_NAK, wire::NAK_REM_ACCESS));
         // An access violation sends the responder's QP to error too (IBTA class C).
         assert_eq!(r.st.qps[&r.qpn].state, IBV_QPS_ERR);
@@ -1380,7 +1380,7 @@ mod fuzz {
             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
         let p = atomic_req(&r, wire::OP_FETCH_ADD, 1000, 0, 1, 0);
         r.st.on_packet(r.peer, p, Instant::now());
-        let nak = r.st.out.remove(0).1;
+        let nak = r.st.fabric.out.remove(0).1;
         assert_eq!((nak.op, nak.syndrome), (wire::OP_NAK, wire::NAK_REM_ACCESS));
         assert_eq!(word(&r, 0), 0xa5a5_a5a5_a5a5_a5a5);
     }
@@ -1407,7 +1407,7 @@ mod fuzz {
         };
         let (empty, full) = (write(1000, vec![]), write(1001, vec![7; 8]));
         r.st.on_packet(r.peer, empty, Instant::now());
-        let ack = r.st.out.remove(0).1;
+        let ack = r.st.fabric.out.remove(0).1;
         assert_eq!(ack.op, wire::OP_ACK);
         let wc = cqes(&r)[0];
         assert_eq!(
@@ -1415,7 +1415,7 @@ mod fuzz {
             (IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, 0, 0x1234)
         );
         r.st.on_packet(r.peer, full, Instant::now());
-        let nak = r.st.out.remove(0).1;
+        let nak = r.st.fabric.out.remove(0).1;
         assert_eq!((nak.op, nak.syndrome), (wire::OP_NAK, wire::NAK_REM_ACCESS));
     }
 
@@ -1985,14 +1985,17 @@ mod fuzz {
         assert_eq!(cqes(&r).len(), 1, "nobody attached any more");
         assert_eq!(r.st.counters.rx_dropped_unknown_qp, 0);
 
-        r.st.my_ip = Ipv4Addr::new(10, 0, 0, 2);
-        r.st.peers = vec![Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2)];
+        r.st.fabric.me = Ipv4Addr::new(10, 0, 0, 2);
+        r.st.fabric.peers = vec![Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2)];
         let to = |ip: [u8; 4]| SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::from(ip), 4791));
         assert_eq!(
-            r.st.fanout(to([239, 1, 1, 1])),
+            r.st.fabric.fanout(to([239, 1, 1, 1])),
             vec![to([10, 0, 0, 1]), to([10, 0, 0, 2])]
         );
-        assert_eq!(r.st.fanout(to([10, 0, 0, 1])), vec![to([10, 0, 0, 1])]);
+        assert_eq!(
+            r.st.fabric.fanout(to([10, 0, 0, 1])),
+            vec![to([10, 0, 0, 1])]
+        );
         // An IB-style MGID's group: same delivery, no IPv4 destination in the GRH.
         let ib = device::mcast_group(&[0xff, 1, 0, 0, 0, 2, 0xc9, 0x85, 0, 0, 0, 0, 0, 0, 0, 0])
             .unwrap();
@@ -2063,7 +2066,7 @@ mod fuzz {
         let before = r.st.counters.rx_dropped_unknown_qp;
         r.st.on_packet(stranger, rc, now);
         assert_eq!(r.st.counters.rx_dropped_unknown_qp, before + 1);
-        assert!(r.st.out.is_empty(), "UD never answers");
+        assert!(r.st.fabric.out.is_empty(), "UD never answers");
     }
 
     /// UD requester: each SEND is one datagram to the address from its address handle
@@ -2120,8 +2123,8 @@ mod fuzz {
     #[test]
     fn a_destroyed_ud_qp_sends_what_was_posted_first() {
         let mut r = rig_typed(false, IBV_QPT_UD);
-        r.st.peers = vec![Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2)];
-        r.st.my_ip = Ipv4Addr::new(10, 0, 0, 1);
+        r.st.fabric.peers = vec![Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2)];
+        r.st.fabric.me = Ipv4Addr::new(10, 0, 0, 1);
         let group = u32::from(Ipv4Addr::new(239, 1, 1, 1));
         let wrs = (0..3)
             .map(|i| SendWr {
@@ -2139,10 +2142,10 @@ mod fuzz {
             })
             .collect();
         assert_eq!(r.st.post_send(1, r.qpn, wrs), Resp::Unit);
-        assert!(r.st.out.is_empty());
+        assert!(r.st.fabric.out.is_empty());
         r.st.remove_qp(r.qpn, Instant::now());
-        assert_eq!(r.st.out.len(), 6, "3 datagrams to 2 hosts");
-        for (_, p) in &r.st.out {
+        assert_eq!(r.st.fabric.out.len(), 6, "3 datagrams to 2 hosts");
+        for (_, p) in &r.st.fabric.out {
             assert_eq!(
                 (p.dst_qpn, p.remote_addr),
                 (wire::MCAST_QPN, u64::from(group))
@@ -2200,7 +2203,7 @@ mod fuzz {
             now,
         );
         assert_eq!(&r.buf[GUARD + 6000..GUARD + 6002], &[6, 6]);
-        assert!(r.st.out.is_empty(), "UC never acknowledges");
+        assert!(r.st.fabric.out.is_empty(), "UC never acknowledges");
 
         let mr = (r.mr_addr, r.lkey);
         let wr = |id: u64, opcode: i32, len: u32| rig_wr(mr, id, opcode, 0, len);
@@ -2357,7 +2360,7 @@ mod fuzz {
         let now = Instant::now();
         r.st.on_packet(r.peer, w.clone(), now);
         assert_eq!(&r.buf[GUARD + 10..GUARD + 13], &[1, 2, 3]);
-        assert_eq!(r.st.out.len(), 1, "ACKed");
+        assert_eq!(r.st.fabric.out.len(), 1, "ACKed");
         let mut replay = w.clone();
         replay.payload = vec![9, 9, 9].into();
         r.st.on_packet(r.peer, replay, now);
@@ -2444,14 +2447,14 @@ mod fuzz {
             &[0xa5; 8],
             "gathered, not placed"
         );
-        assert!(r.st.out.is_empty());
+        assert!(r.st.fabric.out.is_empty());
         r.st.on_packet(r.peer, write_part(&r, 2, at), now);
         assert_eq!(
             &r.buf[GUARD + 100..GUARD + 112],
             &[1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]
         );
         assert_eq!(r.st.counters.rx_placements, 1);
-        let ack = r.st.out[0].1.clone();
+        let ack = r.st.fabric.out[0].1.clone();
         assert_eq!((ack.op, ack.psn), (wire::OP_ACK, 1002));
 
         // A WRITE's first packet, then a READ of its bytes: the READ is answered with them.
@@ -2582,7 +2585,7 @@ mod fuzz {
             ..from_peer(&r, wire::OP_SEND, wire::F_FIRST | wire::F_LAST, 999)
         };
         r.st.on_packet(r.peer, dup, now);
-        let nak = r.st.out[0].1.clone();
+        let nak = r.st.fabric.out[0].1.clone();
         assert_eq!(
             (nak.op, nak.syndrome, nak.psn),
             (wire::OP_NAK, wire::NAK_REM_ACCESS, 1000)
@@ -2635,7 +2638,7 @@ mod fuzz {
                 for _ in 0..4 {
                     let _ = r.st.next_packet(r.qpn, now);
                 }
-                r.st.out.clear();
+                r.st.fabric.out.clear();
             }
             prop_assert!(r.buf[..GUARD].iter().all(|&b| b == 0xa5), "front guard written");
             prop_assert!(
@@ -2899,17 +2902,17 @@ fn looped_back_packets_place_the_staged_bytes_and_count_as_before() {
     // The WRITE's first packet carries a slice of the staged message bytes.
     assert_eq!(st.tx_one(now), Some(a));
     let staged = st.qps[&a].sq[0].staged.as_ptr();
-    assert_eq!(st.out[0].1.payload.as_ptr(), staged, "not a copy");
+    assert_eq!(st.fabric.out[0].1.payload.as_ptr(), staged, "not a copy");
     // As the transmitter runs: a burst of packets, then the loopback takes what is local.
     let me = loopback_addr();
     loop {
         while st.tx_one(now).is_some() {}
-        if st.out.is_empty() {
+        if st.fabric.out.is_empty() {
             break;
         }
         st.loop_back(me, now);
     }
-    assert!(st.out.is_empty(), "nothing for the socket");
+    assert!(st.fabric.out.is_empty(), "nothing for the socket");
     let at = |off: usize, len: usize| buf[off..off + len].to_vec();
     assert_eq!(at(8 << 10, 700), at(0, 700), "WRITE");
     assert_eq!(at(16 << 10, 600), at(1024, 600), "SEND");
@@ -2968,10 +2971,10 @@ fn a_send_acknowledged_while_a_read_ahead_of_it_waits_completes_after_the_read()
         }
         st.place_all(now);
     };
-    let requests = std::mem::take(&mut st.out);
+    let requests = std::mem::take(&mut st.fabric.out);
     deliver(&mut st, requests);
     while st.tx_one(now).is_some() {}
-    let (acks, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut st.out)
+    let (acks, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut st.fabric.out)
         .into_iter()
         .partition(|(_, p)| p.op == wire::OP_ACK);
     assert!(!acks.is_empty(), "the SEND is acknowledged");
@@ -2980,11 +2983,11 @@ fn a_send_acknowledged_while_a_read_ahead_of_it_waits_completes_after_the_read()
         "a READ response waits"
     );
     deliver(&mut st, acks);
-    st.out.extend(rest);
+    st.fabric.out.extend(rest);
     // Then the READ's responses.
     loop {
         while st.tx_one(now).is_some() {}
-        if st.out.is_empty() {
+        if st.fabric.out.is_empty() {
             break;
         }
         st.loop_back(me, now);
@@ -3020,14 +3023,10 @@ fn marked_packets_draw_cnps_and_a_cnp_paces_its_qp() {
         ..Default::default()
     };
     let t0 = Instant::now();
-    let cnps = |st: &mut State| {
-        let n = st.out.iter().filter(|(_, p)| p.op == wire::OP_CNP).count();
-        st.out.clear();
-        n
-    };
+    let cnps = take_cnps;
     st.on_marked(peer, &marked, true, t0);
-    assert_eq!(st.out.len(), 1);
-    let (to, cnp) = &st.out[0];
+    assert_eq!(st.fabric.out.len(), 1);
+    let (to, cnp) = &st.fabric.out[0];
     assert_eq!((*to, cnp.dst_qpn, cnp.src_qpn), (peer, peer_qpn, slowed));
     assert_eq!(cnps(&mut st), 1);
     st.on_marked(peer, &marked, true, t0 + Duration::from_micros(49));
@@ -3111,11 +3110,7 @@ fn a_dart_receiver_answers_only_marks_that_are_not_its_own_congestion() {
         src_qpn: st.qps[&qpns[0]].attr.dest_qp_num,
         ..Default::default()
     };
-    let cnps = |st: &mut State| {
-        let n = st.out.iter().filter(|(_, p)| p.op == wire::OP_CNP).count();
-        st.out.clear();
-        n
-    };
+    let cnps = take_cnps;
     let t0 = Instant::now();
     st.dart.receiver = crate::dart_receiver::Policy::Dart;
     // Marked by this port: the receiver's own congestion, which DASR's N handles.
@@ -3177,4 +3172,16 @@ fn a_packet_behind_another_senders_queue_is_handled_only_when_the_port_has_put_t
     assert_eq!(st.release_waiting(us(5)), (3, None));
     assert_eq!(handled(&st), 6);
     assert_eq!(st.rx_port.counters.waited, 5);
+}
+
+/// The CNPs the state queued since the last call (the queue emptied).
+fn take_cnps(st: &mut State) -> usize {
+    let n = st
+        .fabric
+        .out
+        .iter()
+        .filter(|(_, p)| p.op == wire::OP_CNP)
+        .count();
+    st.fabric.out.clear();
+    n
 }

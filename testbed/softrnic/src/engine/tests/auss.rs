@@ -30,8 +30,8 @@ fn engine(
         ..Default::default()
     };
     let mut st = State::with_nic(cfg, Instant::now());
-    st.my_ip = me.into();
-    st.peers = vec![R.into(), S1.into(), S2.into()];
+    st.fabric.me = me.into();
+    st.fabric.peers = vec![R.into(), S1.into(), S2.into()];
     st.auss = NicAuss::on(&cfg, &dir.join("auss"), Instant::now(), incarnation()).unwrap();
     let pid = std::process::id() as i32;
     let Resp::Handle(pd) = st.request(1, pid, Req::AllocPd, Instant::now()) else {
@@ -116,7 +116,7 @@ fn write(dst_qpn: u32, src_qpn: u32, k: u32, rkey: u32, base: u64, flags: u8) ->
 
 /// The stamps `st` sent since the last call: (to, op, stamp).
 fn sent(st: &mut State) -> Vec<(SocketAddr, u8, Stamp)> {
-    let out = std::mem::take(&mut st.out);
+    let out = std::mem::take(&mut st.fabric.out);
     out.iter()
         .filter(|(_, p)| !p.payload.is_empty())
         .map(|(to, p)| (*to, p.op, Stamp::decode(&p.payload, 2).unwrap()))
@@ -442,7 +442,7 @@ fn with_dasr_caps_a_stamp_paces_the_qps_towards_its_receiver_at_r_over_n() {
             incarnation(),
         )
         .unwrap();
-        st.peers = vec![R.into(), S1.into(), S2.into()];
+        st.fabric.peers = vec![R.into(), S1.into(), S2.into()];
         st.dart.caps = caps;
         let to = st.qps[&qpns[0]].remote.unwrap();
         let t0 = Instant::now();
