@@ -65,8 +65,47 @@ fn cpu_seconds(pid: u32) -> Result<f64> {
     Ok(ticks / hz)
 }
 
-/// Kills the coordinator (or a relay) process when the run ends, however it ends.
+/// Kills the coordinator (or a relay) process when the run ends, however it ends: dropped
+/// on a return or a panic, and killed by the kernel if this process dies of a signal
+/// (`PR_SET_PDEATHSIG` fires when the spawning thread ends: they are spawned on the main
+/// thread, in `block_on`, which lives as long as the process).
 struct Child(std::process::Child);
+
+impl Child {
+    fn spawn(cmd: &mut std::process::Command) -> std::io::Result<Child> {
+        use std::os::unix::process::CommandExt as _;
+        // SAFETY: the closure runs in the forked child before exec and only calls prctl,
+        // which is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd.spawn().map(Child)
+    }
+}
+
+/// On SIGINT or SIGTERM, removes the run's directory (the instance, certificates and
+/// configs) and exits; the children die with this process.
+async fn clean_up_on_signal(dir: std::path::PathBuf) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return;
+    };
+    // The shell's status for a death by the signal.
+    let status = tokio::select! {
+        _ = int.recv() => 130,
+        _ = term.recv() => 143,
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    std::process::exit(status);
+}
 
 impl Drop for Child {
     fn drop(&mut self) {
@@ -147,6 +186,7 @@ fn main() -> Result<()> {
         .context("the example's directory")?
         .join("drum-coordinator");
     rt.block_on(async {
+        tokio::spawn(clean_up_on_signal(dir.path().to_path_buf()));
         let mut coordinator: Option<Child> = None;
         let (addr, admin) = if args.coordinator_process {
             let free = || -> Result<std::net::SocketAddr> {
@@ -170,14 +210,15 @@ fn main() -> Result<()> {
                     certs.coordinator.key,
                 ),
             )?;
-            coordinator = Some(Child(
-                std::process::Command::new(&bin)
-                    .args(["serve", "--config"])
-                    .arg(&config)
-                    .env("DRUM_LOG", "warn")
-                    .spawn()
-                    .with_context(|| format!("starting {}", bin.display()))?,
-            ));
+            coordinator = Some(
+                Child::spawn(
+                    std::process::Command::new(&bin)
+                        .args(["serve", "--config"])
+                        .arg(&config)
+                        .env("DRUM_LOG", "warn"),
+                )
+                .with_context(|| format!("starting {}", bin.display()))?,
+            );
             // Wait for its admin endpoint.
             let t = Instant::now();
             while std::net::TcpStream::connect(admin).is_err() {
@@ -213,13 +254,14 @@ fn main() -> Result<()> {
                     down.ca, down.cert, down.key, up.ca, up.cert, up.key,
                 ),
             )?;
-            let child = std::process::Command::new(&bin)
-                .args(["relay", "--config"])
-                .arg(&config)
-                .env("DRUM_LOG", "warn")
-                .spawn()
-                .with_context(|| format!("starting relay {r}"))?;
-            relays.push((listen, Child(child)));
+            let child = Child::spawn(
+                std::process::Command::new(&bin)
+                    .args(["relay", "--config"])
+                    .arg(&config)
+                    .env("DRUM_LOG", "warn"),
+            )
+            .with_context(|| format!("starting relay {r}"))?;
+            relays.push((listen, child));
         }
         // Each relay holds its port before the agents start: they bind ephemeral ports, and
         // one could take a port a relay has not bound yet.
