@@ -93,16 +93,25 @@ os.execvp(sys.argv[1], sys.argv[1:])\n";
         (server, client)
     }
 
-    /// What process `pid` on `host` has sent so far (softrnic's per-process counter).
+    /// What process `pid` on `host` has sent so far (softrnic's per-process counter). The
+    /// counter goes when the process's last QP does, so a sender that is gone fails here by
+    /// name, with the end of the host's engine log (a stalled emulator has made perftest
+    /// clients give up), rather than reading as 0.
     fn sent(&self, host: &str, pid: u32) -> f64 {
-        let stats =
-            std::fs::read_to_string(self.dir.join("softrnic/hosts").join(host).join("stats"))
-                .unwrap_or_default();
+        let dir = self.dir.join("softrnic/hosts").join(host);
+        let stats = std::fs::read_to_string(dir.join("stats")).unwrap_or_default();
         let key = format!("proc_tx_bytes.{pid} ");
         stats
             .lines()
             .find_map(|l| l.strip_prefix(&key)?.trim().parse().ok())
-            .unwrap_or(0.0)
+            .unwrap_or_else(|| {
+                let log = std::fs::read_to_string(dir.join("engine.log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                panic!(
+                    "process {pid} on {host} has no QP at the NIC any more: it ended before \
+                     the measurement; the engine's last lines, newest first: {tail:?}"
+                )
+            })
     }
 }
 
