@@ -8,7 +8,7 @@
 use super::*;
 use crate::auss::timeline::Timeline;
 use crate::auss::{ActiveSenders, Applied, Latest, Request, Stamp};
-use drum_table::nic_auss::{monotonic_ns, Writer};
+use drum_table::nic_auss::Writer;
 
 /// The NIC's AUSS (None in `on`: off, the default).
 #[derive(Default)]
@@ -85,13 +85,15 @@ fn sender_id(ip: Ipv4Addr) -> u64 {
 }
 
 impl NicAuss {
-    /// AUSS on as `nic` says from `now`, publishing into a new table at `table`;
-    /// `incarnation` must grow across restarts of the engine (as the agents' do) and not be 0
-    /// (the driver's `host_io::incarnation`).
+    /// AUSS on as `nic` says, publishing into a new table at `table`. `origin`: one moment
+    /// read twice, as an `Instant` and as `CLOCK_MONOTONIC` ns (the timeline's time base,
+    /// which every engine of the run shares), back to back: a gap between the two readings
+    /// would shift this engine's timeline against the others'. `incarnation` must grow across
+    /// restarts of the engine (as the agents' do) and not be 0 (`host_io::incarnation`).
     pub(super) fn on(
         nic: &NicConfig,
         table: &std::path::Path,
-        now: Instant,
+        (origin, origin_ns): (Instant, u64),
         incarnation: u64,
     ) -> io::Result<NicAuss> {
         let expiry = nic.auss_expiry().unwrap_or(Duration::ZERO);
@@ -100,8 +102,8 @@ impl NicAuss {
                 set: ActiveSenders::new(expiry, nic.auss_hold(), incarnation),
                 latest: Latest::default(),
                 table: Writer::create(table, nic.payload_bytes_per_s())?,
-                origin: now,
-                origin_ns: monotonic_ns(),
+                origin,
+                origin_ns,
                 timeline: Timeline::default(),
                 gap_ns: nic.auss_hold().max(Duration::from_micros(100)).as_nanos() as u64,
             }),

@@ -641,6 +641,11 @@ fn keep_freed_memory() {
     }
 }
 
+/// Now, as an `Instant` and as `CLOCK_MONOTONIC` ns, read back to back (AUSS's time base).
+pub(super) fn clock_pair() -> (Instant, u64) {
+    (Instant::now(), drum_table::nic_auss::monotonic_ns())
+}
+
 /// This start's incarnation: the wall clock in nanoseconds, never 0.
 pub(super) fn incarnation() -> u64 {
     std::time::SystemTime::now()
@@ -667,7 +672,7 @@ pub fn run(cfg: EngineConfig) -> anyhow::Result<()> {
     state.fabric.peers = cfg.peers.clone();
     if cfg.nic.auss_expiry().is_some() {
         let table = cfg.socket.with_file_name("auss");
-        state.auss = super::auss::NicAuss::on(&cfg.nic, &table, started, incarnation())
+        state.auss = super::auss::NicAuss::on(&cfg.nic, &table, clock_pair(), incarnation())
             .with_context(|| format!("creating the AUSS table {}", table.display()))?;
     }
     if !cfg.faults.is_none() {

@@ -5,7 +5,7 @@
 use super::*;
 use crate::auss::{Stamp, STAMP_LEN};
 use crate::engine::auss::NicAuss;
-use crate::engine::host_io::incarnation;
+use crate::engine::host_io::{clock_pair, incarnation};
 
 const EXPIRY: Duration = Duration::from_millis(500);
 const R: [u8; 4] = [10, 77, 0, 1];
@@ -32,7 +32,7 @@ fn engine(
     let mut st = State::with_nic(cfg, Instant::now());
     st.fabric.me = me.into();
     st.fabric.peers = vec![R.into(), S1.into(), S2.into()];
-    st.auss = NicAuss::on(&cfg, &dir.join("auss"), Instant::now(), incarnation()).unwrap();
+    st.auss = NicAuss::on(&cfg, &dir.join("auss"), clock_pair(), incarnation()).unwrap();
     let pid = std::process::id() as i32;
     let Resp::Handle(pd) = st.request(1, pid, Req::AllocPd, Instant::now()) else {
         panic!()
@@ -348,7 +348,7 @@ fn the_last_packet_before_an_empty_send_queue_is_marked_idle() {
             st.auss = NicAuss::on(
                 &no_hold,
                 &tmpdir("idle").join("auss"),
-                Instant::now(),
+                clock_pair(),
                 incarnation(),
             )
             .unwrap();
@@ -438,7 +438,7 @@ fn with_dasr_caps_a_stamp_paces_the_qps_towards_its_receiver_at_r_over_n() {
         st.auss = NicAuss::on(
             &cfg,
             &dir.join(format!("auss-{caps}")),
-            Instant::now(),
+            clock_pair(),
             incarnation(),
         )
         .unwrap();
