@@ -483,6 +483,17 @@ fn unit_or_err(r: Result<(), i32>) -> Resp {
     r.map_or_else(err, |()| Resp::Unit)
 }
 
+fn handle_or_err(r: Result<u32, i32>) -> Resp {
+    r.map_or_else(err, Resp::Handle)
+}
+
+/// The next object handle from `next`: never 0, wrapping.
+fn take_handle(next: &mut u32) -> u32 {
+    let h = *next;
+    *next = next.wrapping_add(1).max(1);
+    h
+}
+
 impl State {
     /// `proc_tx_wqes.PID N` and `proc_tx_bytes.PID N` for every process that owns a QP now
     /// (a process whose QPs are all gone drops out).
@@ -644,9 +655,7 @@ impl State {
     }
 
     fn handle(&mut self) -> u32 {
-        let h = self.next_handle;
-        self.next_handle = self.next_handle.wrapping_add(1).max(1);
-        h
+        take_handle(&mut self.next_handle)
     }
 
     fn push_cqe(&mut self, cq: u32, wc: IbvWc) {

@@ -64,13 +64,15 @@ impl MemoryTable {
         self.pds.get(&pd) == Some(&conn)
     }
 
-    /// Record PD handle `h` for `conn`; Err(errno) beyond the device's limit.
-    pub(super) fn alloc_pd(&mut self, h: u32, conn: u64) -> Result<(), i32> {
+    /// A new PD for `conn` under the handle `handle` gives, taken only once the device's
+    /// limit allows it.
+    pub(super) fn alloc_pd(&mut self, conn: u64, handle: impl FnOnce() -> u32) -> Result<u32, i32> {
         if self.pds.len() >= device::MAX_PD as usize {
             return Err(libc::ENOMEM);
         }
+        let h = handle();
         self.pds.insert(h, conn);
-        Ok(())
+        Ok(h)
     }
 
     /// Whether an MR or a window still lives in `pd`.
@@ -163,8 +165,14 @@ impl MemoryTable {
         }
     }
 
-    /// Reserve `len` bytes of device memory as handle `h` for `conn`.
-    pub(super) fn alloc_dm(&mut self, h: u32, conn: u64, len: u64) -> Result<(), i32> {
+    /// Reserve `len` bytes of device memory for `conn` under the handle `handle` gives, taken
+    /// only once the reservation fits.
+    pub(super) fn alloc_dm(
+        &mut self,
+        conn: u64,
+        len: u64,
+        handle: impl FnOnce() -> u32,
+    ) -> Result<u32, i32> {
         let used: u64 = self.dms.values().map(|d| d.1).sum();
         if len == 0 {
             return Err(libc::EINVAL);
@@ -172,8 +180,9 @@ impl MemoryTable {
         if len > device::MAX_DM_SIZE - used {
             return Err(libc::ENOMEM);
         }
+        let h = handle();
         self.dms.insert(h, (conn, len));
-        Ok(())
+        Ok(h)
     }
 
     pub(super) fn free_dm(&mut self, conn: u64, h: u32) -> Result<(), i32> {

@@ -36,11 +36,8 @@ impl State {
         }
         match req {
             Req::AllocPd => {
-                let h = self.handle();
-                match self.mem.alloc_pd(h, conn) {
-                    Ok(()) => Resp::Handle(h),
-                    Err(e) => err(e),
-                }
+                let next = &mut self.next_handle;
+                handle_or_err(self.mem.alloc_pd(conn, || take_handle(next)))
             }
             Req::DeallocPd { pd } => {
                 if !self.mem.pd_held_by(pd, conn) {
@@ -94,10 +91,7 @@ impl State {
                 access,
             }),
             Req::DeregMr { lkey } => unit_or_err(self.mem.dereg_mr(conn, lkey)),
-            Req::AllocMw { pd, mw_type } => match self.mem.alloc_mw(conn, pd, mw_type) {
-                Ok(rkey) => Resp::Handle(rkey),
-                Err(e) => err(e),
-            },
+            Req::AllocMw { pd, mw_type } => handle_or_err(self.mem.alloc_mw(conn, pd, mw_type)),
             Req::DeallocMw { rkey } => unit_or_err(self.mem.dealloc_mw(conn, rkey)),
             Req::CreateCq { cqe, channel, user } => {
                 if cqe == 0 || cqe > device::MAX_CQE {
@@ -399,11 +393,8 @@ impl State {
             Req::CreateFlow { qpn, attr } => self.create_flow(conn, qpn, &attr),
             Req::DestroyFlow { handle } => self.destroy_flow(conn, handle),
             Req::AllocDm { len } => {
-                let h = self.handle();
-                match self.mem.alloc_dm(h, conn, len) {
-                    Ok(()) => Resp::Handle(h),
-                    Err(e) => err(e),
-                }
+                let next = &mut self.next_handle;
+                handle_or_err(self.mem.alloc_dm(conn, len, || take_handle(next)))
             }
             Req::RateLimit {
                 qpn,
