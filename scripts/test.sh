@@ -30,7 +30,7 @@ forbidden drum-agent drum-coordinator plotters rcgen
 forbidden softrnic-provider softrnic
 # softrnic's engine state reads no clock (issue 20): the threads that drive it (host_io, and
 # diagnostics' lock timing) read it and pass `now` in, so the state is deterministic under test.
-clock=$(for f in testbed/softrnic/src/engine.rs testbed/softrnic/src/engine/*.rs; do
+clock=$(for f in testbed/softrnic/src/engine.rs testbed/softrnic/src/engine/*.rs testbed/softrnic/src/engine/transport/*.rs; do
     case $f in */host_io.rs | */diagnostics.rs | */tests.rs) continue ;; esac
     awk '/^mod tests/ { exit } /Instant::now\(|\.elapsed\(|SystemTime::now|monotonic_ns\(/ { print FILENAME ":" FNR ": " $0 }' "$f"
 done)

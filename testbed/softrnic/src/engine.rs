@@ -10,7 +10,8 @@
 //!
 //! This file holds the engine's state and what every part uses (completions); the parts are
 //! its modules: `verbs` (the provider's requests), `work_queues` and `rings` (posting),
-//! `qp_state`, `requester`, `responder`, `xrc`, `host_io` (the engine's start, threads,
+//! `qp_state`, `transport` (each QP's requester and responder state, pure), `requester` and
+//! `responder` (the drivers around it), `xrc`, `host_io` (the engine's start, threads,
 //! sockets, GSO/GRO), `async_events`, `process_memory` (the applications' memory) and
 //! `diagnostics` (what the log says of slow locks and stalled QPs).
 
@@ -55,6 +56,7 @@ mod raw;
 mod requester;
 mod responder;
 mod rings;
+mod transport;
 mod verbs;
 mod work_queues;
 mod xrc;
@@ -64,17 +66,11 @@ use diagnostics::*;
 pub use host_io::run;
 use host_io::*;
 use process_memory::*;
-use requester::*;
+use transport::requester::{Requester, SqWqe};
+use transport::responder::{CurRecv, Responder};
 
 /// How long a destroyed QP still acknowledges duplicates of what it had received.
 const TOMBSTONE: Duration = Duration::from_secs(3);
-/// Most packets a QP keeps unacknowledged.
-const WINDOW: usize = 512;
-/// A requester asks for an ACK at least every this many packets (and at every message's
-/// last packet). Counted from the last request rather than by PSN, so that messages of up to
-/// this many packets are acknowledged once each, at their end: the responder then places a
-/// message with one cross-process write (an ACK mid-message makes it place what it has).
-const ACKREQ_EVERY: u32 = 16;
 /// Transmitter tick when idle (bounds timer latency).
 const TICK: Duration = Duration::from_millis(1);
 /// Most packets the transmitter sends per wakeup before letting other threads in.
@@ -83,11 +79,6 @@ const TX_BURST: usize = 64;
 const STATS_EVERY: Duration = Duration::from_millis(200);
 /// How often the engine reads its port's sysfs state (`softrnic link`).
 pub const PORT_CHECK_EVERY: Duration = Duration::from_millis(100);
-/// Atomic results a responder QP remembers by PSN, so that a retransmitted atomic request is
-/// answered from here instead of being executed twice (IBTA's responder resources). Twice the
-/// most any requester may have outstanding (`max_rd_atomic` ≤ [`device::MAX_RD_ATOM`]): every
-/// request a requester can still retransmit is among the last this many executed.
-const ATOMIC_CACHE: usize = 2 * device::MAX_RD_ATOM as usize;
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -138,43 +129,6 @@ struct Channel {
     events: Option<EventQueue>,
 }
 
-struct SqWqe {
-    wr: SendWr,
-    len: u32,
-    signaled: bool,
-    /// Set once all the WQE's packets have been built.
-    packetized: bool,
-    /// The first work request of its `ibv_post_send` call (its doorbell).
-    doorbell: bool,
-    /// Read by the NIC's fetch unit (its fetch cost is paid).
-    fetched: bool,
-    first_psn: u32,
-    last_psn: u32,
-    /// READ: next response PSN expected; READ and atomics: whether the response arrived.
-    resp_next: u32,
-    resp_done: bool,
-    /// Local segments (process address, length), resolved at packetization.
-    segs: Vec<(u64, u64)>,
-    /// Message bytes from offset `staged_at` on, read ahead of the packets that carry them
-    /// (see [`STAGE_BYTES`]); the message's packets share them. Empty once the message is
-    /// packetized.
-    staged: Payload,
-    staged_at: u32,
-}
-
-/// How much of a message the requester reads from the process at once: one
-/// `process_vm_readv` per 64 KiB instead of one per packet (each call looks the process up
-/// again: 5 % of the engine's time at one call per 4 KiB packet).
-const STAGE_BYTES: u32 = 64 << 10;
-
-struct Inflight {
-    psn: u32,
-    last_psn: u32,
-    needs_resp: bool,
-    /// The packet as first sent (its payload shares the staged message bytes).
-    packet: Packet,
-}
-
 /// A shared receive queue: receives any of its QPs may consume, resolved against its PD.
 struct Srq {
     conn: u64,
@@ -191,15 +145,6 @@ struct Srq {
     limit: u32,
     /// The application's `struct ibv_srq *` (for asynchronous events).
     user: u64,
-}
-
-/// The receive a multi-packet SEND is being written into: where its buffers are (the
-/// process of its queue's owner — for an XRC SRQ not the target QP's) and its CQ.
-struct CurRecv {
-    wr_id: u64,
-    segs: Vec<(u64, u64)>,
-    pid: i32,
-    cq: u32,
 }
 
 /// A receive taken from a QP's receive queue or SRQ, with the owner and PD its buffers
@@ -225,42 +170,15 @@ struct Qp {
     /// Transport: `IBV_QPT_RC`, `IBV_QPT_UC`, `IBV_QPT_UD`, `IBV_QPT_XRC_SEND` or
     /// `IBV_QPT_XRC_RECV`.
     qpt: i32,
-    /// UC responder: discarding the rest of a message one of whose packets was lost.
-    uc_broken: bool,
     sq_sig_all: bool,
     cap: Caps,
     attr: QpAttrs,
     state: i32,
     remote: Option<SocketAddr>,
     mtu: u32,
-    // requester
-    sq: VecDeque<SqWqe>,
-    sq_next: usize,
-    sq_off: u32,
-    next_psn: u32,
-    /// Packets sent since the last one that asked for an ACK.
-    since_ackreq: u32,
-    inflight: VecDeque<Inflight>,
-    resend: Option<usize>,
-    last_progress: Instant,
-    retries: u32,
-    rnr_retries: u32,
-    rnr_until: Option<Instant>,
-    // responder
-    rq: VecDeque<RecvWr>,
-    epsn: u32,
-    cur_recv: Option<CurRecv>,
-    nak_sent: bool,
-    /// RDMA READs being answered, oldest first: their response packets go out one at a time
-    /// through the transmitter's arbitration, at the line rate, as a NIC's responder sends
-    /// them (all at once, a 1 MiB read's 256 packets overflowed the requester's socket and
-    /// every retransmission did it again).
-    read_jobs: VecDeque<ReadJob>,
-    /// When its READ responses last moved (a response left, or a job arrived at an empty
-    /// queue): a responder with jobs and no movement is stalled.
-    responded_at: Instant,
-    /// (PSN, original value) of the last [`ATOMIC_CACHE`] atomics executed, oldest first.
-    atomic_cache: VecDeque<(u32, u64)>,
+    /// Its transport: the send queue and what is in flight, the receive side.
+    req: Requester,
+    resp: Responder,
     /// Work-request rings shared with the application.
     rings: Option<QpRings>,
     /// The application's `struct ibv_qp *` (for asynchronous events).
@@ -286,54 +204,6 @@ struct QpRings {
 }
 
 impl Qp {
-    /// RDMA READs and atomics sent that still hold the responder's resources (IBTA's
-    /// outstanding read/atomic depth): a READ until its last response arrived, an atomic
-    /// until it completes. An atomic whose response came early (the response to an earlier
-    /// atomic was lost) still counts until it completes in order: otherwise the QP would go
-    /// on issuing atomics behind the lost one, and by the time that one is resent the
-    /// responder's result cache would no longer hold it.
-    fn reads_atomics_outstanding(&self) -> usize {
-        self.sq
-            .iter()
-            .take(self.sq_next)
-            .filter(|w| {
-                proto::is_atomic_wr(w.wr.opcode)
-                    || (w.wr.opcode == IBV_WR_RDMA_READ && !w.resp_done)
-            })
-            .count()
-    }
-
-    /// Drop the in-flight copy of a request whose response arrived, keeping a retransmission
-    /// pass that is under way on the entries after it.
-    /// Keep a sent packet until it is acknowledged. The retransmission timer runs only
-    /// while something is unacknowledged, so the first packet after an idle spell starts
-    /// it: timed from the last acknowledgement instead, a QP idle for longer than its
-    /// timeout resent its first packets at once (a gated QP of the shim, idle for seconds
-    /// between its turns, resent every turn).
-    fn track(&mut self, sent: Inflight, now: Instant) {
-        if self.inflight.is_empty() {
-            self.last_progress = now;
-        }
-        self.inflight.push_back(sent);
-    }
-
-    fn remove_inflight(&mut self, psn: u32) {
-        if let Some(i) = self.inflight.iter().position(|f| f.psn == psn) {
-            self.inflight.remove(i);
-            if let Some(r) = self.resend.as_mut() {
-                if i < *r {
-                    *r -= 1;
-                }
-            }
-        }
-    }
-
-    /// How many READs and atomics may wait for responses at once: the QP's `max_rd_atomic`
-    /// (at least one, so a QP configured with 0 still makes progress).
-    fn reads_atomics_limit(&self) -> usize {
-        (self.attr.max_rd_atomic as usize).max(1)
-    }
-
     /// The retransmission timeout: 4.096 µs·2^timeout, stretched by the NIC's `time_scale`,
     /// clamped to something useful on a software link. On a NIC dilated 200× the program's
     /// timeout (perftest's 14: 67 ms) is 335 µs of the NIC's time, under one window of
@@ -390,23 +260,6 @@ struct State {
     /// secret they must show.
     context_keys: HashMap<u64, u64>,
 }
-
-/// An RDMA READ being answered: packet `next` of `n` goes out next.
-struct ReadJob {
-    to: SocketAddr,
-    peer_qpn: u32,
-    psn: u32,
-    msg_len: u32,
-    mtu: u32,
-    pid: i32,
-    base: u64,
-    next: u32,
-    n: u32,
-}
-
-/// Most READs a QP answers at once (a requester keeps at most `max_rd_atomic` of them
-/// outstanding; a device allows 16): beyond, requests wait for the requester's retry.
-const MAX_READ_JOBS: usize = 64;
 
 /// What is left of a destroyed connected QP (see [`TOMBSTONE`]).
 struct Tombstone {
@@ -557,7 +410,7 @@ impl State {
                     Tombstone {
                         peer,
                         peer_qpn: q.attr.dest_qp_num,
-                        epsn: q.epsn,
+                        epsn: q.resp.epsn,
                         until: now + TOMBSTONE,
                     },
                 );
@@ -634,15 +487,9 @@ impl State {
                 // Receives posted to a QP in the error state are flushed.
                 self.pull_rq(qpn);
             }
-            let pkt = match self.next_read_response(qpn) {
-                Some(r) => {
-                    if let Some(q) = self.qps.get_mut(&qpn) {
-                        q.responded_at = now;
-                    }
-                    Some(r)
-                }
-                None => self.next_packet(qpn, now),
-            };
+            let pkt = self
+                .next_read_response(qpn, now)
+                .or_else(|| self.next_packet(qpn, now));
             self.sync_done(qpn);
             if let Some(pkt) = pkt {
                 self.touch_qp(qpn, now);

@@ -80,11 +80,11 @@ impl State {
         self.qps
             .iter()
             .filter(|(_, q)| {
-                let has_work = q.sq_next < q.sq.len() || !q.inflight.is_empty();
+                let has_work = q.req.sq_next < q.req.sq.len() || !q.req.inflight.is_empty();
                 let requester_stalled =
-                    has_work && now.saturating_duration_since(q.last_progress) >= NO_PROGRESS;
-                let responder_stalled = !q.read_jobs.is_empty()
-                    && now.saturating_duration_since(q.responded_at) >= NO_PROGRESS;
+                    has_work && now.saturating_duration_since(q.req.last_progress) >= NO_PROGRESS;
+                let responder_stalled = !q.resp.read_jobs.is_empty()
+                    && now.saturating_duration_since(q.resp.responded_at) >= NO_PROGRESS;
                 q.qpt == IBV_QPT_RC && (requester_stalled || responder_stalled)
             })
             .map(|(n, _)| *n)
@@ -96,15 +96,16 @@ impl State {
         let Some(q) = self.qps.get(&qpn) else {
             return "gone".into();
         };
-        let jobs = q.read_jobs.front().map_or(String::new(), |j| {
+        let jobs = q.resp.read_jobs.front().map_or(String::new(), |j| {
             format!(
                 "; answering {} READs, the oldest at PSN {} (packet {} of {}), last response \
                  {} ms ago",
-                q.read_jobs.len(),
+                q.resp.read_jobs.len(),
                 j.psn,
                 j.next,
                 j.n,
-                now.saturating_duration_since(q.responded_at).as_millis()
+                now.saturating_duration_since(q.resp.responded_at)
+                    .as_millis()
             )
         });
         let nic_busy = self.nic.wait(now).map_or(0, |d| d.as_millis());
@@ -118,14 +119,14 @@ impl State {
             "NIC busy for {nic_busy} ms{paced}; state {} idle {} ms; send queue {} (next to send {}), {} packets in flight \
              (retransmitting from {:?}, retry {}), READs/atomics waiting for responses {} of {}{jobs}",
             q.state,
-            now.saturating_duration_since(q.last_progress).as_millis(),
-            q.sq.len(),
-            q.sq_next,
-            q.inflight.len(),
-            q.resend,
-            q.retries,
-            q.reads_atomics_outstanding(),
-            q.reads_atomics_limit(),
+            now.saturating_duration_since(q.req.last_progress).as_millis(),
+            q.req.sq.len(),
+            q.req.sq_next,
+            q.req.inflight.len(),
+            q.req.resend,
+            q.req.retries,
+            q.req.reads_atomics_outstanding(),
+            q.attr.max_rd_atomic.max(1),
         )
     }
 }

@@ -171,11 +171,11 @@ impl State {
         }
         if has(IBV_QP_RQ_PSN) {
             t.rq_psn = a.rq_psn & wire::PSN_MASK;
-            q.epsn = t.rq_psn;
+            q.resp.epsn = t.rq_psn;
         }
         if has(IBV_QP_SQ_PSN) {
             t.sq_psn = a.sq_psn & wire::PSN_MASK;
-            q.next_psn = t.sq_psn;
+            q.req.next_psn = t.sq_psn;
         }
         if has(IBV_QP_MAX_DEST_RD_ATOMIC) {
             t.max_dest_rd_atomic = a.max_dest_rd_atomic;
@@ -202,14 +202,8 @@ impl State {
         q.state = new;
         match new {
             IBV_QPS_RESET => {
-                q.sq.clear();
-                q.rq.clear();
-                q.inflight.clear();
-                q.sq_next = 0;
-                q.sq_off = 0;
-                q.resend = None;
-                q.cur_recv = None;
-                q.atomic_cache.clear();
+                q.req.clear();
+                q.resp.clear();
                 q.comm_est = false;
                 q.remote = None;
                 q.attr = QpAttrs::default();
@@ -230,7 +224,7 @@ impl State {
                     self.last_wqe_reached(qpn);
                 }
             }
-            IBV_QPS_RTS if cur == IBV_QPS_RTR => q.last_progress = now,
+            IBV_QPS_RTS if cur == IBV_QPS_RTR => q.req.last_progress = now,
             _ => {}
         }
         Ok(())
@@ -244,33 +238,12 @@ impl State {
         let entering = q.state != IBV_QPS_ERR;
         q.state = IBV_QPS_ERR;
         let (scq, rcq) = (q.send_cq, q.recv_cq);
-        let sq: Vec<SqWqe> = q.sq.drain(..).collect();
-        let mut rq: Vec<(u64, u32)> = q.rq.drain(..).map(|r| (r.wr_id, rcq)).collect();
-        if let Some(c) = q.cur_recv.take() {
-            rq.insert(0, (c.wr_id, c.cq));
-        }
-        q.inflight.clear();
-        q.sq_next = 0;
-        q.sq_off = 0;
-        q.resend = None;
-        for w in sq {
-            let wc = IbvWc {
-                wr_id: w.wr.wr_id,
-                status: IBV_WC_WR_FLUSH_ERR,
-                opcode: send_wc_opcode(w.wr.opcode),
-                qp_num: qpn,
-                ..Default::default()
-            };
+        let sent = q.req.flush(qpn);
+        let received = q.resp.flush(qpn, rcq);
+        for wc in sent {
             self.push_cqe(scq, wc);
         }
-        for (id, cq) in rq {
-            let wc = IbvWc {
-                wr_id: id,
-                status: IBV_WC_WR_FLUSH_ERR,
-                opcode: IBV_WC_RECV,
-                qp_num: qpn,
-                ..Default::default()
-            };
+        for (cq, wc) in received {
             self.push_cqe(cq, wc);
         }
         if entering {
@@ -298,15 +271,8 @@ impl State {
         let Some(q) = self.qps.get_mut(&qpn) else {
             return;
         };
-        if let Some(w) = q.sq.pop_front() {
-            let wc = IbvWc {
-                wr_id: w.wr.wr_id,
-                status,
-                opcode: send_wc_opcode(w.wr.opcode),
-                qp_num: qpn,
-                ..Default::default()
-            };
-            let scq = q.send_cq;
+        let scq = q.send_cq;
+        if let Some(wc) = q.req.fail_head(qpn, status) {
             self.push_cqe(scq, wc);
         }
         self.flush_qp(qpn);

@@ -76,37 +76,32 @@ impl State {
         now: Instant,
     ) -> Option<(SocketAddr, Packet)> {
         let q = self.qps.get(&qpn)?;
-        if q.sq_next >= q.sq.len() {
+        if !q.req.has_unsent() {
             return None;
         }
-        let idx = q.sq_next;
+        let idx = q.req.sq_next;
         self.fetch_wqes(qpn, idx, now);
         let max = self.nic.cfg.mtu + ETH_OVERHEAD;
         let q = self.qps.get(&qpn)?;
-        let w = &q.sq[idx];
+        let w = &q.req.sq[idx];
         if w.len < ETH_HEADER || w.len > max {
             self.fail_wqe_local(qpn, idx, IBV_WC_LOC_LEN_ERR);
             return None;
         }
         let frame = self.wqe_bytes(qpn, idx)?;
         let q = self.qps.get_mut(&qpn)?;
-        let w = &mut q.sq[idx];
-        let psn = q.next_psn;
+        let msg_len = q.req.sq[idx].len;
+        let psn = q.req.sent_whole(idx);
         let p = Packet {
             op: wire::OP_RAW,
             flags: wire::F_FIRST | wire::F_LAST,
             dst_qpn: wire::MCAST_QPN,
             src_qpn: qpn,
             psn,
-            msg_len: w.len,
+            msg_len,
             payload: frame.into(),
             ..Default::default()
         };
-        w.packetized = true;
-        w.first_psn = psn;
-        w.last_psn = psn;
-        q.sq_next += 1;
-        q.next_psn = psn_add(psn, 1);
         self.complete_sends(qpn, psn);
         // Any multicast address makes `fanout` send it to every host, this one included
         // (a NIC loops frames back to its own matching rules).

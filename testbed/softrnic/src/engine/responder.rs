@@ -1,6 +1,7 @@
 //! Packets from the wire: dispatch to the requester or the responder, and the responder's execution of SEND, WRITE, READ and atomics for RC, UC and UD.
 
 use super::placement::{PlacementFault, Run};
+use super::transport::responder::{Arrival, ReadJob, UcArrival};
 use super::*;
 
 /// The 40-byte GRH area of a UD receive for RoCE v2 over IPv4: as on hardware, the first 20
@@ -199,32 +200,28 @@ impl State {
             return;
         }
         let peer = p.src_qpn;
-        let d = psn_diff(p.psn, q.epsn);
-        if p.op == wire::OP_READ_REQ && d < 0 {
-            // Duplicate read request: execute it again (reads are idempotent).
-            self.counters.rx_duplicate += 1;
-            self.do_read(from, &p, now);
-            return;
-        }
-        if is_atomic_op(p.op) && d < 0 {
-            // Duplicate atomic: answer from the result cache, never execute it again.
-            self.counters.rx_duplicate += 1;
-            self.replay_atomic(from, &p, now);
-            return;
-        }
-        if d < 0 {
-            self.counters.rx_duplicate += 1;
-            let e = psn_add(q.epsn, wire::PSN_MASK); // epsn - 1
-            self.ack(from, qpn, peer, e, now);
-            return;
-        }
-        if d > 0 {
-            if !q.nak_sent {
-                q.nak_sent = true;
-                let e = q.epsn;
-                self.nak_seq(from, qpn, peer, e, now);
+        match q.resp.arrival(p.psn) {
+            Arrival::Duplicate => {
+                self.counters.rx_duplicate += 1;
+                if p.op == wire::OP_READ_REQ {
+                    // Execute it again (reads are idempotent).
+                    self.do_read(from, &p, now);
+                } else if is_atomic_op(p.op) {
+                    // Answer from the result cache, never execute it again.
+                    self.replay_atomic(from, &p, now);
+                } else {
+                    let e = q.resp.last_received();
+                    self.ack(from, qpn, peer, e, now);
+                }
+                return;
             }
-            return;
+            Arrival::Ahead(nak) => {
+                if let Some(e) = nak {
+                    self.nak_seq(from, qpn, peer, e, now);
+                }
+                return;
+            }
+            Arrival::InOrder => {}
         }
         // In order. A request to an XRC target must name an SRQ of the target's domain.
         let status = match p.op {
@@ -247,9 +244,7 @@ impl State {
         };
         match status {
             Ok(n) => {
-                q.epsn = psn_add(q.epsn, n);
-                q.nak_sent = false;
-                let acked = psn_add(q.epsn, wire::PSN_MASK);
+                let acked = q.resp.accepted(n);
                 // Before its ACK, so that the ACK carries the `N` this packet made.
                 self.auss_request(from, &p, now);
                 // READ and atomic requests are acknowledged by their responses.
@@ -269,8 +264,7 @@ impl State {
         let Some(q) = self.qps.get_mut(&qpn) else {
             return;
         };
-        if !q.nak_sent || syn != wire::NAK_RNR {
-            q.nak_sent = true;
+        if q.resp.nak(syn) {
             let n = Packet {
                 op: wire::OP_NAK,
                 syndrome: syn,
@@ -343,7 +337,7 @@ impl State {
     /// A SEND packet's payload for the receive its message lands in; at the message's last
     /// packet it is placed. Err: a payload beyond the receive, or placing failed.
     fn stage_send(&mut self, qpn: u32, p: &Packet, now: Instant) -> Result<(), ()> {
-        let cur = self.qps[&qpn].cur_recv.as_ref().ok_or(())?;
+        let cur = self.qps[&qpn].resp.cur_recv.as_ref().ok_or(())?;
         let (pid, run) = (cur.pid, Run::responder(qpn));
         let at: Vec<_> = pieces(&cur.segs, p.offset as u64, p.payload.len()).collect();
         let nak = (p.psn, wire::NAK_REM_OP);
@@ -395,7 +389,7 @@ impl State {
             return;
         }
         if q.qpt == IBV_QPT_UC {
-            q.uc_broken = true;
+            q.resp.uc_break();
             return;
         }
         if let Some(to) = q.remote {
@@ -417,20 +411,10 @@ impl State {
         if q.state != IBV_QPS_RTR && q.state != IBV_QPS_RTS {
             return;
         }
-        let first = p.flags & wire::F_FIRST != 0;
-        let d = psn_diff(p.psn, q.epsn);
-        if d < 0 {
-            self.counters.rx_duplicate += 1;
-            return;
-        }
-        if d > 0 || q.uc_broken {
-            if !first {
-                q.uc_broken = true;
-                self.counters.rx_uc_broken += 1;
-                return;
-            }
-            q.uc_broken = false;
-            q.epsn = p.psn;
+        match q.resp.uc_arrival(p.psn, p.flags & wire::F_FIRST != 0) {
+            UcArrival::Duplicate => return self.counters.rx_duplicate += 1,
+            UcArrival::Broken => return self.counters.rx_uc_broken += 1,
+            UcArrival::Apply => {}
         }
         let status = match p.op {
             wire::OP_SEND => self.rx_send(qpn, &p, now),
@@ -440,20 +424,21 @@ impl State {
         let Some(q) = self.qps.get_mut(&qpn) else {
             return;
         };
-        q.epsn = psn_add(p.psn, 1);
-        match status {
-            Ok(_) => {}
-            Err(wire::NAK_RNR) => {
-                self.counters.rx_dropped_no_recv += 1;
-                q.uc_broken = !last;
-            }
-            // UC cannot tell the requester: only errors of the QP itself stop it.
-            Err(syn @ (wire::NAK_REM_INVALID | wire::NAK_REM_OP)) => {
-                if let Some(ev) = responder_error_event(syn) {
-                    self.qp_error(qpn, ev);
-                }
-            }
-            Err(_) => q.uc_broken = !last,
+        // UC cannot tell the requester: only errors of the QP itself stop it; other errors
+        // drop the rest of the message.
+        let qp_error = match status {
+            Err(syn @ (wire::NAK_REM_INVALID | wire::NAK_REM_OP)) => responder_error_event(syn),
+            _ => None,
+        };
+        q.resp.uc_applied(p.psn);
+        if status.is_err() && qp_error.is_none() {
+            q.resp.uc_failed(last);
+        }
+        if status == Err(wire::NAK_RNR) {
+            self.counters.rx_dropped_no_recv += 1;
+        }
+        if let Some(ev) = qp_error {
+            self.qp_error(qpn, ev);
         }
     }
 
@@ -538,14 +523,24 @@ impl State {
     /// SEND packet in order. Ok(psns consumed) or Err(NAK syndrome).
     pub(super) fn rx_send(&mut self, qpn: u32, p: &Packet, now: Instant) -> Result<u32, u8> {
         let first = p.flags & wire::F_FIRST != 0;
-        let unfinished = first && self.qps.get(&qpn).is_some_and(|q| q.cur_recv.is_some());
+        let unfinished = first
+            && self
+                .qps
+                .get(&qpn)
+                .is_some_and(|q| q.resp.cur_recv.is_some());
         if unfinished {
             // The previous message never finished (UC: its rest was lost): its receive
             // serves this one, as the receive queue's head on hardware would.
             let q = self.qps.get_mut(&qpn).ok_or(wire::NAK_REM_OP)?;
-            let total: u64 = q.cur_recv.iter().flat_map(|c| &c.segs).map(|s| s.1).sum();
+            let total: u64 = q
+                .resp
+                .cur_recv
+                .iter()
+                .flat_map(|c| &c.segs)
+                .map(|s| s.1)
+                .sum();
             if p.msg_len as u64 > total {
-                let (wr_id, rcq) = q.cur_recv.take().map_or((0, 0), |c| (c.wr_id, c.cq));
+                let (wr_id, rcq) = q.resp.cur_recv.take().map_or((0, 0), |c| (c.wr_id, c.cq));
                 let wc = IbvWc {
                     wr_id,
                     status: IBV_WC_LOC_LEN_ERR,
@@ -590,14 +585,14 @@ impl State {
                 return Err(syn);
             }
             let q = self.qps.get_mut(&qpn).ok_or(wire::NAK_REM_OP)?;
-            q.cur_recv = Some(CurRecv {
+            q.resp.cur_recv = Some(CurRecv {
                 wr_id: r.wr_id,
                 segs: segs.unwrap_or_default(),
                 pid,
                 cq: rcq,
             });
         }
-        if self.qps.get(&qpn).is_none_or(|q| q.cur_recv.is_none()) {
+        if self.qps.get(&qpn).is_none_or(|q| q.resp.cur_recv.is_none()) {
             return Err(wire::NAK_REM_INVALID);
         }
         if self.stage_send(qpn, p, now).is_err() {
@@ -605,7 +600,7 @@ impl State {
         }
         let q = self.qps.get_mut(&qpn).ok_or(wire::NAK_REM_OP)?;
         if p.flags & wire::F_LAST != 0 {
-            let cur = q.cur_recv.take().unwrap();
+            let cur = q.resp.cur_recv.take().unwrap();
             let (rcq, conn, pd) = (cur.cq, q.conn, q.pd);
             let mut wc = IbvWc {
                 wr_id: cur.wr_id,
@@ -757,10 +752,7 @@ impl State {
             write_mem(pid, target, &v.to_ne_bytes()).map_err(|_| wire::NAK_REM_ACCESS)?;
         }
         let q = self.qps.get_mut(&qpn).ok_or(wire::NAK_REM_OP)?;
-        if q.atomic_cache.len() >= ATOMIC_CACHE {
-            q.atomic_cache.pop_front();
-        }
-        q.atomic_cache.push_back((p.psn, orig));
+        q.resp.executed_atomic(p.psn, orig);
         self.atomic_resp(from, qpn, p.src_qpn, p.psn, orig, now);
         Ok(1)
     }
@@ -772,8 +764,7 @@ impl State {
         let Some(q) = self.qps.get(&p.dst_qpn) else {
             return;
         };
-        let cached = q.atomic_cache.iter().find(|(psn, _)| *psn == p.psn);
-        if let Some(&(_, orig)) = cached {
+        if let Some(orig) = q.resp.executed_value(p.psn) {
             self.atomic_resp(from, p.dst_qpn, p.src_qpn, p.psn, orig, now);
         }
     }
@@ -833,70 +824,27 @@ impl State {
         let Some(q) = self.qps.get_mut(&qpn) else {
             return false;
         };
-        // A request for a PSN already being answered is the requester going back: it
-        // requests everything from there again, so what was queued from there goes.
-        q.read_jobs.retain(|j| psn_diff(j.psn, p.psn) < 0);
-        if q.read_jobs.len() >= MAX_READ_JOBS {
-            return true;
-        }
-        if q.read_jobs.is_empty() {
-            q.responded_at = now;
-        }
-        q.read_jobs.push_back(ReadJob {
-            to,
-            peer_qpn: p.src_qpn,
-            psn: p.psn,
-            msg_len: p.msg_len,
-            mtu,
-            pid,
-            base,
-            next: 0,
-            n: p.msg_len.div_ceil(mtu).max(1),
-        });
+        q.resp
+            .queue_read(ReadJob::new(to, p, mtu, (pid, base)), now);
         true
     }
 
     /// The next response packet of the oldest READ QP `qpn` answers. Memory is read as
     /// the packet goes out; memory gone meanwhile (deregistered, the process ended) ends
     /// the READ with a remote access NAK.
-    pub(super) fn next_read_response(&mut self, qpn: u32) -> Option<(SocketAddr, Packet)> {
+    pub(super) fn next_read_response(
+        &mut self,
+        qpn: u32,
+        now: Instant,
+    ) -> Option<(SocketAddr, Packet)> {
         let q = self.qps.get_mut(&qpn)?;
         if q.state != IBV_QPS_RTR && q.state != IBV_QPS_RTS {
-            q.read_jobs.clear();
+            q.resp.read_jobs.clear();
             return None;
         }
-        let j = q.read_jobs.front_mut()?;
-        let off = j.next * j.mtu;
-        let chunk = (j.msg_len - off).min(j.mtu);
-        let mut payload = vec![0u8; chunk as usize];
-        let readable = chunk == 0 || read_mem(j.pid, j.base + u64::from(off), &mut payload).is_ok();
-        let mut r = Packet {
-            op: wire::OP_READ_RESP,
-            flags: if j.next + 1 == j.n { wire::F_LAST } else { 0 },
-            dst_qpn: j.peer_qpn,
-            src_qpn: qpn,
-            psn: psn_add(j.psn, j.next),
-            msg_len: j.msg_len,
-            offset: off,
-            payload: payload.into(),
-            ..Default::default()
-        };
-        let to = j.to;
-        j.next += 1;
-        if !readable {
-            r = Packet {
-                op: wire::OP_NAK,
-                syndrome: wire::NAK_REM_ACCESS,
-                dst_qpn: j.peer_qpn,
-                src_qpn: qpn,
-                psn: j.psn,
-                ..Default::default()
-            };
-            j.next = j.n;
-        }
-        if j.next == j.n {
-            q.read_jobs.pop_front();
-        }
-        Some((to, r))
+        let (pid, addr, len) = q.resp.next_read()?;
+        let mut payload = vec![0u8; len as usize];
+        let readable = len == 0 || read_mem(pid, addr, &mut payload).is_ok();
+        q.resp.read_response(qpn, readable.then_some(payload), now)
     }
 }

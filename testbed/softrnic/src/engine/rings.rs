@@ -72,8 +72,8 @@ impl State {
     pub(super) fn sync_done(&mut self, qpn: u32) {
         let Some(q) = self.qps.get(&qpn) else { return };
         let Some(r) = &q.rings else { return };
-        let sq_done = r.sq_cons.wrapping_sub(q.sq.len() as u32);
-        let in_rq = q.rq.len() as u32 + q.cur_recv.is_some() as u32;
+        let sq_done = r.sq_cons.wrapping_sub(q.req.sq.len() as u32);
+        let in_rq = q.resp.rq.len() as u32 + q.resp.cur_recv.is_some() as u32;
         let rq_done = r.rq_cons.wrapping_sub(in_rq);
         r.sq.done(&r.map).store(sq_done, Ordering::Release);
         r.rq.done(&r.map).store(rq_done, Ordering::Release);
@@ -135,25 +135,16 @@ impl State {
                 inline,
                 xrc_srqn: h.xrc_srqn,
             };
-            accepted.push(SqWqe {
-                signaled: q.sq_sig_all || flags & IBV_SEND_SIGNALED != 0,
+            accepted.push(SqWqe::new(
                 wr,
-                len: len as u32,
-                packetized: false,
-                doorbell: h.doorbell != 0,
-                fetched: false,
-                first_psn: 0,
-                last_psn: 0,
-                resp_next: 0,
-                resp_done: false,
-                segs: Vec::new(),
-                staged: Payload::default(),
-                staged_at: 0,
-            });
+                len as u32,
+                q.sq_sig_all || flags & IBV_SEND_SIGNALED != 0,
+                h.doorbell != 0,
+            ));
         }
         let in_error = q.state == IBV_QPS_ERR || q.state == IBV_QPS_RESET;
         self.counters.ring_send_wqes += accepted.len() as u64;
-        q.sq.extend(accepted);
+        q.req.sq.extend(accepted);
         if let Some(wr_id) = bad {
             let scq = q.send_cq;
             self.push_cqe(
@@ -199,7 +190,7 @@ impl State {
             let sges = (0..nsge)
                 .map(|i| ring::get_sge(&slot, ring::RQ_SGE_OFF, i))
                 .collect();
-            q.rq.push_back(RecvWr { wr_id, sges });
+            q.resp.rq.push_back(RecvWr { wr_id, sges });
             self.counters.ring_recv_wqes += 1;
         }
         let in_error = q.state == IBV_QPS_ERR;

@@ -1,3 +1,5 @@
+use super::transport::requester::{atomic_operands, rnr_delay};
+use super::transport::responder::ATOMIC_CACHE;
 use super::*;
 
 impl State {
@@ -512,7 +514,7 @@ fn tx_arbitration_is_round_robin_per_packet() {
     );
     // One QP drained: the others keep alternating.
     let (mut st, qpns, _buf) = nic_rig(NicConfig::default(), 2, 1);
-    st.qps.get_mut(&qpns[0]).unwrap().sq.clear();
+    st.qps.get_mut(&qpns[0]).unwrap().req.sq.clear();
     let order: Vec<u32> = std::iter::from_fn(|| st.tx_one(now)).collect();
     assert_eq!(order, vec![qpns[1]; 3]);
 }
@@ -836,7 +838,7 @@ fn shared_rings_carry_work_requests_and_completions() {
         "not acknowledged yet"
     );
     // The peer acknowledges both packets: done is published, then the completion.
-    let last = st.qps[&q2].next_psn;
+    let last = st.qps[&q2].req.next_psn;
     st.on_ack(q2, psn_add(last, wire::PSN_MASK), now);
     st.sync_done(q2);
     assert_eq!(sq.done(&qmap).load(Ordering::Acquire), 1);
@@ -971,7 +973,7 @@ fn destroyed_qp_tombstone_only_reacknowledges_duplicates() {
     let qpn = qpns[0];
     let peer = st.qps[&qpn].remote.unwrap();
     let peer_qpn = st.qps[&qpn].attr.dest_qp_num;
-    let epsn = st.qps[&qpn].epsn;
+    let epsn = st.qps[&qpn].resp.epsn;
     assert!(matches!(
         st.request(1, 1, Req::DestroyQp { qpn }, Instant::now()),
         Resp::Destroyed { .. }
@@ -1607,7 +1609,7 @@ mod fuzz {
         // The rig's QP becomes one of the SRQ's (its own receives are discarded).
         let q = r.st.qps.get_mut(&r.qpn).unwrap();
         q.srq = srq;
-        q.rq.clear();
+        q.resp.rq.clear();
         let wrs = vec![recv(1, 0)];
         assert!(matches!(
             r.st.post_recv(1, r.qpn, wrs),
@@ -1734,7 +1736,7 @@ mod fuzz {
         assert_eq!(query(&mut r.st), 3);
         let q = r.st.qps.get_mut(&r.qpn).unwrap();
         q.srq = srq;
-        q.rq.clear();
+        q.resp.rq.clear();
         let mut psn = 1000;
         let mut send = |st: &mut State| {
             let p = Packet {
@@ -2221,7 +2223,7 @@ mod fuzz {
             assert!(r.st.next_packet(r.qpn, now).is_some());
         }
         assert!(r.st.next_packet(r.qpn, now).is_none());
-        assert!(r.st.qps[&r.qpn].inflight.is_empty());
+        assert!(r.st.qps[&r.qpn].req.inflight.is_empty());
         let wc = cqes(&r)[1];
         assert_eq!(
             (wc.wr_id, wc.status, wc.opcode),
@@ -2264,7 +2266,7 @@ mod fuzz {
         let mut r = rig_with(false);
         r.st.qps.get_mut(&r.qpn).unwrap().attr.timeout = 14; // 67 ms
         let idle_since = Instant::now();
-        r.st.qps.get_mut(&r.qpn).unwrap().last_progress = idle_since;
+        r.st.qps.get_mut(&r.qpn).unwrap().req.last_progress = idle_since;
         let write = rig_wr((r.mr_addr, r.lkey), 1, IBV_WR_RDMA_WRITE, 0, 8);
         assert_eq!(r.st.post_send(1, r.qpn, vec![write]), Resp::Unit);
         let sent = idle_since + Duration::from_secs(5);
@@ -2901,7 +2903,7 @@ fn looped_back_packets_place_the_staged_bytes_and_count_as_before() {
     let now = Instant::now();
     // The WRITE's first packet carries a slice of the staged message bytes.
     assert_eq!(st.tx_one(now), Some(a));
-    let staged = st.qps[&a].sq[0].staged.as_ptr();
+    let staged = st.qps[&a].req.sq[0].staged.as_ptr();
     assert_eq!(st.fabric.out[0].1.payload.as_ptr(), staged, "not a copy");
     // As the transmitter runs: a burst of packets, then the loopback takes what is local.
     let me = loopback_addr();

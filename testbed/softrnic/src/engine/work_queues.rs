@@ -30,25 +30,11 @@ impl State {
             if let Err(e) = proto::check_send_wr(q.qpt, w.opcode, w.inline.is_some(), len) {
                 return self.finish_post(qpn, accepted, Some(bad(i, e)));
             }
-            if q.sq.len() + accepted.len() >= q.cap.max_send_wr as usize {
+            if q.req.sq.len() + accepted.len() >= q.cap.max_send_wr as usize {
                 return self.finish_post(qpn, accepted, Some(bad(i, libc::ENOMEM)));
             }
             let signaled = q.sq_sig_all || w.flags & IBV_SEND_SIGNALED != 0;
-            accepted.push(SqWqe {
-                wr: w,
-                len: len as u32,
-                signaled,
-                packetized: false,
-                doorbell: i == 0,
-                fetched: false,
-                first_psn: 0,
-                last_psn: 0,
-                resp_next: 0,
-                resp_done: false,
-                segs: Vec::new(),
-                staged: Payload::default(),
-                staged_at: 0,
-            });
+            accepted.push(SqWqe::new(w, len as u32, signaled, i == 0));
         }
         self.finish_post(qpn, accepted, None)
     }
@@ -58,7 +44,7 @@ impl State {
             return err(libc::EINVAL);
         };
         let in_error = q.state == IBV_QPS_ERR;
-        q.sq.extend(wqes);
+        q.req.sq.extend(wqes);
         if in_error {
             self.flush_qp(qpn);
         }
@@ -91,14 +77,14 @@ impl State {
                 };
                 break;
             }
-            if q.rq.len() >= q.cap.max_recv_wr as usize {
+            if q.resp.rq.len() >= q.cap.max_recv_wr as usize {
                 result = Resp::Err {
                     errno: libc::ENOMEM,
                     bad_index: i as u32,
                 };
                 break;
             }
-            q.rq.push_back(w);
+            q.resp.rq.push_back(w);
         }
         if q.state == IBV_QPS_ERR {
             self.flush_qp(qpn);
@@ -227,7 +213,7 @@ impl State {
             return self.srqs.get(&srq).is_some_and(|s| !s.q.is_empty());
         }
         self.pull_rq(qpn);
-        self.qps.get(&qpn).is_some_and(|q| !q.rq.is_empty())
+        self.qps.get(&qpn).is_some_and(|q| !q.resp.rq.is_empty())
     }
 
     /// Take the next receive for request `p` on a QP: from the SRQ (whose owner, PD and, for
@@ -255,7 +241,7 @@ impl State {
         self.pull_rq(qpn);
         let q = self.qps.get_mut(&qpn)?;
         Some(Landing {
-            wr: q.rq.pop_front()?,
+            wr: q.resp.rq.pop_front()?,
             conn: q.conn,
             pid: q.pid,
             pd: q.pd,

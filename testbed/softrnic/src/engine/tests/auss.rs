@@ -204,7 +204,7 @@ fn the_receiver_counts_unique_senders_stamps_its_acks_and_notifies_on_change() {
         ..write(q[1], 0x100, 1, rkey, base, 0)
     };
     r.receive(s2, read, Instant::now());
-    assert_eq!(r.qps[&q[1]].read_jobs.len(), 1, "the READ was taken");
+    assert_eq!(r.qps[&q[1]].resp.read_jobs.len(), 1, "the READ was taken");
     assert_eq!(r.auss.snapshot().unwrap().n, 1);
 
     // Same-host traffic: unstamped, uncounted.
