@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 mod support;
 
-use support::{bin, Cluster};
+use support::{bin, Cluster, PERFTEST_RETRY_TIMEOUT};
 
 impl Cluster {
     /// `ib_write_bw` of 64 KiB messages for `secs` as app `app`: a server on h1 on `port`
@@ -39,13 +39,18 @@ impl Cluster {
         port: &str,
         secs: &str,
     ) -> (Child, Child) {
-        // `-u 18`: 1.07 s per transport retry instead of 67 ms. The emulated NICs' ACKs come
-        // from user-space engines that a loaded 2-core machine starved past perftest's eight
-        // 67 ms tries (RETRY_EXC_ERR in 2 of 7 runs on 2026-11-28, with the previous day's
-        // code too); this test is about the control plane, not the transport.
         let args = perftest(
             program,
-            &["-s", "65536", "-D", secs, "-p", port, "-u", "18"],
+            &[
+                "-s",
+                "65536",
+                "-D",
+                secs,
+                "-p",
+                port,
+                "-u",
+                PERFTEST_RETRY_TIMEOUT,
+            ],
         );
         let mut s = self.cmd();
         s.args([

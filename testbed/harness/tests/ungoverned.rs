@@ -16,18 +16,10 @@ use std::time::{Duration, Instant};
 
 mod support;
 
-use support::{bin, Cluster};
+use support::{bin, Cluster, PERFTEST_RETRY_TIMEOUT};
 
 /// The hosts' line rate, 1 Gb/s (`--line-rate-gbps 1`), in bytes per second.
 const LINE_RATE: f64 = 125e6;
-
-/// perftest's `-u`: 1.07 s per transport retry instead of its default 67 ms, as in
-/// `tests/cluster.rs`. The emulated NICs are user-space engines, and the CI machine starved
-/// them past perftest's eight 67 ms tries: "handing 2 packets to the kernel took 864 ms" in
-/// h1's engine log of a failed run (2026-11-29 05:18 UTC), after which every perftest of the
-/// test had ended with a retry-exceeded error and sent nothing. These tests are about the
-/// agent's accounting, not the transport.
-const TIMEOUT: &str = "18";
 
 impl Cluster {
     /// `ib_write_bw` of 64 KiB messages for `secs`: a server on h1 and a client on h2, as app
@@ -35,7 +27,16 @@ impl Cluster {
     fn writer(&self, app: Option<&str>, port: &str, secs: &str) -> (Child, Child) {
         let args = perftest(
             "ib_write_bw",
-            &["-s", "65536", "-D", secs, "-p", port, "-u", TIMEOUT],
+            &[
+                "-s",
+                "65536",
+                "-D",
+                secs,
+                "-p",
+                port,
+                "-u",
+                PERFTEST_RETRY_TIMEOUT,
+            ],
         );
         let ip = self.ok(&["addr", "h1"]).trim().to_string();
         let on = |host: &str, role: &str| -> Command {
@@ -82,7 +83,16 @@ assert msg.startswith(b'DRUM1 WELCOME'), msg\n\
 os.set_inheritable(s.fileno(), True)\n\
 os.execvp(sys.argv[1], sys.argv[1:])\n";
         let args = [
-            "-x", "0", "-s", "65536", "-D", secs, "-p", port, "-u", TIMEOUT,
+            "-x",
+            "0",
+            "-s",
+            "65536",
+            "-D",
+            secs,
+            "-p",
+            port,
+            "-u",
+            PERFTEST_RETRY_TIMEOUT,
         ];
         let ip = self.ok(&["addr", "h1"]).trim().to_string();
         let bare = |host: &str| -> Command {

@@ -126,7 +126,7 @@ impl State {
             q.req.resend,
             q.req.retries,
             q.req.reads_atomics_outstanding(),
-            q.attr.max_rd_atomic.max(1),
+            super::transport::requester::rd_atomic_limit(q.attr.max_rd_atomic),
         )
     }
 }

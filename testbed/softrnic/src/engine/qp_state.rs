@@ -272,7 +272,7 @@ impl State {
             return;
         };
         let scq = q.send_cq;
-        if let Some(wc) = q.req.fail_head(qpn, status) {
+        if let Some(wc) = q.req.fail_at(0, qpn, status) {
             self.push_cqe(scq, wc);
         }
         self.flush_qp(qpn);

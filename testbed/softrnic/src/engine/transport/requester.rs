@@ -178,6 +178,12 @@ pub(in crate::engine) fn rnr_delay(code: u8) -> Duration {
     Duration::from_micros(US[(code & 31) as usize])
 }
 
+/// How many READs and atomics may wait for responses at once: the QP's `max_rd_atomic`, at
+/// least one (so a QP configured with 0 still makes progress).
+pub(in crate::engine) fn rd_atomic_limit(max_rd_atomic: u8) -> usize {
+    usize::from(max_rd_atomic).max(1)
+}
+
 impl Requester {
     pub(in crate::engine) fn new(now: Instant) -> Self {
         Requester {
@@ -221,14 +227,10 @@ impl Requester {
         wcs
     }
 
-    /// Take the head work request out with an error completion (the QP is then flushed).
-    pub(in crate::engine) fn fail_head(&mut self, qpn: u32, status: i32) -> Option<IbvWc> {
-        self.sq.pop_front().map(|w| failed(&w, qpn, status))
-    }
-
-    /// Take work request `idx` out with an error completion: a local error while building it.
-    /// Everything before it completes only once acknowledged, so the engine then flushes the
-    /// QP, as hardware moves it to the error state.
+    /// Take work request `idx` out with an error completion: the head (0) when a response or
+    /// the timer failed it, or one whose building failed locally. Either way the engine then
+    /// flushes the QP (what is before a failed build completes only once acknowledged, which
+    /// will not come), as hardware moves it to the error state.
     pub(in crate::engine) fn fail_at(
         &mut self,
         idx: usize,
@@ -326,7 +328,7 @@ impl Requester {
     /// responder's result cache.
     pub(in crate::engine) fn request_must_wait(&self, idx: usize, max_rd_atomic: u8) -> bool {
         self.sq[idx].is_request()
-            && self.reads_atomics_outstanding() >= usize::from(max_rd_atomic).max(1)
+            && self.reads_atomics_outstanding() >= rd_atomic_limit(max_rd_atomic)
     }
 
     /// The local buffers work request `idx` needs resolved before its first packet, and

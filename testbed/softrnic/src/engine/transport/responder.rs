@@ -257,33 +257,36 @@ impl Responder {
         now: Instant,
     ) -> Option<(SocketAddr, Packet)> {
         let j = self.read_jobs.front_mut()?;
-        let r = match payload {
-            Some(payload) => Packet {
-                op: wire::OP_READ_RESP,
-                flags: if j.next + 1 == j.n { wire::F_LAST } else { 0 },
-                dst_qpn: j.peer_qpn,
-                src_qpn: qpn,
-                psn: psn_add(j.psn, j.next),
-                msg_len: j.msg_len,
-                offset: j.next * j.mtu,
-                payload: payload.into(),
-                ..Default::default()
-            },
+        let to = j.to;
+        let (r, done) = match payload {
+            Some(payload) => {
+                let r = Packet {
+                    op: wire::OP_READ_RESP,
+                    flags: if j.next + 1 == j.n { wire::F_LAST } else { 0 },
+                    dst_qpn: j.peer_qpn,
+                    src_qpn: qpn,
+                    psn: psn_add(j.psn, j.next),
+                    msg_len: j.msg_len,
+                    offset: j.next * j.mtu,
+                    payload: payload.into(),
+                    ..Default::default()
+                };
+                j.next += 1;
+                (r, j.next == j.n)
+            }
             None => {
-                j.next = j.n - 1;
-                Packet {
+                let nak = Packet {
                     op: wire::OP_NAK,
                     syndrome: wire::NAK_REM_ACCESS,
                     dst_qpn: j.peer_qpn,
                     src_qpn: qpn,
                     psn: j.psn,
                     ..Default::default()
-                }
+                };
+                (nak, true)
             }
         };
-        let to = j.to;
-        j.next += 1;
-        if j.next == j.n {
+        if done {
             self.read_jobs.pop_front();
         }
         self.responded_at = now;

@@ -293,25 +293,25 @@ fn the_atomic_cache_keeps_the_latest_results() {
     );
 }
 
-fn read_request(psn: u32, len: u32) -> Packet {
-    Packet {
+/// The READ request of `len` bytes at `psn`, queued at `r` with `mtu`-sized responses of
+/// the bytes at 0x1000 in process 7.
+fn queue_read(r: &mut Responder, psn: u32, len: u32, now: Instant) {
+    let to: SocketAddr = "10.0.0.2:4791".parse().unwrap();
+    let request = Packet {
         op: wire::OP_READ_REQ,
         src_qpn: 0x22,
         psn,
         msg_len: len,
         ..Default::default()
-    }
+    };
+    r.queue_read(ReadJob::new(to, &request, 1024, (7, 0x1000)), now);
 }
 
 #[test]
 fn read_responses_go_one_packet_at_a_time_and_a_repeat_request_restarts() {
     let t0 = Instant::now();
-    let to: SocketAddr = "10.0.0.2:4791".parse().unwrap();
     let mut r = Responder::new(t0);
-    r.queue_read(
-        ReadJob::new(to, &read_request(50, 2500), 1024, (7, 0x1000)),
-        t0,
-    );
+    queue_read(&mut r, 50, 2500, t0);
     assert_eq!(r.next_read(), Some((7, 0x1000, 1024)));
     let (_, p) = r.read_response(QPN, Some(vec![1; 1024]), t0).unwrap();
     assert_eq!(
@@ -319,10 +319,7 @@ fn read_responses_go_one_packet_at_a_time_and_a_repeat_request_restarts() {
         (wire::OP_READ_RESP, 50, 0, 0)
     );
     // The requester goes back to PSN 50: the job restarts.
-    r.queue_read(
-        ReadJob::new(to, &read_request(50, 2500), 1024, (7, 0x1000)),
-        t0,
-    );
+    queue_read(&mut r, 50, 2500, t0);
     assert_eq!(r.read_jobs.len(), 1);
     let psns: Vec<(u32, u32)> = (0..3)
         .map(|_| {
@@ -338,12 +335,8 @@ fn read_responses_go_one_packet_at_a_time_and_a_repeat_request_restarts() {
 #[test]
 fn a_read_whose_memory_went_away_ends_with_one_access_nak() {
     let t0 = Instant::now();
-    let to: SocketAddr = "10.0.0.2:4791".parse().unwrap();
     let mut r = Responder::new(t0);
-    r.queue_read(
-        ReadJob::new(to, &read_request(5, 4096), 1024, (7, 0x1000)),
-        t0,
-    );
+    queue_read(&mut r, 5, 4096, t0);
     r.read_response(QPN, Some(vec![0; 1024]), t0);
     let (_, nak) = r.read_response(QPN, None, t0).unwrap();
     assert_eq!(
