@@ -494,6 +494,8 @@ fn no_wrong_value_with_loss_duplication_and_reordering() {
         nic["fault_dropped"] > 0 && nic["retransmits"] > 0,
         "{nic:?}"
     );
+    // GETs by READ lost responses, and asked for the rest of their READ at once
+    assert!(nic["read_requests_again"] > 0, "{nic:?}");
     // batched replies and coalesced requests were among what the faults hit
     let o = server.stop();
     assert!(o.status.success(), "server: {}", text(&o));

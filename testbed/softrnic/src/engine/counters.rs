@@ -12,6 +12,9 @@ pub struct Counters {
     pub rx_handler_panics: u64,
     pub tx_packets: u64,
     pub retransmits: u64,
+    /// READs asked again from a missing response on (the rest only, at once; also counted
+    /// in `retransmits`).
+    pub read_requests_again: u64,
     pub fault_dropped: u64,
     pub fault_duplicated: u64,
     pub fault_reordered: u64,
@@ -58,6 +61,7 @@ impl Counters {
             ("rx_handler_panics", self.rx_handler_panics),
             ("tx_packets", self.tx_packets),
             ("retransmits", self.retransmits),
+            ("read_requests_again", self.read_requests_again),
             ("fault_dropped", self.fault_dropped),
             ("fault_duplicated", self.fault_duplicated),
             ("fault_reordered", self.fault_reordered),

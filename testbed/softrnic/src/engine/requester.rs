@@ -336,22 +336,37 @@ impl State {
     }
 
     /// A response to one of our READs: gathered with the READ's other responses and placed
-    /// at its last one (see `placement`).
+    /// at its last one (see `placement`); one that shows a response missing asks for the
+    /// rest of its READ again.
     fn on_read_resp(&mut self, qpn: u32, p: &Packet, now: Instant) {
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        let Some(r) = q.req.read_response_for(p.psn) else {
+            return;
+        };
+        if let (Some(idx), Some(dst)) = (r.ask_again, q.remote) {
+            if let Some(again) = q.req.ask_again(idx) {
+                self.counters.read_requests_again += 1;
+                self.counters.retransmits += 1;
+                self.emit(dst, again, now);
+            }
+        }
+        let Some(idx) = r.place else {
+            self.counters.rx_stale += 1;
+            return; // a duplicate, or beyond a missing response
+        };
         let Some(q) = self.qps.get(&qpn) else {
             return;
         };
-        let idx = match q.req.read_for(p.psn) {
-            None => return,
-            Some(Err(())) => {
-                self.counters.rx_stale += 1;
-                return; // duplicate or out of order: the timer recovers
-            }
-            Some(Ok(idx)) => idx,
-        };
         let pid = q.pid;
-        let (segs, done) = q.req.read_target(idx, p.psn);
-        let at: Vec<_> = pieces(segs, p.offset as u64, p.payload.len()).collect();
+        let t = q.req.read_target(idx, p.psn);
+        if p.payload.len() != t.len as usize {
+            self.counters.rx_stale += 1;
+            return; // not the response this PSN carries: the timer recovers
+        }
+        let done = t.last;
+        let at: Vec<_> = pieces(t.segs, u64::from(t.offset), p.payload.len()).collect();
         let (run, nak) = (Run::read(qpn), (p.psn, 0));
         let placed = self
             .stage_pieces(run, nak, pid, &at, &p.payload, now)

@@ -2536,6 +2536,47 @@ mod fuzz {
         );
     }
 
+    /// A READ response lost on the way: the next one asks for the rest of the READ at once
+    /// (PSN, remote address and length advanced), and the rest is placed where its PSN
+    /// says, whatever offset the responder's packets carry.
+    #[test]
+    fn a_lost_read_response_asks_for_the_rest_at_once() {
+        let mut r = rig_with(false);
+        let mr = (r.mr_addr, r.lkey);
+        let mut read = rig_wr(mr, 1, IBV_WR_RDMA_READ, 300, 12);
+        read.remote_addr = 0x7000;
+        assert_eq!(r.st.post_send(1, r.qpn, vec![read]), Resp::Unit);
+        r.st.qps.get_mut(&r.qpn).unwrap().mtu = 4;
+        let now = Instant::now();
+        r.st.next_packet(r.qpn, now).expect("the READ request");
+        r.st.on_packet(r.peer, part(&r, wire::OP_READ_RESP, 5000, 0, 0), now);
+        r.st.fabric.out.clear();
+        // The second response is lost; the third shows it.
+        r.st.on_packet(r.peer, part(&r, wire::OP_READ_RESP, 5000, 2, 0), now);
+        assert_eq!(r.st.fabric.out.len(), 1, "one request for the rest");
+        let again = r.st.fabric.out.remove(0).1;
+        assert_eq!(
+            (again.op, again.psn, again.remote_addr, again.msg_len),
+            (wire::OP_READ_REQ, 5001, 0x7004, 8)
+        );
+        assert_eq!(r.st.counters.read_requests_again, 1);
+        // The responder answers the rest as a READ of its own: offsets from 0.
+        for i in 1..3u32 {
+            let resp = Packet {
+                offset: 4 * (i - 1),
+                msg_len: 8,
+                ..part(&r, wire::OP_READ_RESP, 5000, i, 0)
+            };
+            r.st.on_packet(r.peer, resp, now);
+        }
+        assert_eq!(
+            &r.buf[GUARD + 300..GUARD + 312],
+            &[1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]
+        );
+        let wc = r.st.cqs[&r.cq].q.back().copied().expect("completion");
+        assert_eq!((wc.wr_id, wc.status, wc.byte_len), (1, IBV_WC_SUCCESS, 12));
+    }
+
     /// Gathered data whose target turns out to be unmapped (the application unmapped
     /// registered memory) fails its message as a per-packet write did: the responder NAKs
     /// the first packet gathered with a remote access error and its QP goes to error.

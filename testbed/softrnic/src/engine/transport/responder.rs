@@ -227,17 +227,32 @@ impl Responder {
             .map(|&(_, orig)| orig)
     }
 
-    /// Queue READ `job`. A request for a PSN already being answered is the requester going
-    /// back: it requests everything from there again, so what was queued from there goes.
+    /// Queue READ `job`, in PSN order. A request for a READ being answered (the same last
+    /// PSN) is the requester asking again for what it is missing, from the request's PSN
+    /// on: it replaces that READ's job (never answered twice) and the other READs' jobs
+    /// stay, as the requester asks again only for the READ it misses (or, after a timeout,
+    /// for each of them, each replacing its own).
     pub(in crate::engine) fn queue_read(&mut self, job: ReadJob, now: Instant) {
-        self.read_jobs.retain(|j| psn_diff(j.psn, job.psn) < 0);
+        let end = |j: &ReadJob| psn_add(j.psn, j.n);
+        if let Some(i) = self.read_jobs.iter().position(|j| end(j) == end(&job)) {
+            if i == 0 {
+                self.responded_at = now;
+            }
+            self.read_jobs[i] = job;
+            return;
+        }
         if self.read_jobs.len() >= MAX_READ_JOBS {
             return;
         }
         if self.read_jobs.is_empty() {
             self.responded_at = now;
         }
-        self.read_jobs.push_back(job);
+        let at = self
+            .read_jobs
+            .iter()
+            .position(|j| psn_diff(j.psn, job.psn) > 0)
+            .unwrap_or(self.read_jobs.len());
+        self.read_jobs.insert(at, job);
     }
 
     /// What the oldest READ's next response carries: (process, address, bytes).

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use drum_verbs_abi::consts::*;
 
-use super::requester::{Next, Requester, Route, SqWqe, Timer, ACKREQ_EVERY, WINDOW};
+use super::requester::{Next, ReadResponse, Requester, Route, SqWqe, Timer, ACKREQ_EVERY, WINDOW};
 use super::responder::{Arrival, CurRecv, ReadJob, Responder, UcArrival, ATOMIC_CACHE};
 use crate::proto::{RecvWr, SendWr};
 use crate::wire::{self, Packet};
@@ -46,6 +46,13 @@ fn read(wr_id: u64, len: u32) -> SqWqe {
     w
 }
 
+/// The READ response with `psn`, which must be the next expected and show nothing missing.
+fn place(r: &Requester, psn: u32) -> usize {
+    let got = r.read_response_for(psn).expect("a READ has the PSN");
+    assert_eq!(got.ask_again, None, "nothing missing before {psn}");
+    got.place.expect("the next expected response")
+}
+
 /// Build every packet the requester will send now (new data only), as the engine would.
 fn send_all(r: &mut Requester, route: &Route, now: Instant) -> Vec<Packet> {
     let mut out = Vec::new();
@@ -71,6 +78,93 @@ fn the_window_holds_at_most_its_packets_unacknowledged() {
     r.acknowledge(sent[9].psn, now);
     assert_eq!(r.completions(QPN, sent[9].psn).len(), 10);
     assert_eq!(send_all(&mut r, &route(false), now).len(), 10);
+}
+
+/// A READ response beyond the next expected one asks for the rest of the READ at once,
+/// once per missing PSN; the rest is placed by PSN (not by the packet's offset).
+#[test]
+fn a_missing_read_response_asks_for_the_rest_once() {
+    let now = Instant::now();
+    let mut r = Requester::new(now);
+    let mut w = read(1, 3500);
+    w.wr.remote_addr = 0x9000;
+    r.sq.push_back(w);
+    let req = send_all(&mut r, &route(false), now).remove(0);
+    let p0 = req.psn;
+    let idx = place(&r, p0);
+    r.read_response_placed(idx, p0, now);
+    // p0 + 1 is lost: p0 + 2 shows it.
+    let gap = r.read_response_for(p0 + 2).unwrap();
+    assert_eq!(gap.place, None);
+    assert_eq!(gap.ask_again, Some(0));
+    let again = r.ask_again(0).unwrap();
+    assert_eq!(
+        (again.op, again.psn, again.remote_addr, again.msg_len),
+        (wire::OP_READ_REQ, p0 + 1, 0x9000 + 1024, 3500 - 1024)
+    );
+    // The next response beyond the gap asks nothing more; the timer would resend the rest.
+    assert_eq!(r.read_response_for(p0 + 3).unwrap().ask_again, None);
+    assert_eq!(r.inflight[0].packet.psn, p0 + 1);
+    for psn in p0 + 1..=p0 + 3 {
+        let idx = place(&r, psn);
+        let t = r.read_target(idx, psn);
+        assert_eq!(t.offset, (psn - p0) * 1024);
+        assert_eq!(t.len, if psn == p0 + 3 { 3500 - 3 * 1024 } else { 1024 });
+        assert_eq!(t.last, psn == p0 + 3);
+        r.read_response_placed(idx, psn, now);
+    }
+    let ids: Vec<u64> = r.completions(QPN, p0 + 3).iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, vec![1]);
+}
+
+/// A later READ's response while an earlier READ still misses its last responses: the
+/// responder answers in order, so the earlier one's were lost. It is asked again, and the
+/// later READ's response is still placed.
+#[test]
+fn a_later_reads_response_asks_again_for_the_earlier_reads_rest() {
+    let now = Instant::now();
+    let mut r = Requester::new(now);
+    r.sq.push_back(read(1, 2048));
+    r.sq.push_back(read(2, 1024));
+    let sent = send_all(&mut r, &route(false), now);
+    let (a, b) = (sent[0].psn, sent[1].psn);
+    let idx = place(&r, a);
+    r.read_response_placed(idx, a, now);
+    let got = r.read_response_for(b).unwrap();
+    assert_eq!(
+        got,
+        ReadResponse {
+            place: Some(1),
+            ask_again: Some(0)
+        }
+    );
+    assert_eq!(r.ask_again(0).unwrap().psn, a + 1);
+    let acked = r.read_response_placed(1, b, now);
+    assert!(
+        r.completions(QPN, acked).is_empty(),
+        "in order: the first READ is not done"
+    );
+    let idx = place(&r, a + 1);
+    let acked = r.read_response_placed(idx, a + 1, now);
+    let ids: Vec<u64> = r.completions(QPN, acked).iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, vec![1, 2]);
+}
+
+/// A timeout after a READ's last responses were lost resends the request for the rest.
+#[test]
+fn a_timeout_asks_a_read_only_for_what_did_not_arrive() {
+    let t0 = Instant::now();
+    let mut r = Requester::new(t0);
+    r.sq.push_back(read(1, 3072));
+    let p0 = send_all(&mut r, &route(false), t0)[0].psn;
+    let idx = place(&r, p0);
+    r.read_response_placed(idx, p0, t0);
+    let timeout = Duration::from_millis(10);
+    assert_eq!(r.timer(t0 + timeout, timeout, 7), Timer::Resend);
+    let Next::Resend(p) = r.next(t0 + timeout) else {
+        panic!("the READ request is resent");
+    };
+    assert_eq!((p.psn, p.msg_len), (p0 + 1, 2048));
 }
 
 #[test]
@@ -109,11 +203,18 @@ fn a_write_acknowledged_behind_a_read_completes_with_it() {
     r.acknowledge(write_psn, now);
     assert!(r.completions(QPN, write_psn).is_empty());
     // The READ's two responses, in order; a repeat of the first is refused.
-    let first = r.read_for(sent[0].psn).unwrap().unwrap();
+    let first = place(&r, sent[0].psn);
     let acked = r.read_response_placed(first, sent[0].psn, now);
     assert!(r.completions(QPN, acked).is_empty());
-    assert_eq!(r.read_for(sent[0].psn), Some(Err(())));
-    let idx = r.read_for(sent[0].psn + 1).unwrap().unwrap();
+    let repeat = r.read_response_for(sent[0].psn);
+    assert_eq!(
+        repeat,
+        Some(ReadResponse {
+            place: None,
+            ask_again: None
+        })
+    );
+    let idx = place(&r, sent[0].psn + 1);
     let acked = r.read_response_placed(idx, sent[0].psn + 1, now);
     r.acknowledge(acked, now);
     let wcs = r.completions(QPN, acked);
@@ -330,6 +431,47 @@ fn read_responses_go_one_packet_at_a_time_and_a_repeat_request_restarts() {
         .collect();
     assert_eq!(psns, vec![(50, 1024), (51, 1024), (52, 452)]);
     assert!(r.read_jobs.is_empty());
+}
+
+/// The requester asking again for the rest of a READ replaces that READ's job (from the
+/// PSN asked on) and keeps a later READ's job behind it.
+#[test]
+fn a_request_for_the_rest_of_a_read_replaces_its_job_only() {
+    let t0 = Instant::now();
+    let mut r = Responder::new(t0);
+    queue_read(&mut r, 50, 4096, t0);
+    queue_read(&mut r, 54, 1024, t0);
+    for _ in 0..3 {
+        r.read_response(QPN, Some(vec![0; 1024]), t0).unwrap();
+    }
+    // PSN 51 was lost: the rest, 3 KiB from 51.
+    queue_read(&mut r, 51, 3072, t0);
+    assert_eq!(r.read_jobs.len(), 2);
+    let psns: Vec<u32> = std::iter::from_fn(|| {
+        r.read_response(QPN, Some(vec![0; 1024]), t0)
+            .map(|(_, p)| p.psn)
+    })
+    .collect();
+    assert_eq!(psns, vec![51, 52, 53, 54]);
+}
+
+/// A READ asked again after its job ended goes before a later READ being answered.
+#[test]
+fn a_read_asked_again_after_its_job_ended_goes_first() {
+    let t0 = Instant::now();
+    let mut r = Responder::new(t0);
+    queue_read(&mut r, 50, 1024, t0);
+    queue_read(&mut r, 51, 2048, t0);
+    for _ in 0..2 {
+        r.read_response(QPN, Some(vec![0; 1024]), t0).unwrap();
+    }
+    queue_read(&mut r, 50, 1024, t0);
+    let psns: Vec<u32> = std::iter::from_fn(|| {
+        r.read_response(QPN, Some(vec![0; 1024]), t0)
+            .map(|(_, p)| p.psn)
+    })
+    .collect();
+    assert_eq!(psns, vec![50, 52]);
 }
 
 #[test]
