@@ -49,6 +49,12 @@ fn main() {
         p.pairs.len(),
         start.elapsed().as_secs_f64()
     );
+    let built = Instant::now();
+    engine.bound_table(true);
+    eprintln!(
+        "table of bounds built in {:.2} s",
+        built.elapsed().as_secs_f64()
+    );
     let activity = vec![0.0f32; p.pairs.len()];
     let mut results = Vec::new();
     for round in 0..rounds {

@@ -6,6 +6,7 @@
 
 use crate::admm::HostState;
 use crate::model::Problem;
+use crate::pruning::Pruning;
 use crate::selection::relax_host;
 use rayon::prelude::*;
 
@@ -37,7 +38,7 @@ pub fn refine_bound(
     prices: &[f64],
     lower_bound: f64,
     iterations: usize,
-    prune: bool,
+    pruning: Pruning,
 ) -> f64 {
     let mut prices = prices.to_vec();
     let mut mult: Vec<(f64, f64)> = hosts
@@ -47,11 +48,12 @@ pub fn refine_bound(
     let (mut best, mut theta, mut stale) = (f64::INFINITY, 2.0, 0);
     let mut best_point = (prices.clone(), mult.clone());
     for _ in 0..iterations {
+        let pruning = pruning.at(&prices);
         let relaxed: Vec<_> = hosts
             .par_iter()
             .zip(&mult)
             .map(|(h, &(mu, nu))| {
-                relax_host(problem, h.host, |f| prices[f as usize], mu, nu, prune)
+                relax_host(problem, h.host, |f| prices[f as usize], mu, nu, pruning)
             })
             .collect();
         let mut usage = vec![0.0; problem.facilities.len()];
@@ -114,10 +116,11 @@ pub fn refine_bound(
     }
     // At the best prices, each host's multipliers separately to their least bound.
     let (prices, mult) = best_point;
+    let pruning = pruning.at(&prices);
     let hosts_part: f64 = hosts
         .par_iter()
         .zip(&mult)
-        .map(|(h, &m)| least_host_bound(problem, h.host, &prices, m, prune))
+        .map(|(h, &m)| least_host_bound(problem, h.host, &prices, m, pruning))
         .sum();
     best.min(facility_bound(problem, &prices) + hosts_part)
 }
@@ -137,10 +140,11 @@ fn least_host_bound(
     host: usize,
     prices: &[f64],
     start: (f64, f64),
-    prune: bool,
+    pruning: Pruning,
 ) -> f64 {
     let h = &problem.hosts[host];
-    let relax = |mu: f64, nu: f64| relax_host(problem, host, |f| prices[f as usize], mu, nu, prune);
+    let relax =
+        |mu: f64, nu: f64| relax_host(problem, host, |f| prices[f as usize], mu, nu, pruning);
     let (mut mu, mut nu) = start;
     let mut least = relax(mu, nu).bound;
     for _ in 0..2 {

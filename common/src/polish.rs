@@ -89,6 +89,9 @@ fn fits(problem: &Problem, floor: &[f64], m: &Move) -> bool {
 fn proposals(engine: &Engine, activity: &[f32], opts: &SolveOptions) -> Vec<Move> {
     let problem = engine.problem();
     let prices = engine.prices();
+    let table = engine
+        .bound_table(opts.selection.prune)
+        .map(|t| t.at(&prices));
     let mut moves: Vec<Move> = engine
         .hosts
         .par_iter()
@@ -102,6 +105,7 @@ fn proposals(engine: &Engine, activity: &[f32], opts: &SolveOptions) -> Vec<Move
                 h.multipliers.nu,
                 activity,
                 &opts.selection,
+                table,
                 opts.polish_candidates,
             )
         })

@@ -8,8 +8,15 @@
 //! when its bound reaches them. A pair left out has a bound below the values of enough computed
 //! pairs that it cannot be among the ones sought, so the result is the one an exhaustive
 //! evaluation gives (`tests::pruning_changes_nothing`).
+//!
+//! An engine's rounds go further with a [`BoundTable`] built once: each host's pairs in order
+//! of their bound at charge 0, which a charge only lowers, so a scan stops where that bound
+//! falls below what it still looks for, and never looks at most pairs.
 
 use crate::model::Problem;
+use crate::selection::pair_cap;
+use crate::utility::{Shape, Utility};
+use rayon::prelude::*;
 
 /// Intervals of the mantissa in [`ln_upper`]: 32 tangents keep it within `1.3·10⁻⁴` of `ln`.
 const LN_SEGMENTS: usize = 32;
@@ -137,9 +144,264 @@ impl<'a> Bounds<'a> {
                     .clamp(lo, hi),
             )
         };
-        let bound = rise - charge * x - beta / (hi * hi);
-        bound + 1e-9 * (rise.abs() + charge * x + 1.0)
+        padded(rise, charge, x, beta / (hi * hi))
     }
+}
+
+/// How a scan bounds the pairs it may leave out.
+#[derive(Clone, Copy)]
+pub enum Pruning<'a> {
+    /// Every pair is computed exactly.
+    Off,
+    /// Bounds read from the pairs themselves ([`Bounds`]): one host's evaluation, as an agent
+    /// runs it.
+    Pairs,
+    /// Bounds from a table built once for the problem: the coordinator's rounds.
+    Table(TableAt<'a>),
+}
+
+/// A [`BoundTable`] at a round's prices: what a scan needs of them beyond each pair's.
+#[derive(Clone, Copy)]
+pub struct TableAt<'a> {
+    pub table: &'a BoundTable,
+    /// The least facility price (0 if none is lower).
+    pub lowest_price: f64,
+}
+
+impl<'a> Pruning<'a> {
+    /// `prune` as [`crate::selection::SelectionOptions::prune`], with the table if there is one.
+    pub fn new(prune: bool, table: Option<TableAt<'a>>) -> Self {
+        match (prune, table) {
+            (false, _) => Pruning::Off,
+            (true, None) => Pruning::Pairs,
+            (true, Some(t)) => Pruning::Table(t),
+        }
+    }
+
+    /// The same pruning at other prices.
+    pub fn at(self, prices: &[f64]) -> Self {
+        match self {
+            Pruning::Table(t) => Pruning::Table(t.table.at(prices)),
+            other => other,
+        }
+    }
+}
+
+/// A pair's facility in [`BoundTable`]: none, or several (the charge is then the pair's own).
+const NO_FACILITY: u32 = u32::MAX;
+const SEVERAL_FACILITIES: u32 = u32::MAX - 1;
+
+/// Every pair's price-independent part of its bound, per host, in columns ordered by the
+/// pair's bound at charge 0 (`top`), highest first. A pair's bound only falls as its charge
+/// grows, so a host's scan ([`BoundTable::scan_host`]) can stop at the first pair whose `top`
+/// is below what the scan still looks for: on generated instances only about a third of a
+/// host's pairs have a `top` above its `k`-th best surplus. It also reads contiguous columns
+/// instead of a `Pair` (56 bytes, its `uses` behind a pointer) per pair, and no longer works
+/// out each pair's cap. Built once per engine, in parallel; the pairs must not change while it
+/// is used (an engine borrows its problem). Figures in docs/benchmarks.md ("Selection at
+/// scale").
+pub struct BoundTable {
+    hosts: Vec<HostColumns>,
+    shape: Shape,
+    inv_x_min: f64,
+    log: bool,
+    /// The largest `Σ b_f`, `a` and cap of any pair: how far a negative charge (prices and
+    /// multipliers a rounding below zero) can lift a bound above its `top`.
+    max_coeff: f64,
+    max_cqe_per_wqe: f64,
+    max_hi: f64,
+}
+
+/// One host's pairs, in descending order of `top`.
+#[derive(Default)]
+struct HostColumns {
+    pair: Vec<u32>,
+    top: Vec<f64>,
+    weight: Vec<f64>,
+    cqe_per_wqe: Vec<f64>,
+    /// The pair's one facility and its `b_f` (several: their `Σ b_f`).
+    facility: Vec<u32>,
+    coeff: Vec<f64>,
+    /// [`pair_cap`], and `β/hi²`.
+    hi: Vec<f64>,
+    beta_over_hi2: Vec<f64>,
+}
+
+impl BoundTable {
+    pub fn new(problem: &Problem) -> Self {
+        let mut table = Self {
+            hosts: Vec::new(),
+            shape: problem.params.shape(),
+            inv_x_min: 1.0 / problem.params.x_min,
+            log: problem.params.alpha == 1.0,
+            max_coeff: 0.0,
+            max_cqe_per_wqe: 0.0,
+            max_hi: 0.0,
+        };
+        table.hosts = (0..problem.hosts.len())
+            .into_par_iter()
+            .map(|h| table.host_columns(problem, h))
+            .collect();
+        for c in &table.hosts {
+            let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+            table.max_coeff = table.max_coeff.max(max(&c.coeff));
+            table.max_cqe_per_wqe = table.max_cqe_per_wqe.max(max(&c.cqe_per_wqe));
+            table.max_hi = table.max_hi.max(max(&c.hi));
+        }
+        table
+    }
+
+    /// The table at facility prices `prices`.
+    pub fn at(&self, prices: &[f64]) -> TableAt<'_> {
+        TableAt {
+            table: self,
+            lowest_price: prices.iter().copied().fold(0.0, f64::min),
+        }
+    }
+
+    fn host_columns(&self, problem: &Problem, host: usize) -> HostColumns {
+        let beta = problem.params.beta;
+        let mut rows: Vec<(f64, usize, f64)> = (problem.hosts[host].pairs.clone())
+            .map(|q| {
+                let hi = pair_cap(problem, host, q);
+                let top = self.bound(problem.pairs[q].weight, 0.0, hi, beta / (hi * hi));
+                (top, q, hi)
+            })
+            .collect();
+        rows.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let mut c = HostColumns::default();
+        for (top, q, hi) in rows {
+            let pair = &problem.pairs[q];
+            let (facility, coeff) = match pair.uses[..] {
+                [] => (NO_FACILITY, 0.0),
+                [(f, b)] if f < SEVERAL_FACILITIES => (f, b),
+                // Their `Σ b_f`: what a negative price can take off the charge, per unit.
+                _ => (SEVERAL_FACILITIES, pair.uses.iter().map(|u| u.1).sum()),
+            };
+            // A problem of 2³² pairs would not fit in memory.
+            c.pair.push(u32::try_from(q).expect("fewer than 2³² pairs"));
+            c.top.push(top);
+            c.weight.push(pair.weight);
+            c.cqe_per_wqe.push(pair.cqe_per_wqe);
+            c.facility.push(facility);
+            c.coeff.push(coeff);
+            c.hi.push(hi);
+            c.beta_over_hi2.push(beta / (hi * hi));
+        }
+        c
+    }
+
+    /// [`Bounds::bound`] of a pair with weight `w`, cap `hi` and `β/hi²` at charge `c`.
+    #[inline(always)]
+    fn bound(&self, w: f64, c: f64, hi: f64, beta_over_hi2: f64) -> f64 {
+        let lo = self.shape.x_min;
+        let (rise, x) = if self.log {
+            let x = if c <= 0.0 || w >= c * hi {
+                hi
+            } else if w <= c * lo {
+                lo
+            } else {
+                w / c
+            };
+            (w * ln_upper(x * self.inv_x_min), x)
+        } else {
+            // `a` plays no part in the rate term.
+            let u = Utility {
+                w,
+                a: 0.0,
+                shape: self.shape,
+            };
+            let x = if c <= 0.0 {
+                hi
+            } else {
+                u.inverse_marginal_guess(c).clamp(lo, hi)
+            };
+            (u.activation_value(x) + self.shape.beta / (x * x), x)
+        };
+        padded(rise, c, x, beta_over_hi2)
+    }
+
+    /// Offers host `host`'s pairs for which `offered(pair)` holds to `scan`, at prices
+    /// `price` (`lowest_price`: the least of them) and multipliers `(μ, ν)`, in descending
+    /// order of `top`, stopping once `top` is below what the scan still looks for. A negative
+    /// charge lifts a bound above `top` by at most `−c·hi`, which the stop allows for. With
+    /// `all_prunable` false (some pair's key may exceed its surplus) every pair is offered.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn scan_host<E: Fn(usize) -> (f64, f64), K: Fn(usize, f64) -> f64>(
+        &self,
+        problem: &Problem,
+        host: usize,
+        scan: &mut Scan<E, K>,
+        (price, lowest_price): (impl Fn(u32) -> f64, f64),
+        (mu, nu): (f64, f64),
+        offered: impl Fn(usize) -> bool,
+        all_prunable: bool,
+    ) {
+        let c = &self.hosts[host];
+        let lowest_charge = lowest_price.min(0.0) * self.max_coeff
+            + mu.min(0.0)
+            + nu.min(0.0) * self.max_cqe_per_wqe;
+        let lift = -lowest_charge * self.max_hi;
+        // As `Scan::run` (the best bounds computed first, then every pair whose bound reaches
+        // the thresholds they set), over the pairs up to where `top` drops below the best
+        // bounds seen — none after can be among them — and then the thresholds.
+        let mut seen: Vec<(f64, usize)> = Vec::with_capacity(c.pair.len());
+        let mut first_by_value = Best::new(scan.by_value.n);
+        let mut first_by_key = Best::new(scan.by_key.n);
+        let mut settled = false;
+        for i in 0..c.pair.len() {
+            let top = c.top[i] + lift + 1e-12 * c.top[i].abs();
+            if all_prunable {
+                if !settled && top < first_by_value.threshold().min(first_by_key.threshold()) {
+                    settled = true;
+                    scan.compute_firsts(&first_by_value, &first_by_key, &mut seen);
+                }
+                if settled && top < scan.threshold() {
+                    break;
+                }
+            }
+            let q = c.pair[i] as usize;
+            if !offered(q) {
+                continue;
+            }
+            let bound = if all_prunable {
+                let facilities = match c.facility[i] {
+                    NO_FACILITY => 0.0,
+                    SEVERAL_FACILITIES => problem.pairs[q].charge(&price),
+                    f => price(f) * c.coeff[i],
+                };
+                let charge = facilities + mu + nu * c.cqe_per_wqe[i];
+                self.bound(c.weight[i], charge, c.hi[i], c.beta_over_hi2[i])
+            } else {
+                f64::INFINITY
+            };
+            if settled {
+                scan.offer_now(q, bound);
+                continue;
+            }
+            first_by_value.offer(bound, seen.len());
+            if first_by_key.n > 0 && bound > first_by_key.threshold() {
+                first_by_key.offer((scan.key)(q, bound), seen.len());
+            }
+            seen.push((bound, q));
+        }
+        if !settled {
+            scan.compute_firsts(&first_by_value, &first_by_key, &mut seen);
+        }
+        for &(bound, q) in &seen {
+            if bound != NOT_OFFERED {
+                scan.offer_now(q, bound);
+            }
+        }
+    }
+}
+
+/// The bound `rise − c·x − β/hi²`, padded by far more than the rounding of either it or the
+/// exact surplus, so that it holds for the computed surplus too.
+#[inline(always)]
+fn padded(rise: f64, c: f64, x: f64, beta_over_hi2: f64) -> f64 {
+    let bound = rise - c * x - beta_over_hi2;
+    bound + 1e-9 * (rise.abs() + c * x + 1.0)
 }
 
 /// One pair's exact surplus `l` and the rate `x` that achieves it.
@@ -191,35 +453,24 @@ impl Best {
 /// decrease as `l` grows, and must be at most `l` for every pair offered with a finite bound
 /// (so most pairs are tested against the key's threshold without computing their key).
 ///
-/// While pairs are offered, the `n` best bounds of each query are kept aside; [`Scan::finish`]
-/// computes those pairs exactly, which sets each query's threshold (the `n`-th best exact
-/// value, or key), and then every other pair whose bound reaches a threshold, raising the
-/// thresholds as it goes. A pair left out has a bound below `n` computed values whatever its
-/// exact one, so the result does not depend on which pairs were computed. Keeping the best
-/// bounds while offering costs a comparison per pair; an earlier version selected them from
-/// all bounds afterwards, an eighth of a round.
+/// [`Scan::run`] first finds the `n` best bounds of each query and computes those pairs
+/// exactly, which sets each query's threshold (the `n`-th best exact value, or key), and then
+/// every other pair whose bound reaches a threshold, raising the thresholds as it goes. A pair
+/// left out has a bound below `n` computed values whatever its exact one, so the result does
+/// not depend on which pairs were computed.
 pub(crate) struct Scan<E, K> {
     pub known: Vec<Exact>,
     exact: E,
     key: K,
-    /// `(bound, pair)` of every pair offered and not yet computed.
-    pending: Vec<(f64, usize)>,
-    /// Indices into `pending` of the best bounds, per query.
-    first_by_value: Best,
-    first_by_key: Best,
     by_value: Best,
     by_key: Best,
 }
 
+/// In [`Scan::run`]'s bounds: a pair not offered (or already computed).
+pub(crate) const NOT_OFFERED: f64 = f64::NEG_INFINITY;
+
 impl<E: Fn(usize) -> (f64, f64), K: Fn(usize, f64) -> f64> Scan<E, K> {
-    pub fn new(
-        exact: E,
-        key: K,
-        by_value: usize,
-        others: &[f64],
-        by_key: usize,
-        capacity: usize,
-    ) -> Self {
+    pub fn new(exact: E, key: K, by_value: usize, others: &[f64], by_key: usize) -> Self {
         let mut best = Best::new(by_value);
         for &o in others {
             best.offer(o, usize::MAX);
@@ -228,25 +479,37 @@ impl<E: Fn(usize) -> (f64, f64), K: Fn(usize, f64) -> f64> Scan<E, K> {
             known: Vec::new(),
             exact,
             key,
-            pending: Vec::with_capacity(capacity),
-            first_by_value: Best::new(by_value),
-            first_by_key: Best::new(by_key),
             by_value: best,
             by_key: Best::new(by_key),
         }
     }
 
-    /// Offers `pair` with `bound ≥` its exact surplus (`f64::INFINITY`: no bound, so it is
-    /// always computed).
+    /// What a bound must reach for its pair to be among either query's best so far
+    /// (`key ≤ l ≤ bound`).
+    fn threshold(&self) -> f64 {
+        self.by_value.threshold().min(self.by_key.threshold())
+    }
+
+    /// Computes `pair` if its `bound` can be among either query's best so far.
     #[inline]
-    pub fn offer(&mut self, pair: usize, bound: f64) {
-        let at = self.pending.len();
-        self.first_by_value.offer(bound, at);
-        // `key ≤ l`: a bound that does not reach the threshold cannot give a key that does.
-        if self.by_key.n > 0 && bound > self.first_by_key.threshold() {
-            self.first_by_key.offer((self.key)(pair, bound), at);
+    fn offer_now(&mut self, pair: usize, bound: f64) {
+        let key_threshold = self.by_key.threshold();
+        if bound >= self.by_value.threshold()
+            || (bound >= key_threshold && (self.key)(pair, bound) >= key_threshold)
+        {
+            self.compute(pair);
         }
-        self.pending.push((bound, pair));
+    }
+
+    /// Computes the pairs of `seen` (`(bound, pair)`) that `firsts` hold the best bounds of,
+    /// marking them [`NOT_OFFERED`] there.
+    fn compute_firsts(&mut self, by_value: &Best, by_key: &Best, seen: &mut [(f64, usize)]) {
+        for &(_, at) in by_value.values.iter().chain(&by_key.values) {
+            if seen[at].0 != NOT_OFFERED {
+                seen[at].0 = NOT_OFFERED;
+                self.compute(seen[at].1);
+            }
+        }
     }
 
     fn compute(&mut self, pair: usize) {
@@ -256,29 +519,38 @@ impl<E: Fn(usize) -> (f64, f64), K: Fn(usize, f64) -> f64> Scan<E, K> {
         self.known.push(Exact { pair, l, x });
     }
 
-    /// Computes every pair that can be among either query's best.
-    pub fn finish(&mut self) {
-        let firsts: Vec<usize> = (self.first_by_value.values.iter())
-            .chain(&self.first_by_key.values)
-            .map(|&(_, at)| at)
-            .collect();
-        for at in firsts {
-            let (bound, pair) = self.pending[at];
-            if bound != f64::NEG_INFINITY {
-                self.pending[at].0 = f64::NEG_INFINITY;
-                self.compute(pair);
+    /// Offers pair `start + i` with `bounds[i] ≥` its exact surplus, for every `i`
+    /// ([`NOT_OFFERED`]: not offered; `f64::INFINITY`: no bound, so it is always computed), and
+    /// computes every pair that can be among either query's best. The bounds are a host's,
+    /// in pair order, so the scan reads one contiguous array rather than a list of pairs.
+    pub fn run(&mut self, start: usize, bounds: &mut [f64]) {
+        let mut first_by_value = Best::new(self.by_value.n);
+        let mut first_by_key = Best::new(self.by_key.n);
+        for (i, &bound) in bounds.iter().enumerate() {
+            if bound == NOT_OFFERED {
+                continue;
+            }
+            first_by_value.offer(bound, i);
+            // `key ≤ l`: a bound that does not reach the threshold cannot give a key that does.
+            if first_by_key.n > 0 && bound > first_by_key.threshold() {
+                first_by_key.offer((self.key)(start + i, bound), i);
             }
         }
-        let pending = std::mem::take(&mut self.pending);
-        for &(bound, pair) in &pending {
-            if bound == f64::NEG_INFINITY {
+        for &(_, i) in first_by_value.values.iter().chain(&first_by_key.values) {
+            if bounds[i] != NOT_OFFERED {
+                bounds[i] = NOT_OFFERED;
+                self.compute(start + i);
+            }
+        }
+        for (i, &bound) in bounds.iter().enumerate() {
+            if bound == NOT_OFFERED {
                 continue;
             }
             let key_threshold = self.by_key.threshold();
             if bound >= self.by_value.threshold()
-                || (bound >= key_threshold && (self.key)(pair, bound) >= key_threshold)
+                || (bound >= key_threshold && (self.key)(start + i, bound) >= key_threshold)
             {
-                self.compute(pair);
+                self.compute(start + i);
             }
         }
     }
@@ -312,6 +584,14 @@ mod tests {
     use crate::rng::SplitMix64;
     use crate::selection::surplus;
 
+    /// The table's bound of host `host`'s pair `pair` at `charge`.
+    fn table_bound(table: &BoundTable, host: usize, pair: usize, charge: f64) -> f64 {
+        let c = &table.hosts[host];
+        let i = c.pair.iter().position(|&q| q as usize == pair).unwrap();
+        assert!(c.top[i] >= table.bound(c.weight[i], charge.max(0.0), c.hi[i], c.beta_over_hi2[i]));
+        table.bound(c.weight[i], charge, c.hi[i], c.beta_over_hi2[i])
+    }
+
     /// `ln_upper` is above `ln` and within the tangents' error of it, over many binades and
     /// at the segments' edges.
     #[test]
@@ -336,6 +616,7 @@ mod tests {
                 seed: 3,
                 ..GeneratorConfig::new(4, 300)
             });
+            let table = BoundTable::new(&p);
             let mut rng = SplitMix64::new(9);
             let mut tight = 0;
             for host in 0..p.hosts.len() {
@@ -346,6 +627,15 @@ mod tests {
                     assert!(
                         ub >= l,
                         "α {alpha}, pair {pair}, charge {charge}: {ub} < {l}"
+                    );
+                    let from_table = table_bound(&table, host, pair, charge);
+                    assert!(
+                        from_table >= l,
+                        "α {alpha}, pair {pair}: table {from_table} < {l}"
+                    );
+                    assert!(
+                        from_table <= ub + 1e-6 * ub.abs().max(1.0),
+                        "{from_table} > {ub}"
                     );
                     if ub - l <= 0.05 * l.abs().max(1e-3) {
                         tight += 1;
@@ -369,49 +659,74 @@ mod tests {
         };
         use crate::solver::{default_rho, solve, Algorithm, Engine, SolveOptions};
         for (hosts, apps, k, seed) in [(6, 400, 5, 1), (4, 60, 20, 2), (5, 8, 3, 3)] {
-            let p = generate(&GeneratorConfig {
+            let mut p = generate(&GeneratorConfig {
                 k,
                 seed,
                 ..GeneratorConfig::new(hosts, apps)
             });
+            // A pair on no facility, one on two, and hosts whose ranges come in reverse.
+            p.pairs[1].uses.clear();
+            let f = p.pairs[2].uses[0].0;
+            p.pairs[2].uses.push((f + 1, 0.75));
+            p.hosts.reverse();
+            let p = p;
             let active = initial_active(&p, &vec![0.0; p.facilities.len()]);
             let mut engine = Engine::new(&p, Algorithm::Admm, default_rho(&p), active);
             for _ in 0..8 {
                 engine.step();
             }
-            let prices = engine.prices();
+            let table = BoundTable::new(&p);
             let mut rng = SplitMix64::new(seed);
             let activity: Vec<f32> = (0..p.pairs.len()).map(|_| rng.unit() as f32).collect();
-            for h in &engine.hosts {
-                for (mu, nu) in [(0.0, 0.0), (h.multipliers.mu, h.multipliers.nu), (3.0, 0.5)] {
-                    let with = |prune: bool| {
-                        let opts = SelectionOptions {
-                            prune,
-                            swap_prob: 1.0,
-                            ..SelectionOptions::default()
+            // The engine's prices, and all below zero (a rounding leaves some a little below).
+            let lowered: Vec<f64> = engine.prices().iter().map(|p| -0.5 * p - 0.01).collect();
+            for prices in [engine.prices(), lowered] {
+                for h in &engine.hosts {
+                    let multipliers =
+                        [(0.0, 0.0), (h.multipliers.mu, h.multipliers.nu), (3.0, 0.5)];
+                    // 1.5: some keys exceed their surplus, and those pairs are always computed.
+                    for ((mu, nu), fairness) in multipliers.into_iter().zip([0.02, 1.5, 0.02]) {
+                        let with = |pruning: Pruning| {
+                            let (prune, table) = match pruning {
+                                Pruning::Off => (false, None),
+                                Pruning::Pairs => (true, None),
+                                Pruning::Table(t) => (true, Some(t)),
+                            };
+                            let opts = SelectionOptions {
+                                prune,
+                                fairness,
+                                swap_prob: 1.0,
+                                ..SelectionOptions::default()
+                            };
+                            let price = |f: u32| prices[f as usize];
+                            let present = |q: usize| q % 7 != 3;
+                            (
+                                evaluate_present(
+                                    &p,
+                                    h.host,
+                                    &h.active,
+                                    price,
+                                    mu,
+                                    nu,
+                                    &activity,
+                                    present,
+                                    &opts,
+                                    table,
+                                    &mut SplitMix64::new(7),
+                                ),
+                                propose_moves(
+                                    &p, h.host, &h.active, price, mu, nu, &activity, &opts, table,
+                                    8,
+                                ),
+                                relax_host(&p, h.host, price, mu, nu, pruning),
+                            )
                         };
-                        let price = |f: u32| prices[f as usize];
-                        let present = |q: usize| q % 7 != 3;
-                        (
-                            evaluate_present(
-                                &p,
-                                h.host,
-                                &h.active,
-                                price,
-                                mu,
-                                nu,
-                                &activity,
-                                present,
-                                &opts,
-                                &mut SplitMix64::new(7),
-                            ),
-                            propose_moves(
-                                &p, h.host, &h.active, price, mu, nu, &activity, &opts, 8,
-                            ),
-                            relax_host(&p, h.host, price, mu, nu, prune),
-                        )
-                    };
-                    assert_eq!(with(true), with(false), "{hosts}×{apps}, host {}", h.host);
+                        let exhaustive = with(Pruning::Off);
+                        for pruning in [Pruning::Pairs, Pruning::Table(table.at(&prices))] {
+                            let got = with(pruning);
+                            assert_eq!(got, exhaustive, "{hosts}×{apps}, host {}", h.host);
+                        }
+                    }
                 }
             }
             let solved = |prune: bool| {

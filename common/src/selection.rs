@@ -9,7 +9,7 @@
 
 use crate::host_step::AppTerm;
 use crate::model::Problem;
-use crate::pruning::{Bounds, Exact, Scan};
+use crate::pruning::{Bounds, Exact, Pruning, Scan, TableAt, NOT_OFFERED};
 use crate::rng::SplitMix64;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -77,6 +77,12 @@ fn ranking_key(opts: &SelectionOptions, activity: f32, l: f64) -> f64 {
     l * (1.0 - opts.fairness * activity as f64 * l.signum())
 }
 
+/// Whether [`key_below_surplus`] holds for every one of `activity` (a loop that vectorises;
+/// a host's pairs are many).
+fn keys_below_surplus(opts: &SelectionOptions, activity: &[f32]) -> bool {
+    (activity.iter()).fold(true, |all, &a| all & key_below_surplus(opts, a))
+}
+
 /// Whether a pair's ranking key grows with its surplus and is at most the surplus, which
 /// pruning relies on: `0 ≤ fairness·activity < 1` (always, with the defaults, since activity
 /// is a discounted share in `[0, 1]`). A pair for which it fails is always computed.
@@ -84,16 +90,22 @@ fn key_below_surplus(opts: &SelectionOptions, activity: f32) -> bool {
     (0.0..1.0).contains(&(opts.fairness * activity as f64))
 }
 
-/// Scans `pairs` of `host` for the `by_value` best surpluses (with `others` as competitors) and
-/// the `by_key` best keys ([`Scan`]), at a per-unit charge `charge(pair)`; with pruning each
-/// pair is offered with its closed-form bound.
+/// Scans the pairs of `host` for which `offered` holds for the `by_value` best surpluses (with
+/// `others` as competitors) and the `by_key` best keys ([`Scan`]), at a per-unit charge
+/// `charge(pair)` (from `price` and `(μ, ν)`); with pruning each pair for which `prunable`
+/// holds is offered with its closed-form bound (`all_prunable`: whether it holds for every
+/// pair of the host, which lets a table's scan stop early).
 #[allow(clippy::too_many_arguments)]
 fn scan<'a, K: Fn(usize, f64) -> f64>(
     problem: &'a Problem,
     host: usize,
-    charge: impl Fn(usize) -> f64 + Copy + 'a,
-    prunable: impl Fn(usize) -> bool,
-    pairs: impl Iterator<Item = usize>,
+    (charge, price, multipliers): (
+        impl Fn(usize) -> f64 + Copy + 'a,
+        impl Fn(u32) -> f64,
+        (f64, f64),
+    ),
+    (pruning, prunable, all_prunable): (Pruning, impl Fn(usize) -> bool, bool),
+    offered: impl Fn(usize) -> bool,
     key: K,
     (by_value, others): (usize, &[f64]),
     by_key: usize,
@@ -104,18 +116,29 @@ fn scan<'a, K: Fn(usize, f64) -> f64>(
         by_value,
         others,
         by_key,
-        problem.hosts[host].pairs.len(),
     );
-    let bounds = Bounds::new(problem, host);
-    for p in pairs {
-        let bound = if prunable(p) {
-            bounds.bound(p, charge(p))
-        } else {
-            f64::INFINITY
-        };
-        s.offer(p, bound);
+    let range = problem.hosts[host].pairs.clone();
+    if let Pruning::Table(t) = pruning {
+        let priced = (price, t.lowest_price);
+        t.table.scan_host(
+            problem,
+            host,
+            &mut s,
+            priced,
+            multipliers,
+            offered,
+            all_prunable,
+        );
+        return s;
     }
-    s.finish();
+    let bounds = Bounds::new(problem, host);
+    let mut bound_of = |p: usize| match pruning {
+        _ if !offered(p) => NOT_OFFERED,
+        Pruning::Pairs if prunable(p) => bounds.bound(p, charge(p)),
+        _ => f64::INFINITY,
+    };
+    let mut all: Vec<f64> = range.clone().map(&mut bound_of).collect();
+    s.run(range.start, &mut all);
     s
 }
 
@@ -148,6 +171,7 @@ pub fn evaluate_host(
     nu: f64,
     activity: &[f32],
     opts: &SelectionOptions,
+    table: Option<TableAt>,
     rng: &mut SplitMix64,
 ) -> HostEvaluation {
     evaluate_present(
@@ -160,6 +184,7 @@ pub fn evaluate_host(
         activity,
         |_| true,
         opts,
+        table,
         rng,
     )
 }
@@ -180,10 +205,12 @@ pub fn evaluate_present(
     activity: &[f32],
     present: impl Fn(usize) -> bool,
     opts: &SelectionOptions,
+    table: Option<TableAt>,
     rng: &mut SplitMix64,
 ) -> HostEvaluation {
     let h = &problem.hosts[host];
     let slots = problem.slots(host);
+    let pruning = Pruning::new(opts.prune, table);
     let charge = |p: usize| {
         let pair = &problem.pairs[p];
         pair.charge(&price) + mu + nu * pair.cqe_per_wqe
@@ -200,19 +227,17 @@ pub fn evaluate_present(
             gone = Some(p);
         }
     }
-    let mut next_member = active.iter().copied().peekable();
-    let outsiders = h
-        .pairs
-        .clone()
-        .filter(|&p| next_member.next_if_eq(&p).is_none() && present(p));
-    let prunable = |p: usize| opts.prune && key_below_surplus(opts, activity[p]);
+    let offered = |p: usize| active.binary_search(&p).is_err() && present(p);
+    let prunable = |p: usize| key_below_surplus(opts, activity[p]);
+    let all_prunable = matches!(pruning, Pruning::Table(_))
+        && keys_below_surplus(opts, &activity[problem.hosts[host].pairs.clone()]);
     let member_values: Vec<f64> = members.iter().map(|m| m.l).collect();
     let outsiders = scan(
         problem,
         host,
-        charge,
-        prunable,
-        outsiders,
+        (charge, &price, (mu, nu)),
+        (pruning, prunable, all_prunable),
+        offered,
         key,
         (slots, &member_values),
         1,
@@ -308,8 +333,10 @@ pub fn propose_moves(
     nu: f64,
     activity: &[f32],
     opts: &SelectionOptions,
+    table: Option<TableAt>,
     limit: usize,
 ) -> Vec<Move> {
+    let pruning = Pruning::new(opts.prune, table);
     let charge = |p: usize| {
         let pair = &problem.pairs[p];
         pair.charge(&price) + mu + nu * pair.cqe_per_wqe
@@ -319,14 +346,15 @@ pub fn propose_moves(
         .iter()
         .map(|&p| (key(p, surplus(problem, host, p, charge(p)).0), p))
         .collect();
-    let prunable = |p: usize| opts.prune && key_below_surplus(opts, activity[p]);
-    let pairs = problem.hosts[host].pairs.clone();
+    let prunable = |p: usize| key_below_surplus(opts, activity[p]);
+    let all_prunable = matches!(pruning, Pruning::Table(_))
+        && keys_below_surplus(opts, &activity[problem.hosts[host].pairs.clone()]);
     let candidates = scan(
         problem,
         host,
-        charge,
-        prunable,
-        pairs.filter(|p| active.binary_search(p).is_err()),
+        (charge, &price, (mu, nu)),
+        (pruning, prunable, all_prunable),
+        |p| active.binary_search(&p).is_err(),
         key,
         (0, &[]),
         limit,
@@ -374,14 +402,13 @@ pub struct Relaxed {
     pub usage: Vec<(u32, f64)>,
 }
 
-/// `prune`: as [`SelectionOptions::prune`].
 pub fn relax_host(
     problem: &Problem,
     host: usize,
     price: impl Fn(u32) -> f64,
     mu: f64,
     nu: f64,
-    prune: bool,
+    pruning: Pruning,
 ) -> Relaxed {
     let h = &problem.hosts[host];
     let charge = |p: usize| {
@@ -398,9 +425,9 @@ pub fn relax_host(
     let candidates = scan(
         problem,
         host,
-        charge,
-        |_| prune,
-        h.pairs.clone(),
+        (charge, &price, (mu, nu)),
+        (pruning, |_| true, true),
+        |_| true,
         |_, l| l,
         (k, &[]),
         0,
@@ -525,6 +552,7 @@ mod tests {
             &activity,
             present,
             &opts,
+            None,
             &mut SplitMix64::new(1),
         )
     }

@@ -11,11 +11,13 @@ use crate::max_min::weighted_max_min;
 use crate::model::Problem;
 use crate::polish::polish;
 pub use crate::polish::PolishReport;
+use crate::pruning::{BoundTable, Pruning};
 use crate::rng::SplitMix64;
 use crate::selection::{evaluate_host, initial_active, SelectionOptions};
 pub use crate::trace::{fixed_set_trace, iterations_to_accuracy, lossy_fixed_set_trace};
 use crate::xwi::{least_residuals, HostReport, XwiState};
 use rayon::prelude::*;
+use std::sync::{Arc, OnceLock};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Algorithm {
@@ -226,6 +228,8 @@ pub struct Engine<'p> {
     pub hosts: Vec<HostState>,
     sums: Vec<f64>,
     held: Option<Held>,
+    /// Built at the first pruned selection round, shared by the engine's clones.
+    bound_table: Arc<OnceLock<BoundTable>>,
 }
 
 impl<'p> Engine<'p> {
@@ -258,6 +262,7 @@ impl<'p> Engine<'p> {
             hosts,
             sums,
             held: None,
+            bound_table: Arc::default(),
         }
     }
 
@@ -335,6 +340,7 @@ impl<'p> Engine<'p> {
             hosts,
             sums,
             held: None,
+            bound_table: Arc::default(),
         }
     }
 
@@ -440,6 +446,15 @@ impl<'p> Engine<'p> {
 
     pub fn problem(&self) -> &'p Problem {
         self.problem
+    }
+
+    /// With `prune`, the table selection bounds this engine's pairs from (built the first
+    /// time).
+    pub fn bound_table(&self, prune: bool) -> Option<&BoundTable> {
+        prune.then(|| {
+            self.bound_table
+                .get_or_init(|| BoundTable::new(self.problem))
+        })
     }
 
     /// Per facility, what its active members use at `x_min`.
@@ -650,6 +665,7 @@ pub fn evaluate(
 ) -> (f64, Vec<(usize, crate::selection::Swap)>) {
     let problem = engine.problem;
     let prices = engine.prices();
+    let table = engine.bound_table(opts.prune).map(|t| t.at(&prices));
     let evals: Vec<_> = engine
         .hosts
         .par_iter()
@@ -664,6 +680,7 @@ pub fn evaluate(
                 h.multipliers.nu,
                 activity,
                 opts,
+                table,
                 &mut rng,
             );
             (h.host, e)
@@ -831,7 +848,12 @@ fn run_rounds(problem: &Problem, mut engine: Engine, opts: &SolveOptions) -> Sol
             &engine.prices(),
             lower,
             opts.certificate_iters,
-            opts.selection.prune,
+            Pruning::new(
+                opts.selection.prune,
+                engine
+                    .bound_table(opts.selection.prune)
+                    .map(|t| t.at(&engine.prices())),
+            ),
         );
         let last = rounds.last_mut().expect("at least one round");
         last.upper_bound = last.upper_bound.min(refined);

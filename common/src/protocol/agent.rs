@@ -721,6 +721,7 @@ impl AgentCore {
             &activity,
             |p| self.is_present(problem, p),
             &opts,
+            None,
             &mut rng,
         );
         let floor_of = |p: usize| -> FacilityValues {
