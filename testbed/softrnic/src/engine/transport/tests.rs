@@ -433,6 +433,15 @@ fn read_responses_go_one_packet_at_a_time_and_a_repeat_request_restarts() {
     assert!(r.read_jobs.is_empty());
 }
 
+/// The PSNs of every READ response `r` has queued, sent one after another.
+fn respond_all(r: &mut Responder, now: Instant) -> Vec<u32> {
+    std::iter::from_fn(|| {
+        r.read_response(QPN, Some(vec![0; 1024]), now)
+            .map(|(_, p)| p.psn)
+    })
+    .collect()
+}
+
 /// The requester asking again for the rest of a READ replaces that READ's job (from the
 /// PSN asked on) and keeps a later READ's job behind it.
 #[test]
@@ -447,12 +456,7 @@ fn a_request_for_the_rest_of_a_read_replaces_its_job_only() {
     // PSN 51 was lost: the rest, 3 KiB from 51.
     queue_read(&mut r, 51, 3072, t0);
     assert_eq!(r.read_jobs.len(), 2);
-    let psns: Vec<u32> = std::iter::from_fn(|| {
-        r.read_response(QPN, Some(vec![0; 1024]), t0)
-            .map(|(_, p)| p.psn)
-    })
-    .collect();
-    assert_eq!(psns, vec![51, 52, 53, 54]);
+    assert_eq!(respond_all(&mut r, t0), vec![51, 52, 53, 54]);
 }
 
 /// A READ asked again after its job ended goes before a later READ being answered.
@@ -466,12 +470,7 @@ fn a_read_asked_again_after_its_job_ended_goes_first() {
         r.read_response(QPN, Some(vec![0; 1024]), t0).unwrap();
     }
     queue_read(&mut r, 50, 1024, t0);
-    let psns: Vec<u32> = std::iter::from_fn(|| {
-        r.read_response(QPN, Some(vec![0; 1024]), t0)
-            .map(|(_, p)| p.psn)
-    })
-    .collect();
-    assert_eq!(psns, vec![50, 52]);
+    assert_eq!(respond_all(&mut r, t0), vec![50, 52]);
 }
 
 #[test]
