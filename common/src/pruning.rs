@@ -213,7 +213,6 @@ pub struct BoundTable {
 }
 
 /// One host's pairs, in descending order of `top`.
-#[derive(Default)]
 struct HostColumns {
     pair: Vec<u32>,
     top: Vec<f64>,
@@ -269,7 +268,17 @@ impl BoundTable {
             })
             .collect();
         rows.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        let mut c = HostColumns::default();
+        let n = rows.len();
+        let mut c = HostColumns {
+            pair: Vec::with_capacity(n),
+            top: Vec::with_capacity(n),
+            weight: Vec::with_capacity(n),
+            cqe_per_wqe: Vec::with_capacity(n),
+            facility: Vec::with_capacity(n),
+            coeff: Vec::with_capacity(n),
+            hi: Vec::with_capacity(n),
+            beta_over_hi2: Vec::with_capacity(n),
+        };
         for (top, q, hi) in rows {
             let pair = &problem.pairs[q];
             let (facility, coeff) = match pair.uses[..] {
