@@ -69,16 +69,70 @@ pub fn surplus_upper_bound(problem: &Problem, host: usize, pair: usize, charge: 
     Bounds::new(problem, host).bound(pair, charge)
 }
 
+/// The closed-form bound of a pair's surplus in its box `[x_min, hi]` ([`Curve::bound`]),
+/// shared by the per-pair bounds and the table.
+#[derive(Clone, Copy)]
+struct Curve {
+    shape: Shape,
+    inv_x_min: f64,
+    log: bool,
+}
+
+impl Curve {
+    fn new(problem: &Problem) -> Self {
+        Self {
+            shape: problem.params.shape(),
+            inv_x_min: 1.0 / problem.params.x_min,
+            log: problem.params.alpha == 1.0,
+        }
+    }
+
+    /// With `r` the rate term of the utility, the surplus is `max_{x_min ≤ x ≤ hi} r(x) − β/x² −
+    /// c·x − r(x_min)`. Since `−β/x² ≤ −β/hi²` on the box, it is at most `max (r(x) − c·x) −
+    /// β/hi² − r(x_min)`, and the concave `r(x) − c·x` peaks at the box's clamp of
+    /// `r'⁻¹(c) = (w/c)^(1/α)`; for α = 1, `r(x) − r(x_min) = w·ln(x/x_min)` is bounded above
+    /// by [`ln_upper`]. The bound is padded by far more than the rounding of either
+    /// computation, so it holds for the computed surplus too. `w`: the weight; `c`: the
+    /// charge; `beta_over_hi2`: `β/hi²`.
+    #[inline(always)]
+    fn bound(&self, w: f64, c: f64, hi: f64, beta_over_hi2: f64) -> f64 {
+        let lo = self.shape.x_min;
+        let (rise, x) = if self.log {
+            // `w/c` clamped, without a division where the clamp decides.
+            let x = if c <= 0.0 || w >= c * hi {
+                hi
+            } else if w <= c * lo {
+                lo
+            } else {
+                w / c
+            };
+            (w * ln_upper(x * self.inv_x_min), x)
+        } else {
+            // `a` plays no part in the rate term.
+            let u = Utility {
+                w,
+                a: 0.0,
+                shape: self.shape,
+            };
+            let x = if c <= 0.0 {
+                hi
+            } else {
+                u.inverse_marginal_guess(c).clamp(lo, hi)
+            };
+            (u.activation_value(x) + self.shape.beta / (x * x), x)
+        };
+        let bound = rise - c * x - beta_over_hi2;
+        bound + 1e-9 * (rise.abs() + c * x + 1.0)
+    }
+}
+
 /// The bound's constants of one host, read once rather than per pair: a round computes the
 /// bound of every pair, so its cost per pair is the round's cost.
 pub(crate) struct Bounds<'a> {
     problem: &'a Problem,
     wqe_budget: f64,
     poll_budget: f64,
-    x_min: f64,
-    inv_x_min: f64,
-    beta: f64,
-    log: bool,
+    curve: Curve,
 }
 
 impl<'a> Bounds<'a> {
@@ -88,24 +142,15 @@ impl<'a> Bounds<'a> {
             problem,
             wqe_budget: h.wqe_budget,
             poll_budget: h.poll_budget,
-            x_min: problem.params.x_min,
-            inv_x_min: 1.0 / problem.params.x_min,
-            beta: problem.params.beta,
-            log: problem.params.alpha == 1.0,
+            curve: Curve::new(problem),
         }
     }
 
-    /// With `r` the rate term of the utility, the surplus is `max_{x_min ≤ x ≤ hi} r(x) − β/x² −
-    /// c·x − r(x_min)`. Since `−β/x² ≤ −β/hi²` on the box, it is at most `max (r(x) − c·x) −
-    /// β/hi² − r(x_min)`, and the concave `r(x) − c·x` peaks at the box's clamp of
-    /// `r'⁻¹(c) = (w/c)^(1/α)`; for α = 1, `r(x) − r(x_min) = w·ln(x/x_min)` is bounded above
-    /// by [`ln_upper`]. `hi` is [`crate::selection::pair_cap`], with a division only where a
-    /// cap binds; rounding either way only widens the box. The bound is padded by far more
-    /// than the rounding of either computation, so it holds for the computed surplus too.
+    /// [`Curve::bound`] with `hi` [`crate::selection::pair_cap`], computed with a division
+    /// only where a cap binds; rounding either way only widens the box.
     #[inline]
     pub fn bound(&self, pair: usize, charge: f64) -> f64 {
         let p = &self.problem.pairs[pair];
-        let (lo, beta) = (self.x_min, self.beta);
         let mut hi = p.demand.min(self.wqe_budget);
         if self.poll_budget < p.cqe_per_wqe * hi {
             hi = self.poll_budget / p.cqe_per_wqe;
@@ -116,35 +161,9 @@ impl<'a> Bounds<'a> {
                 hi = capacity / b;
             }
         }
-        let hi = hi.max(lo);
-        let rise_and_x = |x: f64| {
-            if self.log {
-                (p.weight * ln_upper(x * self.inv_x_min), x)
-            } else {
-                let u = self.problem.utility(p);
-                (u.activation_value(x) + beta / (x * x), x)
-            }
-        };
-        let (rise, x) = if charge <= 0.0 {
-            rise_and_x(hi)
-        } else if self.log {
-            // `w/c` clamped, without a division where the clamp decides.
-            rise_and_x(if p.weight >= charge * hi {
-                hi
-            } else if p.weight <= charge * lo {
-                lo
-            } else {
-                p.weight / charge
-            })
-        } else {
-            rise_and_x(
-                self.problem
-                    .utility(p)
-                    .inverse_marginal_guess(charge)
-                    .clamp(lo, hi),
-            )
-        };
-        padded(rise, charge, x, beta / (hi * hi))
+        let hi = hi.max(self.curve.shape.x_min);
+        let beta_over_hi2 = self.curve.shape.beta / (hi * hi);
+        self.curve.bound(p.weight, charge, hi, beta_over_hi2)
     }
 }
 
@@ -202,9 +221,7 @@ const SEVERAL_FACILITIES: u32 = u32::MAX - 1;
 /// scale").
 pub struct BoundTable {
     hosts: Vec<HostColumns>,
-    shape: Shape,
-    inv_x_min: f64,
-    log: bool,
+    curve: Curve,
     /// The largest `Σ b_f`, `a` and cap of any pair: how far a negative charge (prices and
     /// multipliers a rounding below zero) can lift a bound above its `top`.
     max_coeff: f64,
@@ -230,9 +247,7 @@ impl BoundTable {
     pub fn new(problem: &Problem) -> Self {
         let mut table = Self {
             hosts: Vec::new(),
-            shape: problem.params.shape(),
-            inv_x_min: 1.0 / problem.params.x_min,
-            log: problem.params.alpha == 1.0,
+            curve: Curve::new(problem),
             max_coeff: 0.0,
             max_cqe_per_wqe: 0.0,
             max_hi: 0.0,
@@ -263,7 +278,9 @@ impl BoundTable {
         let mut rows: Vec<(f64, usize, f64)> = (problem.hosts[host].pairs.clone())
             .map(|q| {
                 let hi = pair_cap(problem, host, q);
-                let top = self.bound(problem.pairs[q].weight, 0.0, hi, beta / (hi * hi));
+                let top = self
+                    .curve
+                    .bound(problem.pairs[q].weight, 0.0, hi, beta / (hi * hi));
                 (top, q, hi)
             })
             .collect();
@@ -298,36 +315,6 @@ impl BoundTable {
             c.beta_over_hi2.push(beta / (hi * hi));
         }
         c
-    }
-
-    /// [`Bounds::bound`] of a pair with weight `w`, cap `hi` and `β/hi²` at charge `c`.
-    #[inline(always)]
-    fn bound(&self, w: f64, c: f64, hi: f64, beta_over_hi2: f64) -> f64 {
-        let lo = self.shape.x_min;
-        let (rise, x) = if self.log {
-            let x = if c <= 0.0 || w >= c * hi {
-                hi
-            } else if w <= c * lo {
-                lo
-            } else {
-                w / c
-            };
-            (w * ln_upper(x * self.inv_x_min), x)
-        } else {
-            // `a` plays no part in the rate term.
-            let u = Utility {
-                w,
-                a: 0.0,
-                shape: self.shape,
-            };
-            let x = if c <= 0.0 {
-                hi
-            } else {
-                u.inverse_marginal_guess(c).clamp(lo, hi)
-            };
-            (u.activation_value(x) + self.shape.beta / (x * x), x)
-        };
-        padded(rise, c, x, beta_over_hi2)
     }
 
     /// Offers host `host`'s pairs for which `offered(pair)` holds to `scan`, at prices
@@ -380,7 +367,8 @@ impl BoundTable {
                     f => price(f) * c.coeff[i],
                 };
                 let charge = facilities + mu + nu * c.cqe_per_wqe[i];
-                self.bound(c.weight[i], charge, c.hi[i], c.beta_over_hi2[i])
+                self.curve
+                    .bound(c.weight[i], charge, c.hi[i], c.beta_over_hi2[i])
             } else {
                 f64::INFINITY
             };
@@ -403,14 +391,6 @@ impl BoundTable {
             }
         }
     }
-}
-
-/// The bound `rise − c·x − β/hi²`, padded by far more than the rounding of either it or the
-/// exact surplus, so that it holds for the computed surplus too.
-#[inline(always)]
-fn padded(rise: f64, c: f64, x: f64, beta_over_hi2: f64) -> f64 {
-    let bound = rise - c * x - beta_over_hi2;
-    bound + 1e-9 * (rise.abs() + c * x + 1.0)
 }
 
 /// One pair's exact surplus `l` and the rate `x` that achieves it.
@@ -597,8 +577,15 @@ mod tests {
     fn table_bound(table: &BoundTable, host: usize, pair: usize, charge: f64) -> f64 {
         let c = &table.hosts[host];
         let i = c.pair.iter().position(|&q| q as usize == pair).unwrap();
-        assert!(c.top[i] >= table.bound(c.weight[i], charge.max(0.0), c.hi[i], c.beta_over_hi2[i]));
-        table.bound(c.weight[i], charge, c.hi[i], c.beta_over_hi2[i])
+        assert!(
+            c.top[i]
+                >= table
+                    .curve
+                    .bound(c.weight[i], charge.max(0.0), c.hi[i], c.beta_over_hi2[i])
+        );
+        table
+            .curve
+            .bound(c.weight[i], charge, c.hi[i], c.beta_over_hi2[i])
     }
 
     /// `ln_upper` is above `ln` and within the tangents' error of it, over many binades and

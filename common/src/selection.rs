@@ -117,7 +117,6 @@ fn scan<'a, K: Fn(usize, f64) -> f64>(
         others,
         by_key,
     );
-    let range = problem.hosts[host].pairs.clone();
     if let Pruning::Table(t) = pruning {
         let priced = (price, t.lowest_price);
         t.table.scan_host(
@@ -131,6 +130,7 @@ fn scan<'a, K: Fn(usize, f64) -> f64>(
         );
         return s;
     }
+    let range = problem.hosts[host].pairs.clone();
     let bounds = Bounds::new(problem, host);
     let mut bound_of = |p: usize| match pruning {
         _ if !offered(p) => NOT_OFFERED,

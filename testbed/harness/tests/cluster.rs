@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 mod support;
 
-use support::{bin, Cluster, PERFTEST_RETRY_TIMEOUT};
+use support::{bandwidth_options, bin, Cluster};
 
 impl Cluster {
     /// `ib_write_bw` of 64 KiB messages for `secs` as app `app`: a server on h1 on `port`
@@ -39,19 +39,7 @@ impl Cluster {
         port: &str,
         secs: &str,
     ) -> (Child, Child) {
-        let args = perftest(
-            program,
-            &[
-                "-s",
-                "65536",
-                "-D",
-                secs,
-                "-p",
-                port,
-                "-u",
-                PERFTEST_RETRY_TIMEOUT,
-            ],
-        );
+        let args = perftest(program, &bandwidth_options(secs, port));
         let mut s = self.cmd();
         s.args([
             "exec",

@@ -16,28 +16,25 @@ use std::time::{Duration, Instant};
 
 mod support;
 
-use support::{bin, Cluster, PERFTEST_RETRY_TIMEOUT};
+use support::{bandwidth_options, bin, Cluster};
 
 /// The hosts' line rate, 1 Gb/s (`--line-rate-gbps 1`), in bytes per second.
 const LINE_RATE: f64 = 125e6;
 
 impl Cluster {
+    /// `softrnic exec` on `host`, without the shim.
+    fn bare(&self, host: &str) -> Command {
+        let mut c = Command::new(bin("softrnic"));
+        c.env("SOFTRNIC_RUN_DIR", self.dir.join("softrnic"))
+            .env_remove("LD_PRELOAD")
+            .args(["exec", "--host", host, "--"]);
+        c
+    }
+
     /// `ib_write_bw` of 64 KiB messages for `secs`: a server on h1 and a client on h2, as app
     /// `app` under the shim, or bare (`None`: `softrnic exec` alone, no shim).
     fn writer(&self, app: Option<&str>, port: &str, secs: &str) -> (Child, Child) {
-        let args = perftest(
-            "ib_write_bw",
-            &[
-                "-s",
-                "65536",
-                "-D",
-                secs,
-                "-p",
-                port,
-                "-u",
-                PERFTEST_RETRY_TIMEOUT,
-            ],
-        );
+        let args = perftest("ib_write_bw", &bandwidth_options(secs, port));
         let ip = self.ok(&["addr", "h1"]).trim().to_string();
         let on = |host: &str, role: &str| -> Command {
             match app {
@@ -53,13 +50,7 @@ impl Cluster {
                     ]);
                     c
                 }
-                None => {
-                    let mut c = Command::new(bin("softrnic"));
-                    c.env("SOFTRNIC_RUN_DIR", self.dir.join("softrnic"))
-                        .env_remove("LD_PRELOAD")
-                        .args(["exec", "--host", host, "--"]);
-                    c
-                }
+                None => self.bare(host),
             }
         };
         let mut server = spawn(on("h1", "-sink").args(&args));
@@ -82,35 +73,18 @@ msg = s.recvmsg(512, socket.CMSG_SPACE(4))[0]\n\
 assert msg.startswith(b'DRUM1 WELCOME'), msg\n\
 os.set_inheritable(s.fileno(), True)\n\
 os.execvp(sys.argv[1], sys.argv[1:])\n";
-        let args = [
-            "-x",
-            "0",
-            "-s",
-            "65536",
-            "-D",
-            secs,
-            "-p",
-            port,
-            "-u",
-            PERFTEST_RETRY_TIMEOUT,
-        ];
+        let mut args = vec!["-x", "0"];
+        args.extend(bandwidth_options(secs, port));
         let ip = self.ok(&["addr", "h1"]).trim().to_string();
-        let bare = |host: &str| -> Command {
-            let mut c = Command::new(bin("softrnic"));
-            c.env("SOFTRNIC_RUN_DIR", self.dir.join("softrnic"))
-                .env_remove("LD_PRELOAD")
-                .args(["exec", "--host", host, "--"]);
-            c
-        };
-        let mut server = spawn(bare("h1").arg("ib_write_bw").args(args));
+        let mut server = spawn(self.bare("h1").arg("ib_write_bw").args(&args));
         // perftest's client does not retry a connection its server does not take yet.
         wait_listening(&mut server, port.parse().unwrap(), Duration::from_secs(30));
         let client = spawn(
-            bare("h2")
+            self.bare("h2")
                 .env("DRUM_AGENT_SOCKET", self.dir.join("h2/shim.sock"))
                 .env("DRUM_APP", app)
                 .args(["/usr/bin/python3", "-c", REGISTER_THEN_EXEC, "ib_write_bw"])
-                .args(args)
+                .args(&args)
                 .arg(ip),
         );
         (server, client)

@@ -16,7 +16,22 @@ pub use drum_test_support::workspace_bin as bin;
 /// runs of `cluster.rs` on 2026-11-28; in a CI run of `ungoverned.rs` on 2026-11-29, "handing
 /// 2 packets to the kernel took 864 ms" in an engine's log, after which every perftest of the
 /// test had ended). These tests are about the control plane, not the transport.
-pub const PERFTEST_RETRY_TIMEOUT: &str = "18";
+const PERFTEST_RETRY_TIMEOUT: &str = "18";
+
+/// A perftest bandwidth run's options: 64 KiB messages for `secs` seconds on `port`, with the
+/// retry timeout above.
+pub fn bandwidth_options<'a>(secs: &'a str, port: &'a str) -> [&'a str; 8] {
+    [
+        "-s",
+        "65536",
+        "-D",
+        secs,
+        "-p",
+        port,
+        "-u",
+        PERFTEST_RETRY_TIMEOUT,
+    ]
+}
 
 pub struct Cluster {
     pub dir: PathBuf,

@@ -201,19 +201,14 @@ pub(in crate::engine) struct ReadTarget<'a> {
     pub(in crate::engine) last: bool,
 }
 
-/// READ `w`'s request rewritten to ask from its next expected response on.
-fn rest_of_read(w: &SqWqe) -> impl Fn(&Packet) -> Packet {
+/// READ `w`'s `request` rewritten to ask from its next expected response on.
+fn rest_of_read(w: &SqWqe, request: &Packet) -> Packet {
     let done = psn_diff(w.resp_next, w.first_psn) as u32 * w.resp_mtu;
-    let (psn, addr, len) = (
-        w.resp_next,
-        w.wr.remote_addr + u64::from(done),
-        w.len - done,
-    );
-    move |p: &Packet| Packet {
-        psn,
-        remote_addr: addr,
-        msg_len: len,
-        ..p.clone()
+    Packet {
+        psn: w.resp_next,
+        remote_addr: w.wr.remote_addr + u64::from(done),
+        msg_len: w.len - done,
+        ..request.clone()
     }
 }
 
@@ -671,9 +666,8 @@ impl Requester {
             if w.wr.opcode != IBV_WR_RDMA_READ || !w.packetized || w.resp_done {
                 continue;
             }
-            let rest = rest_of_read(w);
             if let Some(kept) = self.inflight.iter_mut().find(|f| f.psn == w.first_psn) {
-                kept.packet = rest(&kept.packet);
+                kept.packet = rest_of_read(w, &kept.packet);
             }
         }
     }
@@ -695,25 +689,28 @@ impl Requester {
     /// per lost response (a 1 MiB READ is 225 packets: two or three under 1 % loss), and
     /// drum-kv clients gave up. None: no READ has `psn`.
     pub(in crate::engine) fn read_response_for(&self, psn: u32) -> Option<ReadResponse> {
-        let is_read = |w: &SqWqe| w.packetized && w.wr.opcode == IBV_WR_RDMA_READ;
-        let idx = self.sq.iter().position(|w| {
-            is_read(w) && psn_diff(psn, w.first_psn) >= 0 && psn_diff(psn, w.last_psn) <= 0
-        })?;
+        // One pass: the oldest READ still waiting comes at or before the one with `psn`.
+        let (mut oldest, mut found) = (None, None);
+        for (i, w) in self.sq.iter().enumerate() {
+            if !w.packetized || w.wr.opcode != IBV_WR_RDMA_READ {
+                continue;
+            }
+            if oldest.is_none() && !w.resp_done {
+                oldest = Some(i);
+            }
+            if psn_diff(psn, w.first_psn) >= 0 && psn_diff(psn, w.last_psn) <= 0 {
+                found = Some(i);
+                break;
+            }
+        }
+        let idx = found?;
         let w = &self.sq[idx];
         let place = (!w.resp_done && psn == w.resp_next).then_some(idx);
-        let ask_again = self
-            .sq
-            .iter()
-            .position(|w| is_read(w) && !w.resp_done)
-            .filter(|&o| {
-                let oldest = &self.sq[o];
-                let beyond = if o == idx {
-                    psn_diff(psn, oldest.resp_next) > 0
-                } else {
-                    o < idx
-                };
-                beyond && oldest.asked_from != Some(oldest.resp_next)
-            });
+        let ask_again = oldest.filter(|&o| {
+            let oldest = &self.sq[o];
+            let beyond = o < idx || psn_diff(psn, oldest.resp_next) > 0;
+            beyond && oldest.asked_from != Some(oldest.resp_next)
+        });
         Some(ReadResponse { place, ask_again })
     }
 
@@ -723,12 +720,10 @@ impl Requester {
     pub(in crate::engine) fn ask_again(&mut self, idx: usize) -> Option<Packet> {
         let w = &mut self.sq[idx];
         w.asked_from = Some(w.resp_next);
-        let rest = rest_of_read(w);
-        let first = w.first_psn;
-        let kept = self.inflight.iter_mut().find(|f| f.psn == first)?;
-        let p = rest(&kept.packet);
-        kept.packet = p.clone();
-        Some(p)
+        let w = &self.sq[idx];
+        let kept = self.inflight.iter_mut().find(|f| f.psn == w.first_psn)?;
+        kept.packet = rest_of_read(w, &kept.packet);
+        Some(kept.packet.clone())
     }
 
     /// Where READ `idx`'s response `psn` goes: its local segments, the offset in them
