@@ -1,10 +1,12 @@
 //! The certificate of a selection: an upper bound of the optimum by weak duality (the
 //! Lagrangian relaxation of the facilities' capacities and the hosts' budgets), tightened by
-//! subgradient steps on prices and multipliers together, and each host's multipliers bisected
-//! to their least bound (docs/model.md). Any prices and multipliers give a valid bound, so
-//! this only ever improves the gap a solve reports.
+//! subgradient steps on prices and multipliers together and then by coordinate descent: each
+//! facility's price, then each host's multipliers, to their least bound with the rest fixed
+//! (docs/model.md). Any prices and multipliers give a valid bound, so this only ever
+//! improves the gap a solve reports.
 
 use crate::admm::HostState;
+use crate::facility_prices::least_prices;
 use crate::model::Problem;
 use crate::pruning::Pruning;
 use crate::selection::relax_host;
@@ -29,15 +31,15 @@ const STALE_STEPS: usize = 10;
 /// Tightens the weak-duality bound by projected subgradient steps on the Lagrangian relaxation,
 /// moving facility prices and host multipliers together from the given ones. The step is
 /// Polyak's, `θ·(UB − LB)/‖g‖²` with the feasible value `lower_bound` as the target, so it needs
-/// no scale; `θ` halves after [`STALE_STEPS`] steps without improvement. Any prices and
-/// multipliers give a valid bound, so this only ever improves the certificate. Returns the
-/// least bound seen.
+/// no scale; `θ` halves after [`STALE_STEPS`] steps without improvement; then at most
+/// `sweeps` sweeps of [`coordinate_descent`] from the best point. Any prices and multipliers give a valid bound,
+/// so this only ever improves the certificate. Returns the least bound seen.
 pub fn refine_bound(
     problem: &Problem,
     hosts: &[HostState],
     prices: &[f64],
     lower_bound: f64,
-    iterations: usize,
+    (iterations, sweeps): (usize, usize),
     pruning: Pruning,
 ) -> f64 {
     let mut prices = prices.to_vec();
@@ -114,15 +116,71 @@ pub fn refine_bound(
     if iterations == 0 {
         return best;
     }
-    // At the best prices, each host's multipliers separately to their least bound.
-    let (prices, mult) = best_point;
-    let pruning = pruning.at(&prices);
+    coordinate_descent(problem, hosts, best_point, (best, sweeps), pruning)
+}
+
+/// A sweep that lowers the bound by less than this fraction of it ends the descent.
+const SWEEP_GAIN: f64 = 1e-5;
+
+/// From the subgradient's best point (`best` its bound), at most `sweeps` sweeps of block
+/// coordinate descent: every
+/// facility's price to its least bound with the rest fixed (all at once, then halved back
+/// toward the old prices until the bound is lower), then each host's multipliers to their
+/// least bound at those prices; repeated while a sweep gains. Every point evaluated is a valid
+/// bound, so the least is returned. On 100 × 500 the first sweep's prices alone took the
+/// certified gap from 4.69 % to 3.94 % (docs/benchmarks.md).
+fn coordinate_descent(
+    problem: &Problem,
+    hosts: &[HostState],
+    (mut prices, mut mult): (Vec<f64>, Vec<(f64, f64)>),
+    (mut best, sweeps): (f64, usize),
+    pruning: Pruning,
+) -> f64 {
+    let ids: Vec<usize> = hosts.iter().map(|h| h.host).collect();
+    for _ in 0..sweeps {
+        let before = best;
+        let target = least_prices(problem, &ids, &prices, &mult, pruning.at(&prices));
+        for step in [1.0, 0.5, 0.25, 0.125] {
+            let moved: Vec<f64> = (prices.iter().zip(&target))
+                .map(|(&p, &t)| p + step * (t - p))
+                .collect();
+            let bound = bound_at(problem, hosts, &moved, &mult, pruning);
+            if bound < best {
+                (best, prices) = (bound, moved);
+                break;
+            }
+        }
+        let at = pruning.at(&prices);
+        let least: Vec<(f64, (f64, f64))> = hosts
+            .par_iter()
+            .zip(&mult)
+            .map(|(h, &m)| least_host_bound(problem, h.host, &prices, m, at))
+            .collect();
+        // Each host's least point is never above its start, so the sum is at most `best`.
+        best = best.min(facility_bound(problem, &prices) + least.iter().map(|l| l.0).sum::<f64>());
+        mult = least.into_iter().map(|l| l.1).collect();
+        if before - best <= SWEEP_GAIN * best.abs() {
+            break;
+        }
+    }
+    best
+}
+
+/// The weak-duality bound at `prices` and the hosts' multipliers `mult`.
+fn bound_at(
+    problem: &Problem,
+    hosts: &[HostState],
+    prices: &[f64],
+    mult: &[(f64, f64)],
+    pruning: Pruning,
+) -> f64 {
+    let at = pruning.at(prices);
     let hosts_part: f64 = hosts
         .par_iter()
-        .zip(&mult)
-        .map(|(h, &m)| least_host_bound(problem, h.host, &prices, m, pruning))
+        .zip(mult)
+        .map(|(h, &(mu, nu))| relax_host(problem, h.host, |f| prices[f as usize], mu, nu, at).bound)
         .sum();
-    best.min(facility_bound(problem, &prices) + hosts_part)
+    facility_bound(problem, prices) + hosts_part
 }
 
 /// Bisection steps per multiplier in [`least_host_bound`].
@@ -141,12 +199,12 @@ fn least_host_bound(
     prices: &[f64],
     start: (f64, f64),
     pruning: Pruning,
-) -> f64 {
+) -> (f64, (f64, f64)) {
     let h = &problem.hosts[host];
     let relax =
         |mu: f64, nu: f64| relax_host(problem, host, |f| prices[f as usize], mu, nu, pruning);
     let (mut mu, mut nu) = start;
-    let mut least = relax(mu, nu).bound;
+    let mut least = (relax(mu, nu).bound, start);
     for _ in 0..2 {
         for which in [0, 1] {
             // Slope of the host's share along this multiplier at `v`, and the bound there.
@@ -156,7 +214,9 @@ fn least_host_bound(
                 } else {
                     relax(mu, v)
                 };
-                least = least.min(r.bound);
+                if r.bound < least.0 {
+                    least = (r.bound, if which == 0 { (v, nu) } else { (mu, v) });
+                }
                 if which == 0 {
                     h.wqe_budget - r.wqe
                 } else {

@@ -11,6 +11,7 @@ pub mod dasr;
 pub mod demand;
 pub mod dual;
 pub mod exact;
+pub mod facility_prices;
 pub mod generator;
 pub mod host_step;
 pub mod instance;

@@ -161,7 +161,10 @@ impl<'p> Search<'_, 'p> {
 ///
 /// First batches: every host's best move at once, re-solved once, kept if the value rises;
 /// a rejected batch is halved, down to single moves (on large instances one re-solve then
-/// checks many moves; on small ones the batch is rejected once or twice and costs as much).
+/// checks many moves; on small ones the batch is rejected once or twice and costs as much),
+/// and an accepted one doubled, so that a search which had to halve down to a few moves
+/// grows back once the moves it finds stop crowding each other (with the size kept
+/// after halving, 1000 × 5000 spent most of its trials on single moves).
 /// Then single moves, best predicted gain first. When none improves, chains of two: from each of the few rejected moves
 /// that lost least, the hosts propose again at the prices that move produced, and a second
 /// move that together with the first beats the current value is taken. That is what gets two
@@ -178,7 +181,8 @@ pub fn polish(engine: &mut Engine, activity: &[f32], opts: &SolveOptions) -> Pol
         budget: opts.polish_trials,
         cap: opts.polish_iters,
     };
-    // Moves tried together: every host's best at first, halved after each rejected batch.
+    // Moves tried together: every host's best at first, halved after each rejected batch and
+    // doubled after each accepted one (a single move accepted starts again at two).
     let mut batch = search.engine.hosts.len();
     'search: loop {
         let base = search.engine.clone();
@@ -199,6 +203,7 @@ pub fn polish(engine: &mut Engine, activity: &[f32], opts: &SolveOptions) -> Pol
             };
             if search.improves(v) {
                 search.accept(v, trial, firsts.len());
+                batch = (batch * 2).min(base.hosts.len());
                 continue 'search;
             }
             batch /= 2;
@@ -210,6 +215,7 @@ pub fn polish(engine: &mut Engine, activity: &[f32], opts: &SolveOptions) -> Pol
             };
             if search.improves(v) {
                 search.accept(v, trial, 1);
+                batch = 2;
                 continue 'search;
             }
             rejected.push((v, trial));

@@ -411,10 +411,6 @@ pub fn relax_host(
     pruning: Pruning,
 ) -> Relaxed {
     let h = &problem.hosts[host];
-    let charge = |p: usize| {
-        let pair = &problem.pairs[p];
-        pair.charge(&price) + mu + nu * pair.cqe_per_wqe
-    };
     let k = problem.slots(host);
     let mut out = Relaxed {
         bound: mu * h.wqe_budget + nu * h.poll_budget,
@@ -422,17 +418,10 @@ pub fn relax_host(
         poll: 0.0,
         usage: Vec::with_capacity(k),
     };
-    let candidates = scan(
-        problem,
-        host,
-        (charge, &price, (mu, nu)),
-        (pruning, |_| true, true),
-        |_| true,
-        |_, l| l,
-        (k, &[]),
-        0,
-    );
-    for e in candidates.best(k, |_, l| l).iter().filter(|e| e.l > 0.0) {
+    for e in best_surpluses(problem, host, price, (mu, nu), pruning, k)
+        .iter()
+        .filter(|e| e.l > 0.0)
+    {
         let pair = &problem.pairs[e.pair];
         out.bound += e.l;
         out.wqe += e.x;
@@ -441,6 +430,76 @@ pub fn relax_host(
             .extend(pair.uses.iter().map(|&(f, b)| (f, b * e.x)));
     }
     out
+}
+
+/// Host `host`'s `n` best pairs by surplus at the charges `price` and `(μ, ν)` give, best
+/// first.
+fn best_surpluses(
+    problem: &Problem,
+    host: usize,
+    price: impl Fn(u32) -> f64,
+    (mu, nu): (f64, f64),
+    pruning: Pruning,
+    n: usize,
+) -> Vec<Exact> {
+    let charge = |p: usize| {
+        let pair = &problem.pairs[p];
+        pair.charge(&price) + mu + nu * pair.cqe_per_wqe
+    };
+    scan(
+        problem,
+        host,
+        (charge, &price, (mu, nu)),
+        (pruning, |_| true, true),
+        |_| true,
+        |_, l| l,
+        (n, &[]),
+        0,
+    )
+    .best(n, |_, l| l)
+}
+
+/// What each pair of a host competes with in its `TopK⁺`: the `k`-th best positive surplus
+/// among the host's other pairs ([`crate::facility_prices`]).
+pub(crate) struct Thresholds {
+    top: Vec<usize>,
+    kth: f64,
+    next: f64,
+}
+
+impl Thresholds {
+    /// The `k`-th best positive surplus of the host's pairs other than `pair` (0 if fewer).
+    pub fn excluding(&self, pair: usize) -> f64 {
+        if self.top.contains(&pair) {
+            self.next
+        } else {
+            self.kth
+        }
+    }
+}
+
+/// Host `host`'s [`Thresholds`] at the charges `relax_host` uses.
+pub(crate) fn host_thresholds(
+    problem: &Problem,
+    host: usize,
+    price: impl Fn(u32) -> f64,
+    mu: f64,
+    nu: f64,
+    pruning: Pruning,
+) -> Thresholds {
+    let k = problem.slots(host);
+    let best = best_surpluses(problem, host, price, (mu, nu), pruning, k + 1);
+    let positive = |n: usize| best.get(n).map_or(0.0, |e| e.l.max(0.0));
+    Thresholds {
+        top: best.iter().take(k).map(|e| e.pair).collect(),
+        // With no slot, no pair ever enters.
+        kth: if k == 0 {
+            f64::INFINITY
+        } else {
+            positive(k - 1)
+        },
+        next: if k == 0 { f64::INFINITY } else { positive(k) },
+    }
 }
 
 /// Sum of the `k` largest positive values (reorders `values`), added largest first so that

@@ -55,8 +55,12 @@ pub struct SolveOptions {
     /// Choose the initial active sets twice: greedily at zero prices, then again at half the
     /// prices `iters_per_round` iterations on the first sets produced (docs/model.md).
     pub priced_start: bool,
-    /// Subgradient steps on the relaxed dual that tighten the final certificate (0: none).
+    /// Subgradient steps on the relaxed dual that tighten the final certificate (0: no
+    /// refinement at all, sweeps included).
     pub certificate_iters: usize,
+    /// Most sweeps of the certificate's coordinate descent after its subgradient steps
+    /// (0: none).
+    pub certificate_sweeps: usize,
     /// Verified local search after the swap rounds ([`polish`]): at most this many trial
     /// re-solves (0: none).
     pub polish_trials: usize,
@@ -79,6 +83,7 @@ impl Default for SolveOptions {
             selection: SelectionOptions::default(),
             priced_start: true,
             certificate_iters: 30,
+            certificate_sweeps: 10,
             polish_trials: 64,
             polish_candidates: 8,
             polish_iters: 50,
@@ -847,7 +852,7 @@ fn run_rounds(problem: &Problem, mut engine: Engine, opts: &SolveOptions) -> Sol
             &engine.hosts,
             &engine.prices(),
             lower,
-            opts.certificate_iters,
+            (opts.certificate_iters, opts.certificate_sweeps),
             Pruning::new(
                 opts.selection.prune,
                 engine

@@ -60,3 +60,32 @@ fn solve_ends_within_half_a_percent_of_the_exact_optimum_in_the_median_and_two_a
     assert!(median <= 0.005, "median shortfall {median}");
     assert!(worst <= 0.02, "worst shortfall {worst}: {ours:?}");
 }
+
+/// The certificate stays an upper bound of the true optimum however far its coordinate
+/// descent takes the prices and multipliers: on random small instances whose optimum is
+/// known, the final upper bound is never below it (and the descent does reach below the
+/// subgradient's bound on some, so the check is not idle).
+#[test]
+fn the_certificate_never_falls_below_the_exact_optimum() {
+    let mut descended = 0;
+    for seed in 0..30 {
+        let p = random_small(seed, MAX_CHOICES);
+        let (best, _) = optimum(&p);
+        let s = solve(&p, &SolveOptions::default());
+        let upper = s.rounds.last().unwrap().upper_bound;
+        assert!(
+            upper >= best - 1e-7 * best.abs(),
+            "seed {seed}: upper bound {upper} below the optimum {best}"
+        );
+        let no_sweeps = SolveOptions {
+            certificate_sweeps: 0,
+            ..SolveOptions::default()
+        };
+        let subgradient_only = solve(&p, &no_sweeps).rounds.last().unwrap().upper_bound;
+        descended += usize::from(upper < subgradient_only - 1e-9 * best.abs());
+    }
+    assert!(
+        descended > 0,
+        "the coordinate descent never lowered a bound"
+    );
+}

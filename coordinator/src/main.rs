@@ -66,6 +66,10 @@ struct SolverArgs {
     /// docs/model.md, "Feasible allocations and the certificate").
     #[arg(long, default_value_t = SolveOptions::default().certificate_iters)]
     certificate_iters: usize,
+    /// Most sweeps of the certificate's coordinate descent after its subgradient steps (0:
+    /// none; docs/model.md, "Feasible allocations and the certificate").
+    #[arg(long, default_value_t = SolveOptions::default().certificate_sweeps)]
+    certificate_sweeps: usize,
 }
 
 #[derive(Subcommand)]
@@ -249,6 +253,7 @@ fn options(args: &SolverArgs, algorithm: Algorithm) -> Result<SolveOptions> {
         eps_dual: args.eps,
         polish_trials: args.polish_trials,
         certificate_iters: args.certificate_iters,
+        certificate_sweeps: args.certificate_sweeps,
         ..SolveOptions::default()
     };
     opts.selection.seed = args.selection_seed;
