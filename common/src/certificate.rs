@@ -32,8 +32,9 @@ const STALE_STEPS: usize = 10;
 /// moving facility prices and host multipliers together from the given ones. The step is
 /// Polyak's, `θ·(UB − LB)/‖g‖²` with the feasible value `lower_bound` as the target, so it needs
 /// no scale; `θ` halves after [`STALE_STEPS`] steps without improvement; then at most
-/// `sweeps` sweeps of [`coordinate_descent`] from the best point. Any prices and multipliers give a valid bound,
-/// so this only ever improves the certificate. Returns the least bound seen.
+/// `sweeps` sweeps of [`coordinate_descent`] from the best point. Any prices and multipliers
+/// give a valid bound, so this only ever improves the certificate. Returns the least bound
+/// seen.
 pub fn refine_bound(
     problem: &Problem,
     hosts: &[HostState],
@@ -123,12 +124,11 @@ pub fn refine_bound(
 const SWEEP_GAIN: f64 = 1e-5;
 
 /// From the subgradient's best point (`best` its bound), at most `sweeps` sweeps of block
-/// coordinate descent: every
-/// facility's price to its least bound with the rest fixed (all at once, then halved back
-/// toward the old prices until the bound is lower), then each host's multipliers to their
-/// least bound at those prices; repeated while a sweep gains. Every point evaluated is a valid
-/// bound, so the least is returned. On 100 × 500 the first sweep's prices alone took the
-/// certified gap from 4.69 % to 3.94 % (docs/benchmarks.md).
+/// coordinate descent: every facility's price to its least bound with the rest fixed (all at
+/// once, then halved back toward the old prices until the bound is lower), then each host's
+/// multipliers to their least bound at those prices; repeated while a sweep gains. Every point
+/// evaluated is a valid bound, so the least is returned. With the defaults it took the
+/// certified gap of 100 × 500 from 4.69 % to 3.72 % (docs/benchmarks.md).
 fn coordinate_descent(
     problem: &Problem,
     hosts: &[HostState],

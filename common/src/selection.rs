@@ -488,17 +488,20 @@ pub(crate) fn host_thresholds(
     pruning: Pruning,
 ) -> Thresholds {
     let k = problem.slots(host);
+    if k == 0 {
+        // With no slot, no pair ever enters.
+        return Thresholds {
+            top: Vec::new(),
+            kth: f64::INFINITY,
+            next: f64::INFINITY,
+        };
+    }
     let best = best_surpluses(problem, host, price, (mu, nu), pruning, k + 1);
     let positive = |n: usize| best.get(n).map_or(0.0, |e| e.l.max(0.0));
     Thresholds {
         top: best.iter().take(k).map(|e| e.pair).collect(),
-        // With no slot, no pair ever enters.
-        kth: if k == 0 {
-            f64::INFINITY
-        } else {
-            positive(k - 1)
-        },
-        next: if k == 0 { f64::INFINITY } else { positive(k) },
+        kth: positive(k - 1),
+        next: positive(k),
     }
 }
 
