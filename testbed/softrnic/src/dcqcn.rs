@@ -357,4 +357,59 @@ mod tests {
             assert!(used <= 1.01);
         }
     }
+
+    /// The link's use by 4 flows starting together at the line rate into one bottleneck
+    /// marked from `threshold` bytes, over the second half of 1 s — a fluid simulation like
+    /// [`simulate`]'s, but a mark reaches its flow only when the marked packet leaves the
+    /// queue, as the notification point sees it at the receiver: the queue's delay is part
+    /// of the loop.
+    fn utilisation(line_gbps: f64, threshold: f64) -> f64 {
+        let c = DcqcnConfig::scaled(line_gbps, 1.0);
+        let n = 4;
+        let mut rps: Vec<Rp> = (0..n).map(|_| Rp::new(c, 0)).collect();
+        let mut last_cnp = vec![None; n];
+        let mut marks = std::collections::VecDeque::new();
+        let (step, end) = (US, 1_000_000 * US);
+        let (mut queue, mut now, mut sent) = (0.0f64, 0, 0.0);
+        while now < end {
+            now += step;
+            let delay = (queue * 8e9 / c.line_bps) as u64;
+            let mut in_bytes = 0.0;
+            for (i, rp) in rps.iter_mut().enumerate() {
+                let b = rp.rate_bps() * step as f64 / 8e9;
+                in_bytes += b;
+                rp.on_sent(b as u64, now);
+                if queue >= threshold {
+                    marks.push_back((now + delay, i));
+                }
+            }
+            while let Some(&(due, i)) = marks.front().filter(|(due, _)| *due <= now) {
+                marks.pop_front();
+                if np_sends_cnp(&c, last_cnp[i], due) {
+                    last_cnp[i] = Some(due);
+                    rps[i].on_cnp(due);
+                }
+            }
+            if now > end / 2 {
+                sent += in_bytes;
+            }
+            queue = (queue + in_bytes - c.line_bps * step as f64 / 8e9).max(0.0);
+        }
+        sent / (c.line_bps * (end / 2) as f64 / 8e9)
+    }
+
+    /// DCQCN's defaults assume the marking threshold is a short time of the line: K_max =
+    /// 200 KB is 40 µs at 40 Gb/s. The same 200 KB at 1 Gb/s is 1.6 ms, 32 CNP intervals:
+    /// a flow is cut again and again before its first cut drains the queue, and the link
+    /// runs at about 60 % (the softrnic incast test's configuration, tests/incast.rs). The
+    /// threshold scaled to the same line time (5 KB) keeps it used.
+    #[test]
+    fn a_threshold_long_in_line_time_costs_utilisation() {
+        let at_40g = utilisation(40.0, 200e3);
+        let deep = utilisation(1.0, 200e3);
+        let scaled = utilisation(1.0, 5e3);
+        assert!(at_40g > 0.95, "{at_40g}");
+        assert!(scaled > 0.95, "{scaled}");
+        assert!(deep > 0.5 && deep < 0.7, "{deep}");
+    }
 }

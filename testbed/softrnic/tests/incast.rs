@@ -15,6 +15,9 @@ use std::time::Duration;
 /// 2-core machine under the others' queue and rate measurements.
 static MACHINE: RwLock<()> = RwLock::new(());
 
+/// How many times slower than real time the DCQCN test's NIC runs.
+const DILATION: f64 = 4.0;
+
 /// Payload rate of a 1 Gb/s line with 4,096-byte packets and 90 bytes of headers, MiB/s.
 const LINE_MIB_S: f64 = 1e9 / 8.0 * 4096.0 / 4186.0 / 1_048_576.0;
 
@@ -155,7 +158,11 @@ fn incast_queues_at_the_receivers_line_rate_and_one_sender_does_not() {
 /// DCQCN (docs/softrnic-congestion.md): four senders into one host with ECN marking on. With
 /// DCQCN the receiver answers marks with CNPs, the senders' QPs slow down, and the queue
 /// stays near the marking threshold instead of at the buffer, so the port pauses senders
-/// far less; with `--dcqcn off` the same incast is held back by pauses alone.
+/// far less; with `--dcqcn off` the same incast is held back by pauses alone. The 1 Gb/s NIC
+/// runs [`DILATION`] times slower than real time, so that the engines' wake-ups in DCQCN's
+/// loop are a quarter as long in the NIC's time and the queue is the model's, not the
+/// machine's load: undilated, the mean queue with DCQCN ranged 88–632 KB from run to run
+/// on this machine; dilated, 77–107 KB, busy loops beside it or not.
 #[test]
 fn dcqcn_keeps_the_incast_queue_near_the_ecn_threshold_and_pauses_rare() {
     require_privileges!();
@@ -173,7 +180,9 @@ fn dcqcn_keeps_the_incast_queue_near_the_ecn_threshold_and_pauses_rare() {
             "--hosts",
             "5",
             "--line-rate-gbps",
-            "1",
+            &(1.0 / DILATION).to_string(),
+            "--time-scale",
+            &DILATION.to_string(),
             "--ecn-threshold-kib",
             "200",
             "--dcqcn",
@@ -193,8 +202,11 @@ fn dcqcn_keeps_the_incast_queue_near_the_ecn_threshold_and_pauses_rare() {
              CNPs received {cnps_received}, h1: {s:?}"
         );
         let total: f64 = rates.iter().map(|r| r.expect("a sender failed")).sum();
+        // DCQCN's own price at this threshold: about 60 % of the line (dcqcn.rs,
+        // `a_threshold_long_in_line_time_costs_utilisation`).
+        let floor = if dcqcn == "on" { 0.5 } else { 0.6 };
         assert!(
-            total > 0.6 * LINE_MIB_S,
+            total > floor * LINE_MIB_S / DILATION,
             "dcqcn {dcqcn}: aggregate {total:.1} MiB/s"
         );
         assert_eq!(s["rx_port_dropped"], 0, "{s:?}");
@@ -214,8 +226,8 @@ fn dcqcn_keeps_the_incast_queue_near_the_ecn_threshold_and_pauses_rare() {
         off["rx_ecn_marked"] > 0 && off["rx_pause_ns"] > 0,
         "{off:?}"
     );
-    // Pause time much lower, and the queue as packets find it near the threshold (200 KiB)
-    // rather than near the 2 MiB buffer.
+    // Pause time much lower, and the queue as packets find it near the threshold (200 KiB,
+    // below twice it) rather than near the 2 MiB buffer.
     assert!(
         on["rx_pause_ns"] * 4 < off["rx_pause_ns"],
         "pause time: on {} ns, off {} ns",
@@ -223,7 +235,7 @@ fn dcqcn_keeps_the_incast_queue_near_the_ecn_threshold_and_pauses_rare() {
         off["rx_pause_ns"]
     );
     assert!(
-        on["rx_queue_mean_bytes"] < 600 * 1024
+        on["rx_queue_mean_bytes"] < 400 * 1024
             && on["rx_queue_mean_bytes"] * 2 < off["rx_queue_mean_bytes"],
         "mean queue: on {}, off {}",
         on["rx_queue_mean_bytes"],
