@@ -84,7 +84,7 @@ impl Default for SolveOptions {
             priced_start: true,
             certificate_iters: 30,
             certificate_sweeps: 10,
-            polish_trials: 64,
+            polish_trials: 128,
             polish_candidates: 8,
             polish_iters: 50,
         }
