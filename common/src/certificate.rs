@@ -9,7 +9,7 @@ use crate::admm::HostState;
 use crate::facility_prices::least_prices;
 use crate::model::Problem;
 use crate::pruning::Pruning;
-use crate::selection::relax_host;
+use crate::selection::{relax_host, Relaxed};
 use rayon::prelude::*;
 
 /// The facilities' share of the weak-duality bound at the given prices.
@@ -51,14 +51,7 @@ pub fn refine_bound(
     let (mut best, mut theta, mut stale) = (f64::INFINITY, 2.0, 0);
     let mut best_point = (prices.clone(), mult.clone());
     for _ in 0..iterations {
-        let pruning = pruning.at(&prices);
-        let relaxed: Vec<_> = hosts
-            .par_iter()
-            .zip(&mult)
-            .map(|(h, &(mu, nu))| {
-                relax_host(problem, h.host, |f| prices[f as usize], mu, nu, pruning)
-            })
-            .collect();
+        let relaxed = relax_hosts(problem, hosts, &prices, &mult, pruning);
         let mut usage = vec![0.0; problem.facilities.len()];
         for r in &relaxed {
             for &(f, v) in &r.usage {
@@ -174,13 +167,27 @@ fn bound_at(
     mult: &[(f64, f64)],
     pruning: Pruning,
 ) -> f64 {
-    let at = pruning.at(prices);
-    let hosts_part: f64 = hosts
-        .par_iter()
-        .zip(mult)
-        .map(|(h, &(mu, nu))| relax_host(problem, h.host, |f| prices[f as usize], mu, nu, at).bound)
+    let hosts_part: f64 = relax_hosts(problem, hosts, prices, mult, pruning)
+        .iter()
+        .map(|r| r.bound)
         .sum();
     facility_bound(problem, prices) + hosts_part
+}
+
+/// Every host's relaxed problem at `prices` and its `(μ, ν)` in `mult`, hosts in parallel.
+fn relax_hosts(
+    problem: &Problem,
+    hosts: &[HostState],
+    prices: &[f64],
+    mult: &[(f64, f64)],
+    pruning: Pruning,
+) -> Vec<Relaxed> {
+    let at = pruning.at(prices);
+    hosts
+        .par_iter()
+        .zip(mult)
+        .map(|(h, &(mu, nu))| relax_host(problem, h.host, |f| prices[f as usize], mu, nu, at))
+        .collect()
 }
 
 /// Bisection steps per multiplier in [`least_host_bound`].

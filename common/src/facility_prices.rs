@@ -29,6 +29,9 @@ struct Member {
     rest: f64,
     /// The `k`-th best positive surplus among the host's other pairs.
     threshold: f64,
+    /// The pair's rate with this facility free (its price 0), where every member is above
+    /// its threshold.
+    x_free: f64,
 }
 
 /// Every facility's least-bound price with the others (and `mult`, one `(μ, ν)` per entry of
@@ -78,8 +81,11 @@ fn members_of_host(
         let threshold = thresholds.excluding(p);
         for &(f, b) in &pair.uses {
             let rest = charge - price(f) * b;
-            if bounds.bound(p, rest) <= threshold || surplus(problem, host, p, rest).0 <= threshold
-            {
+            if bounds.bound(p, rest) <= threshold {
+                continue;
+            }
+            let (l_free, x_free) = surplus(problem, host, p, rest);
+            if l_free <= threshold {
                 continue;
             }
             let member = Member {
@@ -88,6 +94,7 @@ fn members_of_host(
                 b,
                 rest,
                 threshold,
+                x_free,
             };
             out.push((f, member));
         }
@@ -113,10 +120,12 @@ fn least_price(problem: &Problem, facility: &Facility, members: &[Member], curre
         }
         (conjugate_slope(facility, pi) - used, above)
     };
-    let (at_zero, mut live) = slope(0.0, members);
-    if at_zero >= 0.0 {
+    // At price 0 every member is above its threshold, at the rate `members_of_host` found.
+    let used_free: f64 = members.iter().map(|m| m.b * m.x_free).sum();
+    if conjugate_slope(facility, 0.0) - used_free >= 0.0 {
         return 0.0;
     }
+    let mut live = members.to_vec();
     let (mut lo, mut hi) = (0.0, current.max(1e-6));
     // The members' use falls to 0 at a finite price, where the slope is the facility's
     // y ≥ 0; doublings to reach it from 1e-6 are bounded by the float range.
