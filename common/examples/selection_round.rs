@@ -1,6 +1,8 @@
 //! Times one selection round (`solver::evaluate`: every host's surpluses, bound and swap
 //! proposal) with pruning and without, alternately in one process, so both see the same load:
-//! `cargo run --release -p drum-common --example selection_round -- 10000 5000 [rounds]`.
+//! `cargo run --release -p drum-common --example selection_round -- 10000 5000 [rounds]
+//! [later]`, `later` ADMM steps taken after the table of bounds is built (banded at the
+//! prices then), so the rounds see prices the table's bands no longer match.
 //! Prints wall and CPU time (this process's threads', from /proc/self/task/*/schedstat) per round and checks that
 //! both give the same bound and swaps. docs/benchmarks.md ("Selection at scale") has the runs.
 
@@ -28,10 +30,11 @@ fn cpu_seconds() -> f64 {
 fn main() {
     let args: Vec<usize> = std::env::args()
         .skip(1)
-        .map(|a| a.parse().expect("numbers: hosts apps [rounds]"))
+        .map(|a| a.parse().expect("numbers: hosts apps [rounds] [later]"))
         .collect();
     let (n, m) = (args[0], args[1]);
     let rounds = args.get(2).copied().unwrap_or(3);
+    let later = args.get(3).copied().unwrap_or(0);
     let start = Instant::now();
     let p = generate(&GeneratorConfig::new(n, m));
     let mut engine = Engine::new(
@@ -55,6 +58,9 @@ fn main() {
         "table of bounds built in {:.2} s",
         built.elapsed().as_secs_f64()
     );
+    for _ in 0..later {
+        engine.step();
+    }
     let activity = vec![0.0f32; p.pairs.len()];
     let mut results = Vec::new();
     for round in 0..rounds {

@@ -9,9 +9,10 @@
 //! pairs that it cannot be among the ones sought, so the result is the one an exhaustive
 //! evaluation gives (`tests::pruning_changes_nothing`).
 //!
-//! An engine's rounds go further with a [`BoundTable`] built once: each host's pairs in order
-//! of their bound at charge 0, which a charge only lowers, so a scan stops where that bound
-//! falls below what it still looks for, and never looks at most pairs.
+//! An engine's rounds go further with a [`BoundTable`] built once: each host's pairs in bands
+//! of their facility's price when it was built, each band in order of the pair's bound at the
+//! band's reference price, which a higher charge only lowers, so a scan stops where those
+//! bounds fall below what it still looks for, and never looks at most pairs.
 
 use crate::model::Problem;
 use crate::selection::pair_cap;
@@ -126,6 +127,20 @@ impl Curve {
     }
 }
 
+impl Curve {
+    /// A bound of [`Curve::bound`] at every charge from `c` up: the bound at `c` itself, and
+    /// for `c > 0` with α = 1 padded by [`LN_UPPER_ERROR`] (at `c = 0` the box's top, `hi`,
+    /// is the argmax at every charge that clamps to it, and any other lies a full `w` below).
+    fn key(&self, w: f64, c: f64, hi: f64, beta_over_hi2: f64) -> f64 {
+        let bound = self.bound(w, c, hi, beta_over_hi2);
+        if c > 0.0 && self.log {
+            bound + LN_UPPER_ERROR * w.abs()
+        } else {
+            bound
+        }
+    }
+}
+
 /// The bound's constants of one host, read once rather than per pair: a round computes the
 /// bound of every pair, so its cost per pair is the round's cost.
 pub(crate) struct Bounds<'a> {
@@ -185,6 +200,8 @@ pub struct TableAt<'a> {
     pub table: &'a BoundTable,
     /// The least facility price (0 if none is lower).
     pub lowest_price: f64,
+    /// Per band, how far its facilities' prices lie below its reference at most (≤ 0: none).
+    pub band_drop: [f64; BANDS],
 }
 
 impl<'a> Pruning<'a> {
@@ -210,18 +227,38 @@ impl<'a> Pruning<'a> {
 const NO_FACILITY: u32 = u32::MAX;
 const SEVERAL_FACILITIES: u32 = u32::MAX - 1;
 
-/// Every pair's price-independent part of its bound, per host, in columns ordered by the
-/// pair's bound at charge 0 (`top`), highest first. A pair's bound only falls as its charge
-/// grows, so a host's scan ([`BoundTable::scan_host`]) can stop at the first pair whose `top`
-/// is below what the scan still looks for: on generated instances only about a third of a
-/// host's pairs have a `top` above its `k`-th best surplus. It also reads contiguous columns
-/// instead of a `Pair` (56 bytes, its `uses` behind a pointer) per pair, and no longer works
-/// out each pair's cap. Built once per engine, in parallel; the pairs must not change while it
-/// is used (an engine borrows its problem). Figures in docs/benchmarks.md ("Selection at
-/// scale").
+/// Price bands of a [`BoundTable`]: band 0 has reference price 0 (and every pair on no
+/// facility or on several); band `j ≥ 1` holds the facilities priced in
+/// `[2^(j−BANDS)·p_max, 2^(j+1−BANDS)·p_max)` when the table was built, `p_max` the highest
+/// price then, with reference price half its lower edge, so a price may fall by half before
+/// the band's bounds need lifting. Eight bands span prices down to `p_max/128`; below that a
+/// pair's charge is too small to matter and it stays in band 0.
+const BANDS: usize = 9;
+
+/// How far [`ln_upper`] may exceed `ln`: a key at a reference charge above 0 is padded by this
+/// much of `w`, since `ln_upper`, made of tangents, is not monotone at their joints and the
+/// bound at a higher charge could otherwise come out a hair above the key.
+const LN_UPPER_ERROR: f64 = 1.3e-4;
+
+/// Every pair's price-independent part of its bound, per host, in columns grouped by price
+/// band ([`BANDS`]) and, within a band, ordered by the pair's bound at the band's reference
+/// price (`key`), highest first. A pair's bound only falls as its charge grows, and rises
+/// above its key by at most its cap times what its charge lies below the reference, so a
+/// host's scan ([`BoundTable::scan_host`]) merges its bands by key plus that lift and stops at
+/// the first pair below what the scan still looks for. Ordered by the bound at charge 0
+/// instead, a scan read a third of a host's pairs on generated instances, because the apps
+/// whose weights give the highest such bound are the ones whose facilities are priced
+/// highest. It also reads contiguous columns instead of a `Pair` (56 bytes, its `uses` behind
+/// a pointer) per pair, and no longer works out each pair's cap. Built once per engine, at the
+/// prices of the round that first needs it, in parallel; the pairs must not change while it
+/// is used (an engine borrows its problem), while prices may (a band whose prices fell below
+/// its reference is lifted). Figures in docs/benchmarks.md ("Selection at scale").
 pub struct BoundTable {
     hosts: Vec<HostColumns>,
     curve: Curve,
+    /// Each facility's band, and each band's reference price.
+    band_of: Vec<u8>,
+    reference: [f64; BANDS],
     /// The largest `Σ b_f`, `a` and cap of any pair: how far a negative charge (prices and
     /// multipliers a rounding below zero) can lift a bound above its `top`.
     max_coeff: f64,
@@ -229,10 +266,15 @@ pub struct BoundTable {
     max_hi: f64,
 }
 
-/// One host's pairs, in descending order of `top`.
+/// One host's pairs, band after band, each band in descending order of `key`.
 struct HostColumns {
+    /// Where each band's rows start, and the end of the last.
+    band_start: [u32; BANDS + 1],
+    /// Per band, the largest `hi · coeff`: how much a fall of its prices below the reference
+    /// can lift a bound, per unit of price.
+    band_lift: [f64; BANDS],
     pair: Vec<u32>,
-    top: Vec<f64>,
+    key: Vec<f64>,
     weight: Vec<f64>,
     cqe_per_wqe: Vec<f64>,
     /// The pair's one facility and its `b_f` (several: their `Σ b_f`).
@@ -244,10 +286,28 @@ struct HostColumns {
 }
 
 impl BoundTable {
-    pub fn new(problem: &Problem) -> Self {
+    /// The table for `problem`, banded at facility prices `prices`.
+    pub fn new(problem: &Problem, prices: &[f64]) -> Self {
+        let p_max = prices.iter().copied().fold(0.0, f64::max);
+        let mut reference = [0.0; BANDS];
+        for (j, r) in reference.iter_mut().enumerate().skip(1) {
+            *r = 0.5 * p_max * 2f64.powi(j as i32 - BANDS as i32);
+        }
+        let band_of = (prices.iter())
+            .map(|&p| {
+                if p_max > 0.0 && p > 0.0 {
+                    let j = (p / p_max).log2().floor() + BANDS as f64;
+                    j.clamp(0.0, (BANDS - 1) as f64) as u8
+                } else {
+                    0
+                }
+            })
+            .collect();
         let mut table = Self {
             hosts: Vec::new(),
             curve: Curve::new(problem),
+            band_of,
+            reference,
             max_coeff: 0.0,
             max_cqe_per_wqe: 0.0,
             max_hi: 0.0,
@@ -267,28 +327,51 @@ impl BoundTable {
 
     /// The table at facility prices `prices`.
     pub fn at(&self, prices: &[f64]) -> TableAt<'_> {
+        let mut band_drop = [0.0; BANDS];
+        for (&j, &p) in self.band_of.iter().zip(prices) {
+            let j = j as usize;
+            if j > 0 {
+                band_drop[j] = f64::max(band_drop[j], self.reference[j] - p);
+            }
+        }
         TableAt {
             table: self,
             lowest_price: prices.iter().copied().fold(0.0, f64::min),
+            band_drop,
+        }
+    }
+
+    /// A pair's band: its one facility's, else 0.
+    fn band(&self, pair: &crate::model::Pair) -> usize {
+        match pair.uses[..] {
+            [(f, _)] => self.band_of.get(f as usize).map_or(0, |&j| j as usize),
+            _ => 0,
         }
     }
 
     fn host_columns(&self, problem: &Problem, host: usize) -> HostColumns {
         let beta = problem.params.beta;
-        let mut rows: Vec<(f64, usize, f64)> = (problem.hosts[host].pairs.clone())
+        let mut rows: Vec<(usize, f64, usize, f64)> = (problem.hosts[host].pairs.clone())
             .map(|q| {
+                let pair = &problem.pairs[q];
                 let hi = pair_cap(problem, host, q);
-                let top = self
-                    .curve
-                    .bound(problem.pairs[q].weight, 0.0, hi, beta / (hi * hi));
-                (top, q, hi)
+                let band = self.band(pair);
+                let charge = self.reference[band] * pair.uses.first().map_or(0.0, |u| u.1);
+                let key = self.curve.key(pair.weight, charge, hi, beta / (hi * hi));
+                (band, key, q, hi)
             })
             .collect();
-        rows.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        rows.sort_by(|a, b| {
+            (a.0.cmp(&b.0))
+                .then(b.1.total_cmp(&a.1))
+                .then(a.2.cmp(&b.2))
+        });
         let n = rows.len();
         let mut c = HostColumns {
+            band_start: [n as u32; BANDS + 1],
+            band_lift: [0.0; BANDS],
             pair: Vec::with_capacity(n),
-            top: Vec::with_capacity(n),
+            key: Vec::with_capacity(n),
             weight: Vec::with_capacity(n),
             cqe_per_wqe: Vec::with_capacity(n),
             facility: Vec::with_capacity(n),
@@ -296,7 +379,10 @@ impl BoundTable {
             hi: Vec::with_capacity(n),
             beta_over_hi2: Vec::with_capacity(n),
         };
-        for (top, q, hi) in rows {
+        for (j, start) in c.band_start.iter_mut().enumerate().take(BANDS) {
+            *start = rows.partition_point(|r| r.0 < j) as u32;
+        }
+        for (band, key, q, hi) in rows {
             let pair = &problem.pairs[q];
             let (facility, coeff) = match pair.uses[..] {
                 [] => (NO_FACILITY, 0.0),
@@ -306,7 +392,8 @@ impl BoundTable {
             };
             // A problem of 2³² pairs would not fit in memory.
             c.pair.push(u32::try_from(q).expect("fewer than 2³² pairs"));
-            c.top.push(top);
+            c.key.push(key);
+            c.band_lift[band] = c.band_lift[band].max(hi * coeff);
             c.weight.push(pair.weight);
             c.cqe_per_wqe.push(pair.cqe_per_wqe);
             c.facility.push(facility);
@@ -318,17 +405,20 @@ impl BoundTable {
     }
 
     /// Offers host `host`'s pairs for which `offered(pair)` holds to `scan`, at prices
-    /// `price` (`lowest_price`: the least of them) and multipliers `(μ, ν)`, in descending
-    /// order of `top`, stopping once `top` is below what the scan still looks for. A negative
-    /// charge lifts a bound above `top` by at most `−c·hi`, which the stop allows for. With
-    /// `all_prunable` false (some pair's key may exceed its surplus) every pair is offered.
+    /// `price` (`lowest_price`: the least of them; `band_drop`: how far each band's prices
+    /// lie below its reference at most) and multipliers `(μ, ν)`, in descending order of
+    /// their band's `key` plus its lift, stopping once that is below what the scan still
+    /// looks for. A charge below the one a key was computed at lifts the bound above it by
+    /// at most `hi` per unit: a band's prices below its reference, a negative price in band
+    /// 0, a negative multiplier; the stop allows for each. With `all_prunable` false (some
+    /// pair's key may exceed its surplus) every pair is offered.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn scan_host<E: Fn(usize) -> (f64, f64), K: Fn(usize, f64) -> f64>(
         &self,
         problem: &Problem,
         host: usize,
         scan: &mut Scan<E, K>,
-        (price, lowest_price): (impl Fn(u32) -> f64, f64),
+        (price, lowest_price, band_drop): (impl Fn(u32) -> f64, f64, &[f64; BANDS]),
         (mu, nu): (f64, f64),
         offered: impl Fn(usize) -> bool,
         all_prunable: bool,
@@ -338,21 +428,41 @@ impl BoundTable {
             + mu.min(0.0)
             + nu.min(0.0) * self.max_cqe_per_wqe;
         let lift = -lowest_charge * self.max_hi;
+        let band_lift: [f64; BANDS] =
+            std::array::from_fn(|j| lift + band_drop[j].max(0.0) * c.band_lift[j]);
+        let mut next: [usize; BANDS] = std::array::from_fn(|j| c.band_start[j] as usize);
+        // The next row by key plus its band's lift, merging the bands (each in key order).
+        let mut take_next = || {
+            let mut best: Option<(f64, usize)> = None;
+            for j in 0..BANDS {
+                let i = next[j];
+                if i < c.band_start[j + 1] as usize {
+                    let v = c.key[i] + band_lift[j] + 1e-12 * c.key[i].abs();
+                    if best.is_none_or(|(b, _)| v > b) {
+                        best = Some((v, j));
+                    }
+                }
+            }
+            best.map(|(v, j)| {
+                next[j] += 1;
+                (next[j] - 1, v)
+            })
+        };
         // As `Scan::run` (the best bounds computed first, then every pair whose bound reaches
-        // the thresholds they set), over the pairs up to where `top` drops below the best
-        // bounds seen — none after can be among them — and then the thresholds.
-        let mut seen: Vec<(f64, usize)> = Vec::with_capacity(c.pair.len());
+        // the thresholds they set), over the pairs up to where `reach` (no pair after can
+        // have a higher bound) drops below the best bounds seen — none after can be among
+        // them — and then the thresholds.
+        let mut seen: Vec<(f64, usize)> = Vec::new();
         let mut first_by_value = Best::new(scan.by_value.n);
         let mut first_by_key = Best::new(scan.by_key.n);
         let mut settled = false;
-        for i in 0..c.pair.len() {
-            let top = c.top[i] + lift + 1e-12 * c.top[i].abs();
+        while let Some((i, reach)) = take_next() {
             if all_prunable {
-                if !settled && top < first_by_value.threshold().min(first_by_key.threshold()) {
+                if !settled && reach < first_by_value.threshold().min(first_by_key.threshold()) {
                     settled = true;
                     scan.compute_firsts(&first_by_value, &first_by_key, &mut seen);
                 }
-                if settled && top < scan.threshold() {
+                if settled && reach < scan.threshold() {
                     break;
                 }
             }
@@ -573,19 +683,105 @@ mod tests {
     use crate::rng::SplitMix64;
     use crate::selection::surplus;
 
-    /// The table's bound of host `host`'s pair `pair` at `charge`.
+    /// The table's bound of host `host`'s pair `pair` at `charge`, checked against what a
+    /// scan assumes of it: at most the pair's key, lifted by its cap for each unit of charge
+    /// below the key's reference charge.
     fn table_bound(table: &BoundTable, host: usize, pair: usize, charge: f64) -> f64 {
         let c = &table.hosts[host];
         let i = c.pair.iter().position(|&q| q as usize == pair).unwrap();
-        assert!(
-            c.top[i]
-                >= table
-                    .curve
-                    .bound(c.weight[i], charge.max(0.0), c.hi[i], c.beta_over_hi2[i])
-        );
-        table
+        let band = (0..BANDS)
+            .find(|&j| (c.band_start[j] as usize..c.band_start[j + 1] as usize).contains(&i))
+            .unwrap();
+        let reference = table.reference[band] * c.coeff[i];
+        let bound = table
             .curve
-            .bound(c.weight[i], charge, c.hi[i], c.beta_over_hi2[i])
+            .bound(c.weight[i], charge, c.hi[i], c.beta_over_hi2[i]);
+        let reach = c.key[i] + c.hi[i] * (reference - charge).max(0.0) + 1e-12 * c.key[i].abs();
+        assert!(
+            reach >= bound,
+            "pair {pair}, band {band}, reference {reference}, charge {charge}: {reach} < {bound}"
+        );
+        if band > 0 {
+            assert!(c.hi[i] * c.coeff[i] <= c.band_lift[band]);
+        }
+        bound
+    }
+
+    /// `ln_upper`'s tangents meet with a fall (up to about 5·10⁻⁶ at some joints), so the
+    /// bound at a charge whose rate `w/c` lies just below a joint can exceed the bound at a
+    /// lower charge whose rate lies just above it; a key is padded for that.
+    #[test]
+    fn a_key_covers_the_falls_of_ln_upper_at_its_joints() {
+        let p = generate(&GeneratorConfig::new(2, 4));
+        let curve = Curve::new(&p);
+        let lo = p.params.x_min;
+        let (w, hi) = (1.0, 1e6 * lo);
+        let mut largest_fall: f64 = 0.0;
+        for e in -2..6 {
+            for k in 1..LN_SEGMENTS {
+                let joint = lo * 2f64.powi(e) * (1.0 + k as f64 / LN_SEGMENTS as f64);
+                let (below, above) = (w / (joint * (1.0 - 1e-12)), w / (joint * (1.0 + 1e-12)));
+                let at_higher_charge = curve.bound(w, below, hi, 0.0);
+                largest_fall = largest_fall.max(at_higher_charge - curve.bound(w, above, hi, 0.0));
+                assert!(
+                    curve.key(w, above, hi, 0.0) >= at_higher_charge,
+                    "joint {joint}"
+                );
+            }
+        }
+        assert!(largest_fall > 1e-6, "{largest_fall}");
+    }
+
+    /// Prices for a table's bands: a third of the facilities at 0, the rest spread over the
+    /// bands.
+    fn some_prices(p: &Problem, rng: &mut SplitMix64) -> Vec<f64> {
+        (0..p.facilities.len())
+            .map(|f| [0.0, rng.range(0.0, 5.0), rng.range(0.0, 500.0)][f % 3])
+            .collect()
+    }
+
+    /// Every pair's key bounds its bound at charges just above and below its reference
+    /// (where the tangents of `ln_upper` meet, the bound at a higher charge can come out a
+    /// hair above the bound at the reference), and far from it, at several α.
+    #[test]
+    fn a_key_bounds_the_pair_at_every_charge() {
+        for alpha in [0.5, 1.0, 2.0] {
+            let p = generate(&GeneratorConfig {
+                alpha,
+                seed: 5,
+                ..GeneratorConfig::new(3, 400)
+            });
+            let mut rng = SplitMix64::new(2);
+            let table = BoundTable::new(&p, &some_prices(&p, &mut rng));
+            let mut banded = 0;
+            for (host, c) in table.hosts.iter().enumerate() {
+                banded += c.pair.len() - c.band_start[1] as usize;
+                for i in 0..c.pair.len() {
+                    let pair = c.pair[i] as usize;
+                    let j = (1..=BANDS).find(|&j| i < c.band_start[j] as usize).unwrap() - 1;
+                    let reference = table.reference[j] * c.coeff[i];
+                    for factor in [
+                        0.0,
+                        0.5,
+                        0.999,
+                        1.0,
+                        1.0 + 1e-12,
+                        1.0 + 1e-7,
+                        1.001,
+                        1.1,
+                        3.0,
+                    ] {
+                        table_bound(&table, host, pair, reference * factor);
+                    }
+                    for _ in 0..20 {
+                        let charge = reference * rng.range(0.9, 1.5) + rng.range(0.0, 1e-3);
+                        table_bound(&table, host, pair, charge);
+                    }
+                }
+            }
+            // Most pairs are on priced facilities, so most keys are at a reference above 0.
+            assert!(banded > p.pairs.len() / 2, "α {alpha}: {banded} banded");
+        }
     }
 
     /// `ln_upper` is above `ln` and within the tangents' error of it, over many binades and
@@ -612,8 +808,8 @@ mod tests {
                 seed: 3,
                 ..GeneratorConfig::new(4, 300)
             });
-            let table = BoundTable::new(&p);
             let mut rng = SplitMix64::new(9);
+            let table = BoundTable::new(&p, &some_prices(&p, &mut rng));
             let mut tight = 0;
             for host in 0..p.hosts.len() {
                 for pair in p.hosts[host].pairs.clone() {
@@ -671,7 +867,14 @@ mod tests {
             for _ in 0..8 {
                 engine.step();
             }
-            let table = BoundTable::new(&p);
+            // Tables banded at the engine's prices, at prices well above them (every band's
+            // prices then lie below its reference, and its bounds are lifted), and at none.
+            let higher: Vec<f64> = engine.prices().iter().map(|p| 3.0 * p + 1.0).collect();
+            let tables = [
+                BoundTable::new(&p, &engine.prices()),
+                BoundTable::new(&p, &higher),
+                BoundTable::new(&p, &vec![0.0; p.facilities.len()]),
+            ];
             let mut rng = SplitMix64::new(seed);
             let activity: Vec<f32> = (0..p.pairs.len()).map(|_| rng.unit() as f32).collect();
             // The engine's prices, and all below zero (a rounding leaves some a little below).
@@ -718,7 +921,8 @@ mod tests {
                             )
                         };
                         let exhaustive = with(Pruning::Off);
-                        for pruning in [Pruning::Pairs, Pruning::Table(table.at(&prices))] {
+                        let banded = tables.iter().map(|t| Pruning::Table(t.at(&prices)));
+                        for pruning in std::iter::once(Pruning::Pairs).chain(banded) {
                             let got = with(pruning);
                             assert_eq!(got, exhaustive, "{hosts}×{apps}, host {}", h.host);
                         }

@@ -118,7 +118,7 @@ fn scan<'a, K: Fn(usize, f64) -> f64>(
         by_key,
     );
     if let Pruning::Table(t) = pruning {
-        let priced = (price, t.lowest_price);
+        let priced = (price, t.lowest_price, &t.band_drop);
         t.table.scan_host(
             problem,
             host,

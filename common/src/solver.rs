@@ -454,11 +454,11 @@ impl<'p> Engine<'p> {
     }
 
     /// With `prune`, the table selection bounds this engine's pairs from (built the first
-    /// time).
+    /// time, banded at the prices then).
     pub fn bound_table(&self, prune: bool) -> Option<&BoundTable> {
         prune.then(|| {
             self.bound_table
-                .get_or_init(|| BoundTable::new(self.problem))
+                .get_or_init(|| BoundTable::new(self.problem, &self.prices()))
         })
     }
 
