@@ -53,7 +53,7 @@ fn main() {
         start.elapsed().as_secs_f64()
     );
     let built = Instant::now();
-    engine.bound_table(true);
+    engine.round_table(true);
     eprintln!(
         "table of bounds built in {:.2} s",
         built.elapsed().as_secs_f64()

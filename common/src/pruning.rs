@@ -275,6 +275,10 @@ struct HostColumns {
     band_lift: [f64; BANDS],
     pair: Vec<u32>,
     key: Vec<f64>,
+    /// The largest bound at charge 0 from this row to its band's end: what no later pair of
+    /// the band can exceed at any charge ≥ 0, however far its prices fell below the
+    /// reference (then the banded order is no better than that bound's, and no worse).
+    top_after: Vec<f64>,
     weight: Vec<f64>,
     cqe_per_wqe: Vec<f64>,
     /// The pair's one facility and its `b_f` (several: their `Σ b_f`).
@@ -351,14 +355,15 @@ impl BoundTable {
 
     fn host_columns(&self, problem: &Problem, host: usize) -> HostColumns {
         let beta = problem.params.beta;
-        let mut rows: Vec<(usize, f64, usize, f64)> = (problem.hosts[host].pairs.clone())
+        let mut rows: Vec<(usize, f64, usize, f64, f64)> = (problem.hosts[host].pairs.clone())
             .map(|q| {
                 let pair = &problem.pairs[q];
                 let hi = pair_cap(problem, host, q);
                 let band = self.band(pair);
                 let charge = self.reference[band] * pair.uses.first().map_or(0.0, |u| u.1);
                 let key = self.curve.key(pair.weight, charge, hi, beta / (hi * hi));
-                (band, key, q, hi)
+                let top = self.curve.bound(pair.weight, 0.0, hi, beta / (hi * hi));
+                (band, key, q, hi, top)
             })
             .collect();
         rows.sort_by(|a, b| {
@@ -372,6 +377,7 @@ impl BoundTable {
             band_lift: [0.0; BANDS],
             pair: Vec::with_capacity(n),
             key: Vec::with_capacity(n),
+            top_after: vec![f64::NEG_INFINITY; n],
             weight: Vec::with_capacity(n),
             cqe_per_wqe: Vec::with_capacity(n),
             facility: Vec::with_capacity(n),
@@ -382,7 +388,16 @@ impl BoundTable {
         for (j, start) in c.band_start.iter_mut().enumerate().take(BANDS) {
             *start = rows.partition_point(|r| r.0 < j) as u32;
         }
-        for (band, key, q, hi) in rows {
+        for i in (0..n).rev() {
+            let band_end = c.band_start[rows[i].0 + 1] as usize;
+            let after = if i + 1 < band_end {
+                c.top_after[i + 1]
+            } else {
+                f64::NEG_INFINITY
+            };
+            c.top_after[i] = rows[i].4.max(after);
+        }
+        for (band, key, q, hi, _) in rows {
             let pair = &problem.pairs[q];
             let (facility, coeff) = match pair.uses[..] {
                 [] => (NO_FACILITY, 0.0),
@@ -429,24 +444,37 @@ impl BoundTable {
             + nu.min(0.0) * self.max_cqe_per_wqe;
         let lift = -lowest_charge * self.max_hi;
         let band_lift: [f64; BANDS] =
-            std::array::from_fn(|j| lift + band_drop[j].max(0.0) * c.band_lift[j]);
+            std::array::from_fn(|j| band_drop[j].max(0.0) * c.band_lift[j]);
+        // What no pair from row `i` of band `j` on can exceed: its key lifted, or the bound at
+        // charge 0 of the band's rest, whichever is less, and the allowance for negative
+        // charges; it never rises along a band, so merging the bands by it visits the rows in
+        // an order in which it never rises either.
+        let reach = |j: usize, i: usize| {
+            let r = f64::min(c.key[i] + band_lift[j], c.top_after[i]);
+            r + lift + 1e-12 * r.abs()
+        };
         let mut next: [usize; BANDS] = std::array::from_fn(|j| c.band_start[j] as usize);
-        // The next row by key plus its band's lift, merging the bands (each in key order).
-        let mut take_next = || {
-            let mut best: Option<(f64, usize)> = None;
-            for j in 0..BANDS {
-                let i = next[j];
-                if i < c.band_start[j + 1] as usize {
-                    let v = c.key[i] + band_lift[j] + 1e-12 * c.key[i].abs();
-                    if best.is_none_or(|(b, _)| v > b) {
-                        best = Some((v, j));
-                    }
-                }
+        let mut head: [f64; BANDS] = std::array::from_fn(|j| {
+            let i = next[j];
+            if i < c.band_start[j + 1] as usize {
+                reach(j, i)
+            } else {
+                f64::NEG_INFINITY
             }
-            best.map(|(v, j)| {
-                next[j] += 1;
-                (next[j] - 1, v)
-            })
+        });
+        let mut take_next = || {
+            let (j, &v) = (head.iter().enumerate()).max_by(|a, b| a.1.total_cmp(b.1))?;
+            if v == f64::NEG_INFINITY {
+                return None;
+            }
+            let i = next[j];
+            next[j] += 1;
+            head[j] = if next[j] < c.band_start[j + 1] as usize {
+                reach(j, next[j])
+            } else {
+                f64::NEG_INFINITY
+            };
+            Some((i, v))
         };
         // As `Scan::run` (the best bounds computed first, then every pair whose bound reaches
         // the thresholds they set), over the pairs up to where `reach` (no pair after can

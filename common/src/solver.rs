@@ -233,8 +233,12 @@ pub struct Engine<'p> {
     pub hosts: Vec<HostState>,
     sums: Vec<f64>,
     held: Option<Held>,
-    /// Built at the first pruned selection round, shared by the engine's clones.
+    /// Built at the first pruned selection round, shared by the engine's clones: the tables
+    /// of bounds in the charge-free order (for the search and the certificate, which move
+    /// prices far from any one round's) and banded at the first round's prices (for the
+    /// rounds; [`Engine::round_table`]).
     bound_table: Arc<OnceLock<BoundTable>>,
+    round_table: Arc<OnceLock<BoundTable>>,
 }
 
 impl<'p> Engine<'p> {
@@ -268,6 +272,7 @@ impl<'p> Engine<'p> {
             sums,
             held: None,
             bound_table: Arc::default(),
+            round_table: Arc::default(),
         }
     }
 
@@ -346,6 +351,7 @@ impl<'p> Engine<'p> {
             sums,
             held: None,
             bound_table: Arc::default(),
+            round_table: Arc::default(),
         }
     }
 
@@ -453,11 +459,23 @@ impl<'p> Engine<'p> {
         self.problem
     }
 
-    /// With `prune`, the table selection bounds this engine's pairs from (built the first
-    /// time, banded at the prices then).
+    /// With `prune`, the table selection bounds this engine's pairs from in the charge-free
+    /// order (one band; built the first time).
     pub fn bound_table(&self, prune: bool) -> Option<&BoundTable> {
         prune.then(|| {
-            self.bound_table
+            self.bound_table.get_or_init(|| {
+                BoundTable::new(self.problem, &vec![0.0; self.problem.facilities.len()])
+            })
+        })
+    }
+
+    /// With `prune`, the table the selection rounds bound this engine's pairs from: banded
+    /// at the prices of the first round that needs it. The search and the certificate keep
+    /// the charge-free order ([`Engine::bound_table`]): at the prices they move to, bands
+    /// drawn at a round's prices cost more than they save (docs/model.md, "Bands of price").
+    pub fn round_table(&self, prune: bool) -> Option<&BoundTable> {
+        prune.then(|| {
+            self.round_table
                 .get_or_init(|| BoundTable::new(self.problem, &self.prices()))
         })
     }
@@ -670,7 +688,7 @@ pub fn evaluate(
 ) -> (f64, Vec<(usize, crate::selection::Swap)>) {
     let problem = engine.problem;
     let prices = engine.prices();
-    let table = engine.bound_table(opts.prune).map(|t| t.at(&prices));
+    let table = engine.round_table(opts.prune).map(|t| t.at(&prices));
     let evals: Vec<_> = engine
         .hosts
         .par_iter()
