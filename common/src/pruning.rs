@@ -125,9 +125,7 @@ impl Curve {
         let bound = rise - c * x - beta_over_hi2;
         bound + 1e-9 * (rise.abs() + c * x + 1.0)
     }
-}
 
-impl Curve {
     /// A bound of [`Curve::bound`] at every charge from `c` up: the bound at `c` itself, and
     /// for `c > 0` with α = 1 padded by [`LN_UPPER_ERROR`] (at `c = 0` the box's top, `hi`,
     /// is the argmax at every charge that clamps to it, and any other lies a full `w` below).
@@ -453,15 +451,16 @@ impl BoundTable {
             let r = f64::min(c.key[i] + band_lift[j], c.top_after[i]);
             r + lift + 1e-12 * r.abs()
         };
-        let mut next: [usize; BANDS] = std::array::from_fn(|j| c.band_start[j] as usize);
-        let mut head: [f64; BANDS] = std::array::from_fn(|j| {
-            let i = next[j];
+        // A band's head: the reach of its row `i`, −∞ past its end.
+        let head_at = |j: usize, i: usize| {
             if i < c.band_start[j + 1] as usize {
                 reach(j, i)
             } else {
                 f64::NEG_INFINITY
             }
-        });
+        };
+        let mut next: [usize; BANDS] = std::array::from_fn(|j| c.band_start[j] as usize);
+        let mut head: [f64; BANDS] = std::array::from_fn(|j| head_at(j, next[j]));
         let mut take_next = || {
             let (j, &v) = (head.iter().enumerate()).max_by(|a, b| a.1.total_cmp(b.1))?;
             if v == f64::NEG_INFINITY {
@@ -469,11 +468,7 @@ impl BoundTable {
             }
             let i = next[j];
             next[j] += 1;
-            head[j] = if next[j] < c.band_start[j + 1] as usize {
-                reach(j, next[j])
-            } else {
-                f64::NEG_INFINITY
-            };
+            head[j] = head_at(j, next[j]);
             Some((i, v))
         };
         // As `Scan::run` (the best bounds computed first, then every pair whose bound reaches
@@ -711,15 +706,20 @@ mod tests {
     use crate::rng::SplitMix64;
     use crate::selection::surplus;
 
+    /// The band of row `i` of a host's columns.
+    fn band_of_row(c: &HostColumns, i: usize) -> usize {
+        (0..BANDS)
+            .find(|&j| i < c.band_start[j + 1] as usize)
+            .unwrap()
+    }
+
     /// The table's bound of host `host`'s pair `pair` at `charge`, checked against what a
     /// scan assumes of it: at most the pair's key, lifted by its cap for each unit of charge
     /// below the key's reference charge.
     fn table_bound(table: &BoundTable, host: usize, pair: usize, charge: f64) -> f64 {
         let c = &table.hosts[host];
         let i = c.pair.iter().position(|&q| q as usize == pair).unwrap();
-        let band = (0..BANDS)
-            .find(|&j| (c.band_start[j] as usize..c.band_start[j + 1] as usize).contains(&i))
-            .unwrap();
+        let band = band_of_row(c, i);
         let reference = table.reference[band] * c.coeff[i];
         let bound = table
             .curve
@@ -786,7 +786,7 @@ mod tests {
                 banded += c.pair.len() - c.band_start[1] as usize;
                 for i in 0..c.pair.len() {
                     let pair = c.pair[i] as usize;
-                    let j = (1..=BANDS).find(|&j| i < c.band_start[j] as usize).unwrap() - 1;
+                    let j = band_of_row(c, i);
                     let reference = table.reference[j] * c.coeff[i];
                     for factor in [
                         0.0,
